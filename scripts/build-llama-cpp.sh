@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Build the llama.cpp 0c1e570 oracle (vendored in the PyPI llama-cpp-python==0.3.36 sdist) for
+# fixture generation and side-by-side benchmarks. Nothing of it is linked into vela.
+#
+#   scripts/build-llama-cpp.sh [avx2|avx512]      (default avx2)
+#
+# Output: $VELA_CACHE/llama.cpp-<flavor>/bin/{llama-tokenize,llama-bench,llama-quantize,llama-simple,libllama.so}
+# plus $VELA_CACHE/llama-cpp-python/ (the sdist's ctypes bindings, used with LLAMA_CPP_LIB_PATH).
+set -euo pipefail
+FLAVOR=${1:-avx2}
+CACHE=${VELA_CACHE:-$HOME/.cache/vela}
+SRC=$CACHE/src/llama_cpp_python-0.3.36
+OUTDIR=$CACHE/llama.cpp-$FLAVOR
+mkdir -p "$CACHE/dl" "$CACHE/src"
+if [ ! -f "$CACHE/dl/llama_cpp_python-0.3.36.tar.gz" ]; then
+  pip download --no-deps --no-binary :all: --no-build-isolation -d "$CACHE/dl" llama-cpp-python==0.3.36 >&2 ||
+    pip download --no-deps --no-binary :all: -d "$CACHE/dl" llama-cpp-python==0.3.36 >&2
+fi
+if [ ! -d "$SRC" ]; then
+  tar -xzf "$CACHE/dl/llama_cpp_python-0.3.36.tar.gz" -C "$CACHE/src"
+fi
+ln -sfn "$SRC" "$CACHE/llama-cpp-python"
+command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake >&2; }
+case "$FLAVOR" in
+  avx2) FLAGS="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" ;;
+  avx512) FLAGS="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON" ;;
+  *) echo "unknown flavor $FLAVOR" >&2; exit 2 ;;
+esac
+if [ -x "$OUTDIR/bin/llama-bench" ] && [ -f "$OUTDIR/bin/libllama.so" ]; then
+  echo "$OUTDIR/bin"; exit 0
+fi
+B=$CACHE/build-llama.cpp-$FLAVOR
+# shellcheck disable=SC2086
+cmake -S "$SRC/vendor/llama.cpp" -B "$B" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=ON \
+  -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
+  -DGGML_NATIVE=OFF -DGGML_OPENMP=ON $FLAGS >&2
+cmake --build "$B" -j"$(nproc)" --target llama-tokenize llama-bench llama-quantize llama-simple >&2
+mkdir -p "$OUTDIR/bin"
+cp -a "$B"/bin/llama-tokenize "$B"/bin/llama-bench "$B"/bin/llama-quantize "$B"/bin/llama-simple "$OUTDIR/bin/"
+find "$B" -name '*.so*' -exec cp -a {} "$OUTDIR/bin/" \;
+echo "$OUTDIR/bin"
