@@ -1,1 +1,52 @@
-fn main() {}
+//! `vela`: run, chat with, benchmark and inspect LLMs.
+//!
+//! Every subcommand prints its result on stdout and logs on stderr; errors are one line on stderr
+//! with exit status 1 (2 for usage errors, from clap).
+
+mod bench;
+mod common;
+mod info;
+mod run;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "vela", version, about = "Rust-native LLM inference engine")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Complete a prompt, streaming only the generated text to stdout.
+    Run(run::RunArgs),
+    /// Interactive chat using the model's chat template.
+    Chat(run::ChatArgs),
+    /// Evaluate a token sequence and print the last position's logits as JSON.
+    Logits(run::LogitsArgs),
+    /// Print the token ids of a text as a JSON array.
+    Tokenize(info::TokenizeArgs),
+    /// Print architecture, shapes, tensor types and tokenizer summary.
+    Info(info::InfoArgs),
+    /// Prompt-processing and generation throughput (llama-bench style).
+    Bench(bench::BenchArgs),
+}
+
+fn main() {
+    let cli = Cli::parse();
+    let r = match cli.cmd {
+        Cmd::Run(a) => run::run(a),
+        Cmd::Chat(a) => run::chat(a),
+        Cmd::Logits(a) => run::logits(a),
+        Cmd::Tokenize(a) => info::tokenize(a),
+        Cmd::Info(a) => info::info(a),
+        Cmd::Bench(a) => bench::bench(a),
+    };
+    if let Err(e) = r {
+        // One line: the chain of causes joined.
+        let msg = format!("{e:#}").replace('\n', " ");
+        eprintln!("error: {msg}");
+        std::process::exit(1);
+    }
+}

@@ -1,1 +1,173 @@
-//! vela-compute
+//! The compute layer: one small op set that every model is written against, implemented per backend.
+//!
+//! A model never touches device memory directly: it asks its [`Backend`] for activation buffers,
+//! weights and a KV cache and calls the ops below. The CPU backend ([`cpu::CpuBackend`]) is the
+//! default and runs anywhere; a CUDA backend implements the same trait.
+
+pub mod cpu;
+
+use anyhow::Result;
+use std::sync::Arc;
+use vela_formats::gguf::GgufFile;
+use vela_formats::quant::GgmlType;
+
+/// Where a weight's bytes live on the host before the backend takes them (in place from a map).
+#[derive(Clone)]
+pub struct HostWeight {
+    pub file: Arc<GgufFile>,
+    pub name: String,
+    pub ty: GgmlType,
+    /// Number of rows (product of all but the first GGUF dimension).
+    pub rows: usize,
+    /// Elements per row (GGUF `ne0`).
+    pub cols: usize,
+}
+
+impl HostWeight {
+    /// Look up a tensor by name; `Ok(None)` if absent.
+    pub fn from_gguf(file: &Arc<GgufFile>, name: &str) -> Option<HostWeight> {
+        let t = file.tensor(name)?;
+        Some(HostWeight { file: file.clone(), name: name.to_string(), ty: t.ty, rows: t.n_rows(), cols: t.ne0() })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.file.tensor_data(self.file.tensor(&self.name).expect("tensor exists"))
+    }
+
+    /// The weight as f32 (dequantized); for small tensors (norms, biases).
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        vela_formats::quant::dequantize(self.ty, self.bytes(), &mut out)?;
+        Ok(out)
+    }
+}
+
+/// Rotary embedding parameters of one layer.
+#[derive(Clone, Debug)]
+pub struct RopeParams {
+    /// Number of rotated dimensions per head (≤ head_dim).
+    pub n_rot: usize,
+    pub freq_base: f32,
+    /// Linear position scaling (1.0 = none).
+    pub freq_scale: f32,
+    /// NEOX style rotates (x[i], x[i + n_rot/2]); normal style rotates (x[2i], x[2i+1]).
+    pub neox: bool,
+    /// Per-frequency divisors (Llama 3 rope scaling stores them as `rope_freqs.weight`).
+    pub freq_factors: Option<Arc<Vec<f32>>>,
+}
+
+/// Attention geometry and options of one layer.
+#[derive(Clone, Debug)]
+pub struct AttnParams {
+    pub n_head: usize,
+    pub n_head_kv: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    /// Multiplier applied to q·k.
+    pub scale: f32,
+    /// Sliding window: a query at position p sees keys at p-window+1 ..= p.
+    pub window: Option<usize>,
+    /// Attention logit soft-capping: s = cap * tanh(s / cap).
+    pub softcap: Option<f32>,
+}
+
+/// KV cache element type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvType {
+    F32,
+    F16,
+}
+
+/// KV storage of one layer.
+#[derive(Clone, Debug)]
+pub struct KvLayerSpec {
+    pub n_head_kv: usize,
+    pub head_dim_k: usize,
+    pub head_dim_v: usize,
+    /// Number of slots; position p lives in slot p % capacity. Full-attention layers have
+    /// capacity = context length; sliding layers window + max batch.
+    pub capacity: usize,
+    pub window: Option<usize>,
+}
+
+/// Activation functions of gated FFNs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Activation {
+    Silu,
+    /// GELU, tanh approximation.
+    GeluTanh,
+}
+
+/// The op set. Buffers hold f32 activations laid out row-major `[n_tokens, width]`.
+pub trait Backend: Send + Sync {
+    type Buf: Send;
+    type Weight: Send + Sync;
+    type Vector: Send + Sync;
+    type Kv: Send;
+    /// Saved state of the sliding-window layers of a KV cache at a given length.
+    type KvSnapshot: Send + Sync;
+
+    fn name(&self) -> String;
+
+    // --- memory ---
+    fn alloc(&self, len: usize) -> Self::Buf;
+    fn write(&self, buf: &mut Self::Buf, data: &[f32]);
+    fn read(&self, buf: &Self::Buf, out: &mut [f32]);
+    fn upload_weight(&self, w: &HostWeight) -> Result<Self::Weight>;
+    /// A small f32 vector (norm weight, bias).
+    fn upload_vector(&self, data: &[f32]) -> Result<Self::Vector>;
+    fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<Self::Kv>;
+    /// Save what later writes could overwrite of a cache holding positions `0..n_past`: the
+    /// window of each sliding layer (full layers are append-only and need nothing).
+    fn kv_checkpoint(&self, kv: &Self::Kv, n_past: usize) -> Self::KvSnapshot;
+    /// Undo every write made since `snap` was taken (positions ≥ its `n_past` become invalid).
+    fn kv_restore(&self, kv: &mut Self::Kv, snap: &Self::KvSnapshot);
+    /// Deep copy of a cache (used by the prefix cache to fork a sequence).
+    fn kv_clone(&self, kv: &Self::Kv) -> Self::Kv;
+    /// Bytes held by a cache.
+    fn kv_bytes(&self, kv: &Self::Kv) -> usize;
+
+    // --- ops ---
+    /// out[t] = row `ids[t]` of the embedding matrix, times `scale`.
+    fn get_rows(&self, w: &Self::Weight, ids: &[u32], scale: f32, out: &mut Self::Buf) -> Result<()>;
+    /// y = x · Wᵀ for `n` rows of x.
+    fn matmul(&self, w: &Self::Weight, x: &Self::Buf, n: usize, y: &mut Self::Buf);
+    /// x[t] += b for each of the `n` rows.
+    fn add_bias(&self, x: &mut Self::Buf, b: &Self::Vector, n: usize);
+    /// RMSNorm over rows of length `width` (`n_rows` rows): out = x / rms(x) * w.
+    fn rms_norm(&self, x: &Self::Buf, w: &Self::Vector, n_rows: usize, width: usize, eps: f32, out: &mut Self::Buf);
+    /// In-place RMSNorm (used for per-head q/k norms).
+    fn rms_norm_inplace(&self, x: &mut Self::Buf, w: &Self::Vector, n_rows: usize, width: usize, eps: f32);
+    /// Rotate `n_head` heads of width `head_dim` in each of the `positions.len()` rows.
+    fn rope(&self, x: &mut Self::Buf, n_head: usize, head_dim: usize, positions: &[u32], p: &RopeParams);
+    fn scale(&self, x: &mut Self::Buf, len: usize, s: f32);
+    /// x += y over `len` elements.
+    fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+    /// gate = act(gate) * up over `len` elements.
+    fn act_mul(&self, gate: &mut Self::Buf, up: &Self::Buf, len: usize, act: Activation);
+    /// x = cap * tanh(x / cap).
+    fn softcap(&self, x: &mut Self::Buf, len: usize, cap: f32);
+    /// Store k/v rows (one per position) into the cache layer.
+    fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, positions: &[u32]);
+    /// Causal attention of the query rows (at `positions`) over the cache layer; out is
+    /// `[n, n_head * head_dim_v]`. Keys for every position ≤ max(positions) in the window must be stored.
+    fn attention(
+        &self,
+        q: &Self::Buf,
+        kv: &Self::Kv,
+        layer: usize,
+        positions: &[u32],
+        p: &AttnParams,
+        out: &mut Self::Buf,
+    );
+    /// Copy `len` elements starting at row `src_row` (of width `width`) into `dst` row 0.
+    fn copy_rows(&self, src: &Self::Buf, src_row: usize, n_rows: usize, width: usize, dst: &mut Self::Buf);
+}
+
+/// Positions whose KV entries a sliding layer needs to restore a checkpoint (see [`KvLayerSpec`]).
+pub fn window_start(pos: usize, window: Option<usize>) -> usize {
+    match window {
+        Some(w) => (pos + 1).saturating_sub(w),
+        None => 0,
+    }
+}

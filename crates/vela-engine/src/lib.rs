@@ -1,1 +1,10 @@
-//! vela-engine
+//! The engine: sequences with KV caches, sampling and the generation loop.
+
+pub mod generate;
+pub mod prompt;
+pub mod sampler;
+pub mod session;
+
+pub use generate::{generate, FinishReason, GenerateOptions};
+pub use sampler::{Sampler, SamplerConfig};
+pub use session::{Checkpoint, EvalOutcome, Session, SessionOptions};

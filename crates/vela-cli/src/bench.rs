@@ -1,0 +1,107 @@
+//! `vela bench`: llama-bench-style prompt processing (pp) and text generation (tg) throughput.
+//!
+//! pp: evaluate `-p` tokens from an empty cache (in `--ubatch` chunks). tg: generate `-n` tokens
+//! one at a time after a 1-token prompt, as llama-bench does. Tokens are random ids (content does
+//! not change the cost). `--json` prints `{"pp": {"n":..,"tps_mean":..,"tps_std":..,"samples":[..]},
+//! "tg": {...}, "weight_bytes_per_token": .., "tg_weight_gbps": ..}`.
+
+use crate::common::{self, ModelArgs};
+use anyhow::{bail, Result};
+use clap::Args;
+use std::time::Instant;
+use vela_engine::sampler::Rng;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt length (0 to skip).
+    #[arg(short = 'p', long = "n-prompt", default_value_t = 512)]
+    pub n_prompt: usize,
+    /// Generated tokens (0 to skip).
+    #[arg(short = 'n', long = "n-gen", default_value_t = 128)]
+    pub n_gen: usize,
+    /// Repetitions.
+    #[arg(short = 'r', long = "repetitions", default_value_t = 5)]
+    pub reps: usize,
+    /// Tokens already in the cache before tg is measured (tg at depth).
+    #[arg(short = 'd', long = "depth", default_value_t = 0)]
+    pub depth: usize,
+    #[arg(long)]
+    pub json: bool,
+}
+
+fn stats(v: &[f64]) -> (f64, f64) {
+    let m = v.iter().sum::<f64>() / v.len() as f64;
+    let var = if v.len() > 1 { v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    (m, var.sqrt())
+}
+
+pub fn bench(a: BenchArgs) -> Result<()> {
+    if a.reps == 0 {
+        bail!("--repetitions must be at least 1");
+    }
+    let mut margs = a.model.clone();
+    if margs.ctx == 0 {
+        margs.ctx = (a.depth + a.n_prompt.max(1) + a.n_gen + 1).max(256);
+    }
+    let l = common::load(&margs)?;
+    let n_vocab = l.model.cfg.n_vocab as u64;
+    let mut rng = Rng::new(42);
+    let mut rand_tokens = |n: usize| (0..n).map(|_| (rng.next_u64() % n_vocab) as u32).collect::<Vec<u32>>();
+    let mut session = l.session()?;
+    // Warm-up (page in the weights, spin up threads).
+    session.eval(&rand_tokens(8.min(session.ubatch())))?;
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    for _ in 0..a.reps {
+        if a.n_prompt > 0 {
+            session.reset();
+            let toks = rand_tokens(a.n_prompt);
+            let t = Instant::now();
+            session.eval(&toks)?;
+            pp.push(a.n_prompt as f64 / t.elapsed().as_secs_f64());
+        }
+        if a.n_gen > 0 {
+            session.reset();
+            if a.depth > 0 {
+                session.eval(&rand_tokens(a.depth))?;
+            }
+            let mut tok = rand_tokens(1)[0];
+            let t = Instant::now();
+            for _ in 0..a.n_gen {
+                let logits = session.eval(&[tok])?;
+                tok = vela_engine::sampler::argmax(&logits);
+            }
+            tg.push(a.n_gen as f64 / t.elapsed().as_secs_f64());
+        }
+    }
+    let wb = l.model.weight_bytes_per_token;
+    let (ppm, pps) = if pp.is_empty() { (0.0, 0.0) } else { stats(&pp) };
+    let (tgm, tgs) = if tg.is_empty() { (0.0, 0.0) } else { stats(&tg) };
+    let gbps = tgm * wb as f64 / 1e9;
+    if a.json {
+        let j = serde_json::json!({
+            "model": l.path.display().to_string(),
+            "backend": vela_compute::Backend::name(&*l.model.backend),
+            "pp": {"n": a.n_prompt, "tps_mean": ppm, "tps_std": pps, "samples": pp},
+            "tg": {"n": a.n_gen, "depth": a.depth, "tps_mean": tgm, "tps_std": tgs, "samples": tg},
+            "weight_bytes_per_token": wb,
+            "tg_weight_gbps": gbps,
+        });
+        println!("{j}");
+    } else {
+        println!("| model | backend | test | t/s |");
+        println!("|---|---|---|---|");
+        let name = l.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let be = vela_compute::Backend::name(&*l.model.backend);
+        if !pp.is_empty() {
+            println!("| {name} | {be} | pp{} | {ppm:.2} ± {pps:.2} |", a.n_prompt);
+        }
+        if !tg.is_empty() {
+            let d = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
+            println!("| {name} | {be} | tg{}{d} | {tgm:.2} ± {tgs:.2} |", a.n_gen);
+            println!("weights read per token: {:.1} MiB → {gbps:.2} GB/s achieved at tg", wb as f64 / (1 << 20) as f64);
+        }
+    }
+    Ok(())
+}

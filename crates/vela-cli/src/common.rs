@@ -1,0 +1,121 @@
+//! Loading a model + tokenizer from the command line's `--model`, shared by the subcommands.
+
+use anyhow::{Context, Result};
+use clap::Args;
+use std::path::PathBuf;
+use std::sync::Arc;
+use vela_compute::cpu::CpuBackend;
+use vela_compute::KvType;
+use vela_engine::{SamplerConfig, Session, SessionOptions};
+use vela_formats::gguf::GgufFile;
+use vela_models::DecoderModel;
+use vela_tokenizer::Tokenizer;
+
+/// Options every model-running command takes.
+#[derive(Args, Clone, Debug)]
+pub struct ModelArgs {
+    /// GGUF file, or a known model name (default: SmolLM2-135M-Instruct, fetched on first use).
+    #[arg(long, short = 'm')]
+    pub model: Option<String>,
+    /// Worker threads (default: all cores).
+    #[arg(long, short = 't', default_value_t = 0)]
+    pub threads: usize,
+    /// Context size in tokens (default: the model's, capped at 8192).
+    #[arg(long, short = 'c', default_value_t = 0)]
+    pub ctx: usize,
+    /// Prefill chunk size in tokens.
+    #[arg(long, default_value_t = 512)]
+    pub ubatch: usize,
+    /// KV cache type: f16 or f32.
+    #[arg(long, default_value = "f16")]
+    pub kv_type: String,
+}
+
+/// Sampling options.
+#[derive(Args, Clone, Debug)]
+pub struct SampleArgs {
+    /// Maximum number of tokens to generate.
+    #[arg(long, short = 'n', default_value_t = 256)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.8)]
+    pub temperature: f32,
+    #[arg(long, default_value_t = 40)]
+    pub top_k: usize,
+    #[arg(long, default_value_t = 0.95)]
+    pub top_p: f32,
+    #[arg(long, default_value_t = 0.05)]
+    pub min_p: f32,
+    #[arg(long, default_value_t = 1.0)]
+    pub repeat_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub presence_penalty: f32,
+    #[arg(long, default_value_t = 0.0)]
+    pub frequency_penalty: f32,
+    /// RNG seed (same seed + settings → same output).
+    #[arg(long, default_value_t = 0xC0FFEE)]
+    pub seed: u64,
+}
+
+impl SampleArgs {
+    pub fn config(&self) -> anyhow::Result<SamplerConfig> {
+        if self.max_tokens == 0 {
+            anyhow::bail!("--max-tokens must be at least 1");
+        }
+        if !self.temperature.is_finite() || self.temperature < 0.0 {
+            anyhow::bail!("--temperature must be a finite number ≥ 0");
+        }
+        if !(0.0..=1.0).contains(&self.top_p) || !(0.0..=1.0).contains(&self.min_p) {
+            anyhow::bail!("--top-p and --min-p must be within [0, 1]");
+        }
+        Ok(SamplerConfig {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            ..Default::default()
+        })
+    }
+}
+
+pub struct Loaded {
+    pub path: PathBuf,
+    pub gguf: Arc<GgufFile>,
+    pub model: Arc<DecoderModel<CpuBackend>>,
+    pub tokenizer: Tokenizer,
+    pub opts: SessionOptions,
+}
+
+impl Loaded {
+    pub fn session(&self) -> Result<Session<CpuBackend>> {
+        Session::new(self.model.clone(), &self.opts)
+    }
+}
+
+/// Resolve `--model` (fetching the default model if needed) to a path.
+pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
+    vela_hub::resolve_model(model)
+}
+
+/// Load the GGUF, the tokenizer and the model.
+pub fn load(a: &ModelArgs) -> Result<Loaded> {
+    let path = resolve(a.model.as_deref())?;
+    let gguf = Arc::new(GgufFile::open(&path)?);
+    let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot load the tokenizer")?;
+    let backend = Arc::new(CpuBackend::new(a.threads));
+    let model = Arc::new(vela_models::load(backend, gguf.clone())?);
+    let kv_type = match a.kv_type.as_str() {
+        "f16" => KvType::F16,
+        "f32" => KvType::F32,
+        other => anyhow::bail!("unknown --kv-type '{other}' (f16 or f32)"),
+    };
+    if a.ubatch == 0 {
+        anyhow::bail!("--ubatch must be at least 1");
+    }
+    let opts = SessionOptions { n_ctx: a.ctx, ubatch: a.ubatch, kv_type };
+    Ok(Loaded { path, gguf, model, tokenizer, opts })
+}

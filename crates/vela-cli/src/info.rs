@@ -1,0 +1,111 @@
+//! `vela tokenize` and `vela info`.
+
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::collections::BTreeMap;
+use vela_formats::gguf::{GgufFile, Value};
+
+#[derive(Args)]
+pub struct TokenizeArgs {
+    /// GGUF file (vocab-only files too) or HF checkpoint directory.
+    #[arg(long, short = 'm')]
+    pub model: String,
+    #[arg(long, conflicts_with = "text_file")]
+    pub text: Option<String>,
+    #[arg(long)]
+    pub text_file: Option<std::path::PathBuf>,
+    /// Do not add BOS/special prefix tokens.
+    #[arg(long)]
+    pub no_bos: bool,
+    /// Recognise control-token text (e.g. `<|im_end|>`) in the input.
+    #[arg(long)]
+    pub parse_special: bool,
+}
+
+pub fn tokenize(a: TokenizeArgs) -> Result<()> {
+    let text = match (&a.text, &a.text_file) {
+        (Some(t), _) => t.clone(),
+        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
+        (None, None) => bail!("give --text or --text-file"),
+    };
+    let path = crate::common::resolve(Some(&a.model))?;
+    let tok = vela_tokenizer::load(&path)?;
+    let ids = tok.encode(&text, !a.no_bos, a.parse_special)?;
+    println!("{}", serde_json::to_string(&ids)?);
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct InfoArgs {
+    #[arg(long, short = 'm')]
+    pub model: Option<String>,
+    /// Also list every tensor.
+    #[arg(long)]
+    pub tensors: bool,
+}
+
+fn short(v: &Value) -> String {
+    match v {
+        Value::String(s) if s.len() > 80 => format!("{:?}… ({} chars)", &s[..s.floor_char_boundary(60)], s.len()),
+        Value::String(s) => format!("{s:?}"),
+        Value::Array(a) => format!("[{} × {}]", a.len(), a.first().map(|x| x.type_name()).unwrap_or("?")),
+        other => format!("{other:?}").trim_start_matches(|c: char| c.is_alphanumeric()).trim_matches(|c| c == '(' || c == ')').to_string(),
+    }
+}
+
+pub fn info(a: InfoArgs) -> Result<()> {
+    let path = crate::common::resolve(a.model.as_deref())?;
+    let g = GgufFile::open(&path)?;
+    let arch = g.architecture().unwrap_or("?");
+    println!("file: {}", path.display());
+    println!("gguf: v{}, {} metadata keys, {} tensors, alignment {}", g.version, g.metadata.len(), g.tensors.len(), g.alignment);
+    println!("architecture: {arch}");
+    for k in &g.key_order {
+        if k.starts_with(&format!("{arch}.")) || k.starts_with("general.") {
+            println!("  {k} = {}", short(&g.metadata[k]));
+        }
+    }
+    match vela_models::config_from_gguf(&g) {
+        Ok(c) => {
+            let windows = c.layers.iter().filter(|l| l.window.is_some()).count();
+            println!(
+                "model: {} layers, d={}, heads {}/{} kv, head_dim {}/{}, ffn {}, vocab {}, ctx {}, {} sliding-window layers",
+                c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v, c.n_ff, c.n_vocab, c.n_ctx_train, windows
+            );
+        }
+        Err(e) => println!("model: not runnable by this build: {e:#}"),
+    }
+    let mut types: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    let mut params = 0u64;
+    for t in &g.tensors {
+        let e = types.entry(t.ty.name().to_string()).or_default();
+        e.0 += 1;
+        e.1 += t.size;
+        params += t.n_elements();
+    }
+    println!("parameters: {:.1} M", params as f64 / 1e6);
+    for (ty, (n, bytes)) in &types {
+        println!("  {ty:>6}: {n:4} tensors, {:8.1} MiB", *bytes as f64 / (1 << 20) as f64);
+    }
+    if a.tensors {
+        for t in &g.tensors {
+            println!("  {:40} {:6} {:?}", t.name, t.ty.name(), t.dims);
+        }
+    }
+    for k in &g.key_order {
+        if k.starts_with("tokenizer.") {
+            println!("  {k} = {}", short(&g.metadata[k]));
+        }
+    }
+    match vela_tokenizer::Tokenizer::from_gguf(&g) {
+        Ok(t) => println!(
+            "tokenizer: {} tokens, bos {:?}, eos {:?}, add_bos {}",
+            t.n_vocab(),
+            t.bos().and_then(|b| t.token_text(b)),
+            t.eos().and_then(|b| t.token_text(b)),
+            t.add_bos()
+        ),
+        Err(e) => println!("tokenizer: unavailable: {e:#}"),
+    }
+    Ok(())
+}

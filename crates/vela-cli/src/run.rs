@@ -1,0 +1,191 @@
+//! `vela run`, `vela chat`, `vela logits`.
+
+use crate::common::{self, ModelArgs, SampleArgs};
+use anyhow::{bail, Context, Result};
+use clap::Args;
+use std::io::{BufRead, Write};
+use vela_engine::{generate, GenerateOptions, Sampler};
+use vela_template::{ChatTemplate, RenderRequest};
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// The prompt (raw text completion; BOS is added as the model's metadata says).
+    #[arg(long, short = 'p')]
+    pub prompt: String,
+    /// Do not add BOS even if the model asks for it.
+    #[arg(long)]
+    pub no_bos: bool,
+}
+
+#[derive(Args)]
+pub struct ChatArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub sample: SampleArgs,
+    /// System prompt.
+    #[arg(long, short = 's')]
+    pub system: Option<String>,
+}
+
+#[derive(Args)]
+pub struct LogitsArgs {
+    /// GGUF model file.
+    #[arg(long, short = 'm')]
+    pub model: String,
+    /// Comma-separated token ids, used verbatim (no BOS added).
+    #[arg(long, conflicts_with = "prompt")]
+    pub tokens: Option<String>,
+    /// Text to tokenize (BOS per model metadata unless --no-bos).
+    #[arg(long, short = 'p')]
+    pub prompt: Option<String>,
+    #[arg(long)]
+    pub no_bos: bool,
+    #[arg(long, short = 't', default_value_t = 0)]
+    pub threads: usize,
+    #[arg(long, default_value_t = 512)]
+    pub ubatch: usize,
+    #[arg(long, short = 'c', default_value_t = 0)]
+    pub ctx: usize,
+    #[arg(long, default_value = "f16")]
+    pub kv_type: String,
+}
+
+/// Stream generated text to stdout as complete UTF-8 characters become available.
+fn stream_generate(
+    l: &common::Loaded,
+    session: &mut vela_engine::Session<vela_compute::cpu::CpuBackend>,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    max_tokens: usize,
+) -> Result<Vec<u32>> {
+    let tok = &l.tokenizer;
+    let mut detok = tok.detokenizer(false);
+    let stdout = std::io::stdout();
+    let mut ok = true;
+    let is_eog = |t: u32| tok.is_eog(t);
+    let opts = GenerateOptions { max_tokens, is_eog: &is_eog };
+    let (out, _) = generate(session, sampler, prompt, &opts, &mut |t| {
+        let text = detok.push(t);
+        if !text.is_empty() {
+            let mut o = stdout.lock();
+            ok = o.write_all(text.as_bytes()).and_then(|_| o.flush()).is_ok();
+        }
+        ok // stop when stdout is gone (e.g. `| head`)
+    })?;
+    let rest = detok.flush();
+    let _ = stdout.lock().write_all(rest.as_bytes());
+    Ok(out)
+}
+
+pub fn run(a: RunArgs) -> Result<()> {
+    let cfg = a.sample.config()?;
+    let l = common::load(&a.model)?;
+    let prompt = l.tokenizer.encode(&a.prompt, !a.no_bos, false)?;
+    if prompt.is_empty() {
+        bail!("the prompt is empty after tokenization");
+    }
+    let mut session = l.session()?;
+    let mut sampler = Sampler::new(cfg);
+    let t0 = std::time::Instant::now();
+    let out = stream_generate(&l, &mut session, &mut sampler, &prompt, a.sample.max_tokens)?;
+    println!();
+    let dt = t0.elapsed().as_secs_f64();
+    eprintln!("[{} prompt + {} generated tokens in {:.2} s]", prompt.len(), out.len(), dt);
+    Ok(())
+}
+
+pub fn chat(a: ChatArgs) -> Result<()> {
+    let cfg = a.sample.config()?;
+    let l = common::load(&a.model)?;
+    let src = l
+        .gguf
+        .get_str("tokenizer.chat_template")
+        .context("this model has no chat template; use `vela run` for raw completion")?;
+    let piece = |id: Option<u32>| id.and_then(|i| l.tokenizer.token_text(i)).unwrap_or_default();
+    let tmpl = ChatTemplate::new(src, &piece(l.tokenizer.bos()), &piece(l.tokenizer.eos()))?;
+    let mut messages: Vec<serde_json::Value> = Vec::new();
+    if let Some(s) = &a.system {
+        messages.push(serde_json::json!({"role": "system", "content": s}));
+    }
+    let mut session = l.session()?;
+    let mut sampler = Sampler::new(cfg);
+    eprintln!("vela chat — {} ({}). Type /exit or Ctrl-D to quit, /reset to clear.", l.path.display(), l.model.cfg.arch);
+    let stdin = std::io::stdin();
+    loop {
+        eprint!("> ");
+        let mut line = String::new();
+        if stdin.lock().read_line(&mut line)? == 0 {
+            break;
+        }
+        let line = line.trim_end_matches(['\n', '\r']);
+        match line {
+            "/exit" | "/quit" => break,
+            "/reset" => {
+                messages.retain(|m| m["role"] == "system");
+                session.reset();
+                continue;
+            }
+            "" => continue,
+            _ => {}
+        }
+        messages.push(serde_json::json!({"role": "user", "content": line}));
+        let rendered = tmpl.render(&RenderRequest {
+            messages: serde_json::Value::Array(messages.clone()),
+            add_generation_prompt: true,
+            ..Default::default()
+        })?;
+        let ids = vela_engine::prompt::tokenize_chat(&l.tokenizer, &rendered, &messages)?;
+        // Reuse the cached prefix: only the new tokens are evaluated.
+        let common_len = session.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count();
+        let keep = common_len.min(ids.len() - 1);
+        if session.truncate(keep).is_err() {
+            session.reset();
+        }
+        let new = ids[session.n_past()..].to_vec();
+        let out = stream_generate(&l, &mut session, &mut sampler, &new, a.sample.max_tokens)?;
+        println!();
+        let reply = l.tokenizer.decode(&out, true)?;
+        messages.push(serde_json::json!({"role": "assistant", "content": reply}));
+    }
+    Ok(())
+}
+
+pub fn logits(a: LogitsArgs) -> Result<()> {
+    let margs = ModelArgs {
+        model: Some(a.model.clone()),
+        threads: a.threads,
+        ctx: a.ctx,
+        ubatch: a.ubatch,
+        kv_type: a.kv_type.clone(),
+    };
+    let l = common::load(&margs)?;
+    let tokens: Vec<u32> = match (&a.tokens, &a.prompt) {
+        (Some(t), _) => t
+            .split(',')
+            .map(|s| s.trim().parse::<u32>().with_context(|| format!("invalid token id '{s}'")))
+            .collect::<Result<_>>()?,
+        (None, Some(p)) => l.tokenizer.encode(p, !a.no_bos, false)?,
+        (None, None) => bail!("give --tokens or --prompt"),
+    };
+    if tokens.is_empty() {
+        bail!("no tokens to evaluate");
+    }
+    let n_vocab = l.model.cfg.n_vocab;
+    if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
+        bail!("token id {bad} is out of range (vocabulary has {n_vocab} entries)");
+    }
+    let mut opts = l.opts.clone();
+    if opts.n_ctx == 0 {
+        opts.n_ctx = tokens.len().max(l.model.cfg.n_ctx_train.min(8192));
+    }
+    let mut session = vela_engine::Session::new(l.model.clone(), &opts)?;
+    let logits = session.eval(&tokens)?;
+    let out = serde_json::json!({"n_vocab": n_vocab, "tokens": tokens, "logits": logits});
+    println!("{out}");
+    Ok(())
+}

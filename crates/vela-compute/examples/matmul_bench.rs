@@ -1,0 +1,108 @@
+//! Micro-benchmark of the CPU matmul kernels.
+//!
+//! `cargo run --release -p vela-compute --example matmul_bench [threads]`
+//!
+//! Prints, per kernel family available on this CPU, the decode matvec bandwidth (GB/s of weight
+//! bytes streamed) for 576×1536 and 896×4864 matrices and the prefill throughput (GFLOP/s) of a
+//! 512-token matmul, for the weight types of the test models.
+
+use std::time::Instant;
+use vela_compute::cpu::matmul::{matmul_with, Kernel, QMatrix};
+use vela_compute::cpu::pool::ThreadPool;
+use vela_formats::quant::GgmlType;
+
+fn weights(ty: GgmlType, rows: usize, cols: usize) -> Vec<u8> {
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut s = 0x1234_5678u32;
+    let mut data: Vec<u8> = (0..rows * rb)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 17;
+            s ^= s << 5;
+            s as u8
+        })
+        .collect();
+    // Sane f16 scales (0x2000 ≈ 0.0078) so no NaN/denormal arithmetic skews the timing.
+    let fields: &[usize] = match ty {
+        GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q8_0 => &[0],
+        GgmlType::Q4_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q6_K => &[208],
+        _ => &[],
+    };
+    for blk in data.chunks_exact_mut(ty.type_size()) {
+        for &o in fields {
+            blk[o..o + 2].copy_from_slice(&0x2000u16.to_le_bytes());
+        }
+    }
+    data
+}
+
+fn time(mut f: impl FnMut(), min_secs: f64) -> f64 {
+    f();
+    let (start, mut iters) = (Instant::now(), 0u32);
+    while start.elapsed().as_secs_f64() < min_secs || iters < 3 {
+        f();
+        iters += 1;
+    }
+    start.elapsed().as_secs_f64() / iters as f64
+}
+
+fn main() {
+    let threads: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(2);
+    let pool = ThreadPool::new(threads);
+    let types = [
+        GgmlType::Q4_K,
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q5_0,
+        GgmlType::Q6_K,
+    ];
+    println!("threads: {threads}");
+    for kernel in Kernel::all_available() {
+        println!("== kernel {} ==", kernel.name());
+        for ty in types {
+            let mut line = format!("{:>5}", ty.name());
+            for (rows, cols) in [(576, 1536), (896, 4864)] {
+                let data = weights(ty, rows, cols);
+                let w = QMatrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &data,
+                };
+                let x: Vec<f32> = (0..cols)
+                    .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+                    .collect();
+                let mut y = vec![0f32; rows];
+                let t = time(|| matmul_with(kernel, &pool, &w, &x, 1, &mut y), 0.2);
+                line += &format!(
+                    "  decode {rows}x{cols}: {:6.1} us {:6.1} GB/s",
+                    t * 1e6,
+                    data.len() as f64 / t / 1e9
+                );
+            }
+            let (rows, cols, n) = (896, 4864, 512);
+            let data = weights(ty, rows, cols);
+            let w = QMatrix {
+                ty,
+                rows,
+                cols,
+                data: &data,
+            };
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+                .collect();
+            let mut y = vec![0f32; n * rows];
+            let secs = if kernel == Kernel::Scalar { 0.5 } else { 1.0 };
+            let t = time(|| matmul_with(kernel, &pool, &w, &x, n, &mut y), secs);
+            line += &format!(
+                "  prefill {n}x{rows}x{cols}: {:7.1} GFLOP/s",
+                2.0 * (rows * cols * n) as f64 / t / 1e9
+            );
+            println!("{line}");
+        }
+    }
+}

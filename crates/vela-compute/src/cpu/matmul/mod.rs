@@ -1,0 +1,432 @@
+//! Quantized matrix multiplication `y = x · Wᵀ` on the CPU.
+//!
+//! Numerics follow ggml's CPU backend: every activation row is first converted to the weight
+//! type's `vec_dot_type` (Q4_0/Q5_0/Q8_0 → Q8_0, Q4_1/Q5_1 → Q8_1, k-quants → Q8_K, F16 → f16,
+//! BF16 → bf16, F32 → f32) with ggml's x86 rounding, then every block contributes an exact
+//! integer dot product scaled in f32. Results therefore agree with llama.cpp up to the order of
+//! the f32 block accumulation.
+//!
+//! Work split: activations are quantized once (in parallel over tokens for prefill), then the
+//! weight rows are split into contiguous per-thread ranges. Inside a range the kernel walks
+//! cache-sized row blocks and, per block, tiles of `R` rows × `T` tokens (see `x86.rs`), so each
+//! weight block is decoded once per `T` tokens: decode (≤ 4 tokens) streams the weights exactly
+//! once, prefill reuses them from L1/L2.
+
+// The kernels index several parallel arrays (register tiles, block fields) by the same loop
+// counter; iterator rewrites would obscure the lane/row/token correspondence.
+mod act;
+#[allow(clippy::needless_range_loop)]
+mod decode;
+#[allow(clippy::needless_range_loop)]
+mod scalar;
+#[cfg(test)]
+#[allow(clippy::needless_range_loop)]
+mod tests;
+#[allow(clippy::needless_range_loop)]
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+use std::cell::RefCell;
+use std::sync::OnceLock;
+
+use vela_formats::quant::GgmlType;
+
+use super::pool::ThreadPool;
+use act::ActKind;
+
+/// A weight matrix in GGUF layout: `rows` rows of `cols` elements (`cols` = GGUF `ne0`); row `r`
+/// starts at byte `r * ty.row_bytes(cols)` of `data`.
+#[derive(Clone, Copy, Debug)]
+pub struct QMatrix<'a> {
+    pub ty: GgmlType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+/// A kernel implementation family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kernel {
+    /// Portable Rust; the only path on non-x86 targets.
+    Scalar,
+    /// AVX2 + FMA + F16C.
+    Avx2,
+    /// AVX-512 F/BW/VL + VNNI (on top of AVX2/FMA/F16C).
+    Avx512,
+}
+
+impl Kernel {
+    /// The name used by `VELA_KERNEL` and [`kernel_name`].
+    pub fn name(self) -> &'static str {
+        match self {
+            Kernel::Scalar => "scalar",
+            Kernel::Avx2 => "avx2",
+            Kernel::Avx512 => "avx512",
+        }
+    }
+
+    /// Whether this CPU can run the kernel family.
+    pub fn available(self) -> bool {
+        match self {
+            Kernel::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => {
+                Kernel::Avx2.available()
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw")
+                    && is_x86_feature_detected!("avx512vl")
+                    && is_x86_feature_detected!("avx512vnni")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Every family this CPU can run, best last.
+    pub fn all_available() -> Vec<Kernel> {
+        [Kernel::Scalar, Kernel::Avx2, Kernel::Avx512]
+            .into_iter()
+            .filter(|k| k.available())
+            .collect()
+    }
+
+    /// The kernel [`matmul`] uses: `VELA_KERNEL=scalar|avx2|avx512` if set and available
+    /// (an unavailable or unknown request falls back to the best available, with a warning),
+    /// else the best available. Decided once per process.
+    pub fn selected() -> Kernel {
+        static SELECTED: OnceLock<Kernel> = OnceLock::new();
+        *SELECTED.get_or_init(|| {
+            let best = *Kernel::all_available().last().expect("scalar is always available");
+            match std::env::var("VELA_KERNEL") {
+                Ok(v) if !v.is_empty() => {
+                    let k = Kernel::all_available().into_iter().find(|k| k.name() == v);
+                    k.unwrap_or_else(|| {
+                        eprintln!(
+                            "warning: VELA_KERNEL={v} is unknown or unsupported on this CPU; using {}",
+                            best.name()
+                        );
+                        best
+                    })
+                }
+                _ => best,
+            }
+        })
+    }
+}
+
+/// Name of the kernel family [`matmul`] uses (see [`Kernel::selected`]).
+pub fn kernel_name() -> &'static str {
+    Kernel::selected().name()
+}
+
+/// Whether [`matmul`] handles weights of type `ty`. Callers must check this first: `matmul`
+/// panics on other types.
+pub fn supported(ty: GgmlType) -> bool {
+    act_kind(ty).is_some()
+}
+
+fn act_kind(ty: GgmlType) -> Option<ActKind> {
+    use GgmlType::*;
+    Some(match ty {
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 => ActKind::Q8,
+        Q2_K | Q3_K | Q4_K | Q5_K | Q6_K => ActKind::Q8K,
+        F32 => ActKind::F32,
+        F16 => ActKind::F16,
+        BF16 => ActKind::Bf16,
+        _ => return None,
+    })
+}
+
+/// A tile kernel computing `y[t * ys + r] = dot(weight row r, activation row t)` for an `R × T`
+/// tile; `w` points at weight row 0 (rows `ws` bytes apart), `x` at activation row 0 (rows `xs`
+/// bytes apart, in the [`ActKind`] layout), `nb` = weight blocks per row (elements for float
+/// types). Callers guarantee all pointed-to extents.
+pub(crate) type TileFn = unsafe fn(*const u8, usize, *const u8, usize, usize, *mut f32, usize);
+
+/// The tile kernels of one (kernel family, weight type): `fns[0][t-1]` handles 1 row × `t`
+/// tokens, `fns[1][t-1]` handles `r_max` rows × `t` tokens (`t ≤ t_max`).
+struct Tiles {
+    r_max: usize,
+    t_max: usize,
+    fns: [[TileFn; 4]; 2],
+}
+
+macro_rules! table {
+    ($m:ident :: $f:ident, $B:ty, $rm:literal) => {
+        Tiles {
+            r_max: $rm,
+            t_max: 4,
+            fns: [
+                [
+                    $m::$f::<$B, 1, 1>,
+                    $m::$f::<$B, 1, 2>,
+                    $m::$f::<$B, 1, 3>,
+                    $m::$f::<$B, 1, 4>,
+                ],
+                [
+                    $m::$f::<$B, $rm, 1>,
+                    $m::$f::<$B, $rm, 2>,
+                    $m::$f::<$B, $rm, 3>,
+                    $m::$f::<$B, $rm, 4>,
+                ],
+            ],
+        }
+    };
+}
+
+macro_rules! per_type {
+    ($ty:expr, $m:ident, $q32:ident, $qk:ident, $f:ident, $rm:literal) => {{
+        use decode::*;
+        use scalar::{WBf16, WF16, WF32};
+        use GgmlType as G;
+        match $ty {
+            G::Q4_0 => table!($m::$q32, Q4_0, $rm),
+            G::Q4_1 => table!($m::$q32, Q4_1, $rm),
+            G::Q5_0 => table!($m::$q32, Q5_0, $rm),
+            G::Q5_1 => table!($m::$q32, Q5_1, $rm),
+            G::Q8_0 => table!($m::$q32, Q8_0, $rm),
+            G::Q2_K => table!($m::$qk, Q2K, $rm),
+            G::Q3_K => table!($m::$qk, Q3K, $rm),
+            G::Q4_K => table!($m::$qk, Q4K, $rm),
+            G::Q5_K => table!($m::$qk, Q5K, $rm),
+            G::Q6_K => table!($m::$qk, Q6K, $rm),
+            G::F32 => table!($m::$f, WF32, $rm),
+            G::F16 => table!($m::$f, WF16, $rm),
+            G::BF16 => table!($m::$f, WBf16, $rm),
+            _ => unreachable!("checked by supported()"),
+        }
+    }};
+}
+
+fn scalar_tiles(ty: GgmlType) -> Tiles {
+    use decode::*;
+    use scalar::{WBf16, WF16, WF32};
+    use GgmlType as G;
+    let f: TileFn = match ty {
+        G::Q4_0 => scalar::q32::<Q4_0>,
+        G::Q4_1 => scalar::q32::<Q4_1>,
+        G::Q5_0 => scalar::q32::<Q5_0>,
+        G::Q5_1 => scalar::q32::<Q5_1>,
+        G::Q8_0 => scalar::q32::<Q8_0>,
+        G::Q2_K => scalar::qk::<Q2K>,
+        G::Q3_K => scalar::qk::<Q3K>,
+        G::Q4_K => scalar::qk::<Q4K>,
+        G::Q5_K => scalar::qk::<Q5K>,
+        G::Q6_K => scalar::qk::<Q6K>,
+        G::F32 => scalar::float::<WF32>,
+        G::F16 => scalar::float::<WF16>,
+        G::BF16 => scalar::float::<WBf16>,
+        _ => unreachable!("checked by supported()"),
+    };
+    Tiles {
+        r_max: 1,
+        t_max: 1,
+        fns: [[f; 4]; 2],
+    }
+}
+
+fn tiles(kernel: Kernel, ty: GgmlType) -> Tiles {
+    match kernel {
+        Kernel::Scalar => scalar_tiles(ty),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => per_type!(ty, x86, avx2_q32, avx2_qk, avx2_f, 2),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 => per_type!(ty, x86, avx512_q32, avx512_qk, avx512_f, 4),
+        #[cfg(not(target_arch = "x86_64"))]
+        _ => scalar_tiles(ty),
+    }
+}
+
+/// Scratch for quantized activations, reused across calls on the calling thread.
+#[derive(Clone, Copy)]
+#[repr(C, align(64))]
+struct Line([u8; 64]);
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A raw pointer that may cross to pool threads (each thread touches disjoint elements).
+#[derive(Clone, Copy)]
+struct SendPtr<T>(*mut T);
+unsafe impl<T> Send for SendPtr<T> {}
+unsafe impl<T> Sync for SendPtr<T> {}
+impl<T> SendPtr<T> {
+    /// A method (not field access) so closures capture the whole `Send` wrapper.
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// `y[t*rows + r] = Σ_c W[r][c] · x[t*cols + c]` for `t < n_tokens`, using [`Kernel::selected`].
+///
+/// Panics (with a one-line message) if `w.ty` is not [`supported`], `cols` is not a multiple of
+/// the block size, or a slice is too short. Must not be called from inside `pool.run`.
+pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], n_tokens: usize, y: &mut [f32]) {
+    matmul_with(Kernel::selected(), pool, w, x, n_tokens, y)
+}
+
+/// [`matmul`] with an explicit kernel family (tests and benchmarks); `kernel` must be
+/// [`Kernel::available`].
+pub fn matmul_with(
+    kernel: Kernel,
+    pool: &ThreadPool,
+    w: &QMatrix,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    let (rows, cols, ty) = (w.rows, w.cols, w.ty);
+    let kind = act_kind(ty)
+        .unwrap_or_else(|| panic!("matmul: weight type {} is not supported", ty.name()));
+    assert!(
+        kernel.available(),
+        "matmul: kernel {} is not available on this CPU",
+        kernel.name()
+    );
+    let bs = ty.block_size();
+    assert!(
+        cols % bs == 0,
+        "matmul: cols {cols} is not a multiple of {}'s block {bs}",
+        ty.name()
+    );
+    let wrow = ty
+        .row_bytes(cols as u64)
+        .expect("cols is a multiple of the block size") as usize;
+    assert!(
+        w.data.len() >= rows * wrow,
+        "matmul: weight data shorter than {rows}x{cols}"
+    );
+    assert!(
+        x.len() >= n_tokens * cols,
+        "matmul: x shorter than {n_tokens}x{cols}"
+    );
+    assert!(
+        y.len() >= n_tokens * rows,
+        "matmul: y shorter than {n_tokens}x{rows}"
+    );
+    if rows == 0 || n_tokens == 0 {
+        return;
+    }
+    let nb = cols / bs;
+    let xrow = kind.row_bytes(cols);
+    let tiles = tiles(kernel, ty);
+    SCRATCH.with(|cell| {
+        let mut scratch = cell.borrow_mut();
+        let xq: *const u8 = if kind == ActKind::F32 {
+            x.as_ptr() as *const u8
+        } else {
+            let lines = (n_tokens * xrow).div_ceil(64);
+            if scratch.len() < lines {
+                scratch.resize(lines, Line([0; 64]));
+            }
+            let base = SendPtr(scratch.as_mut_ptr() as *mut u8);
+            let quantize = |t0: usize, t1: usize| {
+                for t in t0..t1 {
+                    // SAFETY: token rows are disjoint `xrow`-byte ranges inside `scratch`
+                    // (`lines * 64 ≥ n_tokens * xrow`); the base is 64-byte aligned and `xrow`
+                    // is a multiple of the block layout's alignment, so every row start is
+                    // aligned for its block type.
+                    let out =
+                        unsafe { std::slice::from_raw_parts_mut(base.get().add(t * xrow), xrow) };
+                    quantize_row(kernel, kind, &x[t * cols..(t + 1) * cols], out);
+                }
+            };
+            if n_tokens >= 4 && pool.n_threads() > 1 {
+                pool.run(|i, n| quantize(n_tokens * i / n, n_tokens * (i + 1) / n));
+            } else {
+                quantize(0, n_tokens);
+            }
+            scratch.as_ptr() as *const u8
+        };
+        let yp = SendPtr(y.as_mut_ptr());
+        let xq = SendPtr(xq as *mut u8);
+        let wp = SendPtr(w.data.as_ptr() as *mut u8);
+        pool.run(|i, n| {
+            // Contiguous row ranges on tile boundaries.
+            let n_tiles = rows.div_ceil(tiles.r_max);
+            let r0 = (n_tiles * i / n * tiles.r_max).min(rows);
+            let r1 = (n_tiles * (i + 1) / n * tiles.r_max).min(rows);
+            // SAFETY: shapes validated above; threads write disjoint rows of y.
+            unsafe {
+                run_rows(
+                    &tiles,
+                    wp.get(),
+                    wrow,
+                    r0,
+                    r1,
+                    xq.get(),
+                    xrow,
+                    n_tokens,
+                    nb,
+                    yp.get(),
+                    rows,
+                )
+            };
+        });
+    });
+}
+
+/// Quantize one activation row with the fastest code for `kernel` (identical results).
+fn quantize_row(kernel: Kernel, kind: ActKind, x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel != Kernel::Scalar {
+        // SAFETY: `kernel` is available, so AVX2/FMA/F16C are.
+        unsafe { x86::quantize_row(kind, x, out) };
+        return;
+    }
+    let _ = kernel;
+    act::quantize_row(kind, x, out)
+}
+
+/// Compute rows `r0..r1` of all tokens, in cache-sized row blocks × token groups × row tiles.
+///
+/// # Safety
+/// `w` covers `r1` rows of `wrow` bytes, `xq` `n_tokens` rows of `xrow` bytes, `y`
+/// `n_tokens * rows` floats.
+#[allow(clippy::too_many_arguments)]
+unsafe fn run_rows(
+    tiles: &Tiles,
+    w: *const u8,
+    wrow: usize,
+    r0: usize,
+    r1: usize,
+    xq: *const u8,
+    xrow: usize,
+    n_tokens: usize,
+    nb: usize,
+    y: *mut f32,
+    rows: usize,
+) {
+    let rm = tiles.r_max;
+    // Keep a row block of weights (~96 KiB) hot in L2 while all token groups pass over it.
+    let rb = ((96 * 1024 / wrow.max(1)) / rm * rm).max(rm);
+    let mut b0 = r0;
+    while b0 < r1 {
+        let b1 = (b0 + rb).min(r1);
+        let mut t0 = 0;
+        while t0 < n_tokens {
+            let tn = tiles.t_max.min(n_tokens - t0);
+            let x = xq.add(t0 * xrow);
+            let mut r = b0;
+            while r + rm <= b1 {
+                let out = y.add(t0 * rows + r);
+                (tiles.fns[1][tn - 1])(w.add(r * wrow), wrow, x, xrow, nb, out, rows);
+                r += rm;
+            }
+            while r < b1 {
+                let out = y.add(t0 * rows + r);
+                (tiles.fns[0][tn - 1])(w.add(r * wrow), wrow, x, xrow, nb, out, rows);
+                r += 1;
+            }
+            t0 += tn;
+        }
+        b0 = b1;
+    }
+}

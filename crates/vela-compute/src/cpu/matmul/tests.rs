@@ -1,0 +1,540 @@
+//! Kernel tests: every supported type × every kernel family available on this CPU against an
+//! f64 reference built from independently written (ggml-literal) dequantizers and the
+//! *quantized* activations, SIMD paths against the scalar path, thread-count invariance, and
+//! real GGUF tensors.
+
+use super::act::{self, f16_to_f32, ActKind, ActQ8, ActQ8K};
+use super::*;
+use vela_formats::quant::GgmlType as G;
+
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // SplitMix64.
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn f(&mut self) -> f32 {
+        (self.next() >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+}
+
+fn h(v: f32) -> [u8; 2] {
+    act::f32_to_f16(v).to_le_bytes()
+}
+
+/// Offsets of the f16 scale fields that must hold sane values (the rest is random bits).
+fn f16_fields(ty: G) -> &'static [usize] {
+    match ty {
+        G::Q4_0 | G::Q5_0 | G::Q8_0 => &[0],
+        G::Q4_1 | G::Q5_1 | G::Q4_K | G::Q5_K => &[0, 2],
+        G::Q2_K => &[80, 82],
+        G::Q3_K => &[108],
+        G::Q6_K => &[208],
+        _ => &[],
+    }
+}
+
+/// Random weights: random bits with sane f16 scales (or random floats for float types).
+fn random_weights(rng: &mut Rng, ty: G, rows: usize, cols: usize) -> Vec<u8> {
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let mut data: Vec<u8> = (0..rows * rb).map(|_| rng.next() as u8).collect();
+    let (bs, ts) = (ty.block_size(), ty.type_size());
+    match ty {
+        G::F32 => {
+            for c in data.chunks_exact_mut(4) {
+                c.copy_from_slice(&rng.f().to_le_bytes());
+            }
+        }
+        G::F16 => {
+            for c in data.chunks_exact_mut(2) {
+                c.copy_from_slice(&h(rng.f()));
+            }
+        }
+        G::BF16 => {
+            for c in data.chunks_exact_mut(2) {
+                c.copy_from_slice(&act::f32_to_bf16(rng.f()).to_le_bytes());
+            }
+        }
+        _ => {
+            for blk in data.chunks_exact_mut(ts) {
+                for &o in f16_fields(ty) {
+                    let scale = if bs == 256 { 0.002 } else { 0.02 };
+                    blk[o..o + 2].copy_from_slice(&h(scale * (0.2 + rng.f().abs())));
+                }
+            }
+        }
+    }
+    data
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[i], b[i + 1]]))
+}
+
+fn k4(j: usize, q: &[u8]) -> (u8, u8) {
+    if j < 4 {
+        (q[j] & 63, q[j + 4] & 63)
+    } else {
+        (
+            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
+            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
+        )
+    }
+}
+
+/// Dequantize one block, written after ggml's `dequantize_row_*` loops.
+fn dequant_block(ty: G, b: &[u8], y: &mut Vec<f64>) {
+    match ty {
+        G::Q4_0 | G::Q4_1 => {
+            let (d, m, qs) = if ty == G::Q4_0 {
+                (f16_at(b, 0), -8.0 * f16_at(b, 0), &b[2..18])
+            } else {
+                (f16_at(b, 0), f16_at(b, 2), &b[4..20])
+            };
+            let mut out = [0f64; 32];
+            for j in 0..16 {
+                out[j] = (d * (qs[j] & 15) as f32) as f64 + m as f64;
+                out[j + 16] = (d * (qs[j] >> 4) as f32) as f64 + m as f64;
+            }
+            y.extend_from_slice(&out);
+        }
+        G::Q5_0 | G::Q5_1 => {
+            let d = f16_at(b, 0) as f64;
+            let (m, qh, qs) = if ty == G::Q5_0 {
+                (-16.0 * d, &b[2..6], &b[6..22])
+            } else {
+                (f16_at(b, 2) as f64, &b[4..8], &b[8..24])
+            };
+            let qh = u32::from_le_bytes(qh.try_into().unwrap());
+            let mut out = [0f64; 32];
+            for j in 0..16 {
+                let xh0 = ((qh >> j) << 4) & 0x10;
+                let xh1 = (qh >> (j + 12)) & 0x10;
+                out[j] = d * (((qs[j] & 15) as u32 | xh0) as f64) + m;
+                out[j + 16] = d * (((qs[j] >> 4) as u32 | xh1) as f64) + m;
+            }
+            y.extend_from_slice(&out);
+        }
+        G::Q8_0 => {
+            let d = f16_at(b, 0) as f64;
+            y.extend(b[2..34].iter().map(|&q| d * (q as i8) as f64));
+        }
+        G::Q4_K | G::Q5_K => {
+            let (d, dmin) = (f16_at(b, 0) as f64, f16_at(b, 2) as f64);
+            let sc = &b[4..16];
+            let (qh, qs) = if ty == G::Q5_K {
+                (&b[16..48], &b[48..176])
+            } else {
+                (&b[0..0], &b[16..144])
+            };
+            for j in 0..4 {
+                let (s1, m1) = k4(2 * j, sc);
+                let (s2, m2) = k4(2 * j + 1, sc);
+                for l in 0..32 {
+                    let hb = if ty == G::Q5_K {
+                        ((qh[l] >> (2 * j)) & 1) * 16
+                    } else {
+                        0
+                    };
+                    y.push(d * s1 as f64 * ((qs[32 * j + l] & 15) + hb) as f64 - dmin * m1 as f64);
+                }
+                for l in 0..32 {
+                    let hb = if ty == G::Q5_K {
+                        ((qh[l] >> (2 * j + 1)) & 1) * 16
+                    } else {
+                        0
+                    };
+                    y.push(d * s2 as f64 * ((qs[32 * j + l] >> 4) + hb) as f64 - dmin * m2 as f64);
+                }
+            }
+        }
+        G::Q6_K => {
+            let d = f16_at(b, 208) as f64;
+            let mut out = [0f64; 256];
+            for n in 0..2 {
+                let (ql, qh, sc) = (&b[64 * n..], &b[128 + 32 * n..], &b[192 + 8 * n..]);
+                for l in 0..32 {
+                    let is = l / 16;
+                    let q1 = ((ql[l] & 0xF) | ((qh[l] & 3) << 4)) as i32 - 32;
+                    let q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) as i32 - 32;
+                    let q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) as i32 - 32;
+                    let q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) as i32 - 32;
+                    let s = |k: usize| sc[is + k] as i8 as f64;
+                    out[128 * n + l] = d * s(0) * q1 as f64;
+                    out[128 * n + l + 32] = d * s(2) * q2 as f64;
+                    out[128 * n + l + 64] = d * s(4) * q3 as f64;
+                    out[128 * n + l + 96] = d * s(6) * q4 as f64;
+                }
+            }
+            y.extend_from_slice(&out);
+        }
+        G::Q2_K => {
+            let (d, dmin) = (f16_at(b, 80) as f64, f16_at(b, 82) as f64);
+            let mut is = 0;
+            for n in 0..2 {
+                let q = &b[16 + 32 * n..];
+                for shift in [0, 2, 4, 6] {
+                    for half in 0..2 {
+                        let sc = b[is];
+                        is += 1;
+                        let (dl, ml) = (d * (sc & 15) as f64, dmin * (sc >> 4) as f64);
+                        for l in 0..16 {
+                            y.push(dl * ((q[16 * half + l] >> shift) & 3) as f64 - ml);
+                        }
+                    }
+                }
+            }
+        }
+        G::Q3_K => {
+            let d = f16_at(b, 108) as f64;
+            let mut aux = [0u32; 4];
+            for (i, a) in aux.iter_mut().take(3).enumerate() {
+                *a = u32::from_le_bytes(b[96 + 4 * i..100 + 4 * i].try_into().unwrap());
+            }
+            let (k1, k2, tmp) = (0x0303_0303u32, 0x0f0f_0f0fu32, aux[2]);
+            aux[2] = ((aux[0] >> 4) & k2) | (((tmp >> 4) & k1) << 4);
+            aux[3] = ((aux[1] >> 4) & k2) | (((tmp >> 6) & k1) << 4);
+            aux[0] = (aux[0] & k2) | ((tmp & k1) << 4);
+            aux[1] = (aux[1] & k2) | (((tmp >> 2) & k1) << 4);
+            let scales: Vec<i8> = aux
+                .iter()
+                .flat_map(|a| a.to_le_bytes())
+                .map(|v| v as i8)
+                .collect();
+            let hm = &b[0..32];
+            let (mut m, mut is) = (1u8, 0);
+            for n in 0..2 {
+                let q = &b[32 + 32 * n..];
+                for shift in [0, 2, 4, 6] {
+                    for half in 0..2 {
+                        let dl = d * (scales[is] as i32 - 32) as f64;
+                        is += 1;
+                        for l in 16 * half..16 * half + 16 {
+                            let v =
+                                ((q[l] >> shift) & 3) as i32 - if hm[l] & m != 0 { 0 } else { 4 };
+                            y.push(dl * v as f64);
+                        }
+                    }
+                    m <<= 1;
+                }
+            }
+        }
+        _ => unreachable!(),
+    }
+}
+
+fn dequant_rows(ty: G, data: &[u8], rows: usize, cols: usize) -> Vec<f64> {
+    let mut y = Vec::with_capacity(rows * cols);
+    match ty {
+        G::F32 => y.extend(
+            data.chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap()) as f64),
+        ),
+        G::F16 => y.extend(data.chunks_exact(2).map(|c| f16_at(c, 0) as f64)),
+        G::BF16 => y.extend(
+            data.chunks_exact(2)
+                .map(|c| f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16) as f64),
+        ),
+        _ => data
+            .chunks_exact(ty.type_size())
+            .take(rows * cols / ty.block_size())
+            .for_each(|b| dequant_block(ty, b, &mut y)),
+    }
+    y.truncate(rows * cols);
+    y
+}
+
+/// The activations as the kernels see them, dequantized, plus per-32-block `s - d*Σq` for the
+/// Q8_1 min correction.
+fn quantized_acts(ty: G, x: &[f32], cols: usize) -> (Vec<f64>, Vec<f64>) {
+    let kind = act_kind(ty).unwrap();
+    let xrow = kind.row_bytes(cols);
+    let mut lines = vec![Line([0; 64]); xrow.div_ceil(64)];
+    let (mut vals, mut scorr) = (Vec::new(), Vec::new());
+    for row in x.chunks_exact(cols) {
+        let buf = unsafe { std::slice::from_raw_parts_mut(lines.as_mut_ptr() as *mut u8, xrow) };
+        act::quantize_row(kind, row, buf);
+        match kind {
+            ActKind::Q8 => {
+                let b =
+                    unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const ActQ8, cols / 32) };
+                for blk in b {
+                    vals.extend(blk.qs.iter().map(|&q| blk.d as f64 * q as f64));
+                    let sum: i32 = blk.qs.iter().map(|&q| q as i32).sum();
+                    assert_eq!(sum, blk.sum);
+                    scorr.push(blk.s as f64 - blk.d as f64 * sum as f64);
+                }
+            }
+            ActKind::Q8K => {
+                let b = unsafe {
+                    std::slice::from_raw_parts(buf.as_ptr() as *const ActQ8K, cols / 256)
+                };
+                for blk in b {
+                    vals.extend(blk.qs.iter().map(|&q| blk.d as f64 * q as f64));
+                    for g in 0..16 {
+                        let s: i32 = blk.qs[16 * g..16 * g + 16].iter().map(|&q| q as i32).sum();
+                        assert_eq!(s, blk.bsums[g] as i32);
+                    }
+                }
+            }
+            _ => {
+                let b = unsafe { std::slice::from_raw_parts(buf.as_ptr() as *const f32, cols) };
+                vals.extend(b.iter().map(|&v| v as f64));
+            }
+        }
+    }
+    (vals, scorr)
+}
+
+/// f64 reference `y[t*rows+r]` and the magnitude `Σ|w·x|` used for the tolerance.
+fn reference(
+    ty: G,
+    data: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    let w = dequant_rows(ty, data, rows, cols);
+    let (a, scorr) = quantized_acts(ty, x, cols);
+    let has_min = matches!(ty, G::Q4_1 | G::Q5_1);
+    let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+    let (mut y, mut mag) = (vec![0f64; n * rows], vec![0f64; n * rows]);
+    for t in 0..n {
+        for r in 0..rows {
+            let (mut s, mut m) = (0f64, 0f64);
+            for c in 0..cols {
+                s += w[r * cols + c] * a[t * cols + c];
+                m += (w[r * cols + c] * a[t * cols + c]).abs();
+            }
+            if has_min {
+                for blk in 0..cols / 32 {
+                    let bm = f16_at(&data[r * rb + blk * ty.type_size()..], 2) as f64;
+                    s += bm * scorr[t * cols / 32 + blk];
+                    m += (bm * scorr[t * cols / 32 + blk]).abs();
+                }
+            }
+            y[t * rows + r] = s;
+            mag[t * rows + r] = m;
+        }
+    }
+    (y, mag)
+}
+
+const TYPES: [G; 13] = [
+    G::F32,
+    G::F16,
+    G::BF16,
+    G::Q4_0,
+    G::Q4_1,
+    G::Q5_0,
+    G::Q5_1,
+    G::Q8_0,
+    G::Q2_K,
+    G::Q3_K,
+    G::Q4_K,
+    G::Q5_K,
+    G::Q6_K,
+];
+
+fn col_options(ty: G) -> Vec<usize> {
+    match ty.block_size() {
+        1 => vec![1, 7, 33, 100],
+        32 => vec![32, 64, 96],
+        _ => vec![256, 512, 768, 2304],
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn run(
+    kernel: Kernel,
+    pool: &ThreadPool,
+    ty: G,
+    data: &[u8],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+) -> Vec<f32> {
+    let mut y = vec![f32::NAN; n * rows];
+    matmul_with(
+        kernel,
+        pool,
+        &QMatrix {
+            ty,
+            rows,
+            cols,
+            data,
+        },
+        x,
+        n,
+        &mut y,
+    );
+    y
+}
+
+#[test]
+fn all_types_all_kernels_match_f64_reference() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(42);
+    let mut cases = 0;
+    for ty in TYPES {
+        assert!(supported(ty), "{}", ty.name());
+        for cols in col_options(ty) {
+            for (i, rows) in [1usize, 3, 17, 96].into_iter().enumerate() {
+                let data = random_weights(&mut rng, ty, rows, cols);
+                // Vary n_tokens with the shape to keep the run time small.
+                for n in [1usize, 2, 3, 5, 8, 13]
+                    .into_iter()
+                    .skip(i % 2)
+                    .step_by(2 - (cols > 1000) as usize)
+                {
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+                    let (yr, mag) = reference(ty, &data, rows, cols, &x, n);
+                    let y_scalar = run(Kernel::Scalar, &pool, ty, &data, rows, cols, &x, n);
+                    for k in Kernel::all_available() {
+                        let y = run(k, &pool, ty, &data, rows, cols, &x, n);
+                        for j in 0..n * rows {
+                            let tol = 2e-6 * mag[j] + 1e-6;
+                            assert!(
+                                (y[j] as f64 - yr[j]).abs() <= tol,
+                                "{} {} rows={rows} cols={cols} n={n} j={j}: got {} want {} (tol {tol})",
+                                k.name(), ty.name(), y[j], yr[j]
+                            );
+                            assert!(
+                                (y[j] as f64 - y_scalar[j] as f64).abs() <= tol,
+                                "{} vs scalar {} rows={rows} cols={cols} n={n} j={j}: {} vs {}",
+                                k.name(),
+                                ty.name(),
+                                y[j],
+                                y_scalar[j]
+                            );
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    eprintln!(
+        "{cases} (type, shape, kernel) cases checked; kernels: {:?}",
+        Kernel::all_available()
+    );
+    assert!(cases > 100);
+}
+
+#[test]
+fn thread_count_does_not_change_results() {
+    let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+    let mut rng = Rng(7);
+    for ty in [G::Q4_0, G::Q4_K, G::Q6_K, G::Q8_0, G::F16] {
+        let (rows, cols) = (37, if ty.block_size() == 256 { 512 } else { 96 });
+        let data = random_weights(&mut rng, ty, rows, cols);
+        for n in [1, 6] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+            for k in Kernel::all_available() {
+                let ys: Vec<Vec<f32>> = pools
+                    .iter()
+                    .map(|p| run(k, p, ty, &data, rows, cols, &x, n))
+                    .collect();
+                assert!(ys[0].iter().all(|v| v.is_finite()));
+                assert_eq!(ys[0], ys[1], "{} {} 1 vs 2 threads", k.name(), ty.name());
+                assert_eq!(ys[0], ys[2], "{} {} 1 vs 3 threads", k.name(), ty.name());
+            }
+        }
+    }
+}
+
+#[test]
+fn activation_rounding_is_ggml_x86() {
+    // amax 127 → multiplier 1: ties round to even (ggml's AVX2 `_mm256_round_ps`).
+    let mut x = vec![0f32; 32];
+    x[0] = 127.0;
+    x[1] = 2.5;
+    x[2] = 3.5;
+    x[3] = -2.5;
+    let mut q = [ActQ8 {
+        d: 0.0,
+        s: 0.0,
+        sum: 0,
+        _pad: 0,
+        qs: [0; 32],
+    }];
+    act::quantize_q8(&x, &mut q);
+    assert_eq!(&q[0].qs[..4], &[127, 2, 4, -2]);
+    assert_eq!(q[0].d, 1.0);
+    assert_eq!(q[0].sum, 131);
+    // Q8_K: scale from the signed max: max = -127 → iscale = -127/max = 1, d = 1.
+    let mut x = vec![0f32; 256];
+    x[5] = -127.0;
+    x[6] = 0.5;
+    x[7] = 1.5;
+    x[20] = 126.6;
+    let mut k = [ActQ8K {
+        d: 0.0,
+        _pad: [0; 7],
+        bsums: [0; 16],
+        qs: [0; 256],
+    }];
+    act::quantize_q8k(&x, &mut k);
+    assert_eq!(k[0].d, 1.0);
+    assert_eq!(&k[0].qs[5..8], &[-127, 0, 2]);
+    assert_eq!(k[0].qs[20], 127);
+    assert_eq!(k[0].bsums[0], -125);
+    assert_eq!(k[0].bsums[1], 127);
+    // A positive max flips the sign of the scale: d = -1, quants negated.
+    let x: Vec<f32> = x.iter().map(|v| -v).collect();
+    act::quantize_q8k(&x, &mut k);
+    assert_eq!(k[0].d, -1.0);
+    assert_eq!(&k[0].qs[5..8], &[-127, 0, 2]);
+}
+
+#[test]
+fn real_model_tensors_match_reference() {
+    use vela_formats::gguf::GgufFile;
+    use vela_formats::testdata;
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(99);
+    let mut checked = Vec::new();
+    for name in [testdata::SMOLLM2, testdata::GEMMA3, testdata::QWEN25] {
+        let Some(path) = testdata::model(name) else {
+            continue;
+        };
+        let f = GgufFile::open(&path).unwrap();
+        let mut seen = std::collections::HashSet::new();
+        for t in &f.tensors {
+            if t.dims.len() != 2 || !supported(t.ty) || t.ty.block_size() == 1 || !seen.insert(t.ty)
+            {
+                continue;
+            }
+            let (cols, rows_all) = (t.ne0(), t.n_rows());
+            let rows = rows_all.min(64);
+            let rb = t.ty.row_bytes(cols as u64).unwrap() as usize;
+            let data = &f.tensor_data(t)[..rows * rb];
+            let n = 3;
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
+            let (yr, mag) = reference(t.ty, data, rows, cols, &x, n);
+            for k in Kernel::all_available() {
+                let y = run(k, &pool, t.ty, data, rows, cols, &x, n);
+                for j in 0..n * rows {
+                    let tol = 2e-6 * mag[j] + 1e-6;
+                    assert!(
+                        (y[j] as f64 - yr[j]).abs() <= tol,
+                        "{name} {} ({}) {}: j={j} got {} want {}",
+                        t.name,
+                        t.ty.name(),
+                        k.name(),
+                        y[j],
+                        yr[j]
+                    );
+                }
+            }
+            checked.push(format!("{}:{}", t.name, t.ty.name()));
+        }
+    }
+    eprintln!("real tensors checked: {checked:?}");
+}

@@ -1,0 +1,318 @@
+//! x86-64 SIMD tile kernels: `R` weight rows × `T` activation rows per call.
+//!
+//! Each weight block is decoded once (into L1-resident stack buffers) and dotted against the `T`
+//! activation rows, so prefill is compute-bound instead of re-streaming weights per token, and
+//! decode (`T` = number of tokens ≤ 4) streams every weight row exactly once.
+//!
+//! The generic bodies are `#[inline(always)]` and carry no target features themselves; they are
+//! instantiated inside two sets of `#[target_feature]` entry points:
+//! * `avx2_*`: AVX2 + FMA + F16C, int8 dots with `vpmaddubsw` + `vpmaddwd`;
+//! * `avx512_*`: additionally AVX-512F/BW/VL + VNNI: the same 256-bit data flow but with
+//!   `vpdpbusd`/`vpdpwssd` fused dots and 32 vector registers (larger tiles). On Zen 4 512-bit
+//!   ops are double-pumped, so 256-bit VNNI gives the same throughput with simpler code.
+//!
+//! All functions here are `unsafe`: callers guarantee the CPU features (checked once with
+//! `is_x86_feature_detected!` in `super::Kernel::detect`) and the pointer extents documented on
+//! [`super::TileFn`].
+
+use std::arch::x86_64::*;
+
+use super::act::{self, f16_to_f32, ActKind, ActQ8, ActQ8K};
+use super::decode::{DecK, Q32, QK};
+use super::scalar::FloatW;
+
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    let s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    _mm_cvtss_f32(s)
+}
+
+/// 32 × (u8 · i8) → 8 i32 lanes (+ `acc`). Products of a 5-bit weight and an int8 activation
+/// cannot saturate `vpmaddubsw`'s i16 pair sums.
+#[inline(always)]
+unsafe fn dot_u8i8<const VNNI: bool>(acc: __m256i, u: __m256i, a: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_epi32(acc, u, a)
+    } else {
+        let p = _mm256_maddubs_epi16(u, a);
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+    }
+}
+
+/// The 32 quants of a 32-element block as bytes (the `q` of [`Q32::decode`], in registers).
+#[inline(always)]
+unsafe fn decode_q32<B: Q32>(p: *const u8) -> __m256i {
+    if B::SIGNED {
+        return _mm256_loadu_si256(p.add(B::QS_AT) as *const __m256i);
+    }
+    let t = _mm_loadu_si128(p.add(B::QS_AT) as *const __m128i);
+    let mut v = _mm256_and_si256(
+        _mm256_set_m128i(_mm_srli_epi16(t, 4), t),
+        _mm256_set1_epi8(15),
+    );
+    if B::QH_AT != 0 {
+        // Spread bit i of the u32 to byte i: byte i takes source byte i/8 and tests bit i%8.
+        let qh = (p.add(B::QH_AT) as *const i32).read_unaligned();
+        let sel = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3,
+            3, 3, 3,
+        );
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(qh), sel);
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let set = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
+        v = _mm256_or_si256(v, _mm256_and_si256(set, _mm256_set1_epi8(16)));
+    }
+    v
+}
+
+/// Tile kernel for the 32-element block types against [`ActQ8`] activations.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_q32<B: Q32, const R: usize, const T: usize, const VNNI: bool>(
+    w: *const u8,
+    ws: usize,
+    x: *const u8,
+    xs: usize,
+    nb: usize,
+    y: *mut f32,
+    ys: usize,
+) {
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut summ = [[0f32; T]; R];
+    // Signed Q8_0 weights: with VNNI shift them to unsigned (w + 128) and correct with the
+    // activation sum; without VNNI use the sign trick (|w| · sign(a, w)).
+    let off = if B::SIGNED {
+        if VNNI {
+            128
+        } else {
+            0
+        }
+    } else {
+        B::OFF
+    };
+    for b in 0..nb {
+        let mut dw = [0f32; R];
+        let mut mw = [0f32; R];
+        let mut wv = [_mm256_setzero_si256(); R];
+        for r in 0..R {
+            let p = w.add(r * ws + b * B::BYTES);
+            dw[r] = f16_to_f32(u16::from_le_bytes([*p, *p.add(1)]));
+            if B::HAS_MIN {
+                mw[r] = f16_to_f32(u16::from_le_bytes([*p.add(2), *p.add(3)]));
+            }
+            wv[r] = decode_q32::<B>(p);
+            if B::SIGNED && VNNI {
+                wv[r] = _mm256_xor_si256(wv[r], _mm256_set1_epi8(-128));
+            }
+        }
+        for t in 0..T {
+            let a = &*(x.add(t * xs) as *const ActQ8).add(b);
+            let av = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+            let corr = if off != 0 {
+                _mm256_zextsi128_si256(_mm_cvtsi32_si128(-off * a.sum))
+            } else {
+                _mm256_setzero_si256()
+            };
+            for r in 0..R {
+                let isum = if B::SIGNED && !VNNI {
+                    let ax = _mm256_sign_epi8(wv[r], wv[r]);
+                    let sy = _mm256_sign_epi8(av, wv[r]);
+                    dot_u8i8::<false>(corr, ax, sy)
+                } else {
+                    dot_u8i8::<VNNI>(corr, wv[r], av)
+                };
+                let scale = _mm256_set1_ps(dw[r] * a.d);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][t]);
+                if B::HAS_MIN {
+                    summ[r][t] += mw[r] * a.s;
+                }
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *y.add(t * ys + r) = hsum(acc[r][t]) + summ[r][t];
+        }
+    }
+}
+
+/// Tile kernel for the k-quants against [`ActQ8K`] activations.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_qk<B: QK, const R: usize, const T: usize, const VNNI: bool>(
+    w: *const u8,
+    ws: usize,
+    x: *const u8,
+    xs: usize,
+    nb: usize,
+    y: *mut f32,
+    ys: usize,
+) {
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let mut dec = [DecK::ZERO; R];
+    // Per-32-chunk scale vectors: i16 lanes 0..8 = sc[2k], lanes 8..16 = sc[2k+1].
+    let mut scx = [[0i16; 128]; R];
+    for b in 0..nb {
+        for r in 0..R {
+            B::decode(w.add(r * ws + b * B::BYTES), &mut dec[r]);
+            for g in 0..16 {
+                for l in 0..8 {
+                    scx[r][8 * g + l] = dec[r].sc[g];
+                }
+            }
+        }
+        for t in 0..T {
+            let a = &*(x.add(t * xs) as *const ActQ8K).add(b);
+            let bs = _mm256_load_si256(a.bsums.as_ptr() as *const __m256i);
+            for r in 0..R {
+                let mut isum = _mm256_setzero_si256();
+                for k in 0..8 {
+                    let u = _mm256_load_si256(dec[r].q.as_ptr().add(32 * k) as *const __m256i);
+                    let av = _mm256_loadu_si256(a.qs.as_ptr().add(32 * k) as *const __m256i);
+                    let s = _mm256_loadu_si256(scx[r].as_ptr().add(16 * k) as *const __m256i);
+                    let p = _mm256_maddubs_epi16(u, av);
+                    isum = if VNNI {
+                        _mm256_dpwssd_epi32(isum, p, s)
+                    } else {
+                        _mm256_add_epi32(isum, _mm256_madd_epi16(p, s))
+                    };
+                }
+                let mn = _mm256_load_si256(dec[r].mn.as_ptr() as *const __m256i);
+                let corr = _mm256_madd_epi16(mn, bs);
+                let d = _mm256_set1_ps(a.d * dec[r].d);
+                let dm = _mm256_set1_ps(a.d * dec[r].dmin);
+                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[r][t]);
+                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(corr), dm, acc[r][t]);
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *y.add(t * ys + r) = hsum(acc[r][t]);
+        }
+    }
+}
+
+/// Load 8 weights of type `W` starting at element `i` as f32.
+#[inline(always)]
+unsafe fn load8<W: FloatW>(p: *const u8, i: usize) -> __m256 {
+    match W::BYTES {
+        4 => _mm256_loadu_ps((p as *const f32).add(i)),
+        _ => {
+            let h = _mm_loadu_si128((p as *const u16).add(i) as *const __m128i);
+            if W::IS_F16 {
+                _mm256_cvtph_ps(h)
+            } else {
+                _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16))
+            }
+        }
+    }
+}
+
+/// Tile kernel for float weights against f32 activations (f16/bf16-rounded as required).
+#[inline(always)]
+unsafe fn tile_f<W: FloatW, const R: usize, const T: usize>(
+    w: *const u8,
+    ws: usize,
+    x: *const u8,
+    xs: usize,
+    n: usize,
+    y: *mut f32,
+    ys: usize,
+) {
+    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    let n8 = n / 8 * 8;
+    let mut i = 0;
+    while i < n8 {
+        let mut wv = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            wv[r] = load8::<W>(w.add(r * ws), i);
+        }
+        for t in 0..T {
+            let xv = _mm256_loadu_ps((x.add(t * xs) as *const f32).add(i));
+            for r in 0..R {
+                acc[r][t] = _mm256_fmadd_ps(wv[r], xv, acc[r][t]);
+            }
+        }
+        i += 8;
+    }
+    for r in 0..R {
+        for t in 0..T {
+            let xt = x.add(t * xs) as *const f32;
+            let mut tail = 0f32;
+            for j in n8..n {
+                tail += W::get(w.add(r * ws), j) * *xt.add(j);
+            }
+            *y.add(t * ys + r) = hsum(acc[r][t]) + tail;
+        }
+    }
+}
+
+macro_rules! entry_points {
+    ($feat:literal, $vnni:expr, $q32:ident, $qk:ident, $f:ident) => {
+        /// # Safety
+        /// CPU features and pointer extents as documented in the module header.
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn $q32<B: Q32, const R: usize, const T: usize>(
+            w: *const u8,
+            ws: usize,
+            x: *const u8,
+            xs: usize,
+            nb: usize,
+            y: *mut f32,
+            ys: usize,
+        ) {
+            tile_q32::<B, R, T, { $vnni }>(w, ws, x, xs, nb, y, ys)
+        }
+
+        /// # Safety
+        /// CPU features and pointer extents as documented in the module header.
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn $qk<B: QK, const R: usize, const T: usize>(
+            w: *const u8,
+            ws: usize,
+            x: *const u8,
+            xs: usize,
+            nb: usize,
+            y: *mut f32,
+            ys: usize,
+        ) {
+            tile_qk::<B, R, T, { $vnni }>(w, ws, x, xs, nb, y, ys)
+        }
+
+        /// # Safety
+        /// CPU features and pointer extents as documented in the module header.
+        #[target_feature(enable = $feat)]
+        pub(crate) unsafe fn $f<W: FloatW, const R: usize, const T: usize>(
+            w: *const u8,
+            ws: usize,
+            x: *const u8,
+            xs: usize,
+            n: usize,
+            y: *mut f32,
+            ys: usize,
+        ) {
+            tile_f::<W, R, T>(w, ws, x, xs, n, y, ys)
+        }
+    };
+}
+
+entry_points!("avx2,fma,f16c", false, avx2_q32, avx2_qk, avx2_f);
+entry_points!(
+    "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
+    true,
+    avx512_q32,
+    avx512_qk,
+    avx512_f
+);
+
+/// [`act::quantize_row`] compiled for AVX2 (vectorized rounding; identical results).
+///
+/// # Safety
+/// The CPU must support AVX2, FMA and F16C; `out` as for [`act::quantize_row`].
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn quantize_row(kind: ActKind, x: &[f32], out: &mut [u8]) {
+    act::quantize_row(kind, x, out)
+}

@@ -1,0 +1,7 @@
+//! The CPU backend: SIMD kernels chosen at run time (AVX-512 / AVX2 / scalar) and a low-latency thread pool.
+
+pub mod matmul;
+pub mod ops;
+pub mod simd;
+pub mod pool;
+pub use ops::CpuBackend;

@@ -1,0 +1,547 @@
+//! The CPU implementation of [`Backend`]: activations in `Vec<f32>`, weights used in place from the
+//! memory map, KV cache in F32 or F16 rings.
+//!
+//! Numerics follow llama.cpp's CPU path where it matters for parity: RMSNorm sums squares in f64,
+//! RoPE builds its angle table by repeated f32 multiplication, matmuls quantize activations to the
+//! weight type's dot-product format (see [`super::matmul`]).
+
+use super::matmul::{self, QMatrix};
+use super::pool::ThreadPool;
+use super::simd;
+use crate::{Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams};
+use anyhow::{bail, Result};
+use half::f16;
+use std::sync::Arc;
+
+/// The CPU backend.
+pub struct CpuBackend {
+    pool: Arc<ThreadPool>,
+}
+
+impl CpuBackend {
+    /// A backend using `n_threads` threads (0 = all cores).
+    pub fn new(n_threads: usize) -> CpuBackend {
+        let n = if n_threads == 0 {
+            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+        } else {
+            n_threads
+        };
+        CpuBackend { pool: Arc::new(ThreadPool::new(n)) }
+    }
+
+    pub fn pool(&self) -> &ThreadPool {
+        &self.pool
+    }
+}
+
+/// A weight: a window of the memory map plus its geometry.
+pub struct CpuWeight {
+    host: HostWeight,
+}
+
+impl CpuWeight {
+    fn qmatrix(&self) -> QMatrix<'_> {
+        QMatrix { ty: self.host.ty, rows: self.host.rows, cols: self.host.cols, data: self.host.bytes() }
+    }
+}
+
+enum KvData {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+impl KvData {
+    fn new(ty: KvType, n: usize) -> KvData {
+        match ty {
+            KvType::F32 => KvData::F32(vec![0.0; n]),
+            KvType::F16 => KvData::F16(vec![f16::ZERO; n]),
+        }
+    }
+    fn write(&mut self, off: usize, src: &[f32]) {
+        match self {
+            KvData::F32(d) => d[off..off + src.len()].copy_from_slice(src),
+            KvData::F16(d) => simd::f32_to_f16(src, &mut d[off..off + src.len()]),
+        }
+    }
+    fn clone_range(&self, off: usize, n: usize) -> KvData {
+        match self {
+            KvData::F32(d) => KvData::F32(d[off..off + n].to_vec()),
+            KvData::F16(d) => KvData::F16(d[off..off + n].to_vec()),
+        }
+    }
+    fn copy_from(&mut self, off: usize, src: &KvData) {
+        match (self, src) {
+            (KvData::F32(d), KvData::F32(s)) => d[off..off + s.len()].copy_from_slice(s),
+            (KvData::F16(d), KvData::F16(s)) => d[off..off + s.len()].copy_from_slice(s),
+            _ => unreachable!("snapshot type matches cache type"),
+        }
+    }
+    fn bytes(&self) -> usize {
+        match self {
+            KvData::F32(d) => d.len() * 4,
+            KvData::F16(d) => d.len() * 2,
+        }
+    }
+    fn deep_clone(&self) -> KvData {
+        match self {
+            KvData::F32(d) => KvData::F32(d.clone()),
+            KvData::F16(d) => KvData::F16(d.clone()),
+        }
+    }
+}
+
+struct KvLayer {
+    spec: KvLayerSpec,
+    k: KvData,
+    v: KvData,
+}
+
+/// Per-layer K/V rings.
+pub struct CpuKv {
+    layers: Vec<KvLayer>,
+}
+
+/// Saved sliding-window slots: (layer, first position, K rows, V rows).
+pub struct CpuKvSnapshot {
+    saved: Vec<(usize, usize, KvData, KvData)>,
+}
+
+/// Raw pointer that may be shared across pool threads writing disjoint ranges.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+/// Split `n` items into `parts` contiguous ranges; range `i`.
+fn chunk(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
+    let per = n / parts;
+    let rem = n % parts;
+    let start = i * per + i.min(rem);
+    start..start + per + usize::from(i < rem)
+}
+
+impl Backend for CpuBackend {
+    type Buf = Vec<f32>;
+    type Weight = CpuWeight;
+    type Vector = Vec<f32>;
+    type Kv = CpuKv;
+    type KvSnapshot = CpuKvSnapshot;
+
+    fn name(&self) -> String {
+        format!("cpu ({} threads, {} kernels)", self.pool.n_threads(), matmul::kernel_name())
+    }
+
+    fn alloc(&self, len: usize) -> Vec<f32> {
+        vec![0.0; len]
+    }
+
+    fn write(&self, buf: &mut Vec<f32>, data: &[f32]) {
+        buf[..data.len()].copy_from_slice(data);
+    }
+
+    fn read(&self, buf: &Vec<f32>, out: &mut [f32]) {
+        out.copy_from_slice(&buf[..out.len()]);
+    }
+
+    fn upload_weight(&self, w: &HostWeight) -> Result<CpuWeight> {
+        if !matmul::supported(w.ty) {
+            bail!("tensor '{}' has type {} which the CPU backend cannot multiply", w.name, w.ty);
+        }
+        Ok(CpuWeight { host: w.clone() })
+    }
+
+    fn upload_vector(&self, data: &[f32]) -> Result<Vec<f32>> {
+        Ok(data.to_vec())
+    }
+
+    fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<CpuKv> {
+        let mut out = Vec::with_capacity(layers.len());
+        for spec in layers {
+            let nk = spec.capacity * spec.n_head_kv * spec.head_dim_k;
+            let nv = spec.capacity * spec.n_head_kv * spec.head_dim_v;
+            out.push(KvLayer { spec: spec.clone(), k: KvData::new(ty, nk), v: KvData::new(ty, nv) });
+        }
+        Ok(CpuKv { layers: out })
+    }
+
+    fn kv_checkpoint(&self, kv: &CpuKv, n_past: usize) -> CpuKvSnapshot {
+        let mut saved = Vec::new();
+        for (li, l) in kv.layers.iter().enumerate() {
+            if l.spec.window.is_none() || n_past == 0 {
+                continue;
+            }
+            let first = crate::window_start(n_past - 1, l.spec.window);
+            let (wk, wv) = (l.spec.n_head_kv * l.spec.head_dim_k, l.spec.n_head_kv * l.spec.head_dim_v);
+            // Save slot by slot (the window may wrap around the ring).
+            let mut ks = Vec::new();
+            let mut vs = Vec::new();
+            for p in first..n_past {
+                let s = p % l.spec.capacity;
+                ks.push(l.k.clone_range(s * wk, wk));
+                vs.push(l.v.clone_range(s * wv, wv));
+            }
+            saved.push((li, first, concat(ks), concat(vs)));
+        }
+        CpuKvSnapshot { saved }
+    }
+
+    fn kv_restore(&self, kv: &mut CpuKv, snap: &CpuKvSnapshot) {
+        for (li, first, ks, vs) in &snap.saved {
+            let l = &mut kv.layers[*li];
+            let (wk, wv) = (l.spec.n_head_kv * l.spec.head_dim_k, l.spec.n_head_kv * l.spec.head_dim_v);
+            let n = ks.len_elems() / wk;
+            for i in 0..n {
+                let s = (first + i) % l.spec.capacity;
+                l.k.copy_from(s * wk, &ks.slice(i * wk, wk));
+                l.v.copy_from(s * wv, &vs.slice(i * wv, wv));
+            }
+        }
+    }
+
+    fn kv_clone(&self, kv: &CpuKv) -> CpuKv {
+        CpuKv {
+            layers: kv
+                .layers
+                .iter()
+                .map(|l| KvLayer { spec: l.spec.clone(), k: l.k.deep_clone(), v: l.v.deep_clone() })
+                .collect(),
+        }
+    }
+
+    fn kv_bytes(&self, kv: &CpuKv) -> usize {
+        kv.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum()
+    }
+
+    fn get_rows(&self, w: &CpuWeight, ids: &[u32], scale: f32, out: &mut Vec<f32>) -> Result<()> {
+        let cols = w.host.cols;
+        let row_bytes = w.host.ty.row_bytes(cols as u64).unwrap() as usize;
+        let data = w.host.bytes();
+        for (t, &id) in ids.iter().enumerate() {
+            if id as usize >= w.host.rows {
+                bail!("token id {id} is out of range (vocabulary has {} entries)", w.host.rows);
+            }
+            let row = &data[id as usize * row_bytes..(id as usize + 1) * row_bytes];
+            let dst = &mut out[t * cols..(t + 1) * cols];
+            vela_formats::quant::dequantize(w.host.ty, row, dst)?;
+            if scale != 1.0 {
+                dst.iter_mut().for_each(|x| *x *= scale);
+            }
+        }
+        Ok(())
+    }
+
+    fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) {
+        let q = w.qmatrix();
+        matmul::matmul(&self.pool, &q, &x[..n * q.cols], n, &mut y[..n * q.rows]);
+    }
+
+    fn add_bias(&self, x: &mut Vec<f32>, b: &Vec<f32>, n: usize) {
+        let w = b.len();
+        for row in x[..n * w].chunks_exact_mut(w) {
+            row.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        }
+    }
+
+    fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, n_rows: usize, width: usize, eps: f32, out: &mut Vec<f32>) {
+        for r in 0..n_rows {
+            let src = &x[r * width..(r + 1) * width];
+            let dst = &mut out[r * width..(r + 1) * width];
+            rms_norm_row(src, w, eps, dst);
+        }
+    }
+
+    fn rms_norm_inplace(&self, x: &mut Vec<f32>, w: &Vec<f32>, n_rows: usize, width: usize, eps: f32) {
+        let mut tmp = vec![0f32; width];
+        for r in 0..n_rows {
+            let row = &mut x[r * width..(r + 1) * width];
+            rms_norm_row(row, w, eps, &mut tmp);
+            row.copy_from_slice(&tmp);
+        }
+    }
+
+    fn rope(&self, x: &mut Vec<f32>, n_head: usize, head_dim: usize, positions: &[u32], p: &RopeParams) {
+        let mut cache = vec![0f32; p.n_rot];
+        for (t, &pos) in positions.iter().enumerate() {
+            rope_cache(pos, p, &mut cache);
+            for h in 0..n_head {
+                let off = (t * n_head + h) * head_dim;
+                rope_head(&mut x[off..off + head_dim], &cache, p.n_rot, p.neox);
+            }
+        }
+    }
+
+    fn scale(&self, x: &mut Vec<f32>, len: usize, s: f32) {
+        x[..len].iter_mut().for_each(|v| *v *= s);
+    }
+
+    fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+        x[..len].iter_mut().zip(&y[..len]).for_each(|(a, b)| *a += b);
+    }
+
+    fn act_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize, act: Activation) {
+        match act {
+            Activation::Silu => {
+                gate[..len].iter_mut().zip(&up[..len]).for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u)
+            }
+            Activation::GeluTanh => gate[..len].iter_mut().zip(&up[..len]).for_each(|(g, u)| *g = gelu_tanh(*g) * u),
+        }
+    }
+
+    fn softcap(&self, x: &mut Vec<f32>, len: usize, cap: f32) {
+        x[..len].iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+    }
+
+    fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, positions: &[u32]) {
+        let l = &mut kv.layers[layer];
+        let (wk, wv) = (l.spec.n_head_kv * l.spec.head_dim_k, l.spec.n_head_kv * l.spec.head_dim_v);
+        for (t, &pos) in positions.iter().enumerate() {
+            let s = pos as usize % l.spec.capacity;
+            l.k.write(s * wk, &k[t * wk..(t + 1) * wk]);
+            l.v.write(s * wv, &v[t * wv..(t + 1) * wv]);
+        }
+    }
+
+    fn attention(&self, q: &Vec<f32>, kv: &CpuKv, layer: usize, positions: &[u32], p: &AttnParams, out: &mut Vec<f32>) {
+        let l = &kv.layers[layer];
+        let n = positions.len();
+        let n_tasks = n * p.n_head;
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let group = p.n_head / p.n_head_kv;
+        self.pool.run(|ti, nt| {
+            let out_ptr = out_ptr;
+            let max_keys = positions.iter().max().map(|&m| m as usize + 1).unwrap_or(0);
+            let mut scores = vec![0f32; max_keys.min(l.spec.capacity).max(1)];
+            let mut acc = vec![0f32; p.head_dim_v];
+            for task in chunk(n_tasks, nt, ti) {
+                let (t, h) = (task / p.n_head, task % p.n_head);
+                let g = h / group;
+                let qrow = &q[(t * p.n_head + h) * p.head_dim_k..][..p.head_dim_k];
+                let pos = positions[t] as usize;
+                let first = crate::window_start(pos, p.window.or(l.spec.window));
+                let nk = pos + 1 - first;
+                debug_assert!(nk <= l.spec.capacity);
+                let mut maxs = f32::NEG_INFINITY;
+                for (i, j) in (first..=pos).enumerate() {
+                    let s = j % l.spec.capacity;
+                    let off = (s * p.n_head_kv + g) * p.head_dim_k;
+                    let mut d = match &l.k {
+                        KvData::F32(k) => simd::dot_f32(qrow, &k[off..off + p.head_dim_k]),
+                        KvData::F16(k) => simd::dot_f16(qrow, &k[off..off + p.head_dim_k]),
+                    } * p.scale;
+                    if let Some(c) = p.softcap {
+                        d = (d / c).tanh() * c;
+                    }
+                    scores[i] = d;
+                    maxs = maxs.max(d);
+                }
+                let mut sum = 0f64;
+                for sc in &mut scores[..nk] {
+                    *sc = (*sc - maxs).exp();
+                    sum += *sc as f64;
+                }
+                let inv = (1.0 / sum) as f32;
+                acc.iter_mut().for_each(|a| *a = 0.0);
+                for (i, j) in (first..=pos).enumerate() {
+                    let s = j % l.spec.capacity;
+                    let off = (s * p.n_head_kv + g) * p.head_dim_v;
+                    let w = scores[i] * inv;
+                    match &l.v {
+                        KvData::F32(v) => simd::axpy_f32(w, &v[off..off + p.head_dim_v], &mut acc),
+                        KvData::F16(v) => simd::axpy_f16(w, &v[off..off + p.head_dim_v], &mut acc),
+                    }
+                }
+                // SAFETY: each task writes its own disjoint head slice of `out`.
+                unsafe {
+                    let dst = out_ptr.0.add((t * p.n_head + h) * p.head_dim_v);
+                    std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, p.head_dim_v);
+                }
+            }
+        });
+    }
+
+    fn copy_rows(&self, src: &Vec<f32>, src_row: usize, n_rows: usize, width: usize, dst: &mut Vec<f32>) {
+        dst[..n_rows * width].copy_from_slice(&src[src_row * width..(src_row + n_rows) * width]);
+    }
+}
+
+fn concat(parts: Vec<KvData>) -> KvData {
+    let mut it = parts.into_iter();
+    let Some(first) = it.next() else { return KvData::F32(Vec::new()) };
+    match first {
+        KvData::F32(mut v) => {
+            for p in it {
+                if let KvData::F32(x) = p {
+                    v.extend_from_slice(&x)
+                }
+            }
+            KvData::F32(v)
+        }
+        KvData::F16(mut v) => {
+            for p in it {
+                if let KvData::F16(x) = p {
+                    v.extend_from_slice(&x)
+                }
+            }
+            KvData::F16(v)
+        }
+    }
+}
+
+impl KvData {
+    fn len_elems(&self) -> usize {
+        match self {
+            KvData::F32(d) => d.len(),
+            KvData::F16(d) => d.len(),
+        }
+    }
+    fn slice(&self, off: usize, n: usize) -> KvData {
+        self.clone_range(off, n)
+    }
+}
+
+/// y = x * (1 / sqrt(mean(x²) + eps)) * w, with the sum of squares in f64 as ggml does.
+fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
+    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
+    let mean = (sum / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for i in 0..x.len() {
+        y[i] = (x[i] * scale) * w[i];
+    }
+}
+
+/// cos/sin table for one position, built as ggml's rope cache (repeated f32 multiplication).
+fn rope_cache(pos: u32, p: &RopeParams, cache: &mut [f32]) {
+    let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+    let mut theta = pos as f32;
+    for i0 in (0..p.n_rot).step_by(2) {
+        let ff = p.freq_factors.as_ref().map(|f| f[i0 / 2]).unwrap_or(1.0);
+        let t = p.freq_scale * (theta / ff);
+        cache[i0] = t.cos();
+        cache[i0 + 1] = t.sin();
+        theta *= theta_scale;
+    }
+}
+
+fn rope_head(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
+    for i0 in (0..n_rot).step_by(2) {
+        let (c, s) = (cache[i0], cache[i0 + 1]);
+        let (a, b) = if neox { (i0 / 2, i0 / 2 + n_rot / 2) } else { (i0, i0 + 1) };
+        let (x0, x1) = (x[a], x[b]);
+        x[a] = x0 * c - x1 * s;
+        x[b] = x0 * s + x1 * c;
+    }
+}
+
+/// GELU with the tanh approximation (as ggml_gelu).
+fn gelu_tanh(x: f32) -> f32 {
+    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
+    const COEF_A: f32 = 0.044715;
+    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn chunking_covers_everything() {
+        for n in 0..20 {
+            for parts in 1..5 {
+                let v: Vec<usize> = (0..parts).flat_map(|i| chunk(n, parts, i)).collect();
+                assert_eq!(v, (0..n).collect::<Vec<_>>());
+            }
+        }
+    }
+
+    #[test]
+    fn rope_is_a_rotation_and_identity_at_zero() {
+        let p = RopeParams { n_rot: 8, freq_base: 10000.0, freq_scale: 1.0, neox: true, freq_factors: None };
+        let mut c = vec![0.0; 8];
+        rope_cache(0, &p, &mut c);
+        let mut x: Vec<f32> = (0..8).map(|i| i as f32).collect();
+        let orig = x.clone();
+        rope_head(&mut x, &c, 8, true);
+        assert_eq!(x, orig);
+        rope_cache(17, &p, &mut c);
+        rope_head(&mut x, &c, 8, false);
+        let n0: f32 = orig.iter().map(|v| v * v).sum();
+        let n1: f32 = x.iter().map(|v| v * v).sum();
+        assert!((n0 - n1).abs() < 1e-3);
+        assert_ne!(x, orig);
+    }
+
+    fn kv_spec(window: Option<usize>, capacity: usize) -> KvLayerSpec {
+        KvLayerSpec { n_head_kv: 1, head_dim_k: 4, head_dim_v: 4, capacity, window }
+    }
+
+    /// Attention against a naive reference, including a sliding window whose ring wraps.
+    #[test]
+    fn attention_matches_naive_with_window() {
+        let be = CpuBackend::new(2);
+        for (ty, tol) in [(KvType::F32, 1e-5), (KvType::F16, 2e-2)] {
+            let mut kv = be.new_kv(&[kv_spec(Some(3), 5)], ty).unwrap();
+            let mut rng = 1u32;
+            let mut rnd = || {
+                rng = rng.wrapping_mul(1664525).wrapping_add(1013904223);
+                (rng >> 8) as f32 / (1 << 24) as f32 - 0.5
+            };
+            let n_pos = 12;
+            let ks: Vec<f32> = (0..n_pos * 4).map(|_| rnd()).collect();
+            let vs: Vec<f32> = (0..n_pos * 4).map(|_| rnd()).collect();
+            let p = AttnParams {
+                n_head: 2,
+                n_head_kv: 1,
+                head_dim_k: 4,
+                head_dim_v: 4,
+                scale: 0.5,
+                window: Some(3),
+                softcap: None,
+            };
+            for pos in 0..n_pos {
+                be.kv_store(&mut kv, 0, &ks[pos * 4..pos * 4 + 4].to_vec(), &vs[pos * 4..pos * 4 + 4].to_vec(), &[pos as u32]);
+                let q: Vec<f32> = (0..8).map(|_| rnd()).collect();
+                let mut out = vec![0.0; 8];
+                be.attention(&q, &kv, 0, &[pos as u32], &p, &mut out);
+                for h in 0..2 {
+                    let first = pos.saturating_sub(2);
+                    let sc: Vec<f32> = (first..=pos)
+                        .map(|j| (0..4).map(|d| q[h * 4 + d] * ks[j * 4 + d]).sum::<f32>() * 0.5)
+                        .collect();
+                    let m = sc.iter().cloned().fold(f32::MIN, f32::max);
+                    let e: Vec<f32> = sc.iter().map(|s| (s - m).exp()).collect();
+                    let z: f32 = e.iter().sum();
+                    for d in 0..4 {
+                        let r: f32 = (first..=pos).zip(&e).map(|(j, w)| w / z * vs[j * 4 + d]).sum();
+                        assert!((r - out[h * 4 + d]).abs() < tol, "pos {pos} h {h}: {r} vs {}", out[h * 4 + d]);
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn checkpoint_restore_undoes_ring_overwrites() {
+        let be = CpuBackend::new(1);
+        let mut kv = be.new_kv(&[kv_spec(Some(3), 4), kv_spec(None, 16)], KvType::F32).unwrap();
+        let row = |p: usize| vec![p as f32; 4];
+        for p in 0..6 {
+            be.kv_store(&mut kv, 0, &row(p), &row(p), &[p as u32]);
+            be.kv_store(&mut kv, 1, &row(p), &row(p), &[p as u32]);
+        }
+        let snap = be.kv_checkpoint(&kv, 6);
+        for p in 6..10 {
+            be.kv_store(&mut kv, 0, &row(100 + p), &row(100 + p), &[p as u32]);
+        }
+        be.kv_restore(&mut kv, &snap);
+        // Positions 3,4,5 (the window of position 5) must be back in their slots.
+        if let KvData::F32(k) = &kv.layers[0].k {
+            for p in 3..6 {
+                assert_eq!(k[(p % 4) * 4], p as f32);
+            }
+        } else {
+            panic!()
+        }
+        let clone = be.kv_clone(&kv);
+        assert_eq!(be.kv_bytes(&clone), be.kv_bytes(&kv));
+    }
+}

@@ -1,0 +1,72 @@
+//! The decode loop: prefill the prompt, then sample one token at a time until an end token, a
+//! stop condition or the token limit.
+
+use crate::sampler::Sampler;
+use crate::session::{EvalOutcome, Session};
+use anyhow::{bail, Result};
+use vela_compute::Backend;
+
+/// Why generation ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FinishReason {
+    /// An end-of-generation token was sampled (not emitted).
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+    /// The callback asked to stop (stop string, client gone).
+    Cancelled,
+}
+
+/// Options of [`generate`].
+pub struct GenerateOptions<'a> {
+    pub max_tokens: usize,
+    /// Whether a token ends generation (EOS/EOT/EOG).
+    pub is_eog: &'a dyn Fn(u32) -> bool,
+}
+
+/// Generate after `prompt` (which is appended to whatever the session holds). `on_token` gets each
+/// sampled token and returns `false` to stop. Returns the generated tokens and the reason.
+pub fn generate<B: Backend>(
+    session: &mut Session<B>,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, FinishReason)> {
+    if opts.max_tokens == 0 {
+        bail!("max_tokens must be at least 1");
+    }
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if session.n_past() + prompt.len() >= session.n_ctx() {
+        bail!(
+            "prompt too long: {} tokens (+{} cached) leave no room in the context of {} tokens",
+            prompt.len(),
+            session.n_past(),
+            session.n_ctx()
+        );
+    }
+    for &t in session.tokens().iter().chain(prompt) {
+        sampler.accept(t);
+    }
+    let mut logits = match session.eval_with(prompt, &mut |_, _| true)? {
+        EvalOutcome::Done(l) => l,
+        EvalOutcome::Cancelled { .. } => unreachable!(),
+    };
+    let mut out = Vec::new();
+    loop {
+        let tok = sampler.sample(&mut logits);
+        if (opts.is_eog)(tok) {
+            return Ok((out, FinishReason::Stop));
+        }
+        out.push(tok);
+        if !on_token(tok) {
+            return Ok((out, FinishReason::Cancelled));
+        }
+        if out.len() >= opts.max_tokens || session.n_past() + 1 >= session.n_ctx() {
+            return Ok((out, FinishReason::Length));
+        }
+        logits = session.eval(&[tok])?;
+    }
+}

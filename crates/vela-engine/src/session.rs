@@ -1,0 +1,190 @@
+//! A sequence being evaluated: its KV cache, the tokens in it, chunked prefill and
+//! checkpoint/restore (the prefix cache and speculative decoding build on these).
+
+use anyhow::{bail, Result};
+use std::sync::Arc;
+use vela_compute::{Backend, KvType};
+use vela_models::{DecoderModel, ForwardState};
+
+/// Options of a new session.
+#[derive(Clone, Debug)]
+pub struct SessionOptions {
+    /// Context size in tokens (0 = the model's training context, capped at 8192).
+    pub n_ctx: usize,
+    /// Prefill chunk size (tokens per forward pass).
+    pub ubatch: usize,
+    pub kv_type: KvType,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions { n_ctx: 0, ubatch: 512, kv_type: KvType::F16 }
+    }
+}
+
+/// What [`Session::eval_with`] reports after each chunk; returning `false` cancels.
+pub type Progress<'a> = &'a mut dyn FnMut(usize, usize) -> bool;
+
+/// A saved point of a session that can be restored after more tokens were evaluated.
+pub struct Checkpoint<B: Backend> {
+    n_past: usize,
+    snapshot: B::KvSnapshot,
+}
+
+impl<B: Backend> Checkpoint<B> {
+    pub fn n_past(&self) -> usize {
+        self.n_past
+    }
+}
+
+/// One sequence.
+pub struct Session<B: Backend> {
+    pub model: Arc<DecoderModel<B>>,
+    state: ForwardState<B>,
+    tokens: Vec<u32>,
+}
+
+/// The outcome of evaluating a run of tokens.
+#[derive(Debug)]
+pub enum EvalOutcome {
+    /// All tokens were evaluated; logits of the last position.
+    Done(Vec<f32>),
+    /// Cancelled by the progress callback after `n_done` tokens (the cache holds them, consistently).
+    Cancelled { n_done: usize },
+}
+
+impl<B: Backend> Session<B> {
+    pub fn new(model: Arc<DecoderModel<B>>, opts: &SessionOptions) -> Result<Self> {
+        let n_ctx = if opts.n_ctx == 0 { model.cfg.n_ctx_train.min(8192) } else { opts.n_ctx };
+        let ubatch = opts.ubatch.clamp(1, n_ctx);
+        let state = model.new_state(n_ctx, ubatch, opts.kv_type)?;
+        Ok(Session { model, state, tokens: Vec::new() })
+    }
+
+    pub fn n_ctx(&self) -> usize {
+        self.state.n_ctx
+    }
+
+    pub fn n_past(&self) -> usize {
+        self.tokens.len()
+    }
+
+    /// The tokens whose K/V are in the cache.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn ubatch(&self) -> usize {
+        self.state.max_batch
+    }
+
+    /// Evaluate `tokens` after the current ones; returns the last position's logits.
+    pub fn eval(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        match self.eval_with(tokens, &mut |_, _| true)? {
+            EvalOutcome::Done(l) => Ok(l),
+            EvalOutcome::Cancelled { .. } => unreachable!("never cancelled"),
+        }
+    }
+
+    /// Evaluate `tokens` in chunks of `ubatch`, calling `progress(done, total)` after each chunk.
+    pub fn eval_with(&mut self, tokens: &[u32], progress: Progress) -> Result<EvalOutcome> {
+        if tokens.is_empty() {
+            bail!("nothing to evaluate");
+        }
+        self.check_room(tokens.len())?;
+        let mut done = 0;
+        let mut last = Vec::new();
+        for chunk in tokens.chunks(self.state.max_batch) {
+            let start = self.tokens.len() as u32;
+            let pos: Vec<u32> = (start..start + chunk.len() as u32).collect();
+            last = self.model.forward(&mut self.state, chunk, &pos, chunk.len() - 1)?;
+            self.tokens.extend_from_slice(chunk);
+            done += chunk.len();
+            if done < tokens.len() && !progress(done, tokens.len()) {
+                return Ok(EvalOutcome::Cancelled { n_done: done });
+            }
+        }
+        progress(done, tokens.len());
+        Ok(EvalOutcome::Done(last))
+    }
+
+    /// Evaluate `tokens` (at most `ubatch`) and return the logits of every one of them
+    /// (`[tokens.len(), n_vocab]`), as speculative verification needs.
+    pub fn eval_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
+        if tokens.is_empty() || tokens.len() > self.state.max_batch {
+            bail!("eval_all_logits takes 1..={} tokens", self.state.max_batch);
+        }
+        self.check_room(tokens.len())?;
+        let start = self.tokens.len() as u32;
+        let pos: Vec<u32> = (start..start + tokens.len() as u32).collect();
+        let out = self.model.forward(&mut self.state, tokens, &pos, 0)?;
+        self.tokens.extend_from_slice(tokens);
+        Ok(out)
+    }
+
+    fn check_room(&self, n: usize) -> Result<()> {
+        if self.tokens.len() + n > self.state.n_ctx {
+            bail!(
+                "context overflow: {} tokens in the cache + {n} new > context size {}",
+                self.tokens.len(),
+                self.state.n_ctx
+            );
+        }
+        Ok(())
+    }
+
+    /// Save the current state.
+    pub fn checkpoint(&self) -> Checkpoint<B> {
+        Checkpoint {
+            n_past: self.tokens.len(),
+            snapshot: self.model.backend.kv_checkpoint(&self.state.kv, self.tokens.len()),
+        }
+    }
+
+    /// Return to a checkpoint taken earlier on this session (and not invalidated by an earlier
+    /// restore to a point before it).
+    pub fn restore(&mut self, cp: &Checkpoint<B>) -> Result<()> {
+        if cp.n_past > self.tokens.len() {
+            bail!("checkpoint at {} is ahead of the session ({} tokens)", cp.n_past, self.tokens.len());
+        }
+        self.model.backend.kv_restore(&mut self.state.kv, &cp.snapshot);
+        self.tokens.truncate(cp.n_past);
+        Ok(())
+    }
+
+    /// Drop tokens after `n` without a checkpoint. Always valid for full-attention caches; with
+    /// sliding-window layers only if at most `ubatch` tokens are dropped (the ring keeps that
+    /// much slack beyond the window), otherwise use [`Session::checkpoint`].
+    pub fn truncate(&mut self, n: usize) -> Result<()> {
+        if n >= self.tokens.len() {
+            return Ok(());
+        }
+        let sliding = self.model.cfg.layers.iter().any(|l| l.window.is_some());
+        if sliding && self.tokens.len() - n > self.state.max_batch {
+            bail!(
+                "cannot drop {} tokens from a sliding-window cache without a checkpoint (max {})",
+                self.tokens.len() - n,
+                self.state.max_batch
+            );
+        }
+        self.tokens.truncate(n);
+        Ok(())
+    }
+
+    /// Clear the sequence.
+    pub fn reset(&mut self) {
+        self.tokens.clear();
+    }
+
+    /// An independent copy of this session (same tokens, copied cache).
+    pub fn fork(&self) -> Result<Self> {
+        let mut state = self.model.new_state(self.state.n_ctx, self.state.max_batch, KvType::F16)?;
+        state.kv = self.model.backend.kv_clone(&self.state.kv);
+        Ok(Session { model: self.model.clone(), state, tokens: self.tokens.clone() })
+    }
+
+    /// Bytes held by the KV cache.
+    pub fn kv_bytes(&self) -> usize {
+        self.model.backend.kv_bytes(&self.state.kv)
+    }
+}

@@ -1,0 +1,272 @@
+//! The shared pre-norm decoder used by the Llama, Qwen2/3 and Gemma 3 families.
+//!
+//! ```text
+//! x = embed(tokens) * embed_scale
+//! for each layer:
+//!     h = rms_norm(x) ; q,k,v = h·Wq,Wk,Wv (+bias) ; [q,k = rms_norm per head] ; rope(q,k)
+//!     a = attention(q, cache ∪ k,v) ; o = a·Wo ; [o = rms_norm(o)] ; x += o
+//!     h = rms_norm(x) ; f = (act(h·Wg) * h·Wu)·Wd ; [f = rms_norm(f)] ; x += f
+//! logits = rms_norm(x)·Wout [softcap]
+//! ```
+
+use crate::config::DecoderConfig;
+use anyhow::{anyhow, bail, Result};
+use std::sync::Arc;
+use vela_compute::{AttnParams, Backend, HostWeight, KvLayerSpec, KvType};
+use vela_formats::gguf::GgufFile;
+
+struct Layer<B: Backend> {
+    attn_norm: B::Vector,
+    wq: B::Weight,
+    wk: B::Weight,
+    wv: B::Weight,
+    wo: B::Weight,
+    bq: Option<B::Vector>,
+    bk: Option<B::Vector>,
+    bv: Option<B::Vector>,
+    q_norm: Option<B::Vector>,
+    k_norm: Option<B::Vector>,
+    post_attn_norm: Option<B::Vector>,
+    ffn_norm: B::Vector,
+    w_gate: B::Weight,
+    w_up: B::Weight,
+    w_down: B::Weight,
+    post_ffn_norm: Option<B::Vector>,
+}
+
+/// A loaded decoder-only transformer.
+pub struct DecoderModel<B: Backend> {
+    pub backend: Arc<B>,
+    pub cfg: DecoderConfig,
+    pub gguf: Arc<GgufFile>,
+    embd: B::Weight,
+    output_norm: B::Vector,
+    output: B::Weight,
+    layers: Vec<Layer<B>>,
+    /// Bytes of weights read per decoded token (for bandwidth reports).
+    pub weight_bytes_per_token: u64,
+}
+
+/// Per-sequence state: the KV cache and scratch buffers for up to `max_batch` tokens.
+pub struct ForwardState<B: Backend> {
+    pub kv: B::Kv,
+    pub n_ctx: usize,
+    pub max_batch: usize,
+    x: B::Buf,
+    h: B::Buf,
+    q: B::Buf,
+    k: B::Buf,
+    v: B::Buf,
+    a: B::Buf,
+    o: B::Buf,
+    g: B::Buf,
+    u: B::Buf,
+    logits: B::Buf,
+}
+
+fn weight<B: Backend>(be: &B, g: &Arc<GgufFile>, name: &str, rows: usize, cols: usize) -> Result<B::Weight> {
+    let w = HostWeight::from_gguf(g, name).ok_or_else(|| anyhow!("missing tensor {name}"))?;
+    if w.rows != rows || w.cols != cols {
+        bail!("tensor {name} has shape [{}, {}], expected [{cols}, {rows}]", w.cols, w.rows);
+    }
+    be.upload_weight(&w)
+}
+
+fn vector<B: Backend>(be: &B, g: &Arc<GgufFile>, name: &str, len: usize) -> Result<Option<B::Vector>> {
+    let Some(w) = HostWeight::from_gguf(g, name) else { return Ok(None) };
+    if w.rows * w.cols != len {
+        bail!("tensor {name} has {} elements, expected {len}", w.rows * w.cols);
+    }
+    Ok(Some(be.upload_vector(&w.to_f32()?)?))
+}
+
+fn req<T>(v: Option<T>, name: &str) -> Result<T> {
+    v.ok_or_else(|| anyhow!("missing tensor {name}"))
+}
+
+impl<B: Backend> DecoderModel<B> {
+    pub fn load(backend: Arc<B>, g: Arc<GgufFile>, cfg: DecoderConfig) -> Result<Self> {
+        let be = &*backend;
+        let (d, q_dim, kv_k, kv_v) = (
+            cfg.n_embd,
+            cfg.n_head * cfg.head_dim_k,
+            cfg.n_head_kv * cfg.head_dim_k,
+            cfg.n_head_kv * cfg.head_dim_v,
+        );
+        let embd = weight(be, &g, "token_embd.weight", cfg.n_vocab, d)?;
+        let output_norm = req(vector(be, &g, "output_norm.weight", d)?, "output_norm.weight")?;
+        let out_name = if g.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
+        let output = weight(be, &g, out_name, cfg.n_vocab, d)?;
+        let mut bytes = g.tensor(out_name).unwrap().size;
+        let mut layers = Vec::with_capacity(cfg.n_layer);
+        for il in 0..cfg.n_layer {
+            let n = |s: &str| format!("blk.{il}.{s}");
+            for s in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
+                bytes += g.tensor(&n(&format!("{s}.weight"))).map(|t| t.size).unwrap_or(0);
+            }
+            let l = Layer {
+                attn_norm: req(vector(be, &g, &n("attn_norm.weight"), d)?, &n("attn_norm.weight"))?,
+                wq: weight(be, &g, &n("attn_q.weight"), q_dim, d)?,
+                wk: weight(be, &g, &n("attn_k.weight"), kv_k, d)?,
+                wv: weight(be, &g, &n("attn_v.weight"), kv_v, d)?,
+                wo: weight(be, &g, &n("attn_output.weight"), d, cfg.n_head * cfg.head_dim_v)?,
+                bq: vector(be, &g, &n("attn_q.bias"), q_dim)?,
+                bk: vector(be, &g, &n("attn_k.bias"), kv_k)?,
+                bv: vector(be, &g, &n("attn_v.bias"), kv_v)?,
+                q_norm: if cfg.qk_norm {
+                    Some(req(vector(be, &g, &n("attn_q_norm.weight"), cfg.head_dim_k)?, &n("attn_q_norm.weight"))?)
+                } else {
+                    None
+                },
+                k_norm: if cfg.qk_norm {
+                    Some(req(vector(be, &g, &n("attn_k_norm.weight"), cfg.head_dim_k)?, &n("attn_k_norm.weight"))?)
+                } else {
+                    None
+                },
+                post_attn_norm: if cfg.post_norms {
+                    Some(req(vector(be, &g, &n("post_attention_norm.weight"), d)?, &n("post_attention_norm.weight"))?)
+                } else {
+                    None
+                },
+                ffn_norm: req(vector(be, &g, &n("ffn_norm.weight"), d)?, &n("ffn_norm.weight"))?,
+                w_gate: weight(be, &g, &n("ffn_gate.weight"), cfg.n_ff, d)?,
+                w_up: weight(be, &g, &n("ffn_up.weight"), cfg.n_ff, d)?,
+                w_down: weight(be, &g, &n("ffn_down.weight"), d, cfg.n_ff)?,
+                post_ffn_norm: if cfg.post_norms {
+                    Some(req(vector(be, &g, &n("post_ffw_norm.weight"), d)?, &n("post_ffw_norm.weight"))?)
+                } else {
+                    None
+                },
+            };
+            layers.push(l);
+        }
+        Ok(DecoderModel { backend, cfg, gguf: g, embd, output_norm, output, layers, weight_bytes_per_token: bytes })
+    }
+
+    /// KV layout for a context of `n_ctx` tokens processed in batches of up to `max_batch`.
+    pub fn kv_layout(&self, n_ctx: usize, max_batch: usize) -> Vec<KvLayerSpec> {
+        self.cfg
+            .layers
+            .iter()
+            .map(|l| KvLayerSpec {
+                n_head_kv: self.cfg.n_head_kv,
+                head_dim_k: self.cfg.head_dim_k,
+                head_dim_v: self.cfg.head_dim_v,
+                capacity: match l.window {
+                    Some(w) => (w + max_batch).min(n_ctx),
+                    None => n_ctx,
+                },
+                window: l.window,
+            })
+            .collect()
+    }
+
+    /// A fresh sequence state.
+    pub fn new_state(&self, n_ctx: usize, max_batch: usize, kv_type: KvType) -> Result<ForwardState<B>> {
+        if n_ctx == 0 || max_batch == 0 {
+            bail!("context size and batch size must be positive");
+        }
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let kv = be.new_kv(&self.kv_layout(n_ctx, max_batch), kv_type)?;
+        let nb = max_batch;
+        Ok(ForwardState {
+            kv,
+            n_ctx,
+            max_batch,
+            x: be.alloc(nb * c.n_embd),
+            h: be.alloc(nb * c.n_embd),
+            q: be.alloc(nb * c.n_head * c.head_dim_k),
+            k: be.alloc(nb * c.n_head_kv * c.head_dim_k),
+            v: be.alloc(nb * c.n_head_kv * c.head_dim_v),
+            a: be.alloc(nb * c.n_head * c.head_dim_v),
+            o: be.alloc(nb * c.n_embd),
+            g: be.alloc(nb * c.n_ff),
+            u: be.alloc(nb * c.n_ff),
+            logits: be.alloc(nb * c.n_vocab),
+        })
+    }
+
+    /// Run `tokens` at `positions` (≤ `max_batch` of them) through the model, appending their K/V
+    /// to the cache, and return the logits of rows `logits_from..` (row-major `[rows, n_vocab]`).
+    /// All positions below `positions[0]` must already be in the cache.
+    pub fn forward(
+        &self,
+        st: &mut ForwardState<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<f32>> {
+        let n = tokens.len();
+        if n == 0 || n != positions.len() || n > st.max_batch || logits_from > n {
+            bail!("invalid batch: {n} tokens, {} positions, max batch {}", positions.len(), st.max_batch);
+        }
+        if positions.iter().any(|&p| p as usize >= st.n_ctx) {
+            bail!("position beyond the context size {}", st.n_ctx);
+        }
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let d = c.n_embd;
+        be.get_rows(&self.embd, tokens, c.embed_scale, &mut st.x)?;
+        for (il, l) in self.layers.iter().enumerate() {
+            let lc = &c.layers[il];
+            be.rms_norm(&st.x, &l.attn_norm, n, d, c.rms_eps, &mut st.h);
+            be.matmul(&l.wq, &st.h, n, &mut st.q);
+            be.matmul(&l.wk, &st.h, n, &mut st.k);
+            be.matmul(&l.wv, &st.h, n, &mut st.v);
+            if let Some(b) = &l.bq {
+                be.add_bias(&mut st.q, b, n);
+            }
+            if let Some(b) = &l.bk {
+                be.add_bias(&mut st.k, b, n);
+            }
+            if let Some(b) = &l.bv {
+                be.add_bias(&mut st.v, b, n);
+            }
+            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
+                be.rms_norm_inplace(&mut st.q, qn, n * c.n_head, c.head_dim_k, c.rms_eps);
+                be.rms_norm_inplace(&mut st.k, kn, n * c.n_head_kv, c.head_dim_k, c.rms_eps);
+            }
+            be.rope(&mut st.q, c.n_head, c.head_dim_k, positions, &lc.rope);
+            be.rope(&mut st.k, c.n_head_kv, c.head_dim_k, positions, &lc.rope);
+            be.kv_store(&mut st.kv, il, &st.k, &st.v, positions);
+            let ap = AttnParams {
+                n_head: c.n_head,
+                n_head_kv: c.n_head_kv,
+                head_dim_k: c.head_dim_k,
+                head_dim_v: c.head_dim_v,
+                scale: c.attn_scale,
+                window: lc.window,
+                softcap: c.attn_softcap,
+            };
+            be.attention(&st.q, &st.kv, il, positions, &ap, &mut st.a);
+            be.matmul(&l.wo, &st.a, n, &mut st.o);
+            if let Some(pn) = &l.post_attn_norm {
+                be.rms_norm_inplace(&mut st.o, pn, n, d, c.rms_eps);
+            }
+            be.add(&mut st.x, &st.o, n * d);
+            be.rms_norm(&st.x, &l.ffn_norm, n, d, c.rms_eps, &mut st.h);
+            be.matmul(&l.w_gate, &st.h, n, &mut st.g);
+            be.matmul(&l.w_up, &st.h, n, &mut st.u);
+            be.act_mul(&mut st.g, &st.u, n * c.n_ff, c.act);
+            be.matmul(&l.w_down, &st.g, n, &mut st.o);
+            if let Some(pn) = &l.post_ffn_norm {
+                be.rms_norm_inplace(&mut st.o, pn, n, d, c.rms_eps);
+            }
+            be.add(&mut st.x, &st.o, n * d);
+        }
+        let rows = n - logits_from;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        be.copy_rows(&st.x, logits_from, rows, d, &mut st.o);
+        be.rms_norm(&st.o, &self.output_norm, rows, d, c.rms_eps, &mut st.h);
+        be.matmul(&self.output, &st.h, rows, &mut st.logits);
+        if let Some(cap) = c.final_softcap {
+            be.softcap(&mut st.logits, rows * c.n_vocab, cap);
+        }
+        let mut out = vec![0f32; rows * c.n_vocab];
+        be.read(&st.logits, &mut out);
+        Ok(out)
+    }
+}

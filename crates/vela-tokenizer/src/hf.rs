@@ -1,0 +1,172 @@
+//! HF `tokenizer.json` (+ `tokenizer_config.json`, `generation_config.json`) loading for
+//! safetensors checkpoints, through the `tokenizers` crate.
+
+use crate::vocab::EOG_TEXTS;
+use anyhow::{anyhow, Context, Result};
+use serde_json::Value as Json;
+use std::collections::BTreeSet;
+use std::path::Path;
+use tokenizers::Tokenizer as HfInner;
+
+/// A tokenizer.json tokenizer with the metadata the engine needs.
+pub struct HfTokenizer {
+    /// Parses special-token text in the input (`parse_special = true`).
+    parse: HfInner,
+    /// Treats special-token text as plain text (`parse_special = false`).
+    plain: HfInner,
+    pub bos: Option<u32>,
+    pub eos: Option<u32>,
+    pub eog: BTreeSet<u32>,
+    pub add_bos: bool,
+    /// Ids of added tokens flagged `special`.
+    special_ids: BTreeSet<u32>,
+    /// The model maps bytes to GPT-2 printable characters.
+    byte_level: bool,
+}
+
+fn read_json(path: &Path) -> Result<Option<Json>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    Ok(Some(serde_json::from_str(&text).with_context(|| {
+        format!("invalid JSON in {}", path.display())
+    })?))
+}
+
+/// A token given as `"text"` or `{"content": "text", ...}` in tokenizer_config.json.
+fn token_str(v: Option<&Json>) -> Option<&str> {
+    match v? {
+        Json::String(s) => Some(s),
+        Json::Object(o) => o.get("content").and_then(Json::as_str),
+        _ => None,
+    }
+}
+
+impl HfTokenizer {
+    /// Load `dir/tokenizer.json` and the optional config files next to it.
+    pub fn from_dir(dir: &Path) -> Result<HfTokenizer> {
+        let tj = dir.join("tokenizer.json");
+        let plain =
+            HfInner::from_file(&tj).map_err(|e| anyhow!("cannot load {}: {e}", tj.display()))?;
+        let mut parse = plain.clone();
+        parse.set_encode_special_tokens(false);
+        let mut plain = plain;
+        plain.set_encode_special_tokens(true);
+
+        let raw = read_json(&tj)?.unwrap_or(Json::Null);
+        let byte_level = raw["decoder"]["type"] == "ByteLevel"
+            || raw["pre_tokenizer"]["type"] == "ByteLevel"
+            || raw["pre_tokenizer"]["pretokenizers"]
+                .as_array()
+                .is_some_and(|a| a.iter().any(|p| p["type"] == "ByteLevel"));
+        let cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Json::Null);
+        let gen = read_json(&dir.join("generation_config.json"))?.unwrap_or(Json::Null);
+
+        let id_of = |s: Option<&str>| s.and_then(|s| parse.token_to_id(s));
+        let mut bos = id_of(token_str(cfg.get("bos_token")));
+        let mut eos = id_of(token_str(cfg.get("eos_token")));
+        if bos.is_none() {
+            bos = gen["bos_token_id"].as_u64().map(|v| v as u32);
+        }
+        let mut eog: BTreeSet<u32> = BTreeSet::new();
+        match &gen["eos_token_id"] {
+            Json::Number(n) => eog.extend(n.as_u64().map(|v| v as u32)),
+            Json::Array(a) => eog.extend(a.iter().filter_map(|v| v.as_u64()).map(|v| v as u32)),
+            _ => {}
+        }
+        if eos.is_none() {
+            eos = eog.iter().next().copied();
+        }
+        eog.extend(eos);
+        eog.extend(EOG_TEXTS.iter().filter_map(|t| parse.token_to_id(t)));
+        let special_ids: BTreeSet<u32> = parse
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special)
+            .map(|(id, _)| id)
+            .collect();
+        // BOS is added when the post-processor inserts it (or the config says so).
+        let add_bos = cfg["add_bos_token"].as_bool().unwrap_or_else(|| {
+            bos.is_some_and(|b| {
+                parse
+                    .encode("a", true)
+                    .is_ok_and(|e| e.get_ids().first() == Some(&b))
+            })
+        });
+        Ok(HfTokenizer {
+            parse,
+            plain,
+            bos,
+            eos,
+            eog,
+            add_bos,
+            special_ids,
+            byte_level,
+        })
+    }
+
+    /// Encode; `add_special` runs the post-processor (BOS etc.), `parse_special` recognises
+    /// special-token text.
+    pub fn encode(&self, text: &str, add_special: bool, parse_special: bool) -> Result<Vec<u32>> {
+        let t = if parse_special {
+            &self.parse
+        } else {
+            &self.plain
+        };
+        let enc = t
+            .encode(text, add_special)
+            .map_err(|e| anyhow!("tokenization failed: {e}"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
+    /// Decode to a string with the tokenizer's own decoder.
+    pub fn decode(&self, ids: &[u32], skip_special: bool) -> Result<String> {
+        self.parse
+            .decode(ids, skip_special)
+            .map_err(|e| anyhow!("decoding failed: {e}"))
+    }
+
+    /// Vocabulary size including added tokens.
+    pub fn n_vocab(&self) -> usize {
+        self.parse.get_vocab_size(true)
+    }
+
+    /// The token's vocabulary text.
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.parse.id_to_token(id)
+    }
+
+    /// Raw bytes of one token (special tokens empty unless `special`).
+    pub fn token_to_piece(&self, id: u32, special: bool) -> Vec<u8> {
+        let Some(text) = self.parse.id_to_token(id) else {
+            return Vec::new();
+        };
+        if self.special_ids.contains(&id) {
+            return if special {
+                text.into_bytes()
+            } else {
+                Vec::new()
+            };
+        }
+        let b = text.as_bytes();
+        if b.len() == 6 && text.starts_with("<0x") && text.ends_with('>') {
+            if let Ok(v) = u8::from_str_radix(&text[3..5], 16) {
+                return vec![v];
+            }
+        }
+        if self.byte_level {
+            let map = crate::unicode::byte_map();
+            if let Some(bytes) = text
+                .chars()
+                .map(|c| map.from_char.get(&c).copied())
+                .collect()
+            {
+                return bytes;
+            }
+            return text.into_bytes();
+        }
+        text.replace('\u{2581}', " ").into_bytes()
+    }
+}

@@ -1,0 +1,196 @@
+#!/usr/bin/env python3
+"""Side-by-side throughput benchmark: vela vs llama.cpp (interleaved repetitions).
+
+    python3 scripts/bench-vs-llama.py --vela target/release/vela [--reps 3] [--threads 2]
+        [--models smollm2,gemma3,qwen25 | --models /path/a.gguf,...] [--flavors avx2,avx512]
+        [-p 512] [-n 128] [--out bench.md] [--json-out bench.json]
+    python3 scripts/bench-vs-llama.py --llama-only ...      # llama.cpp columns only
+
+For each repetition, for each model, it runs (alternating which engine goes first, so slow drifts
+of the shared machine hit both engines equally):
+
+    llama-bench -m M -p 512 -n 128 -t 2 -r 1 -o json         (once per available llama.cpp flavor)
+    vela bench --model M -p 512 -n 128 -r 1 --threads 2 --json
+
+and reports, per model and test (pp512 = prompt processing of 512 tokens, tg128 = generating 128
+tokens one at a time, both in tokens/s), the median and min-max over the repetitions for vela and
+for the *best* llama.cpp flavor of that model/test (highest median; the flavor is named), and the
+ratio vela/llama (> 1 = vela faster). The markdown table goes to stdout and to --out.
+
+llama.cpp flavors: `$VELA_CACHE/llama.cpp-<flavor>/bin/llama-bench` built by
+`scripts/build-llama-cpp.sh avx2` / `scripts/build-llama-cpp.sh avx512`; missing flavors are
+skipped with a note. llama-bench runs with its defaults otherwise (n_batch 2048, n_ubatch 512,
+F16 KV cache, flash attention auto, repack on, one warmup run).
+
+vela bench JSON contract (what `vela bench ... --json` must print on stdout, one object):
+
+    {"pp": {"n": 512, "tps_mean": <float>, "tps_std": <float>, "samples": [<float>...]},
+     "tg": {"n": 128, "tps_mean": <float>, "tps_std": <float>, "samples": [<float>...]}, ...any other keys}
+
+tps = tokens per second; mean/std over vela's own -r repetitions (here -r 1, so std = 0); "pp" is
+the -p test from an empty cache, "tg" the -n test (decode one token at a time from an empty cache,
+as llama-bench's tg does). Only tps_mean is read; n, tps_std, samples and other keys are optional.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+CACHE = Path(os.environ.get("VELA_CACHE", str(Path.home() / ".cache" / "vela")))
+MODELS = {
+    "smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf",
+    "gemma3": "gemma-3-270m-q4_k_m.gguf",
+    "qwen25": "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+}
+
+
+def llama_bench(flavor: str, model: Path, p: int, n: int, threads: int) -> dict:
+    bindir = CACHE / f"llama.cpp-{flavor}" / "bin"
+    env = dict(os.environ, LD_LIBRARY_PATH=str(bindir))
+    cmd = [str(bindir / "llama-bench"), "-m", str(model), "-p", str(p), "-n", str(n), "-t", str(threads),
+           "-r", "1", "-o", "json"]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        raise RuntimeError(f"llama-bench ({flavor}) failed: {r.stderr.strip()[-400:]}")
+    res = {}
+    for t in json.loads(r.stdout):
+        if t.get("n_prompt", 0) > 0 and t.get("n_gen", 0) == 0:
+            res["pp"] = float(t["avg_ts"])
+        elif t.get("n_gen", 0) > 0 and t.get("n_prompt", 0) == 0:
+            res["tg"] = float(t["avg_ts"])
+        res.setdefault("build", t.get("build_commit"))
+    return res
+
+
+def vela_bench(vela: str, model: Path, p: int, n: int, threads: int) -> dict:
+    cmd = [vela, "bench", "--model", str(model), "-p", str(p), "-n", str(n), "-r", "1", "--threads",
+           str(threads), "--json"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"vela bench failed ({r.returncode}): {r.stderr.strip()[-400:]}")
+    try:
+        obj = json.loads(r.stdout)
+        return {"pp": float(obj["pp"]["tps_mean"]), "tg": float(obj["tg"]["tps_mean"])}
+    except (json.JSONDecodeError, KeyError, TypeError) as ex:
+        raise RuntimeError(f"vela bench --json printed an unexpected shape ({ex}): {r.stdout[:300]!r}")
+
+
+def summary(xs: list[float]) -> str:
+    if not xs:
+        return "n/a"
+    return f"{statistics.median(xs):.1f} [{min(xs):.1f}–{max(xs):.1f}]"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--vela", help="vela binary (needs `vela bench --json`)")
+    ap.add_argument("--llama-only", action="store_true", help="benchmark llama.cpp only")
+    ap.add_argument("--models", default=",".join(MODELS), help="model keys or .gguf paths, comma separated")
+    ap.add_argument("--flavors", default="avx2,avx512", help="llama.cpp build flavors to try")
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("-p", type=int, default=512)
+    ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--out", help="also write the markdown report here")
+    ap.add_argument("--json-out", help="write all raw samples as JSON here")
+    a = ap.parse_args()
+    if a.reps < 1:
+        ap.error("--reps must be >= 1")
+
+    vela = None
+    if not a.llama_only:
+        if not a.vela:
+            ap.error("--vela PATH required (or --llama-only)")
+        if not (Path(a.vela).is_file() and os.access(a.vela, os.X_OK)):
+            sys.exit(f"error: vela binary {a.vela} not found or not executable (or use --llama-only)")
+        probe = subprocess.run([a.vela, "bench", "--help"], capture_output=True, text=True)
+        if probe.returncode != 0:
+            sys.exit(f"error: `{a.vela} bench` is not implemented yet: {(probe.stderr or probe.stdout).strip()[:300]}")
+        vela = a.vela
+
+    flavors, notes = [], []
+    for f in a.flavors.split(","):
+        if (CACHE / f"llama.cpp-{f}" / "bin" / "llama-bench").exists():
+            flavors.append(f)
+        else:
+            notes.append(f"llama.cpp {f} not built (scripts/build-llama-cpp.sh {f}); skipped")
+    if not flavors:
+        sys.exit("error: no llama.cpp build found: run scripts/build-llama-cpp.sh avx2")
+
+    models = []
+    for m in a.models.split(","):
+        path = Path(m) if m.endswith(".gguf") else CACHE / "models" / MODELS.get(m, m)
+        if not path.exists():
+            sys.exit(f"error: model {path} missing (scripts/fetch-models.sh)")
+        models.append((m if m in MODELS else path.stem, path))
+
+    # samples[model][engine][test] -> list of t/s; engine = "vela" | "llama-<flavor>"
+    samples: dict = {k: {} for k, _ in models}
+    builds = {}
+    for rep in range(a.reps):
+        for mi, (key, path) in enumerate(models):
+            engines = [f"llama-{f}" for f in flavors] + (["vela"] if vela else [])
+            if (rep + mi) % 2 == 1:
+                engines.reverse()
+            for eng in engines:
+                t0 = time.time()
+                if eng == "vela":
+                    r = vela_bench(vela, path, a.p, a.n, a.threads)
+                else:
+                    r = llama_bench(eng[6:], path, a.p, a.n, a.threads)
+                    builds[eng] = r.pop("build", None)
+                for t in ("pp", "tg"):
+                    samples[key].setdefault(eng, {}).setdefault(t, []).append(r[t])
+                print(f"rep {rep + 1}/{a.reps} {key:8s} {eng:12s} pp{a.p} {r['pp']:8.1f} t/s  "
+                      f"tg{a.n} {r['tg']:7.1f} t/s  ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
+
+    lines = []
+    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
+               platform.processor())
+    lines.append(f"# vela vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M')})\n")
+    lines.append(f"CPU: {cpu}, {os.cpu_count()} logical cores, threads={a.threads}, reps={a.reps} (interleaved), "
+                 f"load avg at end {os.getloadavg()[0]:.2f}; llama.cpp flavors: "
+                 + ", ".join(f"{f} ({builds.get('llama-' + f)})" for f in flavors) + "\n")
+    for n in notes:
+        lines.append(f"- note: {n}")
+    lines.append("")
+    hdr = "| model | test | llama.cpp best (flavor) t/s median [min–max] |"
+    sep = "|---|---|---|"
+    if vela:
+        hdr += " vela t/s median [min–max] | vela/llama |"
+        sep += "---|---:|"
+    if len(flavors) > 1:
+        for f in flavors:
+            hdr += f" llama {f} |"
+            sep += "---|"
+    lines += [hdr, sep]
+    for key, _ in models:
+        for t, label in (("pp", f"pp{a.p}"), ("tg", f"tg{a.n}")):
+            best = max(flavors, key=lambda f: statistics.median(samples[key][f"llama-{f}"][t]))
+            ls = samples[key][f"llama-{best}"][t]
+            row = f"| {key} | {label} | {summary(ls)} ({best}) |"
+            if vela:
+                vs = samples[key]["vela"][t]
+                row += f" {summary(vs)} | {statistics.median(vs) / statistics.median(ls):.2f} |"
+            if len(flavors) > 1:
+                for f in flavors:
+                    row += f" {summary(samples[key][f'llama-{f}'][t])} |"
+            lines.append(row)
+    report = "\n".join(lines) + "\n"
+    print(report)
+    if a.out:
+        Path(a.out).write_text(report)
+    if a.json_out:
+        Path(a.json_out).write_text(json.dumps({"samples": samples, "builds": builds, "threads": a.threads,
+                                                "p": a.p, "n": a.n, "reps": a.reps}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

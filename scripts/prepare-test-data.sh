@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# Prepare ALL external test data; the single entry point CI runs before `cargo test`.
+#
+#   scripts/prepare-test-data.sh            (env: VELA_CACHE, default ~/.cache/vela)
+#
+# Steps (each is idempotent and skips work whose outputs exist and whose inputs did not change, so
+# a fully cached run takes seconds):
+#   1. pip-install the Python deps of the generators (gguf==0.19.0 numpy jinja2 tokenizers), quietly,
+#      only if an import fails;
+#   2. scripts/fetch-models.sh              -> $VELA_CACHE/models/*.gguf (sha256-verified)
+#   3. scripts/build-llama-cpp.sh avx2      -> $VELA_CACHE/llama.cpp-avx2/bin (oracle tools, libllama.so)
+#   4. every scripts/gen-*.py / scripts/gen-*.sh except gen-parity-fixtures.py, in name order
+#      (tokenizer, template, quant goldens, ...); any failure aborts;
+#   5. scripts/gen-parity-fixtures.py       -> $VELA_CACHE/golden/parity (see docs/testing.md).
+#
+# Step-4 generators are skipped when their stamp ($VELA_CACHE/golden/.stamps/<script>.sha256)
+# matches the hash of: the script, llama_oracle.py, the model/llama.cpp inputs (names, sizes,
+# mtimes) and the listing (paths + sizes) of $VELA_CACHE/golden at the end of the last run; so an
+# edited script, a changed input or a deleted golden file reruns them. VELA_FORCE_GEN=1 runs all.
+# CPU use is polite (nice -n 10).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export VELA_CACHE=${VELA_CACHE:-$HOME/.cache/vela}
+STAMPS=$VELA_CACHE/golden/.stamps
+mkdir -p "$STAMPS"
+log() { printf '[prepare-test-data] %s\n' "$*" >&2; }
+
+# 1. Python deps
+if ! python3 -c 'import gguf, numpy, jinja2, tokenizers; assert gguf.__version__ == "0.19.0"' 2>/dev/null; then
+  log "installing Python deps"
+  python3 -m pip install -q --disable-pip-version-check "gguf==0.19.0" numpy jinja2 tokenizers >&2 ||
+    python3 -m pip install -q --disable-pip-version-check --break-system-packages "gguf==0.19.0" numpy jinja2 tokenizers >&2
+fi
+
+# 2-3. models and the llama.cpp oracle
+log "models: $(scripts/fetch-models.sh)"
+log "llama.cpp: $(nice -n 10 scripts/build-llama-cpp.sh avx2)"
+
+# Inputs every generator may depend on (cheap identity: names, sizes, mtimes).
+inputs_id() {
+  {
+    ls -l --time-style=+%s "$VELA_CACHE"/models/*.gguf 2>/dev/null | grep -v '\.f32\.gguf' | awk '{print $5, $6, $7}'
+    ls -l --time-style=+%s "$VELA_CACHE"/llama.cpp-avx2/bin/libllama.so* 2>/dev/null | awk '{print $5, $6, $7}'
+    readlink -f "$VELA_CACHE/llama-cpp-python" || true
+  } | sha256sum | cut -d' ' -f1
+}
+INPUTS=$(inputs_id)
+
+# What the other generators produced (paths + sizes, parity and stamps excluded): a deleted or
+# truncated golden file changes this and makes every generator run again.
+goldens_id() {
+  (cd "$VELA_CACHE/golden" && find . -path ./parity -prune -o -path ./.stamps -prune -o -type f -printf '%p %s\n' |
+    LC_ALL=C sort) | sha256sum | cut -d' ' -f1
+}
+gen_id() { (sha256sum "$1" scripts/llama_oracle.py 2>/dev/null; echo "$INPUTS $2") | sha256sum | cut -d' ' -f1; }
+
+# 4. other generators
+shopt -s nullglob
+GENS=()
+for g in scripts/gen-*.py scripts/gen-*.sh; do
+  [ "$(basename "$g")" = gen-parity-fixtures.py ] || GENS+=("$g")
+done
+BEFORE=$(goldens_id)
+for g in "${GENS[@]}"; do
+  name=$(basename "$g")
+  stamp=$STAMPS/$name.sha256
+  if [ "${VELA_FORCE_GEN:-0}" != 1 ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(gen_id "$g" "$BEFORE")" ]; then
+    log "$name: up to date"
+    continue
+  fi
+  log "running $name"
+  case "$g" in
+    *.py) nice -n 10 python3 "$g" ;;
+    *.sh) nice -n 10 bash "$g" ;;
+  esac
+  touch "$STAMPS/$name.ran"
+done
+AFTER=$(goldens_id)
+for g in "${GENS[@]}"; do
+  name=$(basename "$g")
+  # stamp generators that ran now, or were already up to date (their stamp matched BEFORE)
+  if [ -f "$STAMPS/$name.ran" ] || { [ -f "$STAMPS/$name.sha256" ] && [ "$(cat "$STAMPS/$name.sha256")" = "$(gen_id "$g" "$BEFORE")" ]; }; then
+    gen_id "$g" "$AFTER" > "$STAMPS/$name.sha256"
+  fi
+  rm -f "$STAMPS/$name.ran"
+done
+
+# 5. parity fixtures (has its own fingerprint-based up-to-date check)
+log "running gen-parity-fixtures.py"
+force=()
+[ "${VELA_FORCE_GEN:-0}" = 1 ] && force=(--force)
+nice -n 10 python3 scripts/gen-parity-fixtures.py "${force[@]}"
+log "done: goldens in $VELA_CACHE/golden"
