@@ -33,7 +33,11 @@ pub struct BenchArgs {
 
 fn stats(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len() as f64;
-    let var = if v.len() > 1 { v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64 } else { 0.0 };
+    let var = if v.len() > 1 {
+        v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64
+    } else {
+        0.0
+    };
     (m, var.sqrt())
 }
 
@@ -48,7 +52,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let l = common::load(&margs)?;
     let n_vocab = l.model.cfg.n_vocab as u64;
     let mut rng = Rng::new(42);
-    let mut rand_tokens = |n: usize| (0..n).map(|_| (rng.next_u64() % n_vocab) as u32).collect::<Vec<u32>>();
+    let mut rand_tokens = |n: usize| {
+        (0..n)
+            .map(|_| (rng.next_u64() % n_vocab) as u32)
+            .collect::<Vec<u32>>()
+    };
     let mut session = l.session()?;
     // Warm-up (page in the weights, spin up threads).
     session.eval(&rand_tokens(8.min(session.ubatch())))?;
@@ -76,8 +84,16 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
     }
     let wb = l.model.weight_bytes_per_token;
-    let (ppm, pps) = if pp.is_empty() { (0.0, 0.0) } else { stats(&pp) };
-    let (tgm, tgs) = if tg.is_empty() { (0.0, 0.0) } else { stats(&tg) };
+    let (ppm, pps) = if pp.is_empty() {
+        (0.0, 0.0)
+    } else {
+        stats(&pp)
+    };
+    let (tgm, tgs) = if tg.is_empty() {
+        (0.0, 0.0)
+    } else {
+        stats(&tg)
+    };
     let gbps = tgm * wb as f64 / 1e9;
     if a.json {
         let j = serde_json::json!({
@@ -92,15 +108,26 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     } else {
         println!("| model | backend | test | t/s |");
         println!("|---|---|---|---|");
-        let name = l.path.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = l
+            .path
+            .file_name()
+            .map(|s| s.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let be = vela_compute::Backend::name(&*l.model.backend);
         if !pp.is_empty() {
             println!("| {name} | {be} | pp{} | {ppm:.2} ± {pps:.2} |", a.n_prompt);
         }
         if !tg.is_empty() {
-            let d = if a.depth > 0 { format!(" @ d{}", a.depth) } else { String::new() };
+            let d = if a.depth > 0 {
+                format!(" @ d{}", a.depth)
+            } else {
+                String::new()
+            };
             println!("| {name} | {be} | tg{}{d} | {tgm:.2} ± {tgs:.2} |", a.n_gen);
-            println!("weights read per token: {:.1} MiB → {gbps:.2} GB/s achieved at tg", wb as f64 / (1 << 20) as f64);
+            println!(
+                "weights read per token: {:.1} MiB → {gbps:.2} GB/s achieved at tg",
+                wb as f64 / (1 << 20) as f64
+            );
         }
     }
     Ok(())

@@ -1,6 +1,6 @@
 //! Loading a model + tokenizer from the command line's `--model`, shared by the subcommands.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -104,10 +104,8 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
 /// Load the GGUF, the tokenizer and the model.
 pub fn load(a: &ModelArgs) -> Result<Loaded> {
     let path = resolve(a.model.as_deref())?;
-    let gguf = Arc::new(GgufFile::open(&path)?);
-    let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot load the tokenizer")?;
-    let backend = Arc::new(CpuBackend::new(a.threads));
-    let model = Arc::new(vela_models::load(backend, gguf.clone())?);
+    let m = vela_engine::loader::load_gguf(&path, a.threads)?;
+    let (gguf, model, tokenizer) = (m.gguf, m.model, m.tokenizer);
     let kv_type = match a.kv_type.as_str() {
         "f16" => KvType::F16,
         "f32" => KvType::F32,
@@ -116,6 +114,16 @@ pub fn load(a: &ModelArgs) -> Result<Loaded> {
     if a.ubatch == 0 {
         anyhow::bail!("--ubatch must be at least 1");
     }
-    let opts = SessionOptions { n_ctx: a.ctx, ubatch: a.ubatch, kv_type };
-    Ok(Loaded { path, gguf, model, tokenizer, opts })
+    let opts = SessionOptions {
+        n_ctx: a.ctx,
+        ubatch: a.ubatch,
+        kv_type,
+    };
+    Ok(Loaded {
+        path,
+        gguf,
+        model,
+        tokenizer,
+        opts,
+    })
 }

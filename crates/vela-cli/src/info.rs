@@ -25,7 +25,9 @@ pub struct TokenizeArgs {
 pub fn tokenize(a: TokenizeArgs) -> Result<()> {
     let text = match (&a.text, &a.text_file) {
         (Some(t), _) => t.clone(),
-        (None, Some(f)) => std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?,
+        (None, Some(f)) => {
+            std::fs::read_to_string(f).with_context(|| format!("cannot read {}", f.display()))?
+        }
         (None, None) => bail!("give --text or --text-file"),
     };
     let path = crate::common::resolve(Some(&a.model))?;
@@ -46,10 +48,19 @@ pub struct InfoArgs {
 
 fn short(v: &Value) -> String {
     match v {
-        Value::String(s) if s.len() > 80 => format!("{:?}… ({} chars)", &s[..s.floor_char_boundary(60)], s.len()),
+        Value::String(s) if s.len() > 80 => {
+            format!("{:?}… ({} chars)", &s[..s.floor_char_boundary(60)], s.len())
+        }
         Value::String(s) => format!("{s:?}"),
-        Value::Array(a) => format!("[{} × {}]", a.len(), a.first().map(|x| x.type_name()).unwrap_or("?")),
-        other => format!("{other:?}").trim_start_matches(|c: char| c.is_alphanumeric()).trim_matches(|c| c == '(' || c == ')').to_string(),
+        Value::Array(a) => format!(
+            "[{} × {}]",
+            a.len(),
+            a.first().map(|x| x.type_name()).unwrap_or("?")
+        ),
+        other => format!("{other:?}")
+            .trim_start_matches(|c: char| c.is_alphanumeric())
+            .trim_matches(|c| c == '(' || c == ')')
+            .to_string(),
     }
 }
 
@@ -58,7 +69,13 @@ pub fn info(a: InfoArgs) -> Result<()> {
     let g = GgufFile::open(&path)?;
     let arch = g.architecture().unwrap_or("?");
     println!("file: {}", path.display());
-    println!("gguf: v{}, {} metadata keys, {} tensors, alignment {}", g.version, g.metadata.len(), g.tensors.len(), g.alignment);
+    println!(
+        "gguf: v{}, {} metadata keys, {} tensors, alignment {}",
+        g.version,
+        g.metadata.len(),
+        g.tensors.len(),
+        g.alignment
+    );
     println!("architecture: {arch}");
     for k in &g.key_order {
         if k.starts_with(&format!("{arch}.")) || k.starts_with("general.") {
@@ -85,7 +102,10 @@ pub fn info(a: InfoArgs) -> Result<()> {
     }
     println!("parameters: {:.1} M", params as f64 / 1e6);
     for (ty, (n, bytes)) in &types {
-        println!("  {ty:>6}: {n:4} tensors, {:8.1} MiB", *bytes as f64 / (1 << 20) as f64);
+        println!(
+            "  {ty:>6}: {n:4} tensors, {:8.1} MiB",
+            *bytes as f64 / (1 << 20) as f64
+        );
     }
     if a.tensors {
         for t in &g.tensors {

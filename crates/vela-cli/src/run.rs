@@ -68,7 +68,10 @@ fn stream_generate(
     let stdout = std::io::stdout();
     let mut ok = true;
     let is_eog = |t: u32| tok.is_eog(t);
-    let opts = GenerateOptions { max_tokens, is_eog: &is_eog };
+    let opts = GenerateOptions {
+        max_tokens,
+        is_eog: &is_eog,
+    };
     let (out, _) = generate(session, sampler, prompt, &opts, &mut |t| {
         let text = detok.push(t);
         if !text.is_empty() {
@@ -95,7 +98,12 @@ pub fn run(a: RunArgs) -> Result<()> {
     let out = stream_generate(&l, &mut session, &mut sampler, &prompt, a.sample.max_tokens)?;
     println!();
     let dt = t0.elapsed().as_secs_f64();
-    eprintln!("[{} prompt + {} generated tokens in {:.2} s]", prompt.len(), out.len(), dt);
+    eprintln!(
+        "[{} prompt + {} generated tokens in {:.2} s]",
+        prompt.len(),
+        out.len(),
+        dt
+    );
     Ok(())
 }
 
@@ -106,7 +114,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         .gguf
         .get_str("tokenizer.chat_template")
         .context("this model has no chat template; use `vela run` for raw completion")?;
-    let piece = |id: Option<u32>| id.and_then(|i| l.tokenizer.token_text(i)).unwrap_or_default();
+    let piece = |id: Option<u32>| {
+        id.and_then(|i| l.tokenizer.token_text(i))
+            .unwrap_or_default()
+    };
     let tmpl = ChatTemplate::new(src, &piece(l.tokenizer.bos()), &piece(l.tokenizer.eos()))?;
     let mut messages: Vec<serde_json::Value> = Vec::new();
     if let Some(s) = &a.system {
@@ -114,7 +125,11 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     }
     let mut session = l.session()?;
     let mut sampler = Sampler::new(cfg);
-    eprintln!("vela chat — {} ({}). Type /exit or Ctrl-D to quit, /reset to clear.", l.path.display(), l.model.cfg.arch);
+    eprintln!(
+        "vela chat — {} ({}). Type /exit or Ctrl-D to quit, /reset to clear.",
+        l.path.display(),
+        l.model.cfg.arch
+    );
     let stdin = std::io::stdin();
     loop {
         eprint!("> ");
@@ -141,7 +156,12 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         })?;
         let ids = vela_engine::prompt::tokenize_chat(&l.tokenizer, &rendered, &messages)?;
         // Reuse the cached prefix: only the new tokens are evaluated.
-        let common_len = session.tokens().iter().zip(&ids).take_while(|(a, b)| a == b).count();
+        let common_len = session
+            .tokens()
+            .iter()
+            .zip(&ids)
+            .take_while(|(a, b)| a == b)
+            .count();
         let keep = common_len.min(ids.len() - 1);
         if session.truncate(keep).is_err() {
             session.reset();
@@ -167,7 +187,11 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     let tokens: Vec<u32> = match (&a.tokens, &a.prompt) {
         (Some(t), _) => t
             .split(',')
-            .map(|s| s.trim().parse::<u32>().with_context(|| format!("invalid token id '{s}'")))
+            .map(|s| {
+                s.trim()
+                    .parse::<u32>()
+                    .with_context(|| format!("invalid token id '{s}'"))
+            })
             .collect::<Result<_>>()?,
         (None, Some(p)) => l.tokenizer.encode(p, !a.no_bos, false)?,
         (None, None) => bail!("give --tokens or --prompt"),

@@ -27,11 +27,18 @@ impl HostWeight {
     /// Look up a tensor by name; `Ok(None)` if absent.
     pub fn from_gguf(file: &Arc<GgufFile>, name: &str) -> Option<HostWeight> {
         let t = file.tensor(name)?;
-        Some(HostWeight { file: file.clone(), name: name.to_string(), ty: t.ty, rows: t.n_rows(), cols: t.ne0() })
+        Some(HostWeight {
+            file: file.clone(),
+            name: name.to_string(),
+            ty: t.ty,
+            rows: t.n_rows(),
+            cols: t.ne0(),
+        })
     }
 
     pub fn bytes(&self) -> &[u8] {
-        self.file.tensor_data(self.file.tensor(&self.name).expect("tensor exists"))
+        self.file
+            .tensor_data(self.file.tensor(&self.name).expect("tensor exists"))
     }
 
     /// The weight as f32 (dequantized); for small tensors (norms, biases).
@@ -129,17 +136,45 @@ pub trait Backend: Send + Sync {
 
     // --- ops ---
     /// out[t] = row `ids[t]` of the embedding matrix, times `scale`.
-    fn get_rows(&self, w: &Self::Weight, ids: &[u32], scale: f32, out: &mut Self::Buf) -> Result<()>;
+    fn get_rows(
+        &self,
+        w: &Self::Weight,
+        ids: &[u32],
+        scale: f32,
+        out: &mut Self::Buf,
+    ) -> Result<()>;
     /// y = x · Wᵀ for `n` rows of x.
     fn matmul(&self, w: &Self::Weight, x: &Self::Buf, n: usize, y: &mut Self::Buf);
     /// x[t] += b for each of the `n` rows.
     fn add_bias(&self, x: &mut Self::Buf, b: &Self::Vector, n: usize);
     /// RMSNorm over rows of length `width` (`n_rows` rows): out = x / rms(x) * w.
-    fn rms_norm(&self, x: &Self::Buf, w: &Self::Vector, n_rows: usize, width: usize, eps: f32, out: &mut Self::Buf);
+    fn rms_norm(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Vector,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+        out: &mut Self::Buf,
+    );
     /// In-place RMSNorm (used for per-head q/k norms).
-    fn rms_norm_inplace(&self, x: &mut Self::Buf, w: &Self::Vector, n_rows: usize, width: usize, eps: f32);
+    fn rms_norm_inplace(
+        &self,
+        x: &mut Self::Buf,
+        w: &Self::Vector,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+    );
     /// Rotate `n_head` heads of width `head_dim` in each of the `positions.len()` rows.
-    fn rope(&self, x: &mut Self::Buf, n_head: usize, head_dim: usize, positions: &[u32], p: &RopeParams);
+    fn rope(
+        &self,
+        x: &mut Self::Buf,
+        n_head: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+    );
     fn scale(&self, x: &mut Self::Buf, len: usize, s: f32);
     /// x += y over `len` elements.
     fn add(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
@@ -148,7 +183,14 @@ pub trait Backend: Send + Sync {
     /// x = cap * tanh(x / cap).
     fn softcap(&self, x: &mut Self::Buf, len: usize, cap: f32);
     /// Store k/v rows (one per position) into the cache layer.
-    fn kv_store(&self, kv: &mut Self::Kv, layer: usize, k: &Self::Buf, v: &Self::Buf, positions: &[u32]);
+    fn kv_store(
+        &self,
+        kv: &mut Self::Kv,
+        layer: usize,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        positions: &[u32],
+    );
     /// Causal attention of the query rows (at `positions`) over the cache layer; out is
     /// `[n, n_head * head_dim_v]`. Keys for every position ≤ max(positions) in the window must be stored.
     fn attention(
@@ -161,7 +203,14 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buf,
     );
     /// Copy `len` elements starting at row `src_row` (of width `width`) into `dst` row 0.
-    fn copy_rows(&self, src: &Self::Buf, src_row: usize, n_rows: usize, width: usize, dst: &mut Self::Buf);
+    fn copy_rows(
+        &self,
+        src: &Self::Buf,
+        src_row: usize,
+        n_rows: usize,
+        width: usize,
+        dst: &mut Self::Buf,
+    );
 }
 
 /// Positions whose KV entries a sliding layer needs to restore a checkpoint (see [`KvLayerSpec`]).

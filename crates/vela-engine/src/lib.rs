@@ -1,6 +1,7 @@
 //! The engine: sequences with KV caches, sampling and the generation loop.
 
 pub mod generate;
+pub mod loader;
 pub mod prompt;
 pub mod sampler;
 pub mod session;

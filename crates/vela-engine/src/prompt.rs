@@ -26,9 +26,15 @@ fn has_special_text(tok: &Tokenizer, s: &str) -> Result<bool> {
 }
 
 /// Tokenize `rendered`, the output of a chat template over `messages` (and tools).
-pub fn tokenize_chat(tok: &Tokenizer, rendered: &str, request_values: &[Value]) -> Result<Vec<u32>> {
+pub fn tokenize_chat(
+    tok: &Tokenizer,
+    rendered: &str,
+    request_values: &[Value],
+) -> Result<Vec<u32>> {
     let mut strings = Vec::new();
-    request_values.iter().for_each(|v| collect_strings(v, &mut strings));
+    request_values
+        .iter()
+        .for_each(|v| collect_strings(v, &mut strings));
     let mut hostile: Vec<&str> = Vec::new();
     for s in strings {
         if !s.is_empty() && has_special_text(tok, s)? && !hostile.contains(&s) {
@@ -36,7 +42,10 @@ pub fn tokenize_chat(tok: &Tokenizer, rendered: &str, request_values: &[Value]) 
         }
     }
     let bos_text = tok.bos().and_then(|b| tok.token_text(b));
-    let add_bos = tok.add_bos() && !bos_text.as_deref().is_some_and(|b| !b.is_empty() && rendered.starts_with(b));
+    let add_bos = tok.add_bos()
+        && !bos_text
+            .as_deref()
+            .is_some_and(|b| !b.is_empty() && rendered.starts_with(b));
     let mut out = Vec::new();
     if add_bos {
         if let Some(b) = tok.bos() {
@@ -53,7 +62,9 @@ pub fn tokenize_chat(tok: &Tokenizer, rendered: &str, request_values: &[Value]) 
         let mut from = 0;
         while let Some(i) = rendered[from..].find(h) {
             let start = from + i;
-            plain[start..start + h.len()].iter_mut().for_each(|p| *p = true);
+            plain[start..start + h.len()]
+                .iter_mut()
+                .for_each(|p| *p = true);
             from = start + h.len();
         }
     }

@@ -48,7 +48,10 @@ impl Default for SamplerConfig {
 
 impl SamplerConfig {
     pub fn greedy() -> Self {
-        SamplerConfig { temperature: 0.0, ..Default::default() }
+        SamplerConfig {
+            temperature: 0.0,
+            ..Default::default()
+        }
     }
 }
 
@@ -71,7 +74,9 @@ impl PartialOrd for HeapItem {
 impl Ord for HeapItem {
     fn cmp(&self, o: &Self) -> Ordering {
         // Reverse: the heap's max is the *worst* candidate.
-        o.0.logit.total_cmp(&self.0.logit).then(self.0.id.cmp(&o.0.id))
+        o.0.logit
+            .total_cmp(&self.0.logit)
+            .then(self.0.id.cmp(&o.0.id))
     }
 }
 
@@ -83,7 +88,10 @@ pub fn top_k(logits: &[f32], k: usize) -> Vec<Candidate> {
         if l.is_nan() {
             continue;
         }
-        let c = Candidate { id: i as u32, logit: l };
+        let c = Candidate {
+            id: i as u32,
+            logit: l,
+        };
         if heap.len() < k {
             heap.push(HeapItem(c));
         } else if let Some(worst) = heap.peek() {
@@ -112,7 +120,10 @@ pub fn argmax(logits: &[f32]) -> u32 {
 /// Softmax of sorted candidates (probabilities in the same order).
 fn softmax(c: &[Candidate], temp: f32) -> Vec<f64> {
     let max = c.first().map(|c| c.logit).unwrap_or(0.0) as f64;
-    let e: Vec<f64> = c.iter().map(|c| ((c.logit as f64 - max) / temp as f64).exp()).collect();
+    let e: Vec<f64> = c
+        .iter()
+        .map(|c| ((c.logit as f64 - max) / temp as f64).exp())
+        .collect();
     let z: f64 = e.iter().sum();
     e.into_iter().map(|x| x / z).collect()
 }
@@ -147,7 +158,11 @@ pub struct Sampler {
 impl Sampler {
     pub fn new(cfg: SamplerConfig) -> Self {
         let rng = Rng::new(cfg.seed);
-        Sampler { cfg, rng, history: Vec::new() }
+        Sampler {
+            cfg,
+            rng,
+            history: Vec::new(),
+        }
     }
 
     /// Record tokens (e.g. the prompt) for the repetition penalties.
@@ -172,7 +187,9 @@ impl Sampler {
             *counts.entry(t).or_default() += 1;
         }
         for (&t, &n) in &counts {
-            let Some(l) = logits.get_mut(t as usize) else { continue };
+            let Some(l) = logits.get_mut(t as usize) else {
+                continue;
+            };
             if c.repeat_penalty != 1.0 {
                 if *l <= 0.0 {
                     *l *= c.repeat_penalty;
@@ -206,7 +223,11 @@ impl Sampler {
         }
         if c.top_p < 1.0 {
             // llama.cpp normalizes over the current candidates (after top-k).
-            let p = if c.top_k > 0 { softmax(&cand, 1.0) } else { softmax_full(&cand, logits) };
+            let p = if c.top_k > 0 {
+                softmax(&cand, 1.0)
+            } else {
+                softmax_full(&cand, logits)
+            };
             let mut cum = 0.0;
             let mut keep = cand.len();
             for (i, pi) in p.iter().enumerate() {
@@ -258,9 +279,19 @@ fn mass_of(cand: &[Candidate], logits: &[f32]) -> f64 {
 
 /// Probabilities of the candidates under the full-vocabulary softmax at temperature 1.
 fn softmax_full(cand: &[Candidate], logits: &[f32]) -> Vec<f64> {
-    let max = logits.iter().cloned().filter(|x| !x.is_nan()).fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z: f64 = logits.iter().filter(|x| !x.is_nan()).map(|&l| (l as f64 - max).exp()).sum();
-    cand.iter().map(|c| (c.logit as f64 - max).exp() / z).collect()
+    let max = logits
+        .iter()
+        .cloned()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z: f64 = logits
+        .iter()
+        .filter(|x| !x.is_nan())
+        .map(|&l| (l as f64 - max).exp())
+        .sum();
+    cand.iter()
+        .map(|c| (c.logit as f64 - max).exp() / z)
+        .collect()
 }
 
 #[cfg(test)]
@@ -274,7 +305,14 @@ mod tests {
 
     /// Reference: full sort, then the textbook filters.
     fn reference(l: &[f32], cfg: &SamplerConfig) -> Vec<u32> {
-        let mut all: Vec<Candidate> = l.iter().enumerate().map(|(i, &x)| Candidate { id: i as u32, logit: x }).collect();
+        let mut all: Vec<Candidate> = l
+            .iter()
+            .enumerate()
+            .map(|(i, &x)| Candidate {
+                id: i as u32,
+                logit: x,
+            })
+            .collect();
         all.sort_by(|a, b| b.logit.total_cmp(&a.logit).then(a.id.cmp(&b.id)));
         if cfg.top_k > 0 {
             all.truncate(cfg.top_k);
@@ -304,8 +342,22 @@ mod tests {
     fn candidate_sets_equal_full_sort() {
         for seed in 0..40u64 {
             let l = logits(5000 + seed as usize * 37, seed);
-            for (k, p, m) in [(40, 1.0, 0.0), (0, 0.9, 0.0), (0, 0.5, 0.05), (50, 0.95, 0.05), (0, 1.0, 0.1), (1, 1.0, 0.0), (7, 0.3, 0.0)] {
-                let cfg = SamplerConfig { top_k: k, top_p: p, min_p: m, temperature: 1.0, ..Default::default() };
+            for (k, p, m) in [
+                (40, 1.0, 0.0),
+                (0, 0.9, 0.0),
+                (0, 0.5, 0.05),
+                (50, 0.95, 0.05),
+                (0, 1.0, 0.1),
+                (1, 1.0, 0.0),
+                (7, 0.3, 0.0),
+            ] {
+                let cfg = SamplerConfig {
+                    top_k: k,
+                    top_p: p,
+                    min_p: m,
+                    temperature: 1.0,
+                    ..Default::default()
+                };
                 let s = Sampler::new(cfg.clone());
                 let (c, probs) = s.candidates(&l);
                 let got: Vec<u32> = c.iter().map(|c| c.id).collect();
@@ -319,8 +371,14 @@ mod tests {
     fn same_seed_same_stream_and_greedy_is_argmax() {
         let l = logits(1000, 3);
         let draw = |seed| {
-            let mut s = Sampler::new(SamplerConfig { seed, temperature: 1.0, ..Default::default() });
-            (0..50).map(|_| s.sample(&mut l.clone())).collect::<Vec<_>>()
+            let mut s = Sampler::new(SamplerConfig {
+                seed,
+                temperature: 1.0,
+                ..Default::default()
+            });
+            (0..50)
+                .map(|_| s.sample(&mut l.clone()))
+                .collect::<Vec<_>>()
         };
         assert_eq!(draw(1), draw(1));
         assert_ne!(draw(1), draw(2));
@@ -331,7 +389,13 @@ mod tests {
     #[test]
     fn sampling_frequencies_follow_probabilities() {
         let l = vec![1.0f32, 2.0, 3.0, 0.5];
-        let mut s = Sampler::new(SamplerConfig { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, ..Default::default() });
+        let mut s = Sampler::new(SamplerConfig {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            min_p: 0.0,
+            ..Default::default()
+        });
         let mut counts = [0usize; 4];
         let n = 200_000;
         for _ in 0..n {
@@ -359,6 +423,9 @@ mod tests {
         s.accept(1);
         let mut l = vec![4.0f32, -2.0, 1.0, 50.0];
         s.apply_penalties(&mut l);
-        assert_eq!(l, vec![4.0 / 2.0 - 0.5 - 0.5, -2.0 * 2.0 - 0.25 - 0.5, 1.0, -50.0]);
+        assert_eq!(
+            l,
+            vec![4.0 / 2.0 - 0.5 - 0.5, -2.0 * 2.0 - 0.25 - 0.5, 1.0, -50.0]
+        );
     }
 }

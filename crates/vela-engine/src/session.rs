@@ -18,7 +18,11 @@ pub struct SessionOptions {
 
 impl Default for SessionOptions {
     fn default() -> Self {
-        SessionOptions { n_ctx: 0, ubatch: 512, kv_type: KvType::F16 }
+        SessionOptions {
+            n_ctx: 0,
+            ubatch: 512,
+            kv_type: KvType::F16,
+        }
     }
 }
 
@@ -55,10 +59,18 @@ pub enum EvalOutcome {
 
 impl<B: Backend> Session<B> {
     pub fn new(model: Arc<DecoderModel<B>>, opts: &SessionOptions) -> Result<Self> {
-        let n_ctx = if opts.n_ctx == 0 { model.cfg.n_ctx_train.min(8192) } else { opts.n_ctx };
+        let n_ctx = if opts.n_ctx == 0 {
+            model.cfg.n_ctx_train.min(8192)
+        } else {
+            opts.n_ctx
+        };
         let ubatch = opts.ubatch.clamp(1, n_ctx);
         let state = model.new_state(n_ctx, ubatch, opts.kv_type)?;
-        Ok(Session { model, state, tokens: Vec::new() })
+        Ok(Session {
+            model,
+            state,
+            tokens: Vec::new(),
+        })
     }
 
     pub fn n_ctx(&self) -> usize {
@@ -97,7 +109,9 @@ impl<B: Backend> Session<B> {
         for chunk in tokens.chunks(self.state.max_batch) {
             let start = self.tokens.len() as u32;
             let pos: Vec<u32> = (start..start + chunk.len() as u32).collect();
-            last = self.model.forward(&mut self.state, chunk, &pos, chunk.len() - 1)?;
+            last = self
+                .model
+                .forward(&mut self.state, chunk, &pos, chunk.len() - 1)?;
             self.tokens.extend_from_slice(chunk);
             done += chunk.len();
             if done < tokens.len() && !progress(done, tokens.len()) {
@@ -137,7 +151,10 @@ impl<B: Backend> Session<B> {
     pub fn checkpoint(&self) -> Checkpoint<B> {
         Checkpoint {
             n_past: self.tokens.len(),
-            snapshot: self.model.backend.kv_checkpoint(&self.state.kv, self.tokens.len()),
+            snapshot: self
+                .model
+                .backend
+                .kv_checkpoint(&self.state.kv, self.tokens.len()),
         }
     }
 
@@ -145,9 +162,15 @@ impl<B: Backend> Session<B> {
     /// restore to a point before it).
     pub fn restore(&mut self, cp: &Checkpoint<B>) -> Result<()> {
         if cp.n_past > self.tokens.len() {
-            bail!("checkpoint at {} is ahead of the session ({} tokens)", cp.n_past, self.tokens.len());
+            bail!(
+                "checkpoint at {} is ahead of the session ({} tokens)",
+                cp.n_past,
+                self.tokens.len()
+            );
         }
-        self.model.backend.kv_restore(&mut self.state.kv, &cp.snapshot);
+        self.model
+            .backend
+            .kv_restore(&mut self.state.kv, &cp.snapshot);
         self.tokens.truncate(cp.n_past);
         Ok(())
     }
@@ -178,9 +201,15 @@ impl<B: Backend> Session<B> {
 
     /// An independent copy of this session (same tokens, copied cache).
     pub fn fork(&self) -> Result<Self> {
-        let mut state = self.model.new_state(self.state.n_ctx, self.state.max_batch, KvType::F16)?;
+        let mut state =
+            self.model
+                .new_state(self.state.n_ctx, self.state.max_batch, KvType::F16)?;
         state.kv = self.model.backend.kv_clone(&self.state.kv);
-        Ok(Session { model: self.model.clone(), state, tokens: self.tokens.clone() })
+        Ok(Session {
+            model: self.model.clone(),
+            state,
+            tokens: self.tokens.clone(),
+        })
     }
 
     /// Bytes held by the KV cache.

@@ -170,13 +170,17 @@ struct Cursor<'a> {
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: u64, what: &str) -> Result<&'a [u8]> {
         let n_us = usize::try_from(n).map_err(|_| anyhow!("{what}: length {n} too large"))?;
-        let end = self.pos.checked_add(n_us).filter(|&e| e <= self.buf.len()).ok_or_else(|| {
-            anyhow!(
-                "truncated file: {what} needs {n} bytes at offset {} but the file has {}",
-                self.pos,
-                self.buf.len()
-            )
-        })?;
+        let end = self
+            .pos
+            .checked_add(n_us)
+            .filter(|&e| e <= self.buf.len())
+            .ok_or_else(|| {
+                anyhow!(
+                    "truncated file: {what} needs {n} bytes at offset {} but the file has {}",
+                    self.pos,
+                    self.buf.len()
+                )
+            })?;
         let s = &self.buf[self.pos..end];
         self.pos = end;
         Ok(s)
@@ -272,7 +276,8 @@ impl GgufFile {
         // usual mmap caveat and not something a reader can defend against.
         let mmap = unsafe { memmap2::Mmap::map(&file) }
             .with_context(|| format!("cannot map {}", path.display()))?;
-        Self::parse(Storage::Mmap(mmap)).with_context(|| format!("invalid GGUF file {}", path.display()))
+        Self::parse(Storage::Mmap(mmap))
+            .with_context(|| format!("invalid GGUF file {}", path.display()))
     }
 
     /// Parse and validate a GGUF image held in memory.
@@ -285,12 +290,17 @@ impl GgufFile {
         let mut c = Cursor { buf, pos: 0 };
         let magic = c.take(4, "magic")?;
         if magic != MAGIC {
-            bail!("bad magic {:?}: not a GGUF file", String::from_utf8_lossy(magic));
+            bail!(
+                "bad magic {:?}: not a GGUF file",
+                String::from_utf8_lossy(magic)
+            );
         }
         let version = c.u32("version")?;
         match version {
             2 | 3 => {}
-            1 => bail!("GGUF version 1 is not supported (re-convert the model with a current llama.cpp)"),
+            1 => bail!(
+                "GGUF version 1 is not supported (re-convert the model with a current llama.cpp)"
+            ),
             v if v.swap_bytes() == 2 || v.swap_bytes() == 3 => {
                 bail!("big-endian GGUF files are not supported")
             }
@@ -308,17 +318,21 @@ impl GgufFile {
         let mut key_order = Vec::with_capacity(n_kv.min(4096) as usize);
         for i in 0..n_kv {
             let key = c.string(&format!("metadata key #{i}"))?;
-            let ty = c.u32(&format!("type of metadata '{key}'"))?;
-            let v = c.value(ty, &format!("metadata '{key}'"), 0)?;
+            // Names are shown escaped so that every error stays on one line.
+            let shown = key.escape_debug().to_string();
+            let ty = c.u32(&format!("type of metadata '{shown}'"))?;
+            let v = c.value(ty, &format!("metadata '{shown}'"), 0)?;
             if metadata.insert(key.clone(), v).is_some() {
-                bail!("duplicate metadata key '{key}'");
+                bail!("duplicate metadata key '{shown}'");
             }
             key_order.push(key);
         }
         let alignment = match metadata.get("general.alignment") {
             None => 32,
             Some(v) => {
-                let a = v.as_i64().ok_or_else(|| anyhow!("general.alignment has type {}", v.type_name()))?;
+                let a = v
+                    .as_i64()
+                    .ok_or_else(|| anyhow!("general.alignment has type {}", v.type_name()))?;
                 if a <= 0 || (a as u64).count_ones() != 1 || a > 1 << 20 {
                     bail!("invalid general.alignment {a} (must be a power of two)");
                 }
@@ -328,7 +342,8 @@ impl GgufFile {
         let mut tensors = Vec::with_capacity(n_tensors.min(65536) as usize);
         let mut tensor_index = BTreeMap::new();
         for i in 0..n_tensors {
-            let name = c.string(&format!("tensor #{i} name"))?;
+            let raw_name = c.string(&format!("tensor #{i} name"))?;
+            let name = raw_name.escape_debug().to_string();
             let nd = c.u32(&format!("tensor '{name}' dims"))?;
             if nd == 0 || nd > MAX_DIMS {
                 bail!("tensor '{name}' has {nd} dimensions (1..={MAX_DIMS} allowed)");
@@ -364,15 +379,27 @@ impl GgufFile {
             let size = ty
                 .row_bytes(n_el)
                 .ok_or_else(|| anyhow!("tensor '{name}': size of shape {dims:?} overflows"))?;
-            if tensor_index.insert(name.clone(), tensors.len()).is_some() {
+            if tensor_index
+                .insert(raw_name.clone(), tensors.len())
+                .is_some()
+            {
                 bail!("duplicate tensor name '{name}'");
             }
-            tensors.push(TensorInfo { name, dims, ty, offset, size });
+            tensors.push(TensorInfo {
+                name: raw_name,
+                dims,
+                ty,
+                offset,
+                size,
+            });
         }
         let data_offset = (c.pos as u64).div_ceil(alignment) * alignment;
         let file_len = buf.len() as u64;
         if n_tensors > 0 && data_offset > file_len {
-            bail!("truncated file: header ends at {} but the file has {file_len} bytes", c.pos);
+            bail!(
+                "truncated file: header ends at {} but the file has {file_len} bytes",
+                c.pos
+            );
         }
         // Range and overlap checks.
         let mut spans: Vec<(u64, u64, usize)> = tensors
@@ -385,8 +412,8 @@ impl GgufFile {
             if w[1].0 < w[0].1 {
                 bail!(
                     "tensors '{}' and '{}' overlap in the data section",
-                    tensors[w[0].2].name,
-                    tensors[w[1].2].name
+                    tensors[w[0].2].name.escape_debug(),
+                    tensors[w[1].2].name.escape_debug()
                 );
             }
         }
@@ -395,11 +422,20 @@ impl GgufFile {
             if need > file_len {
                 bail!(
                     "truncated file: tensor '{}' ends at byte {need} but the file has {file_len} bytes",
-                    tensors[i].name
+                    tensors[i].name.escape_debug()
                 );
             }
         }
-        Ok(GgufFile { data, version, alignment, data_offset, metadata, key_order, tensors, tensor_index })
+        Ok(GgufFile {
+            data,
+            version,
+            alignment,
+            data_offset,
+            metadata,
+            key_order,
+            tensors,
+            tensor_index,
+        })
     }
 
     /// The whole file image.
@@ -417,30 +453,49 @@ impl GgufFile {
     }
 
     pub fn get_str(&self, key: &str) -> Result<&str> {
-        let v = self.get(key).ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
-        v.as_str().ok_or_else(|| anyhow!("metadata '{key}' is {}, expected string", v.type_name()))
+        let v = self
+            .get(key)
+            .ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
+        v.as_str()
+            .ok_or_else(|| anyhow!("metadata '{key}' is {}, expected string", v.type_name()))
     }
 
     pub fn get_u64(&self, key: &str) -> Result<u64> {
-        let v = self.get(key).ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
+        let v = self
+            .get(key)
+            .ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
         v.as_i64()
             .and_then(|x| u64::try_from(x).ok())
-            .ok_or_else(|| anyhow!("metadata '{key}' is {}, expected a non-negative integer", v.type_name()))
+            .ok_or_else(|| {
+                anyhow!(
+                    "metadata '{key}' is {}, expected a non-negative integer",
+                    v.type_name()
+                )
+            })
     }
 
     pub fn get_f64(&self, key: &str) -> Result<f64> {
-        let v = self.get(key).ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
-        v.as_f64().ok_or_else(|| anyhow!("metadata '{key}' is {}, expected a number", v.type_name()))
+        let v = self
+            .get(key)
+            .ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
+        v.as_f64()
+            .ok_or_else(|| anyhow!("metadata '{key}' is {}, expected a number", v.type_name()))
     }
 
     pub fn get_bool(&self, key: &str) -> Result<bool> {
-        let v = self.get(key).ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
-        v.as_bool().ok_or_else(|| anyhow!("metadata '{key}' is {}, expected bool", v.type_name()))
+        let v = self
+            .get(key)
+            .ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
+        v.as_bool()
+            .ok_or_else(|| anyhow!("metadata '{key}' is {}, expected bool", v.type_name()))
     }
 
     pub fn get_array(&self, key: &str) -> Result<&[Value]> {
-        let v = self.get(key).ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
-        v.as_array().ok_or_else(|| anyhow!("metadata '{key}' is {}, expected array", v.type_name()))
+        let v = self
+            .get(key)
+            .ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
+        v.as_array()
+            .ok_or_else(|| anyhow!("metadata '{key}' is {}, expected array", v.type_name()))
     }
 
     /// `{arch}.{suffix}` as an unsigned integer.
@@ -482,7 +537,10 @@ mod tests {
     use super::*;
 
     /// Minimal GGUF writer for tests.
-    pub(crate) fn build(kv: &[(&str, u32, Vec<u8>)], tensors: &[(&str, &[u64], u32, Vec<u8>)]) -> Vec<u8> {
+    pub(crate) fn build(
+        kv: &[(&str, u32, Vec<u8>)],
+        tensors: &[(&str, &[u64], u32, Vec<u8>)],
+    ) -> Vec<u8> {
         let mut out = Vec::new();
         out.extend_from_slice(b"GGUF");
         out.extend_from_slice(&3u32.to_le_bytes());
@@ -571,7 +629,9 @@ mod tests {
             let r = GgufFile::from_bytes(full[..n].to_vec());
             // Trailing tensor padding may be cut without losing data; everything else must fail.
             if n < full.len() - 30 {
-                let e = r.err().unwrap_or_else(|| panic!("truncation at {n} accepted"));
+                let e = r
+                    .err()
+                    .unwrap_or_else(|| panic!("truncation at {n} accepted"));
                 assert!(!format!("{e:#}").contains('\n'), "multi-line error: {e:#}");
             }
         }
@@ -581,26 +641,50 @@ mod tests {
     fn rejects_bad_magic_version_and_types() {
         let mut b = sample();
         b[0] = b'X';
-        assert!(GgufFile::from_bytes(b).unwrap_err().to_string().contains("bad magic"));
+        assert!(GgufFile::from_bytes(b)
+            .unwrap_err()
+            .to_string()
+            .contains("bad magic"));
         let mut b = sample();
         b[4] = 9;
-        assert!(GgufFile::from_bytes(b).unwrap_err().to_string().contains("version 9"));
+        assert!(GgufFile::from_bytes(b)
+            .unwrap_err()
+            .to_string()
+            .contains("version 9"));
         let b = build(&[], &[("x", &[32], 77, vec![0; 64])]);
-        assert!(GgufFile::from_bytes(b).unwrap_err().to_string().contains("unknown type id 77"));
+        assert!(GgufFile::from_bytes(b)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown type id 77"));
         let b = build(&[], &[("x", &[33], 8, vec![0; 64])]);
-        assert!(GgufFile::from_bytes(b).unwrap_err().to_string().contains("block size"));
+        assert!(GgufFile::from_bytes(b)
+            .unwrap_err()
+            .to_string()
+            .contains("block size"));
     }
 
     #[test]
     fn rejects_overlap_and_absurd_counts() {
-        let mut b = build(&[], &[("a", &[8], 0, vec![0; 32]), ("b", &[8], 0, vec![0; 32])]);
+        let mut b = build(
+            &[],
+            &[("a", &[8], 0, vec![0; 32]), ("b", &[8], 0, vec![0; 32])],
+        );
         // Make b's offset 0 as well: find the second offset (last 8 bytes of tensor info section).
         let info_end = b.len() - 64;
-        let pos = (0..info_end).rev().find(|&i| b[i..i + 8] == 32u64.to_le_bytes()).unwrap();
+        let pos = (0..info_end)
+            .rev()
+            .find(|&i| b[i..i + 8] == 32u64.to_le_bytes())
+            .unwrap();
         b[pos..pos + 8].copy_from_slice(&0u64.to_le_bytes());
-        assert!(GgufFile::from_bytes(b).unwrap_err().to_string().contains("overlap"));
+        assert!(GgufFile::from_bytes(b)
+            .unwrap_err()
+            .to_string()
+            .contains("overlap"));
         let mut b = sample();
         b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(GgufFile::from_bytes(b).unwrap_err().to_string().contains("absurd"));
+        assert!(GgufFile::from_bytes(b)
+            .unwrap_err()
+            .to_string()
+            .contains("absurd"));
     }
 }

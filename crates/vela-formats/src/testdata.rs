@@ -12,7 +12,9 @@ pub fn cache_dir() -> PathBuf {
     if let Some(p) = std::env::var_os("VELA_CACHE") {
         return PathBuf::from(p);
     }
-    let home = std::env::var_os("HOME").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("."));
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("."));
     home.join(".cache").join("vela")
 }
 
@@ -23,7 +25,10 @@ pub fn models_dir() -> PathBuf {
 
 /// The extracted llama.cpp source tree (vendored in the llama-cpp-python 0.3.36 sdist).
 pub fn llama_cpp_src() -> PathBuf {
-    cache_dir().join("llama-cpp-python").join("vendor").join("llama.cpp")
+    cache_dir()
+        .join("llama-cpp-python")
+        .join("vendor")
+        .join("llama.cpp")
 }
 
 /// Directory with generated golden files (`$VELA_CACHE/golden`).
@@ -33,7 +38,9 @@ pub fn golden_dir() -> PathBuf {
 
 /// Whether missing data must fail tests (`VELA_REQUIRE_DATA=1`).
 pub fn data_required() -> bool {
-    std::env::var("VELA_REQUIRE_DATA").map(|v| v == "1").unwrap_or(false)
+    std::env::var("VELA_REQUIRE_DATA")
+        .map(|v| v == "1")
+        .unwrap_or(false)
 }
 
 /// Return `path` if it exists. Otherwise panic when data is required, or print a SKIP line and
@@ -44,9 +51,15 @@ pub fn require(path: impl Into<PathBuf>) -> Option<PathBuf> {
         return Some(path);
     }
     if data_required() {
-        panic!("required test data missing: {} (run scripts/prepare-test-data.sh)", path.display());
+        panic!(
+            "required test data missing: {} (run scripts/prepare-test-data.sh)",
+            path.display()
+        );
     }
-    eprintln!("SKIP: test data missing: {} (run scripts/prepare-test-data.sh)", path.display());
+    eprintln!(
+        "SKIP: test data missing: {} (run scripts/prepare-test-data.sh)",
+        path.display()
+    );
     None
 }
 

@@ -71,24 +71,48 @@ impl Common {
         let n_layer = positive(g.arch_u64("block_count")?, "block_count")?;
         let n_embd = positive(g.arch_u64("embedding_length")?, "embedding_length")?;
         let n_head = positive(g.arch_u64("attention.head_count")?, "head_count")?;
-        let n_head_kv = positive(g.arch_u64_opt("attention.head_count_kv")?.unwrap_or(n_head as u64), "head_count_kv")?;
+        let n_head_kv = positive(
+            g.arch_u64_opt("attention.head_count_kv")?
+                .unwrap_or(n_head as u64),
+            "head_count_kv",
+        )?;
         if n_head % n_head_kv != 0 {
             bail!("head_count {n_head} is not a multiple of head_count_kv {n_head_kv}");
         }
-        let head_dim_k = positive(g.arch_u64_opt("attention.key_length")?.unwrap_or((n_embd / n_head) as u64), "key_length")?;
-        let head_dim_v = positive(g.arch_u64_opt("attention.value_length")?.unwrap_or(head_dim_k as u64), "value_length")?;
+        let head_dim_k = positive(
+            g.arch_u64_opt("attention.key_length")?
+                .unwrap_or((n_embd / n_head) as u64),
+            "key_length",
+        )?;
+        let head_dim_v = positive(
+            g.arch_u64_opt("attention.value_length")?
+                .unwrap_or(head_dim_k as u64),
+            "value_length",
+        )?;
         let n_ff = positive(g.arch_u64("feed_forward_length")?, "feed_forward_length")?;
-        let emb = g.tensor("token_embd.weight").ok_or_else(|| anyhow!("missing tensor token_embd.weight"))?;
+        let emb = g
+            .tensor("token_embd.weight")
+            .ok_or_else(|| anyhow!("missing tensor token_embd.weight"))?;
         let n_vocab = emb.n_rows();
-        let n_ctx_train = positive(g.arch_u64_opt("context_length")?.unwrap_or(4096), "context_length")?;
-        let rms_eps = g.arch_f64_opt("attention.layer_norm_rms_epsilon")?.unwrap_or(1e-6) as f32;
+        let n_ctx_train = positive(
+            g.arch_u64_opt("context_length")?.unwrap_or(4096),
+            "context_length",
+        )?;
+        let rms_eps = g
+            .arch_f64_opt("attention.layer_norm_rms_epsilon")?
+            .unwrap_or(1e-6) as f32;
         let freq_base = g.arch_f64_opt("rope.freq_base")?.unwrap_or(10000.0) as f32;
-        let n_rot = g.arch_u64_opt("rope.dimension_count")?.map(|v| v as usize).unwrap_or(head_dim_k);
+        let n_rot = g
+            .arch_u64_opt("rope.dimension_count")?
+            .map(|v| v as usize)
+            .unwrap_or(head_dim_k);
         if n_rot > head_dim_k || n_rot % 2 != 0 {
             bail!("invalid rope.dimension_count {n_rot} for head size {head_dim_k}");
         }
         let mut freq_scale = 1.0f32;
-        let scaling = g.get(&format!("{}.rope.scaling.type", g.architecture()?)).and_then(|v| v.as_str().map(str::to_string));
+        let scaling = g
+            .get(&format!("{}.rope.scaling.type", g.architecture()?))
+            .and_then(|v| v.as_str().map(str::to_string));
         match scaling.as_deref() {
             None | Some("none") => {}
             Some("linear") => {
@@ -105,7 +129,11 @@ impl Common {
                 let mut v = vec![0f32; t.n_elements() as usize];
                 vela_formats::quant::dequantize(t.ty, g.tensor_data(t), &mut v)?;
                 if v.len() < n_rot / 2 {
-                    bail!("rope_freqs.weight has {} entries, need {}", v.len(), n_rot / 2);
+                    bail!(
+                        "rope_freqs.weight has {} entries, need {}",
+                        v.len(),
+                        n_rot / 2
+                    );
                 }
                 Some(Arc::new(v))
             }
@@ -141,7 +169,10 @@ impl Common {
 
     /// A config with the defaults of a plain Llama-style decoder.
     pub fn into_config(self, arch: &str, neox: bool) -> DecoderConfig {
-        let layer = LayerConfig { rope: self.rope(neox), window: None };
+        let layer = LayerConfig {
+            rope: self.rope(neox),
+            window: None,
+        };
         DecoderConfig {
             arch: arch.to_string(),
             n_layer: self.n_layer,

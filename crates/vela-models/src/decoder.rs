@@ -64,18 +64,38 @@ pub struct ForwardState<B: Backend> {
     logits: B::Buf,
 }
 
-fn weight<B: Backend>(be: &B, g: &Arc<GgufFile>, name: &str, rows: usize, cols: usize) -> Result<B::Weight> {
+fn weight<B: Backend>(
+    be: &B,
+    g: &Arc<GgufFile>,
+    name: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<B::Weight> {
     let w = HostWeight::from_gguf(g, name).ok_or_else(|| anyhow!("missing tensor {name}"))?;
     if w.rows != rows || w.cols != cols {
-        bail!("tensor {name} has shape [{}, {}], expected [{cols}, {rows}]", w.cols, w.rows);
+        bail!(
+            "tensor {name} has shape [{}, {}], expected [{cols}, {rows}]",
+            w.cols,
+            w.rows
+        );
     }
     be.upload_weight(&w)
 }
 
-fn vector<B: Backend>(be: &B, g: &Arc<GgufFile>, name: &str, len: usize) -> Result<Option<B::Vector>> {
-    let Some(w) = HostWeight::from_gguf(g, name) else { return Ok(None) };
+fn vector<B: Backend>(
+    be: &B,
+    g: &Arc<GgufFile>,
+    name: &str,
+    len: usize,
+) -> Result<Option<B::Vector>> {
+    let Some(w) = HostWeight::from_gguf(g, name) else {
+        return Ok(None);
+    };
     if w.rows * w.cols != len {
-        bail!("tensor {name} has {} elements, expected {len}", w.rows * w.cols);
+        bail!(
+            "tensor {name} has {} elements, expected {len}",
+            w.rows * w.cols
+        );
     }
     Ok(Some(be.upload_vector(&w.to_f32()?)?))
 }
@@ -94,53 +114,104 @@ impl<B: Backend> DecoderModel<B> {
             cfg.n_head_kv * cfg.head_dim_v,
         );
         let embd = weight(be, &g, "token_embd.weight", cfg.n_vocab, d)?;
-        let output_norm = req(vector(be, &g, "output_norm.weight", d)?, "output_norm.weight")?;
-        let out_name = if g.tensor("output.weight").is_some() { "output.weight" } else { "token_embd.weight" };
+        let output_norm = req(
+            vector(be, &g, "output_norm.weight", d)?,
+            "output_norm.weight",
+        )?;
+        let out_name = if g.tensor("output.weight").is_some() {
+            "output.weight"
+        } else {
+            "token_embd.weight"
+        };
         let output = weight(be, &g, out_name, cfg.n_vocab, d)?;
         let mut bytes = g.tensor(out_name).unwrap().size;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for il in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
-            for s in ["attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"] {
-                bytes += g.tensor(&n(&format!("{s}.weight"))).map(|t| t.size).unwrap_or(0);
+            for s in [
+                "attn_q",
+                "attn_k",
+                "attn_v",
+                "attn_output",
+                "ffn_gate",
+                "ffn_up",
+                "ffn_down",
+            ] {
+                bytes += g
+                    .tensor(&n(&format!("{s}.weight")))
+                    .map(|t| t.size)
+                    .unwrap_or(0);
             }
             let l = Layer {
-                attn_norm: req(vector(be, &g, &n("attn_norm.weight"), d)?, &n("attn_norm.weight"))?,
+                attn_norm: req(
+                    vector(be, &g, &n("attn_norm.weight"), d)?,
+                    &n("attn_norm.weight"),
+                )?,
                 wq: weight(be, &g, &n("attn_q.weight"), q_dim, d)?,
                 wk: weight(be, &g, &n("attn_k.weight"), kv_k, d)?,
                 wv: weight(be, &g, &n("attn_v.weight"), kv_v, d)?,
-                wo: weight(be, &g, &n("attn_output.weight"), d, cfg.n_head * cfg.head_dim_v)?,
+                wo: weight(
+                    be,
+                    &g,
+                    &n("attn_output.weight"),
+                    d,
+                    cfg.n_head * cfg.head_dim_v,
+                )?,
                 bq: vector(be, &g, &n("attn_q.bias"), q_dim)?,
                 bk: vector(be, &g, &n("attn_k.bias"), kv_k)?,
                 bv: vector(be, &g, &n("attn_v.bias"), kv_v)?,
                 q_norm: if cfg.qk_norm {
-                    Some(req(vector(be, &g, &n("attn_q_norm.weight"), cfg.head_dim_k)?, &n("attn_q_norm.weight"))?)
+                    Some(req(
+                        vector(be, &g, &n("attn_q_norm.weight"), cfg.head_dim_k)?,
+                        &n("attn_q_norm.weight"),
+                    )?)
                 } else {
                     None
                 },
                 k_norm: if cfg.qk_norm {
-                    Some(req(vector(be, &g, &n("attn_k_norm.weight"), cfg.head_dim_k)?, &n("attn_k_norm.weight"))?)
+                    Some(req(
+                        vector(be, &g, &n("attn_k_norm.weight"), cfg.head_dim_k)?,
+                        &n("attn_k_norm.weight"),
+                    )?)
                 } else {
                     None
                 },
                 post_attn_norm: if cfg.post_norms {
-                    Some(req(vector(be, &g, &n("post_attention_norm.weight"), d)?, &n("post_attention_norm.weight"))?)
+                    Some(req(
+                        vector(be, &g, &n("post_attention_norm.weight"), d)?,
+                        &n("post_attention_norm.weight"),
+                    )?)
                 } else {
                     None
                 },
-                ffn_norm: req(vector(be, &g, &n("ffn_norm.weight"), d)?, &n("ffn_norm.weight"))?,
+                ffn_norm: req(
+                    vector(be, &g, &n("ffn_norm.weight"), d)?,
+                    &n("ffn_norm.weight"),
+                )?,
                 w_gate: weight(be, &g, &n("ffn_gate.weight"), cfg.n_ff, d)?,
                 w_up: weight(be, &g, &n("ffn_up.weight"), cfg.n_ff, d)?,
                 w_down: weight(be, &g, &n("ffn_down.weight"), d, cfg.n_ff)?,
                 post_ffn_norm: if cfg.post_norms {
-                    Some(req(vector(be, &g, &n("post_ffw_norm.weight"), d)?, &n("post_ffw_norm.weight"))?)
+                    Some(req(
+                        vector(be, &g, &n("post_ffw_norm.weight"), d)?,
+                        &n("post_ffw_norm.weight"),
+                    )?)
                 } else {
                     None
                 },
             };
             layers.push(l);
         }
-        Ok(DecoderModel { backend, cfg, gguf: g, embd, output_norm, output, layers, weight_bytes_per_token: bytes })
+        Ok(DecoderModel {
+            backend,
+            cfg,
+            gguf: g,
+            embd,
+            output_norm,
+            output,
+            layers,
+            weight_bytes_per_token: bytes,
+        })
     }
 
     /// KV layout for a context of `n_ctx` tokens processed in batches of up to `max_batch`.
@@ -162,7 +233,12 @@ impl<B: Backend> DecoderModel<B> {
     }
 
     /// A fresh sequence state.
-    pub fn new_state(&self, n_ctx: usize, max_batch: usize, kv_type: KvType) -> Result<ForwardState<B>> {
+    pub fn new_state(
+        &self,
+        n_ctx: usize,
+        max_batch: usize,
+        kv_type: KvType,
+    ) -> Result<ForwardState<B>> {
         if n_ctx == 0 || max_batch == 0 {
             bail!("context size and batch size must be positive");
         }
@@ -199,7 +275,11 @@ impl<B: Backend> DecoderModel<B> {
     ) -> Result<Vec<f32>> {
         let n = tokens.len();
         if n == 0 || n != positions.len() || n > st.max_batch || logits_from > n {
-            bail!("invalid batch: {n} tokens, {} positions, max batch {}", positions.len(), st.max_batch);
+            bail!(
+                "invalid batch: {n} tokens, {} positions, max batch {}",
+                positions.len(),
+                st.max_batch
+            );
         }
         if positions.iter().any(|&p| p as usize >= st.n_ctx) {
             bail!("position beyond the context size {}", st.n_ctx);

@@ -16,19 +16,31 @@ use vela_formats::gguf::GgufFile;
 
 pub fn config(g: &GgufFile) -> Result<DecoderConfig> {
     let common = Common::read(g)?;
-    let window = g.arch_u64_opt("attention.sliding_window")?.map(|w| w as usize).filter(|&w| w > 0);
+    let window = g
+        .arch_u64_opt("attention.sliding_window")?
+        .map(|w| w as usize)
+        .filter(|&w| w > 0);
     let swa_base = g.arch_f64_opt("rope.freq_base_swa")?.unwrap_or(10000.0) as f32;
-    let pattern: Vec<bool> = match g.get(&format!("{}.attention.sliding_window_pattern", g.architecture()?)) {
+    let pattern: Vec<bool> = match g.get(&format!(
+        "{}.attention.sliding_window_pattern",
+        g.architecture()?
+    )) {
         Some(v) if v.as_array().is_some() => {
             let a = v.as_array().unwrap();
             if a.len() != common.n_layer {
-                bail!("sliding_window_pattern has {} entries for {} layers", a.len(), common.n_layer);
+                bail!(
+                    "sliding_window_pattern has {} entries for {} layers",
+                    a.len(),
+                    common.n_layer
+                );
             }
             a.iter().map(|x| x.as_bool().unwrap_or(false)).collect()
         }
         Some(v) => {
             let n = v.as_i64().unwrap_or(6).max(0) as usize;
-            (0..common.n_layer).map(|il| n == 0 || il % n < n - 1).collect()
+            (0..common.n_layer)
+                .map(|il| n == 0 || il % n < n - 1)
+                .collect()
         }
         None => (0..common.n_layer).map(|il| il % 6 < 5).collect(),
     };
@@ -44,8 +56,14 @@ pub fn config(g: &GgufFile) -> Result<DecoderConfig> {
     c.act = Activation::GeluTanh;
     c.qk_norm = true;
     c.post_norms = true;
-    c.final_softcap = g.arch_f64_opt("final_logit_softcapping")?.map(|v| v as f32).filter(|&v| v > 0.0);
-    c.attn_softcap = g.arch_f64_opt("attn_logit_softcapping")?.map(|v| v as f32).filter(|&v| v > 0.0);
+    c.final_softcap = g
+        .arch_f64_opt("final_logit_softcapping")?
+        .map(|v| v as f32)
+        .filter(|&v| v > 0.0);
+    c.attn_softcap = g
+        .arch_f64_opt("attn_logit_softcapping")?
+        .map(|v| v as f32)
+        .filter(|&v| v > 0.0);
     if let Some(w) = window {
         for (il, l) in c.layers.iter_mut().enumerate() {
             if pattern[il] {

@@ -1,1 +1,168 @@
-//! vela-server
+//! vela-server: the OpenAI/Anthropic-compatible HTTP server behind `vela serve`.
+//!
+//! One engine worker thread owns every sequence (a prefix cache of sessions) and serves a bounded
+//! FIFO of jobs; the tokio runtime only parses, renders templates, tokenizes and streams, so
+//! `/health` and friends answer while a generation runs. See `docs/server.md`.
+
+pub mod anthropic;
+pub mod cache;
+pub mod error;
+pub mod http;
+pub mod metrics;
+pub mod openai;
+pub mod parser;
+pub mod request;
+pub mod stop;
+pub mod worker;
+
+use anyhow::{bail, Context, Result};
+use std::sync::{Arc, Mutex, OnceLock};
+use vela_compute::KvType;
+use vela_engine::SessionOptions;
+
+/// Options of `vela serve`.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Model: a GGUF path, a known model name or hf://owner/repo/file.gguf (default: SmolLM2).
+    #[arg(long, short = 'm')]
+    pub model: Option<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8080)]
+    pub port: u16,
+    /// Compute threads (0 = all cores).
+    #[arg(long, short = 't', default_value_t = 0)]
+    pub threads: usize,
+    /// Context size per sequence (0 = the model's, capped at 8192).
+    #[arg(long, default_value_t = 4096)]
+    pub ctx: usize,
+    /// Prefill chunk size (tokens per forward pass; cancellation granularity).
+    #[arg(long, default_value_t = 256)]
+    pub ubatch: usize,
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every endpoint but /health.
+    #[arg(long)]
+    pub api_key: Option<String>,
+    /// Largest request body in bytes (larger: 413).
+    #[arg(long, default_value_t = 8 << 20)]
+    pub max_body: usize,
+    /// Answer CORS preflights and add `Access-Control-Allow-Origin: *`.
+    #[arg(long)]
+    pub cors: bool,
+    /// Requests that may wait for the engine (more: 429).
+    #[arg(long, default_value_t = 64)]
+    pub queue: usize,
+    /// Prefix-cache budget in MiB of KV cache (at least one sequence is always kept).
+    #[arg(long, default_value_t = 1024)]
+    pub cache_mb: usize,
+}
+
+/// Run the server until the process is killed (blocking; builds its own tokio runtime).
+pub fn serve(args: ServeArgs) -> Result<()> {
+    if args.ubatch == 0 || args.queue == 0 {
+        bail!("--ubatch and --queue must be at least 1");
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(run(args))
+}
+
+async fn run(args: ServeArgs) -> Result<()> {
+    let state = Arc::new(http::AppState {
+        ready: OnceLock::new(),
+        load_error: Mutex::new(None),
+        metrics: Arc::new(metrics::Metrics::default()),
+        settings: http::Settings {
+            api_key: args.api_key.clone(),
+            cors: args.cors,
+            queue: args.queue,
+            cache_mb: args.cache_mb,
+        },
+        created: http::unix_now(),
+    });
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .with_context(|| format!("cannot listen on {addr}"))?;
+    eprintln!(
+        "vela-server: listening on http://{}",
+        listener.local_addr()?
+    );
+    let st = state.clone();
+    let a = args.clone();
+    std::thread::Builder::new()
+        .name("vela-engine".into())
+        .spawn(move || {
+            if let Err(e) = load_and_work(a, st.clone()) {
+                eprintln!("vela-server: {e:#}");
+                if let Ok(mut le) = st.load_error.lock() {
+                    *le = Some(format!("{e:#}"));
+                }
+            }
+        })?;
+    axum::serve(listener, http::router(state, args.max_body)).await?;
+    Ok(())
+}
+
+fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
+    let path = vela_hub::resolve_model(args.model.as_deref())?;
+    let t0 = std::time::Instant::now();
+    let m = Arc::new(vela_engine::loader::load_gguf(&path, args.threads)?);
+    let opts = SessionOptions {
+        n_ctx: args.ctx,
+        ubatch: args.ubatch,
+        kv_type: KvType::F16,
+    };
+    let n_ctx = if args.ctx == 0 {
+        m.model.cfg.n_ctx_train.min(8192)
+    } else {
+        args.ctx
+    };
+    let template = match &m.chat_template {
+        Some(src) => {
+            let (bos, eos) = m.bos_eos_text();
+            match vela_template::ChatTemplate::new(src, &bos, &eos) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    eprintln!(
+                        "vela-server: chat template unusable ({e:#}); chat endpoints disabled"
+                    );
+                    None
+                }
+            }
+        }
+        None => None,
+    };
+    let (tx, rx) = tokio::sync::mpsc::channel(args.queue);
+    let mut aliases = vec!["default".to_string()];
+    if let Some(a) = &args.model {
+        aliases.push(a.clone());
+    }
+    let name = m.name();
+    let ready = http::Ready {
+        model: m.clone(),
+        name: name.clone(),
+        aliases,
+        template,
+        template_src: m.chat_template.clone(),
+        jobs: tx,
+        n_ctx,
+        ubatch: args.ubatch.min(n_ctx),
+    };
+    if st.ready.set(ready).is_err() {
+        bail!("server state initialised twice");
+    }
+    eprintln!(
+        "vela-server: model {name} ready in {:.1}s (ctx {n_ctx}, ubatch {})",
+        t0.elapsed().as_secs_f64(),
+        args.ubatch
+    );
+    let cfg = worker::WorkerConfig {
+        session: opts,
+        cache_bytes: args.cache_mb << 20,
+    };
+    worker::run(m, cfg, rx, st.metrics.clone());
+    Ok(())
+}

@@ -2,6 +2,6 @@
 
 pub mod matmul;
 pub mod ops;
-pub mod simd;
 pub mod pool;
+pub mod simd;
 pub use ops::CpuBackend;

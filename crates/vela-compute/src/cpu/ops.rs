@@ -22,11 +22,15 @@ impl CpuBackend {
     /// A backend using `n_threads` threads (0 = all cores).
     pub fn new(n_threads: usize) -> CpuBackend {
         let n = if n_threads == 0 {
-            std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
         } else {
             n_threads
         };
-        CpuBackend { pool: Arc::new(ThreadPool::new(n)) }
+        CpuBackend {
+            pool: Arc::new(ThreadPool::new(n)),
+        }
     }
 
     pub fn pool(&self) -> &ThreadPool {
@@ -41,7 +45,12 @@ pub struct CpuWeight {
 
 impl CpuWeight {
     fn qmatrix(&self) -> QMatrix<'_> {
-        QMatrix { ty: self.host.ty, rows: self.host.rows, cols: self.host.cols, data: self.host.bytes() }
+        QMatrix {
+            ty: self.host.ty,
+            rows: self.host.rows,
+            cols: self.host.cols,
+            data: self.host.bytes(),
+        }
     }
 }
 
@@ -128,7 +137,11 @@ impl Backend for CpuBackend {
     type KvSnapshot = CpuKvSnapshot;
 
     fn name(&self) -> String {
-        format!("cpu ({} threads, {} kernels)", self.pool.n_threads(), matmul::kernel_name())
+        format!(
+            "cpu ({} threads, {} kernels)",
+            self.pool.n_threads(),
+            matmul::kernel_name()
+        )
     }
 
     fn alloc(&self, len: usize) -> Vec<f32> {
@@ -145,7 +158,11 @@ impl Backend for CpuBackend {
 
     fn upload_weight(&self, w: &HostWeight) -> Result<CpuWeight> {
         if !matmul::supported(w.ty) {
-            bail!("tensor '{}' has type {} which the CPU backend cannot multiply", w.name, w.ty);
+            bail!(
+                "tensor '{}' has type {} which the CPU backend cannot multiply",
+                w.name,
+                w.ty
+            );
         }
         Ok(CpuWeight { host: w.clone() })
     }
@@ -159,7 +176,11 @@ impl Backend for CpuBackend {
         for spec in layers {
             let nk = spec.capacity * spec.n_head_kv * spec.head_dim_k;
             let nv = spec.capacity * spec.n_head_kv * spec.head_dim_v;
-            out.push(KvLayer { spec: spec.clone(), k: KvData::new(ty, nk), v: KvData::new(ty, nv) });
+            out.push(KvLayer {
+                spec: spec.clone(),
+                k: KvData::new(ty, nk),
+                v: KvData::new(ty, nv),
+            });
         }
         Ok(CpuKv { layers: out })
     }
@@ -171,7 +192,10 @@ impl Backend for CpuBackend {
                 continue;
             }
             let first = crate::window_start(n_past - 1, l.spec.window);
-            let (wk, wv) = (l.spec.n_head_kv * l.spec.head_dim_k, l.spec.n_head_kv * l.spec.head_dim_v);
+            let (wk, wv) = (
+                l.spec.n_head_kv * l.spec.head_dim_k,
+                l.spec.n_head_kv * l.spec.head_dim_v,
+            );
             // Save slot by slot (the window may wrap around the ring).
             let mut ks = Vec::new();
             let mut vs = Vec::new();
@@ -188,7 +212,10 @@ impl Backend for CpuBackend {
     fn kv_restore(&self, kv: &mut CpuKv, snap: &CpuKvSnapshot) {
         for (li, first, ks, vs) in &snap.saved {
             let l = &mut kv.layers[*li];
-            let (wk, wv) = (l.spec.n_head_kv * l.spec.head_dim_k, l.spec.n_head_kv * l.spec.head_dim_v);
+            let (wk, wv) = (
+                l.spec.n_head_kv * l.spec.head_dim_k,
+                l.spec.n_head_kv * l.spec.head_dim_v,
+            );
             let n = ks.len_elems() / wk;
             for i in 0..n {
                 let s = (first + i) % l.spec.capacity;
@@ -203,7 +230,11 @@ impl Backend for CpuBackend {
             layers: kv
                 .layers
                 .iter()
-                .map(|l| KvLayer { spec: l.spec.clone(), k: l.k.deep_clone(), v: l.v.deep_clone() })
+                .map(|l| KvLayer {
+                    spec: l.spec.clone(),
+                    k: l.k.deep_clone(),
+                    v: l.v.deep_clone(),
+                })
                 .collect(),
         }
     }
@@ -218,7 +249,10 @@ impl Backend for CpuBackend {
         let data = w.host.bytes();
         for (t, &id) in ids.iter().enumerate() {
             if id as usize >= w.host.rows {
-                bail!("token id {id} is out of range (vocabulary has {} entries)", w.host.rows);
+                bail!(
+                    "token id {id} is out of range (vocabulary has {} entries)",
+                    w.host.rows
+                );
             }
             let row = &data[id as usize * row_bytes..(id as usize + 1) * row_bytes];
             let dst = &mut out[t * cols..(t + 1) * cols];
@@ -242,7 +276,15 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn rms_norm(&self, x: &Vec<f32>, w: &Vec<f32>, n_rows: usize, width: usize, eps: f32, out: &mut Vec<f32>) {
+    fn rms_norm(
+        &self,
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) {
         for r in 0..n_rows {
             let src = &x[r * width..(r + 1) * width];
             let dst = &mut out[r * width..(r + 1) * width];
@@ -250,7 +292,14 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn rms_norm_inplace(&self, x: &mut Vec<f32>, w: &Vec<f32>, n_rows: usize, width: usize, eps: f32) {
+    fn rms_norm_inplace(
+        &self,
+        x: &mut Vec<f32>,
+        w: &Vec<f32>,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+    ) {
         let mut tmp = vec![0f32; width];
         for r in 0..n_rows {
             let row = &mut x[r * width..(r + 1) * width];
@@ -259,7 +308,14 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn rope(&self, x: &mut Vec<f32>, n_head: usize, head_dim: usize, positions: &[u32], p: &RopeParams) {
+    fn rope(
+        &self,
+        x: &mut Vec<f32>,
+        n_head: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+    ) {
         let mut cache = vec![0f32; p.n_rot];
         for (t, &pos) in positions.iter().enumerate() {
             rope_cache(pos, p, &mut cache);
@@ -275,25 +331,44 @@ impl Backend for CpuBackend {
     }
 
     fn add(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
-        x[..len].iter_mut().zip(&y[..len]).for_each(|(a, b)| *a += b);
+        x[..len]
+            .iter_mut()
+            .zip(&y[..len])
+            .for_each(|(a, b)| *a += b);
     }
 
     fn act_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize, act: Activation) {
         match act {
-            Activation::Silu => {
-                gate[..len].iter_mut().zip(&up[..len]).for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u)
-            }
-            Activation::GeluTanh => gate[..len].iter_mut().zip(&up[..len]).for_each(|(g, u)| *g = gelu_tanh(*g) * u),
+            Activation::Silu => gate[..len]
+                .iter_mut()
+                .zip(&up[..len])
+                .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u),
+            Activation::GeluTanh => gate[..len]
+                .iter_mut()
+                .zip(&up[..len])
+                .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
         }
     }
 
     fn softcap(&self, x: &mut Vec<f32>, len: usize, cap: f32) {
-        x[..len].iter_mut().for_each(|v| *v = (*v / cap).tanh() * cap);
+        x[..len]
+            .iter_mut()
+            .for_each(|v| *v = (*v / cap).tanh() * cap);
     }
 
-    fn kv_store(&self, kv: &mut CpuKv, layer: usize, k: &Vec<f32>, v: &Vec<f32>, positions: &[u32]) {
+    fn kv_store(
+        &self,
+        kv: &mut CpuKv,
+        layer: usize,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        positions: &[u32],
+    ) {
         let l = &mut kv.layers[layer];
-        let (wk, wv) = (l.spec.n_head_kv * l.spec.head_dim_k, l.spec.n_head_kv * l.spec.head_dim_v);
+        let (wk, wv) = (
+            l.spec.n_head_kv * l.spec.head_dim_k,
+            l.spec.n_head_kv * l.spec.head_dim_v,
+        );
         for (t, &pos) in positions.iter().enumerate() {
             let s = pos as usize % l.spec.capacity;
             l.k.write(s * wk, &k[t * wk..(t + 1) * wk]);
@@ -301,14 +376,22 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn attention(&self, q: &Vec<f32>, kv: &CpuKv, layer: usize, positions: &[u32], p: &AttnParams, out: &mut Vec<f32>) {
+    fn attention(
+        &self,
+        q: &Vec<f32>,
+        kv: &CpuKv,
+        layer: usize,
+        positions: &[u32],
+        p: &AttnParams,
+        out: &mut Vec<f32>,
+    ) {
         let l = &kv.layers[layer];
         let n = positions.len();
         let n_tasks = n * p.n_head;
         let out_ptr = SyncPtr(out.as_mut_ptr());
         let group = p.n_head / p.n_head_kv;
         self.pool.run(|ti, nt| {
-            let out_ptr = out_ptr;
+            let out_ptr = &out_ptr;
             let max_keys = positions.iter().max().map(|&m| m as usize + 1).unwrap_or(0);
             let mut scores = vec![0f32; max_keys.min(l.spec.capacity).max(1)];
             let mut acc = vec![0f32; p.head_dim_v];
@@ -359,14 +442,23 @@ impl Backend for CpuBackend {
         });
     }
 
-    fn copy_rows(&self, src: &Vec<f32>, src_row: usize, n_rows: usize, width: usize, dst: &mut Vec<f32>) {
+    fn copy_rows(
+        &self,
+        src: &Vec<f32>,
+        src_row: usize,
+        n_rows: usize,
+        width: usize,
+        dst: &mut Vec<f32>,
+    ) {
         dst[..n_rows * width].copy_from_slice(&src[src_row * width..(src_row + n_rows) * width]);
     }
 }
 
 fn concat(parts: Vec<KvData>) -> KvData {
     let mut it = parts.into_iter();
-    let Some(first) = it.next() else { return KvData::F32(Vec::new()) };
+    let Some(first) = it.next() else {
+        return KvData::F32(Vec::new());
+    };
     match first {
         KvData::F32(mut v) => {
             for p in it {
@@ -425,7 +517,11 @@ fn rope_cache(pos: u32, p: &RopeParams, cache: &mut [f32]) {
 fn rope_head(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
     for i0 in (0..n_rot).step_by(2) {
         let (c, s) = (cache[i0], cache[i0 + 1]);
-        let (a, b) = if neox { (i0 / 2, i0 / 2 + n_rot / 2) } else { (i0, i0 + 1) };
+        let (a, b) = if neox {
+            (i0 / 2, i0 / 2 + n_rot / 2)
+        } else {
+            (i0, i0 + 1)
+        };
         let (x0, x1) = (x[a], x[b]);
         x[a] = x0 * c - x1 * s;
         x[b] = x0 * s + x1 * c;
@@ -455,7 +551,13 @@ mod tests {
 
     #[test]
     fn rope_is_a_rotation_and_identity_at_zero() {
-        let p = RopeParams { n_rot: 8, freq_base: 10000.0, freq_scale: 1.0, neox: true, freq_factors: None };
+        let p = RopeParams {
+            n_rot: 8,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            neox: true,
+            freq_factors: None,
+        };
         let mut c = vec![0.0; 8];
         rope_cache(0, &p, &mut c);
         let mut x: Vec<f32> = (0..8).map(|i| i as f32).collect();
@@ -471,7 +573,13 @@ mod tests {
     }
 
     fn kv_spec(window: Option<usize>, capacity: usize) -> KvLayerSpec {
-        KvLayerSpec { n_head_kv: 1, head_dim_k: 4, head_dim_v: 4, capacity, window }
+        KvLayerSpec {
+            n_head_kv: 1,
+            head_dim_k: 4,
+            head_dim_v: 4,
+            capacity,
+            window,
+        }
     }
 
     /// Attention against a naive reference, including a sliding window whose ring wraps.
@@ -498,7 +606,13 @@ mod tests {
                 softcap: None,
             };
             for pos in 0..n_pos {
-                be.kv_store(&mut kv, 0, &ks[pos * 4..pos * 4 + 4].to_vec(), &vs[pos * 4..pos * 4 + 4].to_vec(), &[pos as u32]);
+                be.kv_store(
+                    &mut kv,
+                    0,
+                    &ks[pos * 4..pos * 4 + 4].to_vec(),
+                    &vs[pos * 4..pos * 4 + 4].to_vec(),
+                    &[pos as u32],
+                );
                 let q: Vec<f32> = (0..8).map(|_| rnd()).collect();
                 let mut out = vec![0.0; 8];
                 be.attention(&q, &kv, 0, &[pos as u32], &p, &mut out);
@@ -511,8 +625,15 @@ mod tests {
                     let e: Vec<f32> = sc.iter().map(|s| (s - m).exp()).collect();
                     let z: f32 = e.iter().sum();
                     for d in 0..4 {
-                        let r: f32 = (first..=pos).zip(&e).map(|(j, w)| w / z * vs[j * 4 + d]).sum();
-                        assert!((r - out[h * 4 + d]).abs() < tol, "pos {pos} h {h}: {r} vs {}", out[h * 4 + d]);
+                        let r: f32 = (first..=pos)
+                            .zip(&e)
+                            .map(|(j, w)| w / z * vs[j * 4 + d])
+                            .sum();
+                        assert!(
+                            (r - out[h * 4 + d]).abs() < tol,
+                            "pos {pos} h {h}: {r} vs {}",
+                            out[h * 4 + d]
+                        );
                     }
                 }
             }
@@ -522,7 +643,9 @@ mod tests {
     #[test]
     fn checkpoint_restore_undoes_ring_overwrites() {
         let be = CpuBackend::new(1);
-        let mut kv = be.new_kv(&[kv_spec(Some(3), 4), kv_spec(None, 16)], KvType::F32).unwrap();
+        let mut kv = be
+            .new_kv(&[kv_spec(Some(3), 4), kv_spec(None, 16)], KvType::F32)
+            .unwrap();
         let row = |p: usize| vec![p as f32; 4];
         for p in 0..6 {
             be.kv_store(&mut kv, 0, &row(p), &row(p), &[p as u32]);

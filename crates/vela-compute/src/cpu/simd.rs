@@ -9,7 +9,9 @@ fn has_avx2() -> bool {
     *F.get_or_init(|| {
         #[cfg(target_arch = "x86_64")]
         {
-            std::env::var("VELA_KERNEL").map(|v| v != "scalar").unwrap_or(true)
+            std::env::var("VELA_KERNEL")
+                .map(|v| v != "scalar")
+                .unwrap_or(true)
                 && is_x86_feature_detected!("avx2")
                 && is_x86_feature_detected!("fma")
                 && is_x86_feature_detected!("f16c")
@@ -62,7 +64,9 @@ pub fn axpy_f16(a: f32, x: &[f16], y: &mut [f32]) {
 
 /// Round f32 to f16 (round to nearest even, as F16C and ggml do).
 pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
-    dst.iter_mut().zip(src).for_each(|(d, s)| *d = f16::from_f32(*s));
+    dst.iter_mut()
+        .zip(src)
+        .for_each(|(d, s)| *d = f16::from_f32(*s));
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -87,8 +91,16 @@ mod x86 {
         let mut acc1 = _mm256_setzero_ps();
         let mut i = 0;
         while i + 16 <= n {
-            acc0 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i)), _mm256_loadu_ps(b.as_ptr().add(i)), acc0);
-            acc1 = _mm256_fmadd_ps(_mm256_loadu_ps(a.as_ptr().add(i + 8)), _mm256_loadu_ps(b.as_ptr().add(i + 8)), acc1);
+            acc0 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(i)),
+                _mm256_loadu_ps(b.as_ptr().add(i)),
+                acc0,
+            );
+            acc1 = _mm256_fmadd_ps(
+                _mm256_loadu_ps(a.as_ptr().add(i + 8)),
+                _mm256_loadu_ps(b.as_ptr().add(i + 8)),
+                acc1,
+            );
             i += 16;
         }
         let mut s = hsum(_mm256_add_ps(acc0, acc1));

@@ -1,0 +1,362 @@
+//! `POST /v1/messages`: the Anthropic Messages API on top of the same engine jobs.
+
+use crate::error::ApiError;
+use crate::http::{body_bytes, check_model, collect, new_id, sse_response, submit, St};
+use crate::openai::render_messages;
+use crate::request::{get_f32, get_stop, get_uint, parse_object, GenParams, Obj, MAX_TOKENS_LIMIT};
+use crate::worker::Out;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Map, Value};
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+use vela_engine::SamplerConfig;
+
+fn err(st: &crate::http::AppState, e: ApiError) -> Response {
+    st.metrics.request_errors.fetch_add(1, Ordering::Relaxed);
+    (e.status, axum::Json(e.anthropic_json())).into_response()
+}
+
+fn text_of(v: &Value, p: &str) -> Result<String, ApiError> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        Value::Array(a) => {
+            let mut s = String::new();
+            for b in a {
+                match (
+                    b.get("type").and_then(Value::as_str),
+                    b.get("text").and_then(Value::as_str),
+                ) {
+                    (Some("text"), Some(t)) => s.push_str(t),
+                    _ => {
+                        return Err(ApiError::bad(
+                            p,
+                            format!("{p}: only text blocks are supported here"),
+                        ))
+                    }
+                }
+            }
+            Ok(s)
+        }
+        _ => Err(ApiError::bad(
+            p,
+            format!("{p} must be a string or a list of text blocks"),
+        )),
+    }
+}
+
+/// Anthropic messages → OpenAI-style messages for the chat template.
+pub fn to_openai_messages(o: &Obj) -> Result<Vec<Value>, ApiError> {
+    let mut out = Vec::new();
+    if let Some(s) = o.get("system").filter(|v| !v.is_null()) {
+        out.push(json!({"role": "system", "content": text_of(s, "system")?}));
+    }
+    let msgs = o
+        .get("messages")
+        .and_then(Value::as_array)
+        .filter(|a| !a.is_empty())
+        .ok_or_else(|| ApiError::bad("messages", "`messages` must be a non-empty array"))?;
+    for (i, m) in msgs.iter().enumerate() {
+        let p = format!("messages[{i}]");
+        let role = m
+            .get("role")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::bad(&p, format!("{p}.role must be a string")))?;
+        if role != "user" && role != "assistant" {
+            return Err(ApiError::bad(
+                &p,
+                format!("{p}.role must be 'user' or 'assistant'"),
+            ));
+        }
+        let content = m
+            .get("content")
+            .ok_or_else(|| ApiError::bad(&p, format!("{p}.content is required")))?;
+        let blocks = match content {
+            Value::String(s) => vec![json!({"type": "text", "text": s})],
+            Value::Array(a) => a.clone(),
+            _ => {
+                return Err(ApiError::bad(
+                    &p,
+                    format!("{p}.content must be a string or a list of blocks"),
+                ))
+            }
+        };
+        let mut text = String::new();
+        let mut calls = Vec::new();
+        for b in &blocks {
+            match b.get("type").and_then(Value::as_str) {
+                Some("text") => text.push_str(b.get("text").and_then(Value::as_str).unwrap_or("")),
+                Some("thinking") | Some("redacted_thinking") => {}
+                Some("tool_use") if role == "assistant" => {
+                    let name = b
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .ok_or_else(|| ApiError::bad(&p, "tool_use.name must be a string"))?;
+                    calls.push(json!({"id": b.get("id").cloned().unwrap_or(Value::Null), "type": "function",
+                        "function": {"name": name, "arguments": b.get("input").cloned().unwrap_or(json!({}))}}));
+                }
+                Some("tool_result") if role == "user" => {
+                    let c = match b.get("content") {
+                        None | Some(Value::Null) => String::new(),
+                        Some(v) => text_of(v, &p)?,
+                    };
+                    out.push(json!({"role": "tool", "tool_call_id": b.get("tool_use_id").cloned().unwrap_or(Value::Null), "content": c}));
+                }
+                t => {
+                    return Err(ApiError::bad(
+                        &p,
+                        format!("{p}: content block type {t:?} is not supported"),
+                    ))
+                }
+            }
+        }
+        if !text.is_empty() || !calls.is_empty() || blocks.is_empty() {
+            let mut msg = json!({"role": role, "content": text});
+            if !calls.is_empty() {
+                msg["tool_calls"] = Value::Array(calls);
+            }
+            out.push(msg);
+        }
+    }
+    Ok(out)
+}
+
+fn tools_of(o: &Obj) -> Result<Option<Value>, ApiError> {
+    if o.get("tool_choice")
+        .and_then(|c| c.get("type"))
+        .and_then(Value::as_str)
+        == Some("none")
+    {
+        return Ok(None);
+    }
+    let Some(t) = o.get("tools").filter(|v| !v.is_null()) else {
+        return Ok(None);
+    };
+    let arr = t
+        .as_array()
+        .ok_or_else(|| ApiError::bad("tools", "`tools` must be an array"))?;
+    let mut out = Vec::new();
+    for (i, t) in arr.iter().enumerate() {
+        let name = t
+            .get("name")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ApiError::bad("tools", format!("tools[{i}].name must be a string")))?;
+        out.push(json!({"type": "function", "function": {"name": name,
+            "description": t.get("description").cloned().unwrap_or(json!("")),
+            "parameters": t.get("input_schema").cloned().unwrap_or(json!({"type": "object"}))}}));
+    }
+    Ok((!out.is_empty()).then_some(Value::Array(out)))
+}
+
+fn params(o: &Obj) -> Result<GenParams, ApiError> {
+    let mut s = SamplerConfig::default();
+    if let Some(t) = get_f32(o, "temperature", 0.0, 1.0)? {
+        s.temperature = t;
+    }
+    if let Some(p) = get_f32(o, "top_p", 0.0, 1.0)? {
+        s.top_p = p.max(1e-6);
+    }
+    if let Some(k) = get_uint(o, "top_k", 1 << 20)? {
+        s.top_k = k as usize;
+    }
+    s.seed = get_uint(o, "seed", u64::MAX)?
+        .unwrap_or_else(|| Instant::now().elapsed().as_nanos() as u64 ^ 0x5EED);
+    let max = get_uint(o, "max_tokens", MAX_TOKENS_LIMIT)?
+        .ok_or_else(|| ApiError::bad("max_tokens", "`max_tokens` is required"))?;
+    if max == 0 {
+        return Err(ApiError::bad(
+            "max_tokens",
+            "`max_tokens` must be at least 1",
+        ));
+    }
+    let stream = crate::request::get_bool(o, "stream")?.unwrap_or(false);
+    Ok(GenParams {
+        sampling: s,
+        max_tokens: Some(max as usize),
+        stop: get_stop(o, "stop_sequences")?,
+        logprobs: None,
+        stream,
+        include_usage: true,
+    })
+}
+
+fn stop_reason(finish: &str, stop_word: &Option<String>) -> &'static str {
+    match (finish, stop_word) {
+        ("length", _) => "max_tokens",
+        ("tool_calls", _) => "tool_use",
+        (_, Some(_)) => "stop_sequence",
+        _ => "end_turn",
+    }
+}
+
+fn event(name: &str, v: Value) -> String {
+    format!("event: {name}\ndata: {v}\n\n")
+}
+
+/// `POST /v1/messages`.
+pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
+    let received = Instant::now();
+    let prep = || -> Result<(crate::http::Prepared, String), ApiError> {
+        let r = st.ready()?;
+        let o = parse_object(&body_bytes(body)?)?;
+        check_model(&o, r)?;
+        let params = params(&o)?;
+        let msgs = to_openai_messages(&o)?;
+        let (_, prompt, parser) = render_messages(r, msgs, tools_of(&o)?, &Map::new())?;
+        Ok((
+            crate::http::Prepared {
+                prompt,
+                params,
+                parser,
+            },
+            r.name.clone(),
+        ))
+    };
+    let (p, model) = match prep() {
+        Ok(x) => x,
+        Err(e) => return err(&st, e),
+    };
+    let Ok(r) = st.ready() else {
+        return err(&st, ApiError::internal("not ready"));
+    };
+    let stream = p.params.stream;
+    let n_prompt = p.prompt.len();
+    let (rx, cancel) = match submit(&st, r, p, received) {
+        Ok(x) => x,
+        Err(e) => return err(&st, e),
+    };
+    let id = new_id("msg_");
+    if !stream {
+        return match collect(rx, cancel).await {
+            Ok(c) => {
+                let mut content = Vec::new();
+                if !c.reasoning.is_empty() {
+                    content.push(
+                        json!({"type": "thinking", "thinking": c.reasoning, "signature": ""}),
+                    );
+                }
+                if !c.content.is_empty() || c.tool_calls.is_empty() {
+                    content.push(json!({"type": "text", "text": c.content}));
+                }
+                for t in &c.tool_calls {
+                    let input: Value = serde_json::from_str(&t.arguments).unwrap_or(json!({}));
+                    content.push(json!({"type": "tool_use", "id": new_id("toolu_"), "name": t.name, "input": input}));
+                }
+                axum::Json(json!({
+                    "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
+                    "stop_reason": stop_reason(c.finish, &c.stop_word), "stop_sequence": c.stop_word,
+                    "usage": {"input_tokens": c.usage.prompt_tokens, "output_tokens": c.usage.completion_tokens,
+                              "cache_read_input_tokens": c.usage.cached_tokens, "cache_creation_input_tokens": 0},
+                }))
+                .into_response()
+            }
+            Err(e) => err(&st, e),
+        };
+    }
+    // Streaming: one open block at a time (thinking / text), tool_use blocks complete at once.
+    let mut started = false;
+    let mut open: Option<&'static str> = None;
+    let mut index = 0usize;
+    let fmt = move |ev: Out| -> Vec<String> {
+        let mut f = Vec::new();
+        if !started {
+            started = true;
+            f.push(event(
+                "message_start",
+                json!({"type": "message_start", "message": {
+                "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+                "stop_reason": null, "stop_sequence": null,
+                "usage": {"input_tokens": n_prompt, "output_tokens": 0}}}),
+            ));
+        }
+        let close = |f: &mut Vec<String>, open: &mut Option<&'static str>, index: &mut usize| {
+            if open.take().is_some() {
+                f.push(event(
+                    "content_block_stop",
+                    json!({"type": "content_block_stop", "index": *index}),
+                ));
+                *index += 1;
+            }
+        };
+        let text_block = |f: &mut Vec<String>,
+                          open: &mut Option<&'static str>,
+                          index: &mut usize,
+                          kind: &'static str,
+                          text: &str| {
+            if text.is_empty() {
+                return;
+            }
+            if *open != Some(kind) {
+                close(f, open, index);
+                let block = if kind == "text" {
+                    json!({"type": "text", "text": ""})
+                } else {
+                    json!({"type": "thinking", "thinking": ""})
+                };
+                f.push(event(
+                    "content_block_start",
+                    json!({"type": "content_block_start", "index": *index, "content_block": block}),
+                ));
+                *open = Some(kind);
+            }
+            let delta = if kind == "text" {
+                json!({"type": "text_delta", "text": text})
+            } else {
+                json!({"type": "thinking_delta", "thinking": text})
+            };
+            f.push(event(
+                "content_block_delta",
+                json!({"type": "content_block_delta", "index": *index, "delta": delta}),
+            ));
+        };
+        match ev {
+            Out::Progress { .. } => {}
+            Out::Delta {
+                content,
+                reasoning,
+                tool_calls,
+                ..
+            } => {
+                text_block(&mut f, &mut open, &mut index, "thinking", &reasoning);
+                text_block(&mut f, &mut open, &mut index, "text", &content);
+                for t in tool_calls {
+                    close(&mut f, &mut open, &mut index);
+                    f.push(event("content_block_start", json!({"type": "content_block_start", "index": index,
+                        "content_block": {"type": "tool_use", "id": new_id("toolu_"), "name": t.name, "input": {}}})));
+                    f.push(event(
+                        "content_block_delta",
+                        json!({"type": "content_block_delta", "index": index,
+                        "delta": {"type": "input_json_delta", "partial_json": t.arguments}}),
+                    ));
+                    f.push(event(
+                        "content_block_stop",
+                        json!({"type": "content_block_stop", "index": index}),
+                    ));
+                    index += 1;
+                }
+            }
+            Out::Done {
+                finish,
+                stop_word,
+                usage,
+            } => {
+                if index == 0 && open.is_none() {
+                    text_block(&mut f, &mut open, &mut index, "text", "");
+                    f.push(event("content_block_start", json!({"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}})));
+                    open = Some("text");
+                }
+                close(&mut f, &mut open, &mut index);
+                f.push(event("message_delta", json!({"type": "message_delta",
+                    "delta": {"stop_reason": stop_reason(finish, &stop_word), "stop_sequence": stop_word},
+                    "usage": {"output_tokens": usage.completion_tokens, "input_tokens": usage.prompt_tokens,
+                              "cache_read_input_tokens": usage.cached_tokens}})));
+                f.push(event("message_stop", json!({"type": "message_stop"})));
+            }
+            Out::Error(e) => f.push(event("error", ApiError::invalid(e).anthropic_json())),
+        }
+        f
+    };
+    sse_response(rx, cancel, fmt)
+}

@@ -1,0 +1,194 @@
+//! Prometheus metrics (text exposition format), lock-free counters and fixed-bucket histograms.
+
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+/// A histogram with fixed upper bounds (seconds).
+pub struct Histogram {
+    bounds: &'static [f64],
+    counts: Vec<AtomicU64>,
+    sum_us: AtomicU64,
+    count: AtomicU64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Self {
+        Histogram {
+            bounds,
+            counts: bounds.iter().map(|_| AtomicU64::new(0)).collect(),
+            sum_us: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub fn observe(&self, secs: f64) {
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            if secs <= *b {
+                c.fetch_add(1, Relaxed);
+            }
+        }
+        self.sum_us.fetch_add((secs * 1e6) as u64, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    fn render(&self, name: &str, help: &str, out: &mut String) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        for (b, c) in self.bounds.iter().zip(&self.counts) {
+            let _ = writeln!(out, "{name}_bucket{{le=\"{b}\"}} {}", c.load(Relaxed));
+        }
+        let n = self.count.load(Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {n}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum_us.load(Relaxed) as f64 / 1e6);
+        let _ = writeln!(out, "{name}_count {n}");
+    }
+}
+
+const TTFT_BOUNDS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+];
+const TOKEN_BOUNDS: &[f64] = &[0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0];
+
+/// All server metrics.
+pub struct Metrics {
+    pub requests: AtomicU64,
+    pub request_errors: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub generated_tokens: AtomicU64,
+    pub cached_prompt_tokens: AtomicU64,
+    pub queue_depth: AtomicU64,
+    pub cancelled: AtomicU64,
+    /// Engine forward passes (prefill chunks or decode steps) that completed after a request's
+    /// cancellation flag was set.
+    pub steps_after_cancel: AtomicU64,
+    pub cache_sessions: AtomicU64,
+    pub cache_bytes: AtomicU64,
+    pub ttft: Histogram,
+    pub token_latency: Histogram,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let z = || AtomicU64::new(0);
+        Metrics {
+            requests: z(),
+            request_errors: z(),
+            prompt_tokens: z(),
+            generated_tokens: z(),
+            cached_prompt_tokens: z(),
+            queue_depth: z(),
+            cancelled: z(),
+            steps_after_cancel: z(),
+            cache_sessions: z(),
+            cache_bytes: z(),
+            ttft: Histogram::new(TTFT_BOUNDS),
+            token_latency: Histogram::new(TOKEN_BOUNDS),
+        }
+    }
+}
+
+impl Metrics {
+    /// The exposition text.
+    pub fn render(&self) -> String {
+        let mut s = String::new();
+        let mut one = |name: &str, kind: &str, help: &str, v: &AtomicU64| {
+            let _ = writeln!(
+                s,
+                "# HELP {name} {help}\n# TYPE {name} {kind}\n{name} {}",
+                v.load(Relaxed)
+            );
+        };
+        one(
+            "vela_requests_total",
+            "counter",
+            "Generation requests received.",
+            &self.requests,
+        );
+        one(
+            "vela_request_errors_total",
+            "counter",
+            "Requests answered with an error.",
+            &self.request_errors,
+        );
+        one(
+            "vela_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of served requests.",
+            &self.prompt_tokens,
+        );
+        one(
+            "vela_generated_tokens_total",
+            "counter",
+            "Generated tokens.",
+            &self.generated_tokens,
+        );
+        one(
+            "vela_cached_prompt_tokens_total",
+            "counter",
+            "Prompt tokens reused from the prefix cache (not recomputed).",
+            &self.cached_prompt_tokens,
+        );
+        one(
+            "vela_queue_depth",
+            "gauge",
+            "Requests waiting for the engine.",
+            &self.queue_depth,
+        );
+        one(
+            "vela_cancelled_requests_total",
+            "counter",
+            "Requests cancelled (client gone).",
+            &self.cancelled,
+        );
+        one(
+            "vela_steps_after_cancel_total",
+            "counter",
+            "Engine steps (prefill chunks / decode steps) completed after a cancellation.",
+            &self.steps_after_cancel,
+        );
+        one(
+            "vela_prefix_cache_sessions",
+            "gauge",
+            "Sequences held by the prefix cache.",
+            &self.cache_sessions,
+        );
+        one(
+            "vela_prefix_cache_bytes",
+            "gauge",
+            "KV bytes held by the prefix cache.",
+            &self.cache_bytes,
+        );
+        self.ttft.render(
+            "vela_time_to_first_token_seconds",
+            "Time from request to first token.",
+            &mut s,
+        );
+        self.token_latency.render(
+            "vela_time_per_output_token_seconds",
+            "Decode step latency.",
+            &mut s,
+        );
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_is_cumulative() {
+        let m = Metrics::default();
+        m.ttft.observe(0.03);
+        m.ttft.observe(3.0);
+        let t = m.render();
+        assert!(
+            t.contains("vela_time_to_first_token_seconds_bucket{le=\"0.05\"} 1\n"),
+            "{t}"
+        );
+        assert!(
+            t.contains("vela_time_to_first_token_seconds_bucket{le=\"5\"} 2\n"),
+            "{t}"
+        );
+        assert!(t.contains("vela_time_to_first_token_seconds_count 2\n"));
+    }
+}

@@ -1,0 +1,176 @@
+use super::*;
+
+fn cfg_for(template: &str) -> ParserConfig {
+    ParserConfig::from_template(template, true)
+}
+
+/// Merge adjacent text events so different chunkings compare equal.
+fn norm(events: Vec<Event>) -> Vec<Event> {
+    let mut out = Vec::new();
+    for e in events {
+        push_event(&mut out, e);
+    }
+    out
+}
+
+fn run_chunks(cfg: &ParserConfig, chunks: &[&str]) -> Vec<Event> {
+    let mut p = OutputParser::new(cfg.clone());
+    let mut ev = Vec::new();
+    for c in chunks {
+        ev.extend(p.push(c));
+    }
+    ev.extend(p.finish());
+    norm(ev)
+}
+
+/// Every split point (at every char boundary, i.e. every byte of ASCII text) and char-by-char
+/// feeding give the same events as one push.
+fn check_all_splits(cfg: &ParserConfig, text: &str, expect: &[Event]) {
+    let whole = run_chunks(cfg, &[text]);
+    assert_eq!(whole, expect, "whole text {text:?}");
+    for i in 0..=text.len() {
+        if !text.is_char_boundary(i) {
+            continue;
+        }
+        for j in i..=text.len() {
+            if !text.is_char_boundary(j) {
+                continue;
+            }
+            let got = run_chunks(cfg, &[&text[..i], &text[i..j], &text[j..]]);
+            assert_eq!(got, expect, "split at {i},{j} of {text:?}");
+        }
+    }
+    let chars: Vec<String> = text.chars().map(|c| c.to_string()).collect();
+    let refs: Vec<&str> = chars.iter().map(|s| s.as_str()).collect();
+    assert_eq!(run_chunks(cfg, &refs), expect, "char by char");
+}
+
+fn call(name: &str, args: &str) -> Event {
+    Event::ToolCall(ToolCall {
+        name: name.into(),
+        arguments: args.into(),
+    })
+}
+fn content(s: &str) -> Event {
+    Event::Content(s.into())
+}
+fn reasoning(s: &str) -> Event {
+    Event::Reasoning(s.into())
+}
+
+#[test]
+fn hermes_qwen_calls_and_reasoning() {
+    let cfg = cfg_for("<think> {{ '<tool_call>' }}");
+    check_all_splits(
+        &cfg,
+        "<think>hmm</think>Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+        &[reasoning("hmm"), content("Let me check."), call("get_weather", r#"{"city":"Paris"}"#)],
+    );
+    // Two calls, text after.
+    check_all_splits(
+        &cfg,
+        "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call><tool_call>{\"name\":\"b\",\"arguments\":\"{\\\"x\\\":1}\"}</tool_call> ok",
+        &[call("a", "{}"), call("b", r#"{"x":1}"#), content(" ok")],
+    );
+}
+
+#[test]
+fn malformed_tool_syntax_is_plain_content() {
+    let cfg = cfg_for("<tool_call>");
+    let bad = "x <tool_call>{\"name\": oops}</tool_call> y";
+    check_all_splits(&cfg, bad, &[content(bad)]);
+    // Unterminated block at the end that does not parse: content, markers included.
+    check_all_splits(&cfg, "a <tool_call>{\"na", &[content("a <tool_call>{\"na")]);
+    // Unterminated but complete JSON (model stopped at EOS): accepted.
+    check_all_splits(
+        &cfg,
+        "<tool_call>{\"name\":\"f\",\"arguments\":{}}",
+        &[call("f", "{}")],
+    );
+    // A partial opener at the end is released as content.
+    check_all_splits(&cfg, "less <tool_ca", &[content("less <tool_ca")]);
+    check_all_splits(&cfg, "a < b", &[content("a < b")]);
+}
+
+#[test]
+fn glm_xml_calls() {
+    let cfg = cfg_for("<tool_call>{{ tc.name }}<arg_key>");
+    check_all_splits(
+        &cfg,
+        "<tool_call>get_weather\n<arg_key>city</arg_key>\n<arg_value>Paris</arg_value>\n<arg_key>days</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+        &[call("get_weather", r#"{"city":"Paris","days":3}"#)],
+    );
+}
+
+#[test]
+fn gemma4_calls() {
+    let cfg = cfg_for("{{ '<|tool_call>call:' }} <|channel>");
+    check_all_splits(
+        &cfg,
+        "<|tool_call>call:bash{command:pwd}<tool_call|>",
+        &[call("bash", r#"{"command":"pwd"}"#)],
+    );
+    check_all_splits(
+        &cfg,
+        "<|channel>thought\nplan<channel|>Sure.<|tool_call>call:f{a:<|\"|>x, y}<|\"|>,b:2.5,c:true,d:[1,<|\"|>s<|\"|>],e:{k:v}}<tool_call|>",
+        &[
+            reasoning("\nplan"),
+            content("Sure."),
+            call("f", r#"{"a":"x, y}","b":2.5,"c":true,"d":[1,"s"],"e":{"k":"v"}}"#),
+        ],
+    );
+    let bad = "<|tool_call>call:f{a:}<tool_call|>";
+    check_all_splits(&cfg, bad, &[content(bad)]);
+}
+
+#[test]
+fn deepseek_v3_and_dsml() {
+    let cfg = cfg_for("tool▁calls▁begin");
+    check_all_splits(
+        &cfg,
+        "ok<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": \"Rome\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        &[content("ok"), call("get_weather", r#"{"city":"Rome"}"#)],
+    );
+    let cfg = cfg_for("DSML");
+    check_all_splits(
+        &cfg,
+        "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"search\">\n<｜DSML｜parameter name=\"q\" string=\"true\">rust</｜DSML｜parameter>\n<｜DSML｜parameter name=\"n\" string=\"false\">5</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+        &[call("search", r#"{"q":"rust","n":5}"#)],
+    );
+}
+
+#[test]
+fn llama3_json_calls() {
+    let cfg = cfg_for("<|python_tag|> \"parameters\"");
+    check_all_splits(
+        &cfg,
+        "  {\"name\": \"get_weather\", \"parameters\": {\"city\": \"Oslo\"}}",
+        &[call("get_weather", r#"{"city":"Oslo"}"#)],
+    );
+    check_all_splits(&cfg, "{not json", &[content("{not json")]);
+    check_all_splits(&cfg, "Hello {x}", &[content("Hello {x}")]);
+}
+
+#[test]
+fn no_tools_means_markers_are_content() {
+    let cfg = ParserConfig::from_template("<tool_call>", false);
+    let t = "<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>";
+    check_all_splits(&cfg, t, &[content(t)]);
+}
+
+#[test]
+fn starts_in_reasoning() {
+    let mut cfg = cfg_for("<think>");
+    cfg.start_in_reasoning = true;
+    check_all_splits(&cfg, "a</think>b", &[reasoning("a"), content("b")]);
+}
+
+#[test]
+fn multibyte_text_survives() {
+    let cfg = cfg_for("<think> <tool_call>");
+    check_all_splits(
+        &cfg,
+        "héllo <thi 世界 <think>思考</think>",
+        &[content("héllo <thi 世界 "), reasoning("思考")],
+    );
+}

@@ -1,0 +1,415 @@
+//! The engine worker: one thread owning every sequence, serving jobs from a bounded FIFO.
+//!
+//! For each job it picks a cached session (prefix cache), prefills the new prompt tokens in
+//! `ubatch` chunks and decodes token by token. Cancellation is an [`CancelToken`] set by the HTTP
+//! side when the client goes away; it is checked after every prefill chunk and before every
+//! decode step, so at most one forward pass runs after it is set (counted in
+//! `vela_steps_after_cancel_total`).
+
+use crate::cache::{Entry, PrefixCache, Reuse};
+use crate::metrics::Metrics;
+use crate::parser::{Event, OutputParser, ParserConfig, ToolCall};
+use crate::stop::StopMatcher;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+use tokio::sync::mpsc;
+use vela_engine::loader::LoadedModel;
+use vela_engine::{sampler, EvalOutcome, Sampler, SamplerConfig, Session, SessionOptions};
+
+/// Set when the client is gone; remembers when.
+pub struct CancelToken {
+    flag: AtomicBool,
+    at_us: AtomicU64,
+}
+
+fn epoch() -> Instant {
+    static E: OnceLock<Instant> = OnceLock::new();
+    *E.get_or_init(Instant::now)
+}
+
+fn now_us() -> u64 {
+    epoch().elapsed().as_micros() as u64 + 1
+}
+
+impl CancelToken {
+    pub fn new() -> Arc<Self> {
+        epoch();
+        Arc::new(CancelToken {
+            flag: AtomicBool::new(false),
+            at_us: AtomicU64::new(0),
+        })
+    }
+    pub fn cancel(&self) {
+        if !self.flag.swap(true, Ordering::SeqCst) {
+            self.at_us.store(now_us(), Ordering::SeqCst);
+        }
+    }
+    pub fn is_cancelled(&self) -> bool {
+        self.flag.load(Ordering::SeqCst)
+    }
+    fn at(&self) -> u64 {
+        self.at_us.load(Ordering::SeqCst)
+    }
+}
+
+/// One token's log-probability with its alternatives.
+#[derive(Debug, Clone)]
+pub struct TokenLogprob {
+    pub token: String,
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+    pub top: Vec<(String, Vec<u8>, f32)>,
+}
+
+/// Token accounting of a finished request.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Usage {
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub cached_tokens: usize,
+}
+
+/// What the worker reports for a job.
+#[derive(Debug)]
+pub enum Out {
+    /// A prefill chunk finished (`done` of `total` new prompt tokens).
+    Progress {
+        done: usize,
+        total: usize,
+    },
+    /// Parsed output.
+    Delta {
+        content: String,
+        reasoning: String,
+        tool_calls: Vec<ToolCall>,
+        logprobs: Vec<TokenLogprob>,
+    },
+    /// Finished: `stop`, `length` or `tool_calls`; the matched stop string, if one.
+    Done {
+        finish: &'static str,
+        stop_word: Option<String>,
+        usage: Usage,
+    },
+    Error(String),
+}
+
+/// A generation request for the worker.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplerConfig,
+    pub max_tokens: usize,
+    pub stop: Vec<String>,
+    /// Some(n): report log-probabilities with `n` alternatives.
+    pub logprobs: Option<usize>,
+    pub parser: ParserConfig,
+    pub cancel: Arc<CancelToken>,
+    pub out: mpsc::UnboundedSender<Out>,
+    pub received: Instant,
+}
+
+/// Settings of the worker.
+pub struct WorkerConfig {
+    pub session: SessionOptions,
+    pub cache_bytes: usize,
+}
+
+/// Run the worker loop until the job channel closes.
+pub fn run(
+    model: Arc<LoadedModel>,
+    cfg: WorkerConfig,
+    mut jobs: mpsc::Receiver<Job>,
+    metrics: Arc<Metrics>,
+) {
+    let mut cache = PrefixCache::new(cfg.cache_bytes);
+    let sliding = model.model.cfg.layers.iter().any(|l| l.window.is_some());
+    while let Some(job) = jobs.blocking_recv() {
+        metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+        if job.cancel.is_cancelled() || job.out.is_closed() {
+            metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        let out = job.out.clone();
+        if let Err(e) = serve_job(&model, &cfg, &mut cache, sliding, job, &metrics) {
+            eprintln!("vela-server: request failed: {e:#}");
+            let _ = out.send(Out::Error(format!("{e:#}")));
+        }
+        metrics
+            .cache_sessions
+            .store(cache.entries.len() as u64, Ordering::Relaxed);
+        metrics
+            .cache_bytes
+            .store(cache.total_bytes() as u64, Ordering::Relaxed);
+    }
+}
+
+/// Steps recorded for the cancellation metric.
+struct StepClock {
+    ends: Vec<u64>,
+}
+
+impl StepClock {
+    fn step(&mut self) {
+        self.ends.push(now_us());
+    }
+    /// Steps that completed after the cancel flag was set.
+    fn after(&self, c: &CancelToken) -> u64 {
+        let at = c.at();
+        self.ends.iter().filter(|&&t| t > at).count() as u64
+    }
+}
+
+fn log_cancel(metrics: &Metrics, clock: &StepClock, job: &Job, phase: &str) {
+    let n = clock.after(&job.cancel);
+    metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+    metrics.steps_after_cancel.fetch_add(n, Ordering::Relaxed);
+    eprintln!(
+        "vela-server: request cancelled during {phase}; {n} engine step(s) ran after the cancel"
+    );
+}
+
+fn serve_job(
+    model: &Arc<LoadedModel>,
+    cfg: &WorkerConfig,
+    cache: &mut PrefixCache,
+    sliding: bool,
+    job: Job,
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
+    let ubatch = cfg.session.ubatch.max(1);
+    // Pick a session.
+    let (mut entry, reuse) = match cache.take_best(sliding, ubatch, &job.prompt) {
+        Some(x) => x,
+        None => {
+            let per = cache
+                .entries
+                .first()
+                .map(|e| e.session.kv_bytes())
+                .unwrap_or(0);
+            let e = if !cache.entries.is_empty() && cache.total_bytes() + per > cache.budget {
+                cache.take_lru()
+            } else {
+                None
+            };
+            let e = match e {
+                Some(e) => e,
+                None => Entry {
+                    session: Session::new(model.model.clone(), &cfg.session)?,
+                    prompt_cp: None,
+                    last_used: 0,
+                },
+            };
+            (e, Reuse::Reset)
+        }
+    };
+    let reused = match reuse {
+        Reuse::Truncate(n) => entry.session.truncate(n).map(|_| n).unwrap_or_else(|_| {
+            entry.session.reset();
+            0
+        }),
+        Reuse::Restore(n) => match entry.prompt_cp.as_ref().map(|cp| entry.session.restore(cp)) {
+            Some(Ok(())) => n,
+            _ => {
+                entry.session.reset();
+                0
+            }
+        },
+        Reuse::Reset => {
+            entry.session.reset();
+            0
+        }
+    };
+    let result = generate(model, &mut entry, reused, &job, metrics);
+    cache.put(entry);
+    result
+}
+
+fn generate(
+    model: &LoadedModel,
+    entry: &mut Entry,
+    reused: usize,
+    job: &Job,
+    metrics: &Metrics,
+) -> anyhow::Result<()> {
+    let session = &mut entry.session;
+    let tok = &model.tokenizer;
+    let n_ctx = session.n_ctx();
+    if job.prompt.len() >= n_ctx {
+        anyhow::bail!(
+            "prompt of {} tokens does not fit the context of {n_ctx} tokens",
+            job.prompt.len()
+        );
+    }
+    let mut clock = StepClock { ends: Vec::new() };
+    let new = &job.prompt[reused..];
+    let total = new.len();
+    let out = &job.out;
+    let cancel = &job.cancel;
+    let outcome = session.eval_with(new, &mut |done, total| {
+        clock.step();
+        let _ = out.send(Out::Progress { done, total });
+        !(cancel.is_cancelled() || out.is_closed())
+    })?;
+    let mut logits = match outcome {
+        EvalOutcome::Done(l) => l,
+        EvalOutcome::Cancelled { .. } => {
+            if out.is_closed() {
+                cancel.cancel();
+            }
+            log_cancel(metrics, &clock, job, "prefill");
+            return Ok(());
+        }
+    };
+    let _ = total;
+    entry.prompt_cp = Some(session.checkpoint());
+    metrics
+        .prompt_tokens
+        .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
+    metrics
+        .cached_prompt_tokens
+        .fetch_add(reused as u64, Ordering::Relaxed);
+
+    let mut sampler = Sampler::new(job.sampling.clone());
+    for &t in &job.prompt {
+        sampler.accept(t);
+    }
+    let mut detok = tok.detokenizer(true);
+    let mut stop = StopMatcher::new(job.stop.clone());
+    let mut parser = OutputParser::new(job.parser.clone());
+    let mut n_gen = 0usize;
+    let mut any_tool = false;
+    let mut first = true;
+    let mut step_start = Instant::now();
+    let (finish, stop_word) = loop {
+        if cancel.is_cancelled() || out.is_closed() {
+            cancel.cancel();
+            log_cancel(metrics, &clock, job, "decode");
+            return Ok(());
+        }
+        let raw = job.logprobs.map(|_| logits.clone());
+        let t = sampler.sample(&mut logits);
+        if first {
+            metrics.ttft.observe(job.received.elapsed().as_secs_f64());
+            first = false;
+        } else {
+            metrics
+                .token_latency
+                .observe(step_start.elapsed().as_secs_f64());
+        }
+        if tok.is_eog(t) {
+            break ("stop", None);
+        }
+        n_gen += 1;
+        let mut lps = Vec::new();
+        if let (Some(k), Some(raw)) = (job.logprobs, raw) {
+            lps.push(logprob_of(tok, &raw, t, k));
+        }
+        let piece = detok.push(t);
+        let (text, hit) = stop.push(&piece);
+        send_events(out, parser.push(&text), lps, &mut any_tool);
+        if hit.is_some() {
+            break ("stop", hit);
+        }
+        if n_gen >= job.max_tokens || session.n_past() + 1 >= n_ctx {
+            break ("length", None);
+        }
+        step_start = Instant::now();
+        logits = session.eval(&[t])?;
+        clock.step();
+    };
+    if stop_word.is_none() {
+        let rest = detok.flush();
+        let (mut text, hit) = stop.push(&rest);
+        if hit.is_none() {
+            text.push_str(&stop.finish());
+        }
+        send_events(out, parser.push(&text), Vec::new(), &mut any_tool);
+    }
+    send_events(out, parser.finish(), Vec::new(), &mut any_tool);
+    metrics
+        .generated_tokens
+        .fetch_add(n_gen as u64, Ordering::Relaxed);
+    let finish = if any_tool && finish == "stop" {
+        "tool_calls"
+    } else {
+        finish
+    };
+    let usage = Usage {
+        prompt_tokens: job.prompt.len(),
+        completion_tokens: n_gen,
+        cached_tokens: reused,
+    };
+    let _ = out.send(Out::Done {
+        finish,
+        stop_word,
+        usage,
+    });
+    Ok(())
+}
+
+fn send_events(
+    out: &mpsc::UnboundedSender<Out>,
+    events: Vec<Event>,
+    logprobs: Vec<TokenLogprob>,
+    any_tool: &mut bool,
+) {
+    let (mut content, mut reasoning, mut tool_calls) = (String::new(), String::new(), Vec::new());
+    for e in events {
+        match e {
+            Event::Content(s) => content.push_str(&s),
+            Event::Reasoning(s) => reasoning.push_str(&s),
+            Event::ToolCall(c) => tool_calls.push(c),
+        }
+    }
+    *any_tool |= !tool_calls.is_empty();
+    if content.is_empty() && reasoning.is_empty() && tool_calls.is_empty() && logprobs.is_empty() {
+        return;
+    }
+    let _ = out.send(Out::Delta {
+        content,
+        reasoning,
+        tool_calls,
+        logprobs,
+    });
+}
+
+/// Log-probability of `t` and the `k` most likely tokens under the model's own distribution.
+fn logprob_of(tok: &vela_tokenizer::Tokenizer, logits: &[f32], t: u32, k: usize) -> TokenLogprob {
+    let max = logits
+        .iter()
+        .cloned()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let lse = max as f64
+        + logits
+            .iter()
+            .filter(|x| !x.is_nan())
+            .map(|&l| ((l - max) as f64).exp())
+            .sum::<f64>()
+            .ln();
+    let piece = |id: u32| {
+        let b = tok.token_to_piece(id, true);
+        (String::from_utf8_lossy(&b).into_owned(), b)
+    };
+    let lp = |id: u32| {
+        (logits
+            .get(id as usize)
+            .copied()
+            .unwrap_or(f32::NEG_INFINITY) as f64
+            - lse) as f32
+    };
+    let (token, bytes) = piece(t);
+    let top = sampler::top_k(logits, k)
+        .into_iter()
+        .map(|c| {
+            let (s, b) = piece(c.id);
+            (s, b, lp(c.id))
+        })
+        .collect();
+    TokenLogprob {
+        token,
+        bytes,
+        logprob: lp(t),
+        top,
+    }
+}
