@@ -4,7 +4,12 @@
 //!
 //! Prints, per kernel family available on this CPU, the decode matvec bandwidth (GB/s of weight
 //! bytes streamed) for 576×1536 and 896×4864 matrices and the prefill throughput (GFLOP/s) of a
-//! 512-token matmul, for the weight types of the test models.
+//! 512-token matmul, for the weight types of the test models. First it measures the machine's
+//! streaming-read bandwidth (1 and `threads` threads over a 512 MiB buffer), which bounds decode
+//! speed: tokens/s ≤ bandwidth / weight bytes read per token.
+//!
+//! `... matmul_bench [threads] [filter]`: `filter` restricts to kernel names / types containing it;
+//! `bw` runs only the bandwidth test.
 
 use std::time::Instant;
 use vela_compute::cpu::matmul::{matmul_with, Kernel, QMatrix};
@@ -47,11 +52,62 @@ fn time(mut f: impl FnMut(), min_secs: f64) -> f64 {
     start.elapsed().as_secs_f64() / iters as f64
 }
 
+/// Sum of `buf` as u64 lanes (the compiler vectorizes this into wide loads).
+fn sum_u64(buf: &[u64]) -> u64 {
+    let mut acc = [0u64; 8];
+    for c in buf.chunks_exact(8) {
+        for i in 0..8 {
+            acc[i] = acc[i].wrapping_add(c[i]);
+        }
+    }
+    acc.iter().fold(0, |a, &b| a.wrapping_add(b))
+}
+
+/// Streaming-read bandwidth in GB/s with `n` threads each reading a disjoint slice of `buf`.
+fn read_bandwidth(buf: &[u64], n: usize) -> f64 {
+    let chunk = buf.len().div_ceil(n);
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let total: u64 = std::thread::scope(|s| {
+            let hs: Vec<_> = buf
+                .chunks(chunk)
+                .map(|c| s.spawn(move || sum_u64(c)))
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).sum()
+        });
+        std::hint::black_box(total);
+        best = best.min(start.elapsed().as_secs_f64());
+    }
+    (buf.len() * 8) as f64 / best / 1e9
+}
+
 fn main() {
     let threads: usize = std::env::args()
         .nth(1)
         .and_then(|a| a.parse().ok())
         .unwrap_or(2);
+    let filter = std::env::args().nth(2).unwrap_or_default();
+    {
+        let buf: Vec<u64> = (0..(512usize << 20) / 8).map(|i| i as u64).collect();
+        for n in 1..=threads {
+            println!(
+                "streaming read, {n} thread(s), 512 MiB: {:.1} GB/s (best of 5)",
+                read_bandwidth(&buf, n)
+            );
+        }
+        let small: Vec<u64> = (0..(16usize << 20) / 8).map(|i| i as u64).collect();
+        for n in 1..=threads {
+            let mut bw = 0f64;
+            for _ in 0..4 {
+                bw = bw.max(read_bandwidth(&small, n));
+            }
+            println!("streaming read, {n} thread(s), 16 MiB (L3): {bw:.1} GB/s");
+        }
+    }
+    if filter == "bw" {
+        return;
+    }
     let pool = ThreadPool::new(threads);
     let types = [
         GgmlType::Q4_K,
@@ -62,8 +118,14 @@ fn main() {
     ];
     println!("threads: {threads}");
     for kernel in Kernel::all_available() {
+        if kernel == Kernel::Scalar && filter.is_empty() {
+            continue;
+        }
         println!("== kernel {} ==", kernel.name());
         for ty in types {
+            if !filter.is_empty() && !(kernel.name().contains(&filter) || ty.name() == filter) {
+                continue;
+            }
             let mut line = format!("{:>5}", ty.name());
             for (rows, cols) in [(576, 1536), (896, 4864)] {
                 let data = weights(ty, rows, cols);

@@ -93,6 +93,8 @@ impl ParserConfig {
                 "</tool_call>".into(),
                 ToolSyntax::HermesOrGlm,
             ));
+            // Small Qwen2.5 models often answer with the bare JSON call, without the tags.
+            c.llama_json = true;
         } else if template.contains("<|python_tag|>") || template.contains("\"parameters\"") {
             c.llama_json = true;
         }

@@ -93,6 +93,17 @@ fn malformed_tool_syntax_is_plain_content() {
 }
 
 #[test]
+fn qwen_bare_json_call() {
+    let cfg = cfg_for("<tool_call>");
+    check_all_splits(
+        &cfg,
+        "{\"name\": \"f\", \"arguments\": {\"a\": 1}}",
+        &[call("f", r#"{"a":1}"#)],
+    );
+    check_all_splits(&cfg, "{oops} and more", &[content("{oops} and more")]);
+}
+
+#[test]
 fn glm_xml_calls() {
     let cfg = cfg_for("<tool_call>{{ tc.name }}<arg_key>");
     check_all_splits(

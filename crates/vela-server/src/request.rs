@@ -279,48 +279,49 @@ pub fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
         };
         let mut n = Map::new();
         n.insert("role".into(), Value::String(role.into()));
-        let content =
-            match o.get("content") {
-                None | Some(Value::Null) => {
-                    if role != "assistant" {
-                        return Err(ApiError::bad(&p, format!("{p}.content is required")));
-                    }
-                    Value::String(String::new())
+        let content = match o.get("content") {
+            None | Some(Value::Null) => {
+                if role != "assistant" {
+                    return Err(ApiError::bad(&p, format!("{p}.content is required")));
                 }
-                Some(Value::String(s)) => Value::String(s.clone()),
-                Some(Value::Array(parts)) => {
-                    let mut text = String::new();
-                    for part in parts {
-                        match (
-                            part.get("type").and_then(Value::as_str),
-                            part.get("text").and_then(Value::as_str),
-                        ) {
-                            (Some("text"), Some(t)) => text.push_str(t),
-                            (Some(t), _) if t != "text" => {
-                                return Err(ApiError::bad(
-                                    &p,
-                                    format!(
-                                        "{p}: content part type '{t}' is not supported (text only)"
-                                    ),
-                                ))
-                            }
-                            _ => return Err(ApiError::bad(
+                Value::String(String::new())
+            }
+            Some(Value::String(s)) => Value::String(s.clone()),
+            Some(Value::Array(parts)) => {
+                let mut text = String::new();
+                for part in parts {
+                    match (
+                        part.get("type").and_then(Value::as_str),
+                        part.get("text").and_then(Value::as_str),
+                    ) {
+                        (Some("text"), Some(t)) => text.push_str(t),
+                        (Some(t), _) if t != "text" => {
+                            return Err(ApiError::bad(
+                                &p,
+                                format!(
+                                    "{p}: content part type '{t}' is not supported (text only)"
+                                ),
+                            ))
+                        }
+                        _ => {
+                            return Err(ApiError::bad(
                                 &p,
                                 format!(
                                     "{p}: content parts must be {{\"type\":\"text\",\"text\":...}}"
                                 ),
-                            )),
+                            ))
                         }
                     }
-                    Value::String(text)
                 }
-                Some(_) => {
-                    return Err(ApiError::bad(
-                        &p,
-                        format!("{p}.content must be a string or a list of text parts"),
-                    ))
-                }
-            };
+                Value::String(text)
+            }
+            Some(_) => {
+                return Err(ApiError::bad(
+                    &p,
+                    format!("{p}.content must be a string or a list of text parts"),
+                ))
+            }
+        };
         n.insert("content".into(), content);
         for k in ["name", "tool_call_id", "reasoning_content"] {
             match o.get(k) {
