@@ -31,6 +31,8 @@ enum Cmd {
     Info(info::InfoArgs),
     /// Prompt-processing and generation throughput (llama-bench style).
     Bench(bench::BenchArgs),
+    /// OpenAI/Anthropic-compatible HTTP server with an exact prefix cache.
+    Serve(vela_server::ServeArgs),
 }
 
 fn main() {
@@ -42,6 +44,7 @@ fn main() {
         Cmd::Tokenize(a) => info::tokenize(a),
         Cmd::Info(a) => info::info(a),
         Cmd::Bench(a) => bench::bench(a),
+        Cmd::Serve(a) => vela_server::serve(a),
     };
     if let Err(e) = r {
         // One line: the chain of causes joined.

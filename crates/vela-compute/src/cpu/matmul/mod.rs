@@ -25,6 +25,9 @@ mod tests;
 #[allow(clippy::needless_range_loop)]
 #[cfg(target_arch = "x86_64")]
 mod x86;
+#[allow(clippy::needless_range_loop)]
+#[cfg(target_arch = "x86_64")]
+mod x86_512;
 
 use std::cell::RefCell;
 use std::sync::OnceLock;
@@ -282,93 +285,192 @@ pub fn matmul_with(
     n_tokens: usize,
     y: &mut [f32],
 ) {
-    let (rows, cols, ty) = (w.rows, w.cols, w.ty);
-    let kind = act_kind(ty)
-        .unwrap_or_else(|| panic!("matmul: weight type {} is not supported", ty.name()));
+    matmul_multi_with(kernel, pool, &[w], x, n_tokens, &mut [y])
+}
+
+/// Several matmuls sharing the activations `x` (`n_tokens` rows of `ws[i].cols` elements, the
+/// same `cols` for every matrix): `ys[i] = x · ws[i]ᵀ` in the layout of [`matmul`].
+///
+/// Equivalent to calling [`matmul`] once per matrix (bit-identical results), but the activations
+/// are quantized once per distinct activation format and all matrices are computed in a single
+/// pool dispatch whose row split spans all of them — for Q/K/V and gate/up projections, where
+/// per-call overhead dominates small decode matvecs. Panics like [`matmul`], and if the slices
+/// differ in length or the matrices in `cols`.
+pub fn matmul_multi(
+    pool: &ThreadPool,
+    ws: &[&QMatrix],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) {
+    matmul_multi_with(Kernel::selected(), pool, ws, x, n_tokens, ys)
+}
+
+/// One validated matrix of a dispatch.
+struct Job {
+    tiles: Tiles,
+    w: SendPtr<u8>,
+    wrow: usize,
+    rows: usize,
+    nb: usize,
+    /// Index into the quantized-activation formats of the dispatch.
+    act: usize,
+    y: SendPtr<f32>,
+}
+
+/// [`matmul_multi`] with an explicit kernel family; `kernel` must be [`Kernel::available`].
+pub fn matmul_multi_with(
+    kernel: Kernel,
+    pool: &ThreadPool,
+    ws: &[&QMatrix],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) {
     assert!(
         kernel.available(),
         "matmul: kernel {} is not available on this CPU",
         kernel.name()
     );
-    let bs = ty.block_size();
-    assert!(
-        cols % bs == 0,
-        "matmul: cols {cols} is not a multiple of {}'s block {bs}",
-        ty.name()
-    );
-    let wrow = ty
-        .row_bytes(cols as u64)
-        .expect("cols is a multiple of the block size") as usize;
-    assert!(
-        w.data.len() >= rows * wrow,
-        "matmul: weight data shorter than {rows}x{cols}"
-    );
+    assert_eq!(ws.len(), ys.len(), "matmul_multi: {} matrices but {} outputs", ws.len(), ys.len());
+    let Some(first) = ws.first() else { return };
+    let cols = first.cols;
     assert!(
         x.len() >= n_tokens * cols,
         "matmul: x shorter than {n_tokens}x{cols}"
     );
-    assert!(
-        y.len() >= n_tokens * rows,
-        "matmul: y shorter than {n_tokens}x{rows}"
-    );
-    if rows == 0 || n_tokens == 0 {
+    // Distinct activation formats of this dispatch (at most a few).
+    let mut kinds: Vec<ActKind> = Vec::with_capacity(2);
+    let mut jobs: Vec<Job> = Vec::with_capacity(ws.len());
+    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        let (rows, ty) = (w.rows, w.ty);
+        assert_eq!(w.cols, cols, "matmul_multi: matrices differ in cols");
+        let kind = act_kind(ty)
+            .unwrap_or_else(|| panic!("matmul: weight type {} is not supported", ty.name()));
+        let bs = ty.block_size();
+        assert!(
+            cols % bs == 0,
+            "matmul: cols {cols} is not a multiple of {}'s block {bs}",
+            ty.name()
+        );
+        let wrow = ty
+            .row_bytes(cols as u64)
+            .expect("cols is a multiple of the block size") as usize;
+        assert!(
+            w.data.len() >= rows * wrow,
+            "matmul: weight data shorter than {rows}x{cols}"
+        );
+        assert!(
+            y.len() >= n_tokens * rows,
+            "matmul: y shorter than {n_tokens}x{rows}"
+        );
+        let act = kinds.iter().position(|&k| k == kind).unwrap_or_else(|| {
+            kinds.push(kind);
+            kinds.len() - 1
+        });
+        jobs.push(Job {
+            tiles: tiles(kernel, ty),
+            w: SendPtr(w.data.as_ptr() as *mut u8),
+            wrow,
+            rows,
+            nb: cols / bs,
+            act,
+            y: SendPtr(y.as_mut_ptr()),
+        });
+    }
+    if n_tokens == 0 || jobs.iter().all(|j| j.rows == 0) {
         return;
     }
-    let nb = cols / bs;
-    let xrow = kind.row_bytes(cols);
-    let tiles = tiles(kernel, ty);
     SCRATCH.with(|cell| {
         let mut scratch = cell.borrow_mut();
-        let xq: *const u8 = if kind == ActKind::F32 {
-            x.as_ptr() as *const u8
-        } else {
-            let lines = (n_tokens * xrow).div_ceil(64);
-            if scratch.len() < lines {
-                scratch.resize(lines, Line([0; 64]));
+        // Byte offset of each format's rows in `scratch` (64-byte aligned).
+        let mut offs = Vec::with_capacity(kinds.len());
+        let mut lines = 0;
+        for k in &kinds {
+            offs.push(lines * 64);
+            if *k != ActKind::F32 {
+                lines += (n_tokens * k.row_bytes(cols)).div_ceil(64);
             }
-            let base = SendPtr(scratch.as_mut_ptr() as *mut u8);
-            let quantize = |t0: usize, t1: usize| {
-                for t in t0..t1 {
-                    // SAFETY: token rows are disjoint `xrow`-byte ranges inside `scratch`
-                    // (`lines * 64 ≥ n_tokens * xrow`); the base is 64-byte aligned and `xrow`
-                    // is a multiple of the block layout's alignment, so every row start is
-                    // aligned for its block type.
-                    let out =
-                        unsafe { std::slice::from_raw_parts_mut(base.get().add(t * xrow), xrow) };
-                    quantize_row(kernel, kind, &x[t * cols..(t + 1) * cols], out);
+        }
+        if scratch.len() < lines {
+            scratch.resize(lines, Line([0; 64]));
+        }
+        let base = SendPtr(scratch.as_mut_ptr() as *mut u8);
+        let quantize = |t0: usize, t1: usize| {
+            for (k, &off) in kinds.iter().zip(&offs) {
+                if *k == ActKind::F32 {
+                    continue;
                 }
-            };
+                let xrow = k.row_bytes(cols);
+                for t in t0..t1 {
+                    // SAFETY: token rows are disjoint `xrow`-byte ranges inside this format's
+                    // region of `scratch` (sized above); the region starts 64-byte aligned and
+                    // `xrow` is a multiple of the block layout's alignment, so every row start
+                    // is aligned for its block type.
+                    let out = unsafe {
+                        std::slice::from_raw_parts_mut(base.get().add(off + t * xrow), xrow)
+                    };
+                    quantize_row(kernel, *k, &x[t * cols..(t + 1) * cols], out);
+                }
+            }
+        };
+        if kinds.iter().any(|&k| k != ActKind::F32) {
             if n_tokens >= 4 && pool.n_threads() > 1 {
                 pool.run(|i, n| quantize(n_tokens * i / n, n_tokens * (i + 1) / n));
             } else {
                 quantize(0, n_tokens);
             }
-            scratch.as_ptr() as *const u8
-        };
-        let yp = SendPtr(y.as_mut_ptr());
-        let xq = SendPtr(xq as *mut u8);
-        let wp = SendPtr(w.data.as_ptr() as *mut u8);
+        }
+        let xq: Vec<SendPtr<u8>> = kinds
+            .iter()
+            .zip(&offs)
+            .map(|(k, &off)| {
+                if *k == ActKind::F32 {
+                    SendPtr(x.as_ptr() as *mut u8)
+                } else {
+                    // SAFETY: `off` lies inside `scratch` (or at its end for an empty region).
+                    SendPtr(unsafe { base.get().add(off) })
+                }
+            })
+            .collect();
+        let n_tiles: Vec<usize> = jobs
+            .iter()
+            .map(|j| j.rows.div_ceil(j.tiles.r_max))
+            .collect();
+        let total: usize = n_tiles.iter().sum();
+        let jobs = &jobs;
+        let xq = &xq;
+        let n_tiles = &n_tiles;
         pool.run(|i, n| {
-            // Contiguous row ranges on tile boundaries.
-            let n_tiles = rows.div_ceil(tiles.r_max);
-            let r0 = (n_tiles * i / n * tiles.r_max).min(rows);
-            let r1 = (n_tiles * (i + 1) / n * tiles.r_max).min(rows);
-            // SAFETY: shapes validated above; threads write disjoint rows of y.
-            unsafe {
-                run_rows(
-                    &tiles,
-                    wp.get(),
-                    wrow,
-                    r0,
-                    r1,
-                    xq.get(),
-                    xrow,
-                    n_tokens,
-                    nb,
-                    yp.get(),
-                    rows,
-                )
-            };
+            // Contiguous ranges of the concatenated tile sequence of all matrices.
+            let (t0, t1) = (total * i / n, total * (i + 1) / n);
+            let mut start = 0;
+            for (j, &nt) in jobs.iter().zip(n_tiles.iter()) {
+                let (a, b) = (t0.max(start), t1.min(start + nt));
+                if a < b {
+                    let rm = j.tiles.r_max;
+                    let r0 = ((a - start) * rm).min(j.rows);
+                    let r1 = ((b - start) * rm).min(j.rows);
+                    let kind = kinds[j.act];
+                    // SAFETY: shapes validated above; threads write disjoint rows of each y.
+                    unsafe {
+                        run_rows(
+                            &j.tiles,
+                            j.w.get(),
+                            j.wrow,
+                            r0,
+                            r1,
+                            xq[j.act].get(),
+                            kind.row_bytes(cols),
+                            n_tokens,
+                            j.nb,
+                            j.y.get(),
+                            j.rows,
+                        )
+                    };
+                }
+                start += nt;
+            }
         });
     });
 }

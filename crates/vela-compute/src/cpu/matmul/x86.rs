@@ -250,8 +250,26 @@ unsafe fn tile_f<W: FloatW, const R: usize, const T: usize>(
     }
 }
 
+/// The 256-bit per-block VNNI kernel (used by `x86_512` for the blocks after the last group).
+///
+/// # Safety
+/// AVX-512 VNNI features and pointer extents as for [`super::TileFn`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile_q32_vnni<B: Q32, const R: usize, const T: usize>(
+    w: *const u8,
+    ws: usize,
+    x: *const u8,
+    xs: usize,
+    nb: usize,
+    y: *mut f32,
+    ys: usize,
+) {
+    tile_q32::<B, R, T, true>(w, ws, x, xs, nb, y, ys)
+}
+
 macro_rules! entry_points {
-    ($feat:literal, $vnni:expr, $q32:ident, $qk:ident, $f:ident) => {
+    ($feat:literal, $vnni:expr, $q32body:path, $q32:ident, $qk:ident, $f:ident) => {
         /// # Safety
         /// CPU features and pointer extents as documented in the module header.
         #[target_feature(enable = $feat)]
@@ -264,7 +282,7 @@ macro_rules! entry_points {
             y: *mut f32,
             ys: usize,
         ) {
-            tile_q32::<B, R, T, { $vnni }>(w, ws, x, xs, nb, y, ys)
+            $q32body(w, ws, x, xs, nb, y, ys)
         }
 
         /// # Safety
@@ -299,10 +317,18 @@ macro_rules! entry_points {
     };
 }
 
-entry_points!("avx2,fma,f16c", false, avx2_q32, avx2_qk, avx2_f);
+entry_points!(
+    "avx2,fma,f16c",
+    false,
+    tile_q32::<B, R, T, false>,
+    avx2_q32,
+    avx2_qk,
+    avx2_f
+);
 entry_points!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     true,
+    super::x86_512::tile_q32::<B, R, T>,
     avx512_q32,
     avx512_qk,
     avx512_f

@@ -1,0 +1,203 @@
+//! 512-bit AVX-512 VNNI tile kernel for the 32-element block types (Q4_0, Q4_1, Q5_0, Q5_1,
+//! Q8_0), used by the `avx512` kernel family.
+//!
+//! Algorithm (per `R × T` tile): the blocks of a row are walked in groups of 8. For a group, the
+//! 8 weight scales (and mins) of each row are fetched with one 32-bit gather and converted with
+//! F16C (`vcvtph2ps`), and the 8 activation scales / sums of each token likewise — so no scalar
+//! f16 decoding or scalar broadcast remains in the inner loop. Then the group is processed as 4
+//! *pairs* of blocks, one pair per 512-bit register:
+//!
+//! * nibble types: the two 16-byte quant arrays are packed as `[lo(k), lo(k+1), hi(k), hi(k+1)]`
+//!   (one 128-bit insert, one shift, one AND), and the activation pair is permuted to the same
+//!   element order with one `vpermt2q`; Q5 fifth bits are added with one byte-masked add whose
+//!   64-bit mask is assembled from the two `qh` words in scalar registers;
+//! * Q8_0: the two 32-byte quant arrays are concatenated as is and shifted to unsigned (`^ 0x80`).
+//!
+//! One `vpdpbusd` per (row, token, pair) yields 16 i32 lanes, each a partial dot of one block;
+//! the zero-point correction `-OFF · Σa` of each block enters the accumulator's first lane of that
+//! block (built once per token and pair with a zero-masked `vpermd`). The lanes are converted to
+//! f32 and multiplied by the lane-expanded weight scale and activation scale (`vpermps`), and
+//! accumulated into one f32 register per (row, token). The additive mins of Q4_1/Q5_1 contribute
+//! `m · s` for 8 blocks with one FMA per (row, token, group). Leftover blocks (`nb % 8`) go through
+//! the 256-bit per-block kernel of `x86.rs`. Every output is produced by a fixed operation order
+//! that does not depend on the tile position, so results are independent of the thread split.
+
+use std::arch::x86_64::*;
+
+use super::act::ActQ8;
+use super::decode::Q32;
+
+/// Blocks per scale gather.
+const G: usize = 8;
+
+/// Bytes of one [`ActQ8`] block.
+const AB: i32 = std::mem::size_of::<ActQ8>() as i32;
+
+#[inline(always)]
+unsafe fn gather8(p: *const u8, stride: i32) -> __m256i {
+    let idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    _mm256_i32gather_epi32::<1>(p as *const i32, idx)
+}
+
+/// f16 values in the low (`HIGH = false`) or high halves of 8 i32 lanes → 8 f32.
+#[inline(always)]
+unsafe fn halves_to_f32<const HIGH: bool>(v: __m256i) -> __m256 {
+    let v = if HIGH { _mm256_srli_epi32(v, 16) } else { v };
+    _mm256_cvtph_ps(_mm256_cvtepi32_epi16(v))
+}
+
+/// The two blocks at `p` (block k) and `p + B::BYTES` (block k+1) as 64 unsigned bytes in the
+/// pair order described in the module docs.
+#[inline(always)]
+unsafe fn load_pair<B: Q32>(p: *const u8) -> __m512i {
+    let q = p.add(B::QS_AT);
+    if B::SIGNED {
+        let lo = _mm256_loadu_si256(q as *const __m256i);
+        let hi = _mm256_loadu_si256(q.add(B::BYTES) as *const __m256i);
+        let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        return _mm512_xor_si512(v, _mm512_set1_epi8(-128));
+    }
+    let t = _mm256_inserti128_si256::<1>(
+        _mm256_castsi128_si256(_mm_loadu_si128(q as *const __m128i)),
+        _mm_loadu_si128(q.add(B::BYTES) as *const __m128i),
+    );
+    let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(t), _mm256_srli_epi16::<4>(t));
+    let mut v = _mm512_and_si512(v, _mm512_set1_epi8(15));
+    if B::QH_AT != 0 {
+        let h0 = (p.add(B::QH_AT) as *const u32).read_unaligned() as u64;
+        let h1 = (p.add(B::QH_AT + B::BYTES) as *const u32).read_unaligned() as u64;
+        let m = (h0 & 0xffff) | ((h1 & 0xffff) << 16) | ((h0 >> 16) << 32) | ((h1 >> 16) << 48);
+        v = _mm512_mask_add_epi8(v, m, v, _mm512_set1_epi8(16));
+    }
+    v
+}
+
+/// The activation quants of blocks `a` and `a + 1` in the weight pair order.
+#[inline(always)]
+unsafe fn act_pair<B: Q32>(a: *const ActQ8) -> __m512i {
+    let lo = _mm512_castsi256_si512(_mm256_loadu_si256((*a).qs.as_ptr() as *const __m256i));
+    let hi = _mm512_castsi256_si512(_mm256_loadu_si256((*a.add(1)).qs.as_ptr() as *const __m256i));
+    if B::SIGNED {
+        _mm512_inserti64x4::<1>(lo, _mm512_castsi512_si256(hi))
+    } else {
+        _mm512_permutex2var_epi64(lo, _mm512_setr_epi64(0, 1, 8, 9, 2, 3, 10, 11), hi)
+    }
+}
+
+/// Lane → block-in-group index for pair `p` (0..4), and the lanes that take the zero-point
+/// correction (first lane of each block).
+#[inline(always)]
+unsafe fn pair_lanes<B: Q32>(p: i32) -> (__m512i, u16) {
+    let (a, b) = (2 * p, 2 * p + 1);
+    if B::SIGNED {
+        (
+            _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b),
+            0x0101,
+        )
+    } else {
+        (
+            _mm512_setr_epi32(a, a, a, a, b, b, b, b, a, a, a, a, b, b, b, b),
+            0x0011,
+        )
+    }
+}
+
+/// The `R × T` tile kernel (see the module docs). Signature and safety as [`super::TileFn`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile_q32<B: Q32, const R: usize, const T: usize>(
+    w: *const u8,
+    ws: usize,
+    x: *const u8,
+    xs: usize,
+    nb: usize,
+    y: *mut f32,
+    ys: usize,
+) {
+    // Offset folded into the integer dot: Q8_0 is shifted by +128 to unsigned.
+    let off: i32 = if B::SIGNED { 128 } else { B::OFF };
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let ng = nb / G;
+    for g in 0..ng {
+        let mut dw = [_mm256_setzero_ps(); R];
+        let mut mw = [_mm256_setzero_ps(); R];
+        for r in 0..R {
+            let p = w.add(r * ws + g * G * B::BYTES);
+            let hv = gather8(p, B::BYTES as i32);
+            dw[r] = halves_to_f32::<false>(hv);
+            if B::HAS_MIN {
+                mw[r] = halves_to_f32::<true>(hv);
+            }
+        }
+        let mut da = [_mm256_setzero_ps(); T];
+        let mut sa = [_mm256_setzero_ps(); T];
+        let mut corr8 = [_mm256_setzero_si256(); T];
+        for t in 0..T {
+            let a = (x.add(t * xs) as *const ActQ8).add(g * G) as *const u8;
+            da[t] = _mm256_castsi256_ps(gather8(a, AB));
+            if B::HAS_MIN {
+                sa[t] = _mm256_castsi256_ps(gather8(a.add(4), AB));
+            }
+            if off != 0 {
+                corr8[t] = _mm256_mullo_epi32(gather8(a.add(8), AB), _mm256_set1_epi32(-off));
+            }
+        }
+        if B::HAS_MIN {
+            for r in 0..R {
+                for t in 0..T {
+                    acc[r][t] = _mm512_fmadd_ps(
+                        _mm512_zextps256_ps512(mw[r]),
+                        _mm512_zextps256_ps512(sa[t]),
+                        acc[r][t],
+                    );
+                }
+            }
+        }
+        for p in 0..(G / 2) as i32 {
+            let (lanes, cmask) = pair_lanes::<B>(p);
+            let mut av = [_mm512_setzero_si512(); T];
+            let mut al = [_mm512_setzero_ps(); T];
+            let mut cv = [_mm512_setzero_si512(); T];
+            for t in 0..T {
+                let a = (x.add(t * xs) as *const ActQ8).add(g * G + 2 * p as usize);
+                av[t] = act_pair::<B>(a);
+                al[t] = _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(da[t]));
+                if off != 0 {
+                    cv[t] = _mm512_maskz_permutexvar_epi32(
+                        cmask,
+                        lanes,
+                        _mm512_castsi256_si512(corr8[t]),
+                    );
+                }
+            }
+            for r in 0..R {
+                let wv = load_pair::<B>(w.add(r * ws + (g * G + 2 * p as usize) * B::BYTES));
+                let wl = _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(dw[r]));
+                for t in 0..T {
+                    let dp = _mm512_dpbusd_epi32(cv[t], wv, av[t]);
+                    let f = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), wl);
+                    acc[r][t] = _mm512_fmadd_ps(f, al[t], acc[r][t]);
+                }
+            }
+        }
+    }
+    let done = ng * G;
+    let mut tail = [0f32; 16];
+    if done < nb {
+        // `tail[t * R + r]` via the per-block 256-bit kernel.
+        super::x86::tile_q32_vnni::<B, R, T>(
+            w.add(done * B::BYTES),
+            ws,
+            x.add(done * std::mem::size_of::<ActQ8>()),
+            xs,
+            nb - done,
+            tail.as_mut_ptr(),
+            R,
+        );
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *y.add(t * ys + r) = _mm512_reduce_add_ps(acc[r][t]) + tail[t * R + r];
+        }
+    }
+}

@@ -1,0 +1,53 @@
+// Shared prelude of every vela kernel group (prepended to each group's source before NVRTC).
+// No system or CUDA headers: NVRTC provides the built-in intrinsics used here.
+typedef unsigned char u8;
+typedef unsigned short u16;
+typedef unsigned int u32;
+typedef signed char i8;
+typedef short i16;
+typedef unsigned long long u64;
+
+// IEEE half <-> f32 through PTX conversions (round to nearest even, like the CPU backend).
+__device__ __forceinline__ float h2f(u16 h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
+}
+__device__ __forceinline__ u16 f2h(float f) {
+    u16 h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(f));
+    return h;
+}
+__device__ __forceinline__ float round_f16(float f) { return h2f(f2h(f)); }
+
+// Signed 4-way byte dot product with accumulate.
+__device__ __forceinline__ int dp4a(int a, int b, int c) {
+    int r;
+    asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+    return r;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ int warp_sum_i(int v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Little-endian loads from 2-byte aligned addresses (GGUF blocks are only 2-byte aligned).
+__device__ __forceinline__ u32 ld32(const u8* p) {
+    const u16* q = (const u16*)p;
+    return (u32)q[0] | ((u32)q[1] << 16);
+}
+__device__ __forceinline__ float ldh(const u8* p) { return h2f(*(const u16*)p); }
+
+#define NEG_INF __int_as_float(0xff800000)

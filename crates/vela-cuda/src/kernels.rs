@@ -1,0 +1,93 @@
+//! The CUDA C kernel sources (one file per group under `kernels/`), their run-time compilation
+//! with NVRTC and the on-disk cache of the compiled modules.
+//!
+//! A module is cached under `$VELA_CACHE/cuda-kernels/<group>-<hash>.cubin`, where the hash
+//! (FNV-1a 64) covers the source, the target architecture and the NVRTC version, so a changed
+//! kernel, GPU or compiler recompiles and everything else loads instantly.
+
+use crate::nvrtc::{Nvrtc, Target};
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+
+/// Prelude prepended to every group (types, f16 conversion, dp4a, warp reductions).
+pub const COMMON: &str = include_str!("../kernels/common.cu");
+
+/// The kernel groups: (name, source without the prelude).
+pub const GROUPS: &[(&str, &str)] = &[
+    ("quant", include_str!("../kernels/quant.cu")),
+    ("elementwise", include_str!("../kernels/elementwise.cu")),
+    ("attention", include_str!("../kernels/attention.cu")),
+];
+
+/// The full source NVRTC compiles for a group.
+pub fn source(group_src: &str) -> String {
+    format!("{COMMON}\n{group_src}")
+}
+
+/// 64-bit FNV-1a (stable across Rust versions, unlike `DefaultHasher`).
+pub fn fnv1a(parts: &[&[u8]]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for p in parts {
+        for &b in *p {
+            h ^= b as u64;
+            h = h.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // Separator so ("ab","c") and ("a","bc") differ.
+        h ^= 0xff;
+        h = h.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    h
+}
+
+/// `$VELA_CACHE/cuda-kernels`.
+pub fn cache_dir() -> PathBuf {
+    vela_formats::testdata::cache_dir().join("cuda-kernels")
+}
+
+/// Compile (or load from the cache) one group as CUBIN for `sm_<arch>`; returns the image and
+/// whether it came from the cache.
+pub fn cubin(nvrtc: &Nvrtc, group: &str, group_src: &str, arch: u32) -> Result<(Vec<u8>, bool)> {
+    let src = source(group_src);
+    let (ma, mi) = nvrtc.version()?;
+    let ver = format!("{ma}.{mi}");
+    let key = fnv1a(&[src.as_bytes(), arch.to_string().as_bytes(), ver.as_bytes()]);
+    let path = cache_dir().join(format!("{group}-sm{arch}-{key:016x}.cubin"));
+    if let Ok(bytes) = std::fs::read(&path) {
+        if !bytes.is_empty() {
+            return Ok((bytes, true));
+        }
+    }
+    let bin = nvrtc
+        .compile(&src, &format!("{group}.cu"), Target::Cubin(arch))
+        .with_context(|| format!("NVRTC {ver} at {}", nvrtc.path))?;
+    // The cache is best effort: a read-only or missing home only costs a recompile next time.
+    // Write to a temporary name and rename so a concurrent reader never sees a partial file.
+    if std::fs::create_dir_all(cache_dir()).is_ok() {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        if std::fs::write(&tmp, &bin).is_ok() {
+            let _ = std::fs::rename(&tmp, &path);
+        }
+    }
+    Ok((bin, false))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hash_depends_on_every_part_and_boundaries() {
+        let a = fnv1a(&[b"src", b"90", b"12.9"]);
+        assert_ne!(a, fnv1a(&[b"src", b"89", b"12.9"]));
+        assert_ne!(a, fnv1a(&[b"src", b"90", b"13.0"]));
+        assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
+        assert_eq!(a, fnv1a(&[b"src", b"90", b"12.9"]));
+    }
+
+    #[test]
+    fn every_group_has_kernels() {
+        for (name, src) in GROUPS {
+            assert!(src.contains("__global__"), "{name} has no kernels");
+        }
+    }
+}
