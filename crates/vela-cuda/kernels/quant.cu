@@ -324,9 +324,11 @@ MMF(1, mm_f16)
 // ---- embedding rows: dequantize element i of a row ----
 template <int T>
 __device__ float deq(const u8* row, int i) {
-    if (T == 0) return ((const float*)row)[i];
-    if (T == 1) return h2f(((const u16*)row)[i]);
-    if (T == 2 || T == 3 || T == 6 || T == 7 || T == 8) {
+    if constexpr (T == 0) {
+        return ((const float*)row)[i];
+    } else if constexpr (T == 1) {
+        return h2f(((const u16*)row)[i]);
+    } else if constexpr (T == 2 || T == 3 || T == 6 || T == 7 || T == 8) {
         const u8* b = row + (size_t)(i / 32) * B32<T>::BYTES;
         int e = i % 32;
         float d = ldh(b);
@@ -337,22 +339,24 @@ __device__ float deq(const u8* row, int i) {
         if (T == 2) return (float)(q - 8) * d;
         if (T == 6) return (float)(q - 16) * d;
         return (float)q * d + ldh(b + 2);
-    }
-    const u8* b = row + (size_t)(i / 256) * BK<T>::BYTES;
-    int e = i % 256;
-    if (T == 14) {
+    } else if constexpr (T == 14) {
+        const u8* b = row + (size_t)(i / 256) * BK<T>::BYTES;
+        int e = i % 256;
         int nn = e / 128, rr = e % 128, s = rr / 32, l = rr % 32;
         const u8* ql = b + 64 * nn + l + 32 * (s & 1);
         int q = ((*ql >> ((s >> 1) * 4)) & 15) | (((b[128 + 32 * nn + l] >> (2 * s)) & 3) << 4);
         float d = ldh(b + 208);
         return d * (float)((const i8*)(b + 192))[e / 16] * (float)(q - 32);
+    } else {
+        const u8* b = row + (size_t)(i / 256) * BK<T>::BYTES;
+        int e = i % 256;
+        int j = e / 32, l = e % 32, sc, m;
+        scale_min_k4(j, b + 4, sc, m);
+        const u8* qs = b + (T == 12 ? 16 : 48) + 32 * (j / 2);
+        int q = (qs[l] >> ((j & 1) * 4)) & 15;
+        if (T == 13) q |= ((b[16 + l] >> j) & 1) << 4;
+        return ldh(b) * (float)sc * (float)q - ldh(b + 2) * (float)m;
     }
-    int j = e / 32, l = e % 32, sc, m;
-    scale_min_k4(j, b + 4, sc, m);
-    const u8* qs = b + (T == 12 ? 16 : 48) + 32 * (j / 2);
-    int q = (qs[l] >> ((j & 1) * 4)) & 15;
-    if (T == 13) q |= ((b[16 + l] >> j) & 1) << 4;
-    return ldh(b) * (float)sc * (float)q - ldh(b + 2) * (float)m;
 }
 
 template <int T>

@@ -160,6 +160,8 @@ impl DecK {
 /// A 256-element k-quant type (dot type `Q8_K`).
 pub(crate) trait QK {
     const BYTES: usize;
+    /// Selects a dedicated SIMD decoder where one exists: 4 = Q4_K, 6 = Q6_K, 0 = none.
+    const KIND: u8 = 0;
     /// # Safety
     /// `p` must point to `BYTES` readable bytes.
     unsafe fn decode(p: *const u8, out: &mut DecK);
@@ -197,6 +199,7 @@ fn k4_scales(s: &[u8], out: &mut DecK) {
 
 impl QK for Q4K {
     const BYTES: usize = 144;
+    const KIND: u8 = 4;
     #[inline(always)]
     unsafe fn decode(p: *const u8, out: &mut DecK) {
         let b = &*(p as *const [u8; 144]);
@@ -235,6 +238,7 @@ impl QK for Q5K {
 
 impl QK for Q6K {
     const BYTES: usize = 210;
+    const KIND: u8 = 6;
     #[inline(always)]
     unsafe fn decode(p: *const u8, out: &mut DecK) {
         let b = &*(p as *const [u8; 210]);

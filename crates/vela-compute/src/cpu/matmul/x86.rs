@@ -269,7 +269,7 @@ pub(crate) unsafe fn tile_q32_vnni<B: Q32, const R: usize, const T: usize>(
 }
 
 macro_rules! entry_points {
-    ($feat:literal, $vnni:expr, $q32body:path, $q32:ident, $qk:ident, $f:ident) => {
+    ($feat:literal, $vnni:expr, $q32body:path, $wide:expr, $q32:ident, $qk:ident, $f:ident) => {
         /// # Safety
         /// CPU features and pointer extents as documented in the module header.
         #[target_feature(enable = $feat)]
@@ -297,7 +297,11 @@ macro_rules! entry_points {
             y: *mut f32,
             ys: usize,
         ) {
-            tile_qk::<B, R, T, { $vnni }>(w, ws, x, xs, nb, y, ys)
+            if $wide && B::KIND != 0 {
+                super::x86_512::tile_qk::<B, R, T>(w, ws, x, xs, nb, y, ys)
+            } else {
+                tile_qk::<B, R, T, { $vnni }>(w, ws, x, xs, nb, y, ys)
+            }
         }
 
         /// # Safety
@@ -321,6 +325,7 @@ entry_points!(
     "avx2,fma,f16c",
     false,
     tile_q32::<B, R, T, false>,
+    false,
     avx2_q32,
     avx2_qk,
     avx2_f
@@ -329,6 +334,7 @@ entry_points!(
     "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni",
     true,
     super::x86_512::tile_q32::<B, R, T>,
+    true,
     avx512_q32,
     avx512_qk,
     avx512_f

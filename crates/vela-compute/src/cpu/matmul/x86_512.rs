@@ -201,3 +201,122 @@ pub(crate) unsafe fn tile_q32<B: Q32, const R: usize, const T: usize>(
         }
     }
 }
+
+/// 256-element k-quant super-blocks with a native 512-bit decoder (`Q4_K`, `Q6_K`).
+///
+/// Per super-block and row the decoder yields the 256 unsigned quants as 4 registers in element
+/// order (`Q4_K`: one 32-byte nibble chunk → 64 elements; `Q6_K`: 64 low-nibble bytes plus 32
+/// `qh` bytes → 2 × 64 elements), the 16 per-16-element scales and "mins" as i16 (Q4_K's 6-bit
+/// pairs unpacked with a few u32 mask/shift operations, no loop), and the two f32 multipliers, so
+/// that `dot = d · Σ_g sc_g Σ q·a − dmin · Σ_g mn_g · bsum_g`. The integer dot uses `vpmaddubsw`
+/// (pair sums fit i16: 63 · 127 · 2 < 2¹⁵) followed by `vpdpwssd` with the lane-expanded scales.
+#[inline(always)]
+unsafe fn decode_k<B: super::decode::QK>(p: *const u8, q: &mut [__m512i; 4]) -> (__m256i, __m256i, f32, f32) {
+    let f16 = |o: usize| {
+        let h = (p.add(o) as *const u16).read_unaligned();
+        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+    };
+    let m15 = _mm512_set1_epi8(15);
+    if B::KIND == 4 {
+        for k in 0..4 {
+            let x = _mm256_loadu_si256(p.add(16 + 32 * k) as *const __m256i);
+            let v = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), _mm256_srli_epi16::<4>(x));
+            q[k] = _mm512_and_si512(v, m15);
+        }
+        let s = p.add(4) as *const u32;
+        let (a, b, c) = (s.read_unaligned(), s.add(1).read_unaligned(), s.add(2).read_unaligned());
+        let sc_lo = a & 0x3f3f_3f3f;
+        let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
+        let mn_lo = b & 0x3f3f_3f3f;
+        let mn_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
+        let sc = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((sc_lo as u64 | (sc_hi as u64) << 32) as i64));
+        let mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((mn_lo as u64 | (mn_hi as u64) << 32) as i64));
+        let dup = |v: __m128i| _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
+        (dup(sc), dup(mn), f16(0), f16(2))
+    } else {
+        // Q6_K: ql[128], qh[64], sc[16] (i8), d.
+        let m3 = _mm512_set1_epi8(3);
+        for n in 0..2 {
+            let ql = _mm512_loadu_si512(p.add(64 * n) as *const _);
+            let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
+            let h01 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qh), _mm256_srli_epi16::<2>(qh));
+            let h23 = _mm512_inserti64x4::<1>(
+                _mm512_castsi256_si512(_mm256_srli_epi16::<4>(qh)),
+                _mm256_srli_epi16::<6>(qh),
+            );
+            q[2 * n] = _mm512_or_si512(
+                _mm512_and_si512(ql, m15),
+                _mm512_slli_epi16::<4>(_mm512_and_si512(h01, m3)),
+            );
+            q[2 * n + 1] = _mm512_or_si512(
+                _mm512_and_si512(_mm512_srli_epi16::<4>(ql), m15),
+                _mm512_slli_epi16::<4>(_mm512_and_si512(h23, m3)),
+            );
+        }
+        let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
+        let d = f16(208);
+        (sc, sc, d, 32.0 * d)
+    }
+}
+
+/// The `R × T` k-quant tile kernel for types with [`super::decode::QK::KIND`] 4 or 6 (see
+/// [`decode_k`]). Signature and safety as [`super::TileFn`].
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn tile_qk<B: super::decode::QK, const R: usize, const T: usize>(
+    w: *const u8,
+    ws: usize,
+    x: *const u8,
+    xs: usize,
+    nb: usize,
+    y: *mut f32,
+    ys: usize,
+) {
+    use super::act::ActQ8K;
+    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    // i16 lane L of register k covers elements 64k + 2L, +1: 16-element group 4k + L/8.
+    let mut sidx = [_mm512_setzero_si512(); 4];
+    for (k, s) in sidx.iter_mut().enumerate() {
+        let mut lanes = [0i16; 32];
+        for (l, v) in lanes.iter_mut().enumerate() {
+            *v = (4 * k + l / 8) as i16;
+        }
+        *s = _mm512_loadu_si512(lanes.as_ptr() as *const _);
+    }
+    for b in 0..nb {
+        for r in 0..R {
+            let mut q = [_mm512_setzero_si512(); 4];
+            let (sc, mn, d, dmin) = decode_k::<B>(w.add(r * ws + b * B::BYTES), &mut q);
+            let mut scz = [_mm512_setzero_si512(); 4];
+            for k in 0..4 {
+                scz[k] = _mm512_permutexvar_epi16(sidx[k], _mm512_castsi256_si512(sc));
+            }
+            for t in 0..T {
+                let a = &*(x.add(t * xs) as *const ActQ8K).add(b);
+                let mut isum = _mm512_setzero_si512();
+                for k in 0..4 {
+                    let av = _mm512_loadu_si512(a.qs.as_ptr().add(64 * k) as *const _);
+                    let p = _mm512_maddubs_epi16(q[k], av);
+                    isum = _mm512_dpwssd_epi32(isum, p, scz[k]);
+                }
+                let bs = _mm256_load_si256(a.bsums.as_ptr() as *const __m256i);
+                let corr = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, bs));
+                acc[r][t] = _mm512_fmadd_ps(
+                    _mm512_cvtepi32_ps(isum),
+                    _mm512_set1_ps(d * a.d),
+                    acc[r][t],
+                );
+                acc[r][t] = _mm512_fnmadd_ps(
+                    _mm512_zextps256_ps512(corr),
+                    _mm512_set1_ps(dmin * a.d),
+                    acc[r][t],
+                );
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *y.add(t * ys + r) = _mm512_reduce_add_ps(acc[r][t]);
+        }
+    }
+}

@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# GPU correctness + speed check of the CUDA backend (crates/vela-cuda), run ON the GPU machine.
+#
+#   scripts/gpu-check.sh <stage> <test-binary>
+#     stage ops   : every op vs the CPU backend on random data (tests/gpu.rs, no model needed)
+#     stage model : SmolLM2-135M Q4_1 GPU vs CPU logits + greedy 32 tokens, then decode speed
+#     stage all   : both
+#
+# Build the test binary on a CPU machine (no CUDA needed):
+#   cargo test --release -p vela-cuda --no-run   # prints target/release/deps/gpu-<hash>
+# The model for stage `model` is $VELA_GPU_MODEL, else target/gpu-data/part-* (the GGUF split
+# with `split -b 40M`, so it can travel in pieces) concatenated and checked against its sha256.
+# NVRTC is found via $VELA_NVRTC_LIB, else searched under /usr/local/cuda* and Python's
+# site-packages (nvidia-cuda-nvrtc wheels). Writes $OUT/log and $OUT/results.md (OUT defaults
+# to /tmp/vela-gpu-check). Re-runnable; never touches GPU settings.
+set -uo pipefail
+stage=${1:?stage: ops|model|all}
+bin=${2:?test binary}
+OUT=${OUT:-/tmp/vela-gpu-check}
+mkdir -p "$OUT"
+log="$OUT/log-$stage.txt"
+: >"$log"
+
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv 2>&1 || true
+  if [ -z "${VELA_NVRTC_LIB:-}" ]; then
+    cands=$( (ls /usr/local/cuda*/lib64/libnvrtc.so* /usr/local/cuda*/targets/*/lib/libnvrtc.so* 2>/dev/null;
+              find / -xdev -path /proc -prune -o \( -name 'libnvrtc.so*' -path '*nvidia*' \) -print 2>/dev/null) |
+             grep -v -e builtins -e '\.alt\.' | head -20)
+    echo "nvrtc candidates:"; echo "$cands"
+    export VELA_NVRTC_LIB=$(echo "$cands" | head -1)
+  fi
+  echo "VELA_NVRTC_LIB=$VELA_NVRTC_LIB"
+  export LD_LIBRARY_PATH="$(dirname "$VELA_NVRTC_LIB"):${LD_LIBRARY_PATH:-}"
+} 2>&1 | tee -a "$log"
+if [ -z "${VELA_NVRTC_LIB:-}" ]; then
+  export VELA_NVRTC_LIB=$(grep '^VELA_NVRTC_LIB=' "$log" | tail -1 | cut -d= -f2-)
+  export LD_LIBRARY_PATH="$(dirname "$VELA_NVRTC_LIB"):${LD_LIBRARY_PATH:-}"
+fi
+
+export VELA_REQUIRE_GPU=1
+export VELA_CACHE=${VELA_CACHE:-/tmp/vela-cache}
+rc=0
+run() {
+  echo "== $*" | tee -a "$log"
+  local t0=$(date +%s%N)
+  "$bin" --test-threads=1 --nocapture "$@" 2>&1 | tee -a "$log"
+  local r=${PIPESTATUS[0]}
+  echo "== exit $r in $(( ($(date +%s%N) - t0) / 1000000 )) ms" | tee -a "$log"
+  [ "$r" = 0 ] || rc=1
+}
+
+if [ "$stage" = ops ] || [ "$stage" = all ]; then
+  rm -rf "$VELA_CACHE/cuda-kernels"
+  run --exact elementwise_ops_match_cpu          # cold: compiles the kernels with NVRTC
+  run --exact elementwise_ops_match_cpu          # warm: loads them from $VELA_CACHE/cuda-kernels
+  run matmul_and_get_rows_match_cpu attention_and_kv_match_cpu
+fi
+if [ "$stage" = model ] || [ "$stage" = all ]; then
+  if [ -z "${VELA_GPU_MODEL:-}" ]; then
+    m=target/gpu-data/smollm2.gguf
+    [ -s "$m" ] || cat target/gpu-data/part-* >"$m"
+    sum=$(sha256sum "$m" | cut -d' ' -f1)
+    echo "model sha256 $sum" | tee -a "$log"
+    [ "$sum" = b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 ] || { echo "BAD MODEL CHECKSUM" | tee -a "$log"; rc=1; }
+    export VELA_GPU_MODEL=$PWD/$m
+  fi
+  run --exact smollm2_gpu_matches_cpu
+  run --exact smollm2_decode_speed
+fi
+
+{
+  echo "| check | error / numbers | nmse | status |"
+  echo "| --- | --- | --- | --- |"
+  grep '^RESULT' "$log" | sed 's/^RESULT //'
+} >"$OUT/results-$stage.md"
+cat "$OUT/results-$stage.md"
+exit $rc
