@@ -36,6 +36,14 @@ fi
 log "models: $(scripts/fetch-models.sh)"
 log "llama.cpp: $(nice -n 10 scripts/build-llama-cpp.sh avx2)"
 
+# NVRTC (no GPU needed) so the CUDA kernels are compiled to PTX in the tests (crates/vela-cuda/tests/ptx.rs).
+NVRTC_DIR=$VELA_CACHE/nvrtc-pip
+if ! ls "$NVRTC_DIR"/nvidia/cuda_nvrtc/lib/libnvrtc.so* >/dev/null 2>&1; then
+  log "installing NVRTC from PyPI (nvidia-cuda-nvrtc-cu12) into $NVRTC_DIR"
+  pip install -q --target "$NVRTC_DIR" nvidia-cuda-nvrtc-cu12 >&2
+fi
+log "nvrtc: $(ls "$NVRTC_DIR"/nvidia/cuda_nvrtc/lib/libnvrtc.so* | head -n1)"
+
 # Inputs every generator may depend on (cheap identity: names, sizes, mtimes).
 inputs_id() {
   {

@@ -152,6 +152,15 @@ def test_prefix_cache(args, s, path_kind):
         warm_ttft = ttft
     if path_kind == "gemma":
         check(prev_prompt > 512, f"gemma conversation exceeds the 512-token sliding window ({prev_prompt} tokens)")
+    else:
+        # A different conversation that shares only the system prompt must not evict this one.
+        other = [msgs[0], {"role": "user", "content": "Something unrelated: name a colour."}]
+        _, _, ou = stream_ttft(s, "/v1/chat/completions", {"messages": other, "max_tokens": 4, "temperature": 0})
+        msgs.append({"role": "user", "content": "One more fact, please."})
+        _, _, u6 = stream_ttft(s, "/v1/chat/completions", {"messages": msgs, "max_tokens": 4, "temperature": 0})
+        msgs.pop()
+        check(u6["prompt_tokens_details"]["cached_tokens"] >= prev_prompt,
+              f"after an unrelated request (cached {ou['prompt_tokens_details']['cached_tokens']}), turn 6 still reuses the conversation: cached {u6['prompt_tokens_details']['cached_tokens']} ≥ {prev_prompt}")
     cold = Server(args)
     try:
         for i, (body, text) in enumerate(warm):

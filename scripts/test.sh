@@ -20,11 +20,15 @@ if [ "${VELA_SKIP_PREPARE:-0}" != 1 ]; then
   bash scripts/prepare-test-data.sh
 fi
 
+# NVRTC for the PTX compile test (installed by prepare-test-data.sh).
+VELA_NVRTC_LIB=$(ls "$VELA_CACHE"/nvrtc-pip/nvidia/cuda_nvrtc/lib/libnvrtc.so* 2>/dev/null | head -n1 || true)
+export VELA_NVRTC_LIB
+
 step "cargo build --release"
 cargo build --release --workspace --all-targets
 
 step "cargo test --release"
-cargo test --release --workspace 2>&1 | tee "$VELA_CACHE/last-cargo-test.log"
+cargo test --release --workspace --no-fail-fast 2>&1 | tee "$VELA_CACHE/last-cargo-test.log"
 
 step "parity against llama.cpp (fixtures from scripts/gen-parity-fixtures.py)"
 python3 scripts/check-parity.py --vela target/release/vela

@@ -97,6 +97,19 @@ fn logits_and_tokenize_json() {
     assert_eq!(argmax, 7042, "' Paris' is the greedy next token");
 }
 
+/// `tokenize` accepts an HF checkpoint directory (tokenizer.json + tokenizer_config.json) and agrees
+/// with the GGUF tokenizer of the same vocabulary.
+#[test]
+fn tokenize_hf_directory() {
+    let Some(dir) = testdata::require(testdata::cache_dir().join("hf-tokenizers/qwen3")) else { return };
+    let Some(q) = testdata::model(testdata::QWEN25) else { return };
+    let text = "def f(x):\n    return x * 2  # 你好 <|im_end|>";
+    let hf = vela(&["tokenize", "--model", dir.to_str().unwrap(), "--text", text, "--no-bos"]);
+    let gg = vela(&["tokenize", "--model", q.to_str().unwrap(), "--text", text, "--no-bos"]);
+    assert!(hf.status.success(), "{}", String::from_utf8_lossy(&hf.stderr));
+    assert_eq!(String::from_utf8_lossy(&hf.stdout), String::from_utf8_lossy(&gg.stdout));
+}
+
 #[test]
 fn info_describes_the_model() {
     let Some(m) = testdata::model(testdata::GEMMA3) else { return };

@@ -192,7 +192,9 @@ fn kv_elem_bytes(ty: KvType) -> usize {
 
 fn driver_error(e: DriverError, ordinal: usize) -> anyhow::Error {
     match e.0 {
-        CUresult::CUDA_ERROR_NO_DEVICE => anyhow!("no CUDA-capable GPU found (the driver reports none)"),
+        CUresult::CUDA_ERROR_NO_DEVICE => {
+            anyhow!("no CUDA-capable GPU found (the driver reports none)")
+        }
         CUresult::CUDA_ERROR_INVALID_DEVICE => anyhow!("CUDA device {ordinal} does not exist"),
         other => anyhow!("CUDA initialisation failed: {other:?}"),
     }
@@ -206,7 +208,9 @@ impl CudaBackend {
     pub fn new(device_ordinal: usize) -> Result<CudaBackend> {
         // SAFETY: probing with dlopen has no preconditions.
         if !unsafe { sys::is_culib_present() } {
-            bail!("no NVIDIA driver found (libcuda.so could not be loaded): CUDA backend unavailable");
+            bail!(
+                "no NVIDIA driver found (libcuda.so could not be loaded): CUDA backend unavailable"
+            );
         }
         let mut ver = 0i32;
         // SAFETY: one valid out-pointer; cuDriverGetVersion needs no cuInit.
@@ -222,7 +226,9 @@ impl CudaBackend {
             );
         }
         let ctx = CudaContext::new(device_ordinal).map_err(|e| driver_error(e, device_ordinal))?;
-        let (ma, mi) = ctx.compute_capability().map_err(|e| driver_error(e, device_ordinal))?;
+        let (ma, mi) = ctx
+            .compute_capability()
+            .map_err(|e| driver_error(e, device_ordinal))?;
         let arch = (ma * 10 + mi) as u32;
         if arch < 61 {
             bail!("GPU compute capability {ma}.{mi} is below 6.1 (no dp4a): not supported");
@@ -340,7 +346,14 @@ impl CudaBackend {
     }
 
     /// Copy `n` bytes between device buffers at byte offsets.
-    fn copy_bytes(&self, src: &CudaSlice<u8>, so: usize, dst: &mut CudaSlice<u8>, dof: usize, n: usize) {
+    fn copy_bytes(
+        &self,
+        src: &CudaSlice<u8>,
+        so: usize,
+        dst: &mut CudaSlice<u8>,
+        dof: usize,
+        n: usize,
+    ) {
         if n == 0 {
             return;
         }
@@ -389,13 +402,16 @@ impl Backend for CudaBackend {
             );
         }
         let bs = w.ty.block_size();
-        if w.cols % bs != 0 {
-            bail!("tensor '{}': {} columns are not a multiple of {bs}", w.name, w.cols);
+        if !w.cols.is_multiple_of(bs) {
+            bail!(
+                "tensor '{}': {} columns are not a multiple of {bs}",
+                w.name,
+                w.cols
+            );
         }
-        let row_bytes = w
-            .ty
-            .row_bytes(w.cols as u64)
-            .ok_or_else(|| anyhow!("tensor '{}': bad row size", w.name))? as usize;
+        let row_bytes =
+            w.ty.row_bytes(w.cols as u64)
+                .ok_or_else(|| anyhow!("tensor '{}': bad row size", w.name))? as usize;
         let bytes = w.bytes();
         if bytes.len() < row_bytes * w.rows {
             bail!("tensor '{}' data is shorter than its shape", w.name);
@@ -422,7 +438,9 @@ impl Backend for CudaBackend {
         let mut out = Vec::with_capacity(layers.len());
         for spec in layers {
             if spec.head_dim_k > ATT_MAXD || spec.head_dim_v > ATT_MAXD {
-                bail!("head dimension above {ATT_MAXD} is not supported by the CUDA attention kernel");
+                bail!(
+                    "head dimension above {ATT_MAXD} is not supported by the CUDA attention kernel"
+                );
             }
             let nk = spec.capacity * spec.n_head_kv * spec.head_dim_k * eb;
             let nv = spec.capacity * spec.n_head_kv * spec.head_dim_v * eb;
@@ -446,8 +464,14 @@ impl Backend for CudaBackend {
             let wk = l.spec.n_head_kv * l.spec.head_dim_k * eb;
             let wv = l.spec.n_head_kv * l.spec.head_dim_v * eb;
             let n = n_past - first;
-            let mut ks = self.stream.alloc_zeros::<u8>((n * wk).max(1)).expect("CUDA alloc");
-            let mut vs = self.stream.alloc_zeros::<u8>((n * wv).max(1)).expect("CUDA alloc");
+            let mut ks = self
+                .stream
+                .alloc_zeros::<u8>((n * wk).max(1))
+                .expect("CUDA alloc");
+            let mut vs = self
+                .stream
+                .alloc_zeros::<u8>((n * wv).max(1))
+                .expect("CUDA alloc");
             // Slot by slot: the window may wrap around the ring.
             for (i, p) in (first..n_past).enumerate() {
                 let s = p % l.spec.capacity;
@@ -465,18 +489,24 @@ impl Backend for CudaBackend {
             let l = &mut kv.layers[*li];
             let wk = l.spec.n_head_kv * l.spec.head_dim_k * eb;
             let wv = l.spec.n_head_kv * l.spec.head_dim_v * eb;
-            let n = if wk == 0 { 0 } else { ks.len() / wk };
+            let n = ks.len().checked_div(wk).unwrap_or(0);
             for i in 0..n {
                 let s = (first + i) % l.spec.capacity;
                 let (k, v) = (&mut l.k, &mut l.v);
                 if wk > 0 {
                     self.stream
-                        .memcpy_dtod(&ks.slice(i * wk..(i + 1) * wk), &mut k.slice_mut(s * wk..(s + 1) * wk))
+                        .memcpy_dtod(
+                            &ks.slice(i * wk..(i + 1) * wk),
+                            &mut k.slice_mut(s * wk..(s + 1) * wk),
+                        )
                         .expect("CUDA copy");
                 }
                 if wv > 0 {
                     self.stream
-                        .memcpy_dtod(&vs.slice(i * wv..(i + 1) * wv), &mut v.slice_mut(s * wv..(s + 1) * wv))
+                        .memcpy_dtod(
+                            &vs.slice(i * wv..(i + 1) * wv),
+                            &mut v.slice_mut(s * wv..(s + 1) * wv),
+                        )
                         .expect("CUDA copy");
                 }
             }
@@ -488,8 +518,14 @@ impl Backend for CudaBackend {
             .layers
             .iter()
             .map(|l| {
-                let mut k = self.stream.alloc_zeros::<u8>(l.k.len()).expect("CUDA alloc");
-                let mut v = self.stream.alloc_zeros::<u8>(l.v.len()).expect("CUDA alloc");
+                let mut k = self
+                    .stream
+                    .alloc_zeros::<u8>(l.k.len())
+                    .expect("CUDA alloc");
+                let mut v = self
+                    .stream
+                    .alloc_zeros::<u8>(l.v.len())
+                    .expect("CUDA alloc");
                 self.stream.memcpy_dtod(&l.k, &mut k).expect("CUDA copy");
                 self.stream.memcpy_dtod(&l.v, &mut v).expect("CUDA copy");
                 KvLayer {
@@ -508,7 +544,10 @@ impl Backend for CudaBackend {
 
     fn get_rows(&self, w: &CudaWeight, ids: &[u32], scale: f32, out: &mut CudaBuf) -> Result<()> {
         if let Some(&id) = ids.iter().find(|&&id| id as usize >= w.rows) {
-            bail!("token id {id} is out of range (vocabulary has {} entries)", w.rows);
+            bail!(
+                "token id {id} is out of range (vocabulary has {} entries)",
+                w.rows
+            );
         }
         if ids.is_empty() {
             return Ok(());
@@ -526,7 +565,12 @@ impl Backend for CudaBackend {
             Arg::F(scale),
             Arg::P(self.ptr(out)),
         ];
-        self.launch(&format!("get_rows_{suffix}"), (ids.len() as u32, 1, 1), 256, &args);
+        self.launch(
+            &format!("get_rows_{suffix}"),
+            (ids.len() as u32, 1, 1),
+            256,
+            &args,
+        );
         Ok(())
     }
 
@@ -534,8 +578,16 @@ impl Backend for CudaBackend {
         if n == 0 || w.rows == 0 {
             return;
         }
-        assert!(x.len() >= n * w.cols, "matmul: x shorter than {n}x{}", w.cols);
-        assert!(y.len() >= n * w.rows, "matmul: y shorter than {n}x{}", w.rows);
+        assert!(
+            x.len() >= n * w.cols,
+            "matmul: x shorter than {n}x{}",
+            w.cols
+        );
+        assert!(
+            y.len() >= n * w.rows,
+            "matmul: y shorter than {n}x{}",
+            w.rows
+        );
         let (suffix, kind) = type_info(w.ty).expect("checked at upload");
         let mut sc = self.scratch();
         let (xp, nb) = match kind {
@@ -568,11 +620,7 @@ impl Backend for CudaBackend {
             Arg::I(nb as i32),
             Arg::I(n as i32),
         ];
-        let grid = (
-            (w.rows as u32).div_ceil(MM_WARPS),
-            n.div_ceil(tt) as u32,
-            1,
-        );
+        let grid = ((w.rows as u32).div_ceil(MM_WARPS), n.div_ceil(tt) as u32, 1);
         self.launch(&format!("mm_{suffix}_t{tt}"), grid, 32 * MM_WARPS, &args);
     }
 
@@ -609,7 +657,14 @@ impl Backend for CudaBackend {
         self.launch("rms_norm", (n_rows as u32, 1, 1), 256, &args);
     }
 
-    fn rms_norm_inplace(&self, x: &mut CudaBuf, w: &CudaSlice<f32>, n_rows: usize, width: usize, eps: f32) {
+    fn rms_norm_inplace(
+        &self,
+        x: &mut CudaBuf,
+        w: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+    ) {
         if n_rows == 0 {
             return;
         }
@@ -624,16 +679,24 @@ impl Backend for CudaBackend {
         self.launch("rms_norm", (n_rows as u32, 1, 1), 256, &args);
     }
 
-    fn rope(&self, x: &mut CudaBuf, n_head: usize, head_dim: usize, positions: &[u32], p: &RopeParams) {
+    fn rope(
+        &self,
+        x: &mut CudaBuf,
+        n_head: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+    ) {
         if positions.is_empty() || p.n_rot == 0 {
             return;
         }
         // Same expression as the CPU backend, so both use the identical f32 ratio.
         let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
-        let ff = p
-            .freq_factors
-            .as_ref()
-            .map(|f| self.stream.clone_htod(&f[..]).expect("CUDA upload of rope factors"));
+        let ff = p.freq_factors.as_ref().map(|f| {
+            self.stream
+                .clone_htod(&f[..])
+                .expect("CUDA upload of rope factors")
+        });
         let mut sc = self.scratch();
         let pp = self.positions(&mut sc, positions);
         let args = [
@@ -665,7 +728,11 @@ impl Backend for CudaBackend {
             Activation::Silu => "act_mul_silu",
             Activation::GeluTanh => "act_mul_gelu",
         };
-        let args = [Arg::P(self.ptr(gate)), Arg::P(self.ptr(up)), Arg::L(len as i64)];
+        let args = [
+            Arg::P(self.ptr(gate)),
+            Arg::P(self.ptr(up)),
+            Arg::L(len as i64),
+        ];
         self.launch_1d(name, len, &args);
     }
 
@@ -737,10 +804,22 @@ impl Backend for CudaBackend {
             Arg::F(p.scale),
             Arg::F(p.softcap.unwrap_or(0.0)),
         ];
-        self.launch(name, (p.n_head as u32, positions.len() as u32, 1), 128, &args);
+        self.launch(
+            name,
+            (p.n_head as u32, positions.len() as u32, 1),
+            128,
+            &args,
+        );
     }
 
-    fn copy_rows(&self, src: &CudaBuf, src_row: usize, n_rows: usize, width: usize, dst: &mut CudaBuf) {
+    fn copy_rows(
+        &self,
+        src: &CudaBuf,
+        src_row: usize,
+        n_rows: usize,
+        width: usize,
+        dst: &mut CudaBuf,
+    ) {
         let n = n_rows * width;
         if n == 0 {
             return;

@@ -191,7 +191,11 @@ impl Nvrtc {
         let r = unsafe { (self.compile)(prog, opts.len() as c_int, opts.as_ptr()) };
         if r != 0 {
             let log = self.program_log(prog).unwrap_or_default();
-            let first: Vec<&str> = log.lines().filter(|l| !l.trim().is_empty()).take(6).collect();
+            let first: Vec<&str> = log
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .take(6)
+                .collect();
             bail!(
                 "NVRTC failed to compile {name} for {target:?}: {}",
                 first.join(" | ")

@@ -27,7 +27,10 @@ fn every_kernel_group_compiles_to_ptx() {
         match nvrtc.compile(&source(src), &format!("{name}.cu"), Target::Ptx(90)) {
             Ok(ptx) => {
                 let text = String::from_utf8_lossy(&ptx);
-                assert!(text.contains(".target sm_90"), "{name}: unexpected PTX target");
+                assert!(
+                    text.contains(".target sm_90"),
+                    "{name}: unexpected PTX target"
+                );
                 // Every extern "C" kernel of the source must be in the PTX.
                 for line in src.lines() {
                     let Some(rest) = line.split("__global__ void ").nth(1) else {
@@ -39,12 +42,18 @@ fn every_kernel_group_compiles_to_ptx() {
                     if k.contains("##") || k == "NAME" || !line.contains("extern \"C\"") {
                         continue;
                     }
-                    assert!(text.contains(&format!(".entry {k}(")), "{name}: kernel {k} missing");
+                    assert!(
+                        text.contains(&format!(".entry {k}(")),
+                        "{name}: kernel {k} missing"
+                    );
                 }
                 // ...and every kernel the backend launches from this group.
                 let launched = vela_cuda::KERNEL_NAMES.iter().find(|(g, _)| g == name);
                 for k in launched.map(|(_, ks)| *ks).unwrap_or(&[]) {
-                    assert!(text.contains(&format!(".entry {k}(")), "{name}: kernel {k} missing");
+                    assert!(
+                        text.contains(&format!(".entry {k}(")),
+                        "{name}: kernel {k} missing"
+                    );
                 }
                 eprintln!("{name}: {} bytes of PTX", ptx.len());
             }

@@ -242,11 +242,16 @@ impl<B: Backend> DecoderModel<B> {
         if n_ctx == 0 || max_batch == 0 {
             bail!("context size and batch size must be positive");
         }
+        let kv = self.backend.new_kv(&self.kv_layout(n_ctx, max_batch), kv_type)?;
+        Ok(self.state_with_kv(kv, n_ctx, max_batch))
+    }
+
+    /// A sequence state around an existing cache (made for the same `n_ctx`/`max_batch`).
+    pub fn state_with_kv(&self, kv: B::Kv, n_ctx: usize, max_batch: usize) -> ForwardState<B> {
         let be = &*self.backend;
         let c = &self.cfg;
-        let kv = be.new_kv(&self.kv_layout(n_ctx, max_batch), kv_type)?;
         let nb = max_batch;
-        Ok(ForwardState {
+        ForwardState {
             kv,
             n_ctx,
             max_batch,
@@ -260,7 +265,7 @@ impl<B: Backend> DecoderModel<B> {
             g: be.alloc(nb * c.n_ff),
             u: be.alloc(nb * c.n_ff),
             logits: be.alloc(nb * c.n_vocab),
-        })
+        }
     }
 
     /// Run `tokens` at `positions` (≤ `max_batch` of them) through the model, appending their K/V

@@ -178,7 +178,7 @@ fn serve_job(
 ) -> anyhow::Result<()> {
     let ubatch = cfg.session.ubatch.max(1);
     // Pick a session.
-    let (mut entry, reuse) = match cache.take_best(sliding, ubatch, &job.prompt) {
+    let (mut entry, mut reuse) = match cache.take_best(sliding, ubatch, &job.prompt) {
         Some(x) => x,
         None => {
             let per = cache
@@ -202,6 +202,35 @@ fn serve_job(
             (e, Reuse::Reset)
         }
     };
+    // A request that shares only part of a cached sequence (e.g. just the system prompt) must not
+    // destroy it. A large overlap is worth a copy of the cache when the budget allows; a small one
+    // is cheaper to recompute on another session, leaving the longer sequence cached.
+    if let Reuse::Truncate(n) = reuse {
+        let (bytes, n_past) = (entry.session.kv_bytes(), entry.session.n_past());
+        if n < n_past {
+            let fits_two = cache.total_bytes() + 2 * bytes <= cache.budget;
+            if n >= 256 && fits_two {
+                if let Ok(copy) = entry.session.fork() {
+                    let copy = Entry { session: copy, prompt_cp: None, last_used: 0 };
+                    cache.put(std::mem::replace(&mut entry, copy));
+                }
+            } else if n < n_past / 2 {
+                // The original is out of the cache now, so take_lru never returns it.
+                let fits_one = cache.total_bytes() + 2 * bytes <= cache.budget;
+                let recycled = if fits_one { None } else { cache.take_lru() };
+                let replacement = match recycled {
+                    Some(e) => e,
+                    None => Entry {
+                        session: Session::new(model.model.clone(), &cfg.session)?,
+                        prompt_cp: None,
+                        last_used: 0,
+                    },
+                };
+                cache.put(std::mem::replace(&mut entry, replacement));
+                reuse = Reuse::Reset;
+            }
+        }
+    }
     let reused = match reuse {
         Reuse::Truncate(n) => entry.session.truncate(n).map(|_| n).unwrap_or_else(|_| {
             entry.session.reset();

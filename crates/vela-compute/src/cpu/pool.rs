@@ -3,13 +3,24 @@
 //! Decoding one token calls [`ThreadPool::run`] about ten times per layer, so a dispatch must cost
 //! a few microseconds, not the tens of microseconds of a condition-variable hand-off. Protocol:
 //!
-//! * The caller publishes a type-erased pointer to the job, then bumps `generation` (Release).
+//! * The caller publishes a type-erased pointer to the job, then bumps `generation` (Release;
+//!   only the dispatching thread, holding the dispatch mutex, writes it).
 //! * Each worker spins on `generation` (Acquire) for a short while after finishing a job and only
 //!   then parks; the caller always `unpark`s every worker after publishing, which is a single
 //!   atomic swap when the worker is still spinning (std's park token makes lost wake-ups
 //!   impossible).
 //! * The caller runs slice 0 itself, then spins until `pending` drops to zero. Only then does
 //!   `run` return, which is what makes lending a stack-borrowed closure to the workers sound.
+//!
+//! [`ThreadPool::run_chunks`] is the variant for work that can be cut into independent chunks
+//! (matmul row tiles): chunks are claimed from an atomic counter by the caller and by whichever
+//! workers show up, and the caller does not wait for a worker that has not *entered* the job —
+//! on a shared, oversubscribed machine a descheduled worker would otherwise stall every dispatch
+//! for a scheduler time slice. Entry uses a gate: a worker increments `inside`, then re-checks
+//! that the gate still shows this job open (both SeqCst); the caller, after the last chunk is
+//! claimed, closes the gate (SeqCst) and waits for `inside` to reach zero. Either the worker's
+//! re-check sees the closed gate (and it leaves without touching the job), or the caller's wait
+//! sees its increment (and waits for it), so the closure is never used after `run_chunks` returns.
 
 use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -34,6 +45,18 @@ struct Shared {
     /// `run` makes true by not returning before `pending` reaches zero.
     job: UnsafeCell<Option<*const Job>>,
     n_threads: usize,
+    /// The (odd) generation of the chunked job while it accepts workers, else 0.
+    gate: AtomicUsize,
+    /// Workers currently inside a chunked job (or about to re-check the gate).
+    inside: AtomicUsize,
+    /// Next unclaimed chunk of the current chunked job.
+    next_chunk: AtomicUsize,
+}
+
+/// The generation after `g`: generations step by 2, and the low bit marks chunked jobs (so a
+/// worker learns a job's kind from the same atomic load that announces it).
+fn next_generation(g: usize, chunked: bool) -> usize {
+    ((g >> 1).wrapping_add(1) << 1) | chunked as usize
 }
 
 // SAFETY: `job` is only written while no worker is running a job (between dispatches, under the
@@ -61,6 +84,9 @@ impl ThreadPool {
             panicked: AtomicBool::new(false),
             job: UnsafeCell::new(None),
             n_threads,
+            gate: AtomicUsize::new(0),
+            inside: AtomicUsize::new(0),
+            next_chunk: AtomicUsize::new(0),
         });
         let workers = (1..n_threads)
             .map(|i| {
@@ -103,7 +129,8 @@ impl ThreadPool {
         unsafe { *s.job.get() = Some(job) };
         s.panicked.store(false, Ordering::Relaxed);
         s.pending.store(n - 1, Ordering::Relaxed);
-        s.generation.fetch_add(1, Ordering::Release);
+        let gen = next_generation(s.generation.load(Ordering::Relaxed), false);
+        s.generation.store(gen, Ordering::Release);
         for w in &self.workers {
             w.thread().unpark();
         }
@@ -127,6 +154,85 @@ impl ThreadPool {
     }
 }
 
+impl ThreadPool {
+    /// Run `f(chunk)` once for every `chunk < n_chunks`, spread over the caller and whichever
+    /// workers are running; returns when all chunks are done.
+    ///
+    /// Which thread runs a chunk varies from call to call, so `f` must compute each chunk the
+    /// same way regardless of the thread (it gets no thread index). Chunks are claimed in
+    /// increasing order. A panic in `f` is re-raised on the caller after all threads left `f`.
+    pub fn run_chunks<F: Fn(usize) + Sync>(&self, n_chunks: usize, f: F) {
+        let n = self.shared.n_threads;
+        if n == 1 || n_chunks <= 1 {
+            (0..n_chunks).for_each(f);
+            return;
+        }
+        let _guard = self.dispatch.lock().unwrap_or_else(|e| e.into_inner());
+        let s = &*self.shared;
+        let work = |_: usize, _: usize| loop {
+            let c = s.next_chunk.fetch_add(1, Ordering::Relaxed);
+            if c >= n_chunks {
+                break;
+            }
+            f(c);
+        };
+        let job: &(dyn Fn(usize, usize) + Sync + '_) = &work;
+        // SAFETY: as in `run`; workers only dereference the job after entering through the gate,
+        // and we do not return before closing the gate and seeing `inside == 0`.
+        let job: *const Job = unsafe {
+            std::mem::transmute::<&(dyn Fn(usize, usize) + Sync + '_), &'static Job>(job)
+        };
+        unsafe { *s.job.get() = Some(job) };
+        s.panicked.store(false, Ordering::Relaxed);
+        s.next_chunk.store(0, Ordering::Relaxed);
+        let gen = next_generation(s.generation.load(Ordering::Relaxed), true);
+        s.gate.store(gen, Ordering::SeqCst);
+        s.generation.store(gen, Ordering::Release);
+        for w in &self.workers {
+            w.thread().unpark();
+        }
+        let mine = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| work(0, n)));
+        if mine.is_err() {
+            // Let the remaining chunks be skipped by anyone still working.
+            s.next_chunk.store(usize::MAX / 2, Ordering::Relaxed);
+        }
+        s.gate.store(0, Ordering::SeqCst);
+        let mut spins = 0u32;
+        while s.inside.load(Ordering::SeqCst) != 0 {
+            spins = spins.wrapping_add(1);
+            if spins & 1023 == 0 {
+                thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        unsafe { *s.job.get() = None };
+        if let Err(p) = mine {
+            std::panic::resume_unwind(p);
+        }
+        if s.panicked.load(Ordering::Relaxed) {
+            panic!("a ThreadPool worker panicked");
+        }
+    }
+}
+
+/// Enter, run and leave the chunked job of generation `gen` if it still accepts workers.
+fn enter_chunked(s: &Shared, index: usize, gen: usize) {
+    s.inside.fetch_add(1, Ordering::SeqCst);
+    if s.gate.load(Ordering::SeqCst) == gen {
+        // SAFETY: the gate was open after we announced ourselves in `inside`, so the caller
+        // waits for our decrement before invalidating the job (see the module docs).
+        let job = unsafe { (*s.job.get()).expect("job published before the gate opened") };
+        let f = unsafe { &*job };
+        if std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| f(index, s.n_threads))).is_err()
+        {
+            s.panicked.store(true, Ordering::Relaxed);
+            s.next_chunk.store(usize::MAX / 2, Ordering::Relaxed);
+        }
+    }
+    s.inside.fetch_sub(1, Ordering::SeqCst);
+}
+
 fn worker_loop(s: &Shared, index: usize) {
     let mut seen = 0usize;
     loop {
@@ -138,7 +244,13 @@ fn worker_loop(s: &Shared, index: usize) {
             }
             if spins < SPIN_ITERS {
                 spins += 1;
-                std::hint::spin_loop();
+                // Offer the core to other runnable threads now and then (on a shared machine
+                // our own dispatching thread may be one of them); costs ~0.3 µs when idle.
+                if spins % 64 == 0 {
+                    thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             } else {
                 // Spurious returns are fine: we re-check the generation.
                 thread::park();
@@ -148,6 +260,10 @@ fn worker_loop(s: &Shared, index: usize) {
             return;
         }
         seen = gen;
+        if gen & 1 == 1 {
+            enter_chunked(s, index, gen);
+            continue;
+        }
         // SAFETY: the Acquire load of `generation` above synchronizes with the Release bump that
         // followed the write of `job`; the dispatcher keeps the closure alive until `pending`
         // reaches zero, which happens only after this call returns.
@@ -194,6 +310,47 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn run_chunks_runs_every_chunk_once_interleaved_with_run() {
+        for n in 1..=3 {
+            let pool = ThreadPool::new(n);
+            for round in 0..500usize {
+                let chunks = round % 37;
+                let hits: Vec<AtomicU64> = (0..chunks).map(|_| AtomicU64::new(0)).collect();
+                pool.run_chunks(chunks, |c| {
+                    hits[c].fetch_add(1, Ordering::Relaxed);
+                });
+                assert!(
+                    hits.iter().all(|h| h.load(Ordering::Relaxed) == 1),
+                    "round {round}"
+                );
+                let sum = AtomicU64::new(0);
+                pool.run(|i, _| {
+                    sum.fetch_add(1 << i, Ordering::Relaxed);
+                });
+                assert_eq!(sum.load(Ordering::Relaxed), (1 << n) - 1);
+            }
+        }
+    }
+
+    #[test]
+    fn run_chunks_panic_propagates_and_pool_survives() {
+        let pool = ThreadPool::new(2);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            pool.run_chunks(64, |c| {
+                if c == 40 {
+                    panic!("boom");
+                }
+            })
+        }));
+        assert!(r.is_err());
+        let count = AtomicU64::new(0);
+        pool.run_chunks(10, |_| {
+            count.fetch_add(1, Ordering::Relaxed);
+        });
+        assert_eq!(count.load(Ordering::Relaxed), 10);
     }
 
     #[test]

@@ -7,7 +7,8 @@
 //! the f32 block accumulation.
 //!
 //! Work split: activations are quantized once (in parallel over tokens for prefill), then the
-//! weight rows are split into contiguous per-thread ranges. Inside a range the kernel walks
+//! weight rows are cut into chunks of whole tiles that threads claim dynamically
+//! ([`ThreadPool::run_chunks`]: robust to a descheduled worker on a shared machine). Inside a range the kernel walks
 //! cache-sized row blocks and, per block, tiles of `R` rows × `T` tokens (see `x86.rs`), so each
 //! weight block is decoded once per `T` tokens: decode (≤ 4 tokens) streams the weights exactly
 //! once, prefill reuses them from L1/L2.
@@ -332,7 +333,13 @@ pub fn matmul_multi_with(
         "matmul: kernel {} is not available on this CPU",
         kernel.name()
     );
-    assert_eq!(ws.len(), ys.len(), "matmul_multi: {} matrices but {} outputs", ws.len(), ys.len());
+    assert_eq!(
+        ws.len(),
+        ys.len(),
+        "matmul_multi: {} matrices but {} outputs",
+        ws.len(),
+        ys.len()
+    );
     let Some(first) = ws.first() else { return };
     let cols = first.cols;
     assert!(
@@ -416,7 +423,8 @@ pub fn matmul_multi_with(
         };
         if kinds.iter().any(|&k| k != ActKind::F32) {
             if n_tokens >= 4 && pool.n_threads() > 1 {
-                pool.run(|i, n| quantize(n_tokens * i / n, n_tokens * (i + 1) / n));
+                let nc = n_tokens.min(4 * pool.n_threads());
+                pool.run_chunks(nc, |c| quantize(n_tokens * c / nc, n_tokens * (c + 1) / nc));
             } else {
                 quantize(0, n_tokens);
             }
@@ -441,9 +449,11 @@ pub fn matmul_multi_with(
         let jobs = &jobs;
         let xq = &xq;
         let n_tiles = &n_tiles;
-        pool.run(|i, n| {
-            // Contiguous ranges of the concatenated tile sequence of all matrices.
-            let (t0, t1) = (total * i / n, total * (i + 1) / n);
+        // Chunks of the concatenated tile sequence of all matrices, claimed dynamically (see
+        // `ThreadPool::run_chunks`); every tile is computed the same way whoever claims it.
+        let n_chunks = total.min(8 * pool.n_threads());
+        pool.run_chunks(n_chunks, |c| {
+            let (t0, t1) = (total * c / n_chunks, total * (c + 1) / n_chunks);
             let mut start = 0;
             for (j, &nt) in jobs.iter().zip(n_tiles.iter()) {
                 let (a, b) = (t0.max(start), t1.min(start + nt));

@@ -431,8 +431,9 @@ fn all_types_all_kernels_match_f64_reference() {
 fn thread_count_does_not_change_results() {
     let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
     let mut rng = Rng(7);
-    for ty in [G::Q4_0, G::Q4_K, G::Q6_K, G::Q8_0, G::F16] {
-        let (rows, cols) = (37, if ty.block_size() == 256 { 512 } else { 96 });
+    for ty in [G::Q4_0, G::Q4_1, G::Q5_0, G::Q4_K, G::Q6_K, G::Q8_0, G::F16] {
+        // 320 = 8-block groups plus a tail in the 512-bit 32-element kernel.
+        let (rows, cols) = (37, if ty.block_size() == 256 { 512 } else { 320 });
         let data = random_weights(&mut rng, ty, rows, cols);
         for n in [1, 6] {
             let x: Vec<f32> = (0..n * cols).map(|_| rng.f()).collect();
@@ -537,4 +538,62 @@ fn real_model_tensors_match_reference() {
         }
     }
     eprintln!("real tensors checked: {checked:?}");
+}
+
+#[test]
+fn matmul_multi_matches_separate_matmuls_bit_exactly() {
+    let mut rng = Rng(99);
+    let cols = 512;
+    // Mixed activation formats (Q8, Q8_K, f32, f16) and odd row counts in one dispatch.
+    let shapes = [
+        (G::Q4_1, 37),
+        (G::Q8_0, 5),
+        (G::Q4_K, 64),
+        (G::Q6_K, 3),
+        (G::F32, 9),
+        (G::F16, 1),
+    ];
+    let datas: Vec<Vec<u8>> = shapes
+        .iter()
+        .map(|&(ty, rows)| random_weights(&mut rng, ty, rows, cols))
+        .collect();
+    let mats: Vec<QMatrix> = shapes
+        .iter()
+        .zip(&datas)
+        .map(|(&(ty, rows), data)| QMatrix {
+            ty,
+            rows,
+            cols,
+            data,
+        })
+        .collect();
+    let refs: Vec<&QMatrix> = mats.iter().collect();
+    for threads in [1, 2, 3] {
+        let pool = ThreadPool::new(threads);
+        for n in [1usize, 3, 6] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 2.0).collect();
+            for k in Kernel::all_available() {
+                let mut outs: Vec<Vec<f32>> =
+                    mats.iter().map(|m| vec![f32::NAN; n * m.rows]).collect();
+                let mut ys: Vec<&mut [f32]> = outs.iter_mut().map(|v| v.as_mut_slice()).collect();
+                matmul_multi_with(k, &pool, &refs, &x, n, &mut ys);
+                for (m, got) in mats.iter().zip(&outs) {
+                    let want = run(k, &pool, m.ty, m.data, m.rows, cols, &x, n);
+                    assert!(
+                        got.iter().all(|v| v.is_finite()),
+                        "{} {}",
+                        k.name(),
+                        m.ty.name()
+                    );
+                    assert_eq!(
+                        got,
+                        &want,
+                        "{} {} threads={threads} n={n}",
+                        k.name(),
+                        m.ty.name()
+                    );
+                }
+            }
+        }
+    }
 }

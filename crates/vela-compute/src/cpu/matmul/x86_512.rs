@@ -35,7 +35,10 @@ const AB: i32 = std::mem::size_of::<ActQ8>() as i32;
 
 #[inline(always)]
 unsafe fn gather8(p: *const u8, stride: i32) -> __m256i {
-    let idx = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(stride));
+    let idx = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(stride),
+    );
     _mm256_i32gather_epi32::<1>(p as *const i32, idx)
 }
 
@@ -211,7 +214,10 @@ pub(crate) unsafe fn tile_q32<B: Q32, const R: usize, const T: usize>(
 /// that `dot = d · Σ_g sc_g Σ q·a − dmin · Σ_g mn_g · bsum_g`. The integer dot uses `vpmaddubsw`
 /// (pair sums fit i16: 63 · 127 · 2 < 2¹⁵) followed by `vpdpwssd` with the lane-expanded scales.
 #[inline(always)]
-unsafe fn decode_k<B: super::decode::QK>(p: *const u8, q: &mut [__m512i; 4]) -> (__m256i, __m256i, f32, f32) {
+unsafe fn decode_k<B: super::decode::QK>(
+    p: *const u8,
+    q: &mut [__m512i; 4],
+) -> (__m256i, __m256i, f32, f32) {
     let f16 = |o: usize| {
         let h = (p.add(o) as *const u16).read_unaligned();
         _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
@@ -224,13 +230,21 @@ unsafe fn decode_k<B: super::decode::QK>(p: *const u8, q: &mut [__m512i; 4]) -> 
             q[k] = _mm512_and_si512(v, m15);
         }
         let s = p.add(4) as *const u32;
-        let (a, b, c) = (s.read_unaligned(), s.add(1).read_unaligned(), s.add(2).read_unaligned());
+        let (a, b, c) = (
+            s.read_unaligned(),
+            s.add(1).read_unaligned(),
+            s.add(2).read_unaligned(),
+        );
         let sc_lo = a & 0x3f3f_3f3f;
         let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
         let mn_lo = b & 0x3f3f_3f3f;
         let mn_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
-        let sc = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((sc_lo as u64 | (sc_hi as u64) << 32) as i64));
-        let mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128((mn_lo as u64 | (mn_hi as u64) << 32) as i64));
+        let sc = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+            (sc_lo as u64 | (sc_hi as u64) << 32) as i64,
+        ));
+        let mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+            (mn_lo as u64 | (mn_hi as u64) << 32) as i64,
+        ));
         let dup = |v: __m128i| _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
         (dup(sc), dup(mn), f16(0), f16(2))
     } else {
@@ -239,7 +253,8 @@ unsafe fn decode_k<B: super::decode::QK>(p: *const u8, q: &mut [__m512i; 4]) -> 
         for n in 0..2 {
             let ql = _mm512_loadu_si512(p.add(64 * n) as *const _);
             let qh = _mm256_loadu_si256(p.add(128 + 32 * n) as *const __m256i);
-            let h01 = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qh), _mm256_srli_epi16::<2>(qh));
+            let h01 =
+                _mm512_inserti64x4::<1>(_mm512_castsi256_si512(qh), _mm256_srli_epi16::<2>(qh));
             let h23 = _mm512_inserti64x4::<1>(
                 _mm512_castsi256_si512(_mm256_srli_epi16::<4>(qh)),
                 _mm256_srli_epi16::<6>(qh),
@@ -301,11 +316,8 @@ pub(crate) unsafe fn tile_qk<B: super::decode::QK, const R: usize, const T: usiz
                 }
                 let bs = _mm256_load_si256(a.bsums.as_ptr() as *const __m256i);
                 let corr = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, bs));
-                acc[r][t] = _mm512_fmadd_ps(
-                    _mm512_cvtepi32_ps(isum),
-                    _mm512_set1_ps(d * a.d),
-                    acc[r][t],
-                );
+                acc[r][t] =
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * a.d), acc[r][t]);
                 acc[r][t] = _mm512_fnmadd_ps(
                     _mm512_zextps256_ps512(corr),
                     _mm512_set1_ps(dmin * a.d),
