@@ -597,3 +597,33 @@ fn matmul_multi_matches_separate_matmuls_bit_exactly() {
         }
     }
 }
+
+#[test]
+fn simd_activation_quantization_is_bit_identical_to_scalar() {
+    let mut rng = Rng(5);
+    let cols = 32 * 40;
+    // Random values, exact .5 ties after scaling (amax 127), and an all-zero block.
+    let mut x: Vec<f32> = (0..cols).map(|_| rng.f() * 4.0).collect();
+    x[32] = 127.0;
+    for i in 33..64 {
+        x[i] = (i as f32 - 48.0) + 0.5;
+    }
+    x[64..96].fill(0.0);
+    let row = ActKind::Q8.row_bytes(cols);
+    let mut a = vec![Line([0; 64]); row.div_ceil(64)];
+    let mut b = a.clone();
+    let (pa, pb) = (a.as_mut_ptr() as *mut u8, b.as_mut_ptr() as *mut u8);
+    // SAFETY: both buffers hold `row` bytes, 64-byte aligned.
+    let (sa, sb) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(pa, row),
+            std::slice::from_raw_parts_mut(pb, row),
+        )
+    };
+    act::quantize_row(ActKind::Q8, &x, sa);
+    for k in Kernel::all_available() {
+        sb.fill(0xAA);
+        quantize_row(k, ActKind::Q8, &x, sb);
+        assert_eq!(sa, sb, "{}", k.name());
+    }
+}
