@@ -33,7 +33,11 @@ pub fn tokenize(a: TokenizeArgs) -> Result<()> {
     // An existing path (GGUF, HF checkpoint directory or tokenizer.json) is used as is; anything
     // else is a model name for the hub.
     let p = std::path::Path::new(&a.model);
-    let path = if p.exists() { p.to_path_buf() } else { crate::common::resolve(Some(&a.model))? };
+    let path = if p.exists() {
+        p.to_path_buf()
+    } else {
+        crate::common::resolve(Some(&a.model))?
+    };
     let tok = vela_tokenizer::load(&path)?;
     let ids = tok.encode(&text, !a.no_bos, a.parse_special)?;
     println!("{}", serde_json::to_string(&ids)?);

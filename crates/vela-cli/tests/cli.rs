@@ -5,7 +5,11 @@ use std::process::{Command, Output};
 use vela_formats::testdata;
 
 fn vela(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_vela")).args(args).env("VELA_OFFLINE", "1").output().unwrap()
+    Command::new(env!("CARGO_BIN_EXE_vela"))
+        .args(args)
+        .env("VELA_OFFLINE", "1")
+        .output()
+        .unwrap()
 }
 
 /// Assert a clean failure: status 1, a single `error:` line containing `needle`, no panic.
@@ -35,42 +39,103 @@ fn truncated_and_corrupted_models_are_rejected() {
     let bytes = std::fs::read(&m).unwrap();
     let t = tmp("truncated.gguf");
     std::fs::write(&t, &bytes[..bytes.len() / 3]).unwrap();
-    fails_with(&vela(&["run", "--model", t.to_str().unwrap(), "--prompt", "hi"]), "truncated");
+    fails_with(
+        &vela(&["run", "--model", t.to_str().unwrap(), "--prompt", "hi"]),
+        "truncated",
+    );
     let mut bad = bytes[..4096].to_vec();
     bad[0] = b'X';
     std::fs::write(&t, &bad).unwrap();
-    fails_with(&vela(&["info", "--model", t.to_str().unwrap()]), "bad magic");
-    fails_with(&vela(&["run", "--model", "/nonexistent/model.gguf", "--prompt", "hi"]), "model.gguf");
+    fails_with(
+        &vela(&["info", "--model", t.to_str().unwrap()]),
+        "bad magic",
+    );
+    fails_with(
+        &vela(&[
+            "run",
+            "--model",
+            "/nonexistent/model.gguf",
+            "--prompt",
+            "hi",
+        ]),
+        "model.gguf",
+    );
 }
 
 #[test]
 fn unknown_architecture_is_a_clear_error() {
-    let Some(v) = testdata::require(testdata::llama_cpp_src().join("models/ggml-vocab-gpt-2.gguf")) else { return };
+    let Some(v) = testdata::require(testdata::llama_cpp_src().join("models/ggml-vocab-gpt-2.gguf"))
+    else {
+        return;
+    };
     // A vocab-only GGUF: tokenizes fine, but is not a runnable model.
-    let out = vela(&["tokenize", "--model", v.to_str().unwrap(), "--text", "Hello world"]);
+    let out = vela(&[
+        "tokenize",
+        "--model",
+        v.to_str().unwrap(),
+        "--text",
+        "Hello world",
+    ]);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[15496,995]");
-    fails_with(&vela(&["run", "--model", v.to_str().unwrap(), "--prompt", "hi"]), "unsupported model architecture 'gpt2'");
+    fails_with(
+        &vela(&["run", "--model", v.to_str().unwrap(), "--prompt", "hi"]),
+        "unsupported model architecture 'gpt2'",
+    );
 }
 
 #[test]
 fn limits_are_one_line_errors() {
     let Some(m) = smol() else { return };
     let m = m.to_str().unwrap();
-    fails_with(&vela(&["run", "--model", m, "--prompt", "hi", "--max-tokens", "0"]), "max-tokens");
+    fails_with(
+        &vela(&["run", "--model", m, "--prompt", "hi", "--max-tokens", "0"]),
+        "max-tokens",
+    );
     let long = "word ".repeat(100);
-    fails_with(&vela(&["run", "--model", m, "--prompt", &long, "--ctx", "32"]), "prompt too long");
-    fails_with(&vela(&["run", "--model", m, "--prompt", "hi", "--temperature=-1"]), "temperature");
-    fails_with(&vela(&["logits", "--model", m, "--tokens", "1,x"]), "invalid token id");
-    fails_with(&vela(&["logits", "--model", m, "--tokens", "99999999"]), "out of range");
-    fails_with(&vela(&["run", "--model", m, "--prompt", "hi", "--kv-type", "q9"]), "kv-type");
+    fails_with(
+        &vela(&["run", "--model", m, "--prompt", &long, "--ctx", "32"]),
+        "prompt too long",
+    );
+    fails_with(
+        &vela(&["run", "--model", m, "--prompt", "hi", "--temperature=-1"]),
+        "temperature",
+    );
+    fails_with(
+        &vela(&["logits", "--model", m, "--tokens", "1,x"]),
+        "invalid token id",
+    );
+    fails_with(
+        &vela(&["logits", "--model", m, "--tokens", "99999999"]),
+        "out of range",
+    );
+    fails_with(
+        &vela(&["run", "--model", m, "--prompt", "hi", "--kv-type", "q9"]),
+        "kv-type",
+    );
 }
 
 #[test]
 fn run_streams_only_generated_text() {
     let Some(m) = smol() else { return };
-    let out = vela(&["run", "--model", m.to_str().unwrap(), "--prompt", "The capital of France is", "--temperature", "0", "--max-tokens", "8", "--threads", "2"]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = vela(&[
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "--prompt",
+        "The capital of France is",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "8",
+        "--threads",
+        "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with(" Paris."), "{text:?}");
 }
@@ -79,11 +144,28 @@ fn run_streams_only_generated_text() {
 fn logits_and_tokenize_json() {
     let Some(m) = smol() else { return };
     let m = m.to_str().unwrap();
-    let out = vela(&["tokenize", "--model", m, "--text", "The capital of France is"]);
-    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "[504,3575,282,4649,314]");
+    let out = vela(&[
+        "tokenize",
+        "--model",
+        m,
+        "--text",
+        "The capital of France is",
+    ]);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "[504,3575,282,4649,314]"
+    );
     // Control-token text in user input is plain text unless --parse-special.
     let plain = vela(&["tokenize", "--model", m, "--text", "<|im_end|>", "--no-bos"]);
-    let special = vela(&["tokenize", "--model", m, "--text", "<|im_end|>", "--no-bos", "--parse-special"]);
+    let special = vela(&[
+        "tokenize",
+        "--model",
+        m,
+        "--text",
+        "<|im_end|>",
+        "--no-bos",
+        "--parse-special",
+    ]);
     assert_eq!(String::from_utf8_lossy(&special.stdout).trim(), "[2]");
     assert_ne!(plain.stdout, special.stdout);
     let out = vela(&["logits", "--model", m, "--tokens", "504,3575,282,4649,314"]);
@@ -91,9 +173,19 @@ fn logits_and_tokenize_json() {
     let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(j["n_vocab"], 49152);
     assert_eq!(j["tokens"].as_array().unwrap().len(), 5);
-    let logits: Vec<f64> = j["logits"].as_array().unwrap().iter().map(|v| v.as_f64().unwrap()).collect();
+    let logits: Vec<f64> = j["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
     assert_eq!(logits.len(), 49152);
-    let argmax = logits.iter().enumerate().max_by(|a, b| a.1.total_cmp(b.1)).unwrap().0;
+    let argmax = logits
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .unwrap()
+        .0;
     assert_eq!(argmax, 7042, "' Paris' is the greedy next token");
 }
 
@@ -101,22 +193,55 @@ fn logits_and_tokenize_json() {
 /// with the GGUF tokenizer of the same vocabulary.
 #[test]
 fn tokenize_hf_directory() {
-    let Some(dir) = testdata::require(testdata::cache_dir().join("hf-tokenizers/qwen3")) else { return };
-    let Some(q) = testdata::model(testdata::QWEN25) else { return };
+    let Some(dir) = testdata::require(testdata::cache_dir().join("hf-tokenizers/qwen3")) else {
+        return;
+    };
+    let Some(q) = testdata::model(testdata::QWEN25) else {
+        return;
+    };
     let text = "def f(x):\n    return x * 2  # 你好 <|im_end|>";
-    let hf = vela(&["tokenize", "--model", dir.to_str().unwrap(), "--text", text, "--no-bos"]);
-    let gg = vela(&["tokenize", "--model", q.to_str().unwrap(), "--text", text, "--no-bos"]);
-    assert!(hf.status.success(), "{}", String::from_utf8_lossy(&hf.stderr));
-    assert_eq!(String::from_utf8_lossy(&hf.stdout), String::from_utf8_lossy(&gg.stdout));
+    let hf = vela(&[
+        "tokenize",
+        "--model",
+        dir.to_str().unwrap(),
+        "--text",
+        text,
+        "--no-bos",
+    ]);
+    let gg = vela(&[
+        "tokenize",
+        "--model",
+        q.to_str().unwrap(),
+        "--text",
+        text,
+        "--no-bos",
+    ]);
+    assert!(
+        hf.status.success(),
+        "{}",
+        String::from_utf8_lossy(&hf.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&hf.stdout),
+        String::from_utf8_lossy(&gg.stdout)
+    );
 }
 
 #[test]
 fn info_describes_the_model() {
-    let Some(m) = testdata::model(testdata::GEMMA3) else { return };
+    let Some(m) = testdata::model(testdata::GEMMA3) else {
+        return;
+    };
     let out = vela(&["info", "--model", m.to_str().unwrap()]);
     let s = String::from_utf8_lossy(&out.stdout);
     assert!(out.status.success());
-    for needle in ["architecture: gemma3", "18 layers", "15 sliding-window layers", "q4_K", "262144 tokens"] {
+    for needle in [
+        "architecture: gemma3",
+        "18 layers",
+        "15 sliding-window layers",
+        "q4_K",
+        "262144 tokens",
+    ] {
         assert!(s.contains(needle), "missing {needle:?} in:\n{s}");
     }
     let _ = Path::new("");

@@ -145,6 +145,19 @@ pub trait Backend: Send + Sync {
     ) -> Result<()>;
     /// y = x · Wᵀ for `n` rows of x.
     fn matmul(&self, w: &Self::Weight, x: &Self::Buf, n: usize, y: &mut Self::Buf);
+    /// Several products of the same activations (Q/K/V, gate/up) — one dispatch where the
+    /// backend can fuse them; results identical to separate [`Backend::matmul`] calls.
+    fn matmul_many(
+        &self,
+        ws: &[&Self::Weight],
+        x: &Self::Buf,
+        n: usize,
+        ys: &mut [&mut Self::Buf],
+    ) {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            self.matmul(w, x, n, y);
+        }
+    }
     /// x[t] += b for each of the `n` rows.
     fn add_bias(&self, x: &mut Self::Buf, b: &Self::Vector, n: usize);
     /// RMSNorm over rows of length `width` (`n_rows` rows): out = x / rms(x) * w.

@@ -12,9 +12,15 @@ fn activations(n: usize, seed: u64) -> Vec<f32> {
     let mut s = seed;
     (0..n)
         .map(|i| {
-            s = s.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             let u = ((s >> 33) as f32 / (1u64 << 31) as f32) - 0.5;
-            if i % 97 == 0 { u * 200.0 } else { u * 2.0 }
+            if i % 97 == 0 {
+                u * 200.0
+            } else {
+                u * 2.0
+            }
         })
         .collect()
 }
@@ -24,7 +30,9 @@ fn kernel_paths_agree_on_real_tensors() {
     let pool = ThreadPool::new(2);
     let kernels: Vec<Kernel> = Kernel::all_available();
     for name in [testdata::SMOLLM2, testdata::GEMMA3, testdata::QWEN25] {
-        let Some(p) = testdata::model(name) else { return };
+        let Some(p) = testdata::model(name) else {
+            return;
+        };
         let g = Arc::new(GgufFile::open(&p).unwrap());
         let mut seen = std::collections::HashSet::new();
         for t in g.tensors.iter().filter(|t| t.dims.len() == 2) {
@@ -35,7 +43,12 @@ fn kernel_paths_agree_on_real_tensors() {
             let cols = t.ne0();
             let row_bytes = t.ty.row_bytes(cols as u64).unwrap() as usize;
             let data = &g.tensor_data(t)[..rows * row_bytes];
-            let w = QMatrix { ty: t.ty, rows, cols, data };
+            let w = QMatrix {
+                ty: t.ty,
+                rows,
+                cols,
+                data,
+            };
             let mut wf = vec![0f32; rows * cols];
             vela_formats::quant::dequantize(t.ty, data, &mut wf).unwrap();
             for n_tok in [1usize, 5] {
@@ -53,7 +66,9 @@ fn kernel_paths_agree_on_real_tensors() {
                         let (a, b) = (outs[0][i], o[i]);
                         let (tok, r) = (i / rows, i % rows);
                         // Summation-order bound: a few f32 ulps of Σ|w·x|.
-                        let mag: f32 = (0..cols).map(|c| (wf[r * cols + c] * x[tok * cols + c]).abs()).sum();
+                        let mag: f32 = (0..cols)
+                            .map(|c| (wf[r * cols + c] * x[tok * cols + c]).abs())
+                            .sum();
                         let tol = 2e-6 * mag + 1e-6;
                         assert!(
                             (a - b).abs() <= tol,

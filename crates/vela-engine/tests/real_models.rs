@@ -15,7 +15,15 @@ fn load(name: &str, threads: usize) -> Option<LoadedModel> {
 }
 
 fn session(m: &LoadedModel, n_ctx: usize, ubatch: usize, kv: KvType) -> Session<CpuBackend> {
-    Session::new(m.model.clone(), &SessionOptions { n_ctx, ubatch, kv_type: kv }).unwrap()
+    Session::new(
+        m.model.clone(),
+        &SessionOptions {
+            n_ctx,
+            ubatch,
+            kv_type: kv,
+        },
+    )
+    .unwrap()
 }
 
 fn gen(m: &LoadedModel, prompt: &str, cfg: SamplerConfig, n: usize) -> (Vec<u32>, String) {
@@ -23,9 +31,17 @@ fn gen(m: &LoadedModel, prompt: &str, cfg: SamplerConfig, n: usize) -> (Vec<u32>
     let mut s = session(m, 512, 64, KvType::F16);
     let mut sampler = Sampler::new(cfg);
     let is_eog = |t: u32| m.tokenizer.is_eog(t);
-    let (out, _) =
-        generate(&mut s, &mut sampler, &ids, &GenerateOptions { max_tokens: n, is_eog: &is_eog }, &mut |_| true)
-            .unwrap();
+    let (out, _) = generate(
+        &mut s,
+        &mut sampler,
+        &ids,
+        &GenerateOptions {
+            max_tokens: n,
+            is_eog: &is_eog,
+        },
+        &mut |_| true,
+    )
+    .unwrap();
     let text = m.tokenizer.decode(&out, true).unwrap();
     (out, text)
 }
@@ -40,7 +56,9 @@ fn nmse(a: &[f32], b: &[f32]) -> f64 {
 /// starts with " Paris." — and the text is coherent English.
 #[test]
 fn smollm2_generates_paris() {
-    let Some(m) = load(testdata::SMOLLM2, 2) else { return };
+    let Some(m) = load(testdata::SMOLLM2, 2) else {
+        return;
+    };
     let (_, text) = gen(&m, "The capital of France is", SamplerConfig::greedy(), 16);
     assert!(text.starts_with(" Paris."), "got {text:?}");
 }
@@ -49,24 +67,50 @@ fn smollm2_generates_paris() {
 /// not depend on the thread split).
 #[test]
 fn seeded_sampling_is_deterministic_across_thread_counts() {
-    let cfg = SamplerConfig { temperature: 0.9, seed: 1234, ..Default::default() };
+    let cfg = SamplerConfig {
+        temperature: 0.9,
+        seed: 1234,
+        ..Default::default()
+    };
     let mut runs = Vec::new();
     for threads in [1, 2, 3] {
-        let Some(m) = load(testdata::SMOLLM2, threads) else { return };
+        let Some(m) = load(testdata::SMOLLM2, threads) else {
+            return;
+        };
         runs.push(gen(&m, "Once upon a time", cfg.clone(), 24).0);
     }
     assert_eq!(runs[0], runs[1]);
     assert_eq!(runs[0], runs[2]);
-    let Some(m) = load(testdata::SMOLLM2, 2) else { return };
-    let other = gen(&m, "Once upon a time", SamplerConfig { seed: 99, ..cfg }, 24).0;
-    assert_ne!(runs[0], other, "a different seed should change a 24-token sample");
+    let Some(m) = load(testdata::SMOLLM2, 2) else {
+        return;
+    };
+    let other = gen(
+        &m,
+        "Once upon a time",
+        SamplerConfig { seed: 99, ..cfg },
+        24,
+    )
+    .0;
+    assert_ne!(
+        runs[0], other,
+        "a different seed should change a 24-token sample"
+    );
 }
 
 /// Prefill in chunks of 7 and token by token give the same last logits as one big chunk.
 #[test]
 fn chunking_does_not_change_logits() {
-    let Some(m) = load(testdata::QWEN25, 2) else { return };
-    let ids = m.tokenizer.encode("fn main() { println!(\"hello, world\"); } // a short program", true, false).unwrap();
+    let Some(m) = load(testdata::QWEN25, 2) else {
+        return;
+    };
+    let ids = m
+        .tokenizer
+        .encode(
+            "fn main() { println!(\"hello, world\"); } // a short program",
+            true,
+            false,
+        )
+        .unwrap();
     let mut a = session(&m, 256, 256, KvType::F32);
     let la = a.eval(&ids).unwrap();
     let mut b = session(&m, 256, 7, KvType::F32);
@@ -81,19 +125,31 @@ fn chunking_does_not_change_logits() {
 /// restore, and evaluate a different continuation: logits equal a fresh session's.
 #[test]
 fn gemma3_checkpoint_restore_past_sliding_window() {
-    let Some(m) = load(testdata::GEMMA3, 2) else { return };
+    let Some(m) = load(testdata::GEMMA3, 2) else {
+        return;
+    };
     assert!(m.model.cfg.layers.iter().any(|l| l.window == Some(512)));
     let text = "The quick brown fox jumps over the lazy dog. ".repeat(120);
     let ids = m.tokenizer.encode(&text, true, false).unwrap();
     assert!(ids.len() > 560 + 512 + 128, "{}", ids.len());
     let (prefix, rest) = ids.split_at(560);
-    let other: Vec<u32> = m.tokenizer.encode(" Meanwhile, in a distant galaxy, stars were born.", false, false).unwrap();
+    let other: Vec<u32> = m
+        .tokenizer
+        .encode(
+            " Meanwhile, in a distant galaxy, stars were born.",
+            false,
+            false,
+        )
+        .unwrap();
 
     let mut s = session(&m, 2048, 128, KvType::F16);
     s.eval(prefix).unwrap();
     let cp = s.checkpoint();
     s.eval(rest).unwrap(); // > window + ubatch tokens: every ring slot of the sliding layers is rewritten
-    assert!(s.truncate(560).is_err(), "plain truncation past the ring slack must be refused");
+    assert!(
+        s.truncate(560).is_err(),
+        "plain truncation past the ring slack must be refused"
+    );
     s.restore(&cp).unwrap();
     assert_eq!(s.n_past(), 560);
     let got = s.eval(&other).unwrap();
@@ -101,7 +157,10 @@ fn gemma3_checkpoint_restore_past_sliding_window() {
     let mut fresh = session(&m, 2048, 128, KvType::F16);
     fresh.eval(prefix).unwrap();
     let want = fresh.eval(&other).unwrap();
-    assert_eq!(got, want, "restored state must be bit-identical to a fresh evaluation");
+    assert_eq!(
+        got, want,
+        "restored state must be bit-identical to a fresh evaluation"
+    );
 
     // Small rollbacks (≤ ubatch) work without a checkpoint.
     fresh.eval(&other[..4]).unwrap();
@@ -117,8 +176,13 @@ fn gemma3_checkpoint_restore_past_sliding_window() {
 /// A forked session continues independently of its parent.
 #[test]
 fn fork_is_independent() {
-    let Some(m) = load(testdata::SMOLLM2, 2) else { return };
-    let ids = m.tokenizer.encode("Hello there, how are you", false, false).unwrap();
+    let Some(m) = load(testdata::SMOLLM2, 2) else {
+        return;
+    };
+    let ids = m
+        .tokenizer
+        .encode("Hello there, how are you", false, false)
+        .unwrap();
     let mut s = session(&m, 128, 32, KvType::F16);
     s.eval(&ids[..3]).unwrap();
     let mut f = s.fork().unwrap();
@@ -131,16 +195,27 @@ fn fork_is_independent() {
 /// Over-long prompts and zero limits are clear errors, not panics.
 #[test]
 fn limits_are_errors() {
-    let Some(m) = load(testdata::SMOLLM2, 1) else { return };
+    let Some(m) = load(testdata::SMOLLM2, 1) else {
+        return;
+    };
     let mut s = session(&m, 16, 8, KvType::F16);
     let long: Vec<u32> = (0..40).collect();
     let e = s.eval(&long).unwrap_err().to_string();
     assert!(e.contains("context overflow"), "{e}");
     let mut sampler = Sampler::new(SamplerConfig::greedy());
     let is_eog = |_t: u32| false;
-    let e = generate(&mut s, &mut sampler, &[1, 2], &GenerateOptions { max_tokens: 0, is_eog: &is_eog }, &mut |_| true)
-        .unwrap_err()
-        .to_string();
+    let e = generate(
+        &mut s,
+        &mut sampler,
+        &[1, 2],
+        &GenerateOptions {
+            max_tokens: 0,
+            is_eog: &is_eog,
+        },
+        &mut |_| true,
+    )
+    .unwrap_err()
+    .to_string();
     assert!(e.contains("max_tokens"), "{e}");
     let e = s.eval(&[999_999]).unwrap_err().to_string();
     assert!(e.contains("out of range"), "{e}");

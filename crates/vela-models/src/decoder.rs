@@ -242,7 +242,9 @@ impl<B: Backend> DecoderModel<B> {
         if n_ctx == 0 || max_batch == 0 {
             bail!("context size and batch size must be positive");
         }
-        let kv = self.backend.new_kv(&self.kv_layout(n_ctx, max_batch), kv_type)?;
+        let kv = self
+            .backend
+            .new_kv(&self.kv_layout(n_ctx, max_batch), kv_type)?;
         Ok(self.state_with_kv(kv, n_ctx, max_batch))
     }
 
@@ -296,9 +298,12 @@ impl<B: Backend> DecoderModel<B> {
         for (il, l) in self.layers.iter().enumerate() {
             let lc = &c.layers[il];
             be.rms_norm(&st.x, &l.attn_norm, n, d, c.rms_eps, &mut st.h);
-            be.matmul(&l.wq, &st.h, n, &mut st.q);
-            be.matmul(&l.wk, &st.h, n, &mut st.k);
-            be.matmul(&l.wv, &st.h, n, &mut st.v);
+            be.matmul_many(
+                &[&l.wq, &l.wk, &l.wv],
+                &st.h,
+                n,
+                &mut [&mut st.q, &mut st.k, &mut st.v],
+            );
             if let Some(b) = &l.bq {
                 be.add_bias(&mut st.q, b, n);
             }
@@ -331,8 +336,7 @@ impl<B: Backend> DecoderModel<B> {
             }
             be.add(&mut st.x, &st.o, n * d);
             be.rms_norm(&st.x, &l.ffn_norm, n, d, c.rms_eps, &mut st.h);
-            be.matmul(&l.w_gate, &st.h, n, &mut st.g);
-            be.matmul(&l.w_up, &st.h, n, &mut st.u);
+            be.matmul_many(&[&l.w_gate, &l.w_up], &st.h, n, &mut [&mut st.g, &mut st.u]);
             be.act_mul(&mut st.g, &st.u, n * c.n_ff, c.act);
             be.matmul(&l.w_down, &st.g, n, &mut st.o);
             if let Some(pn) = &l.post_ffn_norm {

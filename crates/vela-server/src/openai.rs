@@ -10,13 +10,15 @@ use crate::request::{
     check_response_format, get_bool, get_uint, normalize_messages, parse_common, parse_object,
     parse_tools, Obj,
 };
-use crate::worker::{Out, TokenLogprob};
+use crate::worker::{CancelToken, Out, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
+use std::sync::Arc;
 use std::time::Instant;
+use tokio::sync::mpsc;
 use vela_template::RenderRequest;
 
 /// Render chat messages with the model's template and tokenize them safely; also returns the
@@ -111,6 +113,31 @@ fn tool_calls_json(calls: &[ToolCall], start: usize, with_index: bool) -> Value 
     )
 }
 
+/// A queued request: its output channel, cancel token, `stream`, `include_usage` and model name.
+type Started = (
+    mpsc::UnboundedReceiver<Out>,
+    Arc<CancelToken>,
+    bool,
+    bool,
+    String,
+);
+
+/// Queue a prepared OpenAI request (checking readiness), or the error response to send.
+fn start(
+    st: &crate::http::AppState,
+    prep: Result<(Prepared, String), ApiError>,
+    received: Instant,
+) -> Result<Started, Box<Response>> {
+    let err = |e| Box::new(openai_err(&st.metrics, e));
+    let (p, model) = prep.map_err(err)?;
+    let r = st
+        .ready()
+        .map_err(|_| err(ApiError::internal("not ready")))?;
+    let (stream, include_usage) = (p.params.stream, p.params.include_usage);
+    let (rx, cancel) = submit(st, r, p, received).map_err(err)?;
+    Ok((rx, cancel, stream, include_usage, model))
+}
+
 /// `POST /v1/chat/completions`.
 pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
     let received = Instant::now();
@@ -137,17 +164,9 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
             r.name.clone(),
         ))
     };
-    let (p, model) = match prep() {
+    let (rx, cancel, stream, include_usage, model) = match start(&st, prep(), received) {
         Ok(x) => x,
-        Err(e) => return openai_err(&st.metrics, e),
-    };
-    let Ok(r) = st.ready() else {
-        return openai_err(&st.metrics, ApiError::internal("not ready"));
-    };
-    let (stream, include_usage) = (p.params.stream, p.params.include_usage);
-    let (rx, cancel) = match submit(&st, r, p, received) {
-        Ok(x) => x,
-        Err(e) => return openai_err(&st.metrics, e),
+        Err(resp) => return *resp,
     };
     let id = new_id("chatcmpl-");
     let created = unix_now();
@@ -314,17 +333,9 @@ pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> 
                 r.name.clone(),
             ))
         };
-    let (p, model) = match prep() {
+    let (rx, cancel, stream, include_usage, model) = match start(&st, prep(), received) {
         Ok(x) => x,
-        Err(e) => return openai_err(&st.metrics, e),
-    };
-    let Ok(r) = st.ready() else {
-        return openai_err(&st.metrics, ApiError::internal("not ready"));
-    };
-    let (stream, include_usage) = (p.params.stream, p.params.include_usage);
-    let (rx, cancel) = match submit(&st, r, p, received) {
-        Ok(x) => x,
-        Err(e) => return openai_err(&st.metrics, e),
+        Err(resp) => return *resp,
     };
     let id = new_id("cmpl-");
     let created = unix_now();

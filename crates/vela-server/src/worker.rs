@@ -211,7 +211,11 @@ fn serve_job(
             let fits_two = cache.total_bytes() + 2 * bytes <= cache.budget;
             if n >= 256 && fits_two {
                 if let Ok(copy) = entry.session.fork() {
-                    let copy = Entry { session: copy, prompt_cp: None, last_used: 0 };
+                    let copy = Entry {
+                        session: copy,
+                        prompt_cp: None,
+                        last_used: 0,
+                    };
                     cache.put(std::mem::replace(&mut entry, copy));
                 }
             } else if n < n_past / 2 {

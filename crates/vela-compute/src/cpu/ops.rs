@@ -269,6 +269,18 @@ impl Backend for CpuBackend {
         matmul::matmul(&self.pool, &q, &x[..n * q.cols], n, &mut y[..n * q.rows]);
     }
 
+    fn matmul_many(&self, ws: &[&CpuWeight], x: &Vec<f32>, n: usize, ys: &mut [&mut Vec<f32>]) {
+        let qs: Vec<QMatrix> = ws.iter().map(|w| w.qmatrix()).collect();
+        let qrefs: Vec<&QMatrix> = qs.iter().collect();
+        let cols = qs.first().map(|q| q.cols).unwrap_or(0);
+        let mut outs: Vec<&mut [f32]> = ys
+            .iter_mut()
+            .zip(&qs)
+            .map(|(y, q)| &mut y[..n * q.rows])
+            .collect();
+        matmul::matmul_multi(&self.pool, &qrefs, &x[..n * cols], n, &mut outs);
+    }
+
     fn add_bias(&self, x: &mut Vec<f32>, b: &Vec<f32>, n: usize) {
         let w = b.len();
         for row in x[..n * w].chunks_exact_mut(w) {

@@ -246,7 +246,7 @@ fn worker_loop(s: &Shared, index: usize) {
                 spins += 1;
                 // Offer the core to other runnable threads now and then (on a shared machine
                 // our own dispatching thread may be one of them); costs ~0.3 µs when idle.
-                if spins % 64 == 0 {
+                if spins & 63 == 0 {
                     thread::yield_now();
                 } else {
                     std::hint::spin_loop();

@@ -344,7 +344,7 @@ const TYPES: [G; 13] = [
 fn col_options(ty: G) -> Vec<usize> {
     match ty.block_size() {
         1 => vec![1, 7, 33, 100],
-        32 => vec![32, 64, 96, 320, 576],
+        32 => vec![32, 64, 96, 320, 416, 576],
         _ => vec![256, 512, 768, 2304],
     }
 }

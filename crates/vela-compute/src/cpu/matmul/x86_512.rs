@@ -18,8 +18,9 @@
 //! block (built once per token and pair with a zero-masked `vpermd`). The lanes are converted to
 //! f32 and multiplied by the lane-expanded weight scale and activation scale (`vpermps`), and
 //! accumulated into one f32 register per (row, token). The additive mins of Q4_1/Q5_1 contribute
-//! `m · s` for 8 blocks with one FMA per (row, token, group). Leftover blocks (`nb % 8`) go through
-//! the 256-bit per-block kernel of `x86.rs`. Every output is produced by a fixed operation order
+//! `m · s` for 8 blocks with one FMA per (row, token, group). Leftover blocks (`nb % 8`) form a
+//! last, partial group (masked gathers) of whole pairs; a final odd block goes through the
+//! 256-bit per-block kernel of `x86.rs`. Weights are software-prefetched [`PREFETCH`] bytes ahead. Every output is produced by a fixed operation order
 //! that does not depend on the tile position, so results are independent of the thread split.
 
 use std::arch::x86_64::*;
@@ -40,6 +41,19 @@ unsafe fn gather8(p: *const u8, stride: i32) -> __m256i {
         _mm256_set1_epi32(stride),
     );
     _mm256_i32gather_epi32::<1>(p as *const i32, idx)
+}
+
+/// [`gather8`], or with lanes where `ok` is clear left zero (not loaded) unless `full`.
+#[inline(always)]
+unsafe fn gather_masked(p: *const u8, stride: i32, full: bool, ok: __m256i) -> __m256i {
+    if full {
+        return gather8(p, stride);
+    }
+    let idx = _mm256_mullo_epi32(
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+        _mm256_set1_epi32(stride),
+    );
+    _mm256_mask_i32gather_epi32::<1>(_mm256_setzero_si256(), p as *const i32, idx, ok)
 }
 
 /// f16 values in the low (`HIGH = false`) or high halves of 8 i32 lanes → 8 f32.
@@ -105,6 +119,99 @@ unsafe fn pair_lanes<B: Q32>(p: i32) -> (__m512i, u16) {
     }
 }
 
+/// Weight bytes prefetched ahead of the group being decoded (per row stream): decode walks
+/// `R` rows at once, and the scale gather that starts each group otherwise stalls on DRAM.
+const PREFETCH: usize = 4096;
+
+/// Blocks `b0 .. b0 + 2 * NP` (`NP ≤ 4`, a constant so the pair loop unrolls with constant lane
+/// maps) of an `R × T` tile into `acc` (see the module docs).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group<B: Q32, const R: usize, const T: usize, const NP: usize>(
+    w: *const u8,
+    ws: usize,
+    x: *const u8,
+    xs: usize,
+    b0: usize,
+    acc: &mut [[__m512; T]; R],
+) {
+    // Offset folded into the integer dot: Q8_0 is shifted by +128 to unsigned.
+    let off: i32 = if B::SIGNED { 128 } else { B::OFF };
+    let n = (2 * NP) as i32;
+    let full = NP == G / 2;
+    let lanes_ok = _mm256_cmpgt_epi32(
+        _mm256_set1_epi32(n),
+        _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
+    );
+    // (No closures here: they do not inherit the caller's target features, so intrinsics
+    // inside one are not inlined.)
+    let mut dw = [_mm256_setzero_ps(); R];
+    let mut mw = [_mm256_setzero_ps(); R];
+    for r in 0..R {
+        let p = w.add(r * ws + b0 * B::BYTES);
+        let mut o = 0;
+        // Only decode streams weights from memory; prefill tiles re-read them from L2.
+        while T == 1 && o < G * B::BYTES {
+            _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + o) as *const i8);
+            o += 64;
+        }
+        let hv = gather_masked(p, B::BYTES as i32, full, lanes_ok);
+        dw[r] = halves_to_f32::<false>(hv);
+        if B::HAS_MIN {
+            mw[r] = halves_to_f32::<true>(hv);
+        }
+    }
+    let mut da = [_mm256_setzero_ps(); T];
+    let mut sa = [_mm256_setzero_ps(); T];
+    let mut corr8 = [_mm256_setzero_si256(); T];
+    for t in 0..T {
+        let a = (x.add(t * xs) as *const ActQ8).add(b0) as *const u8;
+        da[t] = _mm256_castsi256_ps(gather_masked(a, AB, full, lanes_ok));
+        if B::HAS_MIN {
+            sa[t] = _mm256_castsi256_ps(gather_masked(a.add(4), AB, full, lanes_ok));
+        }
+        if off != 0 {
+            let sums = gather_masked(a.add(8), AB, full, lanes_ok);
+            corr8[t] = _mm256_mullo_epi32(sums, _mm256_set1_epi32(-off));
+        }
+    }
+    if B::HAS_MIN {
+        for r in 0..R {
+            for t in 0..T {
+                acc[r][t] = _mm512_fmadd_ps(
+                    _mm512_zextps256_ps512(mw[r]),
+                    _mm512_zextps256_ps512(sa[t]),
+                    acc[r][t],
+                );
+            }
+        }
+    }
+    for p in 0..NP as i32 {
+        let (lanes, cmask) = pair_lanes::<B>(p);
+        let mut av = [_mm512_setzero_si512(); T];
+        let mut al = [_mm512_setzero_ps(); T];
+        let mut cv = [_mm512_setzero_si512(); T];
+        for t in 0..T {
+            let a = (x.add(t * xs) as *const ActQ8).add(b0 + 2 * p as usize);
+            av[t] = act_pair::<B>(a);
+            al[t] = _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(da[t]));
+            if off != 0 {
+                cv[t] =
+                    _mm512_maskz_permutexvar_epi32(cmask, lanes, _mm512_castsi256_si512(corr8[t]));
+            }
+        }
+        for r in 0..R {
+            let wv = load_pair::<B>(w.add(r * ws + (b0 + 2 * p as usize) * B::BYTES));
+            let wl = _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(dw[r]));
+            for t in 0..T {
+                let dp = _mm512_dpbusd_epi32(cv[t], wv, av[t]);
+                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), wl);
+                acc[r][t] = _mm512_fmadd_ps(f, al[t], acc[r][t]);
+            }
+        }
+    }
+}
+
 /// The `R × T` tile kernel (see the module docs). Signature and safety as [`super::TileFn`].
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
@@ -117,74 +224,21 @@ pub(crate) unsafe fn tile_q32<B: Q32, const R: usize, const T: usize>(
     y: *mut f32,
     ys: usize,
 ) {
-    // Offset folded into the integer dot: Q8_0 is shifted by +128 to unsigned.
-    let off: i32 = if B::SIGNED { 128 } else { B::OFF };
     let mut acc = [[_mm512_setzero_ps(); T]; R];
     let ng = nb / G;
     for g in 0..ng {
-        let mut dw = [_mm256_setzero_ps(); R];
-        let mut mw = [_mm256_setzero_ps(); R];
-        for r in 0..R {
-            let p = w.add(r * ws + g * G * B::BYTES);
-            let hv = gather8(p, B::BYTES as i32);
-            dw[r] = halves_to_f32::<false>(hv);
-            if B::HAS_MIN {
-                mw[r] = halves_to_f32::<true>(hv);
-            }
-        }
-        let mut da = [_mm256_setzero_ps(); T];
-        let mut sa = [_mm256_setzero_ps(); T];
-        let mut corr8 = [_mm256_setzero_si256(); T];
-        for t in 0..T {
-            let a = (x.add(t * xs) as *const ActQ8).add(g * G) as *const u8;
-            da[t] = _mm256_castsi256_ps(gather8(a, AB));
-            if B::HAS_MIN {
-                sa[t] = _mm256_castsi256_ps(gather8(a.add(4), AB));
-            }
-            if off != 0 {
-                corr8[t] = _mm256_mullo_epi32(gather8(a.add(8), AB), _mm256_set1_epi32(-off));
-            }
-        }
-        if B::HAS_MIN {
-            for r in 0..R {
-                for t in 0..T {
-                    acc[r][t] = _mm512_fmadd_ps(
-                        _mm512_zextps256_ps512(mw[r]),
-                        _mm512_zextps256_ps512(sa[t]),
-                        acc[r][t],
-                    );
-                }
-            }
-        }
-        for p in 0..(G / 2) as i32 {
-            let (lanes, cmask) = pair_lanes::<B>(p);
-            let mut av = [_mm512_setzero_si512(); T];
-            let mut al = [_mm512_setzero_ps(); T];
-            let mut cv = [_mm512_setzero_si512(); T];
-            for t in 0..T {
-                let a = (x.add(t * xs) as *const ActQ8).add(g * G + 2 * p as usize);
-                av[t] = act_pair::<B>(a);
-                al[t] = _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(da[t]));
-                if off != 0 {
-                    cv[t] = _mm512_maskz_permutexvar_epi32(
-                        cmask,
-                        lanes,
-                        _mm512_castsi256_si512(corr8[t]),
-                    );
-                }
-            }
-            for r in 0..R {
-                let wv = load_pair::<B>(w.add(r * ws + (g * G + 2 * p as usize) * B::BYTES));
-                let wl = _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(dw[r]));
-                for t in 0..T {
-                    let dp = _mm512_dpbusd_epi32(cv[t], wv, av[t]);
-                    let f = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), wl);
-                    acc[r][t] = _mm512_fmadd_ps(f, al[t], acc[r][t]);
-                }
-            }
-        }
+        group::<B, R, T, 4>(w, ws, x, xs, g * G, &mut acc);
     }
-    let done = ng * G;
+    // A partial group of whole pairs (masked gathers), then at most one odd block.
+    let mut done = ng * G;
+    let pairs = (nb - done) / 2;
+    match pairs {
+        1 => group::<B, R, T, 1>(w, ws, x, xs, done, &mut acc),
+        2 => group::<B, R, T, 2>(w, ws, x, xs, done, &mut acc),
+        3 => group::<B, R, T, 3>(w, ws, x, xs, done, &mut acc),
+        _ => {}
+    }
+    done += 2 * pairs;
     let mut tail = [0f32; 16];
     if done < nb {
         // `tail[t * R + r]` via the per-block 256-bit kernel.
@@ -205,6 +259,20 @@ pub(crate) unsafe fn tile_q32<B: Q32, const R: usize, const T: usize>(
     }
 }
 
+/// The f16 at `p + o` as f32 (F16C). Helpers are functions, not closures: closures do not
+/// inherit the caller's target features, so intrinsics inside them would not be inlined.
+#[inline(always)]
+unsafe fn f16_at(p: *const u8, o: usize) -> f32 {
+    let h = (p.add(o) as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// 8 i16 → 16 i16 with every value repeated twice.
+#[inline(always)]
+unsafe fn dup16(v: __m128i) -> __m256i {
+    _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v))
+}
+
 /// 256-element k-quant super-blocks with a native 512-bit decoder (`Q4_K`, `Q6_K`).
 ///
 /// Per super-block and row the decoder yields the 256 unsigned quants as 4 registers in element
@@ -218,10 +286,6 @@ unsafe fn decode_k<B: super::decode::QK>(
     p: *const u8,
     q: &mut [__m512i; 4],
 ) -> (__m256i, __m256i, f32, f32) {
-    let f16 = |o: usize| {
-        let h = (p.add(o) as *const u16).read_unaligned();
-        _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
-    };
     let m15 = _mm512_set1_epi8(15);
     if B::KIND == 4 {
         for k in 0..4 {
@@ -245,8 +309,7 @@ unsafe fn decode_k<B: super::decode::QK>(
         let mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
             (mn_lo as u64 | (mn_hi as u64) << 32) as i64,
         ));
-        let dup = |v: __m128i| _mm256_set_m128i(_mm_unpackhi_epi16(v, v), _mm_unpacklo_epi16(v, v));
-        (dup(sc), dup(mn), f16(0), f16(2))
+        (dup16(sc), dup16(mn), f16_at(p, 0), f16_at(p, 2))
     } else {
         // Q6_K: ql[128], qh[64], sc[16] (i8), d.
         let m3 = _mm512_set1_epi8(3);
@@ -269,7 +332,7 @@ unsafe fn decode_k<B: super::decode::QK>(
             );
         }
         let sc = _mm256_cvtepi8_epi16(_mm_loadu_si128(p.add(192) as *const __m128i));
-        let d = f16(208);
+        let d = f16_at(p, 208);
         (sc, sc, d, 32.0 * d)
     }
 }
@@ -300,8 +363,14 @@ pub(crate) unsafe fn tile_qk<B: super::decode::QK, const R: usize, const T: usiz
     }
     for b in 0..nb {
         for r in 0..R {
+            let p = w.add(r * ws + b * B::BYTES);
+            let mut o = 0;
+            while T == 1 && o < B::BYTES {
+                _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + o) as *const i8);
+                o += 64;
+            }
             let mut q = [_mm512_setzero_si512(); 4];
-            let (sc, mn, d, dmin) = decode_k::<B>(w.add(r * ws + b * B::BYTES), &mut q);
+            let (sc, mn, d, dmin) = decode_k::<B>(p, &mut q);
             let mut scz = [_mm512_setzero_si512(); 4];
             for k in 0..4 {
                 scz[k] = _mm512_permutexvar_epi16(sidx[k], _mm512_castsi256_si512(sc));
