@@ -32,8 +32,8 @@ pack)
   mkdir -p "$tmp/llama.cpp/tools"
   (cd "$src" && tar cf - CMakeLists.txt LICENSE cmake licenses include src common vendor \
       tools/llama-bench \
-      ggml/CMakeLists.txt ggml/cmake ggml/include ggml/src/*.c ggml/src/*.cpp ggml/src/*.h \
-      ggml/src/CMakeLists.txt ggml/src/ggml-cpu ggml/src/ggml-cuda) |
+      ggml/CMakeLists.txt ggml/cmake ggml/include $(find ggml/src -maxdepth 1 -type f) \
+      ggml/src/ggml-cpu ggml/src/ggml-cuda) |
     tar xf - -C "$tmp/llama.cpp"
   cat >"$tmp/llama.cpp/tools/CMakeLists.txt" <<'EOF'
 # trimmed by vela's scripts/build-llama-cpp-cuda.sh: only llama-bench

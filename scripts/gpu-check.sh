@@ -5,6 +5,9 @@
 #     stage ops   : every op vs the CPU backend on random data (tests/gpu.rs, no model needed)
 #     stage model : SmolLM2-135M Q4_1 GPU vs CPU logits + greedy 32 tokens, then decode speed
 #     stage all   : both
+#     stage bench : decode speed 3x, device bandwidth (crates/vela-cuda/bench/bandwidth.cu, nvcc),
+#                   and llama.cpp-CUDA's llama-bench on the same model when $LLAMA_BENCH (default
+#                   /tmp/llama-cuda/build/bin/llama-bench, see scripts/build-llama-cpp-cuda.sh) exists
 #
 # Build the test binary on a CPU machine (no CUDA needed):
 #   cargo test --release -p vela-cuda --no-run   # prints target/release/deps/gpu-<hash>
@@ -56,7 +59,7 @@ if [ "$stage" = ops ] || [ "$stage" = all ]; then
   run --exact elementwise_ops_match_cpu          # warm: loads them from $VELA_CACHE/cuda-kernels
   run matmul_and_get_rows_match_cpu attention_and_kv_match_cpu
 fi
-if [ "$stage" = model ] || [ "$stage" = all ]; then
+need_model() {
   if [ -z "${VELA_GPU_MODEL:-}" ]; then
     m=target/gpu-data/smollm2.gguf
     [ -s "$m" ] || cat target/gpu-data/part-* >"$m"
@@ -65,8 +68,28 @@ if [ "$stage" = model ] || [ "$stage" = all ]; then
     [ "$sum" = b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53 ] || { echo "BAD MODEL CHECKSUM" | tee -a "$log"; rc=1; }
     export VELA_GPU_MODEL=$PWD/$m
   fi
+}
+if [ "$stage" = model ] || [ "$stage" = all ]; then
+  need_model
   run --exact smollm2_gpu_matches_cpu
   run --exact smollm2_decode_speed
+fi
+if [ "$stage" = bench ]; then
+  need_model
+  for _ in 1 2 3; do run --exact smollm2_decode_speed; done
+  nvcc=$(command -v nvcc || ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)
+  if [ -n "$nvcc" ]; then
+    "$nvcc" -O3 -arch=sm_90 crates/vela-cuda/bench/bandwidth.cu -o /tmp/vela-bw && /tmp/vela-bw 2>&1 |
+      sed 's/^BANDWIDTH/RESULT bandwidth/' | tee -a "$log"
+  fi
+  lb=${LLAMA_BENCH:-/tmp/llama-cuda/build/bin/llama-bench}
+  if [ -x "$lb" ]; then
+    echo "== llama-bench (llama.cpp CUDA)" | tee -a "$log"
+    "$lb" -m "$VELA_GPU_MODEL" -p 512 -n 128 -r 3 -ngl 99 2>&1 | tee -a "$log"
+    "$lb" -m "$VELA_GPU_MODEL" -p 0 -n 128 -d 512 -r 3 -ngl 99 2>&1 | tee -a "$log"
+  else
+    echo "no llama-bench at $lb: skipped the llama.cpp comparison" | tee -a "$log"
+  fi
 fi
 
 {

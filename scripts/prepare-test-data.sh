@@ -68,6 +68,22 @@ GENS=()
 for g in scripts/gen-*.py scripts/gen-*.sh; do
   [ "$(basename "$g")" = gen-parity-fixtures.py ] || GENS+=("$g")
 done
+# Generators whose header says `# vela-venv: torch` need PyTorch + transformers 5.23 (the HF
+# reference implementations); they run in $VELA_CACHE/venv-torch, created from PyPI on first use.
+python_for() {
+  if grep -q '^# vela-venv: torch' "$1"; then
+    local v=$VELA_CACHE/venv-torch
+    if ! "$v/bin/python" -c 'import torch, transformers, safetensors, numpy; assert transformers.__version__ == "5.23.0"' 2>/dev/null; then
+      log "creating $v (torch, transformers==5.23.0) for $(basename "$1")"
+      python3 -m venv "$v" >&2
+      "$v/bin/pip" install -q torch "transformers==5.23.0" safetensors numpy sentencepiece protobuf >&2
+    fi
+    echo "$v/bin/python"
+  else
+    echo python3
+  fi
+}
+
 BEFORE=$(goldens_id)
 for g in "${GENS[@]}"; do
   name=$(basename "$g")
@@ -78,7 +94,7 @@ for g in "${GENS[@]}"; do
   fi
   log "running $name"
   case "$g" in
-    *.py) nice -n 10 python3 "$g" ;;
+    *.py) nice -n 10 "$(python_for "$g")" "$g" ;;
     *.sh) nice -n 10 bash "$g" ;;
   esac
   touch "$STAMPS/$name.ran"

@@ -26,7 +26,7 @@ extern "C" __global__ void kv_store_f16(const float* k, const float* v, const u3
     kv_store<true>(k, v, pos, kc, vc, wk, wv, capacity);
 }
 
-#define ATT_WARPS 4
+#define ATT_WARPS 32
 #define ATT_MAXD 256
 
 template <bool H>
@@ -34,9 +34,45 @@ __device__ __forceinline__ float ld_kv(const void* p, size_t i) {
     return H ? h2f(((const u16*)p)[i]) : ((const float*)p)[i];
 }
 
-// One block per (head, token); each warp walks every ATT_WARPS-th key of the window with an
-// online softmax (running max m, running sum l, running weighted V sum), then the warps' partial
-// results are merged. head dims <= 256 (8 values per lane).
+// q . k for one key row of `hdk` elements starting at element `ko` (q in shared memory).
+// 16-byte loads when the row allows it (8 halves or 4 floats at a time).
+template <bool H>
+__device__ __forceinline__ float qk_dot(const float* qs, const void* kc, size_t ko, int hdk) {
+    float dot = 0.0f;
+    if (H && (hdk & 7) == 0) {
+        const uint4* kr = (const uint4*)((const u16*)kc + ko);
+#pragma unroll 8
+        for (int c = 0; c < hdk / 8; c++) {
+            uint4 u = kr[c];
+            u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                dot += qs[8 * c + 2 * e] * h2f((u16)(w[e] & 0xffffu));
+                dot += qs[8 * c + 2 * e + 1] * h2f((u16)(w[e] >> 16));
+            }
+        }
+    } else if (!H && (hdk & 3) == 0) {
+        const float4* kr = (const float4*)((const float*)kc + ko);
+#pragma unroll 8
+        for (int c = 0; c < hdk / 4; c++) {
+            float4 u = kr[c];
+            dot += qs[4 * c] * u.x;
+            dot += qs[4 * c + 1] * u.y;
+            dot += qs[4 * c + 2] * u.z;
+            dot += qs[4 * c + 3] * u.w;
+        }
+    } else {
+        for (int d = 0; d < hdk; d++) dot += qs[d] * ld_kv<H>(kc, ko + d);
+    }
+    return dot;
+}
+
+// One block of ATT_WARPS (32) warps per (head, token), so that a decode step over ~1000 keys has
+// one chunk per warp and the per-chunk memory latency is paid about once. Each warp takes chunks of 32 consecutive keys
+// (chunk c goes to warp c % ATT_WARPS): every lane computes one key's full score (no per-key
+// reductions), the warp updates its online softmax (running max m, sum l) once per chunk, then
+// accumulates the chunk's V rows with lanes split over the value dimension (coalesced). The
+// warps' partial results are merged at the end. Head dims <= 256 (8 values per lane).
 template <bool H>
 __device__ void attention(const float* __restrict__ q, const void* __restrict__ kc,
                           const void* __restrict__ vc, const u32* __restrict__ pos,
@@ -57,22 +93,32 @@ __device__ void attention(const float* __restrict__ q, const void* __restrict__ 
     float acc[ATT_MAXD / 32];
 #pragma unroll
     for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] = 0.0f;
-    for (int j = first + warp; j <= p; j += ATT_WARPS) {
-        size_t slot = (size_t)(j % capacity);
-        size_t ko = (slot * n_head_kv + g) * hdk;
-        float dot = 0.0f;
-        for (int d = lane; d < hdk; d += 32) dot += qs[d] * ld_kv<H>(kc, ko + d);
-        float s = warp_sum(dot) * scale;
-        if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
-        float mn = fmaxf(m, s);
+    for (int j0 = first + 32 * warp; j0 <= p; j0 += 32 * ATT_WARPS) {
+        int j = j0 + lane;
+        float s = NEG_INF;
+        if (j <= p) {
+            size_t slot = (size_t)(j % capacity);
+            s = qk_dot<H>(qs, kc, (slot * n_head_kv + g) * hdk, hdk) * scale;
+            if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
+        }
+        // Lane 0 always holds a real key, so mn is finite.
+        float mn = fmaxf(m, warp_max(s));
         float corr = expf(m - mn);
-        float e = expf(s - mn);
-        l = l * corr + e;
-        size_t vo = (slot * n_head_kv + g) * hdv;
+        float e = j <= p ? expf(s - mn) : 0.0f;
+        l = l * corr + warp_sum(e);
 #pragma unroll
-        for (int i = 0; i < ATT_MAXD / 32; i++) {
-            int d = lane + 32 * i;
-            if (d < hdv) acc[i] = acc[i] * corr + e * ld_kv<H>(vc, vo + d);
+        for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] *= corr;
+        int cnt = min(32, p - j0 + 1);
+        // Unrolled so that several V rows are in flight at once (this loop is latency-bound).
+#pragma unroll 8
+        for (int u = 0; u < cnt; u++) {
+            float eu = __shfl_sync(0xffffffffu, e, u);
+            size_t vo = ((size_t)((j0 + u) % capacity) * n_head_kv + g) * hdv;
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD / 32; i++) {
+                int d = lane + 32 * i;
+                if (d < hdv) acc[i] += eu * ld_kv<H>(vc, vo + d);
+            }
         }
         m = mn;
     }
@@ -100,14 +146,14 @@ __device__ void attention(const float* __restrict__ q, const void* __restrict__ 
     }
 }
 
-extern "C" __global__ void attention_f32(const float* q, const void* kc, const void* vc,
+extern "C" __launch_bounds__(32 * ATT_WARPS) __global__ void attention_f32(const float* q, const void* kc, const void* vc,
                                          const u32* pos, float* out, int n_head, int n_head_kv,
                                          int hdk, int hdv, int capacity, int window, float scale,
                                          float softcap) {
     attention<false>(q, kc, vc, pos, out, n_head, n_head_kv, hdk, hdv, capacity, window, scale,
                      softcap);
 }
-extern "C" __global__ void attention_f16(const float* q, const void* kc, const void* vc,
+extern "C" __launch_bounds__(32 * ATT_WARPS) __global__ void attention_f16(const float* q, const void* kc, const void* vc,
                                          const u32* pos, float* out, int n_head, int n_head_kv,
                                          int hdk, int hdv, int capacity, int window, float scale,
                                          float softcap) {

@@ -94,6 +94,8 @@ const AQ8K_BYTES: usize = 304;
 const MM_WARPS: u32 = 4;
 /// Largest head dimension the attention kernel supports (`ATT_MAXD`).
 const ATT_MAXD: usize = 256;
+/// Warps per attention thread block (`ATT_WARPS` in attention.cu).
+const ATT_WARPS: u32 = 32;
 
 /// How a weight type's matmul reads activations.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -345,6 +347,34 @@ impl CudaBackend {
         self.scratch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Quantize `n` rows of `cols` activations into the scratch buffer as Q8 (32) or Q8_K (256)
+    /// blocks; returns the device pointer and the number of blocks per row.
+    fn quantize_act(
+        &self,
+        sc: &mut Scratch,
+        kind: ActKind,
+        x: &CudaBuf,
+        n: usize,
+        cols: usize,
+    ) -> (u64, usize) {
+        let (bs, bb, qname) = if kind == ActKind::Q8 {
+            (32, AQ8_BYTES, "quantize_q8")
+        } else {
+            (256, AQ8K_BYTES, "quantize_q8k")
+        };
+        let n_blocks = n * cols / bs;
+        if sc.act.len() < n_blocks * bb {
+            sc.act = self
+                .stream
+                .alloc_zeros::<u8>((n_blocks * bb).next_power_of_two())
+                .expect("CUDA alloc of activation scratch");
+        }
+        let ap = self.ptr(&sc.act);
+        let args = [Arg::P(self.ptr(x)), Arg::P(ap), Arg::I(n_blocks as i32)];
+        self.launch(qname, (n_blocks.div_ceil(8) as u32, 1, 1), 256, &args);
+        (ap, cols / bs)
+    }
+
     /// Copy `n` bytes between device buffers at byte offsets.
     fn copy_bytes(
         &self,
@@ -575,53 +605,63 @@ impl Backend for CudaBackend {
     }
 
     fn matmul(&self, w: &CudaWeight, x: &CudaBuf, n: usize, y: &mut CudaBuf) {
-        if n == 0 || w.rows == 0 {
+        self.matmul_many(&[w], x, n, &mut [y]);
+    }
+
+    /// The activations are quantized once for all weights that share their block type and
+    /// width (Q/K/V, gate/up), then one product kernel runs per weight.
+    fn matmul_many(&self, ws: &[&CudaWeight], x: &CudaBuf, n: usize, ys: &mut [&mut CudaBuf]) {
+        assert_eq!(
+            ws.len(),
+            ys.len(),
+            "matmul_many: {} weights, {} outputs",
+            ws.len(),
+            ys.len()
+        );
+        if n == 0 {
             return;
         }
-        assert!(
-            x.len() >= n * w.cols,
-            "matmul: x shorter than {n}x{}",
-            w.cols
-        );
-        assert!(
-            y.len() >= n * w.rows,
-            "matmul: y shorter than {n}x{}",
-            w.rows
-        );
-        let (suffix, kind) = type_info(w.ty).expect("checked at upload");
         let mut sc = self.scratch();
-        let (xp, nb) = match kind {
-            ActKind::Float => (self.ptr(x), w.cols),
-            ActKind::Q8 | ActKind::Q8K => {
-                let (bs, bb, qname) = if kind == ActKind::Q8 {
-                    (32, AQ8_BYTES, "quantize_q8")
-                } else {
-                    (256, AQ8K_BYTES, "quantize_q8k")
-                };
-                let n_blocks = n * w.cols / bs;
-                if sc.act.len() < n_blocks * bb {
-                    sc.act = self
-                        .stream
-                        .alloc_zeros::<u8>((n_blocks * bb).next_power_of_two())
-                        .expect("CUDA alloc of activation scratch");
-                }
-                let ap = self.ptr(&sc.act);
-                let args = [Arg::P(self.ptr(x)), Arg::P(ap), Arg::I(n_blocks as i32)];
-                self.launch(qname, (n_blocks.div_ceil(8) as u32, 1, 1), 256, &args);
-                (ap, w.cols / bs)
+        // (activation kind, width) of the activations currently in the scratch buffer.
+        let mut quantized: Option<(ActKind, usize, u64, usize)> = None;
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            if w.rows == 0 {
+                continue;
             }
-        };
-        let tt = if n == 1 { 1 } else { 8 };
-        let args = [
-            Arg::P(self.ptr(&w.data)),
-            Arg::P(xp),
-            Arg::P(self.ptr(y)),
-            Arg::I(w.rows as i32),
-            Arg::I(nb as i32),
-            Arg::I(n as i32),
-        ];
-        let grid = ((w.rows as u32).div_ceil(MM_WARPS), n.div_ceil(tt) as u32, 1);
-        self.launch(&format!("mm_{suffix}_t{tt}"), grid, 32 * MM_WARPS, &args);
+            assert!(
+                x.len() >= n * w.cols,
+                "matmul: x shorter than {n}x{}",
+                w.cols
+            );
+            assert!(
+                y.len() >= n * w.rows,
+                "matmul: y shorter than {n}x{}",
+                w.rows
+            );
+            let (suffix, kind) = type_info(w.ty).expect("checked at upload");
+            let (xp, nb) = match kind {
+                ActKind::Float => (self.ptr(x), w.cols),
+                ActKind::Q8 | ActKind::Q8K => match quantized {
+                    Some((k, c, p, nb)) if k == kind && c == w.cols => (p, nb),
+                    _ => {
+                        let r = self.quantize_act(&mut sc, kind, x, n, w.cols);
+                        quantized = Some((kind, w.cols, r.0, r.1));
+                        r
+                    }
+                },
+            };
+            let tt = if n == 1 { 1 } else { 8 };
+            let args = [
+                Arg::P(self.ptr(&w.data)),
+                Arg::P(xp),
+                Arg::P(self.ptr(&**y)),
+                Arg::I(w.rows as i32),
+                Arg::I(nb as i32),
+                Arg::I(n as i32),
+            ];
+            let grid = ((w.rows as u32).div_ceil(MM_WARPS), n.div_ceil(tt) as u32, 1);
+            self.launch(&format!("mm_{suffix}_t{tt}"), grid, 32 * MM_WARPS, &args);
+        }
     }
 
     fn add_bias(&self, x: &mut CudaBuf, b: &CudaSlice<f32>, n: usize) {
@@ -807,7 +847,7 @@ impl Backend for CudaBackend {
         self.launch(
             name,
             (p.n_head as u32, positions.len() as u32, 1),
-            128,
+            32 * ATT_WARPS,
             &args,
         );
     }

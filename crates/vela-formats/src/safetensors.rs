@@ -8,6 +8,8 @@
 //! Every offset, shape and dtype is validated when the file is opened, so later lookups cannot
 //! read outside the map.
 
+use crate::gguf::GgufFile;
+use crate::quant::GgmlType;
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -79,8 +81,8 @@ impl SafetensorsFile {
         // truncates it while it is mapped.
         let map = unsafe { memmap2::Mmap::map(&file) }
             .with_context(|| format!("cannot map {}", path.display()))?;
-        let (tensors, metadata) =
-            parse_header(&map).with_context(|| format!("invalid safetensors file {}", path.display()))?;
+        let (tensors, metadata) = parse_header(&map)
+            .with_context(|| format!("invalid safetensors file {}", path.display()))?;
         Ok(SafetensorsFile {
             path: path.to_path_buf(),
             map,
@@ -95,15 +97,19 @@ impl SafetensorsFile {
     }
 }
 
-fn parse_header(
-    buf: &[u8],
-) -> Result<(BTreeMap<String, TensorEntry>, BTreeMap<String, String>)> {
+fn parse_header(buf: &[u8]) -> Result<(BTreeMap<String, TensorEntry>, BTreeMap<String, String>)> {
     if buf.len() < 8 {
-        bail!("file is {} bytes, shorter than the 8-byte header length", buf.len());
+        bail!(
+            "file is {} bytes, shorter than the 8-byte header length",
+            buf.len()
+        );
     }
     let n = u64::from_le_bytes(buf[..8].try_into().unwrap());
     if n > MAX_HEADER || n > (buf.len() - 8) as u64 {
-        bail!("header length {n} exceeds the file size {} (or 100 MB)", buf.len());
+        bail!(
+            "header length {n} exceeds the file size {} (or 100 MB)",
+            buf.len()
+        );
     }
     let data_start = 8 + n as usize;
     let json: serde_json::Value =
@@ -128,8 +134,9 @@ fn parse_header(
             .get("dtype")
             .and_then(|d| d.as_str())
             .ok_or_else(|| anyhow!("tensor '{name}': missing dtype"))?;
-        let dtype = Dtype::parse(dt)
-            .ok_or_else(|| anyhow!("tensor '{name}': dtype {dt} is not supported (F32/F16/BF16)"))?;
+        let dtype = Dtype::parse(dt).ok_or_else(|| {
+            anyhow!("tensor '{name}': dtype {dt} is not supported (F32/F16/BF16)")
+        })?;
         let shape: Vec<usize> = v
             .get("shape")
             .and_then(|s| s.as_array())
@@ -147,7 +154,9 @@ fn parse_header(
             .collect::<Option<_>>()
             .ok_or_else(|| anyhow!("tensor '{name}': data_offsets are not integers"))?;
         if offs.len() != 2 || offs[0] > offs[1] || offs[1] > data_len as u64 {
-            bail!("tensor '{name}': data_offsets {offs:?} outside the {data_len}-byte data section");
+            bail!(
+                "tensor '{name}': data_offsets {offs:?} outside the {data_len}-byte data section"
+            );
         }
         let n_el = shape
             .iter()
@@ -209,7 +218,10 @@ impl Checkpoint {
                     .as_str()
                     .ok_or_else(|| anyhow!("{}: weight_map value is not a string", ip.display()))?;
                 if s.contains('/') || s.contains("..") {
-                    bail!("{}: shard name '{s}' is not a plain file name", ip.display());
+                    bail!(
+                        "{}: shard name '{s}' is not a plain file name",
+                        ip.display()
+                    );
                 }
                 if !shards.iter().any(|x| x == s) {
                     shards.push(s.to_string());
@@ -270,6 +282,56 @@ impl Checkpoint {
             .get(name)
             .ok_or_else(|| anyhow!("missing tensor {name}"))?;
         Ok(bytes_to_f32(e.dtype, b))
+    }
+}
+
+impl Checkpoint {
+    /// Copy tensors into an in-memory GGUF image (no metadata; F32/F16/BF16 kept as they are;
+    /// dimensions reversed into GGUF order, so a `[out, in]` matrix has `ne0 = in`). `rename`
+    /// gives each tensor's name in the image, or `None` to leave it out.
+    pub fn to_gguf_image(&self, rename: impl Fn(&str) -> Option<String>) -> Result<GgufFile> {
+        let mut tensors = Vec::new();
+        for name in self.names() {
+            let Some(short) = rename(name) else { continue };
+            let (e, bytes) = self.get(name).expect("listed tensor exists");
+            let ty = match e.dtype {
+                Dtype::F32 => GgmlType::F32,
+                Dtype::F16 => GgmlType::F16,
+                Dtype::BF16 => GgmlType::BF16,
+            };
+            let mut dims: Vec<u64> = e.shape.iter().rev().map(|&d| d as u64).collect();
+            if dims.is_empty() {
+                dims.push(1);
+            }
+            if dims.contains(&0) {
+                bail!("tensor {name} has an empty dimension {:?}", e.shape);
+            }
+            tensors.push((short, dims, ty.id(), bytes));
+        }
+        const ALIGN: usize = 32;
+        let mut out = Vec::new();
+        out.extend_from_slice(b"GGUF");
+        out.extend_from_slice(&3u32.to_le_bytes());
+        out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
+        out.extend_from_slice(&0u64.to_le_bytes());
+        let mut off = 0u64;
+        for (name, dims, ty, bytes) in &tensors {
+            out.extend_from_slice(&(name.len() as u64).to_le_bytes());
+            out.extend_from_slice(name.as_bytes());
+            out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
+            for d in dims {
+                out.extend_from_slice(&d.to_le_bytes());
+            }
+            out.extend_from_slice(&ty.to_le_bytes());
+            out.extend_from_slice(&off.to_le_bytes());
+            off += bytes.len().div_ceil(ALIGN) as u64 * ALIGN as u64;
+        }
+        for (_, _, _, bytes) in &tensors {
+            out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+            out.extend_from_slice(bytes);
+        }
+        out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
+        GgufFile::from_bytes(out).context("building an in-memory GGUF image")
     }
 }
 
@@ -351,6 +413,17 @@ mod tests {
         assert_eq!(cp.to_f32("c").unwrap(), [0.25, 3.0, -1.0]);
         assert_eq!(cp.files[0].metadata["format"], "pt");
         assert!(cp.to_f32("zzz").is_err());
+        // As a GGUF image: reversed dims, same bytes, renamed / filtered.
+        let g = cp
+            .to_gguf_image(|n| (n != "b").then(|| format!("x.{n}")))
+            .unwrap();
+        assert_eq!(g.tensors.len(), 2);
+        let a = g.tensor("x.a").unwrap();
+        assert_eq!((a.ne0(), a.n_rows(), a.ty), (2, 2, GgmlType::F32));
+        assert_eq!(g.tensor_data(a), cp.get("a").unwrap().1);
+        let c = g.tensor("x.c").unwrap();
+        assert_eq!((c.ne0(), c.n_rows(), c.ty), (1, 3, GgmlType::BF16));
+        assert!(g.tensor("x.b").is_none());
     }
 
     #[test]
@@ -388,17 +461,26 @@ mod tests {
             (vec![1, 2, 3], "shorter than"),
             ((1u64 << 40).to_le_bytes().to_vec(), "exceeds"),
             (build(&[("a", "I64", vec![1], vec![0; 8])]), "not supported"),
-            (build(&[("a", "F32", vec![3], f32_bytes(&[1.0, 2.0]))]), "needs 12 bytes"),
-            ({
-                let mut b = build(&[("a", "F32", vec![2], f32_bytes(&[1.0, 2.0]))]);
-                b.truncate(b.len() - 4);
-                b
-            }, "outside"),
-            ({
-                let mut b = 2u64.to_le_bytes().to_vec();
-                b.extend_from_slice(b"{x");
-                b
-            }, "not valid JSON"),
+            (
+                build(&[("a", "F32", vec![3], f32_bytes(&[1.0, 2.0]))]),
+                "needs 12 bytes",
+            ),
+            (
+                {
+                    let mut b = build(&[("a", "F32", vec![2], f32_bytes(&[1.0, 2.0]))]);
+                    b.truncate(b.len() - 4);
+                    b
+                },
+                "outside",
+            ),
+            (
+                {
+                    let mut b = 2u64.to_le_bytes().to_vec();
+                    b.extend_from_slice(b"{x");
+                    b
+                },
+                "not valid JSON",
+            ),
         ];
         for (i, (bytes, want)) in cases.into_iter().enumerate() {
             let p = d.join(format!("{i}.safetensors"));

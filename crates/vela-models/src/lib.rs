@@ -7,12 +7,14 @@
 pub mod config;
 pub mod decoder;
 pub mod gemma3;
+pub mod gemma4;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
 
 pub use config::{DecoderConfig, LayerConfig};
 pub use decoder::{DecoderModel, ForwardState};
+pub use gemma4::{load_gguf_gemma4, load_hf_gemma4, Gemma4Model};
 
 use anyhow::{bail, Result};
 use std::sync::Arc;

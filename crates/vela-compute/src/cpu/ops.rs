@@ -350,16 +350,26 @@ impl Backend for CpuBackend {
     }
 
     fn act_mul(&self, gate: &mut Vec<f32>, up: &Vec<f32>, len: usize, act: Activation) {
-        match act {
-            Activation::Silu => gate[..len]
-                .iter_mut()
-                .zip(&up[..len])
-                .for_each(|(g, u)| *g = *g / (1.0 + (-*g).exp()) * u),
-            Activation::GeluTanh => gate[..len]
-                .iter_mut()
-                .zip(&up[..len])
-                .for_each(|(g, u)| *g = gelu_tanh(*g) * u),
+        let up = &up[..len];
+        if len < 1 << 14 {
+            // Decode-sized: a dispatch would cost more than the work.
+            match act {
+                Activation::Silu => simd::silu_mul(&mut gate[..len], up),
+                Activation::GeluTanh => simd::gelu_mul(&mut gate[..len], up),
+            }
+            return;
         }
+        let ptr = SyncPtr(gate.as_mut_ptr());
+        self.pool.run(|ti, nt| {
+            let r = chunk(len, nt, ti);
+            // SAFETY: each thread takes a disjoint range of `gate`.
+            let ptr = &ptr; // capture the Sync wrapper, not its raw-pointer field
+            let g = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(r.start), r.len()) };
+            match act {
+                Activation::Silu => simd::silu_mul(g, &up[r]),
+                Activation::GeluTanh => simd::gelu_mul(g, &up[r]),
+            }
+        });
     }
 
     fn softcap(&self, x: &mut Vec<f32>, len: usize, cap: f32) {
@@ -399,56 +409,88 @@ impl Backend for CpuBackend {
     ) {
         let l = &kv.layers[layer];
         let n = positions.len();
-        let n_tasks = n * p.n_head;
-        let out_ptr = SyncPtr(out.as_mut_ptr());
         let group = p.n_head / p.n_head_kv;
+        // Heads per task: all query heads of a KV head (each K/V row is converted once for them),
+        // unless that leaves too few tasks to keep the threads busy (decode).
+        let hpt = if n * p.n_head_kv >= 2 * self.pool.n_threads() {
+            group
+        } else {
+            1
+        };
+        let tasks_per_token = p.n_head / hpt;
+        let n_tasks = n * tasks_per_token;
+        let out_ptr = SyncPtr(out.as_mut_ptr());
+        let (dk, dv) = (p.head_dim_k, p.head_dim_v);
         self.pool.run(|ti, nt| {
             let out_ptr = &out_ptr;
             let max_keys = positions.iter().max().map(|&m| m as usize + 1).unwrap_or(0);
-            let mut scores = vec![0f32; max_keys.min(l.spec.capacity).max(1)];
-            let mut acc = vec![0f32; p.head_dim_v];
+            let cap_keys = max_keys.min(l.spec.capacity).max(1);
+            let mut scores = vec![0f32; hpt * cap_keys];
+            let mut acc = vec![0f32; hpt * dv];
+            let mut kf = vec![0f32; dk];
+            let mut vf = vec![0f32; dv];
+            let mut maxs = vec![0f32; hpt];
             for task in chunk(n_tasks, nt, ti) {
-                let (t, h) = (task / p.n_head, task % p.n_head);
-                let g = h / group;
-                let qrow = &q[(t * p.n_head + h) * p.head_dim_k..][..p.head_dim_k];
+                let (t, h0) = (task / tasks_per_token, (task % tasks_per_token) * hpt);
+                let g = h0 / group;
                 let pos = positions[t] as usize;
                 let first = crate::window_start(pos, p.window.or(l.spec.window));
                 let nk = pos + 1 - first;
                 debug_assert!(nk <= l.spec.capacity);
-                let mut maxs = f32::NEG_INFINITY;
+                maxs.iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
                 for (i, j) in (first..=pos).enumerate() {
-                    let s = j % l.spec.capacity;
-                    let off = (s * p.n_head_kv + g) * p.head_dim_k;
-                    let mut d = match &l.k {
-                        KvData::F32(k) => simd::dot_f32(qrow, &k[off..off + p.head_dim_k]),
-                        KvData::F16(k) => simd::dot_f16(qrow, &k[off..off + p.head_dim_k]),
-                    } * p.scale;
-                    if let Some(c) = p.softcap {
-                        d = (d / c).tanh() * c;
+                    let off = ((j % l.spec.capacity) * p.n_head_kv + g) * dk;
+                    let krow: &[f32] = match &l.k {
+                        KvData::F32(k) => &k[off..off + dk],
+                        KvData::F16(k) => {
+                            simd::f16_to_f32(&k[off..off + dk], &mut kf);
+                            &kf
+                        }
+                    };
+                    for hh in 0..hpt {
+                        let qrow = &q[(t * p.n_head + h0 + hh) * dk..][..dk];
+                        let mut d = simd::dot_f32(qrow, krow) * p.scale;
+                        if let Some(c) = p.softcap {
+                            d = (d / c).tanh() * c;
+                        }
+                        scores[hh * cap_keys + i] = d;
+                        maxs[hh] = maxs[hh].max(d);
                     }
-                    scores[i] = d;
-                    maxs = maxs.max(d);
                 }
-                let mut sum = 0f64;
-                for sc in &mut scores[..nk] {
-                    *sc = (*sc - maxs).exp();
-                    sum += *sc as f64;
+                for hh in 0..hpt {
+                    let sc = &mut scores[hh * cap_keys..hh * cap_keys + nk];
+                    let mut sum = 0f64;
+                    for x in sc.iter_mut() {
+                        *x = (*x - maxs[hh]).exp();
+                        sum += *x as f64;
+                    }
+                    let inv = (1.0 / sum) as f32;
+                    sc.iter_mut().for_each(|x| *x *= inv);
                 }
-                let inv = (1.0 / sum) as f32;
                 acc.iter_mut().for_each(|a| *a = 0.0);
                 for (i, j) in (first..=pos).enumerate() {
-                    let s = j % l.spec.capacity;
-                    let off = (s * p.n_head_kv + g) * p.head_dim_v;
-                    let w = scores[i] * inv;
-                    match &l.v {
-                        KvData::F32(v) => simd::axpy_f32(w, &v[off..off + p.head_dim_v], &mut acc),
-                        KvData::F16(v) => simd::axpy_f16(w, &v[off..off + p.head_dim_v], &mut acc),
+                    let off = ((j % l.spec.capacity) * p.n_head_kv + g) * dv;
+                    let vrow: &[f32] = match &l.v {
+                        KvData::F32(v) => &v[off..off + dv],
+                        KvData::F16(v) => {
+                            simd::f16_to_f32(&v[off..off + dv], &mut vf);
+                            &vf
+                        }
+                    };
+                    for hh in 0..hpt {
+                        simd::axpy_f32(
+                            scores[hh * cap_keys + i],
+                            vrow,
+                            &mut acc[hh * dv..(hh + 1) * dv],
+                        );
                     }
                 }
-                // SAFETY: each task writes its own disjoint head slice of `out`.
-                unsafe {
-                    let dst = out_ptr.0.add((t * p.n_head + h) * p.head_dim_v);
-                    std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, p.head_dim_v);
+                for hh in 0..hpt {
+                    // SAFETY: each task writes its own disjoint head slices of `out`.
+                    unsafe {
+                        let dst = out_ptr.0.add((t * p.n_head + h0 + hh) * dv);
+                        std::ptr::copy_nonoverlapping(acc.as_ptr().add(hh * dv), dst, dv);
+                    }
                 }
             }
         });
@@ -538,13 +580,6 @@ fn rope_head(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
         x[a] = x0 * c - x1 * s;
         x[b] = x0 * s + x1 * c;
     }
-}
-
-/// GELU with the tanh approximation (as ggml_gelu).
-fn gelu_tanh(x: f32) -> f32 {
-    const SQRT_2_OVER_PI: f32 = 0.797_884_6;
-    const COEF_A: f32 = 0.044715;
-    0.5 * x * (1.0 + (SQRT_2_OVER_PI * x * (1.0 + COEF_A * x * x)).tanh())
 }
 
 #[cfg(test)]
