@@ -430,7 +430,8 @@ impl Backend for CpuBackend {
             let mut kf = vec![0f32; dk];
             let mut vf = vec![0f32; dv];
             let mut maxs = vec![0f32; hpt];
-            for task in chunk(n_tasks, nt, ti) {
+            // Interleaved, not contiguous: with causal masking later tokens have more keys.
+            for task in (ti..n_tasks).step_by(nt) {
                 let (t, h0) = (task / tasks_per_token, (task % tasks_per_token) * hpt);
                 let g = h0 / group;
                 let pos = positions[t] as usize;
