@@ -226,6 +226,16 @@ pub trait Backend: Send + Sync {
     );
 }
 
+/// Ring size of a cache layer: full layers hold the whole context; a sliding layer holds its
+/// window plus one batch (a batch's earliest query still needs `window - 1` older keys while the
+/// batch's own keys are written), capped at the context.
+pub fn ring_capacity(window: Option<usize>, n_ctx: usize, max_batch: usize) -> usize {
+    match window {
+        Some(w) => (w + max_batch).min(n_ctx),
+        None => n_ctx,
+    }
+}
+
 /// Positions whose KV entries a sliding layer needs to restore a checkpoint (see [`KvLayerSpec`]).
 pub fn window_start(pos: usize, window: Option<usize>) -> usize {
     match window {

@@ -34,6 +34,27 @@ struct Layer<B: Backend> {
     post_ffn_norm: Option<B::Vector>,
 }
 
+/// Validate a forward batch: 1..=`max_batch` tokens with one position each, all positions inside
+/// the context, `logits_from` within the batch.
+pub(crate) fn check_batch(
+    n: usize,
+    positions: &[u32],
+    max_batch: usize,
+    n_ctx: usize,
+    logits_from: usize,
+) -> Result<()> {
+    if n == 0 || n != positions.len() || n > max_batch || logits_from > n {
+        bail!(
+            "invalid batch: {n} tokens, {} positions, max batch {max_batch}",
+            positions.len()
+        );
+    }
+    if positions.iter().any(|&p| p as usize >= n_ctx) {
+        bail!("position beyond the context size {n_ctx}");
+    }
+    Ok(())
+}
+
 /// A loaded decoder-only transformer.
 pub struct DecoderModel<B: Backend> {
     pub backend: Arc<B>,
@@ -223,10 +244,7 @@ impl<B: Backend> DecoderModel<B> {
                 n_head_kv: self.cfg.n_head_kv,
                 head_dim_k: self.cfg.head_dim_k,
                 head_dim_v: self.cfg.head_dim_v,
-                capacity: match l.window {
-                    Some(w) => (w + max_batch).min(n_ctx),
-                    None => n_ctx,
-                },
+                capacity: vela_compute::ring_capacity(l.window, n_ctx, max_batch),
                 window: l.window,
             })
             .collect()
@@ -281,16 +299,7 @@ impl<B: Backend> DecoderModel<B> {
         logits_from: usize,
     ) -> Result<Vec<f32>> {
         let n = tokens.len();
-        if n == 0 || n != positions.len() || n > st.max_batch || logits_from > n {
-            bail!(
-                "invalid batch: {n} tokens, {} positions, max batch {}",
-                positions.len(),
-                st.max_batch
-            );
-        }
-        if positions.iter().any(|&p| p as usize >= st.n_ctx) {
-            bail!("position beyond the context size {}", st.n_ctx);
-        }
+        crate::decoder::check_batch(n, positions, st.max_batch, st.n_ctx, logits_from)?;
         let be = &*self.backend;
         let c = &self.cfg;
         let d = c.n_embd;

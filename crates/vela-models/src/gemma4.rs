@@ -759,10 +759,7 @@ impl<B: Backend> Gemma4Model<B> {
                     n_head_kv: l.n_head_kv,
                     head_dim_k: l.head_dim,
                     head_dim_v: l.head_dim,
-                    capacity: match window {
-                        Some(w) => (w + max_batch).min(n_ctx),
-                        None => n_ctx,
-                    },
+                    capacity: vela_compute::ring_capacity(window, n_ctx, max_batch),
                     window,
                 }
             })
@@ -844,16 +841,7 @@ impl<B: Backend> Gemma4Model<B> {
         logits_from: usize,
     ) -> Result<Vec<f32>> {
         let n = tokens.len();
-        if n == 0 || n != positions.len() || n > st.max_batch || logits_from > n {
-            bail!(
-                "invalid batch: {n} tokens, {} positions, max batch {}",
-                positions.len(),
-                st.max_batch
-            );
-        }
-        if positions.iter().any(|&p| p as usize >= st.n_ctx) {
-            bail!("position beyond the context size {}", st.n_ctx);
-        }
+        crate::decoder::check_batch(n, positions, st.max_batch, st.n_ctx, logits_from)?;
         let be = &*self.backend;
         let c = &self.cfg;
         let d = c.n_embd;
