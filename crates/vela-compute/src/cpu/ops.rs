@@ -439,8 +439,12 @@ impl Backend for CpuBackend {
                 let nk = pos + 1 - first;
                 debug_assert!(nk <= l.spec.capacity);
                 maxs.iter_mut().for_each(|m| *m = f32::NEG_INFINITY);
-                for (i, j) in (first..=pos).enumerate() {
-                    let off = ((j % l.spec.capacity) * p.n_head_kv + g) * dk;
+                let cap = l.spec.capacity;
+                let first_slot = first % cap;
+                let mut slot = first_slot;
+                for i in 0..nk {
+                    let off = (slot * p.n_head_kv + g) * dk;
+                    slot = if slot + 1 == cap { 0 } else { slot + 1 };
                     let krow: &[f32] = match &l.k {
                         KvData::F32(k) => &k[off..off + dk],
                         KvData::F16(k) => {
@@ -460,17 +464,15 @@ impl Backend for CpuBackend {
                 }
                 for hh in 0..hpt {
                     let sc = &mut scores[hh * cap_keys..hh * cap_keys + nk];
-                    let mut sum = 0f64;
-                    for x in sc.iter_mut() {
-                        *x = (*x - maxs[hh]).exp();
-                        sum += *x as f64;
-                    }
+                    let sum = simd::exp_sub_sum(sc, maxs[hh]);
                     let inv = (1.0 / sum) as f32;
                     sc.iter_mut().for_each(|x| *x *= inv);
                 }
                 acc.iter_mut().for_each(|a| *a = 0.0);
-                for (i, j) in (first..=pos).enumerate() {
-                    let off = ((j % l.spec.capacity) * p.n_head_kv + g) * dv;
+                let mut slot = first_slot;
+                for i in 0..nk {
+                    let off = (slot * p.n_head_kv + g) * dv;
+                    slot = if slot + 1 == cap { 0 } else { slot + 1 };
                     let vrow: &[f32] = match &l.v {
                         KvData::F32(v) => &v[off..off + dv],
                         KvData::F16(v) => {

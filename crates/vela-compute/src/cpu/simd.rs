@@ -56,6 +56,21 @@ pub fn axpy_f32(a: f32, x: &[f32], y: &mut [f32]) {
     y.iter_mut().zip(x).for_each(|(y, x)| *y += a * x);
 }
 
+/// x[i] = e^(x[i] - m); returns Σ x[i] (accumulated in f64). The softmax numerator.
+pub fn exp_sub_sum(x: &mut [f32], m: f32) -> f64 {
+    #[cfg(target_arch = "x86_64")]
+    if has_avx2() {
+        // SAFETY: features checked above.
+        return unsafe { x86::exp_sub_sum(x, m) };
+    }
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - m).exp();
+        sum += *v as f64;
+    }
+    sum
+}
+
 /// Widen f16 to f32 (exact).
 pub fn f16_to_f32(src: &[f16], dst: &mut [f32]) {
     assert_eq!(src.len(), dst.len());
@@ -303,11 +318,44 @@ mod x86 {
             i += 1;
         }
     }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn exp_sub_sum(x: &mut [f32], m: f32) -> f64 {
+        let n = x.len();
+        let mv = _mm256_set1_ps(m);
+        let mut sum = 0f64;
+        let mut i = 0;
+        while i + 8 <= n {
+            let e = exp8(_mm256_sub_ps(_mm256_loadu_ps(x.as_ptr().add(i)), mv));
+            _mm256_storeu_ps(x.as_mut_ptr().add(i), e);
+            sum += hsum(e) as f64;
+            i += 8;
+        }
+        while i < n {
+            x[i] = (x[i] - m).exp();
+            sum += x[i] as f64;
+            i += 1;
+        }
+        sum
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exp_sub_sum_matches_libm() {
+        let xs: Vec<f32> = (0..1003).map(|i| -(i as f32) * 0.05).collect();
+        let mut a = xs.clone();
+        let sum = exp_sub_sum(&mut a, 0.5);
+        let want: f64 = xs.iter().map(|&x| ((x - 0.5) as f64).exp()).sum();
+        assert!((sum - want).abs() < 1e-6 * want);
+        for (x, y) in xs.iter().zip(&a) {
+            let e = ((x - 0.5) as f64).exp();
+            assert!((*y as f64 - e).abs() <= 2e-7 * e + 1e-30, "{x}: {y} vs {e}");
+        }
+    }
 
     #[test]
     fn activations_match_f64_reference() {
