@@ -21,10 +21,12 @@ pub struct HostWeight {
     pub rows: usize,
     /// Elements per row (GGUF `ne0`).
     pub cols: usize,
+    /// Byte range of the data in the file image, resolved once (bytes() is on the matmul hot path).
+    range: std::ops::Range<usize>,
 }
 
 impl HostWeight {
-    /// Look up a tensor by name; `Ok(None)` if absent.
+    /// Look up a tensor by name; `None` if absent.
     pub fn from_gguf(file: &Arc<GgufFile>, name: &str) -> Option<HostWeight> {
         let t = file.tensor(name)?;
         Some(HostWeight {
@@ -33,12 +35,16 @@ impl HostWeight {
             ty: t.ty,
             rows: t.n_rows(),
             cols: t.ne0(),
+            range: {
+                let start = (file.data_offset + t.offset) as usize;
+                start..start + t.size as usize
+            },
         })
     }
 
+    /// The tensor's bytes, in place in the map.
     pub fn bytes(&self) -> &[u8] {
-        self.file
-            .tensor_data(self.file.tensor(&self.name).expect("tensor exists"))
+        &self.file.bytes()[self.range.clone()]
     }
 
     /// The weight as f32 (dequantized); for small tensors (norms, biases).
