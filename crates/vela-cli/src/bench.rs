@@ -50,7 +50,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         margs.ctx = (a.depth + a.n_prompt.max(1) + a.n_gen + 1).max(256);
     }
     let l = common::load(&margs)?;
-    let n_vocab = l.model.cfg.n_vocab as u64;
+    let n_vocab = l.model.n_vocab() as u64;
     let mut rng = Rng::new(42);
     let mut rand_tokens = |n: usize| {
         (0..n)
@@ -83,7 +83,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             tg.push(a.n_gen as f64 / t.elapsed().as_secs_f64());
         }
     }
-    let wb = l.model.weight_bytes_per_token;
+    let wb = l.model.weight_bytes_per_token();
     let (ppm, pps) = if pp.is_empty() {
         (0.0, 0.0)
     } else {
@@ -98,7 +98,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if a.json {
         let j = serde_json::json!({
             "model": l.path.display().to_string(),
-            "backend": vela_compute::Backend::name(&*l.model.backend),
+            "backend": l.model.backend_name(),
             "pp": {"n": a.n_prompt, "tps_mean": ppm, "tps_std": pps, "samples": pp},
             "tg": {"n": a.n_gen, "depth": a.depth, "tps_mean": tgm, "tps_std": tgs, "samples": tg},
             "weight_bytes_per_token": wb,
@@ -113,7 +113,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .file_name()
             .map(|s| s.to_string_lossy().into_owned())
             .unwrap_or_default();
-        let be = vela_compute::Backend::name(&*l.model.backend);
+        let be = l.model.backend_name();
         if !pp.is_empty() {
             println!("| {name} | {be} | pp{} | {ppm:.2} ± {pps:.2} |", a.n_prompt);
         }

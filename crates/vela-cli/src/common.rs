@@ -4,19 +4,22 @@ use anyhow::Result;
 use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
-use vela_compute::cpu::CpuBackend;
 use vela_compute::KvType;
+use vela_engine::loader::{Device, LoadOptions};
 use vela_engine::{SamplerConfig, Session, SessionOptions};
-use vela_formats::gguf::GgufFile;
-use vela_models::DecoderModel;
+use vela_models::LanguageModel;
 use vela_tokenizer::Tokenizer;
 
 /// Options every model-running command takes.
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
-    /// GGUF file, or a known model name (default: SmolLM2-135M-Instruct, fetched on first use).
+    /// GGUF file, Hugging Face checkpoint directory (Gemma 4), or a known model name
+    /// (default: SmolLM2-135M-Instruct, fetched on first use).
     #[arg(long, short = 'm')]
     pub model: Option<String>,
+    /// Where to run: cpu, cuda, cuda:N, or auto (a usable CUDA GPU, else the CPU).
+    #[arg(long, default_value = "auto")]
+    pub device: String,
     /// Worker threads (default: all cores).
     #[arg(long, short = 't', default_value_t = 0)]
     pub threads: usize,
@@ -84,28 +87,47 @@ impl SampleArgs {
 
 pub struct Loaded {
     pub path: PathBuf,
-    pub gguf: Arc<GgufFile>,
-    pub model: Arc<DecoderModel<CpuBackend>>,
+    pub model: Arc<dyn LanguageModel>,
     pub tokenizer: Tokenizer,
+    pub chat_template: Option<String>,
+    /// BOS/EOS texts for the chat template.
+    pub bos_eos: (String, String),
     pub opts: SessionOptions,
 }
 
 impl Loaded {
-    pub fn session(&self) -> Result<Session<CpuBackend>> {
+    pub fn session(&self) -> Result<Session> {
         Session::new(self.model.clone(), &self.opts)
     }
 }
 
-/// Resolve `--model` (fetching the default model if needed) to a path.
+/// Resolve `--model` (fetching the default model if needed) to a path; an existing directory
+/// (a Hugging Face checkpoint) is taken as it is.
 pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
+    if let Some(m) = model {
+        let p = PathBuf::from(m);
+        if p.is_dir() {
+            return Ok(p);
+        }
+    }
     vela_hub::resolve_model(model)
+}
+
+/// Parse `--device`.
+pub fn device(s: &str) -> Result<Device> {
+    s.parse()
 }
 
 /// Load the GGUF, the tokenizer and the model.
 pub fn load(a: &ModelArgs) -> Result<Loaded> {
     let path = resolve(a.model.as_deref())?;
-    let m = vela_engine::loader::load_gguf(&path, a.threads)?;
-    let (gguf, model, tokenizer) = (m.gguf, m.model, m.tokenizer);
+    let lo = LoadOptions {
+        threads: a.threads,
+        device: device(&a.device)?,
+    };
+    let m = vela_engine::loader::load(&path, &lo)?;
+    let bos_eos = m.bos_eos_text();
+    let (model, tokenizer, chat_template) = (m.model, m.tokenizer, m.chat_template);
     let kv_type = match a.kv_type.as_str() {
         "f16" => KvType::F16,
         "f32" => KvType::F32,
@@ -121,9 +143,10 @@ pub fn load(a: &ModelArgs) -> Result<Loaded> {
     };
     Ok(Loaded {
         path,
-        gguf,
         model,
         tokenizer,
+        chat_template,
+        bos_eos,
         opts,
     })
 }

@@ -34,9 +34,12 @@ pub struct ChatArgs {
 
 #[derive(Args)]
 pub struct LogitsArgs {
-    /// GGUF model file.
+    /// GGUF model file or Hugging Face checkpoint directory.
     #[arg(long, short = 'm')]
     pub model: String,
+    /// cpu, cuda, cuda:N or auto.
+    #[arg(long, default_value = "auto")]
+    pub device: String,
     /// Comma-separated token ids, used verbatim (no BOS added).
     #[arg(long, conflicts_with = "prompt")]
     pub tokens: Option<String>,
@@ -58,7 +61,7 @@ pub struct LogitsArgs {
 /// Stream generated text to stdout as complete UTF-8 characters become available.
 fn stream_generate(
     l: &common::Loaded,
-    session: &mut vela_engine::Session<vela_compute::cpu::CpuBackend>,
+    session: &mut vela_engine::Session,
     sampler: &mut Sampler,
     prompt: &[u32],
     max_tokens: usize,
@@ -111,14 +114,10 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     let cfg = a.sample.config()?;
     let l = common::load(&a.model)?;
     let src = l
-        .gguf
-        .get_str("tokenizer.chat_template")
+        .chat_template
+        .as_deref()
         .context("this model has no chat template; use `vela run` for raw completion")?;
-    let piece = |id: Option<u32>| {
-        id.and_then(|i| l.tokenizer.token_text(i))
-            .unwrap_or_default()
-    };
-    let tmpl = ChatTemplate::new(src, &piece(l.tokenizer.bos()), &piece(l.tokenizer.eos()))?;
+    let tmpl = ChatTemplate::new(src, &l.bos_eos.0, &l.bos_eos.1)?;
     let mut messages: Vec<serde_json::Value> = Vec::new();
     if let Some(s) = &a.system {
         messages.push(serde_json::json!({"role": "system", "content": s}));
@@ -128,7 +127,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
     eprintln!(
         "vela chat — {} ({}). Type /exit or Ctrl-D to quit, /reset to clear.",
         l.path.display(),
-        l.model.cfg.arch
+        l.model.arch()
     );
     let stdin = std::io::stdin();
     loop {
@@ -178,6 +177,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
 pub fn logits(a: LogitsArgs) -> Result<()> {
     let margs = ModelArgs {
         model: Some(a.model.clone()),
+        device: a.device.clone(),
         threads: a.threads,
         ctx: a.ctx,
         ubatch: a.ubatch,
@@ -199,13 +199,15 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
     if tokens.is_empty() {
         bail!("no tokens to evaluate");
     }
-    let n_vocab = l.model.cfg.n_vocab;
+    let n_vocab = l.model.n_vocab();
     if let Some(&bad) = tokens.iter().find(|&&t| t as usize >= n_vocab) {
         bail!("token id {bad} is out of range (vocabulary has {n_vocab} entries)");
     }
     let mut opts = l.opts.clone();
     if opts.n_ctx == 0 {
-        opts.n_ctx = tokens.len().max(l.model.cfg.n_ctx_train.min(8192));
+        opts.n_ctx = tokens
+            .len()
+            .max(vela_engine::Session::default_n_ctx(&*l.model));
     }
     let mut session = vela_engine::Session::new(l.model.clone(), &opts)?;
     let logits = session.eval(&tokens)?;

@@ -4,7 +4,6 @@
 use crate::sampler::Sampler;
 use crate::session::{EvalOutcome, Session};
 use anyhow::{bail, Result};
-use vela_compute::Backend;
 
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -26,8 +25,8 @@ pub struct GenerateOptions<'a> {
 
 /// Generate after `prompt` (which is appended to whatever the session holds). `on_token` gets each
 /// sampled token and returns `false` to stop. Returns the generated tokens and the reason.
-pub fn generate<B: Backend>(
-    session: &mut Session<B>,
+pub fn generate(
+    session: &mut Session,
     sampler: &mut Sampler,
     prompt: &[u32],
     opts: &GenerateOptions,

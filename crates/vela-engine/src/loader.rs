@@ -1,25 +1,70 @@
-//! Loading a model file with its tokenizer and chat template (shared by the CLI and the server).
+//! Loading a model with its tokenizer and chat template onto a device (shared by the CLI and the
+//! server): a GGUF file (every supported architecture) or a Hugging Face checkpoint directory
+//! (`config.json` + safetensors + `tokenizer.json` + chat template; Gemma 4).
 
-use anyhow::{Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::path::{Path, PathBuf};
+use std::str::FromStr;
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
 use vela_formats::gguf::GgufFile;
-use vela_models::DecoderModel;
+use vela_models::LanguageModel;
 use vela_tokenizer::Tokenizer;
+
+/// Where the weights go (`--device`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Device {
+    /// CUDA GPU 0 when one is usable (driver, GPU and NVRTC found), else the CPU.
+    #[default]
+    Auto,
+    Cpu,
+    /// A CUDA GPU by ordinal.
+    Cuda(usize),
+}
+
+impl FromStr for Device {
+    type Err = anyhow::Error;
+    fn from_str(s: &str) -> Result<Device> {
+        match s {
+            "auto" => Ok(Device::Auto),
+            "cpu" => Ok(Device::Cpu),
+            "cuda" | "gpu" => Ok(Device::Cuda(0)),
+            _ => {
+                if let Some(n) = s.strip_prefix("cuda:") {
+                    let n = n
+                        .parse()
+                        .map_err(|_| anyhow!("bad device '{s}': expected cuda:N"))?;
+                    return Ok(Device::Cuda(n));
+                }
+                bail!("unknown device '{s}' (cpu, cuda, cuda:N or auto)")
+            }
+        }
+    }
+}
+
+/// How to load a model.
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// CPU threads (0 = all cores); also used by the CPU work of a GPU run.
+    pub threads: usize,
+    pub device: Device,
+}
 
 /// A model ready to serve: weights on a backend, tokenizer, chat template.
 pub struct LoadedModel {
     pub path: PathBuf,
-    pub gguf: Arc<GgufFile>,
-    pub model: Arc<DecoderModel<CpuBackend>>,
+    /// The GGUF file when the model came from one.
+    pub gguf: Option<Arc<GgufFile>>,
+    pub model: Arc<dyn LanguageModel>,
     pub tokenizer: Tokenizer,
     /// The model's own Jinja chat template, if it has one.
     pub chat_template: Option<String>,
+    /// BOS/EOS token texts for the template when the tokenizer config names them.
+    special_texts: Option<(String, String)>,
 }
 
 impl LoadedModel {
-    /// A short name for APIs (`/v1/models`): the file stem.
+    /// A short name for APIs (`/v1/models`): the file stem, or the directory name.
     pub fn name(&self) -> String {
         self.path
             .file_stem()
@@ -28,6 +73,9 @@ impl LoadedModel {
     }
     /// Text of the BOS/EOS tokens for chat templates ("" when absent).
     pub fn bos_eos_text(&self) -> (String, String) {
+        if let Some(t) = &self.special_texts {
+            return t.clone();
+        }
         let t = |id: Option<u32>| {
             id.and_then(|i| self.tokenizer.token_text(i))
                 .unwrap_or_default()
@@ -36,21 +84,155 @@ impl LoadedModel {
     }
 }
 
-/// Load a GGUF model on the CPU backend with `threads` threads (0 = all cores).
-pub fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
+/// Load a GGUF file or a Hugging Face checkpoint directory onto the chosen device.
+pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    if path.is_dir() {
+        return load_hf_dir(path, opts);
+    }
     let gguf = Arc::new(GgufFile::open(path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot load the tokenizer")?;
-    let backend = Arc::new(CpuBackend::new(threads));
-    let model = Arc::new(vela_models::load(backend, gguf.clone())?);
+    let model = on_device(opts, |be| match be {
+        AnyBackend::Cpu(b) => vela_models::load_gguf_any(b, gguf.clone()),
+        #[cfg(feature = "cuda")]
+        AnyBackend::Cuda(b) => vela_models::load_gguf_any(b, gguf.clone()),
+    })?;
     let chat_template = gguf
         .get_str("tokenizer.chat_template")
         .ok()
         .map(str::to_string);
     Ok(LoadedModel {
         path: path.to_path_buf(),
-        gguf,
+        gguf: Some(gguf),
         model,
         tokenizer,
         chat_template,
+        special_texts: None,
     })
+}
+
+/// Load a GGUF model on the CPU backend with `threads` threads (0 = all cores).
+pub fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
+    load(
+        path,
+        &LoadOptions {
+            threads,
+            device: Device::Cpu,
+        },
+    )
+}
+
+fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    let tokenizer = Tokenizer::from_hf_dir(dir)
+        .with_context(|| format!("cannot load the tokenizer of {}", dir.display()))?;
+    let (chat_template, special_texts) = match vela_template::load_model_dir(dir) {
+        Ok(t) => {
+            let src = t
+                .templates
+                .as_ref()
+                .and_then(|s| s.select(None, false).ok())
+                .map(str::to_string);
+            let texts = Some((
+                t.bos_token.clone().unwrap_or_default(),
+                t.eos_token.clone().unwrap_or_default(),
+            ))
+            .filter(|(b, e)| !b.is_empty() || !e.is_empty());
+            (src, texts)
+        }
+        Err(_) => (None, None),
+    };
+    let model = on_device(opts, |be| match be {
+        AnyBackend::Cpu(b) => vela_models::load_hf_any(b, dir),
+        #[cfg(feature = "cuda")]
+        AnyBackend::Cuda(b) => vela_models::load_hf_any(b, dir),
+    })?;
+    if model.n_vocab() < tokenizer_vocab(&tokenizer) {
+        bail!(
+            "{}: the tokenizer has {} tokens but the model only {}",
+            dir.display(),
+            tokenizer_vocab(&tokenizer),
+            model.n_vocab()
+        );
+    }
+    Ok(LoadedModel {
+        path: dir.to_path_buf(),
+        gguf: None,
+        model,
+        tokenizer,
+        chat_template,
+        special_texts,
+    })
+}
+
+fn tokenizer_vocab(t: &Tokenizer) -> usize {
+    t.n_vocab()
+}
+
+/// A backend instance of either kind.
+pub enum AnyBackend {
+    Cpu(Arc<CpuBackend>),
+    #[cfg(feature = "cuda")]
+    Cuda(Arc<vela_cuda::CudaBackend>),
+}
+
+/// Create the backend for `opts.device` and run `f` with it. `Auto` falls back to the CPU (with
+/// a note on stderr naming the reason) when no usable GPU is found.
+pub fn on_device<T>(opts: &LoadOptions, f: impl FnOnce(AnyBackend) -> Result<T>) -> Result<T> {
+    match opts.device {
+        Device::Cpu => f(AnyBackend::Cpu(Arc::new(CpuBackend::new(opts.threads)))),
+        #[cfg(feature = "cuda")]
+        Device::Cuda(n) => {
+            let be = vela_cuda::CudaBackend::new(n).with_context(|| format!("device cuda:{n}"))?;
+            f(AnyBackend::Cuda(Arc::new(be)))
+        }
+        #[cfg(not(feature = "cuda"))]
+        Device::Cuda(_) => bail!("this build of vela has no CUDA support (feature `cuda`)"),
+        Device::Auto => {
+            #[cfg(feature = "cuda")]
+            if std::env::var_os("VELA_NO_AUTO_GPU").is_none() {
+                match vela_cuda::CudaBackend::new(0) {
+                    Ok(be) => return f(AnyBackend::Cuda(Arc::new(be))),
+                    Err(e) => {
+                        // No driver at all is the normal CPU-only machine: say nothing.
+                        let msg = format!("{e:#}");
+                        if !msg.starts_with("no NVIDIA driver found") {
+                            eprintln!("note: no usable GPU, running on the CPU: {msg}");
+                        }
+                    }
+                }
+            }
+            f(AnyBackend::Cpu(Arc::new(CpuBackend::new(opts.threads))))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn device_parsing() {
+        assert_eq!("cpu".parse::<Device>().unwrap(), Device::Cpu);
+        assert_eq!("cuda".parse::<Device>().unwrap(), Device::Cuda(0));
+        assert_eq!("cuda:3".parse::<Device>().unwrap(), Device::Cuda(3));
+        assert_eq!("auto".parse::<Device>().unwrap(), Device::Auto);
+        for bad in ["cuda:x", "tpu", "", "cuda:"] {
+            let e = bad.parse::<Device>().unwrap_err().to_string();
+            assert!(e.contains("device"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn missing_files_are_clear_errors() {
+        let dir = std::env::temp_dir().join(format!("vela-loader-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let opts = LoadOptions {
+            threads: 1,
+            device: Device::Cpu,
+        };
+        let e = load(&dir, &opts).err().unwrap();
+        assert!(format!("{e:#}").contains("tokenizer"), "{e:#}");
+        let e = load(&dir.join("nope.gguf"), &opts).err().unwrap();
+        assert!(!format!("{e:#}").contains('\n'), "{e:#}");
+        std::fs::remove_dir_all(&dir).ok();
+    }
 }

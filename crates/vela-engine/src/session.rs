@@ -2,9 +2,10 @@
 //! checkpoint/restore (the prefix cache and speculative decoding build on these).
 
 use anyhow::{bail, Result};
+use std::any::Any;
 use std::sync::Arc;
-use vela_compute::{Backend, KvType};
-use vela_models::{DecoderModel, ForwardState};
+use vela_compute::KvType;
+use vela_models::{LanguageModel, ModelState};
 
 /// Options of a new session.
 #[derive(Clone, Debug)]
@@ -30,21 +31,21 @@ impl Default for SessionOptions {
 pub type Progress<'a> = &'a mut dyn FnMut(usize, usize) -> bool;
 
 /// A saved point of a session that can be restored after more tokens were evaluated.
-pub struct Checkpoint<B: Backend> {
+pub struct Checkpoint {
     n_past: usize,
-    snapshot: B::KvSnapshot,
+    snapshot: Box<dyn Any + Send + Sync>,
 }
 
-impl<B: Backend> Checkpoint<B> {
+impl Checkpoint {
     pub fn n_past(&self) -> usize {
         self.n_past
     }
 }
 
-/// One sequence.
-pub struct Session<B: Backend> {
-    pub model: Arc<DecoderModel<B>>,
-    state: ForwardState<B>,
+/// One sequence of any [`LanguageModel`] on any backend.
+pub struct Session {
+    pub model: Arc<dyn LanguageModel>,
+    state: Box<dyn ModelState>,
     tokens: Vec<u32>,
 }
 
@@ -57,15 +58,24 @@ pub enum EvalOutcome {
     Cancelled { n_done: usize },
 }
 
-impl<B: Backend> Session<B> {
-    pub fn new(model: Arc<DecoderModel<B>>, opts: &SessionOptions) -> Result<Self> {
+impl Session {
+    /// Context size used when [`SessionOptions::n_ctx`] is 0: the training context capped at
+    /// 8192 (8192 when the model does not say).
+    pub fn default_n_ctx(model: &dyn LanguageModel) -> usize {
+        match model.n_ctx_train() {
+            0 => 8192,
+            n => n.min(8192),
+        }
+    }
+
+    pub fn new(model: Arc<dyn LanguageModel>, opts: &SessionOptions) -> Result<Self> {
         let n_ctx = if opts.n_ctx == 0 {
-            model.cfg.n_ctx_train.min(8192)
+            Self::default_n_ctx(&*model)
         } else {
             opts.n_ctx
         };
         let ubatch = opts.ubatch.clamp(1, n_ctx);
-        let state = model.new_state(n_ctx, ubatch, opts.kv_type)?;
+        let state = model.clone().new_state(n_ctx, ubatch, opts.kv_type)?;
         Ok(Session {
             model,
             state,
@@ -74,7 +84,7 @@ impl<B: Backend> Session<B> {
     }
 
     pub fn n_ctx(&self) -> usize {
-        self.state.n_ctx
+        self.state.n_ctx()
     }
 
     pub fn n_past(&self) -> usize {
@@ -87,7 +97,7 @@ impl<B: Backend> Session<B> {
     }
 
     pub fn ubatch(&self) -> usize {
-        self.state.max_batch
+        self.state.max_batch()
     }
 
     /// Evaluate `tokens` after the current ones; returns the last position's logits.
@@ -106,12 +116,10 @@ impl<B: Backend> Session<B> {
         self.check_room(tokens.len())?;
         let mut done = 0;
         let mut last = Vec::new();
-        for chunk in tokens.chunks(self.state.max_batch) {
+        for chunk in tokens.chunks(self.state.max_batch()) {
             let start = self.tokens.len() as u32;
             let pos: Vec<u32> = (start..start + chunk.len() as u32).collect();
-            last = self
-                .model
-                .forward(&mut self.state, chunk, &pos, chunk.len() - 1)?;
+            last = self.state.forward(chunk, &pos, chunk.len() - 1)?;
             self.tokens.extend_from_slice(chunk);
             done += chunk.len();
             if done < tokens.len() && !progress(done, tokens.len()) {
@@ -125,42 +133,42 @@ impl<B: Backend> Session<B> {
     /// Evaluate `tokens` (at most `ubatch`) and return the logits of every one of them
     /// (`[tokens.len(), n_vocab]`), as speculative verification needs.
     pub fn eval_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {
-        if tokens.is_empty() || tokens.len() > self.state.max_batch {
-            bail!("eval_all_logits takes 1..={} tokens", self.state.max_batch);
+        if tokens.is_empty() || tokens.len() > self.state.max_batch() {
+            bail!(
+                "eval_all_logits takes 1..={} tokens",
+                self.state.max_batch()
+            );
         }
         self.check_room(tokens.len())?;
         let start = self.tokens.len() as u32;
         let pos: Vec<u32> = (start..start + tokens.len() as u32).collect();
-        let out = self.model.forward(&mut self.state, tokens, &pos, 0)?;
+        let out = self.state.forward(tokens, &pos, 0)?;
         self.tokens.extend_from_slice(tokens);
         Ok(out)
     }
 
     fn check_room(&self, n: usize) -> Result<()> {
-        if self.tokens.len() + n > self.state.n_ctx {
+        if self.tokens.len() + n > self.state.n_ctx() {
             bail!(
                 "context overflow: {} tokens in the cache + {n} new > context size {}",
                 self.tokens.len(),
-                self.state.n_ctx
+                self.state.n_ctx()
             );
         }
         Ok(())
     }
 
     /// Save the current state.
-    pub fn checkpoint(&self) -> Checkpoint<B> {
+    pub fn checkpoint(&self) -> Checkpoint {
         Checkpoint {
             n_past: self.tokens.len(),
-            snapshot: self
-                .model
-                .backend
-                .kv_checkpoint(&self.state.kv, self.tokens.len()),
+            snapshot: self.state.checkpoint(self.tokens.len()),
         }
     }
 
     /// Return to a checkpoint taken earlier on this session (and not invalidated by an earlier
     /// restore to a point before it).
-    pub fn restore(&mut self, cp: &Checkpoint<B>) -> Result<()> {
+    pub fn restore(&mut self, cp: &Checkpoint) -> Result<()> {
         if cp.n_past > self.tokens.len() {
             bail!(
                 "checkpoint at {} is ahead of the session ({} tokens)",
@@ -168,9 +176,7 @@ impl<B: Backend> Session<B> {
                 self.tokens.len()
             );
         }
-        self.model
-            .backend
-            .kv_restore(&mut self.state.kv, &cp.snapshot);
+        self.state.restore(&*cp.snapshot)?;
         self.tokens.truncate(cp.n_past);
         Ok(())
     }
@@ -182,12 +188,12 @@ impl<B: Backend> Session<B> {
         if n >= self.tokens.len() {
             return Ok(());
         }
-        let sliding = self.model.cfg.layers.iter().any(|l| l.window.is_some());
-        if sliding && self.tokens.len() - n > self.state.max_batch {
+        let sliding = self.model.has_sliding_window();
+        if sliding && self.tokens.len() - n > self.state.max_batch() {
             bail!(
                 "cannot drop {} tokens from a sliding-window cache without a checkpoint (max {})",
                 self.tokens.len() - n,
-                self.state.max_batch
+                self.state.max_batch()
             );
         }
         self.tokens.truncate(n);
@@ -201,19 +207,26 @@ impl<B: Backend> Session<B> {
 
     /// An independent copy of this session (same tokens, copied cache).
     pub fn fork(&self) -> Result<Self> {
-        let mut state =
-            self.model
-                .new_state(self.state.n_ctx, self.state.max_batch, KvType::F16)?;
-        state.kv = self.model.backend.kv_clone(&self.state.kv);
         Ok(Session {
             model: self.model.clone(),
-            state,
+            state: self.state.fork()?,
             tokens: self.tokens.clone(),
         })
     }
 
+    /// The model-specific state (e.g. for a drafter that downcasts it to read hidden states).
+    pub fn state(&self) -> &dyn ModelState {
+        &*self.state
+    }
+
+    /// Mutable access to the model-specific state. Evaluating tokens through it directly
+    /// bypasses the session's token list: callers must keep the two consistent.
+    pub fn state_mut(&mut self) -> &mut dyn ModelState {
+        &mut *self.state
+    }
+
     /// Bytes held by the KV cache.
     pub fn kv_bytes(&self) -> usize {
-        self.model.backend.kv_bytes(&self.state.kv)
+        self.state.kv_bytes()
     }
 }

@@ -9,12 +9,14 @@ pub mod decoder;
 pub mod gemma3;
 pub mod gemma4;
 pub mod llama;
+pub mod lm;
 pub mod qwen2;
 pub mod qwen3;
 
 pub use config::{DecoderConfig, LayerConfig};
 pub use decoder::{DecoderModel, ForwardState};
 pub use gemma4::{load_gguf_gemma4, load_hf_gemma4, Gemma4Model};
+pub use lm::{LanguageModel, ModelState};
 
 use anyhow::{bail, Result};
 use std::sync::Arc;
@@ -35,6 +37,39 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<DecoderConfig> {
         other => bail!(
             "unsupported model architecture '{other}' (supported: {})",
             SUPPORTED_ARCHS.join(", ")
+        ),
+    }
+}
+
+/// Load any supported GGUF model (the shared decoder's architectures and `gemma4`) onto a
+/// backend, behind the object-safe [`LanguageModel`] interface.
+pub fn load_gguf_any<B: Backend + 'static>(
+    backend: Arc<B>,
+    g: Arc<GgufFile>,
+) -> Result<Arc<dyn LanguageModel>> {
+    if g.architecture()? == "gemma4" {
+        return Ok(Arc::new(load_gguf_gemma4(backend, g)?));
+    }
+    Ok(Arc::new(load(backend, g)?))
+}
+
+/// Load a Hugging Face checkpoint directory (`config.json` + safetensors) onto a backend.
+/// Supported: Gemma 4 text models (`model_type` `gemma4` / `gemma4_text`).
+pub fn load_hf_any<B: Backend + 'static>(
+    backend: Arc<B>,
+    dir: &std::path::Path,
+) -> Result<Arc<dyn LanguageModel>> {
+    let cfg_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path)
+        .map_err(|e| anyhow::anyhow!("cannot read {}: {e}", cfg_path.display()))?;
+    let j: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow::anyhow!("{}: invalid JSON: {e}", cfg_path.display()))?;
+    let mt = j.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
+    match mt {
+        "gemma4" | "gemma4_text" => Ok(Arc::new(load_hf_gemma4(backend, dir)?)),
+        other => bail!(
+            "{}: unsupported model_type '{other}' for a Hugging Face directory (supported: gemma4)",
+            cfg_path.display()
         ),
     }
 }

@@ -8,7 +8,6 @@
 //! reuses the whole previous prompt), otherwise a reset. At least one prompt token is always
 //! re-evaluated to get logits. Sessions are evicted least-recently-used first.
 
-use vela_compute::cpu::CpuBackend;
 use vela_engine::{Checkpoint, Session};
 
 /// How to roll a cached session back for a prompt.
@@ -94,9 +93,9 @@ pub fn lru_victims(items: &[(usize, u64)], budget: usize, keep_min: usize) -> Ve
 
 /// A cached sequence.
 pub struct Entry {
-    pub session: Session<CpuBackend>,
+    pub session: Session,
     /// Checkpoint right after the last prompt's prefill.
-    pub prompt_cp: Option<Checkpoint<CpuBackend>>,
+    pub prompt_cp: Option<Checkpoint>,
     pub last_used: u64,
 }
 

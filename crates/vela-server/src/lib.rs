@@ -34,6 +34,9 @@ pub struct ServeArgs {
     /// Compute threads (0 = all cores).
     #[arg(long, short = 't', default_value_t = 0)]
     pub threads: usize,
+    /// Where to run: cpu, cuda, cuda:N, or auto (a usable CUDA GPU, else the CPU).
+    #[arg(long, default_value = "auto")]
+    pub device: String,
     /// Context size per sequence (0 = the model's, capped at 8192).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
@@ -107,16 +110,23 @@ async fn run(args: ServeArgs) -> Result<()> {
 }
 
 fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
-    let path = vela_hub::resolve_model(args.model.as_deref())?;
+    let path = match args.model.as_deref() {
+        Some(p) if std::path::Path::new(p).is_dir() => std::path::PathBuf::from(p),
+        m => vela_hub::resolve_model(m)?,
+    };
     let t0 = std::time::Instant::now();
-    let m = Arc::new(vela_engine::loader::load_gguf(&path, args.threads)?);
+    let lo = vela_engine::loader::LoadOptions {
+        threads: args.threads,
+        device: args.device.parse()?,
+    };
+    let m = Arc::new(vela_engine::loader::load(&path, &lo)?);
     let opts = SessionOptions {
         n_ctx: args.ctx,
         ubatch: args.ubatch,
         kv_type: KvType::F16,
     };
     let n_ctx = if args.ctx == 0 {
-        m.model.cfg.n_ctx_train.min(8192)
+        vela_engine::Session::default_n_ctx(&*m.model)
     } else {
         args.ctx
     };
@@ -155,7 +165,8 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
         bail!("server state initialised twice");
     }
     eprintln!(
-        "vela-server: model {name} ready in {:.1}s (ctx {n_ctx}, ubatch {})",
+        "vela-server: model {name} ready on {} in {:.1}s (ctx {n_ctx}, ubatch {})",
+        m.model.backend_name(),
         t0.elapsed().as_secs_f64(),
         args.ubatch
     );

@@ -122,7 +122,7 @@ pub fn run(
     metrics: Arc<Metrics>,
 ) {
     let mut cache = PrefixCache::new(cfg.cache_bytes);
-    let sliding = model.model.cfg.layers.iter().any(|l| l.window.is_some());
+    let sliding = model.model.has_sliding_window();
     while let Some(job) = jobs.blocking_recv() {
         metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
         if job.cancel.is_cancelled() || job.out.is_closed() {

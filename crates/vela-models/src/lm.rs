@@ -1,0 +1,235 @@
+//! Object-safe model interface: what the engine needs from any causal language model on any
+//! backend, so sequences, the CLI and the server are written once for every architecture
+//! (shared decoder, Gemma 4, …) and every backend (CPU, CUDA).
+//!
+//! A [`LanguageModel`] is the immutable, shared part (weights on a backend); a [`ModelState`] is
+//! one sequence's mutable part (KV cache, scratch buffers) bound to its model. Architecture- or
+//! backend-specific users (e.g. a drafter that reads the target's hidden states) downcast through
+//! [`ModelState::as_any_mut`] to the concrete type ([`DecoderSeq`], [`Gemma4Seq`]).
+
+use anyhow::{anyhow, Result};
+use std::any::Any;
+use std::sync::Arc;
+use vela_compute::{Backend, KvType};
+
+use crate::decoder::{DecoderModel, ForwardState};
+use crate::gemma4::{Gemma4Model, Gemma4State, LayerKind};
+
+/// A loaded causal language model (weights on a backend), shared by its sequences.
+pub trait LanguageModel: Send + Sync {
+    /// Architecture name (`llama`, `gemma3`, `gemma4`, …).
+    fn arch(&self) -> &str;
+    /// Name of the backend the weights live on (`cpu (avx512, 2 threads)`, `cuda:0 (…)`).
+    fn backend_name(&self) -> String;
+    fn n_vocab(&self) -> usize;
+    /// Context length the model was trained for (0 when unknown).
+    fn n_ctx_train(&self) -> usize;
+    /// Whether some layer keeps only a sliding window of keys (its cache is a ring).
+    fn has_sliding_window(&self) -> bool;
+    /// Bytes of weights read per decoded token (for bandwidth reports; 0 when unknown).
+    fn weight_bytes_per_token(&self) -> u64;
+    /// A fresh sequence state for up to `n_ctx` tokens, evaluated `max_batch` at a time (the state
+    /// keeps a handle on the model, hence `Arc<Self>`).
+    fn new_state(
+        self: Arc<Self>,
+        n_ctx: usize,
+        max_batch: usize,
+        kv: KvType,
+    ) -> Result<Box<dyn ModelState>>;
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// One sequence of a [`LanguageModel`]: its cache and scratch buffers.
+pub trait ModelState: Send {
+    /// Run `tokens` at `positions` (≤ [`ModelState::max_batch`], all earlier positions already in
+    /// the cache), append their K/V, and return the logits of rows `logits_from..`
+    /// (row-major `[rows, n_vocab]`).
+    fn forward(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<f32>>;
+    fn n_ctx(&self) -> usize;
+    fn max_batch(&self) -> usize;
+    /// Save what later writes could overwrite in a cache holding positions `0..n_past`.
+    fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync>;
+    /// Undo every cache write made since `snap` (from [`ModelState::checkpoint`] of this state).
+    fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()>;
+    /// An independent copy (same cache contents).
+    fn fork(&self) -> Result<Box<dyn ModelState>>;
+    /// Bytes held by the cache.
+    fn kv_bytes(&self) -> usize;
+    fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+fn restore_kv<B: Backend + 'static>(
+    be: &B,
+    kv: &mut B::Kv,
+    snap: &(dyn Any + Send + Sync),
+) -> Result<()> {
+    let s = snap
+        .downcast_ref::<B::KvSnapshot>()
+        .ok_or_else(|| anyhow!("checkpoint belongs to a different model or backend"))?;
+    be.kv_restore(kv, s);
+    Ok(())
+}
+
+/// A sequence of the shared decoder ([`DecoderModel`]).
+pub struct DecoderSeq<B: Backend> {
+    pub model: Arc<DecoderModel<B>>,
+    pub state: ForwardState<B>,
+}
+
+impl<B: Backend + 'static> LanguageModel for DecoderModel<B> {
+    fn arch(&self) -> &str {
+        &self.cfg.arch
+    }
+    fn backend_name(&self) -> String {
+        self.backend.name()
+    }
+    fn n_vocab(&self) -> usize {
+        self.cfg.n_vocab
+    }
+    fn n_ctx_train(&self) -> usize {
+        self.cfg.n_ctx_train
+    }
+    fn has_sliding_window(&self) -> bool {
+        self.cfg.layers.iter().any(|l| l.window.is_some())
+    }
+    fn weight_bytes_per_token(&self) -> u64 {
+        self.weight_bytes_per_token
+    }
+    fn new_state(
+        self: Arc<Self>,
+        n_ctx: usize,
+        max_batch: usize,
+        kv: KvType,
+    ) -> Result<Box<dyn ModelState>> {
+        let state = DecoderModel::new_state(&self, n_ctx, max_batch, kv)?;
+        Ok(Box::new(DecoderSeq { model: self, state }))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+impl<B: Backend + 'static> ModelState for DecoderSeq<B> {
+    fn forward(&mut self, tokens: &[u32], pos: &[u32], logits_from: usize) -> Result<Vec<f32>> {
+        self.model
+            .forward(&mut self.state, tokens, pos, logits_from)
+    }
+    fn n_ctx(&self) -> usize {
+        self.state.n_ctx
+    }
+    fn max_batch(&self) -> usize {
+        self.state.max_batch
+    }
+    fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync> {
+        Box::new(self.model.backend.kv_checkpoint(&self.state.kv, n_past))
+    }
+    fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()> {
+        restore_kv(&*self.model.backend, &mut self.state.kv, snap)
+    }
+    fn fork(&self) -> Result<Box<dyn ModelState>> {
+        let kv = self.model.backend.kv_clone(&self.state.kv);
+        let state = self
+            .model
+            .state_with_kv(kv, self.state.n_ctx, self.state.max_batch);
+        Ok(Box::new(DecoderSeq {
+            model: self.model.clone(),
+            state,
+        }))
+    }
+    fn kv_bytes(&self) -> usize {
+        self.model.backend.kv_bytes(&self.state.kv)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
+
+impl<B: Backend + 'static> LanguageModel for Gemma4Model<B> {
+    fn arch(&self) -> &str {
+        "gemma4"
+    }
+    fn backend_name(&self) -> String {
+        self.backend.name()
+    }
+    fn n_vocab(&self) -> usize {
+        self.cfg.n_vocab
+    }
+    fn n_ctx_train(&self) -> usize {
+        0
+    }
+    fn has_sliding_window(&self) -> bool {
+        self.cfg.layers.iter().any(|l| l.kind == LayerKind::Sliding)
+    }
+    fn weight_bytes_per_token(&self) -> u64 {
+        0
+    }
+    fn new_state(
+        self: Arc<Self>,
+        n_ctx: usize,
+        max_batch: usize,
+        kv: KvType,
+    ) -> Result<Box<dyn ModelState>> {
+        let state = Gemma4Model::new_state(&self, n_ctx, max_batch, kv)?;
+        Ok(Box::new(Gemma4Seq { model: self, state }))
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A sequence of a [`Gemma4Model`].
+pub struct Gemma4Seq<B: Backend> {
+    pub model: Arc<Gemma4Model<B>>,
+    pub state: Gemma4State<B>,
+}
+
+impl<B: Backend + 'static> ModelState for Gemma4Seq<B> {
+    fn forward(&mut self, tokens: &[u32], pos: &[u32], logits_from: usize) -> Result<Vec<f32>> {
+        self.model
+            .forward(&mut self.state, tokens, pos, logits_from)
+    }
+    fn n_ctx(&self) -> usize {
+        self.state.n_ctx
+    }
+    fn max_batch(&self) -> usize {
+        self.state.max_batch
+    }
+    fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync> {
+        Box::new(self.model.backend.kv_checkpoint(&self.state.kv, n_past))
+    }
+    fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()> {
+        restore_kv(&*self.model.backend, &mut self.state.kv, snap)
+    }
+    fn fork(&self) -> Result<Box<dyn ModelState>> {
+        // A fresh state gives the scratch buffers; the cache is then replaced by a copy.
+        let mut state = Gemma4Model::new_state(
+            &self.model,
+            self.state.n_ctx,
+            self.state.max_batch,
+            KvType::F32,
+        )?;
+        state.kv = self.model.backend.kv_clone(&self.state.kv);
+        Ok(Box::new(Gemma4Seq {
+            model: self.model.clone(),
+            state,
+        }))
+    }
+    fn kv_bytes(&self) -> usize {
+        self.model.backend.kv_bytes(&self.state.kv)
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+}
