@@ -51,11 +51,12 @@ MODELS = {
 }
 
 
-def llama_bench(flavor: str, model: Path, p: int, n: int, threads: int) -> dict:
+def llama_bench(flavor: str, model: Path, p: int, n: int, threads: int, extra: list[str] = (),
+                depth: int = 0) -> dict:
     bindir = CACHE / f"llama.cpp-{flavor}" / "bin"
     env = dict(os.environ, LD_LIBRARY_PATH=str(bindir))
     cmd = [str(bindir / "llama-bench"), "-m", str(model), "-p", str(p), "-n", str(n), "-t", str(threads),
-           "-r", "1", "-o", "json"]
+           "-r", "1", "-o", "json"] + (["-d", str(depth)] if depth else []) + list(extra)
     r = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"llama-bench ({flavor}) failed: {r.stderr.strip()[-400:]}")
@@ -69,15 +70,16 @@ def llama_bench(flavor: str, model: Path, p: int, n: int, threads: int) -> dict:
     return res
 
 
-def vela_bench(vela: str, model: Path, p: int, n: int, threads: int) -> dict:
+def vela_bench(vela: str, model: Path, p: int, n: int, threads: int, extra: list[str] = (),
+               depth: int = 0) -> dict:
     cmd = [vela, "bench", "--model", str(model), "-p", str(p), "-n", str(n), "-r", "1", "--threads",
-           str(threads), "--json"]
+           str(threads), "--json"] + (["--depth", str(depth)] if depth else []) + list(extra)
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise RuntimeError(f"vela bench failed ({r.returncode}): {r.stderr.strip()[-400:]}")
     try:
         obj = json.loads(r.stdout)
-        return {"pp": float(obj["pp"]["tps_mean"]), "tg": float(obj["tg"]["tps_mean"])}
+        return {t: float(obj[t]["tps_mean"]) for t in ("pp", "tg") if obj[t]["n"]}
     except (json.JSONDecodeError, KeyError, TypeError) as ex:
         raise RuntimeError(f"vela bench --json printed an unexpected shape ({ex}): {r.stdout[:300]!r}")
 
@@ -98,6 +100,9 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("-p", type=int, default=512)
     ap.add_argument("-n", type=int, default=128)
+    ap.add_argument("--depth", type=int, default=0, help="tokens in the cache before the tests (llama-bench -d)")
+    ap.add_argument("--vela-args", default="", help="extra arguments for `vela bench`, e.g. '--device cuda'")
+    ap.add_argument("--llama-args", default="", help="extra arguments for llama-bench, e.g. '-ngl 99'")
     ap.add_argument("--out", help="also write the markdown report here")
     ap.add_argument("--json-out", help="write all raw samples as JSON here")
     a = ap.parse_args()
@@ -131,6 +136,10 @@ def main():
             sys.exit(f"error: model {path} missing (scripts/fetch-models.sh)")
         models.append((m if m in MODELS else path.stem, path))
 
+    tests = [t for t, k in (("pp", a.p), ("tg", a.n)) if k > 0]
+    if not tests:
+        ap.error("-p and -n are both 0")
+    vargs, largs = a.vela_args.split(), a.llama_args.split()
     # samples[model][engine][test] -> list of t/s; engine = "vela" | "llama-<flavor>"
     samples: dict = {k: {} for k, _ in models}
     builds = {}
@@ -142,20 +151,22 @@ def main():
             for eng in engines:
                 t0 = time.time()
                 if eng == "vela":
-                    r = vela_bench(vela, path, a.p, a.n, a.threads)
+                    r = vela_bench(vela, path, a.p, a.n, a.threads, vargs, a.depth)
                 else:
-                    r = llama_bench(eng[6:], path, a.p, a.n, a.threads)
+                    r = llama_bench(eng[6:], path, a.p, a.n, a.threads, largs, a.depth)
                     builds[eng] = r.pop("build", None)
-                for t in ("pp", "tg"):
+                for t in tests:
                     samples[key].setdefault(eng, {}).setdefault(t, []).append(r[t])
-                print(f"rep {rep + 1}/{a.reps} {key:8s} {eng:12s} pp{a.p} {r['pp']:8.1f} t/s  "
-                      f"tg{a.n} {r['tg']:7.1f} t/s  ({time.time() - t0:.0f}s)", file=sys.stderr, flush=True)
+                shown = "  ".join(f"{t}{a.p if t == 'pp' else a.n} {r[t]:8.1f} t/s" for t in tests)
+                print(f"rep {rep + 1}/{a.reps} {key:8s} {eng:12s} {shown}  ({time.time() - t0:.0f}s)",
+                      file=sys.stderr, flush=True)
 
     lines = []
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
                platform.processor())
     lines.append(f"# vela vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M')})\n")
     lines.append(f"CPU: {cpu}, {os.cpu_count()} logical cores, threads={a.threads}, reps={a.reps} (interleaved), "
+                 f"depth={a.depth}, vela args '{a.vela_args}', llama-bench args '{a.llama_args}', "
                  f"load avg at end {os.getloadavg()[0]:.2f}; llama.cpp flavors: "
                  + ", ".join(f"{f} ({builds.get('llama-' + f)})" for f in flavors) + "\n")
     for n in notes:
@@ -172,7 +183,8 @@ def main():
             sep += "---|"
     lines += [hdr, sep]
     for key, _ in models:
-        for t, label in (("pp", f"pp{a.p}"), ("tg", f"tg{a.n}")):
+        at = f" @ d{a.depth}" if a.depth else ""
+        for t, label in [(t, f"{t}{a.p if t == 'pp' else a.n}{at}") for t in tests]:
             best = max(flavors, key=lambda f: statistics.median(samples[key][f"llama-{f}"][t]))
             ls = samples[key][f"llama-{best}"][t]
             row = f"| {key} | {label} | {summary(ls)} ({best}) |"
