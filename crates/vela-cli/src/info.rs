@@ -73,6 +73,9 @@ fn short(v: &Value) -> String {
 
 pub fn info(a: InfoArgs) -> Result<()> {
     let path = crate::common::resolve(a.model.as_deref())?;
+    if path.is_dir() {
+        return info_hf(&path, a.tensors);
+    }
     let g = GgufFile::open(&path)?;
     let arch = g.architecture().unwrap_or("?");
     println!("file: {}", path.display());
@@ -89,8 +92,17 @@ pub fn info(a: InfoArgs) -> Result<()> {
             println!("  {k} = {}", short(&g.metadata[k]));
         }
     }
-    match vela_models::config_from_gguf(&g) {
-        Ok(c) => {
+    let cfg = if arch == "gemma4" {
+        vela_models::gemma4::Gemma4Config::from_gguf(&g).map(|c| {
+            print_gemma4(&c);
+            None
+        })
+    } else {
+        vela_models::config_from_gguf(&g).map(Some)
+    };
+    match cfg {
+        Ok(None) => {}
+        Ok(Some(c)) => {
             let windows = c.layers.iter().filter(|l| l.window.is_some()).count();
             println!(
                 "model: {} layers, d={}, heads {}/{} kv, head_dim {}/{}, ffn {}, vocab {}, ctx {}, {} sliding-window layers",
@@ -133,6 +145,113 @@ pub fn info(a: InfoArgs) -> Result<()> {
             t.add_bos()
         ),
         Err(e) => println!("tokenizer: unavailable: {e:#}"),
+    }
+    Ok(())
+}
+
+fn print_gemma4(c: &vela_models::gemma4::Gemma4Config) {
+    use vela_models::gemma4::LayerKind;
+    let sliding = c
+        .layers
+        .iter()
+        .filter(|l| l.kind == LayerKind::Sliding)
+        .count();
+    let shared = c.layers.iter().filter(|l| l.kv_from.is_some()).count();
+    let keqv = c.layers.iter().filter(|l| l.k_eq_v).count();
+    let hd: std::collections::BTreeSet<usize> = c.layers.iter().map(|l| l.head_dim).collect();
+    println!(
+        "model: gemma4, {} layers ({sliding} sliding, window {}), d={}, heads {}, head dims {hd:?}, \
+         vocab {}, {shared} KV-sharing layers, {keqv} k_eq_v layers, per-layer input dim {}, \
+         final soft-cap {:?}",
+        c.n_layer, c.sliding_window, c.n_embd, c.n_head, c.n_vocab, c.ple_dim, c.final_softcap
+    );
+}
+
+/// `vela info` for a Hugging Face checkpoint directory.
+fn info_hf(dir: &std::path::Path, list: bool) -> Result<()> {
+    let cfg_path = dir.join("config.json");
+    let j: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(&cfg_path)
+            .with_context(|| format!("cannot read {}", cfg_path.display()))?,
+    )
+    .with_context(|| format!("{}: invalid JSON", cfg_path.display()))?;
+    println!("directory: {} (Hugging Face checkpoint)", dir.display());
+    let mt = j["model_type"].as_str().unwrap_or("?");
+    println!(
+        "model_type: {mt}, architectures: {}",
+        j["architectures"].to_string()
+    );
+    let ckpt = vela_formats::safetensors::Checkpoint::open(dir)?;
+    let mut by_prefix: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    let mut dtypes: BTreeMap<String, (usize, u64)> = BTreeMap::new();
+    for f in &ckpt.files {
+        for (name, e) in &f.tensors {
+            let bytes = (e.end - e.start) as u64;
+            // The tower a tensor belongs to: `model.language_model`, `model.vision_tower`, ...
+            let parts: Vec<&str> = name.split('.').collect();
+            let prefix =
+                if parts.len() > 2 && parts[0] == "model" && !parts[1].starts_with("layers") {
+                    format!("model.{}", parts[1])
+                } else {
+                    parts[0].to_string()
+                };
+            let p = by_prefix.entry(prefix).or_default();
+            p.0 += 1;
+            p.1 += bytes;
+            let d = dtypes.entry(format!("{:?}", e.dtype)).or_default();
+            d.0 += 1;
+            d.1 += bytes;
+            if list {
+                println!("  {name:60} {:?} {:?}", e.dtype, e.shape);
+            }
+        }
+    }
+    println!("safetensors: {} file(s)", ckpt.files.len());
+    for (d, (n, b)) in &dtypes {
+        println!(
+            "  {d:>5}: {n:5} tensors, {:10.1} MiB",
+            *b as f64 / (1 << 20) as f64
+        );
+    }
+    let text = [
+        "model.language_model",
+        "model.embed_tokens",
+        "model.norm",
+        "model",
+        "lm_head",
+    ];
+    for (p, (n, b)) in &by_prefix {
+        let used = text.contains(&p.as_str()) || p.starts_with("model.layers");
+        println!(
+            "  {p:32} {n:5} tensors, {:10.1} MiB{}",
+            *b as f64 / (1 << 20) as f64,
+            if used {
+                ""
+            } else {
+                "  (ignored: vela runs the text model only)"
+            }
+        );
+    }
+    if mt.starts_with("gemma4") {
+        match vela_models::gemma4::Gemma4Config::from_json(&j) {
+            Ok(c) => print_gemma4(&c),
+            Err(e) => println!("model: not runnable by this build: {e:#}"),
+        }
+    } else {
+        println!("model: not runnable by this build (Hugging Face directories: gemma4 only)");
+    }
+    match vela_tokenizer::Tokenizer::from_hf_dir(dir) {
+        Ok(t) => println!(
+            "tokenizer: {} tokens, bos {:?}, eos {:?}",
+            t.n_vocab(),
+            t.bos().and_then(|b| t.token_text(b)),
+            t.eos().and_then(|b| t.token_text(b))
+        ),
+        Err(e) => println!("tokenizer: unavailable: {e:#}"),
+    }
+    match vela_template::load_model_dir(dir) {
+        Ok(_) => println!("chat template: present"),
+        Err(e) => println!("chat template: {e:#}"),
     }
     Ok(())
 }

@@ -246,3 +246,103 @@ fn info_describes_the_model() {
     }
     let _ = Path::new("");
 }
+
+/// `--device` errors: an unknown name, and CUDA where no GPU/driver can be used (CI machines),
+/// are one-line errors; `--device cpu` always works.
+#[test]
+fn device_flag_errors_are_one_line() {
+    let Some(m) = smol() else { return };
+    let m = m.to_str().unwrap();
+    fails_with(
+        &vela(&["run", "--model", m, "--prompt", "hi", "--device", "tpu"]),
+        "unknown device",
+    );
+    fails_with(
+        &vela(&["run", "--model", m, "--prompt", "hi", "--device", "cuda:x"]),
+        "cuda:N",
+    );
+    let out = vela(&[
+        "run", "--model", m, "--prompt", "hi", "--device", "cuda:7", "-n", "2",
+    ]);
+    // On a machine with 8+ usable GPUs this would run; everywhere else it must fail cleanly.
+    if !out.status.success() {
+        fails_with(&out, "cuda:7");
+    }
+    let out = vela(&[
+        "run", "--model", m, "--prompt", "hi", "--device", "cpu", "-n", "2",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A Gemma 4 GGUF (random weights, real tokenizer and template: scripts/gen-gemma4-e2e.py) runs
+/// through `run`, `chat` and `info`, and `info` also reads its Hugging Face directory.
+#[test]
+fn gemma4_run_chat_info() {
+    let Some(g) = testdata::require(
+        testdata::golden_dir()
+            .join("gemma4_e2e")
+            .join("model-f32.gguf"),
+    ) else {
+        return;
+    };
+    let gs = g.to_str().unwrap();
+    let out = vela(&[
+        "run",
+        "--model",
+        gs,
+        "--prompt",
+        "Hello",
+        "-n",
+        "8",
+        "--temperature",
+        "0",
+        "--device",
+        "cpu",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.stdout.is_empty());
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
+        .args(["chat", "--model", gs, "-n", "4", "--device", "cpu"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hi there\n/exit\n")
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("gemma4"), "{err}");
+    let info = vela(&["info", "--model", gs]);
+    let s = String::from_utf8_lossy(&info.stdout);
+    assert!(s.contains("model: gemma4, 4 layers (3 sliding"), "{s}");
+    assert!(s.contains("tokenizer: 262144 tokens"), "{s}");
+    let hf = g.parent().unwrap().join("hf");
+    let info = vela(&["info", "--model", hf.to_str().unwrap()]);
+    let s = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        info.status.success(),
+        "{}",
+        String::from_utf8_lossy(&info.stderr)
+    );
+    assert!(s.contains("model_type: gemma4_text"), "{s}");
+    assert!(s.contains("model: gemma4, 4 layers"), "{s}");
+}
