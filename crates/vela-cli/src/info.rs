@@ -177,10 +177,7 @@ fn info_hf(dir: &std::path::Path, list: bool) -> Result<()> {
     .with_context(|| format!("{}: invalid JSON", cfg_path.display()))?;
     println!("directory: {} (Hugging Face checkpoint)", dir.display());
     let mt = j["model_type"].as_str().unwrap_or("?");
-    println!(
-        "model_type: {mt}, architectures: {}",
-        j["architectures"].to_string()
-    );
+    println!("model_type: {mt}, architectures: {}", j["architectures"]);
     let ckpt = vela_formats::safetensors::Checkpoint::open(dir)?;
     let mut by_prefix: BTreeMap<String, (usize, u64)> = BTreeMap::new();
     let mut dtypes: BTreeMap<String, (usize, u64)> = BTreeMap::new();
