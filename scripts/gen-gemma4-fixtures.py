@@ -18,13 +18,21 @@ or by hand:
         meta.json                            branches exercised, versions, f64-vs-f32 logit deviation
         model-f32.gguf                       the same weights through llama.cpp's converter
                                              ($VELA_CACHE/llama-cpp-python/vendor/llama.cpp)
-        model-q8_0.gguf                      that, through llama-quantize Q8_0 (if built)
+        model-f16.gguf                       the converter's --outtype f16 (norms etc. stay F32)
+        model-q8_0.gguf                      model-f32.gguf through llama-quantize Q8_0 (if built)
+        llama-{f32,f16,q8_0}.f32             llama.cpp 0c1e570's logits on those files, every
+                                             position (scripts/llama_oracle.py, F32 KV cache),
+                                             computed in a child process: llama.cpp aborts on
+                                             ple_kvshare (recorded as meta.json llama_cpp.error)
 
 The checkpoints cover: sliding + full layer types, a sliding window (16) crossed by the 40-token
 sequence, different RoPE parameters per layer type (default / proportional with partial rotation),
 different head dims for sliding and full layers, attention_k_eq_v (with its own kv-head count),
 num_kv_shared_layers, use_double_wide_mlp, per-layer input embeddings (PLE), final logit
-soft-capping, random norm weights and layer scalars. No tokenizer: the tests feed token ids.
+soft-capping, random norm weights and layer scalars, and the MoE block (router with random scale
+and per-expert scales, 3-D expert tensors, shared MLP + experts with their extra norms; fixtures
+`moe` and `moe_swa_softcap`, refused when a router top-k choice is a near tie). No tokenizer:
+the tests feed token ids. Every fixture has a sliding layer (llama.cpp asserts one for gemma4).
 
 Trap (transformers 5.23): KV sharing without PLE crashes in a multi-token forward unless
 `output_hidden_states=True` (see shared arch notes §6.2), so every forward here passes it and the
@@ -123,6 +131,64 @@ FIXTURES = {
         # models (with the random ~1 weights the scores reach ~20 and f32 rounding noise decides).
         _qk_norm_scale=True,
     ),
+    # MoE (26B-A4B style block: shared GeGLU MLP + router + 8 experts, top-2), no soft-capping,
+    # no k_eq_v (llama.cpp 0c1e570 asserts at least one sliding layer for gemma4).
+    "moe": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        attention_k_eq_v=False,
+        layer_types=["sliding_attention", "full_attention"] * 2,
+        sliding_window=16,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.5,
+                               "rope_theta": 1_000_000.0},
+        },
+        final_logit_softcapping=None,
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=256,
+        num_kv_shared_layers=0,
+        enable_moe_block=True,
+        num_experts=8,
+        top_k_experts=2,
+        moe_intermediate_size=32,
+    ),
+    # MoE with sliding + full layers (window 16 crossed), k_eq_v full layers with their own head
+    # dim / kv-head count, soft-capping, top-3 of 6 experts.
+    "moe_swa_softcap": dict(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=64,
+        num_hidden_layers=6,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        num_global_key_value_heads=1,
+        attention_k_eq_v=True,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention",
+                     "sliding_attention", "sliding_attention", "full_attention"],
+        sliding_window=16,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                               "rope_theta": 1_000_000.0},
+        },
+        final_logit_softcapping=30.0,
+        hidden_size_per_layer_input=0,
+        vocab_size_per_layer_input=256,
+        num_kv_shared_layers=0,
+        enable_moe_block=True,
+        num_experts=6,
+        top_k_experts=3,
+        moe_intermediate_size=24,
+    ),
 }
 
 N_TOKENS = 40
@@ -135,15 +201,17 @@ def randomize(model: torch.nn.Module, gen: torch.Generator, qk_norm_scale: bool)
         for name, p in list(model.named_parameters()) + list(model.named_buffers()):
             if not p.is_floating_point():
                 continue
-            if name.endswith("layer_scalar"):
+            if name.endswith("layer_scalar") or name.endswith("per_expert_scale"):
                 p.copy_(0.5 + torch.rand(p.shape, generator=gen))
+            elif name.endswith("router.scale"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
             elif "norm" in name:
                 p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
                 if qk_norm_scale and ("q_norm" in name or "k_norm" in name):
                     p.mul_(p.shape[-1] ** -0.25)
             elif "embed_tokens" in name and p.dim() == 2:
                 p.copy_(0.5 * torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
-            elif p.dim() == 2:
+            elif p.dim() in (2, 3):  # 3-D: experts [E, out, in]
                 p.copy_(torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
 
 
@@ -157,6 +225,7 @@ def build(name: str, kw: dict) -> None:
     torch.manual_seed(0)
     cfg = Gemma4TextConfig(**kw)
     cfg._attn_implementation = "eager"
+    cfg._experts_implementation = "eager"  # grouped_mm refuses float64 (arch notes §0.5)
     model = Gemma4ForCausalLM(cfg).eval().float()
     gen = torch.Generator().manual_seed(1234)
     randomize(model, gen, qk_norm_scale)
@@ -167,18 +236,35 @@ def build(name: str, kw: dict) -> None:
 
     rng = np.random.default_rng(7)
     tokens = [int(t) for t in rng.integers(3, kw["vocab_size"], N_TOKENS)]
+    # MoE: the top-k expert choice is discontinuous, so a near tie between the k-th and the
+    # (k+1)-th router probability would let f32 rounding pick other experts. Record the smallest
+    # gap over every token and MoE layer and refuse fixtures where it is tiny.
+    gaps = []
+
+    def router_hook(mod, _inp, out):
+        probs = out[0].double()
+        k = mod.config.top_k_experts
+        top = probs.topk(k + 1, dim=-1).values
+        gaps.append(float((top[:, k - 1] - top[:, k]).min()))
+
+    hooks = [m.register_forward_hook(router_hook) for m in model.modules()
+             if type(m).__name__ == "Gemma4TextRouter"]
     with torch.no_grad():
         logits = logits_of(model, tokens)
+        for h in hooks:
+            h.remove()
         greedy, seq = [], list(tokens)
         for _ in range(N_GREEDY):
             nxt = int(logits_of(model, seq)[-1].argmax())
             greedy.append(nxt)
             seq.append(nxt)
         # Reload from disk to make sure the saved checkpoint is what produced the logits.
-        reloaded = Gemma4ForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager").eval()
+        reloaded = Gemma4ForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager",
+            experts_implementation="eager").eval()
         re_logits = logits_of(reloaded, tokens)
         reload_dev = float((re_logits - logits).abs().max())
-        dbl = Gemma4ForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager").eval().double()
+        dbl = Gemma4ForCausalLM.from_pretrained(d, torch_dtype=torch.float32, attn_implementation="eager",
+            experts_implementation="eager").eval().double()
         d_logits = logits_of(dbl, tokens).float()
         f64_dev = float((d_logits - logits).abs().max())
     ref = d_logits.double()
@@ -187,6 +273,9 @@ def build(name: str, kw: dict) -> None:
         # f32 rounding alone moves some position by more than the 1e-8 parity budget allows
         # (e.g. a near-zero input to an RMSNorm): pick another seed/shape for this fixture.
         sys.exit(f"{name}: ill-conditioned, torch f32 vs f64 worst-position NMSE {cond:.2e} > 1e-9")
+    router_gap = min(gaps) if gaps else None
+    if router_gap is not None and router_gap < 1e-5:
+        sys.exit(f"{name}: ill-conditioned, router top-k probability gap {router_gap:.2e} < 1e-5")
     if reload_dev > 1e-5:
         sys.exit(f"{name}: reloaded checkpoint differs from the in-memory model by {reload_dev}")
     logits.numpy().astype("<f4").tofile(os.path.join(d, "logits.f32"))
@@ -209,6 +298,7 @@ def build(name: str, kw: dict) -> None:
         "f64_vs_f32_worst_position_nmse": cond,
         "config_kwargs": kw,
         "qk_norm_scale": qk_norm_scale,
+        "moe_min_router_topk_gap": router_gap,
     }
     with open(os.path.join(d, "meta.json"), "w") as f:
         json.dump(meta, f, indent=1, default=str)
@@ -235,6 +325,8 @@ def to_gguf(d: str) -> None:
         self.gguf_writer.add_token_list([f"<t{i}>".encode() for i in range(n)])
         self.gguf_writer.add_token_scores([0.0] * n)
         self.gguf_writer.add_token_types([1] * n)
+        # llama.cpp's gemma4 (BPE) vocabulary loader insists on a merges key.
+        self.gguf_writer.add_token_merges(["<t 1>"])
 
     gemma.Gemma4Model.set_vocab = set_vocab
     with tempfile.TemporaryDirectory() as tmp:
@@ -246,9 +338,11 @@ def to_gguf(d: str) -> None:
             json.dump({"model": {"type": "BPE", "vocab": {f"<t{i}>": i for i in range(n)}},
                        "added_tokens": []}, f)
         argv = sys.argv
-        sys.argv = ["convert", tmp, "--outfile", os.path.join(d, "model-f32.gguf"), "--outtype", "f32"]
         try:
-            convert_hf_to_gguf.main()
+            for ty in ("f32", "f16"):
+                out = os.path.join(d, f"model-{ty}.gguf")
+                sys.argv = ["convert", tmp, "--outfile", out, "--outtype", ty]
+                convert_hf_to_gguf.main()
         finally:
             sys.argv = argv
 
@@ -266,7 +360,56 @@ def quantize(d: str) -> None:
                     "Q8_0"], check=True, capture_output=True)
 
 
+def llama_logits(d: str) -> None:
+    """llama.cpp 0c1e570's own logits on each GGUF of the fixture (every position, one batch, F32
+    KV cache, no flash attention; scripts/llama_oracle.py) → `llama-<type>.f32`, so the Rust tests
+    compare vela against llama.cpp on the same file without running it."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import llama_oracle
+    tokens = json.load(open(os.path.join(d, "tokens.json")))["tokens"]
+    ref = np.fromfile(os.path.join(d, "logits.f32"), dtype="<f4").reshape(len(tokens), -1)
+    report = {}
+    for ty in ("f32", "f16", "q8_0"):
+        path = os.path.join(d, f"model-{ty}.gguf")
+        if not os.path.exists(path):
+            continue
+        lg = llama_oracle.eval_logits(path, tokens, n_ctx=256, n_batch=64, n_ubatch=64,
+                                      all_positions=True, kv_f32=True)
+        llama_oracle.unload(path)
+        lg.astype("<f4").tofile(os.path.join(d, f"llama-{ty}.f32"))
+        report[ty] = llama_oracle.nmse(lg, ref)
+        print(f"  llama.cpp {ty}: NMSE vs transformers f32 {report[ty]:.3e}")
+    mp = os.path.join(d, "meta.json")
+    meta = json.load(open(mp))
+    meta["llama_cpp"] = {"commit": llama_oracle.LLAMA_CPP_COMMIT, "nmse_vs_torch_f32": report,
+                         "settings": llama_oracle.settings(n_ctx=256, n_batch=64, n_ubatch=64,
+                                                           type_k="f32", type_v="f32")}
+    json.dump(meta, open(mp, "w"), indent=1, default=str)
+
+
+def llama_logits_isolated(d: str) -> None:
+    """[`llama_logits`] in a child process: llama.cpp aborts (GGML_ASSERT) on some Gemma 4
+    variants, which must not take the fixture run down. A failure is recorded in meta.json."""
+    import subprocess
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--llama-logits", d],
+                       capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        if line.startswith("  llama.cpp"):
+            print(line)
+    if r.returncode != 0:
+        asserts = [l for l in r.stderr.splitlines() if "GGML_ASSERT" in l or "error" in l.lower()]
+        why = asserts[0].strip() if asserts else f"exit status {r.returncode}"
+        print(f"  llama.cpp failed on {os.path.basename(d)}: {why}")
+        mp = os.path.join(d, "meta.json")
+        meta = json.load(open(mp))
+        meta["llama_cpp"] = {"error": why}
+        json.dump(meta, open(mp, "w"), indent=1, default=str)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--llama-logits"]:
+        llama_logits(sys.argv[2])
+        return
     only = sys.argv[1:]
     for name, kw in FIXTURES.items():
         if only and name not in only:
@@ -274,6 +417,7 @@ def main() -> None:
         build(name, dict(kw))
         to_gguf(os.path.join(OUT, name))
         quantize(os.path.join(OUT, name))
+        llama_logits_isolated(os.path.join(OUT, name))
 
 
 if __name__ == "__main__":
