@@ -3,7 +3,8 @@
 #
 #   scripts/gpu-check.sh <stage> <test-binary>
 #     stage ops   : every op vs the CPU backend on random data (tests/gpu.rs, no model needed)
-#     stage model : SmolLM2-135M Q4_1 GPU vs CPU logits + greedy 32 tokens, then decode speed
+#     stage model : SmolLM2-135M Q4_1 GPU vs CPU logits + greedy 32 tokens (exact mode, then
+#                   default mode), graph vs plain decode, then decode speed per configuration
 #     stage all   : both
 #     stage bench : decode speed 3x, device bandwidth (crates/vela-cuda/bench/bandwidth.cu, nvcc),
 #                   and llama.cpp-CUDA's llama-bench on the same model when $LLAMA_BENCH (default
@@ -58,6 +59,12 @@ if [ "$stage" = ops ] || [ "$stage" = all ]; then
   run --exact elementwise_ops_match_cpu          # cold: compiles the kernels with NVRTC
   run --exact elementwise_ops_match_cpu          # warm: loads them from $VELA_CACHE/cuda-kernels
   run matmul_and_get_rows_match_cpu attention_and_kv_match_cpu
+  # second slice: new decode matvec vs CPU and old kernel, exact mode vs CPU exact, device argmax
+  run kernels2::matvec_new_matches_cpu_and_old kernels2::exact_matmul_matches_cpu_exact \
+      kernels2::device_argmax_matches_cpu_sampler kernels2::fused_norm_matmul_and_rope_qk_match_cpu \
+      kernels2::split_attention_long_context_matches_cpu kernels2::fused_decode_ops_match_cpu
+  run --exact kernels2::matvec_bandwidth           # GB/s old vs new on 8B-sized matrices
+  run --exact kernels2::attention_decode_timing    # us per decode attention call, split-K vs not
 fi
 need_model() {
   if [ -z "${VELA_GPU_MODEL:-}" ]; then
@@ -71,12 +78,14 @@ need_model() {
 }
 if [ "$stage" = model ] || [ "$stage" = all ]; then
   need_model
-  run --exact smollm2_gpu_matches_cpu
-  run --exact smollm2_decode_speed
+  run --exact model::smollm2_exact_gpu_matches_cpu   # VELA_MATMUL=f32 semantics: all criteria
+  run --exact model::smollm2_gpu_matches_cpu         # default int8 activations: info + argmax
+  run --exact model::graph_decode_matches_plain      # CUDA graph decode == plain, bit-exact
+  run --exact model::smollm2_decode_speed            # tok/s per configuration
 fi
 if [ "$stage" = bench ]; then
   need_model
-  for _ in 1 2 3; do run --exact smollm2_decode_speed; done
+  for _ in 1 2 3; do run --exact model::smollm2_decode_speed; done
   nvcc=$(command -v nvcc || ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)
   if [ -n "$nvcc" ]; then
     "$nvcc" -O3 -arch=sm_90 crates/vela-cuda/bench/bandwidth.cu -o /tmp/vela-bw && /tmp/vela-bw 2>&1 |

@@ -12,7 +12,9 @@
 //! `bw` runs only the bandwidth test.
 
 use std::time::Instant;
-use vela_compute::cpu::matmul::{matmul_multi_with, matmul_with, Kernel, QMatrix};
+use vela_compute::cpu::matmul::{
+    matmul_multi_packed_with, matmul_multi_with, matmul_with, Kernel, PackedMatrix, QMatrix,
+};
 use vela_compute::cpu::pool::ThreadPool;
 use vela_formats::quant::GgmlType;
 
@@ -168,6 +170,56 @@ fn main() {
                 "  prefill {n}x{rows}x{cols}: {:7.1} GFLOP/s",
                 2.0 * (rows * cols * n) as f64 / t / 1e9
             );
+            println!("{line}");
+        }
+    }
+    // The repacked GEMM (`PackedMatrix`, AVX-512 only): decode at 1 token and prefill.
+    if Kernel::Avx512.available() {
+        println!("== packed (avx512) ==");
+        for ty in types {
+            if !(filter.is_empty() || "packed".contains(&filter) || ty.name() == filter) {
+                continue;
+            }
+            let mut line = format!("{:>5}", ty.name());
+            for (rows, cols, n) in [
+                (576, 1536, 1),
+                (896, 4864, 1),
+                (896, 4864, 512),
+                (4864, 896, 512),
+            ] {
+                if cols % ty.block_size() != 0 {
+                    continue;
+                }
+                let data = weights(ty, rows, cols);
+                let w = QMatrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &data,
+                };
+                let p = PackedMatrix::new(&w).expect("packable type");
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 7919) % 1000) as f32 / 500.0 - 1.0)
+                    .collect();
+                let mut y = vec![0f32; n * rows];
+                let run = |y: &mut Vec<f32>| {
+                    let k = Kernel::Avx512;
+                    matmul_multi_packed_with(k, &pool, &[&w], &[Some(&p)], &x, n, &mut [y]);
+                };
+                let t = time(|| run(&mut y), if n == 1 { 0.2 } else { 1.0 });
+                if n == 1 {
+                    line += &format!(
+                        "  decode {rows}x{cols}: {:6.1} us {:6.1} GB/s",
+                        t * 1e6,
+                        data.len() as f64 / t / 1e9
+                    );
+                } else {
+                    line += &format!(
+                        "  prefill {n}x{rows}x{cols}: {:7.1} GFLOP/s",
+                        2.0 * (rows * cols * n) as f64 / t / 1e9
+                    );
+                }
+            }
             println!("{line}");
         }
     }

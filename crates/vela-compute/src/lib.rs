@@ -230,6 +230,114 @@ pub trait Backend: Send + Sync {
         width: usize,
         dst: &mut Self::Buf,
     );
+
+    // --- fused ops (default: the unfused ops, so results are identical) ---
+    /// RoPE of the query rows (`n_head` heads) and the key rows (`n_head_kv` heads) at the
+    /// same positions: [`Backend::rope`] on each.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+    ) {
+        self.rope(q, n_head, head_dim, positions, p);
+        self.rope(k, n_head_kv, head_dim, positions, p);
+    }
+    /// [`Backend::rope_qk`], then [`Backend::kv_store`] of the rotated keys and of `v`.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk_store(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        kv: &mut Self::Kv,
+        layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+    ) {
+        self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
+        self.kv_store(kv, layer, k, v, positions);
+    }
+    /// `gate = act(gate) * up` over `n_rows * width` elements ([`Backend::act_mul`]), then
+    /// `y = gate · wᵀ` ([`Backend::matmul`]).
+    #[allow(clippy::too_many_arguments)]
+    fn act_mul_matmul(
+        &self,
+        gate: &mut Self::Buf,
+        up: &Self::Buf,
+        n_rows: usize,
+        width: usize,
+        act: Activation,
+        w: &Self::Weight,
+        y: &mut Self::Buf,
+    ) {
+        self.act_mul(gate, up, n_rows * width, act);
+        self.matmul(w, gate, n_rows, y);
+    }
+    /// The input of a pre-norm block: `x += residual` (if given; `n_rows * width` elements),
+    /// `h = rms_norm(x) * w`, then `ys[i] = h · ws[i]ᵀ` — [`Backend::add`],
+    /// [`Backend::rms_norm`] and [`Backend::matmul_many`] in one call that a backend may fuse.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul_many(
+        &self,
+        x: &mut Self::Buf,
+        residual: Option<&Self::Buf>,
+        w: &Self::Vector,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+        h: &mut Self::Buf,
+        ws: &[&Self::Weight],
+        ys: &mut [&mut Self::Buf],
+    ) {
+        if let Some(r) = residual {
+            self.add(x, r, n_rows * width);
+        }
+        self.rms_norm(x, w, n_rows, width, eps, h);
+        self.matmul_many(ws, h, n_rows, ys);
+    }
+
+    // --- decode-step recording and device-side argmax (default: plain ops, host argmax) ---
+    /// Announce a single-token decode step (`token` at position `pos`) whose ops follow. A
+    /// backend may record them and run the whole step at once (CUDA graphs); the ops keep their
+    /// meaning. Returns whether it records: then [`Backend::decode_step_end`] must follow the
+    /// step's last op. The default (CPU) records nothing.
+    fn decode_step_begin(&self, _token: u32, _pos: u32) -> bool {
+        false
+    }
+    /// Run what was recorded since [`Backend::decode_step_begin`].
+    fn decode_step_end(&self) {}
+    /// Index of the largest element of each of the `n_rows` rows of `width` elements: the lowest
+    /// index among equal maxima, NaNs skipped (a row of NaNs gives 0). A GPU computes it on the
+    /// device and copies back only the indices.
+    fn argmax_rows(&self, x: &Self::Buf, n_rows: usize, width: usize) -> Vec<u32> {
+        if width == 0 {
+            return vec![0; n_rows];
+        }
+        let mut v = vec![0f32; n_rows * width];
+        self.read(x, &mut v);
+        v.chunks_exact(width)
+            .map(|r| {
+                let mut best = 0usize;
+                let mut bv = f32::NEG_INFINITY;
+                let mut found = false;
+                for (i, &x) in r.iter().enumerate() {
+                    if x > bv || (!found && x == bv) {
+                        (best, bv, found) = (i, x, true);
+                    }
+                }
+                best as u32
+            })
+            .collect()
+    }
 }
 
 /// Ring size of a cache layer: full layers hold the whole context; a sliding layer holds its

@@ -162,3 +162,182 @@ extern "C" __launch_bounds__(32 * ATT_WARPS) __global__ void attention_f16(const
     attention<true>(q, kc, vc, pos, out, n_head, n_head_kv, hdk, hdv, capacity, window, scale,
                     softcap);
 }
+
+// ---- split-K ("flash-decoding") attention for a few query rows (decode) ----
+//
+// With one block per (head, token), a decode step over a small model uses a handful of SMs and
+// each warp runs a long serial chain (a whole key's dot product, then 32 V rows one after the
+// other). Here the keys of each (head, token) are cut into gridDim.z parts of whole 32-key
+// chunks, and block (h, t, s) of SPLIT_WARPS = 4 warps runs part s chunk by chunk: 4 threads per
+// key compute the scores (a quarter of the dot product each), warp 0 updates the online softmax
+// (running max m, sum l) for the chunk, then each warp accumulates 8 of the chunk's V rows
+// (lanes over the value dimension). The block writes its unnormalized partial result:
+// part[((t * n_head + h) * S + s) * (hdv + 2) + ...] = (acc[0..hdv], m, l), acc relative to m.
+// The last block of a (head, token) to finish (a counter per (head, token), reset by that block,
+// so graph replays find it at 0) merges the parts into out (combine_parts). Parts are cut on the
+// device from the position, so a captured graph stays valid at every position. Needs
+// hdk % 4 == 0.
+#define SPLIT_WARPS 4
+
+// Merge the S parts at pr (S <= 32) into o[0..hdv]: the first warp loads every part's (m, l) at
+// once and computes the weights exp(m_s - M) (0 for empty parts) and 1 / L; then each thread
+// sums its value dimensions over the parts. Volatile loads: the parts were written by other
+// blocks (made visible by their __threadfence), so they must not come from this SM's L1.
+__device__ void combine_parts(const float* pr, float* __restrict__ o, int hdv, int S) {
+    __shared__ float wts[32];
+    __shared__ float inv_l;
+    const volatile float* vp = pr;
+    if (threadIdx.x < 32) {
+        int s = threadIdx.x;
+        float ms = s < S ? vp[(size_t)s * (hdv + 2) + hdv] : NEG_INF;
+        float ls = s < S ? vp[(size_t)s * (hdv + 2) + hdv + 1] : 0.0f;
+        float M = warp_max(ms);
+        float w = ms == NEG_INF ? 0.0f : expf(ms - M);
+        float L = warp_sum(ls * w);
+        wts[s] = w;
+        if (s == 0) inv_l = 1.0f / L;
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hdv; d += blockDim.x) {
+        float v = 0.0f;
+#pragma unroll 8
+        for (int s = 0; s < S; s++) v += vp[(size_t)s * (hdv + 2) + d] * wts[s];
+        o[d] = v * inv_l;
+    }
+}
+
+template <bool H>
+__device__ void attention_part(const float* __restrict__ q, const void* __restrict__ kc,
+                               const void* __restrict__ vc, const u32* __restrict__ pos,
+                               float* part, int* counters, float* __restrict__ out, int n_head,
+                               int n_head_kv, int hdk, int hdv, int capacity, int window,
+                               float scale, float softcap) {
+    __shared__ float qs[ATT_MAXD];
+    __shared__ float sc[32];
+    __shared__ int s_last;
+    __shared__ int sslot[32];
+    __shared__ float s_corr;
+    __shared__ float sacc[SPLIT_WARPS][ATT_MAXD];
+    int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    int g = h / (n_head / n_head_kv);
+    int p = (int)pos[t];
+    const float* qr = q + ((size_t)t * n_head + h) * hdk;
+    for (int i = tid; i < hdk; i += blockDim.x) qs[i] = qr[i];
+    __syncthreads();
+    int first = window > 0 ? max(0, p + 1 - window) : 0;
+    // Part s covers keys lo..=hi: whole chunks of 32 keys, split as evenly as possible.
+    int n_chunks = (p - first + 1 + 31) / 32;
+    int per = (n_chunks + S - 1) / S;
+    int lo = first + 32 * per * s;
+    int hi = min(p, lo + 32 * per - 1);
+    // Running max and sum of the part, held (identically) by every lane of warp 0.
+    float m = NEG_INF, l = 0.0f;
+    float acc[ATT_MAXD / 32];
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] = 0.0f;
+    int quarter = hdk / 4;
+    for (int j0 = lo; j0 <= hi; j0 += 32) {
+        // 1. Scores: thread tid takes quarter tid % 4 of key j0 + tid / 4.
+        int kj = tid >> 2, qq = tid & 3;
+        int j = j0 + kj;
+        float dot = 0.0f;
+        int slot = 0;
+        if (j <= hi) {
+            slot = j % capacity;
+            size_t ko = ((size_t)slot * n_head_kv + g) * hdk + (size_t)qq * quarter;
+            dot = qk_dot<H>(qs + qq * quarter, kc, ko, quarter);
+        }
+        dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+        dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+        if (qq == 0) {
+            float v = NEG_INF;
+            if (j <= hi) {
+                v = dot * scale;
+                if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+            }
+            sc[kj] = v;
+            sslot[kj] = slot;
+        }
+        __syncthreads();
+        // 2. Online softmax over the chunk (warp 0; lane 0's key j0 <= hi is real, so the new
+        //    max is finite). sc becomes the chunk's weights exp(score - m).
+        if (warp == 0) {
+            float v = sc[lane];
+            float mn = fmaxf(m, warp_max(v));
+            float corr = expf(m - mn);
+            float e = lane <= hi - j0 ? expf(v - mn) : 0.0f;
+            l = l * corr + warp_sum(e);
+            m = mn;
+            sc[lane] = e;
+            if (lane == 0) s_corr = corr;
+        }
+        __syncthreads();
+        // 3. Warp w accumulates V rows 8w..8w+7 of the chunk.
+        float corr = s_corr;
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] *= corr;
+        int cnt = min(32, hi - j0 + 1);
+#pragma unroll
+        for (int u = 0; u < 32 / SPLIT_WARPS; u++) {
+            int kk = warp * (32 / SPLIT_WARPS) + u;
+            if (kk < cnt) {
+                float e = sc[kk];
+                size_t vo = ((size_t)sslot[kk] * n_head_kv + g) * hdv;
+#pragma unroll
+                for (int i = 0; i < ATT_MAXD / 32; i++) {
+                    int d = lane + 32 * i;
+                    if (d < hdv) acc[i] += e * ld_kv<H>(vc, vo + d);
+                }
+            }
+        }
+        // sc and sslot are rewritten by the next chunk.
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD / 32; i++) {
+        int d = lane + 32 * i;
+        if (d < hdv) sacc[warp][d] = acc[i];
+    }
+    __syncthreads();
+    float* o = part + (((size_t)t * n_head + h) * S + s) * (hdv + 2);
+    for (int d = tid; d < hdv; d += blockDim.x) {
+        float v = 0.0f;
+#pragma unroll
+        for (int w = 0; w < SPLIT_WARPS; w++) v += sacc[w][d];
+        o[d] = v;
+    }
+    if (tid == 0) {
+        o[hdv] = m;
+        o[hdv + 1] = l;
+    }
+    // Publish this part, then count it; the block that brings the count to S merges.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        int* c = counters + (size_t)t * n_head + h;
+        int done = atomicAdd(c, 1);
+        s_last = done == S - 1;
+        if (s_last) *c = 0;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    combine_parts(part + ((size_t)t * n_head + h) * S * (hdv + 2), out + ((size_t)t * n_head + h) * hdv,
+                  hdv, S);
+}
+
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f32(
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int* counters,
+    float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window,
+    float scale, float softcap) {
+    attention_part<false>(q, kc, vc, pos, part, counters, out, n_head, n_head_kv, hdk, hdv,
+                          capacity, window, scale, softcap);
+}
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f16(
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int* counters,
+    float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window,
+    float scale, float softcap) {
+    attention_part<true>(q, kc, vc, pos, part, counters, out, n_head, n_head_kv, hdk, hdv,
+                         capacity, window, scale, softcap);
+}

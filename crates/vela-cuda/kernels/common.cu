@@ -37,6 +37,28 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+__device__ __forceinline__ double warp_sum_d(double v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// Sum over the whole block of one double per thread (blockDim.x a multiple of 32, at most 1024);
+// every thread gets the total. Contains two __syncthreads.
+__device__ __forceinline__ double block_sum_d(double s) {
+    __shared__ double part[32];
+    s = warp_sum_d(s);
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (lane == 0) part[warp] = s;
+    __syncthreads();
+    if (warp == 0) {
+        double t = lane < (int)(blockDim.x / 32) ? part[lane] : 0.0;
+        t = warp_sum_d(t);
+        if (lane == 0) part[0] = t;
+    }
+    __syncthreads();
+    return part[0];
+}
 __device__ __forceinline__ int warp_sum_i(int v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -51,3 +73,11 @@ __device__ __forceinline__ u32 ld32(const u8* p) {
 __device__ __forceinline__ float ldh(const u8* p) { return h2f(*(const u16*)p); }
 
 #define NEG_INF __int_as_float(0xff800000)
+
+// Gated activations of act_mul (element-wise) and act_q8* (fused with the quantization): the same
+// expressions in both, so both give the same values.
+__device__ __forceinline__ float act_silu_mul(float v, float u) { return v / (1.0f + expf(-v)) * u; }
+__device__ __forceinline__ float act_gelu_mul(float v, float u) {
+    const float k0 = 0.7978846f, k1 = 0.044715f;
+    return 0.5f * v * (1.0f + tanhf(k0 * v * (1.0f + k1 * v * v))) * u;
+}

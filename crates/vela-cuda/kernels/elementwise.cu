@@ -1,10 +1,10 @@
 // Norms, RoPE and element-wise ops on f32 activations (row-major [n_tokens, width]).
 
-// RMSNorm of one row per block (blockDim.x = 256): the sum of squares is accumulated in double
-// like the CPU backend; out may alias x.
+// RMSNorm of one row per block (blockDim.x a multiple of 32, at most 1024): the sum of squares
+// is accumulated in double like the CPU backend (warp shuffles, then one warp over the warps'
+// sums: two barriers instead of a shared-memory tree); out may alias x.
 extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w, float* out,
                                     int width, float eps) {
-    __shared__ double part[256];
     const float* xr = x + (size_t)blockIdx.x * width;
     float* yr = out + (size_t)blockIdx.x * width;
     double s = 0.0;
@@ -12,13 +12,7 @@ extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w,
         float v = xr[i];
         s += (double)(v * v);
     }
-    part[threadIdx.x] = s;
-    __syncthreads();
-    for (int o = blockDim.x / 2; o > 0; o >>= 1) {
-        if ((int)threadIdx.x < o) part[threadIdx.x] += part[threadIdx.x + o];
-        __syncthreads();
-    }
-    float mean = (float)(part[0] / (double)width);
+    float mean = (float)(block_sum_d(s) / (double)width);
     float scale = 1.0f / sqrtf(mean + eps);
     for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
 }
@@ -26,10 +20,9 @@ extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w,
 // RoPE: block per token, thread per (head, pair). The angle of pair i is built like the CPU's
 // table: theta = pos, multiplied i times by theta_scale in f32 (theta_scale is computed on the
 // host so both backends use the same value). ff (may be null) holds per-pair divisors.
-extern "C" __global__ void rope(float* x, const u32* __restrict__ pos, int n_head, int head_dim,
-                                int n_rot, float theta_scale, float freq_scale,
-                                const float* __restrict__ ff, int neox) {
-    int t = blockIdx.x;
+__device__ __forceinline__ void rope_row(float* x, const u32* __restrict__ pos, int t, int n_head,
+                                         int head_dim, int n_rot, float theta_scale,
+                                         float freq_scale, const float* __restrict__ ff, int neox) {
     int half_rot = n_rot / 2;
     for (int k = threadIdx.x; k < n_head * half_rot; k += blockDim.x) {
         int h = k / half_rot, i = k % half_rot;
@@ -45,6 +38,22 @@ extern "C" __global__ void rope(float* x, const u32* __restrict__ pos, int n_hea
         hx[ia] = x0 * c - x1 * s;
         hx[ib] = x0 * s + x1 * c;
     }
+}
+
+extern "C" __global__ void rope(float* x, const u32* __restrict__ pos, int n_head, int head_dim,
+                                int n_rot, float theta_scale, float freq_scale,
+                                const float* __restrict__ ff, int neox) {
+    rope_row(x, pos, blockIdx.x, n_head, head_dim, n_rot, theta_scale, freq_scale, ff, neox);
+}
+
+// RoPE of q (blockIdx.y = 0, n_head heads) and k (blockIdx.y = 1, n_head_kv heads) in one launch.
+extern "C" __global__ void rope_qk(float* q, float* k, const u32* __restrict__ pos, int n_head,
+                                   int n_head_kv, int head_dim, int n_rot, float theta_scale,
+                                   float freq_scale, const float* __restrict__ ff, int neox) {
+    if (blockIdx.y == 0)
+        rope_row(q, pos, blockIdx.x, n_head, head_dim, n_rot, theta_scale, freq_scale, ff, neox);
+    else
+        rope_row(k, pos, blockIdx.x, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox);
 }
 
 extern "C" __global__ void add(float* x, const float* __restrict__ y, long long n) {
@@ -64,22 +73,134 @@ extern "C" __global__ void scale(float* x, float s, long long n) {
 
 extern "C" __global__ void act_mul_silu(float* g, const float* __restrict__ u, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        float v = g[i];
-        g[i] = v / (1.0f + expf(-v)) * u[i];
-    }
+    if (i < n) g[i] = act_silu_mul(g[i], u[i]);
 }
 
 extern "C" __global__ void act_mul_gelu(float* g, const float* __restrict__ u, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n) {
-        const float k0 = 0.7978846f, k1 = 0.044715f;
-        float v = g[i];
-        g[i] = 0.5f * v * (1.0f + tanhf(k0 * v * (1.0f + k1 * v * v))) * u[i];
-    }
+    if (i < n) g[i] = act_gelu_mul(g[i], u[i]);
 }
 
 extern "C" __global__ void softcap(float* x, float cap, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = tanhf(x[i] / cap) * cap;
+}
+
+extern "C" __global__ void copy_f32(const float* __restrict__ src, float* __restrict__ dst, long long n) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) dst[i] = src[i];
+}
+
+// Index of the largest element of each row: the lowest index among equal maxima, like a
+// sequential scan with `>`; NaNs are skipped (a row of only NaNs gives 0). Two kernels: blocks of
+// 256 threads × 4 elements write one (value, index) candidate each, then one block per row
+// reduces the candidates (a single block per row scanning 49k logits took 21 us).
+__device__ __forceinline__ void argmax_merge(float& best, int& bi, float v2, int i2) {
+    if (v2 > best || (v2 == best && i2 < bi)) { best = v2; bi = i2; }
+}
+__device__ __forceinline__ void argmax_block(float& best, int& bi) {
+    __shared__ float sv[32];
+    __shared__ int si[32];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, best, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+        argmax_merge(best, bi, v2, i2);
+    }
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (lane == 0) { sv[warp] = best; si[warp] = bi; }
+    __syncthreads();
+    if (warp == 0) {
+        int nw = blockDim.x / 32;
+        best = lane < nw ? sv[lane] : NEG_INF;
+        bi = lane < nw ? si[lane] : 0x7fffffff;
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            float v2 = __shfl_xor_sync(0xffffffffu, best, o);
+            int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+            argmax_merge(best, bi, v2, i2);
+        }
+    }
+}
+
+#define ARGMAX_CHUNK 1024
+// Grid (ceil(width / ARGMAX_CHUNK), n_rows), 256 threads: candidate of chunk blockIdx.x of row
+// blockIdx.y into cand[row * gridDim.x + chunk] (index 0x7fffffff: no candidate).
+extern "C" __global__ void argmax_part(const float* __restrict__ x, int width, float* __restrict__ cv,
+                                       int* __restrict__ ci) {
+    const float* xr = x + (size_t)blockIdx.y * width;
+    int base = blockIdx.x * ARGMAX_CHUNK;
+    float v[ARGMAX_CHUNK / 256];
+#pragma unroll
+    for (int k = 0; k < ARGMAX_CHUNK / 256; k++) {
+        int i = base + k * 256 + threadIdx.x;
+        v[k] = i < width ? xr[i] : NEG_INF;
+    }
+    float best = NEG_INF;
+    int bi = 0x7fffffff;
+#pragma unroll
+    for (int k = 0; k < ARGMAX_CHUNK / 256; k++) {
+        int i = base + k * 256 + threadIdx.x;
+        if (i < width) argmax_merge(best, bi, v[k], i);
+    }
+    argmax_block(best, bi);
+    if (threadIdx.x == 0) {
+        cv[(size_t)blockIdx.y * gridDim.x + blockIdx.x] = best;
+        ci[(size_t)blockIdx.y * gridDim.x + blockIdx.x] = bi;
+    }
+}
+
+// One block per row over its n_cand candidates.
+extern "C" __global__ void argmax_final(const float* __restrict__ cv, const int* __restrict__ ci,
+                                        int n_cand, u32* __restrict__ out) {
+    float best = NEG_INF;
+    int bi = 0x7fffffff;
+    for (int c = threadIdx.x; c < n_cand; c += blockDim.x)
+        argmax_merge(best, bi, cv[(size_t)blockIdx.x * n_cand + c], ci[(size_t)blockIdx.x * n_cand + c]);
+    argmax_block(best, bi);
+    if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
+}
+
+// RoPE of q and k plus the KV-cache store of the rotated k and of v, one launch: block (t, 0)
+// rotates q's row t, block (t, 1) rotates k's row t and stores it, block (t, 2) stores v's row t
+// (slot = position % capacity; f16 caches round to nearest even like kv_store).
+template <bool H>
+__device__ void rope_store(float* q, float* k, const float* __restrict__ v,
+                           const u32* __restrict__ pos, void* kc, void* vc, int n_head,
+                           int n_head_kv, int head_dim, int n_rot, float theta_scale,
+                           float freq_scale, const float* __restrict__ ff, int neox, int wk, int wv,
+                           int capacity) {
+    int t = blockIdx.x;
+    size_t slot = pos[t] % (u32)capacity;
+    if (blockIdx.y == 0) {
+        rope_row(q, pos, t, n_head, head_dim, n_rot, theta_scale, freq_scale, ff, neox);
+    } else if (blockIdx.y == 1) {
+        rope_row(k, pos, t, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox);
+        __syncthreads();
+        for (int i = threadIdx.x; i < wk; i += blockDim.x) {
+            float x = k[(size_t)t * wk + i];
+            if (H) ((u16*)kc)[slot * wk + i] = f2h(x); else ((float*)kc)[slot * wk + i] = x;
+        }
+    } else {
+        for (int i = threadIdx.x; i < wv; i += blockDim.x) {
+            float x = v[(size_t)t * wv + i];
+            if (H) ((u16*)vc)[slot * wv + i] = f2h(x); else ((float*)vc)[slot * wv + i] = x;
+        }
+    }
+}
+extern "C" __global__ void rope_store_f32(float* q, float* k, const float* v, const u32* pos,
+                                          void* kc, void* vc, int n_head, int n_head_kv,
+                                          int head_dim, int n_rot, float theta_scale,
+                                          float freq_scale, const float* ff, int neox, int wk,
+                                          int wv, int capacity) {
+    rope_store<false>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
+                      freq_scale, ff, neox, wk, wv, capacity);
+}
+extern "C" __global__ void rope_store_f16(float* q, float* k, const float* v, const u32* pos,
+                                          void* kc, void* vc, int n_head, int n_head_kv,
+                                          int head_dim, int n_rot, float theta_scale,
+                                          float freq_scale, const float* ff, int neox, int wk,
+                                          int wv, int capacity) {
+    rope_store<true>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
+                     freq_scale, ff, neox, wk, wv, capacity);
 }

@@ -26,18 +26,14 @@ struct AQ8K {
     int qs[64];      // 256 int8 quants
 };
 
-// One warp per 32-element block: d = amax/127, multiplier 127/amax, round half to even.
-extern "C" __global__ void quantize_q8(const float* __restrict__ x, AQ8* __restrict__ out, int n_blocks) {
-    int blk = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
-    int lane = threadIdx.x & 31;
-    if (blk >= n_blocks) return;
-    float v = x[(size_t)blk * 32 + lane];
+// One warp per 32-element block (lane i holds element i): d = amax/127, multiplier 127/amax,
+// round half to even.
+__device__ __forceinline__ void q8_block(float v, AQ8* __restrict__ o, int lane) {
     float amax = warp_max(fabsf(v));
     float d = amax / 127.0f;
     float id = amax != 0.0f ? 127.0f / amax : 0.0f;
     int q = __float2int_rn(v * id);
     int sum = warp_sum_i(q);
-    AQ8* o = out + blk;
     ((i8*)o->qs)[lane] = (i8)q;
     if (lane == 0) {
         o->d = round_f16(d);
@@ -47,29 +43,30 @@ extern "C" __global__ void quantize_q8(const float* __restrict__ x, AQ8* __restr
     }
 }
 
-// One warp per 256-element block, exactly ggml's quantize_row_q8_K_ref: the scale comes from the
-// signed value of largest magnitude (first one on ties), iscale = -127/max.
-extern "C" __global__ void quantize_q8k(const float* __restrict__ x, AQ8K* __restrict__ out, int n_blocks) {
+extern "C" __global__ void quantize_q8(const float* __restrict__ x, AQ8* __restrict__ out, int n_blocks) {
     int blk = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (blk >= n_blocks) return;
-    const float* xb = x + (size_t)blk * 256 + lane * 8;
-    float v[8];
+    q8_block(x[(size_t)blk * 32 + lane], out + blk, lane);
+}
+
+// One warp per 256-element block (lane l holds elements 8l..8l+7), exactly ggml's
+// quantize_row_q8_K_ref: the scale comes from the signed value of largest magnitude (first one
+// on ties), iscale = -127/max.
+__device__ __forceinline__ void q8k_block(const float v[8], AQ8K* __restrict__ o, int lane) {
     float amax = 0.0f, mx = 0.0f;
     int idx = 1 << 30;
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        v[i] = xb[i];
         if (fabsf(v[i]) > amax) { amax = fabsf(v[i]); mx = v[i]; idx = lane * 8 + i; }
     }
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        float a2 = __shfl_xor_sync(0xffffffffu, amax, o);
-        float m2 = __shfl_xor_sync(0xffffffffu, mx, o);
-        int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+    for (int sh = 16; sh > 0; sh >>= 1) {
+        float a2 = __shfl_xor_sync(0xffffffffu, amax, sh);
+        float m2 = __shfl_xor_sync(0xffffffffu, mx, sh);
+        int i2 = __shfl_xor_sync(0xffffffffu, idx, sh);
         if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
     }
-    AQ8K* o = out + blk;
     int q[8];
     int s = 0;
     if (amax == 0.0f) {
@@ -89,6 +86,72 @@ extern "C" __global__ void quantize_q8k(const float* __restrict__ x, AQ8K* __res
     if ((lane & 1) == 0) o->bsums[lane / 2] = (short)pair;
     o->qs[lane * 2] = (q[0] & 255) | ((q[1] & 255) << 8) | ((q[2] & 255) << 16) | ((u32)(q[3] & 255) << 24);
     o->qs[lane * 2 + 1] = (q[4] & 255) | ((q[5] & 255) << 8) | ((q[6] & 255) << 16) | ((u32)(q[7] & 255) << 24);
+}
+
+extern "C" __global__ void quantize_q8k(const float* __restrict__ x, AQ8K* __restrict__ out, int n_blocks) {
+    int blk = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (blk >= n_blocks) return;
+    const float* xb = x + (size_t)blk * 256 + lane * 8;
+    float v[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) v[i] = xb[i];
+    q8k_block(v, out + blk, lane);
+}
+
+// Pre-norm block input in one pass (one block per row): optionally x += res, then
+// h = x / rms(x) * w exactly like rms_norm, and h quantized for the matmuls (Q8 blocks of 32 when
+// K = 0, Q8_K blocks of 256 when K = 1) exactly like quantize_q8 / quantize_q8k. (A variant that
+// kept the row in registers with fully unrolled predicated loops was slower: 11 vs 5.6 us.)
+template <int K>
+__device__ void norm_quant(float* __restrict__ x, const float* __restrict__ res,
+                           const float* __restrict__ w, float* __restrict__ h, u8* __restrict__ act,
+                           int width, float eps) {
+    float* xr = x + (size_t)blockIdx.x * width;
+    float* hr = h + (size_t)blockIdx.x * width;
+    double s = 0.0;
+    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+        float v = xr[i];
+        if (res) {
+            v += res[(size_t)blockIdx.x * width + i];
+            xr[i] = v;
+        }
+        s += (double)(v * v);
+    }
+    // block_sum_d's barriers also make this block's writes of xr visible to all its threads.
+    float mean = (float)(block_sum_d(s) / (double)width);
+    float scale = 1.0f / sqrtf(mean + eps);
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    if constexpr (K == 0) {
+        AQ8* o = (AQ8*)act + (size_t)blockIdx.x * (width / 32);
+        for (int blk = warp; blk < width / 32; blk += nw) {
+            int i = blk * 32 + lane;
+            float v = (xr[i] * scale) * w[i];
+            hr[i] = v;
+            q8_block(v, o + blk, lane);
+        }
+    } else {
+        AQ8K* o = (AQ8K*)act + (size_t)blockIdx.x * (width / 256);
+        for (int blk = warp; blk < width / 256; blk += nw) {
+            float v[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                int i = blk * 256 + lane * 8 + e;
+                v[e] = (xr[i] * scale) * w[i];
+                hr[i] = v[e];
+            }
+            q8k_block(v, o + blk, lane);
+        }
+    }
+}
+
+extern "C" __global__ void norm_q8(float* x, const float* res, const float* w, float* h, u8* act,
+                                   int width, float eps) {
+    norm_quant<0>(x, res, w, h, act, width, eps);
+}
+extern "C" __global__ void norm_q8k(float* x, const float* res, const float* w, float* h, u8* act,
+                                    int width, float eps) {
+    norm_quant<1>(x, res, w, h, act, width, eps);
 }
 
 // ---- 32-element weight blocks ----
@@ -382,3 +445,321 @@ GR(8, get_rows_q8_0)
 GR(12, get_rows_q4_k)
 GR(13, get_rows_q5_k)
 GR(14, get_rows_q6_k)
+
+// ---- exact mode (VELA_MATMUL=f32): f32 weights, f32 activations, f64 sums ----
+//
+// Element i of a weight row with exactly the operation order of the CPU reference dequantizers
+// (vela_formats::quant::dequantize, = llama.cpp dequantize_row_*). The explicit _rn intrinsics
+// keep NVRTC from contracting a*b+c into an FMA, so the values are bit-identical to the CPU's.
+template <int T>
+__device__ __forceinline__ float deqx(const u8* row, int i) {
+    if constexpr (T == 0) {
+        return ((const float*)row)[i];
+    } else if constexpr (T == 1) {
+        return h2f(((const u16*)row)[i]);
+    } else if constexpr (T == 2 || T == 3 || T == 6 || T == 7 || T == 8) {
+        const u8* b = row + (size_t)(i / 32) * B32<T>::BYTES;
+        int e = i % 32;
+        float d = ldh(b);
+        if (T == 8) return __fmul_rn(d, (float)((const i8*)(b + 2))[e]);
+        const u8* qs = b + (T == 2 ? 2 : T == 3 ? 4 : T == 6 ? 6 : 8);
+        int q = e < 16 ? (qs[e] & 15) : (qs[e - 16] >> 4);
+        if (T == 6 || T == 7) q |= ((ld32(b + (T == 6 ? 2 : 4)) >> e) & 1) << 4;
+        if (T == 2) return __fmul_rn(d, (float)(q - 8));
+        if (T == 6) return __fmul_rn(d, (float)(q - 16));
+        return __fadd_rn(__fmul_rn(d, (float)q), ldh(b + 2));
+    } else if constexpr (T == 14) {
+        const u8* b = row + (size_t)(i / 256) * BK<T>::BYTES;
+        int e = i % 256;
+        int nn = e / 128, rr = e % 128, s = rr / 32, l = rr % 32;
+        const u8* ql = b + 64 * nn + l + 32 * (s & 1);
+        int q = ((*ql >> ((s >> 1) * 4)) & 15) | (((b[128 + 32 * nn + l] >> (2 * s)) & 3) << 4);
+        float d = ldh(b + 208);
+        return __fmul_rn(__fmul_rn(d, (float)((const i8*)(b + 192))[e / 16]), (float)(q - 32));
+    } else {
+        const u8* b = row + (size_t)(i / 256) * BK<T>::BYTES;
+        int e = i % 256;
+        int j = e / 32, l = e % 32, sc, m;
+        scale_min_k4(j, b + 4, sc, m);
+        const u8* qs = b + (T == 12 ? 16 : 48) + 32 * (j / 2);
+        int q = (qs[l] >> ((j & 1) * 4)) & 15;
+        if (T == 13) q |= ((b[16 + l] >> j) & 1) << 4;
+        float d1 = __fmul_rn(ldh(b), (float)sc);
+        float m1 = __fmul_rn(ldh(b + 2), (float)m);
+        return __fsub_rn(__fmul_rn(d1, (float)q), m1);
+    }
+}
+
+// y[t*rows + r] = sum_c W[r][c] * x[t][c]: one warp per row, 8 tokens per warp, every product
+// exact in f64 (two f32 factors), summed in f64 and rounded once.
+template <int T>
+__device__ void mmx(const u8* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y,
+                    int rows, int cols, long long rb, int n) {
+    int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    int t0 = blockIdx.y * 8;
+    if (r >= rows) return;
+    int nt = min(8, n - t0);
+    double acc[8];
+#pragma unroll
+    for (int t = 0; t < 8; t++) acc[t] = 0.0;
+    const u8* row = W + (size_t)r * rb;
+    for (int c = lane; c < cols; c += 32) {
+        double w = (double)deqx<T>(row, c);
+#pragma unroll
+        for (int t = 0; t < 8; t++)
+            if (t < nt) acc[t] += w * (double)X[(size_t)(t0 + t) * cols + c];
+    }
+#pragma unroll
+    for (int t = 0; t < 8; t++) {
+        double s = warp_sum_d(acc[t]);
+        if (lane == 0 && t < nt) Y[(size_t)(t0 + t) * rows + r] = (float)s;
+    }
+}
+
+#define MMX(T, NAME)                                                                               \
+    extern "C" __global__ void NAME(const u8* W, const float* X, float* Y, int rows, int cols, long long rb, int n) { mmx<T>(W, X, Y, rows, cols, rb, n); }
+MMX(0, mmx_f32)
+MMX(1, mmx_f16)
+MMX(2, mmx_q4_0)
+MMX(3, mmx_q4_1)
+MMX(6, mmx_q5_0)
+MMX(7, mmx_q5_1)
+MMX(8, mmx_q8_0)
+MMX(12, mmx_q4_k)
+MMX(13, mmx_q5_k)
+MMX(14, mmx_q6_k)
+
+// ---- decode matvec, second version (one token; VELA_CUDA_MATVEC=old selects mm_*_t1) ----
+//
+// Same work split and the same per-lane accumulation order as mm32/mmk with TT=1 (so the result
+// equals the old kernels'). Activation blocks are read with 16-byte loads into registers.
+// 32-element formats: weights staged through shared memory with 16-byte loads (see mv32).
+// k-quants: each lane issues the loads of MVU_K sub-blocks before using any of them, Q4_K/Q5_K
+// weights (16-byte aligned blocks of 144/176 bytes) with 16-byte loads.
+#define MVU_K 4
+
+__device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& sum, int qs[8]) {
+    float4 h = *(const float4*)a;
+    int4 q0 = ((const int4*)a)[1], q1 = ((const int4*)a)[2];
+    d = h.x;
+    s = h.y;
+    sum = __float_as_int(h.z);
+    qs[0] = q0.x; qs[1] = q0.y; qs[2] = q0.z; qs[3] = q0.w;
+    qs[4] = q1.x; qs[5] = q1.y; qs[6] = q1.z; qs[7] = q1.w;
+}
+
+// One warp per row. GGUF's 32-element blocks (18-34 bytes) are only 2-byte aligned, so reading
+// them in place costs one 2-byte load per 2 bytes (an ncu profile showed the old kernel
+// issue-bound at ~1 TB/s with 23 % occupancy). Here the warp copies 64 blocks of its row at a
+// time into shared memory with 16-byte loads (all in flight before the first use; the row start
+// is rounded down to 16 bytes and up to 15 bytes past its end are read, hence WEIGHT_PAD on the
+// host), then lane l decodes blocks l and l + 32 from shared memory. Per lane the blocks are
+// accumulated in the order l, l + 32, l + 64, ... exactly like mm32, so the result equals the
+// old kernel's.
+#define MV_SEG 64
+template <int T>
+__device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __restrict__ X,
+                                     float* __restrict__ Y, int rows, int nb, int blk) {
+    constexpr int BYTES = B32<T>::BYTES;
+    constexpr int N16 = (MV_SEG * BYTES + 15) / 16 + 1;
+    __shared__ uint4 stage[WARPS][N16];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int r = blk * WARPS + warp;
+    if (r >= rows) return;
+    const u8* wr = W + (size_t)r * nb * BYTES;
+    int skew = (int)((size_t)wr & 15);
+    const uint4* base = (const uint4*)(wr - skew);
+    const u8* st = (const u8*)stage[warp] + skew;
+    float acc = 0.0f, accm = 0.0f;
+    for (int b0 = 0; b0 < nb; b0 += MV_SEG) {
+        int nblk = min(MV_SEG, nb - b0);
+        int n16 = (skew + nblk * BYTES + 15) / 16;
+        // MV_SEG * BYTES is a multiple of 16, so every segment starts 16-byte aligned too.
+        const uint4* src = base + (size_t)b0 * BYTES / 16;
+        uint4 tmp[(N16 + 31) / 32];
+#pragma unroll
+        for (int k = 0; k < (N16 + 31) / 32; k++) {
+            int i = lane + 32 * k;
+            if (i < n16) tmp[k] = src[i];
+        }
+#pragma unroll
+        for (int k = 0; k < (N16 + 31) / 32; k++) {
+            int i = lane + 32 * k;
+            if (i < n16) stage[warp][i] = tmp[k];
+        }
+        __syncwarp();
+#pragma unroll
+        for (int u = 0; u < MV_SEG / 32; u++) {
+            int lb = lane + 32 * u;
+            if (lb < nblk) {
+                int w[8], aq[8], asum;
+                float d, m, ad, as;
+                decode32<T>(st + lb * BYTES, w, d, m);
+                load_aq8(X + b0 + lb, ad, as, asum, aq);
+                int isum = 0;
+#pragma unroll
+                for (int k = 0; k < 8; k++) isum = dp4a(w[k], aq[k], isum);
+                isum -= B32<T>::OFF * asum;
+                acc += (float)isum * (d * ad);
+                if (B32<T>::MIN) accm += m * as;
+            }
+        }
+        // The next segment overwrites the stage.
+        __syncwarp();
+    }
+    float s = warp_sum(acc);
+    float sm = warp_sum(accm);
+    if (lane == 0) Y[r] = s + sm;
+}
+
+// Sub-block j of a Q4_K/Q5_K block with 16-byte loads (the block must be 16-byte aligned);
+// Q6_K falls back to decodek. Same outputs as decodek.
+template <int T>
+__device__ __forceinline__ void decodek_v(const u8* b, int j, int w[8], int sc[2], int mn[2],
+                                          float& d, float& dmin) {
+    if (T == 14) {
+        decodek<T>(b, j, w, sc, mn, d, dmin);
+        return;
+    }
+    uint4 hd = *(const uint4*)b;  // d, dmin, scales[12]
+    d = h2f((u16)(hd.x & 0xffffu));
+    dmin = h2f((u16)(hd.x >> 16));
+    u32 sw[3] = {hd.y, hd.z, hd.w};
+    u8 s8[12];
+#pragma unroll
+    for (int i = 0; i < 12; i++) s8[i] = (u8)(sw[i / 4] >> (8 * (i % 4)));
+    int s, m;
+    scale_min_k4(j, s8, s, m);
+    sc[0] = sc[1] = s;
+    mn[0] = mn[1] = m;
+    const uint4* q4 = (const uint4*)(b + (T == 12 ? 16 : 48) + 32 * (j / 2));
+    uint4 qa = q4[0], qb = q4[1];
+    u32 qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    u32 hv[8];
+    if (T == 13) {
+        const uint4* h4 = (const uint4*)(b + 16);
+        uint4 ha = h4[0], hb = h4[1];
+        hv[0] = ha.x; hv[1] = ha.y; hv[2] = ha.z; hv[3] = ha.w;
+        hv[4] = hb.x; hv[5] = hb.y; hv[6] = hb.z; hv[7] = hb.w;
+    }
+    int sh = (j & 1) * 4;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 v = (qv[k] >> sh) & 0x0F0F0F0Fu;
+        if (T == 13) v |= ((hv[k] >> j) & 0x01010101u) << 4;
+        w[k] = (int)v;
+    }
+}
+
+template <int T, int MVU>
+__device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __restrict__ X,
+                                    float* __restrict__ Y, int rows, int nb, int blk) {
+    int r = blk * WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (r >= rows) return;
+    float acc = 0.0f;
+    const u8* wr = W + (size_t)r * nb * BK<T>::BYTES;
+    for (int it0 = lane; it0 < nb * 8; it0 += 32 * MVU) {
+        int w[MVU][8], sc[MVU][2], mn[MVU][2], aq[MVU][8], bs[MVU];
+        float d[MVU], dmin[MVU], ad[MVU];
+#pragma unroll
+        for (int u = 0; u < MVU; u++) {
+            int it = it0 + 32 * u;
+            if (it < nb * 8) {
+                int b = it >> 3, j = it & 7;
+                decodek_v<T>(wr + (size_t)b * BK<T>::BYTES, j, w[u], sc[u], mn[u], d[u], dmin[u]);
+                const AQ8K* a = X + b;
+                ad[u] = a->d;
+                bs[u] = *(const int*)(a->bsums + 2 * j);
+                int4 q0 = ((const int4*)(a->qs + 8 * j))[0], q1 = ((const int4*)(a->qs + 8 * j))[1];
+                aq[u][0] = q0.x; aq[u][1] = q0.y; aq[u][2] = q0.z; aq[u][3] = q0.w;
+                aq[u][4] = q1.x; aq[u][5] = q1.y; aq[u][6] = q1.z; aq[u][7] = q1.w;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MVU; u++) {
+            if (it0 + 32 * u < nb * 8) {
+                int i0 = 0, i1 = 0;
+#pragma unroll
+                for (int k = 0; k < 4; k++) i0 = dp4a(w[u][k], aq[u][k], i0);
+#pragma unroll
+                for (int k = 4; k < 8; k++) i1 = dp4a(w[u][k], aq[u][k], i1);
+                int isum = sc[u][0] * i0 + sc[u][1] * i1;
+                int b0s = (int)(short)(bs[u] & 0xffff), b1s = bs[u] >> 16;
+                int corr = mn[u][0] * b0s + mn[u][1] * b1s;
+                acc += (ad[u] * d[u]) * (float)isum - (ad[u] * dmin[u]) * (float)corr;
+            }
+        }
+    }
+    float s = warp_sum(acc);
+    if (lane == 0) Y[r] = s;
+}
+
+// Up to three one-token products of the same type sharing the activations (Q/K/V, gate/up) in
+// one launch: the first ceil(r0/WARPS) blocks compute W0, the next ceil(r1/WARPS) W1, the rest
+// W2 (r2 may be 0).
+template <int T, typename A>
+__device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, const A* X,
+                                    float* Y0, float* Y1, float* Y2, int r0, int r1, int r2,
+                                    int nb) {
+    int b0 = (r0 + WARPS - 1) / WARPS, b1 = (r1 + WARPS - 1) / WARPS;
+    int bi = blockIdx.x;
+    const u8* W = W0;
+    float* Y = Y0;
+    int rows = r0;
+    if (bi >= b0 + b1) {
+        W = W2; Y = Y2; rows = r2; bi -= b0 + b1;
+    } else if (bi >= b0) {
+        W = W1; Y = Y1; rows = r1; bi -= b0;
+    }
+    if constexpr (T >= 12) mvk<T, MVU_K>(W, X, Y, rows, nb, bi);
+    else mv32<T>(W, X, Y, rows, nb, bi);
+}
+
+#define MV32(T, NAME)                                                                              \
+    extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb) { mv32<T>(W, X, Y, rows, nb, blockIdx.x); } \
+    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb) { mv3<T, AQ8>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb); }
+#define MVK(T, NAME)                                                                               \
+    extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb) { mvk<T, MVU_K>(W, X, Y, rows, nb, blockIdx.x); } \
+    extern "C" __global__ void NAME##_u2(const u8* W, const AQ8K* X, float* Y, int rows, int nb) { mvk<T, 2>(W, X, Y, rows, nb, blockIdx.x); } \
+    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb) { mv3<T, AQ8K>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb); }
+MV32(2, mv_q4_0)
+MV32(3, mv_q4_1)
+MV32(6, mv_q5_0)
+MV32(7, mv_q5_1)
+MV32(8, mv_q8_0)
+MVK(12, mv_q4_k)
+MVK(13, mv_q5_k)
+MVK(14, mv_q6_k)
+
+// Gated activation fused with the quantization of its result for the down projection:
+// g = act(g) * u (stored, like act_mul), then Q8 (K = 0: one warp per 32-element block) or Q8_K
+// (K = 1: one warp per 256-element block) blocks like quantize_q8 / quantize_q8k. G = 1: GELU
+// (tanh), else SiLU. n_blocks counts blocks over all rows.
+template <int K, int G>
+__device__ void act_quant(float* __restrict__ g, const float* __restrict__ u, u8* __restrict__ act,
+                          int n_blocks) {
+    int blk = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (blk >= n_blocks) return;
+    if (K == 0) {
+        size_t i = (size_t)blk * 32 + lane;
+        float v = G ? act_gelu_mul(g[i], u[i]) : act_silu_mul(g[i], u[i]);
+        g[i] = v;
+        q8_block(v, (AQ8*)act + blk, lane);
+    } else {
+        float v[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            size_t i = (size_t)blk * 256 + lane * 8 + e;
+            v[e] = G ? act_gelu_mul(g[i], u[i]) : act_silu_mul(g[i], u[i]);
+            g[i] = v[e];
+        }
+        q8k_block(v, (AQ8K*)act + blk, lane);
+    }
+}
+extern "C" __global__ void act_q8_silu(float* g, const float* u, u8* act, int nb) { act_quant<0, 0>(g, u, act, nb); }
+extern "C" __global__ void act_q8_gelu(float* g, const float* u, u8* act, int nb) { act_quant<0, 1>(g, u, act, nb); }
+extern "C" __global__ void act_q8k_silu(float* g, const float* u, u8* act, int nb) { act_quant<1, 0>(g, u, act, nb); }
+extern "C" __global__ void act_q8k_gelu(float* g, const float* u, u8* act, int nb) { act_quant<1, 1>(g, u, act, nb); }

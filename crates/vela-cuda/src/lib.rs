@@ -10,8 +10,14 @@
 //! it and use exact integer block dot products, RMSNorm sums squares in f64, RoPE builds its
 //! angles by repeated f32 multiplication with the same host-computed ratio.
 
+mod graph;
 pub mod kernels;
+mod kv;
+mod matmul;
 pub mod nvrtc;
+
+pub use graph::GraphStats;
+pub use kv::{CudaKv, CudaKvSnapshot};
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::sys::{self, CUresult};
@@ -20,6 +26,7 @@ use cudarc::driver::{
     PushKernelArg,
 };
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use vela_compute::{Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams};
 use vela_formats::quant::GgmlType;
@@ -61,6 +68,41 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "get_rows_q4_k",
             "get_rows_q5_k",
             "get_rows_q6_k",
+            "norm_q8",
+            "norm_q8k",
+            "mmx_f32",
+            "mmx_f16",
+            "mmx_q4_0",
+            "mmx_q4_1",
+            "mmx_q5_0",
+            "mmx_q5_1",
+            "mmx_q8_0",
+            "mmx_q4_k",
+            "mmx_q5_k",
+            "mmx_q6_k",
+            "mv_q4_0",
+            "mv_q4_1",
+            "mv_q5_0",
+            "mv_q5_1",
+            "mv_q8_0",
+            "mv_q4_k",
+            "mv_q5_k",
+            "mv_q6_k",
+            "mv_q4_k_u2",
+            "mv_q5_k_u2",
+            "mv_q6_k_u2",
+            "mv_q4_0_x3",
+            "mv_q4_1_x3",
+            "mv_q5_0_x3",
+            "mv_q5_1_x3",
+            "mv_q8_0_x3",
+            "mv_q4_k_x3",
+            "mv_q5_k_x3",
+            "mv_q6_k_x3",
+            "act_q8_silu",
+            "act_q8_gelu",
+            "act_q8k_silu",
+            "act_q8k_gelu",
         ],
     ),
     (
@@ -68,12 +110,18 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
         &[
             "rms_norm",
             "rope",
+            "rope_qk",
+            "rope_store_f32",
+            "rope_store_f16",
             "add",
             "add_bias",
             "scale",
             "act_mul_silu",
             "act_mul_gelu",
             "softcap",
+            "copy_f32",
+            "argmax_part",
+            "argmax_final",
         ],
     ),
     (
@@ -83,6 +131,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "kv_store_f16",
             "attention_f32",
             "attention_f16",
+            "attention_part_f32",
+            "attention_part_f16",
         ],
     ),
 ];
@@ -92,10 +142,15 @@ const AQ8_BYTES: usize = 48;
 const AQ8K_BYTES: usize = 304;
 /// Warps (weight rows) per matmul thread block (`WARPS` in quant.cu).
 const MM_WARPS: u32 = 4;
+/// Zero bytes allocated after every weight (see `mv32` in quant.cu).
+const WEIGHT_PAD: usize = 64;
 /// Largest head dimension the attention kernel supports (`ATT_MAXD`).
 const ATT_MAXD: usize = 256;
 /// Warps per attention thread block (`ATT_WARPS` in attention.cu).
 const ATT_WARPS: u32 = 32;
+/// Warps per split-K attention block (`SPLIT_WARPS`) and the most query rows it is used for.
+const SPLIT_WARPS: u32 = 4;
+const SPLIT_MAX_ROWS: usize = 4;
 
 /// How a weight type's matmul reads activations.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -140,22 +195,7 @@ pub struct CudaWeight {
 /// An f32 activation buffer.
 pub type CudaBuf = CudaSlice<f32>;
 
-struct KvLayer {
-    spec: KvLayerSpec,
-    k: CudaSlice<u8>,
-    v: CudaSlice<u8>,
-}
-
-/// Per-layer K/V rings in device memory (f32 or f16 elements).
-pub struct CudaKv {
-    layers: Vec<KvLayer>,
-    ty: KvType,
-}
-
-/// Saved sliding-window slots: (layer, first position, K rows, V rows), on the device.
-pub struct CudaKvSnapshot {
-    saved: Vec<(usize, usize, CudaSlice<u8>, CudaSlice<u8>)>,
-}
+// KV cache types and ops live in kv.rs.
 
 /// Reusable device scratch: quantized activations and the last uploaded positions.
 struct Scratch {
@@ -175,21 +215,41 @@ pub struct CudaBackend {
     /// How many kernel groups were loaded from the on-disk cache (vs compiled now).
     pub modules_from_cache: usize,
     scratch: Mutex<Scratch>,
+    /// Exact matmuls (`VELA_MATMUL=f32`): f32 weights and activations, f64 sums.
+    exact: AtomicBool,
+    /// One-token quantized products use the `mv_*` kernels (`VELA_CUDA_MATVEC=old`: `mm_*_t1`).
+    matvec_new: AtomicBool,
+    /// k-quant one-token products with 2 instead of 4 sub-blocks in flight per lane
+    /// (`VELA_CUDA_MVK_U2=1`; fewer registers, higher occupancy).
+    mvk_u2: AtomicBool,
+    /// Fused pre-norm input and q/k RoPE (`VELA_CUDA_FUSE`, default on).
+    fuse: AtomicBool,
+    /// Split-K attention for up to `SPLIT_MAX_ROWS` query rows (`VELA_CUDA_ATTN=old`: off).
+    split_attn: AtomicBool,
+    /// Partial results of the split-K attention and its per-(token, head) arrival counters.
+    attn_part: Mutex<(CudaSlice<f32>, CudaSlice<i32>)>,
+    /// Decode-step graphs (`VELA_CUDA_GRAPH`, default on).
+    graphs_on: AtomicBool,
+    rec: Mutex<graph::Recorder>,
+    /// `[token, position]` of the decode step being recorded, and its device address.
+    io: Mutex<CudaSlice<u32>>,
+    io_ptr: u64,
+    /// RoPE frequency factors uploaded once per distinct host vector.
+    rope_factors: Mutex<Vec<RopeFactors>>,
+    /// Device output of `argmax_rows` and its per-chunk candidates (values, then indices).
+    argmax_out: Mutex<(CudaSlice<u32>, CudaSlice<f32>)>,
 }
 
+/// RoPE frequency factors: the host vector (kept alive as the cache key) and its device copy.
+type RopeFactors = (Arc<Vec<f32>>, CudaSlice<f32>);
+
 /// A kernel argument (all are passed by value).
-enum Arg {
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(crate) enum Arg {
     P(u64),
     I(i32),
     L(i64),
     F(f32),
-}
-
-fn kv_elem_bytes(ty: KvType) -> usize {
-    match ty {
-        KvType::F32 => 4,
-        KvType::F16 => 2,
-    }
 }
 
 fn driver_error(e: DriverError, ordinal: usize) -> anyhow::Error {
@@ -260,12 +320,22 @@ impl CudaBackend {
         // One stream and no cross-stream sharing: cudarc's per-buffer event tracking is not needed.
         // SAFETY: every buffer is used on `stream` only.
         unsafe { ctx.disable_event_tracking() };
-        let stream = ctx.default_stream();
+        // A created stream, not the legacy default stream, which cannot be captured into graphs.
+        let stream = ctx
+            .new_stream()
+            .map_err(|e| anyhow!("creating a CUDA stream: {e:?}"))?;
         let scratch = Scratch {
             act: stream.alloc_zeros::<u8>(1)?,
             pos: stream.alloc_zeros::<u32>(1)?,
             pos_host: Vec::new(),
         };
+        let io = stream.alloc_zeros::<u32>(2)?;
+        let io_ptr = io.device_ptr(&stream).0;
+        let argmax_out = stream.alloc_zeros::<u32>(1)?;
+        let argmax_cand = stream.alloc_zeros::<f32>(2)?;
+        let attn_part = stream.alloc_zeros::<f32>(1)?;
+        let attn_counters = stream.alloc_zeros::<i32>(1)?;
+        let env = |k: &str| std::env::var(k).unwrap_or_default();
         let (nm, nn) = nvrtc.version()?;
         Ok(CudaBackend {
             name: format!(
@@ -279,6 +349,18 @@ impl CudaBackend {
             arch,
             modules_from_cache: from_cache,
             scratch: Mutex::new(scratch),
+            exact: AtomicBool::new(env("VELA_MATMUL") == "f32"),
+            matvec_new: AtomicBool::new(env("VELA_CUDA_MATVEC") != "old"),
+            mvk_u2: AtomicBool::new(env("VELA_CUDA_MVK_U2") == "1"),
+            fuse: AtomicBool::new(env("VELA_CUDA_FUSE") != "0"),
+            split_attn: AtomicBool::new(env("VELA_CUDA_ATTN") != "old"),
+            attn_part: Mutex::new((attn_part, attn_counters)),
+            graphs_on: AtomicBool::new(env("VELA_CUDA_GRAPH") != "0"),
+            rec: Mutex::new(graph::Recorder::default()),
+            io: Mutex::new(io),
+            io_ptr,
+            rope_factors: Mutex::new(Vec::new()),
+            argmax_out: Mutex::new((argmax_out, argmax_cand)),
         })
     }
 
@@ -292,11 +374,44 @@ impl CudaBackend {
         p
     }
 
-    fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) {
+    /// Exact matmul mode on or off for this backend (default: `VELA_MATMUL=f32`).
+    pub fn set_exact_matmul(&self, on: bool) {
+        self.flush_recording();
+        self.exact.store(on, Ordering::Relaxed);
+    }
+
+    /// New (`mv_*`) or old (`mm_*_t1`) one-token matvec kernels (default: `VELA_CUDA_MATVEC`).
+    pub fn set_matvec_new(&self, on: bool) {
+        self.matvec_new.store(on, Ordering::Relaxed);
+    }
+
+    /// k-quant one-token products with 2 (true) or 4 sub-blocks in flight per lane.
+    pub fn set_mvk_u2(&self, on: bool) {
+        self.mvk_u2.store(on, Ordering::Relaxed);
+    }
+
+    /// Fused pre-norm input / q+k RoPE on or off (default: on unless `VELA_CUDA_FUSE=0`).
+    pub fn set_fusion(&self, on: bool) {
+        self.fuse.store(on, Ordering::Relaxed);
+    }
+
+    /// Split-K decode attention on or off (default: on unless `VELA_CUDA_ATTN=old`).
+    pub fn set_split_attention(&self, on: bool) {
+        self.split_attn.store(on, Ordering::Relaxed);
+    }
+
+    /// Launch a kernel now (not recorded).
+    fn launch_now(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
         let f = self
             .funcs
             .get(name)
-            .unwrap_or_else(|| panic!("CUDA kernel {name} is not loaded"));
+            .ok_or_else(|| anyhow!("CUDA kernel {name} is not loaded"))?;
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {
@@ -313,9 +428,9 @@ impl CudaBackend {
         };
         // SAFETY: every kernel's parameter list matches `args` (see kernels/*.cu), and the
         // callers size the grids to the buffers they pass.
-        if let Err(e) = unsafe { b.launch(cfg) } {
-            panic!("CUDA launch of {name} failed: {e:?}");
-        }
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| anyhow!("CUDA launch of {name} failed: {e:?}"))
     }
 
     /// 1-D launch over `n` elements.
@@ -328,6 +443,9 @@ impl CudaBackend {
 
     /// Device pointer to `positions` (uploaded only when they differ from the last upload).
     fn positions(&self, sc: &mut Scratch, positions: &[u32]) -> u64 {
+        if let Some(p) = self.recorded_pos(positions) {
+            return p;
+        }
         if sc.pos_host != positions {
             if sc.pos.len() < positions.len() {
                 sc.pos = self
@@ -347,36 +465,24 @@ impl CudaBackend {
         self.scratch.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Quantize `n` rows of `cols` activations into the scratch buffer as Q8 (32) or Q8_K (256)
-    /// blocks; returns the device pointer and the number of blocks per row.
-    fn quantize_act(
-        &self,
-        sc: &mut Scratch,
-        kind: ActKind,
-        x: &CudaBuf,
-        n: usize,
-        cols: usize,
-    ) -> (u64, usize) {
-        let (bs, bb, qname) = if kind == ActKind::Q8 {
-            (32, AQ8_BYTES, "quantize_q8")
-        } else {
-            (256, AQ8K_BYTES, "quantize_q8k")
-        };
-        let n_blocks = n * cols / bs;
-        if sc.act.len() < n_blocks * bb {
-            sc.act = self
-                .stream
-                .alloc_zeros::<u8>((n_blocks * bb).next_power_of_two())
-                .expect("CUDA alloc of activation scratch");
+    /// Device address of the uploaded copy of RoPE frequency factors `f` (uploaded on first use;
+    /// keyed by the `Arc`, which is kept alive so its address cannot be reused).
+    fn rope_factors_ptr(&self, f: &Arc<Vec<f32>>) -> u64 {
+        let mut c = self.rope_factors.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, d)) = c.iter().find(|(h, _)| Arc::ptr_eq(h, f)) {
+            return self.ptr(d);
         }
-        let ap = self.ptr(&sc.act);
-        let args = [Arg::P(self.ptr(x)), Arg::P(ap), Arg::I(n_blocks as i32)];
-        self.launch(qname, (n_blocks.div_ceil(8) as u32, 1, 1), 256, &args);
-        (ap, cols / bs)
+        let d = self
+            .stream
+            .clone_htod(&f[..])
+            .expect("CUDA upload of rope factors");
+        let p = self.ptr(&d);
+        c.push((f.clone(), d));
+        p
     }
 
     /// Copy `n` bytes between device buffers at byte offsets.
-    fn copy_bytes(
+    pub(crate) fn copy_bytes(
         &self,
         src: &CudaSlice<u8>,
         so: usize,
@@ -411,12 +517,14 @@ impl Backend for CudaBackend {
     }
 
     fn write(&self, buf: &mut CudaBuf, data: &[f32]) {
+        self.flush_recording();
         self.stream
             .memcpy_htod(data, &mut buf.slice_mut(0..data.len()))
             .expect("CUDA upload");
     }
 
     fn read(&self, buf: &CudaBuf, out: &mut [f32]) {
+        self.flush_recording();
         self.stream
             .memcpy_dtoh(&buf.slice(0..out.len()), out)
             .expect("CUDA download");
@@ -446,9 +554,15 @@ impl Backend for CudaBackend {
         if bytes.len() < row_bytes * w.rows {
             bail!("tensor '{}' data is shorter than its shape", w.name);
         }
-        let data = self
+        // WEIGHT_PAD zero bytes after the data: the staged matvec kernels read whole 16-byte
+        // words, up to 15 bytes past the end of a row.
+        let n = row_bytes * w.rows;
+        let mut data = self
             .stream
-            .clone_htod(&bytes[..row_bytes * w.rows])
+            .alloc_zeros::<u8>(n + WEIGHT_PAD)
+            .with_context(|| format!("allocating tensor '{}'", w.name))?;
+        self.stream
+            .memcpy_htod(&bytes[..n], &mut data.slice_mut(0..n))
             .with_context(|| format!("uploading tensor '{}'", w.name))?;
         Ok(CudaWeight {
             data,
@@ -464,108 +578,19 @@ impl Backend for CudaBackend {
     }
 
     fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<CudaKv> {
-        let eb = kv_elem_bytes(ty);
-        let mut out = Vec::with_capacity(layers.len());
-        for spec in layers {
-            if spec.head_dim_k > ATT_MAXD || spec.head_dim_v > ATT_MAXD {
-                bail!(
-                    "head dimension above {ATT_MAXD} is not supported by the CUDA attention kernel"
-                );
-            }
-            let nk = spec.capacity * spec.n_head_kv * spec.head_dim_k * eb;
-            let nv = spec.capacity * spec.n_head_kv * spec.head_dim_v * eb;
-            out.push(KvLayer {
-                spec: spec.clone(),
-                k: self.stream.alloc_zeros::<u8>(nk.max(1))?,
-                v: self.stream.alloc_zeros::<u8>(nv.max(1))?,
-            });
-        }
-        Ok(CudaKv { layers: out, ty })
+        self.kv_new_impl(layers, ty)
     }
 
     fn kv_checkpoint(&self, kv: &CudaKv, n_past: usize) -> CudaKvSnapshot {
-        let eb = kv_elem_bytes(kv.ty);
-        let mut saved = Vec::new();
-        for (li, l) in kv.layers.iter().enumerate() {
-            if l.spec.window.is_none() || n_past == 0 {
-                continue;
-            }
-            let first = vela_compute::window_start(n_past - 1, l.spec.window);
-            let wk = l.spec.n_head_kv * l.spec.head_dim_k * eb;
-            let wv = l.spec.n_head_kv * l.spec.head_dim_v * eb;
-            let n = n_past - first;
-            let mut ks = self
-                .stream
-                .alloc_zeros::<u8>((n * wk).max(1))
-                .expect("CUDA alloc");
-            let mut vs = self
-                .stream
-                .alloc_zeros::<u8>((n * wv).max(1))
-                .expect("CUDA alloc");
-            // Slot by slot: the window may wrap around the ring.
-            for (i, p) in (first..n_past).enumerate() {
-                let s = p % l.spec.capacity;
-                self.copy_bytes(&l.k, s * wk, &mut ks, i * wk, wk);
-                self.copy_bytes(&l.v, s * wv, &mut vs, i * wv, wv);
-            }
-            saved.push((li, first, ks, vs));
-        }
-        CudaKvSnapshot { saved }
+        self.kv_checkpoint_impl(kv, n_past)
     }
 
     fn kv_restore(&self, kv: &mut CudaKv, snap: &CudaKvSnapshot) {
-        let eb = kv_elem_bytes(kv.ty);
-        for (li, first, ks, vs) in &snap.saved {
-            let l = &mut kv.layers[*li];
-            let wk = l.spec.n_head_kv * l.spec.head_dim_k * eb;
-            let wv = l.spec.n_head_kv * l.spec.head_dim_v * eb;
-            let n = ks.len().checked_div(wk).unwrap_or(0);
-            for i in 0..n {
-                let s = (first + i) % l.spec.capacity;
-                let (k, v) = (&mut l.k, &mut l.v);
-                if wk > 0 {
-                    self.stream
-                        .memcpy_dtod(
-                            &ks.slice(i * wk..(i + 1) * wk),
-                            &mut k.slice_mut(s * wk..(s + 1) * wk),
-                        )
-                        .expect("CUDA copy");
-                }
-                if wv > 0 {
-                    self.stream
-                        .memcpy_dtod(
-                            &vs.slice(i * wv..(i + 1) * wv),
-                            &mut v.slice_mut(s * wv..(s + 1) * wv),
-                        )
-                        .expect("CUDA copy");
-                }
-            }
-        }
+        self.kv_restore_impl(kv, snap)
     }
 
     fn kv_clone(&self, kv: &CudaKv) -> CudaKv {
-        let layers = kv
-            .layers
-            .iter()
-            .map(|l| {
-                let mut k = self
-                    .stream
-                    .alloc_zeros::<u8>(l.k.len())
-                    .expect("CUDA alloc");
-                let mut v = self
-                    .stream
-                    .alloc_zeros::<u8>(l.v.len())
-                    .expect("CUDA alloc");
-                self.stream.memcpy_dtod(&l.k, &mut k).expect("CUDA copy");
-                self.stream.memcpy_dtod(&l.v, &mut v).expect("CUDA copy");
-                KvLayer {
-                    spec: l.spec.clone(),
-                    k,
-                    v,
-                }
-            })
-            .collect();
-        CudaKv { layers, ty: kv.ty }
+        self.kv_clone_impl(kv)
     }
 
     fn kv_bytes(&self, kv: &CudaKv) -> usize {
@@ -586,10 +611,17 @@ impl Backend for CudaBackend {
             bail!("get_rows: output buffer too small");
         }
         let (suffix, _) = type_info(w.ty).expect("checked at upload");
-        let d_ids = self.stream.clone_htod(ids)?;
+        // A recorded decode step reads its token from the device `io` buffer.
+        let d_ids = match self.recorded_token(ids) {
+            Some(p) => (p, None),
+            None => {
+                let d = self.stream.clone_htod(ids)?;
+                (self.ptr(&d), Some(d))
+            }
+        };
         let args = [
             Arg::P(self.ptr(&w.data)),
-            Arg::P(self.ptr(&d_ids)),
+            Arg::P(d_ids.0),
             Arg::I(w.cols as i32),
             Arg::L(w.row_bytes as i64),
             Arg::F(scale),
@@ -611,57 +643,22 @@ impl Backend for CudaBackend {
     /// The activations are quantized once for all weights that share their block type and
     /// width (Q/K/V, gate/up), then one product kernel runs per weight.
     fn matmul_many(&self, ws: &[&CudaWeight], x: &CudaBuf, n: usize, ys: &mut [&mut CudaBuf]) {
-        assert_eq!(
-            ws.len(),
-            ys.len(),
-            "matmul_many: {} weights, {} outputs",
-            ws.len(),
-            ys.len()
-        );
-        if n == 0 {
-            return;
-        }
-        let mut sc = self.scratch();
-        // (activation kind, width) of the activations currently in the scratch buffer.
-        let mut quantized: Option<(ActKind, usize, u64, usize)> = None;
-        for (w, y) in ws.iter().zip(ys.iter_mut()) {
-            if w.rows == 0 {
-                continue;
-            }
-            assert!(
-                x.len() >= n * w.cols,
-                "matmul: x shorter than {n}x{}",
-                w.cols
-            );
-            assert!(
-                y.len() >= n * w.rows,
-                "matmul: y shorter than {n}x{}",
-                w.rows
-            );
-            let (suffix, kind) = type_info(w.ty).expect("checked at upload");
-            let (xp, nb) = match kind {
-                ActKind::Float => (self.ptr(x), w.cols),
-                ActKind::Q8 | ActKind::Q8K => match quantized {
-                    Some((k, c, p, nb)) if k == kind && c == w.cols => (p, nb),
-                    _ => {
-                        let r = self.quantize_act(&mut sc, kind, x, n, w.cols);
-                        quantized = Some((kind, w.cols, r.0, r.1));
-                        r
-                    }
-                },
-            };
-            let tt = if n == 1 { 1 } else { 8 };
-            let args = [
-                Arg::P(self.ptr(&w.data)),
-                Arg::P(xp),
-                Arg::P(self.ptr(&**y)),
-                Arg::I(w.rows as i32),
-                Arg::I(nb as i32),
-                Arg::I(n as i32),
-            ];
-            let grid = ((w.rows as u32).div_ceil(MM_WARPS), n.div_ceil(tt) as u32, 1);
-            self.launch(&format!("mm_{suffix}_t{tt}"), grid, 32 * MM_WARPS, &args);
-        }
+        self.matmul_many_impl(ws, x, n, ys, None);
+    }
+
+    fn norm_matmul_many(
+        &self,
+        x: &mut CudaBuf,
+        residual: Option<&CudaBuf>,
+        w: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+        h: &mut CudaBuf,
+        ws: &[&CudaWeight],
+        ys: &mut [&mut CudaBuf],
+    ) {
+        self.norm_matmul_impl(x, residual, w, n_rows, width, eps, h, ws, ys);
     }
 
     fn add_bias(&self, x: &mut CudaBuf, b: &CudaSlice<f32>, n: usize) {
@@ -732,11 +729,7 @@ impl Backend for CudaBackend {
         }
         // Same expression as the CPU backend, so both use the identical f32 ratio.
         let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
-        let ff = p.freq_factors.as_ref().map(|f| {
-            self.stream
-                .clone_htod(&f[..])
-                .expect("CUDA upload of rope factors")
-        });
+        let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
         let mut sc = self.scratch();
         let pp = self.positions(&mut sc, positions);
         let args = [
@@ -747,10 +740,116 @@ impl Backend for CudaBackend {
             Arg::I(p.n_rot as i32),
             Arg::F(theta_scale),
             Arg::F(p.freq_scale),
-            Arg::P(ff.as_ref().map(|f| self.ptr(f)).unwrap_or(0)),
+            Arg::P(ff.unwrap_or(0)),
             Arg::I(i32::from(p.neox)),
         ];
         self.launch("rope", (positions.len() as u32, 1, 1), 256, &args);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+    ) {
+        if !self.fuse.load(Ordering::Relaxed) {
+            self.rope(q, n_head, head_dim, positions, p);
+            self.rope(k, n_head_kv, head_dim, positions, p);
+            return;
+        }
+        if positions.is_empty() || p.n_rot == 0 {
+            return;
+        }
+        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+        let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
+        let mut sc = self.scratch();
+        let pp = self.positions(&mut sc, positions);
+        let args = [
+            Arg::P(self.ptr(q)),
+            Arg::P(self.ptr(k)),
+            Arg::P(pp),
+            Arg::I(n_head as i32),
+            Arg::I(n_head_kv as i32),
+            Arg::I(head_dim as i32),
+            Arg::I(p.n_rot as i32),
+            Arg::F(theta_scale),
+            Arg::F(p.freq_scale),
+            Arg::P(ff.unwrap_or(0)),
+            Arg::I(i32::from(p.neox)),
+        ];
+        self.launch("rope_qk", (positions.len() as u32, 2, 1), 256, &args);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn rope_qk_store(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        kv: &mut CudaKv,
+        layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+    ) {
+        let l = &kv.layers[layer];
+        if !self.fuse.load(Ordering::Relaxed) || p.n_rot == 0 || l.spec.head_dim_k != head_dim {
+            self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
+            self.kv_store(kv, layer, k, v, positions);
+            return;
+        }
+        if positions.is_empty() {
+            return;
+        }
+        let name = match kv.ty {
+            KvType::F32 => "rope_store_f32",
+            KvType::F16 => "rope_store_f16",
+        };
+        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+        let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
+        let mut sc = self.scratch();
+        let pp = self.positions(&mut sc, positions);
+        let args = [
+            Arg::P(self.ptr(q)),
+            Arg::P(self.ptr(k)),
+            Arg::P(self.ptr(v)),
+            Arg::P(pp),
+            Arg::P(self.ptr(&l.k)),
+            Arg::P(self.ptr(&l.v)),
+            Arg::I(n_head as i32),
+            Arg::I(n_head_kv as i32),
+            Arg::I(head_dim as i32),
+            Arg::I(p.n_rot as i32),
+            Arg::F(theta_scale),
+            Arg::F(p.freq_scale),
+            Arg::P(ff.unwrap_or(0)),
+            Arg::I(i32::from(p.neox)),
+            Arg::I((l.spec.n_head_kv * l.spec.head_dim_k) as i32),
+            Arg::I((l.spec.n_head_kv * l.spec.head_dim_v) as i32),
+            Arg::I(l.spec.capacity as i32),
+        ];
+        self.launch(name, (positions.len() as u32, 3, 1), 256, &args);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn act_mul_matmul(
+        &self,
+        gate: &mut CudaBuf,
+        up: &CudaBuf,
+        n_rows: usize,
+        width: usize,
+        act: Activation,
+        w: &CudaWeight,
+        y: &mut CudaBuf,
+    ) {
+        self.act_matmul_impl(gate, up, n_rows, width, act, w, y);
     }
 
     fn scale(&self, x: &mut CudaBuf, len: usize, s: f32) {
@@ -829,6 +928,59 @@ impl Backend for CudaBackend {
         let window = p.window.or(l.spec.window).unwrap_or(0);
         let mut sc = self.scratch();
         let pp = self.positions(&mut sc, positions);
+        let n_tok = positions.len();
+        // Split-K: enough (head, token, part) blocks for two waves over ~132 SMs, parts of at
+        // least one 32-key chunk; fixed by the shapes, so recorded steps replay at any position.
+        let parts = (264 / (p.n_head * n_tok).max(1))
+            .clamp(1, 32)
+            .min(l.spec.capacity.div_ceil(32));
+        if self.split_attn.load(Ordering::Relaxed)
+            && n_tok <= SPLIT_MAX_ROWS
+            && parts > 1
+            && p.head_dim_k.is_multiple_of(4)
+        {
+            let name = match kv.ty {
+                KvType::F32 => "attention_part_f32",
+                KvType::F16 => "attention_part_f16",
+            };
+            let need = n_tok * p.n_head * parts * (p.head_dim_v + 2);
+            let mut guard = self.attn_part.lock().unwrap_or_else(|e| e.into_inner());
+            let (part, counters) = &mut *guard;
+            if part.len() < need {
+                *part = self
+                    .stream
+                    .alloc_zeros::<f32>(need.next_power_of_two())
+                    .expect("CUDA alloc of attention partials");
+            }
+            // One arrival counter per (token, head); zero between launches (the last block of
+            // each resets its own).
+            if counters.len() < n_tok * p.n_head {
+                *counters = self
+                    .stream
+                    .alloc_zeros::<i32>((n_tok * p.n_head).next_power_of_two())
+                    .expect("CUDA alloc of attention counters");
+            }
+            let args = [
+                Arg::P(self.ptr(q)),
+                Arg::P(self.ptr(&l.k)),
+                Arg::P(self.ptr(&l.v)),
+                Arg::P(pp),
+                Arg::P(self.ptr(&*part)),
+                Arg::P(self.ptr(&*counters)),
+                Arg::P(self.ptr(out)),
+                Arg::I(p.n_head as i32),
+                Arg::I(p.n_head_kv as i32),
+                Arg::I(p.head_dim_k as i32),
+                Arg::I(p.head_dim_v as i32),
+                Arg::I(l.spec.capacity as i32),
+                Arg::I(window as i32),
+                Arg::F(p.scale),
+                Arg::F(p.softcap.unwrap_or(0.0)),
+            ];
+            let grid = (p.n_head as u32, n_tok as u32, parts as u32);
+            self.launch(name, grid, 32 * SPLIT_WARPS, &args);
+            return;
+        }
         let args = [
             Arg::P(self.ptr(q)),
             Arg::P(self.ptr(&l.k)),
@@ -865,9 +1017,72 @@ impl Backend for CudaBackend {
             return;
         }
         let s0 = src_row * width;
+        assert!(
+            src.len() >= s0 + n && dst.len() >= n,
+            "copy_rows: buffers too small"
+        );
+        // A kernel rather than a memcpy, so that decode steps can be recorded as launches.
+        let args = [
+            Arg::P(self.ptr(src) + (s0 * 4) as u64),
+            Arg::P(self.ptr(dst)),
+            Arg::L(n as i64),
+        ];
+        self.launch_1d("copy_f32", n, &args);
+    }
+
+    fn decode_step_begin(&self, token: u32, pos: u32) -> bool {
+        self.step_begin(token, pos)
+    }
+
+    fn decode_step_end(&self) {
+        self.flush_recording();
+    }
+
+    fn argmax_rows(&self, x: &CudaBuf, n_rows: usize, width: usize) -> Vec<u32> {
+        if n_rows == 0 || width == 0 {
+            return vec![0; n_rows];
+        }
+        assert!(x.len() >= n_rows * width, "argmax_rows: buffer too small");
+        let mut guard = self.argmax_out.lock().unwrap_or_else(|e| e.into_inner());
+        let (out, cand) = &mut *guard;
+        if out.len() < n_rows {
+            *out = self
+                .stream
+                .alloc_zeros::<u32>(n_rows.next_power_of_two())
+                .expect("CUDA alloc of argmax output");
+        }
+        // ARGMAX_CHUNK (elementwise.cu) elements per candidate.
+        let chunks = width.div_ceil(1024);
+        let n_cand = n_rows * chunks;
+        if cand.len() < 2 * n_cand {
+            *cand = self
+                .stream
+                .alloc_zeros::<f32>((2 * n_cand).next_power_of_two())
+                .expect("CUDA alloc of argmax candidates");
+        }
+        let (cv, ci) = (self.ptr(&*cand), self.ptr(&*cand) + 4 * n_cand as u64);
+        let args = [
+            Arg::P(self.ptr(x)),
+            Arg::I(width as i32),
+            Arg::P(cv),
+            Arg::P(ci),
+        ];
+        self.launch("argmax_part", (chunks as u32, n_rows as u32, 1), 256, &args);
+        let args = [
+            Arg::P(cv),
+            Arg::P(ci),
+            Arg::I(chunks as i32),
+            Arg::P(self.ptr(&*out)),
+        ];
+        let threads = (chunks.div_ceil(32) * 32).clamp(32, 1024) as u32;
+        self.launch("argmax_final", (n_rows as u32, 1, 1), threads, &args);
+        self.flush_recording();
+        let mut ids = vec![0u32; n_rows];
         self.stream
-            .memcpy_dtod(&src.slice(s0..s0 + n), &mut dst.slice_mut(0..n))
-            .expect("CUDA device-to-device copy");
+            .memcpy_dtoh(&out.slice(0..n_rows), &mut ids)
+            .expect("CUDA download of argmax");
+        self.stream.synchronize().expect("CUDA synchronize");
+        ids
     }
 }
 

@@ -298,19 +298,62 @@ impl<B: Backend> DecoderModel<B> {
         positions: &[u32],
         logits_from: usize,
     ) -> Result<Vec<f32>> {
+        let rows = self.run(st, tokens, positions, logits_from)?;
+        let mut out = vec![0f32; rows * self.cfg.n_vocab];
+        if rows > 0 {
+            self.backend.read(&st.logits, &mut out);
+        }
+        Ok(out)
+    }
+
+    /// [`Self::forward`] returning only the argmax token of each logits row (lowest index on
+    /// ties): a GPU backend computes it on the device and copies back only the ids.
+    pub fn forward_argmax(
+        &self,
+        st: &mut ForwardState<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<u32>> {
+        let rows = self.run(st, tokens, positions, logits_from)?;
+        Ok(self.backend.argmax_rows(&st.logits, rows, self.cfg.n_vocab))
+    }
+
+    /// The forward pass up to the logits in `st.logits`; returns their number of rows. A
+    /// single-token step is announced to the backend ([`Backend::decode_step_begin`]) so it can
+    /// run as one recorded graph.
+    fn run(
+        &self,
+        st: &mut ForwardState<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<usize> {
         let n = tokens.len();
         crate::decoder::check_batch(n, positions, st.max_batch, st.n_ctx, logits_from)?;
         let be = &*self.backend;
         let c = &self.cfg;
         let d = c.n_embd;
-        be.get_rows(&self.embd, tokens, c.embed_scale, &mut st.x)?;
+        let step = n == 1 && logits_from == 0 && be.decode_step_begin(tokens[0], positions[0]);
+        if let Err(e) = be.get_rows(&self.embd, tokens, c.embed_scale, &mut st.x) {
+            if step {
+                be.decode_step_end();
+            }
+            return Err(e);
+        }
         for (il, l) in self.layers.iter().enumerate() {
             let lc = &c.layers[il];
-            be.rms_norm(&st.x, &l.attn_norm, n, d, c.rms_eps, &mut st.h);
-            be.matmul_many(
-                &[&l.wq, &l.wk, &l.wv],
-                &st.h,
+            // The previous layer's FFN output is added here, fused with the norm (and, on a
+            // GPU, with the activation quantization of the Q/K/V products).
+            be.norm_matmul_many(
+                &mut st.x,
+                (il > 0).then_some(&st.o),
+                &l.attn_norm,
                 n,
+                d,
+                c.rms_eps,
+                &mut st.h,
+                &[&l.wq, &l.wk, &l.wv],
                 &mut [&mut st.q, &mut st.k, &mut st.v],
             );
             if let Some(b) = &l.bq {
@@ -326,9 +369,18 @@ impl<B: Backend> DecoderModel<B> {
                 be.rms_norm_inplace(&mut st.q, qn, n * c.n_head, c.head_dim_k, c.rms_eps);
                 be.rms_norm_inplace(&mut st.k, kn, n * c.n_head_kv, c.head_dim_k, c.rms_eps);
             }
-            be.rope(&mut st.q, c.n_head, c.head_dim_k, positions, &lc.rope);
-            be.rope(&mut st.k, c.n_head_kv, c.head_dim_k, positions, &lc.rope);
-            be.kv_store(&mut st.kv, il, &st.k, &st.v, positions);
+            be.rope_qk_store(
+                &mut st.q,
+                &mut st.k,
+                &st.v,
+                &mut st.kv,
+                il,
+                c.n_head,
+                c.n_head_kv,
+                c.head_dim_k,
+                positions,
+                &lc.rope,
+            );
             let ap = AttnParams {
                 n_head: c.n_head,
                 n_head_kv: c.n_head_kv,
@@ -343,28 +395,36 @@ impl<B: Backend> DecoderModel<B> {
             if let Some(pn) = &l.post_attn_norm {
                 be.rms_norm_inplace(&mut st.o, pn, n, d, c.rms_eps);
             }
-            be.add(&mut st.x, &st.o, n * d);
-            be.rms_norm(&st.x, &l.ffn_norm, n, d, c.rms_eps, &mut st.h);
-            be.matmul_many(&[&l.w_gate, &l.w_up], &st.h, n, &mut [&mut st.g, &mut st.u]);
-            be.act_mul(&mut st.g, &st.u, n * c.n_ff, c.act);
-            be.matmul(&l.w_down, &st.g, n, &mut st.o);
+            be.norm_matmul_many(
+                &mut st.x,
+                Some(&st.o),
+                &l.ffn_norm,
+                n,
+                d,
+                c.rms_eps,
+                &mut st.h,
+                &[&l.w_gate, &l.w_up],
+                &mut [&mut st.g, &mut st.u],
+            );
+            be.act_mul_matmul(&mut st.g, &st.u, n, c.n_ff, c.act, &l.w_down, &mut st.o);
             if let Some(pn) = &l.post_ffn_norm {
                 be.rms_norm_inplace(&mut st.o, pn, n, d, c.rms_eps);
             }
-            be.add(&mut st.x, &st.o, n * d);
         }
+        // The last layer's FFN output (the others were added by the next layer's first op).
+        be.add(&mut st.x, &st.o, n * d);
         let rows = n - logits_from;
-        if rows == 0 {
-            return Ok(Vec::new());
+        if rows > 0 {
+            be.copy_rows(&st.x, logits_from, rows, d, &mut st.o);
+            be.rms_norm(&st.o, &self.output_norm, rows, d, c.rms_eps, &mut st.h);
+            be.matmul(&self.output, &st.h, rows, &mut st.logits);
+            if let Some(cap) = c.final_softcap {
+                be.softcap(&mut st.logits, rows * c.n_vocab, cap);
+            }
         }
-        be.copy_rows(&st.x, logits_from, rows, d, &mut st.o);
-        be.rms_norm(&st.o, &self.output_norm, rows, d, c.rms_eps, &mut st.h);
-        be.matmul(&self.output, &st.h, rows, &mut st.logits);
-        if let Some(cap) = c.final_softcap {
-            be.softcap(&mut st.logits, rows * c.n_vocab, cap);
+        if step {
+            be.decode_step_end();
         }
-        let mut out = vec![0f32; rows * c.n_vocab];
-        be.read(&st.logits, &mut out);
-        Ok(out)
+        Ok(rows)
     }
 }

@@ -1,5 +1,7 @@
 //! The CPU backend: SIMD kernels chosen at run time (AVX-512 / AVX2 / scalar) and a low-latency thread pool.
 
+#[cfg(target_arch = "x86_64")]
+mod attn;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

@@ -38,9 +38,11 @@ impl CpuBackend {
     }
 }
 
-/// A weight: a window of the memory map plus its geometry.
+/// A weight: a window of the memory map plus its geometry, and for the 32-element block types
+/// on AVX-512 a repacked copy for the register-blocked GEMM (see `matmul::PackedMatrix`).
 pub struct CpuWeight {
     host: HostWeight,
+    packed: Option<matmul::PackedMatrix>,
 }
 
 impl CpuWeight {
@@ -121,6 +123,42 @@ struct SyncPtr(*mut f32);
 unsafe impl Send for SyncPtr {}
 unsafe impl Sync for SyncPtr {}
 
+impl SyncPtr {
+    /// A method (not field access) so closures capture the whole `Sync` wrapper.
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Elements below which a row-wise op runs on the calling thread (a dispatch costs more).
+const PARALLEL_MIN: usize = 1 << 14;
+
+impl CpuBackend {
+    /// `f(r)` for every row `r < n_rows`, split over the pool when the op is large enough.
+    fn rows_parallel(&self, n_rows: usize, width: usize, f: impl Fn(usize) + Sync) {
+        self.rows_parallel_with(n_rows, width, || (), |_, r| f(r));
+    }
+
+    /// [`Self::rows_parallel`] with per-thread state made by `init`.
+    fn rows_parallel_with<S>(
+        &self,
+        n_rows: usize,
+        width: usize,
+        init: impl Fn() -> S + Sync,
+        f: impl Fn(&mut S, usize) + Sync,
+    ) {
+        if n_rows < 2 || n_rows * width < PARALLEL_MIN || self.pool.n_threads() < 2 {
+            let mut st = init();
+            (0..n_rows).for_each(|r| f(&mut st, r));
+            return;
+        }
+        self.pool.run(|ti, nt| {
+            let mut st = init();
+            chunk(n_rows, nt, ti).for_each(|r| f(&mut st, r));
+        });
+    }
+}
+
 /// Split `n` items into `parts` contiguous ranges; range `i`.
 fn chunk(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
     let per = n / parts;
@@ -164,7 +202,24 @@ impl Backend for CpuBackend {
                 w.ty
             );
         }
-        Ok(CpuWeight { host: w.clone() })
+        // The embedding / output head is only multiplied for one token per step (and gathered
+        // from the GGUF layout), so a packed copy would only cost memory.
+        let head = matches!(w.name.as_str(), "output.weight" | "token_embd.weight");
+        let packed = if !head && matmul::packs(matmul::Kernel::selected(), w.ty) {
+            let q = QMatrix {
+                ty: w.ty,
+                rows: w.rows,
+                cols: w.cols,
+                data: w.bytes(),
+            };
+            matmul::PackedMatrix::new(&q)
+        } else {
+            None
+        };
+        Ok(CpuWeight {
+            host: w.clone(),
+            packed,
+        })
     }
 
     fn upload_vector(&self, data: &[f32]) -> Result<Vec<f32>> {
@@ -266,7 +321,14 @@ impl Backend for CpuBackend {
 
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) {
         let q = w.qmatrix();
-        matmul::matmul(&self.pool, &q, &x[..n * q.cols], n, &mut y[..n * q.rows]);
+        matmul::matmul_multi_packed(
+            &self.pool,
+            &[&q],
+            &[w.packed.as_ref()],
+            &x[..n * q.cols],
+            n,
+            &mut [&mut y[..n * q.rows]],
+        );
     }
 
     fn matmul_many(&self, ws: &[&CpuWeight], x: &Vec<f32>, n: usize, ys: &mut [&mut Vec<f32>]) {
@@ -278,7 +340,9 @@ impl Backend for CpuBackend {
             .zip(&qs)
             .map(|(y, q)| &mut y[..n * q.rows])
             .collect();
-        matmul::matmul_multi(&self.pool, &qrefs, &x[..n * cols], n, &mut outs);
+        let packed: Vec<Option<&matmul::PackedMatrix>> =
+            ws.iter().map(|w| w.packed.as_ref()).collect();
+        matmul::matmul_multi_packed(&self.pool, &qrefs, &packed, &x[..n * cols], n, &mut outs);
     }
 
     fn add_bias(&self, x: &mut Vec<f32>, b: &Vec<f32>, n: usize) {
@@ -297,11 +361,13 @@ impl Backend for CpuBackend {
         eps: f32,
         out: &mut Vec<f32>,
     ) {
-        for r in 0..n_rows {
-            let src = &x[r * width..(r + 1) * width];
-            let dst = &mut out[r * width..(r + 1) * width];
-            rms_norm_row(src, w, eps, dst);
-        }
+        let x = &x[..n_rows * width];
+        let ptr = SyncPtr(out[..n_rows * width].as_mut_ptr());
+        self.rows_parallel(n_rows, width, |r| {
+            // SAFETY: each row index is visited once; rows are disjoint ranges of `out`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(r * width), width) };
+            rms_norm_row(&x[r * width..(r + 1) * width], w, eps, dst);
+        });
     }
 
     fn rms_norm_inplace(
@@ -312,12 +378,12 @@ impl Backend for CpuBackend {
         width: usize,
         eps: f32,
     ) {
-        let mut tmp = vec![0f32; width];
-        for r in 0..n_rows {
-            let row = &mut x[r * width..(r + 1) * width];
-            rms_norm_row(row, w, eps, &mut tmp);
-            row.copy_from_slice(&tmp);
-        }
+        let ptr = SyncPtr(x[..n_rows * width].as_mut_ptr());
+        self.rows_parallel(n_rows, width, |r| {
+            // SAFETY: each row index is visited once; rows are disjoint ranges of `x`.
+            let row = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(r * width), width) };
+            rms_norm_row_inplace(row, w, eps);
+        });
     }
 
     fn rope(
@@ -328,14 +394,24 @@ impl Backend for CpuBackend {
         positions: &[u32],
         p: &RopeParams,
     ) {
-        let mut cache = vec![0f32; p.n_rot];
-        for (t, &pos) in positions.iter().enumerate() {
-            rope_cache(pos, p, &mut cache);
-            for h in 0..n_head {
-                let off = (t * n_head + h) * head_dim;
-                rope_head(&mut x[off..off + head_dim], &cache, p.n_rot, p.neox);
-            }
-        }
+        let width = n_head * head_dim;
+        let ptr = SyncPtr(x[..positions.len() * width].as_mut_ptr());
+        // Per-thread cos/sin table, rebuilt per token (cheap next to the rotations' memory).
+        self.rows_parallel_with(
+            positions.len(),
+            width,
+            || vec![0f32; p.n_rot],
+            |cache, t| {
+                rope_cache(positions[t], p, cache);
+                // SAFETY: each token row is visited once; rows are disjoint ranges of `x`.
+                let row =
+                    unsafe { std::slice::from_raw_parts_mut(ptr.get().add(t * width), width) };
+                for h in 0..n_head {
+                    let off = h * head_dim;
+                    rope_head(&mut row[off..off + head_dim], cache, p.n_rot, p.neox);
+                }
+            },
+        );
     }
 
     fn scale(&self, x: &mut Vec<f32>, len: usize, s: f32) {
@@ -409,6 +485,21 @@ impl Backend for CpuBackend {
     ) {
         let l = &kv.layers[layer];
         let n = positions.len();
+        #[cfg(target_arch = "x86_64")]
+        if matmul::Kernel::selected() == matmul::Kernel::Avx512 && super::attn::supported(p, n) {
+            use super::attn::KvRef;
+            fn r(d: &KvData) -> KvRef<'_> {
+                match d {
+                    KvData::F32(x) => KvRef::F32(x),
+                    KvData::F16(x) => KvRef::F16(x),
+                }
+            }
+            let (k, v) = (r(&l.k), r(&l.v));
+            let cap = l.spec.capacity;
+            let w = l.spec.window;
+            super::attn::attention(&self.pool, q, k, v, cap, w, positions, p, out);
+            return;
+        }
         let group = p.n_head / p.n_head_kv;
         // Heads per task: all query heads of a KV head (each K/V row is converted once for them),
         // unless that leaves too few tasks to keep the threads busy (decode).
@@ -548,13 +639,40 @@ impl KvData {
     }
 }
 
+/// Σ x² in f64 (as ggml, which sums in f64), in 8 interleaved lanes combined in a fixed order:
+/// the lanes vectorize, and the f64 sum of f32 squares differs from a sequential sum only far
+/// below f32 resolution.
+fn sum_sq_f64(x: &[f32]) -> f64 {
+    let mut lanes = [0f64; 8];
+    let mut it = x.chunks_exact(8);
+    for c in &mut it {
+        for i in 0..8 {
+            lanes[i] += (c[i] * c[i]) as f64;
+        }
+    }
+    let mut sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
+        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
+    for &v in it.remainder() {
+        sum += (v * v) as f64;
+    }
+    sum
+}
+
 /// y = x * (1 / sqrt(mean(x²) + eps)) * w, with the sum of squares in f64 as ggml does.
 fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-    let sum: f64 = x.iter().map(|&v| (v * v) as f64).sum();
-    let mean = (sum / x.len() as f64) as f32;
+    let mean = (sum_sq_f64(x) / x.len() as f64) as f32;
     let scale = 1.0 / (mean + eps).sqrt();
     for i in 0..x.len() {
         y[i] = (x[i] * scale) * w[i];
+    }
+}
+
+/// [`rms_norm_row`] in place.
+fn rms_norm_row_inplace(x: &mut [f32], w: &[f32], eps: f32) {
+    let mean = (sum_sq_f64(x) / x.len() as f64) as f32;
+    let scale = 1.0 / (mean + eps).sqrt();
+    for (v, &wi) in x.iter_mut().zip(w) {
+        *v = (*v * scale) * wi;
     }
 }
 

@@ -18,6 +18,11 @@
 mod act;
 #[allow(clippy::needless_range_loop)]
 mod decode;
+pub mod exact;
+#[allow(clippy::needless_range_loop)]
+mod packed;
+#[cfg(target_arch = "x86_64")]
+mod packed_k;
 #[allow(clippy::needless_range_loop)]
 mod scalar;
 #[cfg(test)]
@@ -37,6 +42,7 @@ use vela_formats::quant::GgmlType;
 
 use super::pool::ThreadPool;
 use act::ActKind;
+pub use packed::PackedMatrix;
 
 /// A weight matrix in GGUF layout: `rows` rows of `cols` elements (`cols` = GGUF `ne0`); row `r`
 /// starts at byte `r * ty.row_bytes(cols)` of `data`.
@@ -250,7 +256,7 @@ fn tiles(kernel: Kernel, ty: GgmlType) -> Tiles {
 /// Scratch for quantized activations, reused across calls on the calling thread.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-struct Line([u8; 64]);
+pub(crate) struct Line([u8; 64]);
 
 thread_local! {
     static SCRATCH: RefCell<Vec<Line>> = const { RefCell::new(Vec::new()) };
@@ -273,6 +279,9 @@ impl<T> SendPtr<T> {
 /// Panics (with a one-line message) if `w.ty` is not [`supported`], `cols` is not a multiple of
 /// the block size, or a slice is too short. Must not be called from inside `pool.run`.
 pub fn matmul(pool: &ThreadPool, w: &QMatrix, x: &[f32], n_tokens: usize, y: &mut [f32]) {
+    if exact::enabled() {
+        return exact::matmul_multi(pool, &[w], x, n_tokens, &mut [y]);
+    }
     matmul_with(Kernel::selected(), pool, w, x, n_tokens, y)
 }
 
@@ -304,11 +313,76 @@ pub fn matmul_multi(
     n_tokens: usize,
     ys: &mut [&mut [f32]],
 ) {
+    if exact::enabled() {
+        return exact::matmul_multi(pool, ws, x, n_tokens, ys);
+    }
     matmul_multi_with(Kernel::selected(), pool, ws, x, n_tokens, ys)
 }
 
+/// Fewest tokens for which a [`PackedMatrix`] copy of a 32-element block type is used instead
+/// of the GGUF layout (k-quants: [`PackedMatrix::min_tokens`]).
+pub const PACKED_MIN_TOKENS: usize = 1;
+
+/// Whether weights of type `ty` should be repacked with [`PackedMatrix::new`] for `kernel`
+/// (only the AVX-512 family has a packed GEMM, for the 32-element block types).
+pub fn packs(kernel: Kernel, ty: GgmlType) -> bool {
+    use GgmlType as G;
+    cfg!(target_arch = "x86_64")
+        && kernel == Kernel::Avx512
+        && matches!(
+            ty,
+            G::Q4_0
+                | G::Q4_1
+                | G::Q5_0
+                | G::Q5_1
+                | G::Q8_0
+                | G::Q2_K
+                | G::Q3_K
+                | G::Q4_K
+                | G::Q5_K
+                | G::Q6_K
+        )
+}
+
+/// [`matmul_multi`] where `packed[i]`, if present, is the [`PackedMatrix`] copy of `ws[i]`, used
+/// for batches of at least [`PackedMatrix::min_tokens`] tokens (results are bit-identical to the
+/// scalar kernel's). Follows the exact mode ([`exact::enabled`]) like [`matmul_multi`].
+/// `packed` may be shorter than `ws` (missing entries: none).
+pub fn matmul_multi_packed(
+    pool: &ThreadPool,
+    ws: &[&QMatrix],
+    packed: &[Option<&PackedMatrix>],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) {
+    if exact::enabled() {
+        return exact::matmul_multi(pool, ws, x, n_tokens, ys);
+    }
+    matmul_dispatch(Kernel::selected(), pool, ws, packed, x, n_tokens, ys)
+}
+
+/// [`matmul_multi_packed`] with an explicit kernel family (tests and benchmarks); the packed
+/// copies are only used with [`Kernel::Avx512`].
+pub fn matmul_multi_packed_with(
+    kernel: Kernel,
+    pool: &ThreadPool,
+    ws: &[&QMatrix],
+    packed: &[Option<&PackedMatrix>],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) {
+    matmul_dispatch(kernel, pool, ws, packed, x, n_tokens, ys)
+}
+
 /// One validated matrix of a dispatch.
-struct Job {
+struct Job<'a> {
+    /// The packed copy and its kernels, when used.
+    #[cfg(target_arch = "x86_64")]
+    packed: Option<(&'a PackedMatrix, packed::Kernels)>,
+    #[cfg(not(target_arch = "x86_64"))]
+    packed: Option<&'a PackedMatrix>,
     tiles: Tiles,
     w: SendPtr<u8>,
     wrow: usize,
@@ -324,6 +398,18 @@ pub fn matmul_multi_with(
     kernel: Kernel,
     pool: &ThreadPool,
     ws: &[&QMatrix],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+) {
+    matmul_dispatch(kernel, pool, ws, &[], x, n_tokens, ys)
+}
+
+fn matmul_dispatch(
+    kernel: Kernel,
+    pool: &ThreadPool,
+    ws: &[&QMatrix],
+    packed: &[Option<&PackedMatrix>],
     x: &[f32],
     n_tokens: usize,
     ys: &mut [&mut [f32]],
@@ -349,7 +435,7 @@ pub fn matmul_multi_with(
     // Distinct activation formats of this dispatch (at most a few).
     let mut kinds: Vec<ActKind> = Vec::with_capacity(2);
     let mut jobs: Vec<Job> = Vec::with_capacity(ws.len());
-    for (w, y) in ws.iter().zip(ys.iter_mut()) {
+    for (i, (w, y)) in ws.iter().zip(ys.iter_mut()).enumerate() {
         let (rows, ty) = (w.rows, w.ty);
         assert_eq!(w.cols, cols, "matmul_multi: matrices differ in cols");
         let kind = act_kind(ty)
@@ -375,7 +461,22 @@ pub fn matmul_multi_with(
             kinds.push(kind);
             kinds.len() - 1
         });
+        let p = packed
+            .get(i)
+            .copied()
+            .flatten()
+            .filter(|p| packs(kernel, ty) && n_tokens >= p.min_tokens());
+        if let Some(p) = p {
+            assert!(
+                p.ty() == ty && p.rows() == rows && p.cols() == cols,
+                "matmul: packed copy does not match its weight"
+            );
+        }
         jobs.push(Job {
+            #[cfg(target_arch = "x86_64")]
+            packed: p.map(|p| (p, packed::kernels(ty))),
+            #[cfg(not(target_arch = "x86_64"))]
+            packed: p,
             tiles: tiles(kernel, ty),
             w: SendPtr(w.data.as_ptr() as *mut u8),
             wrow,
@@ -443,7 +544,10 @@ pub fn matmul_multi_with(
             .collect();
         let n_tiles: Vec<usize> = jobs
             .iter()
-            .map(|j| j.rows.div_ceil(j.tiles.r_max))
+            .map(|j| match &j.packed {
+                Some(p) => p.0.n_tiles(),
+                None => j.rows.div_ceil(j.tiles.r_max),
+            })
             .collect();
         let total: usize = n_tiles.iter().sum();
         let jobs = &jobs;
@@ -451,12 +555,39 @@ pub fn matmul_multi_with(
         let n_tiles = &n_tiles;
         // Chunks of the concatenated tile sequence of all matrices, claimed dynamically (see
         // `ThreadPool::run_chunks`); every tile is computed the same way whoever claims it.
-        let n_chunks = total.min(8 * pool.n_threads());
+        // Prefill through packed weights: fewer, larger chunks, since every chunk re-reads all
+        // activations once per tile block (see `packed::run_tiles`).
+        let per_thread = if n_tokens > 8 && jobs.iter().any(|j| j.packed.is_some()) {
+            3
+        } else {
+            8
+        };
+        let n_chunks = total.min(per_thread * pool.n_threads());
         pool.run_chunks(n_chunks, |c| {
             let (t0, t1) = (total * c / n_chunks, total * (c + 1) / n_chunks);
             let mut start = 0;
             for (j, &nt) in jobs.iter().zip(n_tiles.iter()) {
                 let (a, b) = (t0.max(start), t1.min(start + nt));
+                #[cfg(target_arch = "x86_64")]
+                if let (true, Some((p, fns))) = (a < b, &j.packed) {
+                    let kind = kinds[j.act];
+                    // SAFETY: `packed` is only chosen for the AVX-512 family (features checked
+                    // by `kernel.available()`); shapes validated above; disjoint output rows.
+                    unsafe {
+                        packed::run_tiles(
+                            p,
+                            fns,
+                            a - start,
+                            b - start,
+                            xq[j.act].get(),
+                            kind.row_bytes(cols),
+                            n_tokens,
+                            j.y.get(),
+                        )
+                    };
+                    start += nt;
+                    continue;
+                }
                 if a < b {
                     let rm = j.tiles.r_max;
                     let r0 = ((a - start) * rm).min(j.rows);
@@ -487,6 +618,22 @@ pub fn matmul_multi_with(
 
 /// Quantize one activation row with the fastest code for `kernel` (identical results).
 fn quantize_row(kernel: Kernel, kind: ActKind, x: &[f32], out: &mut [u8]) {
+    #[cfg(target_arch = "x86_64")]
+    if kernel == Kernel::Avx512 && kind == ActKind::Q8K {
+        assert_eq!(out.len(), kind.row_bytes(x.len()));
+        assert_eq!(
+            out.as_ptr() as usize % std::mem::align_of::<act::ActQ8K>(),
+            0
+        );
+        // SAFETY: `kernel` is available, so AVX-512 F/BW are; `out` is aligned and exactly
+        // `x.len() / 256` blocks long; every bit pattern is a valid `ActQ8K`.
+        unsafe {
+            let o =
+                std::slice::from_raw_parts_mut(out.as_mut_ptr() as *mut act::ActQ8K, x.len() / 256);
+            x86_512::quantize_q8k(x, o);
+        }
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if kernel != Kernel::Scalar {
         // SAFETY: `kernel` is available, so AVX2/FMA/F16C are.

@@ -627,3 +627,137 @@ fn simd_activation_quantization_is_bit_identical_to_scalar() {
         assert_eq!(sa, sb, "{}", k.name());
     }
 }
+
+#[test]
+fn packed_gemm_is_bit_identical_to_scalar() {
+    if !Kernel::Avx512.available() {
+        eprintln!("skipped: no AVX-512 VNNI");
+        return;
+    }
+    let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
+    let mut rng = Rng(99);
+    let mut cases = 0;
+    let types = [
+        G::Q4_0,
+        G::Q4_1,
+        G::Q5_0,
+        G::Q5_1,
+        G::Q8_0,
+        G::Q2_K,
+        G::Q3_K,
+        G::Q4_K,
+        G::Q5_K,
+        G::Q6_K,
+    ];
+    for ty in types {
+        assert!(packs(Kernel::Avx512, ty));
+        let col_set = if ty.block_size() == 256 {
+            [256usize, 512, 768, 1280]
+        } else {
+            [32usize, 96, 320, 576]
+        };
+        for cols in col_set {
+            for rows in [1usize, 15, 16, 17, 40] {
+                let data = random_weights(&mut rng, ty, rows, cols);
+                let w = QMatrix {
+                    ty,
+                    rows,
+                    cols,
+                    data: &data,
+                };
+                let p = PackedMatrix::new(&w).expect("packable");
+                assert!(p.bytes() >= rows * ty.row_bytes(cols as u64).unwrap() as usize);
+                for n in [1usize, 2, 7, 8, 9, 19] {
+                    if n < p.min_tokens() {
+                        // Not packed at this batch size (checked by the reference test).
+                        continue;
+                    }
+                    let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+                    let want = run(Kernel::Scalar, &pools[0], ty, &data, rows, cols, &x, n);
+                    for pool in &pools {
+                        let mut y = vec![f32::NAN; n * rows];
+                        matmul_multi_packed_with(
+                            Kernel::Avx512,
+                            pool,
+                            &[&w],
+                            &[Some(&p)],
+                            &x,
+                            n,
+                            &mut [&mut y[..]],
+                        );
+                        for j in 0..n * rows {
+                            assert_eq!(
+                                y[j].to_bits(),
+                                want[j].to_bits(),
+                                "{} rows={rows} cols={cols} n={n} j={j}: {} vs scalar {}",
+                                ty.name(),
+                                y[j],
+                                want[j]
+                            );
+                        }
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    // The k-quant copies start at 2 tokens.
+    assert_eq!(cases, (5 * 6 + 5 * 5) * 4 * 5 * 3);
+}
+
+#[test]
+fn packed_rejects_other_types_and_bad_shapes() {
+    let data = vec![0u8; 4096];
+    let q = |ty, rows, cols| QMatrix {
+        ty,
+        rows,
+        cols,
+        data: &data,
+    };
+    assert!(PackedMatrix::new(&q(G::Q4_K, 1, 320)).is_none());
+    assert!(
+        PackedMatrix::new(&q(G::Q4_K, 100, 256)).is_none(),
+        "data too short"
+    );
+    assert!(PackedMatrix::new(&q(G::F32, 1, 32)).is_none());
+    assert!(PackedMatrix::new(&q(G::Q8_0, 1, 48)).is_none());
+    assert!(
+        PackedMatrix::new(&q(G::Q8_0, 1000, 64)).is_none(),
+        "data too short"
+    );
+    assert!(PackedMatrix::new(&q(G::Q8_0, 2, 64)).is_some());
+}
+
+#[test]
+fn simd_q8k_quantization_is_bit_identical_to_scalar() {
+    let mut rng = Rng(11);
+    let cols = 256 * 6;
+    let mut x: Vec<f32> = (0..cols).map(|_| rng.f() * 4.0).collect();
+    // Block 1: +a and -a tie for the largest magnitude (the first one sets the sign).
+    x[256 + 7] = -9.0;
+    x[256 + 100] = 9.0;
+    // Block 2: all zero; block 3: exact .5 ties after scaling; block 4: largest at the end.
+    x[512..768].fill(0.0);
+    x[768] = -127.0;
+    for i in 1..256 {
+        x[768 + i] = (i as f32 % 50.0 - 25.0) + 0.5;
+    }
+    x[1024 + 255] = 50.0;
+    let row = ActKind::Q8K.row_bytes(cols);
+    let mut a = vec![Line([0; 64]); row.div_ceil(64)];
+    let mut b = a.clone();
+    let (pa, pb) = (a.as_mut_ptr() as *mut u8, b.as_mut_ptr() as *mut u8);
+    // SAFETY: both buffers hold `row` bytes, 64-byte aligned.
+    let (sa, sb) = unsafe {
+        (
+            std::slice::from_raw_parts_mut(pa, row),
+            std::slice::from_raw_parts_mut(pb, row),
+        )
+    };
+    act::quantize_row(ActKind::Q8K, &x, sa);
+    for k in Kernel::all_available() {
+        sb.fill(0xAA);
+        quantize_row(k, ActKind::Q8K, &x, sb);
+        assert_eq!(sa, sb, "{}", k.name());
+    }
+}

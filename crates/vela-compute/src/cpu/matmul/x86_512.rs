@@ -401,3 +401,56 @@ pub(crate) unsafe fn tile_qk<B: super::decode::QK, const R: usize, const T: usiz
         }
     }
 }
+
+/// [`super::act::quantize_q8k`] with AVX-512: bit-identical (same first-largest-magnitude scale
+/// selection, same products, round half to even via `vcvtps2dq`, same clamp at 127).
+///
+/// # Safety
+/// AVX-512 F/BW; `out` holds `x.len() / 256` blocks.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl")]
+pub(crate) unsafe fn quantize_q8k(x: &[f32], out: &mut [super::act::ActQ8K]) {
+    let abs_mask = _mm512_set1_epi32(0x7fff_ffff);
+    for (xb, o) in x.chunks_exact(256).zip(out.iter_mut()) {
+        let p = xb.as_ptr();
+        let mut vmax = _mm512_setzero_ps();
+        for i in 0..16 {
+            let v = _mm512_castsi512_ps(_mm512_and_si512(
+                _mm512_castps_si512(_mm512_loadu_ps(p.add(16 * i))),
+                abs_mask,
+            ));
+            vmax = _mm512_max_ps(vmax, v);
+        }
+        let amax = _mm512_reduce_max_ps(vmax);
+        o._pad = [0; 7];
+        if amax == 0.0 || !amax.is_finite() {
+            // Zero, NaN or infinite inputs: the scalar code (whatever it does, do the same).
+            super::act::quantize_q8k(xb, std::slice::from_mut(o));
+            continue;
+        }
+        // The first element whose magnitude is `amax` (the scalar scan keeps the first).
+        let av = _mm512_set1_ps(amax);
+        let mut max = 0f32;
+        for i in 0..16 {
+            let v = _mm512_loadu_ps(p.add(16 * i));
+            let a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(v), abs_mask));
+            let m = _mm512_cmp_ps_mask::<_CMP_EQ_OQ>(a, av);
+            if m != 0 {
+                max = *p.add(16 * i + m.trailing_zeros() as usize);
+                break;
+            }
+        }
+        let iscale = -127.0 / max;
+        let is = _mm512_set1_ps(iscale);
+        let c127 = _mm512_set1_epi32(127);
+        for g in 0..16 {
+            let v = _mm512_loadu_ps(p.add(16 * g));
+            let q = _mm512_min_epi32(_mm512_cvtps_epi32(_mm512_mul_ps(is, v)), c127);
+            _mm_storeu_si128(
+                o.qs.as_mut_ptr().add(16 * g) as *mut __m128i,
+                _mm512_cvtepi32_epi8(q),
+            );
+            o.bsums[g] = _mm512_reduce_add_epi32(q) as i16;
+        }
+        o.d = 1.0 / iscale;
+    }
+}

@@ -1,0 +1,231 @@
+//! Decode steps as CUDA graphs.
+//!
+//! Between [`vela_compute::Backend::decode_step_begin`] and `decode_step_end` the backend does
+//! not launch kernels: it records every launch (kernel name, grid, block, argument values). The
+//! token id and the position of the step are uploaded once, at `begin`, into a small device
+//! buffer (`io`), and every kernel that needs them (`get_rows`, `rope`, `kv_store`, `attention`)
+//! reads them from there, so a step's launch list does not depend on the position.
+//!
+//! At `end` the list is compared with the lists of the graphs captured before: equal lists (the
+//! same buffers, shapes and scalars) replay the cached graph with one `cuGraphLaunch`. Anything
+//! that changed (another sequence state, a reallocated scratch buffer, a different cache) simply
+//! gives a new list, which is captured (stream capture of the same launches) and cached. If
+//! capture or instantiation fails, the recorded launches run one by one, so a step never fails
+//! because of graphs. `VELA_CUDA_GRAPH=0` (or [`CudaBackend::set_graphs`]) turns recording off:
+//! ops launch immediately as without this module.
+
+use crate::{Arg, CudaBackend};
+use anyhow::{anyhow, Result};
+use cudarc::driver::sys;
+use cudarc::driver::CudaGraph;
+
+/// Most captured graphs kept (one per live sequence state, typically).
+const MAX_GRAPHS: usize = 8;
+
+/// One recorded kernel launch.
+#[derive(Clone, PartialEq, Debug)]
+pub(crate) struct Launch {
+    pub name: String,
+    pub grid: (u32, u32, u32),
+    pub block: u32,
+    pub args: Vec<Arg>,
+}
+
+/// Recording state of the current decode step and the cache of captured graphs.
+#[derive(Default)]
+pub(crate) struct Recorder {
+    /// A step is being recorded.
+    pub active: bool,
+    /// Token id and position of the step (also in the device `io` buffer).
+    pub token: u32,
+    pub pos: u32,
+    pub ops: Vec<Launch>,
+    /// Captured steps: the launch list and its graph (`None`: capture failed, run plainly).
+    pub cache: Vec<(Vec<Launch>, Option<CudaGraph>)>,
+    /// Statistics: graph replays, captures, plain (uncaptured) step runs.
+    pub replays: u64,
+    pub captures: u64,
+    pub plain: u64,
+}
+
+// SAFETY: the graphs are only launched from the backend under its recorder mutex; CUDA graph
+// exec handles may be used from any thread of the owning context.
+unsafe impl Send for Recorder {}
+
+/// Counters of [`CudaBackend::graph_stats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GraphStats {
+    /// Steps replayed from a cached graph.
+    pub replays: u64,
+    /// Steps captured into a new graph.
+    pub captures: u64,
+    /// Steps run launch by launch (capture failed earlier for the same list).
+    pub plain: u64,
+}
+
+impl CudaBackend {
+    fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
+        self.rec.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Enable or disable decode-step graphs (default: on unless `VELA_CUDA_GRAPH=0`).
+    pub fn set_graphs(&self, on: bool) {
+        self.flush_recording();
+        self.graphs_on
+            .store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How many decode steps were replayed, captured or run plainly so far.
+    pub fn graph_stats(&self) -> GraphStats {
+        let r = self.recorder();
+        GraphStats {
+            replays: r.replays,
+            captures: r.captures,
+            plain: r.plain,
+        }
+    }
+
+    /// Queue a launch: recorded while a step is being recorded, else launched now.
+    pub(crate) fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) {
+        {
+            let mut r = self.recorder();
+            if r.active {
+                r.ops.push(Launch {
+                    name: name.to_string(),
+                    grid,
+                    block,
+                    args: args.to_vec(),
+                });
+                return;
+            }
+        }
+        if let Err(e) = self.launch_now(name, grid, block, args) {
+            panic!("{e:#}");
+        }
+    }
+
+    /// The device `io` buffer's token slot, if a step for `ids` is being recorded (else the
+    /// recording, if any, is flushed and `None` returned).
+    pub(crate) fn recorded_token(&self, ids: &[u32]) -> Option<u64> {
+        let r = self.recorder();
+        if r.active && ids == [r.token] {
+            return Some(self.io_ptr);
+        }
+        let active = r.active;
+        drop(r);
+        if active {
+            self.flush_recording();
+        }
+        None
+    }
+
+    /// Like [`Self::recorded_token`] for the position slot.
+    pub(crate) fn recorded_pos(&self, positions: &[u32]) -> Option<u64> {
+        let r = self.recorder();
+        if r.active && positions == [r.pos] {
+            return Some(self.io_ptr + 4);
+        }
+        let active = r.active;
+        drop(r);
+        if active {
+            self.flush_recording();
+        }
+        None
+    }
+
+    /// Start recording a one-token step (see the module docs); false when graphs are off.
+    pub(crate) fn step_begin(&self, token: u32, pos: u32) -> bool {
+        if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        self.flush_recording();
+        let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = self.stream.memcpy_htod(&[token, pos], &mut *io) {
+            panic!("CUDA upload of the decode step's token and position: {e:?}");
+        }
+        drop(io);
+        let mut r = self.recorder();
+        r.active = true;
+        r.token = token;
+        r.pos = pos;
+        r.ops.clear();
+        true
+    }
+
+    /// Run what was recorded since [`Self::step_begin`] (no-op when nothing is recorded).
+    pub(crate) fn flush_recording(&self) {
+        let mut r = self.recorder();
+        if !r.active {
+            return;
+        }
+        r.active = false;
+        let ops = std::mem::take(&mut r.ops);
+        if ops.is_empty() {
+            return;
+        }
+        if let Some(i) = r.cache.iter().position(|(o, _)| *o == ops) {
+            // Most recently used last.
+            let entry = r.cache.remove(i);
+            let ok = match &entry.1 {
+                Some(g) => g.launch().is_ok(),
+                None => false,
+            };
+            if ok {
+                r.replays += 1;
+            } else {
+                r.plain += 1;
+                self.launch_all(&ops);
+            }
+            r.cache.push(entry);
+            return;
+        }
+        let graph = match self.capture(&ops) {
+            Ok(g) => g.launch().is_ok().then_some(g),
+            Err(e) => {
+                if std::env::var_os("VELA_CUDA_DEBUG").is_some() {
+                    eprintln!("vela-cuda: graph capture failed, running plainly: {e:#}");
+                }
+                None
+            }
+        };
+        if graph.is_some() {
+            r.captures += 1;
+        } else {
+            r.plain += 1;
+            self.launch_all(&ops);
+        }
+        r.cache.push((ops, graph));
+        if r.cache.len() > MAX_GRAPHS {
+            r.cache.remove(0);
+        }
+    }
+
+    fn launch_all(&self, ops: &[Launch]) {
+        for op in ops {
+            if let Err(e) = self.launch_now(&op.name, op.grid, op.block, &op.args) {
+                panic!("{e:#}");
+            }
+        }
+    }
+
+    /// Stream-capture `ops` into an instantiated graph (nothing runs yet).
+    fn capture(&self, ops: &[Launch]) -> Result<CudaGraph> {
+        self.stream
+            .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| anyhow!("begin capture: {e:?}"))?;
+        let mut res = Ok(());
+        for op in ops {
+            res = self.launch_now(&op.name, op.grid, op.block, &op.args);
+            if res.is_err() {
+                break;
+            }
+        }
+        // End the capture in every case, so the stream leaves capture mode.
+        let g = self
+            .stream
+            .end_capture(sys::CUgraphInstantiate_flags(0))
+            .map_err(|e| anyhow!("end capture: {e:?}"));
+        res?;
+        g?.ok_or_else(|| anyhow!("stream capture produced no graph"))
+    }
+}

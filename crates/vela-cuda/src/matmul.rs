@@ -1,0 +1,348 @@
+//! Matrix products of the CUDA backend: quantized activations + integer block dots (default),
+//! the exact f32/f64 mode, the one-token `mv_*` kernels, and the fused pre-norm input
+//! (`x += residual; h = rms_norm(x) * w; quantize(h)` in one kernel, then the products).
+
+use crate::{type_info, ActKind, Arg, CudaBackend, CudaBuf, CudaWeight, Scratch};
+use crate::{AQ8K_BYTES, AQ8_BYTES, MM_WARPS};
+use cudarc::driver::CudaSlice;
+use std::sync::atomic::Ordering;
+
+impl CudaBackend {
+    /// `ys[i] = x · ws[i]ᵀ`. The activations are quantized once for all weights that share their
+    /// block type and width (Q/K/V, gate/up); `pre` names activations already quantized (by
+    /// `norm_q8*`) as (kind, width, device address, blocks per row).
+    pub(crate) fn matmul_many_impl(
+        &self,
+        ws: &[&CudaWeight],
+        x: &CudaBuf,
+        n: usize,
+        ys: &mut [&mut CudaBuf],
+        pre: Option<(ActKind, usize, u64, usize)>,
+    ) {
+        assert_eq!(
+            ws.len(),
+            ys.len(),
+            "matmul_many: {} weights, {} outputs",
+            ws.len(),
+            ys.len()
+        );
+        if n == 0 {
+            return;
+        }
+        if self.exact.load(Ordering::Relaxed) {
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                self.matmul_exact(w, x, n, y);
+            }
+            return;
+        }
+        let mut sc = self.scratch();
+        // (activation kind, width) of the activations currently in the scratch buffer.
+        let mut quantized = pre;
+        if self.try_mv3(&mut sc, ws, x, n, ys, quantized) {
+            return;
+        }
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            if w.rows == 0 {
+                continue;
+            }
+            assert!(
+                x.len() >= n * w.cols,
+                "matmul: x shorter than {n}x{}",
+                w.cols
+            );
+            assert!(
+                y.len() >= n * w.rows,
+                "matmul: y shorter than {n}x{}",
+                w.rows
+            );
+            let (suffix, kind) = type_info(w.ty).expect("checked at upload");
+            let (xp, nb) = match kind {
+                ActKind::Float => (self.ptr(x), w.cols),
+                ActKind::Q8 | ActKind::Q8K => match quantized {
+                    Some((k, c, p, nb)) if k == kind && c == w.cols => (p, nb),
+                    _ => {
+                        let r = self.quantize_act(&mut sc, kind, x, n, w.cols);
+                        quantized = Some((kind, w.cols, r.0, r.1));
+                        r
+                    }
+                },
+            };
+            let grid = ((w.rows as u32).div_ceil(MM_WARPS), 1, 1);
+            if n == 1 && kind != ActKind::Float && self.matvec_new.load(Ordering::Relaxed) {
+                let args = [
+                    Arg::P(self.ptr(&w.data)),
+                    Arg::P(xp),
+                    Arg::P(self.ptr(&**y)),
+                    Arg::I(w.rows as i32),
+                    Arg::I(nb as i32),
+                ];
+                let u2 = kind == ActKind::Q8K && self.mvk_u2.load(Ordering::Relaxed);
+                let name = format!("mv_{suffix}{}", if u2 { "_u2" } else { "" });
+                self.launch(&name, grid, 32 * MM_WARPS, &args);
+                continue;
+            }
+            let tt = if n == 1 { 1 } else { 8 };
+            let args = [
+                Arg::P(self.ptr(&w.data)),
+                Arg::P(xp),
+                Arg::P(self.ptr(&**y)),
+                Arg::I(w.rows as i32),
+                Arg::I(nb as i32),
+                Arg::I(n as i32),
+            ];
+            let grid = ((w.rows as u32).div_ceil(MM_WARPS), n.div_ceil(tt) as u32, 1);
+            self.launch(&format!("mm_{suffix}_t{tt}"), grid, 32 * MM_WARPS, &args);
+        }
+    }
+
+    /// Quantize `n` rows of `cols` activations into the scratch buffer as Q8 (32) or Q8_K (256)
+    /// blocks; returns the device pointer and the number of blocks per row.
+    fn quantize_act(
+        &self,
+        sc: &mut Scratch,
+        kind: ActKind,
+        x: &CudaBuf,
+        n: usize,
+        cols: usize,
+    ) -> (u64, usize) {
+        let (bs, bb, qname) = if kind == ActKind::Q8 {
+            (32, AQ8_BYTES, "quantize_q8")
+        } else {
+            (256, AQ8K_BYTES, "quantize_q8k")
+        };
+        let n_blocks = n * cols / bs;
+        if sc.act.len() < n_blocks * bb {
+            sc.act = self
+                .stream
+                .alloc_zeros::<u8>((n_blocks * bb).next_power_of_two())
+                .expect("CUDA alloc of activation scratch");
+        }
+        let ap = self.ptr(&sc.act);
+        let args = [Arg::P(self.ptr(x)), Arg::P(ap), Arg::I(n_blocks as i32)];
+        self.launch(qname, (n_blocks.div_ceil(8) as u32, 1, 1), 256, &args);
+        (ap, cols / bs)
+    }
+
+    /// Exact-mode product (see `mmx` in quant.cu): f32 weights and activations, f64 sums.
+    fn matmul_exact(&self, w: &CudaWeight, x: &CudaBuf, n: usize, y: &mut CudaBuf) {
+        if w.rows == 0 {
+            return;
+        }
+        assert!(
+            x.len() >= n * w.cols,
+            "matmul: x shorter than {n}x{}",
+            w.cols
+        );
+        assert!(
+            y.len() >= n * w.rows,
+            "matmul: y shorter than {n}x{}",
+            w.rows
+        );
+        let (suffix, _) = type_info(w.ty).expect("checked at upload");
+        let args = [
+            Arg::P(self.ptr(&w.data)),
+            Arg::P(self.ptr(x)),
+            Arg::P(self.ptr(y)),
+            Arg::I(w.rows as i32),
+            Arg::I(w.cols as i32),
+            Arg::L(w.row_bytes as i64),
+            Arg::I(n as i32),
+        ];
+        let grid = ((w.rows as u32).div_ceil(MM_WARPS), n.div_ceil(8) as u32, 1);
+        self.launch(&format!("mmx_{suffix}"), grid, 32 * MM_WARPS, &args);
+    }
+
+    /// See `Backend::norm_matmul_many`: one `norm_q8`/`norm_q8k` launch replaces add, rms_norm
+    /// and the activation quantization when every weight takes the same quantized activations
+    /// of width `width` (and fusion is on and the mode is not exact); otherwise the unfused ops.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn norm_matmul_impl(
+        &self,
+        x: &mut CudaBuf,
+        residual: Option<&CudaBuf>,
+        w: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+        h: &mut CudaBuf,
+        ws: &[&CudaWeight],
+        ys: &mut [&mut CudaBuf],
+    ) {
+        use vela_compute::Backend;
+        let kind = ws.first().and_then(|w| type_info(w.ty)).map(|t| t.1);
+        let fusable = self.fuse.load(Ordering::Relaxed)
+            && !self.exact.load(Ordering::Relaxed)
+            && n_rows > 0
+            && matches!(kind, Some(ActKind::Q8 | ActKind::Q8K))
+            && ws
+                .iter()
+                .all(|w| w.cols == width && type_info(w.ty).map(|t| t.1) == kind);
+        let Some(kind) = kind.filter(|_| fusable) else {
+            if let Some(r) = residual {
+                self.add(x, r, n_rows * width);
+            }
+            self.rms_norm(x, w, n_rows, width, eps, h);
+            self.matmul_many(ws, h, n_rows, ys);
+            return;
+        };
+        assert!(
+            x.len() >= n_rows * width && h.len() >= n_rows * width,
+            "norm_matmul_many: buffers shorter than {n_rows}x{width}"
+        );
+        let (bs, bb, name) = if kind == ActKind::Q8 {
+            (32, AQ8_BYTES, "norm_q8")
+        } else {
+            (256, AQ8K_BYTES, "norm_q8k")
+        };
+        let mut sc = self.scratch();
+        let ap = self.act_scratch(&mut sc, n_rows * width / bs * bb);
+        let args = [
+            Arg::P(self.ptr(&*x)),
+            Arg::P(residual.map(|r| self.ptr(r)).unwrap_or(0)),
+            Arg::P(self.ptr(w)),
+            Arg::P(self.ptr(&*h)),
+            Arg::P(ap),
+            Arg::I(width as i32),
+            Arg::F(eps),
+        ];
+        // One thread per element up to 1024 (width is a multiple of 32): no serial loops in the
+        // kernel for rows up to 1024 wide (5.8 us with 256 threads at width 576).
+        let threads = width.clamp(32, 1024) as u32;
+        self.launch(name, (n_rows as u32, 1, 1), threads, &args);
+        drop(sc);
+        self.matmul_many_impl(ws, h, n_rows, ys, Some((kind, width, ap, width / bs)));
+    }
+
+    /// Two or three one-token products of the same quantized type and width in one `mv_*_x3`
+    /// launch (new matvec and fusion on); returns false (nothing done) otherwise.
+    fn try_mv3(
+        &self,
+        sc: &mut Scratch,
+        ws: &[&CudaWeight],
+        x: &CudaBuf,
+        n: usize,
+        ys: &mut [&mut CudaBuf],
+        pre: Option<(ActKind, usize, u64, usize)>,
+    ) -> bool {
+        if n != 1
+            || !(2..=3).contains(&ws.len())
+            || !self.fuse.load(Ordering::Relaxed)
+            || !self.matvec_new.load(Ordering::Relaxed)
+            || ws.iter().any(|w| w.ty != ws[0].ty || w.cols != ws[0].cols)
+        {
+            return false;
+        }
+        let (suffix, kind) = type_info(ws[0].ty).expect("checked at upload");
+        if kind == ActKind::Float {
+            return false;
+        }
+        let cols = ws[0].cols;
+        for (w, y) in ws.iter().zip(ys.iter()) {
+            assert!(x.len() >= cols, "matmul: x shorter than 1x{cols}");
+            assert!(y.len() >= w.rows, "matmul: y shorter than 1x{}", w.rows);
+        }
+        let (xp, nb) = match pre {
+            Some((k, c, p, nb)) if k == kind && c == cols => (p, nb),
+            _ => self.quantize_act(sc, kind, x, 1, cols),
+        };
+        let wp = |i: usize| ws.get(i).map(|w| self.ptr(&w.data)).unwrap_or(0);
+        let yp: Vec<u64> = ys.iter().map(|y| self.ptr(&**y)).collect();
+        let rows = |i: usize| ws.get(i).map(|w| w.rows).unwrap_or(0);
+        let blocks: u32 = (0..3).map(|i| (rows(i) as u32).div_ceil(MM_WARPS)).sum();
+        if blocks == 0 {
+            return true;
+        }
+        let args = [
+            Arg::P(wp(0)),
+            Arg::P(wp(1)),
+            Arg::P(wp(2)),
+            Arg::P(xp),
+            Arg::P(yp[0]),
+            Arg::P(yp[1]),
+            Arg::P(yp.get(2).copied().unwrap_or(0)),
+            Arg::I(rows(0) as i32),
+            Arg::I(rows(1) as i32),
+            Arg::I(rows(2) as i32),
+            Arg::I(nb as i32),
+        ];
+        self.launch(
+            &format!("mv_{suffix}_x3"),
+            (blocks, 1, 1),
+            32 * MM_WARPS,
+            &args,
+        );
+        true
+    }
+
+    /// See `Backend::act_mul_matmul`: one `act_q8*` launch computes the gated activation and
+    /// quantizes it for `w` (fusion on, quantized `w` of `width` columns, not exact); otherwise
+    /// the unfused ops.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn act_matmul_impl(
+        &self,
+        gate: &mut CudaBuf,
+        up: &CudaBuf,
+        n_rows: usize,
+        width: usize,
+        act: vela_compute::Activation,
+        w: &CudaWeight,
+        y: &mut CudaBuf,
+    ) {
+        use vela_compute::{Activation, Backend};
+        let kind = type_info(w.ty).map(|t| t.1);
+        let fusable = self.fuse.load(Ordering::Relaxed)
+            && !self.exact.load(Ordering::Relaxed)
+            && n_rows > 0
+            && w.cols == width
+            && matches!(kind, Some(ActKind::Q8 | ActKind::Q8K));
+        let Some(kind) = kind.filter(|_| fusable) else {
+            self.act_mul(gate, up, n_rows * width, act);
+            self.matmul(w, gate, n_rows, y);
+            return;
+        };
+        assert!(
+            gate.len() >= n_rows * width && up.len() >= n_rows * width,
+            "act_mul_matmul: buffers shorter than {n_rows}x{width}"
+        );
+        let (bs, bb) = if kind == ActKind::Q8 {
+            (32, AQ8_BYTES)
+        } else {
+            (256, AQ8K_BYTES)
+        };
+        let name = match (kind, act) {
+            (ActKind::Q8, Activation::Silu) => "act_q8_silu",
+            (ActKind::Q8, Activation::GeluTanh) => "act_q8_gelu",
+            (_, Activation::Silu) => "act_q8k_silu",
+            (_, Activation::GeluTanh) => "act_q8k_gelu",
+        };
+        let n_blocks = n_rows * width / bs;
+        let mut sc = self.scratch();
+        let ap = self.act_scratch(&mut sc, n_blocks * bb);
+        let args = [
+            Arg::P(self.ptr(&*gate)),
+            Arg::P(self.ptr(up)),
+            Arg::P(ap),
+            Arg::I(n_blocks as i32),
+        ];
+        self.launch(name, (n_blocks.div_ceil(8) as u32, 1, 1), 256, &args);
+        drop(sc);
+        self.matmul_many_impl(
+            &[w],
+            gate,
+            n_rows,
+            &mut [y],
+            Some((kind, width, ap, width / bs)),
+        );
+    }
+
+    /// Device address of the activation scratch, grown to at least `bytes`.
+    pub(crate) fn act_scratch(&self, sc: &mut Scratch, bytes: usize) -> u64 {
+        if sc.act.len() < bytes {
+            sc.act = self
+                .stream
+                .alloc_zeros::<u8>(bytes.next_power_of_two())
+                .expect("CUDA alloc of activation scratch");
+        }
+        self.ptr(&sc.act)
+    }
+}

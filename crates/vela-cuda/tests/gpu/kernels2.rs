@@ -1,0 +1,541 @@
+//! Second-slice kernels against references: the new one-token matvec (`mv_*`) against the CPU
+//! backend and the old `mm_*_t1` kernels, the exact matmul mode against the CPU's exact mode,
+//! device argmax against the CPU sampler's argmax, and a matvec bandwidth measurement.
+
+use super::*;
+use vela_compute::cpu::matmul::exact;
+
+const QUANT_TYPES: [GgmlType; 8] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+];
+
+fn upload_random(
+    g: &CudaBackend,
+    cpu: &CpuBackend,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+) -> (vela_cuda::CudaWeight, <CpuBackend as Backend>::Weight) {
+    let file = gguf(&[("w", ty, rows, cols, random_weight(ty, rows, cols, rng))]);
+    let hw = HostWeight::from_gguf(&file, "w").unwrap();
+    (
+        g.upload_weight(&hw).unwrap(),
+        cpu.upload_weight(&hw).unwrap(),
+    )
+}
+
+/// CPU product of one activation row (reference for the variants).
+fn yc_ref(
+    cpu: &CpuBackend,
+    w: &<CpuBackend as Backend>::Weight,
+    x: &[f32],
+    rows: usize,
+) -> Vec<f32> {
+    let mut y = cpu.alloc(rows);
+    cpu.matmul(w, &up(cpu, x), 1, &mut y);
+    y[..rows].to_vec()
+}
+
+/// New decode matvec vs CPU (all quantized types, odd shapes: rows not a multiple of the 4 rows
+/// per block, block counts not a multiple of 32 lanes × 4 unrolled blocks) and vs the old kernel.
+#[test]
+fn matvec_new_matches_cpu_and_old() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0xfeed_beef_1234_5678);
+    for ty in QUANT_TYPES {
+        let bs = ty.block_size();
+        for &(rows, nb) in &[(37usize, 3usize), (130, 9), (1001, 37), (6, 130), (64, 300)] {
+            let cols = bs * nb;
+            let (wg, wc) = upload_random(&g, &cpu, ty, rows, cols, &mut rng);
+            let x = rng.vec(cols);
+            let (xg, xc) = (up(&g, &x), up(&cpu, &x));
+            let (mut yn, mut yo, mut yc) = (g.alloc(rows), g.alloc(rows), cpu.alloc(rows));
+            g.set_matvec_new(true);
+            g.matmul(&wg, &xg, 1, &mut yn);
+            g.set_matvec_new(false);
+            g.matmul(&wg, &xg, 1, &mut yo);
+            g.set_matvec_new(true);
+            if ty.block_size() == 256 {
+                let mut yu = g.alloc(rows);
+                g.set_mvk_u2(true);
+                g.matmul(&wg, &xg, 1, &mut yu);
+                g.set_mvk_u2(false);
+                let what = format!("matvec new u2 {} {rows}x{cols}", ty.name());
+                check(
+                    &what,
+                    &down(&g, &yu, rows),
+                    &yc_ref(&cpu, &wc, &x, rows),
+                    1e-4,
+                );
+            }
+            cpu.matmul(&wc, &xc, 1, &mut yc);
+            let (new, old) = (down(&g, &yn, rows), down(&g, &yo, rows));
+            let what = format!("matvec new {} {rows}x{cols}", ty.name());
+            check(&what, &new, &yc[..rows], 1e-4);
+            let (mx, _) = err(&new, &old);
+            eprintln!(
+                "RESULT | matvec new vs old {} {rows}x{cols} | max_err/rms {mx:.2e} | | {} |",
+                ty.name(),
+                if mx <= 1e-5 { "ok" } else { "FAIL" }
+            );
+            assert!(mx <= 1e-5, "{what}: new vs old kernel differ by {mx:.3e}");
+        }
+    }
+}
+
+/// Exact mode (f32 weights and activations, f64 sums) on both backends: equal to f32 rounding.
+#[test]
+fn exact_matmul_matches_cpu_exact() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0x5eed_0000_aaaa_5555);
+    exact::set_thread_override(Some(true));
+    g.set_exact_matmul(true);
+    let mut types = QUANT_TYPES.to_vec();
+    types.extend([GgmlType::F16, GgmlType::F32]);
+    for ty in types {
+        let bs = ty.block_size();
+        for &(rows, nb) in &[(37usize, 3usize), (130, 9)] {
+            let cols = bs * nb;
+            let (wg, wc) = upload_random(&g, &cpu, ty, rows, cols, &mut rng);
+            for n in [1usize, 3, 17] {
+                let x = rng.vec(n * cols);
+                let (xg, xc) = (up(&g, &x), up(&cpu, &x));
+                let (mut yg, mut yc) = (g.alloc(n * rows), cpu.alloc(n * rows));
+                g.matmul(&wg, &xg, n, &mut yg);
+                cpu.matmul(&wc, &xc, n, &mut yc);
+                let what = format!("exact matmul {} {rows}x{cols} n={n}", ty.name());
+                check(&what, &down(&g, &yg, n * rows), &yc[..n * rows], 1e-6);
+            }
+        }
+    }
+    g.set_exact_matmul(false);
+    exact::set_thread_override(None);
+}
+
+/// `vela_engine::sampler::argmax` (the CPU sampler's greedy choice), replicated here because
+/// vela-engine depends on this crate: lowest id on ties, NaNs skipped.
+fn sampler_argmax(logits: &[f32]) -> u32 {
+    let mut best = 0usize;
+    for (i, &l) in logits.iter().enumerate() {
+        if l > logits[best] || logits[best].is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+#[test]
+fn device_argmax_matches_cpu_sampler() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(4242);
+    let width = 49_153;
+    let n_rows = 6;
+    let mut x = rng.vec(n_rows * width);
+    // Row 1: a tie between two maxima (lowest index wins); row 2: NaNs before and after the
+    // maximum; row 3: the maximum in the last element; row 4: all equal; row 5: -inf mostly.
+    x[width + 100] = 5.0;
+    x[width + 40_000] = 5.0;
+    x[2 * width] = f32::NAN;
+    x[2 * width + 7] = 9.0;
+    x[2 * width + 9] = f32::NAN;
+    x[4 * width - 1] = 3.0;
+    x[4 * width..5 * width].fill(0.25);
+    x[5 * width..6 * width].fill(f32::NEG_INFINITY);
+    x[5 * width + 33_333] = -1e30;
+    let xg = up(&g, &x);
+    let xc = up(&cpu, &x);
+    let dev = g.argmax_rows(&xg, n_rows, width);
+    let host = cpu.argmax_rows(&xc, n_rows, width);
+    let sampler: Vec<u32> = x.chunks_exact(width).map(sampler_argmax).collect();
+    let ok = dev == sampler && host == sampler;
+    eprintln!(
+        "RESULT | device argmax {n_rows}x{width} | gpu {dev:?} cpu {host:?} sampler {sampler:?} | | {} |",
+        if ok { "ok" } else { "FAIL" }
+    );
+    assert!(
+        ok,
+        "argmax differs: gpu {dev:?} cpu {host:?} sampler {sampler:?}"
+    );
+}
+
+/// Decode matvec bandwidth on large matrices (Llama-3-8B shapes), old vs new kernel: bytes of
+/// the weight matrix per launch / time per launch (many launches back to back, one sync).
+#[test]
+fn matvec_bandwidth() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(99);
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        for &(rows, cols) in &[(4096usize, 4096usize), (14336, 4096), (4096, 14336)] {
+            let (wg, _) = upload_random(&g, &cpu, ty, rows, cols, &mut rng);
+            let bytes = ty.row_bytes(cols as u64).unwrap() as f64 * rows as f64;
+            let xg = up(&g, &rng.vec(cols));
+            let mut y = g.alloc(rows);
+            let mut line = format!("matvec bandwidth {} {rows}x{cols}", ty.name());
+            let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
+            let variants: &[(&str, bool, bool)] = if k_quant {
+                &[
+                    ("old", false, false),
+                    ("new", true, false),
+                    ("new u2", true, true),
+                ]
+            } else {
+                &[("old", false, false), ("new", true, false)]
+            };
+            for &(label, new, u2) in variants {
+                g.set_matvec_new(new);
+                g.set_mvk_u2(u2);
+                let reps = 200;
+                g.matmul(&wg, &xg, 1, &mut y);
+                g.synchronize().unwrap();
+                let t = Instant::now();
+                for _ in 0..reps {
+                    g.matmul(&wg, &xg, 1, &mut y);
+                }
+                g.synchronize().unwrap();
+                let dt = t.elapsed().as_secs_f64() / reps as f64;
+                line += &format!(
+                    " | {label}: {:.1} us {:.0} GB/s",
+                    dt * 1e6,
+                    bytes / dt / 1e9
+                );
+            }
+            g.set_matvec_new(true);
+            g.set_mvk_u2(false);
+            eprintln!("RESULT | {line} (incl. activation quantize) | info |");
+        }
+    }
+}
+
+/// Fused pre-norm input (`x += residual; h = rms_norm(x) * w; ys = h · Wᵀ`, one kernel for the
+/// norm and the activation quantization) and fused q+k RoPE against the CPU backend's unfused
+/// ops, for Q8 (Q4_1) and Q8_K (Q4_K) activations, with and without a residual.
+#[test]
+fn fused_norm_matmul_and_rope_qk_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(31337);
+    for (ty, width) in [
+        (GgmlType::Q4_1, 512),
+        (GgmlType::Q4_K, 512),
+        (GgmlType::Q4_1, 2304),
+        (GgmlType::Q4_K, 2304),
+    ] {
+        let (wa_g, wa_c) = upload_random(&g, &cpu, ty, 70, width, &mut rng);
+        let (wb_g, wb_c) = upload_random(&g, &cpu, ty, 33, width, &mut rng);
+        let nw = rng.vec(width);
+        let (nwg, nwc) = (
+            g.upload_vector(&nw).unwrap(),
+            cpu.upload_vector(&nw).unwrap(),
+        );
+        for n in [1usize, 3] {
+            for with_res in [false, true] {
+                let x = rng.vec(n * width);
+                let r = rng.vec(n * width);
+                let (mut xg, mut xc) = (up(&g, &x), up(&cpu, &x));
+                let (rg, rc) = (up(&g, &r), up(&cpu, &r));
+                let (mut hg, mut hc) = (g.alloc(n * width), cpu.alloc(n * width));
+                let (mut ag, mut ac) = (g.alloc(n * 70), cpu.alloc(n * 70));
+                let (mut bg, mut bc) = (g.alloc(n * 33), cpu.alloc(n * 33));
+                g.norm_matmul_many(
+                    &mut xg,
+                    with_res.then_some(&rg),
+                    &nwg,
+                    n,
+                    width,
+                    1e-5,
+                    &mut hg,
+                    &[&wa_g, &wb_g],
+                    &mut [&mut ag, &mut bg],
+                );
+                cpu.norm_matmul_many(
+                    &mut xc,
+                    with_res.then_some(&rc),
+                    &nwc,
+                    n,
+                    width,
+                    1e-5,
+                    &mut hc,
+                    &[&wa_c, &wb_c],
+                    &mut [&mut ac, &mut bc],
+                );
+                let tag = format!(
+                    "fused norm+matmul {} {width} n={n} residual={with_res}",
+                    ty.name()
+                );
+                check(&format!("{tag} x"), &down(&g, &xg, n * width), &xc, 0.0);
+                check(&format!("{tag} h"), &down(&g, &hg, n * width), &hc, 1e-6);
+                check(&format!("{tag} y0"), &down(&g, &ag, n * 70), &ac, 1e-4);
+                check(&format!("{tag} y1"), &down(&g, &bg, n * 33), &bc, 1e-4);
+            }
+        }
+    }
+    let positions = [3u32, 700, 4095];
+    let (nh, nkv, hd) = (9usize, 3usize, 64usize);
+    let p = RopeParams {
+        n_rot: 64,
+        freq_base: 10000.0,
+        freq_scale: 1.0,
+        neox: false,
+        freq_factors: None,
+    };
+    let q = rng.vec(3 * nh * hd);
+    let k = rng.vec(3 * nkv * hd);
+    let (mut qg, mut qc) = (up(&g, &q), up(&cpu, &q));
+    let (mut kg, mut kc) = (up(&g, &k), up(&cpu, &k));
+    g.rope_qk(&mut qg, &mut kg, nh, nkv, hd, &positions, &p);
+    cpu.rope_qk(&mut qc, &mut kc, nh, nkv, hd, &positions, &p);
+    check("rope_qk q", &down(&g, &qg, q.len()), &qc, 1e-5);
+    check("rope_qk k", &down(&g, &kg, k.len()), &kc, 1e-5);
+}
+
+/// Split-K decode attention over long contexts (1500+ keys, a 700-key window, F32 and F16 KV)
+/// against the CPU backend and the one-block-per-head kernel.
+#[test]
+fn split_attention_long_context_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(8080);
+    let (nh, nkv, hd) = (9usize, 3usize, 64usize);
+    for ty in [KvType::F32, KvType::F16] {
+        for window in [None, Some(700usize)] {
+            let cap = match window {
+                Some(w) => w + 512,
+                None => 2048,
+            };
+            let spec = KvLayerSpec {
+                n_head_kv: nkv,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                capacity: cap,
+                window,
+            };
+            let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+            let mut kc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+            let p = AttnParams {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                scale: 0.125,
+                window,
+                softcap: None,
+            };
+            let mut p0 = 0usize;
+            for n in [500usize, 500, 500, 1, 1, 3, 1] {
+                let pos: Vec<u32> = (p0..p0 + n).map(|x| x as u32).collect();
+                let (k, v) = (rng.vec(n * nkv * hd), rng.vec(n * nkv * hd));
+                g.kv_store(&mut kg, 0, &up(&g, &k), &up(&g, &v), &pos);
+                cpu.kv_store(&mut kc, 0, &up(&cpu, &k), &up(&cpu, &v), &pos);
+                p0 += n;
+                if n > 4 {
+                    continue;
+                }
+                let q = rng.vec(n * nh * hd);
+                let (qg, qc) = (up(&g, &q), up(&cpu, &q));
+                let (mut og, mut oo, mut oc) = (
+                    g.alloc(n * nh * hd),
+                    g.alloc(n * nh * hd),
+                    cpu.alloc(n * nh * hd),
+                );
+                g.set_split_attention(true);
+                g.attention(&qg, &kg, 0, &pos, &p, &mut og);
+                g.set_split_attention(false);
+                g.attention(&qg, &kg, 0, &pos, &p, &mut oo);
+                g.set_split_attention(true);
+                cpu.attention(&qc, &kc, 0, &pos, &p, &mut oc);
+                let tag = format!(
+                    "split attention {ty:?} window={window:?} pos {}+{n}",
+                    pos[0]
+                );
+                let tol = if ty == KvType::F16 { 1e-4 } else { 1e-5 };
+                let split = down(&g, &og, n * nh * hd);
+                check(&tag, &split, &oc, tol);
+                check(
+                    &format!("{tag} vs one-block kernel"),
+                    &split,
+                    &down(&g, &oo, n * nh * hd),
+                    tol,
+                );
+            }
+        }
+    }
+}
+
+/// Fused decode ops against the CPU backend's unfused defaults: two- and three-matrix one-token
+/// products in one launch (`mv_*_x3`), gated activation + quantization + down projection
+/// (`act_q8*`), and RoPE q+k with the KV store (`rope_store_*`, checked through attention).
+#[test]
+fn fused_decode_ops_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(2718);
+    for ty in [
+        GgmlType::Q4_1,
+        GgmlType::Q8_0,
+        GgmlType::Q4_K,
+        GgmlType::Q6_K,
+    ] {
+        let cols = 512;
+        let shapes = [97usize, 33, 130];
+        let ws: Vec<_> = shapes
+            .iter()
+            .map(|&r| upload_random(&g, &cpu, ty, r, cols, &mut rng))
+            .collect();
+        for k in [2usize, 3] {
+            let x = rng.vec(cols);
+            let (xg, xc) = (up(&g, &x), up(&cpu, &x));
+            let mut yg: Vec<_> = shapes[..k].iter().map(|&r| g.alloc(r)).collect();
+            let mut yc: Vec<_> = shapes[..k].iter().map(|&r| cpu.alloc(r)).collect();
+            let wg: Vec<_> = ws[..k].iter().map(|w| &w.0).collect();
+            let wc: Vec<_> = ws[..k].iter().map(|w| &w.1).collect();
+            g.matmul_many(&wg, &xg, 1, &mut yg.iter_mut().collect::<Vec<_>>());
+            cpu.matmul_many(&wc, &xc, 1, &mut yc.iter_mut().collect::<Vec<_>>());
+            for i in 0..k {
+                check(
+                    &format!("matvec x{k} {} weight {i}", ty.name()),
+                    &down(&g, &yg[i], shapes[i]),
+                    &yc[i][..shapes[i]],
+                    1e-4,
+                );
+            }
+        }
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            for n in [1usize, 3] {
+                let (gv, uv) = (rng.vec(n * cols), rng.vec(n * cols));
+                let (mut gg, mut gc) = (up(&g, &gv), up(&cpu, &gv));
+                let (ug, uc) = (up(&g, &uv), up(&cpu, &uv));
+                let (mut yg, mut yc) = (g.alloc(n * 97), cpu.alloc(n * 97));
+                g.act_mul_matmul(&mut gg, &ug, n, cols, act, &ws[0].0, &mut yg);
+                cpu.act_mul_matmul(&mut gc, &uc, n, cols, act, &ws[0].1, &mut yc);
+                let tag = format!("fused act {act:?} + matmul {} n={n}", ty.name());
+                check(&format!("{tag} gate"), &down(&g, &gg, n * cols), &gc, 1e-5);
+                check(&format!("{tag} y"), &down(&g, &yg, n * 97), &yc, 1e-4);
+            }
+        }
+    }
+    // RoPE + KV store, then attention over what was stored.
+    let (nh, nkv, hd) = (9usize, 3usize, 64usize);
+    let rp = RopeParams {
+        n_rot: 64,
+        freq_base: 10000.0,
+        freq_scale: 1.0,
+        neox: true,
+        freq_factors: None,
+    };
+    let ap = AttnParams {
+        n_head: nh,
+        n_head_kv: nkv,
+        head_dim_k: hd,
+        head_dim_v: hd,
+        scale: 0.125,
+        window: None,
+        softcap: None,
+    };
+    for ty in [KvType::F32, KvType::F16] {
+        let spec = KvLayerSpec {
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            capacity: 64,
+            window: None,
+        };
+        let mut kvg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+        let mut kvc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+        let mut p0 = 0;
+        for n in [5usize, 1, 1, 3] {
+            let pos: Vec<u32> = (p0..p0 + n).map(|x| x as u32).collect();
+            p0 += n;
+            let (q, k, v) = (
+                rng.vec(n * nh * hd),
+                rng.vec(n * nkv * hd),
+                rng.vec(n * nkv * hd),
+            );
+            let (mut qg, mut qc) = (up(&g, &q), up(&cpu, &q));
+            let (mut kg, mut kc) = (up(&g, &k), up(&cpu, &k));
+            let (vg, vc) = (up(&g, &v), up(&cpu, &v));
+            g.rope_qk_store(&mut qg, &mut kg, &vg, &mut kvg, 0, nh, nkv, hd, &pos, &rp);
+            cpu.rope_qk_store(&mut qc, &mut kc, &vc, &mut kvc, 0, nh, nkv, hd, &pos, &rp);
+            let tag = format!("fused rope+kv_store {ty:?} pos {}+{n}", pos[0]);
+            check(&format!("{tag} q"), &down(&g, &qg, q.len()), &qc, 1e-5);
+            check(&format!("{tag} k"), &down(&g, &kg, k.len()), &kc, 1e-5);
+            let (mut og, mut oc) = (g.alloc(n * nh * hd), cpu.alloc(n * nh * hd));
+            g.attention(&qg, &kvg, 0, &pos, &ap, &mut og);
+            cpu.attention(&qc, &kvc, 0, &pos, &ap, &mut oc);
+            let tol = if ty == KvType::F16 { 1e-4 } else { 1e-5 };
+            check(
+                &format!("{tag} attention"),
+                &down(&g, &og, n * nh * hd),
+                &oc,
+                tol,
+            );
+        }
+    }
+}
+
+/// Decode attention timing (info): 1000 back-to-back single-query calls over 530 cached keys
+/// (SmolLM2 geometry, F16 KV), split-K against the one-block-per-head kernel.
+#[test]
+fn attention_decode_timing() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng(5);
+    let (nh, nkv, hd, n_keys) = (9usize, 3usize, 64usize, 530usize);
+    let spec = KvLayerSpec {
+        n_head_kv: nkv,
+        head_dim_k: hd,
+        head_dim_v: hd,
+        capacity: 4096,
+        window: None,
+    };
+    let mut kv = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
+    let pos: Vec<u32> = (0..n_keys as u32).collect();
+    let k = up(&g, &rng.vec(n_keys * nkv * hd));
+    let v = up(&g, &rng.vec(n_keys * nkv * hd));
+    g.kv_store(&mut kv, 0, &k, &v, &pos);
+    let p = AttnParams {
+        n_head: nh,
+        n_head_kv: nkv,
+        head_dim_k: hd,
+        head_dim_v: hd,
+        scale: 0.125,
+        window: None,
+        softcap: None,
+    };
+    let q = up(&g, &rng.vec(nh * hd));
+    let mut out = g.alloc(nh * hd);
+    let last = [n_keys as u32 - 1];
+    let mut line = format!("attention decode timing {n_keys} keys F16");
+    for split in [false, true] {
+        g.set_split_attention(split);
+        g.attention(&q, &kv, 0, &last, &p, &mut out);
+        g.synchronize().unwrap();
+        let t = Instant::now();
+        for _ in 0..1000 {
+            g.attention(&q, &kv, 0, &last, &p, &mut out);
+        }
+        g.synchronize().unwrap();
+        let us = t.elapsed().as_secs_f64() * 1e3;
+        line += &format!(
+            " | {}: {us:.1} us/call",
+            if split { "split-K" } else { "one block" }
+        );
+    }
+    g.set_split_attention(true);
+    eprintln!("RESULT | {line} | info |");
+}
