@@ -5,6 +5,7 @@ pub mod loader;
 pub mod prompt;
 pub mod sampler;
 pub mod session;
+pub mod speculative;
 
 pub use generate::{generate, FinishReason, GenerateOptions};
 pub use sampler::{Sampler, SamplerConfig};
