@@ -31,6 +31,12 @@ The environment replicates transformers 5.x `utils/chat_template_utils.py` +
   * context: messages, tools (None when not given), documents=None, add_generation_prompt,
     bos_token, eos_token, then the extra kwargs (which override the special tokens).
 Cases where jinja2 itself raises are recorded as {"error": ...}; the Rust test skips them.
+
+Second output, `$VELA_CACHE/golden/templates/roundtrip.json` (same layout, conversations from
+ROUNDTRIP_CONVERSATIONS, only templates that define Gemma 4 tool calls, i.e. contain
+`<|tool_call>`): the prompts of a full tool-call round trip (system + tools + user; the assistant
+turn that vela-server's Gemma 4 output parser produces from a model answer with thinking and tool
+calls, plus the tool results; the final answer). Used by vela-server's `parser_gemma4_tests.rs`.
 """
 
 import copy
@@ -283,6 +289,46 @@ CONVERSATIONS = [
                    "content": "  Grüße 👋 — <b>bold</b> & \"quotes\" {{ not a tag }}  "}]},
 ]
 
+# Gemma 4 round trip (see the module docs). The assistant turns are exactly what vela-server
+# builds from the parsed model output (`parser_gemma4_tests.rs` checks that), after the server's
+# message normalization (null content -> "", JSON-string arguments -> objects).
+G4_REASONING = "The user wants the weather in Paris.\nI should call get_weather."
+G4_CALL_TURN = {
+    "role": "assistant", "content": "", "reasoning_content": G4_REASONING,
+    "tool_calls": [{"id": "call_1", "type": "function",
+                    "function": {"name": "get_weather",
+                                 "arguments": {"location": "Paris", "unit": "celsius"}}}]}
+G4_TOOL_RESULT = {"role": "tool", "tool_call_id": "call_1",
+                  "content": "{\"temperature\": 21.5, \"condition\": \"sunny\"}"}
+G4_TWO_CALLS_TURN = {
+    "role": "assistant", "content": "", "reasoning_content": "Two lookups.",
+    "tool_calls": [
+        {"id": "call_2", "type": "function",
+         "function": {"name": "get_weather", "arguments": {"location": "Oslo", "days": 3}}},
+        {"id": "call_3", "type": "function",
+         "function": {"name": "search",
+                      "arguments": {"query": "Oslo \"news\", today\n{x}", "limit": 2.5,
+                                    "exact": True, "filters": {"lang": "en", "n": [1, 2]},
+                                    "tags": ["a", "b"]}}}]}
+G4_USER = {"role": "user", "content": "What's the weather in Paris?"}
+G4_THINK = {"enable_thinking": True}
+ROUNDTRIP_CONVERSATIONS = [
+    {"name": "g4_prompt", "add_generation_prompt": True, "extra": G4_THINK, "tools": TOOLS,
+     "messages": [SYSTEM, G4_USER]},
+    {"name": "g4_after_tool", "add_generation_prompt": True, "extra": G4_THINK, "tools": TOOLS,
+     "messages": [SYSTEM, G4_USER, G4_CALL_TURN, G4_TOOL_RESULT]},
+    {"name": "g4_after_two_calls", "add_generation_prompt": True, "extra": G4_THINK,
+     "tools": TOOLS,
+     "messages": [SYSTEM, {"role": "user", "content": "Oslo weather and news?"},
+                  G4_TWO_CALLS_TURN,
+                  {"role": "tool", "tool_call_id": "call_2", "content": "-3 °C"},
+                  {"role": "tool", "tool_call_id": "call_3", "content": "no news"}]},
+    {"name": "g4_final_answer", "add_generation_prompt": False, "extra": G4_THINK,
+     "tools": TOOLS,
+     "messages": [SYSTEM, G4_USER, G4_CALL_TURN, G4_TOOL_RESULT,
+                  {"role": "assistant", "content": "It is 21.5 °C and sunny in Paris."}]},
+]
+
 # ---------------------------------------------------------------------------------------------
 # Templates
 
@@ -338,6 +384,25 @@ def gguf_templates():
     return out
 
 
+def write_roundtrip(env, templates):
+    """Render ROUNDTRIP_CONVERSATIONS with the Gemma 4 templates into roundtrip.json."""
+    out = []
+    for t in templates:
+        compiled = env.from_string(t["source"])
+        results = {}
+        for conv in ROUNDTRIP_CONVERSATIONS:
+            results[conv["name"]] = {"output": render(compiled, t["bos_token"], t["eos_token"],
+                                                      conv)}
+        out.append({**t, "results": results})
+    path = OUT.parent / "roundtrip.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"generator": "scripts/gen-template-golden.py",
+                                "conversations": ROUNDTRIP_CONVERSATIONS, "templates": out},
+                               ensure_ascii=False, indent=1), encoding="utf-8")
+    print(f"{len(out)} Gemma 4 templates x {len(ROUNDTRIP_CONVERSATIONS)} round-trip renders "
+          f"-> {path}")
+
+
 def main():
     tdir = LLAMA_SRC / "models" / "templates"
     if not tdir.is_dir():
@@ -350,6 +415,7 @@ def main():
     templates += gguf_templates()
 
     env = make_env()
+    write_roundtrip(env, [t for t in templates if "<|tool_call>" in t["source"]])
     n_ok = n_err = n_cerr = 0
     for t in templates:
         try:

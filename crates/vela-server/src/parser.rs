@@ -11,6 +11,14 @@
 //! with `{` (or `<|python_tag|>`), the whole answer is held and parsed at the end.
 //!
 //! Families are chosen from the chat template text ([`ParserConfig::from_template`]).
+//!
+//! Gemma 4 (templates with `<|channel>` / `<|tool_call>`), as llama.cpp's `peg-gemma4` parser
+//! reads it: `<|channel>thought\n…<channel|>` is reasoning (trimmed at both ends); stray
+//! `<|channel>` / `<channel|>` tokens (an empty trailing thought block, a lone closer) are
+//! dropped; `<|tool_call>call:NAME{k:v,…}<tool_call|>` blocks become calls whose values are
+//! `<|"|>`-delimited strings, numbers, booleans, null, `[…]` and `{…}`, converted to JSON (a
+//! closer inside a delimited string does not end the block). Generation stops at the
+//! `<|tool_response>` end-of-generation token, so it never reaches the parser.
 
 use serde_json::{Map, Value};
 
@@ -53,6 +61,12 @@ pub struct ParserConfig {
     pub llama_json: bool,
     /// The prompt ended inside a reasoning block (generation prompt ends with `<think>`).
     pub start_in_reasoning: bool,
+    /// Markers deleted from content when they appear outside any block (Gemma 4's stray
+    /// `<|channel>` / `<channel|>` tokens, which llama.cpp's parser consumes too).
+    pub drop: Vec<String>,
+    /// Reasoning text is trimmed at both ends (Gemma 4 writes `<|channel>thought\n…\n<channel|>`;
+    /// the template adds those newlines back when it re-renders `reasoning_content`).
+    pub trim_reasoning: bool,
 }
 
 const DSML_OPEN: &str = "<｜DSML｜tool_calls>";
@@ -71,6 +85,8 @@ impl ParserConfig {
         if template.contains("<|channel>") {
             c.reasoning
                 .push(("<|channel>thought".into(), "<channel|>".into()));
+            c.drop = vec!["<|channel>".into(), "<channel|>".into()];
+            c.trim_reasoning = true;
         }
         if !tools_enabled {
             return c;
@@ -117,6 +133,38 @@ pub struct OutputParser {
     mode: Mode,
     /// Nothing but whitespace has been seen yet (Llama JSON detection).
     at_start: bool,
+    /// Non-whitespace reasoning text has been emitted in the current block (trimming).
+    reasoning_started: bool,
+}
+
+/// What a marker found in plain text starts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Marker {
+    Reasoning(usize),
+    Tool(usize),
+    Drop,
+}
+
+/// Where a tool block's closer is: the first occurrence, except that Gemma 4 closers inside a
+/// `<|"|>`-delimited string are skipped (an argument may quote the marker text).
+fn find_closer(syn: ToolSyntax, buf: &str, close: &str) -> Option<usize> {
+    if syn != ToolSyntax::Gemma4 {
+        return buf.find(close);
+    }
+    let mut i = 0;
+    loop {
+        let rest = &buf[i..];
+        let c = rest.find(close)?;
+        match rest.find(G4_QUOTE) {
+            Some(q) if q < c => {
+                // Skip the whole string; an unterminated one means "not closed yet".
+                let after = i + q + G4_QUOTE.len();
+                let e = buf[after..].find(G4_QUOTE)?;
+                i = after + e + G4_QUOTE.len();
+            }
+            _ => return Some(i + c),
+        }
+    }
 }
 
 /// Length of the longest suffix of `buf` that is a proper prefix of `marker`.
@@ -149,7 +197,19 @@ impl OutputParser {
             buf: String::new(),
             mode,
             at_start: true,
+            reasoning_started: false,
         }
+    }
+
+    /// Every marker recognised in plain text, with what it starts.
+    fn markers(&self) -> Vec<(String, Marker)> {
+        let c = &self.cfg;
+        let r = c.reasoning.iter().enumerate();
+        let t = c.tools.iter().enumerate();
+        r.map(|(i, (o, _))| (o.clone(), Marker::Reasoning(i)))
+            .chain(t.map(|(i, (o, _, _))| (o.clone(), Marker::Tool(i))))
+            .chain(c.drop.iter().map(|d| (d.clone(), Marker::Drop)))
+            .collect()
     }
 
     /// Feed more generated text; returns what can be emitted now.
@@ -200,71 +260,88 @@ impl OutputParser {
                             continue;
                         }
                     }
-                    // Earliest opener.
-                    let mut best: Option<(usize, usize, bool, usize)> = None; // pos, len, is_tool, idx
-                    let openers = self.cfg.reasoning.iter().map(|(o, _)| (o, false));
-                    let tool_openers = self.cfg.tools.iter().map(|(o, _, _)| (o, true));
-                    let mut idx_r = 0;
-                    let mut idx_t = 0;
-                    for (o, is_tool) in openers.chain(tool_openers) {
-                        let idx = if is_tool { idx_t } else { idx_r };
-                        if let Some(p) = self.buf.find(o.as_str()) {
-                            if best.is_none_or(|b| p < b.0) {
-                                best = Some((p, o.len(), is_tool, idx));
-                            }
+                    // Earliest marker; at equal positions the longest, and a longer opener
+                    // that could still complete (`<|channel>` + `thought`) is waited for.
+                    let markers = self.markers();
+                    let Some(p) = markers
+                        .iter()
+                        .filter_map(|(m, _)| self.buf.find(m.as_str()))
+                        .min()
+                    else {
+                        if finishing {
+                            return;
                         }
-                        if is_tool {
-                            idx_t += 1
-                        } else {
-                            idx_r += 1
-                        }
-                    }
-                    if let Some((p, len, is_tool, idx)) = best {
-                        push_event(out, Event::Content(self.buf[..p].to_string()));
-                        self.buf.drain(..p + len);
-                        self.mode = if is_tool {
-                            Mode::Tool(idx)
-                        } else {
-                            Mode::Reasoning(idx)
-                        };
-                        continue;
-                    }
-                    if finishing {
+                        let hold = markers
+                            .iter()
+                            .map(|(m, _)| partial_suffix(&self.buf, m))
+                            .max()
+                            .unwrap_or(0);
+                        let emit = self.buf.len() - hold;
+                        push_event(out, Event::Content(self.buf[..emit].to_string()));
+                        self.buf.drain(..emit);
+                        return;
+                    };
+                    let at = &self.buf[p..];
+                    let pending = markers
+                        .iter()
+                        .any(|(m, _)| m.len() > at.len() && m.starts_with(at));
+                    push_event(out, Event::Content(self.buf[..p].to_string()));
+                    self.buf.drain(..p);
+                    if pending && !finishing {
                         return;
                     }
-                    let hold = self
-                        .cfg
-                        .reasoning
-                        .iter()
-                        .map(|(o, _)| o)
-                        .chain(self.cfg.tools.iter().map(|(o, _, _)| o))
-                        .map(|o| partial_suffix(&self.buf, o))
-                        .max()
-                        .unwrap_or(0);
-                    let emit = self.buf.len() - hold;
-                    push_event(out, Event::Content(self.buf[..emit].to_string()));
-                    self.buf.drain(..emit);
-                    return;
+                    let (m, kind) = markers
+                        .into_iter()
+                        .filter(|(m, _)| self.buf.starts_with(m.as_str()))
+                        .max_by_key(|(m, _)| m.len())
+                        .expect("a marker matched here");
+                    self.buf.drain(..m.len());
+                    self.mode = match kind {
+                        Marker::Reasoning(i) => Mode::Reasoning(i),
+                        Marker::Tool(i) => Mode::Tool(i),
+                        Marker::Drop => Mode::Text,
+                    };
+                    self.reasoning_started = false;
+                    continue;
                 }
                 Mode::Reasoning(i) => {
                     let close = self.cfg.reasoning[i].1.clone();
+                    let trim = self.cfg.trim_reasoning;
+                    if trim && !self.reasoning_started {
+                        let lead = self.buf.len() - self.buf.trim_start().len();
+                        self.buf.drain(..lead);
+                        if self.buf.is_empty() {
+                            return;
+                        }
+                        self.reasoning_started = true;
+                    }
                     if let Some(p) = self.buf.find(&close) {
-                        push_event(out, Event::Reasoning(self.buf[..p].to_string()));
+                        let text = &self.buf[..p];
+                        let text = if trim { text.trim_end() } else { text };
+                        push_event(out, Event::Reasoning(text.to_string()));
                         self.buf.drain(..p + close.len());
                         self.mode = Mode::Text;
                         continue;
                     }
                     if finishing {
+                        if trim {
+                            let keep = self.buf.trim_end().len();
+                            self.buf.truncate(keep);
+                        }
                         return;
                     }
-                    let emit = self.buf.len() - partial_suffix(&self.buf, &close);
+                    let mut emit = self.buf.len() - partial_suffix(&self.buf, &close);
+                    if trim {
+                        // Trailing whitespace may turn out to precede the closer.
+                        emit = self.buf[..emit].trim_end().len();
+                    }
                     push_event(out, Event::Reasoning(self.buf[..emit].to_string()));
                     self.buf.drain(..emit);
                     return;
                 }
                 Mode::Tool(i) => {
                     let (open, close, syn) = self.cfg.tools[i].clone();
-                    let Some(p) = self.buf.find(&close) else {
+                    let Some(p) = find_closer(syn, &self.buf, &close) else {
                         return;
                     };
                     let body = self.buf[..p].to_string();
@@ -581,3 +658,7 @@ impl G4<'_> {
 #[cfg(test)]
 #[path = "parser_tests.rs"]
 mod tests;
+
+#[cfg(test)]
+#[path = "parser_gemma4_tests.rs"]
+mod gemma4_tests;

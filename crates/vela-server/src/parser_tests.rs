@@ -13,7 +13,7 @@ fn norm(events: Vec<Event>) -> Vec<Event> {
     out
 }
 
-fn run_chunks(cfg: &ParserConfig, chunks: &[&str]) -> Vec<Event> {
+pub(super) fn run_chunks(cfg: &ParserConfig, chunks: &[&str]) -> Vec<Event> {
     let mut p = OutputParser::new(cfg.clone());
     let mut ev = Vec::new();
     for c in chunks {
@@ -25,7 +25,7 @@ fn run_chunks(cfg: &ParserConfig, chunks: &[&str]) -> Vec<Event> {
 
 /// Every split point (at every char boundary, i.e. every byte of ASCII text) and char-by-char
 /// feeding give the same events as one push.
-fn check_all_splits(cfg: &ParserConfig, text: &str, expect: &[Event]) {
+pub(super) fn check_all_splits(cfg: &ParserConfig, text: &str, expect: &[Event]) {
     let whole = run_chunks(cfg, &[text]);
     assert_eq!(whole, expect, "whole text {text:?}");
     for i in 0..=text.len() {
@@ -45,16 +45,16 @@ fn check_all_splits(cfg: &ParserConfig, text: &str, expect: &[Event]) {
     assert_eq!(run_chunks(cfg, &refs), expect, "char by char");
 }
 
-fn call(name: &str, args: &str) -> Event {
+pub(super) fn call(name: &str, args: &str) -> Event {
     Event::ToolCall(ToolCall {
         name: name.into(),
         arguments: args.into(),
     })
 }
-fn content(s: &str) -> Event {
+pub(super) fn content(s: &str) -> Event {
     Event::Content(s.into())
 }
-fn reasoning(s: &str) -> Event {
+pub(super) fn reasoning(s: &str) -> Event {
     Event::Reasoning(s.into())
 }
 
@@ -125,7 +125,7 @@ fn gemma4_calls() {
         &cfg,
         "<|channel>thought\nplan<channel|>Sure.<|tool_call>call:f{a:<|\"|>x, y}<|\"|>,b:2.5,c:true,d:[1,<|\"|>s<|\"|>],e:{k:v}}<tool_call|>",
         &[
-            reasoning("\nplan"),
+            reasoning("plan"),
             content("Sure."),
             call("f", r#"{"a":"x, y}","b":2.5,"c":true,"d":[1,"s"],"e":{"k":"v"}}"#),
         ],
