@@ -14,6 +14,9 @@ Output: $VELA_CACHE/golden/gemma4_e2e/
                         (tokens, scores, types, merges, special ids, chat template) taken from
                         llama.cpp's models/ggml-vocab-gemma-4.gguf — i.e. Gemma 4's real vocabulary
                         of 262,144 tokens; the weights are random, so the text is gibberish.
+    hf-assistant/       a random gemma4_assistant for it (transformers), and
+    mtp-model-f32.gguf  the same through llama.cpp's converter: the file `vela run` discovers
+                        next to model-f32.gguf for MTP speculative decoding
     llama_greedy.json   llama.cpp 0c1e570 on model-f32.gguf (F32 KV): tokenization (BOS added,
                         control tokens parsed? no: plain text) and 32 greedy tokens + top-2 margins
                         for 3 prompts (one crosses the 32-token window)
@@ -40,6 +43,35 @@ PROMPTS = ["Hello, how are you?",
            "The quick brown fox jumps over the lazy dog. " * 12]
 
 
+def build_assistant(tcfg) -> None:
+    """A random `gemma4_assistant` for the target (3 sliding + 1 full query-only layers reading
+    the target's last sliding/full caches), as HF directory `hf-assistant/` and, through
+    llama.cpp's converter, `mtp-model-f32.gguf` — the name `vela run` discovers next to
+    `model-f32.gguf`."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gen_gemma4_assistant", os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                             "gen-gemma4-assistant.py"))
+    ga = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ga)  # also applies its transformers 5.23 assistant-config fix
+    tkw = tcfg
+    atext = Gemma4TextConfig(**ga.assistant_text(tkw, hidden=32, heads=2, ff=64))
+    acfg = ga.Gemma4AssistantConfig(text_config=atext, backbone_hidden_size=tkw["hidden_size"])
+    asst = ga.Gemma4AssistantForCausalLM(acfg).eval().float()
+    ga.randomize(asst, torch.Generator().manual_seed(4321))
+    asst.tie_weights()
+    work = os.path.join(OUT, "assistant-work")
+    shutil.rmtree(work, ignore_errors=True)
+    asst.save_pretrained(os.path.join(work, "assistant"), safe_serialization=True)
+    ga.to_gguf(work)
+    hf = os.path.join(OUT, "hf-assistant")
+    shutil.rmtree(hf, ignore_errors=True)
+    shutil.move(os.path.join(work, "assistant"), hf)
+    if os.path.exists(os.path.join(work, "assistant.gguf")):
+        shutil.move(os.path.join(work, "assistant.gguf"), os.path.join(OUT, "mtp-model-f32.gguf"))
+    shutil.rmtree(work, ignore_errors=True)
+
+
 def main() -> None:
     sys.path[:0] = [LLAMA_CPP, os.path.join(LLAMA_CPP, "gguf-py")]
     import gguf
@@ -51,7 +83,7 @@ def main() -> None:
         return None if f is None else f.contents()
 
     n_vocab = len(vocab.fields["tokenizer.ggml.tokens"].data)
-    cfg = Gemma4TextConfig(
+    tkw = dict(
         vocab_size=n_vocab,
         hidden_size=64,
         intermediate_size=128,
@@ -79,6 +111,7 @@ def main() -> None:
         pad_token_id=field("tokenizer.ggml.padding_token_id"),
         tie_word_embeddings=True,
     )
+    cfg = Gemma4TextConfig(**tkw)
     torch.manual_seed(1234)
     model = Gemma4ForCausalLM(cfg).float().eval()
     with torch.no_grad():
@@ -127,6 +160,8 @@ def main() -> None:
             convert_hf_to_gguf.main()
         finally:
             sys.argv = argv
+    build_assistant(tkw)
+
     # llama.cpp's own tokenization and greedy decode of the GGUF (F32 KV cache), for the Rust test.
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import llama_oracle

@@ -7,6 +7,8 @@ mod bench;
 mod common;
 mod info;
 mod run;
+mod spec;
+mod synth;
 
 use clap::{Parser, Subcommand};
 
@@ -33,6 +35,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// OpenAI/Anthropic-compatible HTTP server with an exact prefix cache.
     Serve(vela_server::ServeArgs),
+    /// Write a random-weight GGUF of a real model geometry (for benchmarks at real sizes).
+    Synth(synth::SynthArgs),
 }
 
 fn main() {
@@ -45,6 +49,7 @@ fn main() {
         Cmd::Info(a) => info::info(a),
         Cmd::Bench(a) => bench::bench(a),
         Cmd::Serve(a) => vela_server::serve(a),
+        Cmd::Synth(a) => synth::synth(a),
     };
     if let Err(e) = r {
         // One line: the chain of causes joined.

@@ -1,10 +1,12 @@
 //! `vela run`, `vela chat`, `vela logits`.
 
 use crate::common::{self, ModelArgs, SampleArgs};
+use crate::spec::{self, SpecArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::{BufRead, Write};
-use vela_engine::{generate, GenerateOptions, Sampler};
+use vela_engine::speculative::{generate_speculative, AcceptRule, Drafter, SpecOptions};
+use vela_engine::{generate, GenerateOptions, Sampler, SamplerConfig};
 use vela_template::{ChatTemplate, RenderRequest};
 
 #[derive(Args)]
@@ -13,6 +15,8 @@ pub struct RunArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sample: SampleArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// The prompt (raw text completion; BOS is added as the model's metadata says).
     #[arg(long, short = 'p')]
     pub prompt: String,
@@ -27,6 +31,8 @@ pub struct ChatArgs {
     pub model: ModelArgs,
     #[command(flatten)]
     pub sample: SampleArgs,
+    #[command(flatten)]
+    pub spec: SpecArgs,
     /// System prompt.
     #[arg(long, short = 's')]
     pub system: Option<String>,
@@ -58,11 +64,36 @@ pub struct LogitsArgs {
     pub kv_type: String,
 }
 
+/// How tokens are produced: plain sampling, or speculative decoding with a drafter.
+struct Gen {
+    sampler: Sampler,
+    cfg: SamplerConfig,
+    drafter: Option<Box<dyn Drafter>>,
+    draft_max: usize,
+}
+
+impl Gen {
+    fn new(
+        cfg: SamplerConfig,
+        a: &SpecArgs,
+        l: &common::Loaded,
+        margs: &ModelArgs,
+        session: &vela_engine::Session,
+    ) -> Result<Gen> {
+        Ok(Gen {
+            sampler: Sampler::new(cfg.clone()),
+            drafter: spec::drafter(a, l, margs, session)?,
+            cfg,
+            draft_max: a.draft_max,
+        })
+    }
+}
+
 /// Stream generated text to stdout as complete UTF-8 characters become available.
 fn stream_generate(
     l: &common::Loaded,
     session: &mut vela_engine::Session,
-    sampler: &mut Sampler,
+    gen: &mut Gen,
     prompt: &[u32],
     max_tokens: usize,
 ) -> Result<Vec<u32>> {
@@ -75,14 +106,29 @@ fn stream_generate(
         max_tokens,
         is_eog: &is_eog,
     };
-    let (out, _) = generate(session, sampler, prompt, &opts, &mut |t| {
+    let mut emit = |t: u32| {
         let text = detok.push(t);
         if !text.is_empty() {
             let mut o = stdout.lock();
             ok = o.write_all(text.as_bytes()).and_then(|_| o.flush()).is_ok();
         }
         ok // stop when stdout is gone (e.g. `| head`)
-    })?;
+    };
+    let out = match &mut gen.drafter {
+        None => generate(session, &mut gen.sampler, prompt, &opts, &mut emit)?.0,
+        Some(d) => {
+            let so = SpecOptions {
+                max_tokens,
+                draft_max: gen.draft_max,
+                is_eog: &is_eog,
+                rule: AcceptRule::Exact,
+            };
+            let (out, _, stats) =
+                generate_speculative(session, &mut **d, &gen.cfg, prompt, &so, &mut emit)?;
+            eprintln!("{}", spec::report(&stats));
+            out
+        }
+    };
     let rest = detok.flush();
     let _ = stdout.lock().write_all(rest.as_bytes());
     Ok(out)
@@ -96,9 +142,9 @@ pub fn run(a: RunArgs) -> Result<()> {
         bail!("the prompt is empty after tokenization");
     }
     let mut session = l.session()?;
-    let mut sampler = Sampler::new(cfg);
+    let mut gen = Gen::new(cfg, &a.spec, &l, &a.model, &session)?;
     let t0 = std::time::Instant::now();
-    let out = stream_generate(&l, &mut session, &mut sampler, &prompt, a.sample.max_tokens)?;
+    let out = stream_generate(&l, &mut session, &mut gen, &prompt, a.sample.max_tokens)?;
     println!();
     let dt = t0.elapsed().as_secs_f64();
     eprintln!(
@@ -123,7 +169,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
         messages.push(serde_json::json!({"role": "system", "content": s}));
     }
     let mut session = l.session()?;
-    let mut sampler = Sampler::new(cfg);
+    let mut gen = Gen::new(cfg, &a.spec, &l, &a.model, &session)?;
     eprintln!(
         "vela chat — {} ({}). Type /exit or Ctrl-D to quit, /reset to clear.",
         l.path.display(),
@@ -166,7 +212,7 @@ pub fn chat(a: ChatArgs) -> Result<()> {
             session.reset();
         }
         let new = ids[session.n_past()..].to_vec();
-        let out = stream_generate(&l, &mut session, &mut sampler, &new, a.sample.max_tokens)?;
+        let out = stream_generate(&l, &mut session, &mut gen, &new, a.sample.max_tokens)?;
         println!();
         let reply = l.tokenizer.decode(&out, true)?;
         messages.push(serde_json::json!({"role": "assistant", "content": reply}));

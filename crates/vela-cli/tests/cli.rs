@@ -346,3 +346,121 @@ fn gemma4_run_chat_info() {
     assert!(s.contains("model_type: gemma4_text"), "{s}");
     assert!(s.contains("model: gemma4, 4 layers"), "{s}");
 }
+
+/// Greedy MTP speculative decoding (the assistant `mtp-model-f32.gguf` is discovered next to the
+/// target) prints exactly what plain decoding (`--no-mtp`) prints, and reports its statistics.
+#[test]
+fn gemma4_mtp_greedy_equals_plain() {
+    let Some(g) = testdata::require(
+        testdata::golden_dir()
+            .join("gemma4_e2e")
+            .join("mtp-model-f32.gguf"),
+    ) else {
+        return;
+    };
+    let target = g.parent().unwrap().join("model-f32.gguf");
+    let t = target.to_str().unwrap();
+    let base = [
+        "run",
+        "--model",
+        t,
+        "--prompt",
+        "Once upon a time",
+        "-n",
+        "40",
+        "--temperature",
+        "0",
+        "--device",
+        "cpu",
+        "--ubatch",
+        "8",
+    ];
+    let mtp = vela(&[&base[..], &["--draft-max", "3"]].concat());
+    let plain = vela(&[&base[..], &["--no-mtp"]].concat());
+    assert!(
+        mtp.status.success(),
+        "{}",
+        String::from_utf8_lossy(&mtp.stderr)
+    );
+    assert!(
+        plain.status.success(),
+        "{}",
+        String::from_utf8_lossy(&plain.stderr)
+    );
+    let err = String::from_utf8_lossy(&mtp.stderr);
+    assert!(err.contains("MTP drafting with the assistant"), "{err}");
+    assert!(err.contains("[speculative:"), "{err}");
+    assert!(!String::from_utf8_lossy(&plain.stderr).contains("speculative"));
+    assert_eq!(mtp.stdout, plain.stdout);
+    // An assistant for a non-Gemma-4 target is refused with one line.
+    if let Some(s) = smol() {
+        fails_with(
+            &vela(&[
+                "run",
+                "--model",
+                s.to_str().unwrap(),
+                "--prompt",
+                "hi",
+                "--mtp",
+                g.to_str().unwrap(),
+                "--device",
+                "cpu",
+            ]),
+            "Gemma 4 target",
+        );
+    }
+}
+
+/// `vela synth` is deterministic from the seed and its file runs.
+#[test]
+fn synth_is_deterministic_and_runs() {
+    let (a, b, c) = (tmp("s1.gguf"), tmp("s2.gguf"), tmp("s3.gguf"));
+    for (p, seed) in [(&a, "7"), (&b, "7"), (&c, "8")] {
+        let out = vela(&[
+            "synth",
+            "--arch",
+            "llama-tiny",
+            "--type",
+            "q4_0",
+            "--seed",
+            seed,
+            "-o",
+            p.to_str().unwrap(),
+        ]);
+        if !out.status.success() {
+            let err = String::from_utf8_lossy(&out.stderr);
+            // The tokenizer comes from llama.cpp's vocab files (test data).
+            assert!(err.contains("tokenizer"), "{err}");
+            return;
+        }
+    }
+    let (ba, bb, bc) = (
+        std::fs::read(&a).unwrap(),
+        std::fs::read(&b).unwrap(),
+        std::fs::read(&c).unwrap(),
+    );
+    assert_eq!(ba, bb);
+    assert_ne!(ba, bc);
+    let out = vela(&[
+        "run",
+        "--model",
+        a.to_str().unwrap(),
+        "--prompt",
+        "hi",
+        "-n",
+        "4",
+        "--device",
+        "cpu",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    fails_with(
+        &vela(&["synth", "--arch", "nope", "-o", a.to_str().unwrap()]),
+        "nope",
+    );
+    let list = vela(&["synth", "--list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("llama3-8b"));
+}

@@ -4,7 +4,6 @@
 //! Fixture: `scripts/gen-gemma4-e2e.py` → `$VELA_CACHE/golden/gemma4_e2e/` (skipped when absent
 //! unless `VELA_REQUIRE_DATA=1`).
 
-use std::path::Path;
 use vela_compute::KvType;
 use vela_engine::loader::load_gguf;
 use vela_engine::{Session, SessionOptions};

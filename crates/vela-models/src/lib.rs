@@ -8,10 +8,12 @@ pub mod config;
 pub mod decoder;
 pub mod gemma3;
 pub mod gemma4;
+pub mod gemma4_assistant;
 pub mod llama;
 pub mod lm;
 pub mod qwen2;
 pub mod qwen3;
+pub mod synth;
 
 pub use config::{DecoderConfig, LayerConfig};
 pub use decoder::{DecoderModel, ForwardState};

@@ -239,7 +239,10 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
 }
 
 fn chat_body(id: &str, created: u64, model: &str, c: Collected) -> Value {
-    let mut msg = json!({"role": "assistant", "content": if c.content.is_empty() && !c.tool_calls.is_empty() { Value::Null } else { json!(c.content) }});
+    // A tool-call turn whose only text is whitespace (e.g. the newline between Gemma 4's
+    // `<channel|>` and `<|tool_call>`) has no content.
+    let no_text = c.content.trim().is_empty() && !c.tool_calls.is_empty();
+    let mut msg = json!({"role": "assistant", "content": if no_text { Value::Null } else { json!(c.content) }});
     if !c.reasoning.is_empty() {
         msg["reasoning_content"] = json!(c.reasoning);
     }

@@ -1,0 +1,101 @@
+//! Speculative decoding options of `vela run` / `vela chat`: the Gemma 4 assistant (`--mtp`,
+//! discovered next to the target unless `--no-mtp`) or any small draft model with the target's
+//! vocabulary (`--draft-model`).
+
+use crate::common::{self, Loaded};
+use anyhow::{bail, Result};
+use clap::Args;
+use std::path::PathBuf;
+use vela_engine::loader::LoadOptions;
+use vela_engine::speculative::{load_gemma4_mtp, Drafter, ModelDrafter, SpecStats};
+use vela_engine::Session;
+
+/// Speculative decoding (output distribution identical to plain decoding).
+#[derive(Args, Clone, Debug)]
+pub struct SpecArgs {
+    /// Gemma 4 assistant (MTP drafter): HF directory or `gemma4-assistant` GGUF. Without it, an
+    /// assistant next to a Gemma 4 target is used when found (`mtp-NAME.gguf` beside `NAME.gguf`,
+    /// `NAME-assistant/` beside an HF directory; see docs/speculative.md).
+    #[arg(long, conflicts_with = "no_mtp")]
+    pub mtp: Option<PathBuf>,
+    /// Plain decoding even if an assistant is found.
+    #[arg(long)]
+    pub no_mtp: bool,
+    /// A small model with the target's vocabulary as the drafter (classic speculative decoding).
+    #[arg(long, conflicts_with_all = ["mtp"])]
+    pub draft_model: Option<String>,
+    /// Drafted tokens per verification round (K).
+    #[arg(long, default_value_t = 4)]
+    pub draft_max: usize,
+}
+
+/// The drafter these options ask for, if any (validated against the target).
+pub fn drafter(
+    a: &SpecArgs,
+    l: &Loaded,
+    margs: &common::ModelArgs,
+    target: &Session,
+) -> Result<Option<Box<dyn Drafter>>> {
+    if a.no_mtp {
+        return Ok(None);
+    }
+    if a.draft_max == 0 {
+        bail!("--draft-max must be at least 1");
+    }
+    if let Some(m) = &a.draft_model {
+        let path = common::resolve(Some(m))?;
+        let lo = LoadOptions {
+            threads: margs.threads,
+            device: common::device(&margs.device)?,
+        };
+        let dm = vela_engine::loader::load(&path, &lo)?;
+        if dm.model.n_vocab() != target.model.n_vocab() {
+            bail!(
+                "draft model {} has {} tokens, the target {}: they must share the vocabulary",
+                path.display(),
+                dm.model.n_vocab(),
+                target.model.n_vocab()
+            );
+        }
+        let session = Session::new(dm.model.clone(), &l.opts)?;
+        eprintln!("speculative decoding with draft model {}", path.display());
+        return Ok(Some(Box::new(ModelDrafter { session })));
+    }
+    let path = match &a.mtp {
+        Some(p) => Some(p.clone()),
+        None if l.model.arch() == "gemma4" => {
+            vela_models::gemma4_assistant::discover_assistant(&l.path)
+        }
+        None => None,
+    };
+    let Some(path) = path else { return Ok(None) };
+    if l.model.arch() != "gemma4" {
+        bail!(
+            "--mtp needs a Gemma 4 target (this model is '{}')",
+            l.model.arch()
+        );
+    }
+    let d = load_gemma4_mtp(target, &path)?;
+    eprintln!("MTP drafting with the assistant {}", path.display());
+    Ok(Some(d))
+}
+
+/// One line of speculative-decoding statistics for stderr.
+pub fn report(s: &SpecStats) -> String {
+    format!(
+        "[speculative: {} rounds, {}/{} drafts accepted ({:.1} %), {:.2} tokens/round; \
+         draft {:.2} s, verify {:.2} s, sampling {:.2} s]",
+        s.rounds,
+        s.accepted,
+        s.drafted,
+        100.0 * s.acceptance(),
+        if s.rounds == 0 {
+            0.0
+        } else {
+            (s.accepted + s.rounds) as f64 / s.rounds as f64
+        },
+        s.draft_time.as_secs_f64(),
+        s.verify_time.as_secs_f64(),
+        s.sample_time.as_secs_f64()
+    )
+}
