@@ -337,10 +337,58 @@ def test_tools(args, s):
         check(any(b.type == "tool_use" and b.name == "get_weather" for b in am.content) and am.stop_reason == "tool_use", f"anthropic tool_use block: {[b.type for b in am.content]}")
 
 
+def test_gemma4_mtp(args, s):
+    """Gemma 4 (random weights, real tokenizer/template) with its assistant discovered next to it:
+    MTP speculative decoding through the server gives exactly plain decoding's greedy text."""
+    print("== Gemma 4 + assistant (MTP) through the server")
+    check("MTP speculative decoding" in s.logtext(), "assistant discovered and validated at start")
+    cold = Server(args, ["--no-mtp"])
+    try:
+        check("MTP" not in cold.logtext(), "--no-mtp: plain decoding")
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Tell me a story about the sea."}]
+        a = chat(s, msgs, temperature=0, max_tokens=48)
+        b = chat(cold, msgs, temperature=0, max_tokens=48)
+        ta, tb = a["choices"][0]["message"].get("content"), b["choices"][0]["message"].get("content")
+        check(ta == tb and a["usage"]["completion_tokens"] == b["usage"]["completion_tokens"],
+              f"greedy MTP == plain ({a['usage']['completion_tokens']} tokens)")
+        check((s.metric("vela_draft_tokens_total") or 0) > 0, f"drafts counted: {s.metric('vela_draft_tokens_total')} drafted, {s.metric('vela_draft_accepted_total')} accepted")
+        text, _, _ = stream_ttft(s, "/v1/chat/completions", {"model": s.model, "messages": msgs, "temperature": 0, "max_tokens": 48, "stream": True})
+        check(text == (ta or ""), "streamed MTP text == non-streamed")
+        # Next turn: the prefix cache serves the first turn, output still equals plain decoding.
+        msgs2 = msgs + [{"role": "assistant", "content": ta}, {"role": "user", "content": "And another one."}]
+        a2 = chat(s, msgs2, temperature=0, max_tokens=32)
+        b2 = chat(cold, msgs2, temperature=0, max_tokens=32)
+        # Gemma 4's generation prompt ends with an empty thinking channel that the history does not
+        # repeat, so the exact reusable prefix is the common prefix of the two rendered prompts.
+        p1 = httpx.post(s.base + "/apply-template", json={"messages": msgs}).json()["tokens"]
+        p2 = httpx.post(s.base + "/apply-template", json={"messages": msgs2}).json()["tokens"]
+        common = next((i for i, (x, y) in enumerate(zip(p1, p2)) if x != y), min(len(p1), len(p2)))
+        got = a2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        check(got >= common > 0, f"turn 2 reuses the cache up to the templates' common prefix: {got} >= {common} (prompt 1: {len(p1)})")
+        check(a2["choices"][0]["message"].get("content") == b2["choices"][0]["message"].get("content"), "turn 2 greedy MTP == plain")
+        r = chat(s, msgs, temperature=1.0, top_p=0.9, seed=5, max_tokens=24)
+        check(r["usage"]["completion_tokens"] > 0 and r["choices"][0]["finish_reason"] in ("stop", "length"), "sampled MTP request completes")
+        r = chat(s, msgs, temperature=0, max_tokens=8, logprobs=True, top_logprobs=2)
+        check(r["choices"][0].get("logprobs") is not None, "logprobs request (plain decoding path) works")
+        tools = [{"type": "function", "function": {"name": "get_weather", "description": "Get weather",
+                  "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+        conv = [{"role": "user", "content": "Weather in Paris?"},
+                {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "{\"temp\": 18}"}]
+        t = httpx.post(s.base + "/apply-template", json={"messages": conv, "tools": tools}).json()["prompt"]
+        check("<|tool>declaration:get_weather" in t and "<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>" in t,
+              "tools and the assistant's tool call rendered in Gemma 4 syntax")
+        check("<|tool_response>" in t or "<|turn>tool" in t, "tool result rendered")
+        r = chat(s, conv, tools=tools, temperature=0, max_tokens=16)
+        check(r["choices"][0]["finish_reason"] in ("stop", "length", "tool_calls"), "tool-result turn generates")
+    finally:
+        cold.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True); ap.add_argument("--model", required=True)
-    ap.add_argument("--kind", choices=["smol", "qwen", "gemma"], required=True)
+    ap.add_argument("--kind", choices=["smol", "qwen", "gemma", "gemma4"], required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip", default="", help="comma list of sections to skip: basic,cache,cancel,bad,load,tools")
     args = ap.parse_args()
@@ -359,6 +407,8 @@ def main():
                 test_tools(args, s)
             if "basic" not in skip:
                 test_basic(args, s)
+        elif args.kind == "gemma4":
+            test_gemma4_mtp(args, s)
         else:
             if "cache" not in skip:
                 test_prefix_cache(args, s, "gemma")

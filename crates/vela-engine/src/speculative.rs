@@ -35,6 +35,7 @@ use crate::sampler::{Rng, SamplerConfig};
 use crate::session::{EvalOutcome, Session};
 use anyhow::{bail, Result};
 use std::time::{Duration, Instant};
+pub use vela_models::gemma4_assistant::discover_assistant;
 
 /// One proposed token and the distribution it was drawn from (after the sampler's filtering).
 #[derive(Clone, Debug)]
@@ -142,20 +143,46 @@ pub fn generate_speculative(
             session.n_past(),
         );
     }
+    let t0 = Instant::now();
+    let logits = match session.eval_with(prompt, &mut |_, _| true)? {
+        EvalOutcome::Done(l) => l,
+        EvalOutcome::Cancelled { .. } => unreachable!("never cancelled"),
+    };
+    drafter.sync(session, 0)?;
+    let prefill = t0.elapsed();
+    let (out, r, mut stats) = continue_speculative(session, drafter, cfg, logits, opts, on_token)?;
+    stats.prefill_time = prefill;
+    Ok((out, r, stats))
+}
+
+/// [`generate_speculative`] after the caller evaluated the prompt itself (e.g. with progress and
+/// cancellation): `logits` are the last prompt position's, and `drafter.sync(session, row)` must
+/// already have been called for that forward pass. Same contract otherwise.
+pub fn continue_speculative(
+    session: &mut Session,
+    drafter: &mut dyn Drafter,
+    cfg: &SamplerConfig,
+    mut logits: Vec<f32>,
+    opts: &SpecOptions,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, FinishReason, SpecStats)> {
+    if opts.max_tokens == 0 {
+        bail!("max_tokens must be at least 1");
+    }
+    let n_ctx = session.n_ctx();
+    if session.n_past() == 0 || session.n_past() >= n_ctx {
+        bail!(
+            "speculative decoding needs an evaluated prompt with room after it ({} of {n_ctx})",
+            session.n_past()
+        );
+    }
     let k_max = opts.draft_max.min(session.ubatch().saturating_sub(1));
     let mut stats = SpecStats {
         per_round: vec![0; k_max + 1],
         ..Default::default()
     };
     let mut rng = Rng::new(cfg.seed);
-    let mut hist: Vec<u32> = session.tokens().iter().chain(prompt).copied().collect();
-    let t0 = Instant::now();
-    let mut logits = match session.eval_with(prompt, &mut |_, _| true)? {
-        EvalOutcome::Done(l) => l,
-        EvalOutcome::Cancelled { .. } => unreachable!("never cancelled"),
-    };
-    drafter.sync(session, 0)?;
-    stats.prefill_time = t0.elapsed();
+    let mut hist: Vec<u32> = session.tokens().to_vec();
     let v = session.model.n_vocab();
     let mut out = Vec::new();
     // Emit a verified token at position `pos`; `Some(reason)` ends generation.

@@ -58,6 +58,16 @@ pub struct ServeArgs {
     /// Prefix-cache budget in MiB of KV cache (at least one sequence is always kept).
     #[arg(long, default_value_t = 1024)]
     pub cache_mb: usize,
+    /// Gemma 4 assistant for MTP speculative decoding (HF directory or GGUF). Without it, an
+    /// assistant next to a Gemma 4 target is used when found (docs/speculative.md).
+    #[arg(long, conflicts_with = "no_mtp")]
+    pub mtp: Option<std::path::PathBuf>,
+    /// Plain decoding even if an assistant is found.
+    #[arg(long)]
+    pub no_mtp: bool,
+    /// Drafted tokens per verification round.
+    #[arg(long, default_value_t = 4)]
+    pub draft_max: usize,
 }
 
 /// Run the server until the process is killed (blocking; builds its own tokio runtime).
@@ -130,6 +140,7 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
     } else {
         args.ctx
     };
+    let drafter = load_drafter(&args, &m, &opts)?;
     let template = match &m.chat_template {
         Some(src) => {
             let (bos, eos) = m.bos_eos_text();
@@ -173,7 +184,50 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
     let cfg = worker::WorkerConfig {
         session: opts,
         cache_bytes: args.cache_mb << 20,
+        drafter,
+        draft_max: args.draft_max,
     };
     worker::run(m, cfg, rx, st.metrics.clone());
     Ok(())
+}
+
+/// The MTP drafter `vela serve` was asked for (or found next to a Gemma 4 target).
+fn load_drafter(
+    args: &ServeArgs,
+    m: &vela_engine::loader::LoadedModel,
+    opts: &SessionOptions,
+) -> Result<Option<Box<dyn vela_engine::speculative::Drafter>>> {
+    if args.no_mtp {
+        return Ok(None);
+    }
+    if args.draft_max == 0 {
+        bail!("--draft-max must be at least 1");
+    }
+    let path = match &args.mtp {
+        Some(p) => Some(p.clone()),
+        None if m.model.arch() == "gemma4" => vela_engine::speculative::discover_assistant(&m.path),
+        None => None,
+    };
+    let Some(path) = path else { return Ok(None) };
+    if m.model.arch() != "gemma4" {
+        bail!(
+            "--mtp needs a Gemma 4 target (this model is '{}')",
+            m.model.arch()
+        );
+    }
+    // The drafter binds to the model, not to one sequence: a small session validates it.
+    let probe = vela_engine::Session::new(
+        m.model.clone(),
+        &SessionOptions {
+            n_ctx: 16,
+            ubatch: opts.ubatch.clamp(1, 16),
+            kv_type: opts.kv_type,
+        },
+    )?;
+    let d = vela_engine::speculative::load_gemma4_mtp(&probe, &path)?;
+    eprintln!(
+        "vela-server: MTP speculative decoding with {}",
+        path.display()
+    );
+    Ok(Some(d))
 }

@@ -62,6 +62,9 @@ pub struct Metrics {
     pub steps_after_cancel: AtomicU64,
     pub cache_sessions: AtomicU64,
     pub cache_bytes: AtomicU64,
+    /// Speculative decoding: tokens drafted and drafts accepted by verification.
+    pub draft_tokens: AtomicU64,
+    pub draft_accepted: AtomicU64,
     pub ttft: Histogram,
     pub token_latency: Histogram,
 }
@@ -80,6 +83,8 @@ impl Default for Metrics {
             steps_after_cancel: z(),
             cache_sessions: z(),
             cache_bytes: z(),
+            draft_tokens: z(),
+            draft_accepted: z(),
             ttft: Histogram::new(TTFT_BOUNDS),
             token_latency: Histogram::new(TOKEN_BOUNDS),
         }
@@ -126,6 +131,18 @@ impl Metrics {
             "counter",
             "Prompt tokens reused from the prefix cache (not recomputed).",
             &self.cached_prompt_tokens,
+        );
+        one(
+            "vela_draft_tokens_total",
+            "counter",
+            "Tokens proposed by the speculative-decoding drafter.",
+            &self.draft_tokens,
+        );
+        one(
+            "vela_draft_accepted_total",
+            "counter",
+            "Drafted tokens accepted by the target's verification.",
+            &self.draft_accepted,
         );
         one(
             "vela_queue_depth",

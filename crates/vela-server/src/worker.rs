@@ -15,6 +15,8 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tokio::sync::mpsc;
 use vela_engine::loader::LoadedModel;
+use vela_engine::speculative::{continue_speculative, AcceptRule, Drafter, SpecOptions};
+use vela_engine::FinishReason;
 use vela_engine::{sampler, EvalOutcome, Sampler, SamplerConfig, Session, SessionOptions};
 
 /// Set when the client is gone; remembers when.
@@ -112,12 +114,15 @@ pub struct Job {
 pub struct WorkerConfig {
     pub session: SessionOptions,
     pub cache_bytes: usize,
+    /// Speculative decoding (requests without logprobs): the drafter and drafts per round.
+    pub drafter: Option<Box<dyn Drafter>>,
+    pub draft_max: usize,
 }
 
 /// Run the worker loop until the job channel closes.
 pub fn run(
     model: Arc<LoadedModel>,
-    cfg: WorkerConfig,
+    mut cfg: WorkerConfig,
     mut jobs: mpsc::Receiver<Job>,
     metrics: Arc<Metrics>,
 ) {
@@ -130,7 +135,18 @@ pub fn run(
             continue;
         }
         let out = job.out.clone();
-        if let Err(e) = serve_job(&model, &cfg, &mut cache, sliding, job, &metrics) {
+        let mut drafter = cfg.drafter.take();
+        let r = serve_job(
+            &model,
+            &cfg,
+            &mut cache,
+            sliding,
+            job,
+            &metrics,
+            &mut drafter,
+        );
+        cfg.drafter = drafter;
+        if let Err(e) = r {
             eprintln!("vela-server: request failed: {e:#}");
             let _ = out.send(Out::Error(format!("{e:#}")));
         }
@@ -175,6 +191,7 @@ fn serve_job(
     sliding: bool,
     job: Job,
     metrics: &Metrics,
+    drafter: &mut Option<Box<dyn Drafter>>,
 ) -> anyhow::Result<()> {
     let ubatch = cfg.session.ubatch.max(1);
     // Pick a session.
@@ -218,7 +235,7 @@ fn serve_job(
                     };
                     cache.put(std::mem::replace(&mut entry, copy));
                 }
-            } else if n < n_past / 2 {
+            } else if n < n_past / 2 && !follow_up(&entry, n) {
                 // The original is out of the cache now, so take_lru never returns it.
                 let fits_one = cache.total_bytes() + 2 * bytes <= cache.budget;
                 let recycled = if fits_one { None } else { cache.take_lru() };
@@ -252,9 +269,25 @@ fn serve_job(
             0
         }
     };
-    let result = generate(model, &mut entry, reused, &job, metrics);
+    let spec = match drafter {
+        Some(d) if job.logprobs.is_none() => Some((&mut **d, cfg.draft_max)),
+        _ => None,
+    };
+    let result = generate(model, &mut entry, reused, &job, metrics, spec);
     cache.put(entry);
     result
+}
+
+/// Whether a prompt sharing `n` tokens with `entry` continues that entry's conversation: the
+/// shared part covers its last prompt up to a few tokens (a chat template may render the previous
+/// generation prompt differently in the history, e.g. Gemma 4's empty thinking channel). Such a
+/// sequence is rolled back in place instead of being kept for other requests.
+fn follow_up(entry: &Entry, n: usize) -> bool {
+    const SLACK: usize = 16;
+    entry
+        .prompt_cp
+        .as_ref()
+        .is_some_and(|cp| n + SLACK >= cp.n_past())
 }
 
 fn generate(
@@ -263,6 +296,7 @@ fn generate(
     reused: usize,
     job: &Job,
     metrics: &Metrics,
+    spec: Option<(&mut (dyn Drafter + 'static), usize)>,
 ) -> anyhow::Result<()> {
     let session = &mut entry.session;
     let tok = &model.tokenizer;
@@ -313,42 +347,98 @@ fn generate(
     let mut any_tool = false;
     let mut first = true;
     let mut step_start = Instant::now();
-    let (finish, stop_word) = loop {
-        if cancel.is_cancelled() || out.is_closed() {
+    let (finish, stop_word) = if let Some((drafter, draft_max)) = spec {
+        // Speculative decoding: verified tokens arrive through the callback, in order.
+        drafter.sync(session, 0)?;
+        let mut stop_word = None;
+        let mut cancelled = false;
+        let is_eog = |t: u32| tok.is_eog(t);
+        let opts = SpecOptions {
+            max_tokens: job.max_tokens.min(n_ctx - 1 - session.n_past()).max(1),
+            draft_max,
+            is_eog: &is_eog,
+            rule: AcceptRule::Exact,
+        };
+        let (_, reason, stats) =
+            continue_speculative(session, drafter, &job.sampling, logits, &opts, &mut |t| {
+                if first {
+                    metrics.ttft.observe(job.received.elapsed().as_secs_f64());
+                    first = false;
+                } else {
+                    metrics
+                        .token_latency
+                        .observe(step_start.elapsed().as_secs_f64());
+                }
+                step_start = Instant::now();
+                clock.step();
+                n_gen += 1;
+                let piece = detok.push(t);
+                let (text, hit) = stop.push(&piece);
+                send_events(out, parser.push(&text), Vec::new(), &mut any_tool);
+                if hit.is_some() {
+                    stop_word = hit;
+                    return false;
+                }
+                if cancel.is_cancelled() || out.is_closed() {
+                    cancelled = true;
+                    return false;
+                }
+                true
+            })?;
+        metrics
+            .draft_tokens
+            .fetch_add(stats.drafted as u64, Ordering::Relaxed);
+        metrics
+            .draft_accepted
+            .fetch_add(stats.accepted as u64, Ordering::Relaxed);
+        if cancelled {
             cancel.cancel();
             log_cancel(metrics, &clock, job, "decode");
             return Ok(());
         }
-        let raw = job.logprobs.map(|_| logits.clone());
-        let t = sampler.sample(&mut logits);
-        if first {
-            metrics.ttft.observe(job.received.elapsed().as_secs_f64());
-            first = false;
-        } else {
-            metrics
-                .token_latency
-                .observe(step_start.elapsed().as_secs_f64());
+        match (reason, stop_word.is_some()) {
+            (_, true) => ("stop", stop_word),
+            (FinishReason::Stop, _) => ("stop", None),
+            _ => ("length", None),
         }
-        if tok.is_eog(t) {
-            break ("stop", None);
+    } else {
+        loop {
+            if cancel.is_cancelled() || out.is_closed() {
+                cancel.cancel();
+                log_cancel(metrics, &clock, job, "decode");
+                return Ok(());
+            }
+            let raw = job.logprobs.map(|_| logits.clone());
+            let t = sampler.sample(&mut logits);
+            if first {
+                metrics.ttft.observe(job.received.elapsed().as_secs_f64());
+                first = false;
+            } else {
+                metrics
+                    .token_latency
+                    .observe(step_start.elapsed().as_secs_f64());
+            }
+            if tok.is_eog(t) {
+                break ("stop", None);
+            }
+            n_gen += 1;
+            let mut lps = Vec::new();
+            if let (Some(k), Some(raw)) = (job.logprobs, raw) {
+                lps.push(logprob_of(tok, &raw, t, k));
+            }
+            let piece = detok.push(t);
+            let (text, hit) = stop.push(&piece);
+            send_events(out, parser.push(&text), lps, &mut any_tool);
+            if hit.is_some() {
+                break ("stop", hit);
+            }
+            if n_gen >= job.max_tokens || session.n_past() + 1 >= n_ctx {
+                break ("length", None);
+            }
+            step_start = Instant::now();
+            logits = session.eval(&[t])?;
+            clock.step();
         }
-        n_gen += 1;
-        let mut lps = Vec::new();
-        if let (Some(k), Some(raw)) = (job.logprobs, raw) {
-            lps.push(logprob_of(tok, &raw, t, k));
-        }
-        let piece = detok.push(t);
-        let (text, hit) = stop.push(&piece);
-        send_events(out, parser.push(&text), lps, &mut any_tool);
-        if hit.is_some() {
-            break ("stop", hit);
-        }
-        if n_gen >= job.max_tokens || session.n_past() + 1 >= n_ctx {
-            break ("length", None);
-        }
-        step_start = Instant::now();
-        logits = session.eval(&[t])?;
-        clock.step();
     };
     if stop_word.is_none() {
         let rest = detok.flush();
