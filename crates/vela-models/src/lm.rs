@@ -76,6 +76,69 @@ fn restore_kv<B: Backend + 'static>(
     Ok(())
 }
 
+/// `ModelState` for a `{ model: Arc<M>, state: S }` sequence type whose state has `kv`, `n_ctx`
+/// and `max_batch` and whose model has `backend` and `forward(&mut state, ..)`; `$with_kv`
+/// builds a state around a copied cache (for `fork`).
+macro_rules! impl_model_state {
+    ($seq:ident, $with_kv:expr) => {
+        impl<B: Backend + 'static> ModelState for $seq<B> {
+            fn forward(
+                &mut self,
+                tokens: &[u32],
+                pos: &[u32],
+                logits_from: usize,
+            ) -> Result<Vec<f32>> {
+                self.model
+                    .forward(&mut self.state, tokens, pos, logits_from)
+            }
+            fn n_ctx(&self) -> usize {
+                self.state.n_ctx
+            }
+            fn max_batch(&self) -> usize {
+                self.state.max_batch
+            }
+            fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync> {
+                Box::new(self.model.backend.kv_checkpoint(&self.state.kv, n_past))
+            }
+            fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()> {
+                restore_kv(&*self.model.backend, &mut self.state.kv, snap)
+            }
+            fn fork(&self) -> Result<Box<dyn ModelState>> {
+                let kv = self.model.backend.kv_clone(&self.state.kv);
+                let state = IntoResult::into_result(($with_kv)(self, kv))?;
+                Ok(Box::new($seq {
+                    model: self.model.clone(),
+                    state,
+                }))
+            }
+            fn kv_bytes(&self) -> usize {
+                self.model.backend.kv_bytes(&self.state.kv)
+            }
+            fn as_any(&self) -> &dyn Any {
+                self
+            }
+            fn as_any_mut(&mut self) -> &mut dyn Any {
+                self
+            }
+        }
+    };
+}
+
+/// Lets `impl_model_state!`'s state constructor return a state or a `Result` of one.
+trait IntoResult<T> {
+    fn into_result(self) -> Result<T>;
+}
+impl<B: Backend> IntoResult<ForwardState<B>> for ForwardState<B> {
+    fn into_result(self) -> Result<ForwardState<B>> {
+        Ok(self)
+    }
+}
+impl<T> IntoResult<T> for Result<T> {
+    fn into_result(self) -> Result<T> {
+        self
+    }
+}
+
 /// A sequence of the shared decoder ([`DecoderModel`]).
 pub struct DecoderSeq<B: Backend> {
     pub model: Arc<DecoderModel<B>>,
@@ -115,43 +178,9 @@ impl<B: Backend + 'static> LanguageModel for DecoderModel<B> {
     }
 }
 
-impl<B: Backend + 'static> ModelState for DecoderSeq<B> {
-    fn forward(&mut self, tokens: &[u32], pos: &[u32], logits_from: usize) -> Result<Vec<f32>> {
-        self.model
-            .forward(&mut self.state, tokens, pos, logits_from)
-    }
-    fn n_ctx(&self) -> usize {
-        self.state.n_ctx
-    }
-    fn max_batch(&self) -> usize {
-        self.state.max_batch
-    }
-    fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync> {
-        Box::new(self.model.backend.kv_checkpoint(&self.state.kv, n_past))
-    }
-    fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()> {
-        restore_kv(&*self.model.backend, &mut self.state.kv, snap)
-    }
-    fn fork(&self) -> Result<Box<dyn ModelState>> {
-        let kv = self.model.backend.kv_clone(&self.state.kv);
-        let state = self
-            .model
-            .state_with_kv(kv, self.state.n_ctx, self.state.max_batch);
-        Ok(Box::new(DecoderSeq {
-            model: self.model.clone(),
-            state,
-        }))
-    }
-    fn kv_bytes(&self) -> usize {
-        self.model.backend.kv_bytes(&self.state.kv)
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
+impl_model_state!(DecoderSeq, |seq: &DecoderSeq<B>, kv| seq
+    .model
+    .state_with_kv(kv, seq.state.n_ctx, seq.state.max_batch));
 
 impl<B: Backend + 'static> LanguageModel for Gemma4Model<B> {
     fn arch(&self) -> &str {
@@ -192,44 +221,16 @@ pub struct Gemma4Seq<B: Backend> {
     pub state: Gemma4State<B>,
 }
 
-impl<B: Backend + 'static> ModelState for Gemma4Seq<B> {
-    fn forward(&mut self, tokens: &[u32], pos: &[u32], logits_from: usize) -> Result<Vec<f32>> {
-        self.model
-            .forward(&mut self.state, tokens, pos, logits_from)
-    }
-    fn n_ctx(&self) -> usize {
-        self.state.n_ctx
-    }
-    fn max_batch(&self) -> usize {
-        self.state.max_batch
-    }
-    fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync> {
-        Box::new(self.model.backend.kv_checkpoint(&self.state.kv, n_past))
-    }
-    fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()> {
-        restore_kv(&*self.model.backend, &mut self.state.kv, snap)
-    }
-    fn fork(&self) -> Result<Box<dyn ModelState>> {
-        // A fresh state gives the scratch buffers; the cache is then replaced by a copy.
-        let mut state = Gemma4Model::new_state(
-            &self.model,
-            self.state.n_ctx,
-            self.state.max_batch,
-            KvType::F32,
-        )?;
-        state.kv = self.model.backend.kv_clone(&self.state.kv);
-        Ok(Box::new(Gemma4Seq {
-            model: self.model.clone(),
-            state,
-        }))
-    }
-    fn kv_bytes(&self) -> usize {
-        self.model.backend.kv_bytes(&self.state.kv)
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-}
+impl_model_state!(Gemma4Seq, |seq: &Gemma4Seq<B>,
+                              kv|
+ -> Result<Gemma4State<B>> {
+    // A fresh state gives the scratch buffers; its cache is then replaced by the copy.
+    let mut st = Gemma4Model::new_state(
+        &seq.model,
+        seq.state.n_ctx,
+        seq.state.max_batch,
+        KvType::F32,
+    )?;
+    st.kv = kv;
+    Ok(st)
+});
