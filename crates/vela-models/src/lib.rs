@@ -26,7 +26,7 @@ use vela_compute::Backend;
 use vela_formats::gguf::GgufFile;
 
 /// Architectures this build can run.
-pub const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3"];
+pub const SUPPORTED_ARCHS: &[&str] = &["llama", "qwen2", "qwen3", "gemma3", "gemma4"];
 
 /// Build the decoder configuration for a GGUF file by its `general.architecture`.
 pub fn config_from_gguf(g: &GgufFile) -> Result<DecoderConfig> {
@@ -36,6 +36,7 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<DecoderConfig> {
         "qwen2" => qwen2::config(g),
         "qwen3" => qwen3::config(g),
         "gemma3" => gemma3::config(g),
+        "gemma4" => bail!("gemma4 has its own model (load it with load_gguf_any / load_gguf_gemma4)"),
         other => bail!(
             "unsupported model architecture '{other}' (supported: {})",
             SUPPORTED_ARCHS.join(", ")
