@@ -172,49 +172,18 @@ extern "C" __launch_bounds__(32 * ATT_WARPS) __global__ void attention_f16(const
 // key compute the scores (a quarter of the dot product each), warp 0 updates the online softmax
 // (running max m, sum l) for the chunk, then each warp accumulates 8 of the chunk's V rows
 // (lanes over the value dimension). The block writes its unnormalized partial result:
-// part[((t * n_head + h) * S + s) * (hdv + 2) + ...] = (acc[0..hdv], m, l), acc relative to m.
-// The last block of a (head, token) to finish (a counter per (head, token), reset by that block,
-// so graph replays find it at 0) merges the parts into out (combine_parts). Parts are cut on the
-// device from the position, so a captured graph stays valid at every position. Needs
-// hdk % 4 == 0.
+// part[((t * n_head + h) * S + s) * (hdv + 2) + ...] = (acc[0..hdv], m, l), acc relative to m;
+// attention_combine merges the parts. Parts are cut on the device from the position, so a
+// captured graph stays valid at every position. Needs hdk % 4 == 0.
 #define SPLIT_WARPS 4
-
-// Merge the S parts at pr (S <= 32) into o[0..hdv]: the first warp loads every part's (m, l) at
-// once and computes the weights exp(m_s - M) (0 for empty parts) and 1 / L; then each thread
-// sums its value dimensions over the parts. Volatile loads: the parts were written by other
-// blocks (made visible by their __threadfence), so they must not come from this SM's L1.
-__device__ void combine_parts(const float* pr, float* __restrict__ o, int hdv, int S) {
-    __shared__ float wts[32];
-    __shared__ float inv_l;
-    const volatile float* vp = pr;
-    if (threadIdx.x < 32) {
-        int s = threadIdx.x;
-        float ms = s < S ? vp[(size_t)s * (hdv + 2) + hdv] : NEG_INF;
-        float ls = s < S ? vp[(size_t)s * (hdv + 2) + hdv + 1] : 0.0f;
-        float M = warp_max(ms);
-        float w = ms == NEG_INF ? 0.0f : expf(ms - M);
-        float L = warp_sum(ls * w);
-        wts[s] = w;
-        if (s == 0) inv_l = 1.0f / L;
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < hdv; d += blockDim.x) {
-        float v = 0.0f;
-#pragma unroll 8
-        for (int s = 0; s < S; s++) v += vp[(size_t)s * (hdv + 2) + d] * wts[s];
-        o[d] = v * inv_l;
-    }
-}
 
 template <bool H>
 __device__ void attention_part(const float* __restrict__ q, const void* __restrict__ kc,
                                const void* __restrict__ vc, const u32* __restrict__ pos,
-                               float* part, int* counters, float* __restrict__ out, int n_head,
-                               int n_head_kv, int hdk, int hdv, int capacity, int window,
-                               float scale, float softcap) {
+                               float* __restrict__ part, int n_head, int n_head_kv, int hdk,
+                               int hdv, int capacity, int window, float scale, float softcap) {
     __shared__ float qs[ATT_MAXD];
     __shared__ float sc[32];
-    __shared__ int s_last;
     __shared__ int sslot[32];
     __shared__ float s_corr;
     __shared__ float sacc[SPLIT_WARPS][ATT_MAXD];
@@ -311,33 +280,58 @@ __device__ void attention_part(const float* __restrict__ q, const void* __restri
         o[hdv] = m;
         o[hdv + 1] = l;
     }
-    // Publish this part, then count it; the block that brings the count to S merges.
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        int* c = counters + (size_t)t * n_head + h;
-        int done = atomicAdd(c, 1);
-        s_last = done == S - 1;
-        if (s_last) *c = 0;
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    combine_parts(part + ((size_t)t * n_head + h) * S * (hdv + 2), out + ((size_t)t * n_head + h) * hdv,
-                  hdv, S);
 }
 
 extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f32(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int* counters,
-    float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window,
-    float scale, float softcap) {
-    attention_part<false>(q, kc, vc, pos, part, counters, out, n_head, n_head_kv, hdk, hdv,
-                          capacity, window, scale, softcap);
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
+    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    attention_part<false>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+                          scale, softcap);
 }
 extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f16(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int* counters,
-    float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window,
-    float scale, float softcap) {
-    attention_part<true>(q, kc, vc, pos, part, counters, out, n_head, n_head_kv, hdk, hdv,
-                         capacity, window, scale, softcap);
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
+    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    attention_part<true>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+                         scale, softcap);
+}
+
+// Merge the S parts of (head, token) = (blockIdx.x, blockIdx.y) into out[t][h][0..hdv]
+// (S <= 32, blockDim = 4 * hdv rounded up to 32). The first warp loads every part's (m, l) at
+// once and computes the weights exp(m_s - M) (0 for empty parts) and 1 / L; then thread
+// (group gi, dimension d) sums parts gi, gi + 4, ... of dimension d (loads in flight together)
+// and the four groups are added.
+extern "C" __global__ void attention_combine(const float* __restrict__ part, float* __restrict__ out,
+                                             int n_head, int hdv, int S) {
+    __shared__ float wts[32];
+    __shared__ float inv_l;
+    __shared__ float red[4][ATT_MAXD];
+    int h = blockIdx.x, t = blockIdx.y;
+    const float* pr = part + ((size_t)t * n_head + h) * S * (hdv + 2);
+    if (threadIdx.x < 32) {
+        int s = threadIdx.x;
+        float ms = s < S ? pr[(size_t)s * (hdv + 2) + hdv] : NEG_INF;
+        float ls = s < S ? pr[(size_t)s * (hdv + 2) + hdv + 1] : 0.0f;
+        float M = warp_max(ms);
+        float w = ms == NEG_INF ? 0.0f : expf(ms - M);
+        float L = warp_sum(ls * w);
+        wts[s] = w;
+        if (s == 0) inv_l = 1.0f / L;
+    }
+    __syncthreads();
+    int hdv32 = (hdv + 31) & ~31;
+    int d = threadIdx.x % hdv32, gi = threadIdx.x / hdv32;
+    float v = 0.0f;
+    if (d < hdv) {
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            int s = gi + 4 * k;
+            if (s < S) v += pr[(size_t)s * (hdv + 2) + d] * wts[s];
+        }
+    }
+    red[gi][d] = v;
+    __syncthreads();
+    if (gi == 0 && d < hdv) {
+        float* o = out + ((size_t)t * n_head + h) * hdv;
+        o[d] = (red[0][d] + red[1][d] + red[2][d] + red[3][d]) * inv_l;
+    }
 }

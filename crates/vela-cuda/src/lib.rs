@@ -10,6 +10,7 @@
 //! it and use exact integer block dot products, RMSNorm sums squares in f64, RoPE builds its
 //! angles by repeated f32 multiplication with the same host-computed ratio.
 
+mod attn;
 mod graph;
 pub mod kernels;
 mod kv;
@@ -133,6 +134,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "attention_f16",
             "attention_part_f32",
             "attention_part_f16",
+            "attention_combine",
         ],
     ),
 ];
@@ -226,8 +228,8 @@ pub struct CudaBackend {
     fuse: AtomicBool,
     /// Split-K attention for up to `SPLIT_MAX_ROWS` query rows (`VELA_CUDA_ATTN=old`: off).
     split_attn: AtomicBool,
-    /// Partial results of the split-K attention and its per-(token, head) arrival counters.
-    attn_part: Mutex<(CudaSlice<f32>, CudaSlice<i32>)>,
+    /// Partial results of the split-K attention.
+    attn_part: Mutex<CudaSlice<f32>>,
     /// Decode-step graphs (`VELA_CUDA_GRAPH`, default on).
     graphs_on: AtomicBool,
     rec: Mutex<graph::Recorder>,
@@ -334,7 +336,6 @@ impl CudaBackend {
         let argmax_out = stream.alloc_zeros::<u32>(1)?;
         let argmax_cand = stream.alloc_zeros::<f32>(2)?;
         let attn_part = stream.alloc_zeros::<f32>(1)?;
-        let attn_counters = stream.alloc_zeros::<i32>(1)?;
         let env = |k: &str| std::env::var(k).unwrap_or_default();
         let (nm, nn) = nvrtc.version()?;
         Ok(CudaBackend {
@@ -354,7 +355,7 @@ impl CudaBackend {
             mvk_u2: AtomicBool::new(env("VELA_CUDA_MVK_U2") == "1"),
             fuse: AtomicBool::new(env("VELA_CUDA_FUSE") != "0"),
             split_attn: AtomicBool::new(env("VELA_CUDA_ATTN") != "old"),
-            attn_part: Mutex::new((attn_part, attn_counters)),
+            attn_part: Mutex::new(attn_part),
             graphs_on: AtomicBool::new(env("VELA_CUDA_GRAPH") != "0"),
             rec: Mutex::new(graph::Recorder::default()),
             io: Mutex::new(io),
@@ -724,26 +725,7 @@ impl Backend for CudaBackend {
         positions: &[u32],
         p: &RopeParams,
     ) {
-        if positions.is_empty() || p.n_rot == 0 {
-            return;
-        }
-        // Same expression as the CPU backend, so both use the identical f32 ratio.
-        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
-        let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
-        let mut sc = self.scratch();
-        let pp = self.positions(&mut sc, positions);
-        let args = [
-            Arg::P(self.ptr(x)),
-            Arg::P(pp),
-            Arg::I(n_head as i32),
-            Arg::I(head_dim as i32),
-            Arg::I(p.n_rot as i32),
-            Arg::F(theta_scale),
-            Arg::F(p.freq_scale),
-            Arg::P(ff.unwrap_or(0)),
-            Arg::I(i32::from(p.neox)),
-        ];
-        self.launch("rope", (positions.len() as u32, 1, 1), 256, &args);
+        self.rope_impl(x, n_head, head_dim, positions, p);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -757,32 +739,7 @@ impl Backend for CudaBackend {
         positions: &[u32],
         p: &RopeParams,
     ) {
-        if !self.fuse.load(Ordering::Relaxed) {
-            self.rope(q, n_head, head_dim, positions, p);
-            self.rope(k, n_head_kv, head_dim, positions, p);
-            return;
-        }
-        if positions.is_empty() || p.n_rot == 0 {
-            return;
-        }
-        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
-        let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
-        let mut sc = self.scratch();
-        let pp = self.positions(&mut sc, positions);
-        let args = [
-            Arg::P(self.ptr(q)),
-            Arg::P(self.ptr(k)),
-            Arg::P(pp),
-            Arg::I(n_head as i32),
-            Arg::I(n_head_kv as i32),
-            Arg::I(head_dim as i32),
-            Arg::I(p.n_rot as i32),
-            Arg::F(theta_scale),
-            Arg::F(p.freq_scale),
-            Arg::P(ff.unwrap_or(0)),
-            Arg::I(i32::from(p.neox)),
-        ];
-        self.launch("rope_qk", (positions.len() as u32, 2, 1), 256, &args);
+        self.rope_qk_impl(q, k, n_head, n_head_kv, head_dim, positions, p);
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -799,43 +756,9 @@ impl Backend for CudaBackend {
         positions: &[u32],
         p: &RopeParams,
     ) {
-        let l = &kv.layers[layer];
-        if !self.fuse.load(Ordering::Relaxed) || p.n_rot == 0 || l.spec.head_dim_k != head_dim {
-            self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
-            self.kv_store(kv, layer, k, v, positions);
-            return;
-        }
-        if positions.is_empty() {
-            return;
-        }
-        let name = match kv.ty {
-            KvType::F32 => "rope_store_f32",
-            KvType::F16 => "rope_store_f16",
-        };
-        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
-        let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
-        let mut sc = self.scratch();
-        let pp = self.positions(&mut sc, positions);
-        let args = [
-            Arg::P(self.ptr(q)),
-            Arg::P(self.ptr(k)),
-            Arg::P(self.ptr(v)),
-            Arg::P(pp),
-            Arg::P(self.ptr(&l.k)),
-            Arg::P(self.ptr(&l.v)),
-            Arg::I(n_head as i32),
-            Arg::I(n_head_kv as i32),
-            Arg::I(head_dim as i32),
-            Arg::I(p.n_rot as i32),
-            Arg::F(theta_scale),
-            Arg::F(p.freq_scale),
-            Arg::P(ff.unwrap_or(0)),
-            Arg::I(i32::from(p.neox)),
-            Arg::I((l.spec.n_head_kv * l.spec.head_dim_k) as i32),
-            Arg::I((l.spec.n_head_kv * l.spec.head_dim_v) as i32),
-            Arg::I(l.spec.capacity as i32),
-        ];
-        self.launch(name, (positions.len() as u32, 3, 1), 256, &args);
+        self.rope_qk_store_impl(
+            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p,
+        );
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -913,95 +836,7 @@ impl Backend for CudaBackend {
         p: &AttnParams,
         out: &mut CudaBuf,
     ) {
-        if positions.is_empty() {
-            return;
-        }
-        assert!(
-            p.head_dim_k <= ATT_MAXD && p.head_dim_v <= ATT_MAXD,
-            "attention: head dimension above {ATT_MAXD}"
-        );
-        let l = &kv.layers[layer];
-        let name = match kv.ty {
-            KvType::F32 => "attention_f32",
-            KvType::F16 => "attention_f16",
-        };
-        let window = p.window.or(l.spec.window).unwrap_or(0);
-        let mut sc = self.scratch();
-        let pp = self.positions(&mut sc, positions);
-        let n_tok = positions.len();
-        // Split-K: enough (head, token, part) blocks for two waves over ~132 SMs, parts of at
-        // least one 32-key chunk; fixed by the shapes, so recorded steps replay at any position.
-        let parts = (264 / (p.n_head * n_tok).max(1))
-            .clamp(1, 32)
-            .min(l.spec.capacity.div_ceil(32));
-        if self.split_attn.load(Ordering::Relaxed)
-            && n_tok <= SPLIT_MAX_ROWS
-            && parts > 1
-            && p.head_dim_k.is_multiple_of(4)
-        {
-            let name = match kv.ty {
-                KvType::F32 => "attention_part_f32",
-                KvType::F16 => "attention_part_f16",
-            };
-            let need = n_tok * p.n_head * parts * (p.head_dim_v + 2);
-            let mut guard = self.attn_part.lock().unwrap_or_else(|e| e.into_inner());
-            let (part, counters) = &mut *guard;
-            if part.len() < need {
-                *part = self
-                    .stream
-                    .alloc_zeros::<f32>(need.next_power_of_two())
-                    .expect("CUDA alloc of attention partials");
-            }
-            // One arrival counter per (token, head); zero between launches (the last block of
-            // each resets its own).
-            if counters.len() < n_tok * p.n_head {
-                *counters = self
-                    .stream
-                    .alloc_zeros::<i32>((n_tok * p.n_head).next_power_of_two())
-                    .expect("CUDA alloc of attention counters");
-            }
-            let args = [
-                Arg::P(self.ptr(q)),
-                Arg::P(self.ptr(&l.k)),
-                Arg::P(self.ptr(&l.v)),
-                Arg::P(pp),
-                Arg::P(self.ptr(&*part)),
-                Arg::P(self.ptr(&*counters)),
-                Arg::P(self.ptr(out)),
-                Arg::I(p.n_head as i32),
-                Arg::I(p.n_head_kv as i32),
-                Arg::I(p.head_dim_k as i32),
-                Arg::I(p.head_dim_v as i32),
-                Arg::I(l.spec.capacity as i32),
-                Arg::I(window as i32),
-                Arg::F(p.scale),
-                Arg::F(p.softcap.unwrap_or(0.0)),
-            ];
-            let grid = (p.n_head as u32, n_tok as u32, parts as u32);
-            self.launch(name, grid, 32 * SPLIT_WARPS, &args);
-            return;
-        }
-        let args = [
-            Arg::P(self.ptr(q)),
-            Arg::P(self.ptr(&l.k)),
-            Arg::P(self.ptr(&l.v)),
-            Arg::P(pp),
-            Arg::P(self.ptr(out)),
-            Arg::I(p.n_head as i32),
-            Arg::I(p.n_head_kv as i32),
-            Arg::I(p.head_dim_k as i32),
-            Arg::I(p.head_dim_v as i32),
-            Arg::I(l.spec.capacity as i32),
-            Arg::I(window as i32),
-            Arg::F(p.scale),
-            Arg::F(p.softcap.unwrap_or(0.0)),
-        ];
-        self.launch(
-            name,
-            (p.n_head as u32, positions.len() as u32, 1),
-            32 * ATT_WARPS,
-            &args,
-        );
+        self.attention_impl(q, kv, layer, positions, p, out);
     }
 
     fn copy_rows(

@@ -1,0 +1,236 @@
+//! RoPE (alone, q+k, q+k with the KV store) and attention (one block per head and token, or
+//! split-K for decode) of the CUDA backend.
+
+use crate::{Arg, CudaBackend, CudaBuf, CudaKv};
+use crate::{ATT_MAXD, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
+use std::sync::atomic::Ordering;
+use vela_compute::{AttnParams, Backend, KvType, RopeParams};
+
+impl CudaBackend {
+    pub(crate) fn rope_impl(
+        &self,
+        x: &mut CudaBuf,
+        n_head: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+    ) {
+        if positions.is_empty() || p.n_rot == 0 {
+            return;
+        }
+        // Same expression as the CPU backend, so both use the identical f32 ratio.
+        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+        let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
+        let mut sc = self.scratch();
+        let pp = self.positions(&mut sc, positions);
+        let args = [
+            Arg::P(self.ptr(x)),
+            Arg::P(pp),
+            Arg::I(n_head as i32),
+            Arg::I(head_dim as i32),
+            Arg::I(p.n_rot as i32),
+            Arg::F(theta_scale),
+            Arg::F(p.freq_scale),
+            Arg::P(ff.unwrap_or(0)),
+            Arg::I(i32::from(p.neox)),
+        ];
+        self.launch("rope", (positions.len() as u32, 1, 1), 256, &args);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rope_qk_impl(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+    ) {
+        if !self.fuse.load(Ordering::Relaxed) {
+            self.rope(q, n_head, head_dim, positions, p);
+            self.rope(k, n_head_kv, head_dim, positions, p);
+            return;
+        }
+        if positions.is_empty() || p.n_rot == 0 {
+            return;
+        }
+        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+        let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
+        let mut sc = self.scratch();
+        let pp = self.positions(&mut sc, positions);
+        let args = [
+            Arg::P(self.ptr(q)),
+            Arg::P(self.ptr(k)),
+            Arg::P(pp),
+            Arg::I(n_head as i32),
+            Arg::I(n_head_kv as i32),
+            Arg::I(head_dim as i32),
+            Arg::I(p.n_rot as i32),
+            Arg::F(theta_scale),
+            Arg::F(p.freq_scale),
+            Arg::P(ff.unwrap_or(0)),
+            Arg::I(i32::from(p.neox)),
+        ];
+        self.launch("rope_qk", (positions.len() as u32, 2, 1), 256, &args);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rope_qk_store_impl(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        kv: &mut CudaKv,
+        layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+    ) {
+        let l = &kv.layers[layer];
+        if !self.fuse.load(Ordering::Relaxed) || p.n_rot == 0 || l.spec.head_dim_k != head_dim {
+            self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
+            self.kv_store(kv, layer, k, v, positions);
+            return;
+        }
+        if positions.is_empty() {
+            return;
+        }
+        let name = match kv.ty {
+            KvType::F32 => "rope_store_f32",
+            KvType::F16 => "rope_store_f16",
+        };
+        let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
+        let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
+        let mut sc = self.scratch();
+        let pp = self.positions(&mut sc, positions);
+        let args = [
+            Arg::P(self.ptr(q)),
+            Arg::P(self.ptr(k)),
+            Arg::P(self.ptr(v)),
+            Arg::P(pp),
+            Arg::P(self.ptr(&l.k)),
+            Arg::P(self.ptr(&l.v)),
+            Arg::I(n_head as i32),
+            Arg::I(n_head_kv as i32),
+            Arg::I(head_dim as i32),
+            Arg::I(p.n_rot as i32),
+            Arg::F(theta_scale),
+            Arg::F(p.freq_scale),
+            Arg::P(ff.unwrap_or(0)),
+            Arg::I(i32::from(p.neox)),
+            Arg::I((l.spec.n_head_kv * l.spec.head_dim_k) as i32),
+            Arg::I((l.spec.n_head_kv * l.spec.head_dim_v) as i32),
+            Arg::I(l.spec.capacity as i32),
+        ];
+        self.launch(name, (positions.len() as u32, 3, 1), 256, &args);
+    }
+
+    pub(crate) fn attention_impl(
+        &self,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        layer: usize,
+        positions: &[u32],
+        p: &AttnParams,
+        out: &mut CudaBuf,
+    ) {
+        if positions.is_empty() {
+            return;
+        }
+        assert!(
+            p.head_dim_k <= ATT_MAXD && p.head_dim_v <= ATT_MAXD,
+            "attention: head dimension above {ATT_MAXD}"
+        );
+        let l = &kv.layers[layer];
+        let name = match kv.ty {
+            KvType::F32 => "attention_f32",
+            KvType::F16 => "attention_f16",
+        };
+        let window = p.window.or(l.spec.window).unwrap_or(0);
+        let mut sc = self.scratch();
+        let pp = self.positions(&mut sc, positions);
+        let n_tok = positions.len();
+        // Split-K: enough (head, token, part) blocks for two waves over ~132 SMs, parts of at
+        // least one 32-key chunk; fixed by the shapes, so recorded steps replay at any position.
+        let parts = (264 / (p.n_head * n_tok).max(1))
+            .clamp(1, 32)
+            .min(l.spec.capacity.div_ceil(32));
+        if self.split_attn.load(Ordering::Relaxed)
+            && n_tok <= SPLIT_MAX_ROWS
+            && parts > 1
+            && p.head_dim_k.is_multiple_of(4)
+        {
+            let name = match kv.ty {
+                KvType::F32 => "attention_part_f32",
+                KvType::F16 => "attention_part_f16",
+            };
+            let need = n_tok * p.n_head * parts * (p.head_dim_v + 2);
+            let mut part = self.attn_part.lock().unwrap_or_else(|e| e.into_inner());
+            if part.len() < need {
+                *part = self
+                    .stream
+                    .alloc_zeros::<f32>(need.next_power_of_two())
+                    .expect("CUDA alloc of attention partials");
+            }
+            let pt = self.ptr(&*part);
+            let args = [
+                Arg::P(self.ptr(q)),
+                Arg::P(self.ptr(&l.k)),
+                Arg::P(self.ptr(&l.v)),
+                Arg::P(pp),
+                Arg::P(pt),
+                Arg::I(p.n_head as i32),
+                Arg::I(p.n_head_kv as i32),
+                Arg::I(p.head_dim_k as i32),
+                Arg::I(p.head_dim_v as i32),
+                Arg::I(l.spec.capacity as i32),
+                Arg::I(window as i32),
+                Arg::F(p.scale),
+                Arg::F(p.softcap.unwrap_or(0.0)),
+            ];
+            let grid = (p.n_head as u32, n_tok as u32, parts as u32);
+            self.launch(name, grid, 32 * SPLIT_WARPS, &args);
+            let args = [
+                Arg::P(pt),
+                Arg::P(self.ptr(out)),
+                Arg::I(p.n_head as i32),
+                Arg::I(p.head_dim_v as i32),
+                Arg::I(parts as i32),
+            ];
+            // Four groups of parts × the value dimension rounded up to a warp (≤ 4 × 256).
+            let block = 4 * (p.head_dim_v.div_ceil(32) * 32).max(32) as u32;
+            self.launch(
+                "attention_combine",
+                (p.n_head as u32, n_tok as u32, 1),
+                block,
+                &args,
+            );
+            return;
+        }
+        let args = [
+            Arg::P(self.ptr(q)),
+            Arg::P(self.ptr(&l.k)),
+            Arg::P(self.ptr(&l.v)),
+            Arg::P(pp),
+            Arg::P(self.ptr(out)),
+            Arg::I(p.n_head as i32),
+            Arg::I(p.n_head_kv as i32),
+            Arg::I(p.head_dim_k as i32),
+            Arg::I(p.head_dim_v as i32),
+            Arg::I(l.spec.capacity as i32),
+            Arg::I(window as i32),
+            Arg::F(p.scale),
+            Arg::F(p.softcap.unwrap_or(0.0)),
+        ];
+        self.launch(
+            name,
+            (p.n_head as u32, positions.len() as u32, 1),
+            32 * ATT_WARPS,
+            &args,
+        );
+    }
+}
