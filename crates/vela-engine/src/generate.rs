@@ -49,6 +49,24 @@ pub fn generate(
     for &t in session.tokens().iter().chain(prompt) {
         sampler.accept(t);
     }
+    if sampler.cfg.is_plain_greedy() {
+        // Only the token ids come back from the backend (device argmax on a GPU).
+        let mut tok = session.eval_argmax(prompt)?;
+        let mut out = Vec::new();
+        loop {
+            if (opts.is_eog)(tok) {
+                return Ok((out, FinishReason::Stop));
+            }
+            out.push(tok);
+            if !on_token(tok) {
+                return Ok((out, FinishReason::Cancelled));
+            }
+            if out.len() >= opts.max_tokens || session.n_past() + 1 >= session.n_ctx() {
+                return Ok((out, FinishReason::Length));
+            }
+            tok = session.eval_argmax(&[tok])?;
+        }
+    }
     let mut logits = match session.eval_with(prompt, &mut |_, _| true)? {
         EvalOutcome::Done(l) => l,
         EvalOutcome::Cancelled { .. } => unreachable!(),

@@ -47,6 +47,16 @@ impl Default for SamplerConfig {
 }
 
 impl SamplerConfig {
+    /// Greedy with nothing that changes logits (no penalties, no bias): the next token is the
+    /// argmax of the raw logits, which a GPU backend computes on the device.
+    pub fn is_plain_greedy(&self) -> bool {
+        self.temperature <= 0.0
+            && self.repeat_penalty == 1.0
+            && self.presence_penalty == 0.0
+            && self.frequency_penalty == 0.0
+            && self.logit_bias.is_empty()
+    }
+
     pub fn greedy() -> Self {
         SamplerConfig {
             temperature: 0.0,

@@ -130,6 +130,28 @@ impl Session {
         Ok(EvalOutcome::Done(last))
     }
 
+    /// Evaluate `tokens` like [`Session::eval`] and return only the argmax of the last position's
+    /// logits (lowest id on ties): a GPU backend copies back one id instead of the vocabulary.
+    pub fn eval_argmax(&mut self, tokens: &[u32]) -> Result<u32> {
+        if tokens.is_empty() {
+            bail!("nothing to evaluate");
+        }
+        self.check_room(tokens.len())?;
+        let mb = self.state.max_batch();
+        let split = (tokens.len() - 1) / mb * mb;
+        if split > 0 {
+            self.eval(&tokens[..split])?;
+        }
+        let last = &tokens[split..];
+        let start = self.tokens.len() as u32;
+        let pos: Vec<u32> = (start..start + last.len() as u32).collect();
+        let ids = self.state.forward_argmax(last, &pos, last.len() - 1)?;
+        self.tokens.extend_from_slice(last);
+        ids.last()
+            .copied()
+            .ok_or_else(|| anyhow::anyhow!("no logits row returned"))
+    }
+
     /// Evaluate `tokens` (at most `ubatch`) and return the logits of every one of them
     /// (`[tokens.len(), n_vocab]`), as speculative verification needs.
     pub fn eval_all_logits(&mut self, tokens: &[u32]) -> Result<Vec<f32>> {

@@ -225,3 +225,26 @@ fn limits_are_errors() {
     let e = s.eval(&[999_999]).unwrap_err().to_string();
     assert!(e.contains("out of range"), "{e}");
 }
+
+/// The argmax path (`Session::eval_argmax`, device argmax on a GPU) picks exactly the token the
+/// logits path picks, through a multi-chunk prompt and single-token steps.
+#[test]
+fn eval_argmax_equals_argmax_of_logits() {
+    let Some(m) = load(testdata::SMOLLM2, 2) else {
+        return;
+    };
+    let ids = m
+        .tokenizer
+        .encode(&"The quick brown fox jumps over the lazy dog. ".repeat(8), true, false)
+        .unwrap();
+    let mut a = session(&m, 256, 16, KvType::F16);
+    let mut b = session(&m, 256, 16, KvType::F16);
+    let mut ta = a.eval_argmax(&ids).unwrap();
+    let mut tb = vela_engine::sampler::argmax(&b.eval(&ids).unwrap());
+    for _ in 0..16 {
+        assert_eq!(ta, tb);
+        assert_eq!(a.tokens(), b.tokens());
+        ta = a.eval_argmax(&[ta]).unwrap();
+        tb = vela_engine::sampler::argmax(&b.eval(&[tb]).unwrap());
+    }
+}

@@ -50,6 +50,22 @@ pub trait ModelState: Send {
         positions: &[u32],
         logits_from: usize,
     ) -> Result<Vec<f32>>;
+    /// [`ModelState::forward`] returning the argmax of each logits row instead of the rows
+    /// (lowest id on ties, NaN skipped); a GPU backend computes it on the device.
+    fn forward_argmax(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<u32>> {
+        let rows = self.forward(tokens, positions, logits_from)?;
+        let n = tokens.len() - logits_from;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let width = rows.len() / n;
+        Ok(rows.chunks_exact(width).map(argmax).collect())
+    }
     fn n_ctx(&self) -> usize;
     fn max_batch(&self) -> usize;
     /// Save what later writes could overwrite in a cache holding positions `0..n_past`.
@@ -62,6 +78,17 @@ pub trait ModelState: Send {
     fn kv_bytes(&self) -> usize;
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+/// Lowest index of the maximum, NaN skipped (as `Backend::argmax_rows`).
+fn argmax(row: &[f32]) -> u32 {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &x) in row.iter().enumerate() {
+        if !x.is_nan() && best.is_none_or(|(_, b)| x > b) {
+            best = Some((i, x));
+        }
+    }
+    best.map_or(0, |(i, _)| i as u32)
 }
 
 fn restore_kv<B: Backend + 'static>(
@@ -81,7 +108,11 @@ fn restore_kv<B: Backend + 'static>(
 /// builds a state around a copied cache (for `fork`).
 macro_rules! impl_model_state {
     ($seq:ident, $with_kv:expr) => {
+        impl_model_state!($seq, $with_kv, {});
+    };
+    ($seq:ident, $with_kv:expr, { $($extra:item)* }) => {
         impl<B: Backend + 'static> ModelState for $seq<B> {
+            $($extra)*
             fn forward(
                 &mut self,
                 tokens: &[u32],
@@ -178,9 +209,23 @@ impl<B: Backend + 'static> LanguageModel for DecoderModel<B> {
     }
 }
 
-impl_model_state!(DecoderSeq, |seq: &DecoderSeq<B>, kv| seq
-    .model
-    .state_with_kv(kv, seq.state.n_ctx, seq.state.max_batch));
+impl_model_state!(
+    DecoderSeq,
+    |seq: &DecoderSeq<B>, kv| seq
+        .model
+        .state_with_kv(kv, seq.state.n_ctx, seq.state.max_batch),
+    {
+        fn forward_argmax(
+            &mut self,
+            tokens: &[u32],
+            pos: &[u32],
+            logits_from: usize,
+        ) -> Result<Vec<u32>> {
+            self.model
+                .forward_argmax(&mut self.state, tokens, pos, logits_from)
+        }
+    }
+);
 
 impl<B: Backend + 'static> LanguageModel for Gemma4Model<B> {
     fn arch(&self) -> &str {
