@@ -122,6 +122,12 @@ pub trait Backend: Send + Sync {
 
     fn name(&self) -> String;
 
+    /// Free memory of the device the backend allocates on, when it is a separate device with a
+    /// fixed memory (GPUs): sessions check their cache size against it before allocating.
+    fn memory_free(&self) -> Option<u64> {
+        None
+    }
+
     // --- memory ---
     fn alloc(&self, len: usize) -> Self::Buf;
     fn write(&self, buf: &mut Self::Buf, data: &[f32]);

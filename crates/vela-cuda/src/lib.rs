@@ -16,6 +16,7 @@ pub mod kernels;
 mod kv;
 mod matmul;
 pub mod nvrtc;
+mod upload;
 
 pub use graph::GraphStats;
 pub use kv::{CudaKv, CudaKvSnapshot};
@@ -240,6 +241,7 @@ pub struct CudaBackend {
     rope_factors: Mutex<Vec<RopeFactors>>,
     /// Device output of `argmax_rows` and its per-chunk candidates (values, then indices).
     argmax_out: Mutex<(CudaSlice<u32>, CudaSlice<f32>)>,
+    upload: upload::Upload,
 }
 
 /// RoPE frequency factors: the host vector (kept alive as the cache key) and its device copy.
@@ -362,7 +364,24 @@ impl CudaBackend {
             io_ptr,
             rope_factors: Mutex::new(Vec::new()),
             argmax_out: Mutex::new((argmax_out, argmax_cand)),
+            upload: upload::Upload::default(),
         })
+    }
+
+    /// Free and total device memory in bytes.
+    pub fn memory_info(&self) -> Result<(u64, u64)> {
+        let (free, total) = self.ctx.mem_get_info().context("querying GPU memory")?;
+        Ok((free as u64, total as u64))
+    }
+
+    /// Show upload progress for a model of `total` weight bytes until [`Self::end_upload`].
+    pub fn begin_upload(&self, total: u64) {
+        self.upload.begin(total, &self.name);
+    }
+
+    /// End the upload progress; returns (bytes uploaded, seconds).
+    pub fn end_upload(&self) -> Option<(u64, f64)> {
+        self.upload.end()
     }
 
     /// Wait until every enqueued op has finished.
@@ -507,6 +526,10 @@ impl Backend for CudaBackend {
     type Kv = CudaKv;
     type KvSnapshot = CudaKvSnapshot;
 
+    fn memory_free(&self) -> Option<u64> {
+        self.memory_info().ok().map(|(free, _)| free)
+    }
+
     fn name(&self) -> String {
         self.name.clone()
     }
@@ -565,6 +588,7 @@ impl Backend for CudaBackend {
         self.stream
             .memcpy_htod(&bytes[..n], &mut data.slice_mut(0..n))
             .with_context(|| format!("uploading tensor '{}'", w.name))?;
+        self.upload.add(n as u64);
         Ok(CudaWeight {
             data,
             ty: w.ty,

@@ -91,10 +91,13 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     }
     let gguf = Arc::new(GgufFile::open(path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot load the tokenizer")?;
+    let weight_bytes: u64 = gguf.tensors.iter().map(|t| t.size).sum();
     let model = on_device(opts, |be| match be {
         AnyBackend::Cpu(b) => vela_models::load_gguf_any(b, gguf.clone()),
         #[cfg(feature = "cuda")]
-        AnyBackend::Cuda(b) => vela_models::load_gguf_any(b, gguf.clone()),
+        AnyBackend::Cuda(b) => upload_checked(&b, weight_bytes, || {
+            vela_models::load_gguf_any(b.clone(), gguf.clone())
+        }),
     })?;
     let chat_template = gguf
         .get_str("tokenizer.chat_template")
@@ -143,7 +146,10 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     let model = on_device(opts, |be| match be {
         AnyBackend::Cpu(b) => vela_models::load_hf_any(b, dir),
         #[cfg(feature = "cuda")]
-        AnyBackend::Cuda(b) => vela_models::load_hf_any(b, dir),
+        AnyBackend::Cuda(b) => {
+            let bytes = safetensors_bytes(dir);
+            upload_checked(&b, bytes, || vela_models::load_hf_any(b.clone(), dir))
+        }
     })?;
     if model.n_vocab() < tokenizer_vocab(&tokenizer) {
         bail!(
@@ -165,6 +171,53 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
 
 fn tokenizer_vocab(t: &Tokenizer) -> usize {
     t.n_vocab()
+}
+
+/// Bytes of the `*.safetensors` files of a checkpoint directory (the weights to upload).
+#[cfg(feature = "cuda")]
+fn safetensors_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Check that `bytes` of weights fit the GPU's free memory (before allocating anything), then
+/// run `load` with an upload progress bar.
+#[cfg(feature = "cuda")]
+fn upload_checked<T>(
+    be: &vela_cuda::CudaBackend,
+    bytes: u64,
+    load: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let (free, total) = be.memory_info()?;
+    // Weights are padded per tensor and the KV cache and scratch come on top: keep a margin.
+    let need = bytes + bytes / 50 + (256 << 20);
+    if need > free {
+        bail!(
+            "the model's weights need {:.2} GiB on the GPU but only {:.2} of {:.2} GiB are free",
+            gib(need),
+            gib(free),
+            gib(total)
+        );
+    }
+    be.begin_upload(bytes);
+    let r = load();
+    if let Some((done, secs)) = be.end_upload() {
+        if r.is_ok() {
+            eprintln!(
+                "uploaded {:.2} GiB of weights to the GPU in {secs:.1} s",
+                gib(done)
+            );
+        }
+    }
+    r
 }
 
 /// A backend instance of either kind.

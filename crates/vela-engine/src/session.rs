@@ -75,6 +75,18 @@ impl Session {
             opts.n_ctx
         };
         let ubatch = opts.ubatch.clamp(1, n_ctx);
+        if let Some(free) = model.memory_free() {
+            let need = model.kv_bytes_estimate(n_ctx, ubatch, opts.kv_type);
+            // Scratch buffers and the allocator's granularity need some room beyond the cache.
+            if need + (64 << 20) > free {
+                bail!(
+                    "the KV cache for a context of {n_ctx} tokens needs {:.2} GiB but the device \
+                     has {:.2} GiB free: use a smaller --ctx (or --kv-type f16)",
+                    need as f64 / (1u64 << 30) as f64,
+                    free as f64 / (1u64 << 30) as f64
+                );
+            }
+        }
         let state = model.clone().new_state(n_ctx, ubatch, opts.kv_type)?;
         Ok(Session {
             model,
@@ -250,5 +262,74 @@ impl Session {
     /// Bytes held by the KV cache.
     pub fn kv_bytes(&self) -> usize {
         self.state.kv_bytes()
+    }
+}
+
+#[cfg(test)]
+mod memory_tests {
+    use super::*;
+
+    /// A model on a device with `free` bytes whose cache needs `need` bytes.
+    struct Tiny {
+        free: u64,
+        need: u64,
+    }
+
+    impl LanguageModel for Tiny {
+        fn arch(&self) -> &str {
+            "tiny"
+        }
+        fn backend_name(&self) -> String {
+            "test".into()
+        }
+        fn n_vocab(&self) -> usize {
+            4
+        }
+        fn n_ctx_train(&self) -> usize {
+            0
+        }
+        fn has_sliding_window(&self) -> bool {
+            false
+        }
+        fn weight_bytes_per_token(&self) -> u64 {
+            0
+        }
+        fn kv_bytes_estimate(&self, _: usize, _: usize, _: KvType) -> u64 {
+            self.need
+        }
+        fn memory_free(&self) -> Option<u64> {
+            Some(self.free)
+        }
+        fn new_state(
+            self: Arc<Self>,
+            _: usize,
+            _: usize,
+            _: KvType,
+        ) -> Result<Box<dyn ModelState>> {
+            bail!("allocated")
+        }
+        fn as_any(&self) -> &dyn Any {
+            self
+        }
+    }
+
+    #[test]
+    fn kv_cache_too_big_for_the_device_is_refused_before_allocating() {
+        let opts = SessionOptions {
+            n_ctx: 1000,
+            ..Default::default()
+        };
+        let big = Arc::new(Tiny {
+            free: 1 << 30,
+            need: 2 << 30,
+        });
+        let e = Session::new(big, &opts).err().unwrap().to_string();
+        assert!(e.contains("needs 2.00 GiB") && e.contains("--ctx"), "{e}");
+        let fits = Arc::new(Tiny {
+            free: 4 << 30,
+            need: 1 << 30,
+        });
+        let e = Session::new(fits, &opts).err().unwrap().to_string();
+        assert_eq!(e, "allocated");
     }
 }

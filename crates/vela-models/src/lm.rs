@@ -28,6 +28,10 @@ pub trait LanguageModel: Send + Sync {
     fn has_sliding_window(&self) -> bool;
     /// Bytes of weights read per decoded token (for bandwidth reports; 0 when unknown).
     fn weight_bytes_per_token(&self) -> u64;
+    /// Bytes of the KV cache a state for `n_ctx` tokens and `max_batch`-token forwards holds.
+    fn kv_bytes_estimate(&self, n_ctx: usize, max_batch: usize, kv: KvType) -> u64;
+    /// Free memory of the backend's device, when it has a fixed one (GPUs).
+    fn memory_free(&self) -> Option<u64>;
     /// A fresh sequence state for up to `n_ctx` tokens, evaluated `max_batch` at a time (the state
     /// keeps a handle on the model, hence `Arc<Self>`).
     fn new_state(
@@ -89,6 +93,18 @@ fn argmax(row: &[f32]) -> u32 {
         }
     }
     best.map_or(0, |(i, _)| i as u32)
+}
+
+/// Cache bytes of a layout (K and V elements of every slot of every layer).
+fn layout_bytes(layers: &[vela_compute::KvLayerSpec], kv: KvType) -> u64 {
+    let elem = match kv {
+        KvType::F16 => 2,
+        KvType::F32 => 4,
+    };
+    layers
+        .iter()
+        .map(|l| (l.capacity * l.n_head_kv * (l.head_dim_k + l.head_dim_v) * elem) as u64)
+        .sum()
 }
 
 fn restore_kv<B: Backend + 'static>(
@@ -195,6 +211,12 @@ impl<B: Backend + 'static> LanguageModel for DecoderModel<B> {
     fn weight_bytes_per_token(&self) -> u64 {
         self.weight_bytes_per_token
     }
+    fn kv_bytes_estimate(&self, n_ctx: usize, max_batch: usize, kv: KvType) -> u64 {
+        layout_bytes(&self.kv_layout(n_ctx, max_batch), kv)
+    }
+    fn memory_free(&self) -> Option<u64> {
+        self.backend.memory_free()
+    }
     fn new_state(
         self: Arc<Self>,
         n_ctx: usize,
@@ -245,6 +267,12 @@ impl<B: Backend + 'static> LanguageModel for Gemma4Model<B> {
     }
     fn weight_bytes_per_token(&self) -> u64 {
         0
+    }
+    fn kv_bytes_estimate(&self, n_ctx: usize, max_batch: usize, kv: KvType) -> u64 {
+        layout_bytes(&self.kv_layout(n_ctx, max_batch), kv)
+    }
+    fn memory_free(&self) -> Option<u64> {
+        self.backend.memory_free()
     }
     fn new_state(
         self: Arc<Self>,
