@@ -761,3 +761,30 @@ fn simd_q8k_quantization_is_bit_identical_to_scalar() {
         assert_eq!(sa, sb, "{}", k.name());
     }
 }
+
+/// The GGUF-layout k-quant kernels (1-token calls on AVX-512, all calls on AVX2) reduce to exact
+/// integers and finish like the scalar kernel: bit-identical, so logits do not depend on how a
+/// prompt is batched.
+#[test]
+fn kquant_gguf_kernels_are_bit_identical_to_scalar() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(123);
+    for ty in [G::Q2_K, G::Q3_K, G::Q4_K, G::Q5_K, G::Q6_K] {
+        let (rows, cols) = (19, 768);
+        let data = random_weights(&mut rng, ty, rows, cols);
+        for n in [1usize, 3] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+            let want = run(Kernel::Scalar, &pool, ty, &data, rows, cols, &x, n);
+            for k in Kernel::all_available() {
+                let y = run(k, &pool, ty, &data, rows, cols, &x, n);
+                let same = y.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{} {} n={n}: differs from scalar",
+                    k.name(),
+                    ty.name()
+                );
+            }
+        }
+    }
+}

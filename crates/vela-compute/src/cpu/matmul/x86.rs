@@ -29,6 +29,15 @@ unsafe fn hsum(v: __m256) -> f32 {
     _mm_cvtss_f32(s)
 }
 
+/// Σ of the 8 i32 lanes (exact).
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
+}
+
 /// 32 × (u8 · i8) → 8 i32 lanes (+ `acc`). Products of a 5-bit weight and an int8 activation
 /// cannot saturate `vpmaddubsw`'s i16 pair sums.
 #[inline(always)]
@@ -150,7 +159,8 @@ unsafe fn tile_qk<B: QK, const R: usize, const T: usize, const VNNI: bool>(
     y: *mut f32,
     ys: usize,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
+    // Per (row, token) f32 sums in the scalar kernel's exact order.
+    let mut acc = [[0f32; T]; R];
     let mut dec = [DecK::ZERO; R];
     // Per-32-chunk scale vectors: i16 lanes 0..8 = sc[2k], lanes 8..16 = sc[2k+1].
     let mut scx = [[0i16; 128]; R];
@@ -180,17 +190,17 @@ unsafe fn tile_qk<B: QK, const R: usize, const T: usize, const VNNI: bool>(
                     };
                 }
                 let mn = _mm256_load_si256(dec[r].mn.as_ptr() as *const __m256i);
-                let corr = _mm256_madd_epi16(mn, bs);
-                let d = _mm256_set1_ps(a.d * dec[r].d);
-                let dm = _mm256_set1_ps(a.d * dec[r].dmin);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), d, acc[r][t]);
-                acc[r][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(corr), dm, acc[r][t]);
+                let corr = hsum_epi32(_mm256_madd_epi16(mn, bs));
+                let isum = hsum_epi32(isum);
+                // Exact integer totals, then the scalar kernel's expression (no FMA): results
+                // do not depend on the kernel path or on how tokens are batched.
+                acc[r][t] += a.d * dec[r].d * isum as f32 - a.d * dec[r].dmin * corr as f32;
             }
         }
     }
     for r in 0..R {
         for t in 0..T {
-            *y.add(t * ys + r) = hsum(acc[r][t]);
+            *y.add(t * ys + r) = acc[r][t];
         }
     }
 }

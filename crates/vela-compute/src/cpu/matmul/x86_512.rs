@@ -351,7 +351,8 @@ pub(crate) unsafe fn tile_qk<B: super::decode::QK, const R: usize, const T: usiz
     ys: usize,
 ) {
     use super::act::ActQ8K;
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    // Per (row, token) f32 sums in the scalar kernel's exact order (see below).
+    let mut acc = [[0f32; T]; R];
     // i16 lane L of register k covers elements 64k + 2L, +1: 16-element group 4k + L/8.
     let mut sidx = [_mm512_setzero_si512(); 4];
     for (k, s) in sidx.iter_mut().enumerate() {
@@ -384,22 +385,29 @@ pub(crate) unsafe fn tile_qk<B: super::decode::QK, const R: usize, const T: usiz
                     isum = _mm512_dpwssd_epi32(isum, p, scz[k]);
                 }
                 let bs = _mm256_load_si256(a.bsums.as_ptr() as *const __m256i);
-                let corr = _mm256_cvtepi32_ps(_mm256_madd_epi16(mn, bs));
-                acc[r][t] =
-                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(d * a.d), acc[r][t]);
-                acc[r][t] = _mm512_fnmadd_ps(
-                    _mm512_zextps256_ps512(corr),
-                    _mm512_set1_ps(dmin * a.d),
-                    acc[r][t],
-                );
+                // Exact integer totals, then the scalar kernel's float expression (no FMA), so
+                // this path, the packed GEMM and the scalar kernel agree bit for bit and a
+                // model's logits do not depend on how a prompt is split into batches.
+                let isum = _mm512_reduce_add_epi32(isum);
+                let corr = hsum_epi32(_mm256_madd_epi16(mn, bs));
+                acc[r][t] += a.d * d * isum as f32 - a.d * dmin * corr as f32;
             }
         }
     }
     for r in 0..R {
         for t in 0..T {
-            *y.add(t * ys + r) = _mm512_reduce_add_ps(acc[r][t]);
+            *y.add(t * ys + r) = acc[r][t];
         }
     }
+}
+
+/// Σ of the 8 i32 lanes (exact).
+#[inline(always)]
+unsafe fn hsum_epi32(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b01_00_11_10>(s));
+    let s = _mm_add_epi32(s, _mm_shuffle_epi32::<0b10_11_00_01>(s));
+    _mm_cvtsi128_si32(s)
 }
 
 /// [`super::act::quantize_q8k`] with AVX-512: bit-identical (same first-largest-magnitude scale
