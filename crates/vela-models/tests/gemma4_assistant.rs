@@ -3,6 +3,8 @@
 //! Fixtures: `python scripts/gen-gemma4-assistant.py` → `$VELA_CACHE/golden/gemma4_assistant/<name>/`
 //! (skipped when absent unless `VELA_REQUIRE_DATA=1`).
 
+mod common;
+use common::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
@@ -19,21 +21,6 @@ fn fixture(name: &str) -> Option<PathBuf> {
             .join("draft_logits.f32"),
     )
     .map(|p| p.parent().unwrap().to_path_buf())
-}
-
-fn f32s(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    num / den
 }
 
 fn argmax(v: &[f32]) -> u32 {

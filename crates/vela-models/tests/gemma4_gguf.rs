@@ -5,10 +5,11 @@
 //! (`llama-{f32,f16,q8_0}.f32`, recorded by the fixture script through `scripts/llama_oracle.py`).
 //! Skipped when the fixtures are absent unless `VELA_REQUIRE_DATA=1`.
 
+mod common;
+use common::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
-use vela_compute::KvType;
 use vela_formats::gguf::GgufFile;
 use vela_formats::quant::GgmlType;
 use vela_formats::safetensors::Checkpoint;
@@ -44,31 +45,6 @@ fn tokens(dir: &Path) -> Vec<u32> {
         .collect()
 }
 
-fn f32s(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    num / den
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |m, (i, &x)| if x > m.1 { (i, x) } else { m },
-        )
-        .0
-}
-
 /// (worst per-position NMSE, positions with equal argmax) of `a` against `b`.
 fn per_position(a: &[f32], b: &[f32], nv: usize) -> (f64, usize) {
     let n = b.len() / nv;
@@ -84,17 +60,6 @@ fn per_position(a: &[f32], b: &[f32], nv: usize) -> (f64, usize) {
 fn gguf_model(path: &Path) -> Gemma4Model<CpuBackend> {
     let g = Arc::new(GgufFile::open(path).unwrap());
     load_gguf_gemma4(Arc::new(CpuBackend::new(2)), g).unwrap()
-}
-
-/// Logits of every position in batches of `chunk` tokens through the KV cache.
-fn run_chunked(m: &Gemma4Model<CpuBackend>, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut st = m.new_state(64, chunk, KvType::F32).unwrap();
-    let mut out = Vec::new();
-    for (ci, c) in tokens.chunks(chunk).enumerate() {
-        let pos: Vec<u32> = (0..c.len()).map(|i| (ci * chunk + i) as u32).collect();
-        out.extend(m.forward(&mut st, c, &pos, 0).unwrap());
-    }
-    out
 }
 
 /// The GGUF metadata translates into exactly the configuration of the HF `config.json`
@@ -143,27 +108,6 @@ fn f32_gguf_matches_transformers_and_safetensors() {
         assert!(worst <= 1e-8, "{name}: worst position NMSE {worst:.3e}");
         assert_eq!(same, toks.len(), "{name}: argmax");
     }
-}
-
-/// One tensor to write: (name, dtype, shape, bytes).
-type RawTensor = (String, &'static str, Vec<usize>, Vec<u8>);
-
-fn write_safetensors(path: &Path, tensors: &[RawTensor]) {
-    let mut header = serde_json::Map::new();
-    let mut data = Vec::new();
-    for (name, dt, shape, bytes) in tensors {
-        let begin = data.len();
-        data.extend_from_slice(bytes);
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [begin, data.len()]}),
-        );
-    }
-    let h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&data);
-    std::fs::write(path, out).unwrap();
 }
 
 /// Copy the fixture checkpoint to `out` with the weights the GGUF `g` holds: a tensor the

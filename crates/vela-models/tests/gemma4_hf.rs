@@ -4,6 +4,8 @@
 //! Fixtures: `python scripts/gen-gemma4-fixtures.py` → `$VELA_CACHE/golden/gemma4/<name>/`
 //! (skipped when absent unless `VELA_REQUIRE_DATA=1`).
 
+mod common;
+use common::*;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
@@ -62,36 +64,8 @@ fn golden(dir: &Path) -> Golden {
     }
 }
 
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    num / den
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |m, (i, &x)| if x > m.1 { (i, x) } else { m },
-        )
-        .0
-}
-
 fn load(dir: &Path) -> Gemma4Model<CpuBackend> {
     Gemma4Model::load_hf(Arc::new(CpuBackend::new(2)), dir).unwrap()
-}
-
-/// Logits of every position in batches of `chunk` tokens through the KV cache.
-fn run_chunked(m: &Gemma4Model<CpuBackend>, tokens: &[u32], chunk: usize) -> Vec<f32> {
-    let mut st = m.new_state(64, chunk, KvType::F32).unwrap();
-    let mut out = Vec::new();
-    for (ci, c) in tokens.chunks(chunk).enumerate() {
-        let pos: Vec<u32> = (0..c.len()).map(|i| (ci * chunk + i) as u32).collect();
-        out.extend(m.forward(&mut st, c, &pos, 0).unwrap());
-    }
-    out
 }
 
 #[test]
@@ -236,28 +210,6 @@ fn config_derivation_and_unsupported_branches() {
         "{err}"
     );
     let _ = std::fs::remove_dir_all(&tmp);
-}
-
-/// One tensor to write: (name, dtype, shape, bytes).
-type RawTensor<'a> = (String, &'a str, Vec<usize>, Vec<u8>);
-
-/// Write `tensors` as one safetensors file.
-fn write_safetensors(path: &Path, tensors: &[RawTensor]) {
-    let mut header = serde_json::Map::new();
-    let mut data = Vec::new();
-    for (name, dt, shape, bytes) in tensors {
-        let begin = data.len();
-        data.extend_from_slice(bytes);
-        header.insert(
-            name.clone(),
-            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [begin, data.len()]}),
-        );
-    }
-    let h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
-    let mut out = (h.len() as u64).to_le_bytes().to_vec();
-    out.extend_from_slice(&h);
-    out.extend_from_slice(&data);
-    std::fs::write(path, out).unwrap();
 }
 
 /// Copy the fixture `dir` to `out` with every tensor rounded to BF16, stored as `dtype`

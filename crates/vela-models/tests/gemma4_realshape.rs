@@ -18,7 +18,8 @@
 //!
 //! Minutes on 2 cores; prints times and the process's peak RSS.
 
-use std::path::Path;
+mod common;
+use common::*;
 use std::sync::Arc;
 use std::sync::Mutex;
 use std::time::Instant;
@@ -30,31 +31,6 @@ use vela_models::gemma4::{load_gguf_gemma4, Gemma4Model, LayerKind};
 
 /// One real-shape model in memory at a time.
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
-
-fn f32s(path: &Path) -> Vec<f32> {
-    std::fs::read(path)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-fn nmse(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-    num / den
-}
-
-fn argmax(v: &[f32]) -> usize {
-    v.iter()
-        .enumerate()
-        .fold(
-            (0, f32::NEG_INFINITY),
-            |m, (i, &x)| if x > m.1 { (i, x) } else { m },
-        )
-        .0
-}
 
 /// `VmHWM` / `RssAnon` of this process (kB), from /proc (Linux).
 fn memory_kb() -> (u64, u64) {

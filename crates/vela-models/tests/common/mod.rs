@@ -1,0 +1,68 @@
+//! Helpers shared by the Gemma 4 integration tests (each test file uses a subset).
+#![allow(dead_code)]
+
+use std::path::Path;
+use vela_compute::cpu::CpuBackend;
+use vela_compute::KvType;
+use vela_models::gemma4::Gemma4Model;
+
+/// A little-endian f32 file.
+pub fn f32s(path: &Path) -> Vec<f32> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Σ(a−b)² / Σb² in f64 (`b` is the reference).
+pub fn nmse(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+    num / den
+}
+
+/// Index of the first maximum.
+pub fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold(
+            (0, f32::NEG_INFINITY),
+            |m, (i, &x)| if x > m.1 { (i, x) } else { m },
+        )
+        .0
+}
+
+/// A tensor for [`write_safetensors`]: name, dtype, shape, little-endian bytes.
+pub type RawTensor<'a> = (String, &'a str, Vec<usize>, Vec<u8>);
+
+/// Write `tensors` as one safetensors file.
+pub fn write_safetensors(path: &Path, tensors: &[RawTensor]) {
+    let mut header = serde_json::Map::new();
+    let mut data = Vec::new();
+    for (name, dt, shape, bytes) in tensors {
+        let begin = data.len();
+        data.extend_from_slice(bytes);
+        header.insert(
+            name.clone(),
+            serde_json::json!({"dtype": dt, "shape": shape, "data_offsets": [begin, data.len()]}),
+        );
+    }
+    let h = serde_json::to_vec(&serde_json::Value::Object(header)).unwrap();
+    let mut out = (h.len() as u64).to_le_bytes().to_vec();
+    out.extend_from_slice(&h);
+    out.extend_from_slice(&data);
+    std::fs::write(path, out).unwrap();
+}
+
+/// Every position's logits of `tokens`, evaluated `chunk` tokens at a time (F32 KV, 64 ctx).
+pub fn run_chunked(m: &Gemma4Model<CpuBackend>, tokens: &[u32], chunk: usize) -> Vec<f32> {
+    let mut st = m.new_state(64, chunk, KvType::F32).unwrap();
+    let mut out = Vec::new();
+    for (ci, c) in tokens.chunks(chunk).enumerate() {
+        let pos: Vec<u32> = (0..c.len()).map(|i| (ci * chunk + i) as u32).collect();
+        out.extend(m.forward(&mut st, c, &pos, 0).unwrap());
+    }
+    out
+}
