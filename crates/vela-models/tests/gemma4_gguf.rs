@@ -151,6 +151,44 @@ fn same_weights_copy(dir: &Path, g: &GgufFile, out: &Path) -> usize {
     n_rounded
 }
 
+/// Every position's logits of a fixture's `model-<ty>.gguf` and of the safetensors copy holding
+/// the same rounded weights, with transformers' f32 logits.
+struct SameWeights {
+    ours: Vec<f32>,
+    hf: Vec<f32>,
+    reference: Vec<f32>,
+    nv: usize,
+    n: usize,
+}
+
+/// [`SameWeights`] of a fixture (None when absent), after checking that the GGUF really holds
+/// rounded tensors.
+fn gguf_and_same_weights(name: &str, ty: &str) -> Option<SameWeights> {
+    let dir = fixture(name)?;
+    let path = testdata::require(dir.join(format!("model-{ty}.gguf")))?;
+    let toks = tokens(&dir);
+    let g = GgufFile::open(&path).unwrap();
+    let tmp = std::env::temp_dir().join(format!("vela-g4-{ty}-{name}-{}", std::process::id()));
+    let n_rounded = same_weights_copy(&dir, &g, &tmp);
+    assert!(n_rounded > 0, "{name}: the {ty} GGUF has no {ty} tensors");
+    let m = gguf_model(&path);
+    let ours = run_chunked(&m, &toks, 16);
+    let hf = run_chunked(
+        &Gemma4Model::load_hf(Arc::new(CpuBackend::new(2)), &tmp).unwrap(),
+        &toks,
+        16,
+    );
+    let _ = std::fs::remove_dir_all(&tmp);
+    let reference = f32s(&dir.join("logits.f32"));
+    Some(SameWeights {
+        ours,
+        hf,
+        reference,
+        nv: m.cfg.n_vocab,
+        n: toks.len(),
+    })
+}
+
 /// F16 GGUF (`--outtype f16`): bit-identical to vela on a safetensors copy holding the same
 /// F16-rounded weights (proves the mapping at F16). Against transformers' f32 logits the F16
 /// weights plus the CPU F16 kernels' F16-rounded activations cost NMSE ~1e-5..1e-3 on these tiny
@@ -158,32 +196,22 @@ fn same_weights_copy(dir: &Path, g: &GgufFile, out: &Path) -> usize {
 #[test]
 fn f16_gguf_matches_same_weights_on_safetensors() {
     for name in FIXTURES {
-        let Some(dir) = fixture(name) else { continue };
-        let Some(path) = testdata::require(dir.join("model-f16.gguf")) else {
+        let Some(SameWeights {
+            ours,
+            hf,
+            reference,
+            nv,
+            n,
+        }) = gguf_and_same_weights(name, "f16")
+        else {
             continue;
         };
-        let toks = tokens(&dir);
-        let reference = f32s(&dir.join("logits.f32"));
-        let g = GgufFile::open(&path).unwrap();
-        let tmp = std::env::temp_dir().join(format!("vela-g4-f16-{name}-{}", std::process::id()));
-        let n_f16 = same_weights_copy(&dir, &g, &tmp);
-        assert!(n_f16 > 0, "{name}: the F16 GGUF has no F16 tensors");
-        let m = gguf_model(&path);
-        let nv = m.cfg.n_vocab;
-        let ours = run_chunked(&m, &toks, 16);
-        let hf = run_chunked(
-            &Gemma4Model::load_hf(Arc::new(CpuBackend::new(2)), &tmp).unwrap(),
-            &toks,
-            16,
-        );
-        let _ = std::fs::remove_dir_all(&tmp);
-        let e_hf = nmse(&ours, &hf);
         let (worst, same) = per_position(&ours, &reference, nv);
         eprintln!(
-            "{name}: F16 GGUF ({n_f16} F16 tensors) vs same weights on safetensors NMSE {e_hf:.3e}; \
-             vs torch-f32 total {:.3e}, worst position {worst:.3e}, argmax {same}/{}",
+            "{name}: F16 GGUF vs same weights on safetensors NMSE {:.3e}; vs torch-f32 total \
+             {:.3e}, worst position {worst:.3e}, argmax {same}/{n}",
+            nmse(&ours, &hf),
             nmse(&ours, &reference),
-            toks.len()
         );
         assert!(ours == hf, "{name}: F16 GGUF and F16 safetensors differ");
         assert!(nmse(&ours, &reference) <= 1e-2, "{name}: F16 NMSE vs torch");
@@ -227,33 +255,20 @@ fn q8_0_gguf_tracks_transformers_and_llama_cpp() {
 fn q8_0_gguf_equals_same_weights_in_exact_mode() {
     vela_compute::cpu::matmul::exact::set_thread_override(Some(true));
     for name in FIXTURES {
-        let Some(dir) = fixture(name) else { continue };
-        let Some(path) = testdata::require(dir.join("model-q8_0.gguf")) else {
+        let Some(SameWeights {
+            ours, hf, nv, n, ..
+        }) = gguf_and_same_weights(name, "q8_0")
+        else {
             continue;
         };
-        let toks = tokens(&dir);
-        let g = GgufFile::open(&path).unwrap();
-        let tmp = std::env::temp_dir().join(format!("vela-g4-q8-{name}-{}", std::process::id()));
-        let n_q8 = same_weights_copy(&dir, &g, &tmp);
-        assert!(n_q8 > 0, "{name}: the Q8_0 GGUF has no Q8_0 tensors");
-        let m = gguf_model(&path);
-        let nv = m.cfg.n_vocab;
-        let ours = run_chunked(&m, &toks, 16);
-        let hf = run_chunked(
-            &Gemma4Model::load_hf(Arc::new(CpuBackend::new(2)), &tmp).unwrap(),
-            &toks,
-            16,
-        );
-        let _ = std::fs::remove_dir_all(&tmp);
         let (worst, same) = per_position(&ours, &hf, nv);
         eprintln!(
-            "{name}: Q8_0 GGUF ({n_q8} Q8_0 tensors) vs the same weights on safetensors, exact \
-             mode: NMSE {:.3e}, worst position {worst:.3e}, argmax {same}/{}",
-            nmse(&ours, &hf),
-            toks.len()
+            "{name}: Q8_0 GGUF vs the same weights on safetensors, exact mode: NMSE {:.3e}, \
+             worst position {worst:.3e}, argmax {same}/{n}",
+            nmse(&ours, &hf)
         );
         assert!(worst <= 1e-8, "{name}: worst position NMSE {worst:.3e}");
-        assert_eq!(same, toks.len(), "{name}: argmax differs");
+        assert_eq!(same, n, "{name}: argmax differs");
     }
     vela_compute::cpu::matmul::exact::set_thread_override(None);
 }
