@@ -72,7 +72,8 @@ def build_assistant(tcfg) -> None:
     shutil.rmtree(work, ignore_errors=True)
 
 
-def main() -> None:
+def vocab_field():
+    """(n_vocab, field(key) -> value) of llama.cpp's Gemma 4 vocabulary file."""
     sys.path[:0] = [LLAMA_CPP, os.path.join(LLAMA_CPP, "gguf-py")]
     import gguf
 
@@ -82,8 +83,12 @@ def main() -> None:
         f = vocab.fields.get(k)
         return None if f is None else f.contents()
 
-    n_vocab = len(vocab.fields["tokenizer.ggml.tokens"].data)
-    tkw = dict(
+    return len(vocab.fields["tokenizer.ggml.tokens"].data), field
+
+
+def target_kwargs(n_vocab: int, field) -> dict:
+    """The tiny target's Gemma4TextConfig arguments (see the module docstring)."""
+    return dict(
         vocab_size=n_vocab,
         hidden_size=64,
         intermediate_size=128,
@@ -111,22 +116,11 @@ def main() -> None:
         pad_token_id=field("tokenizer.ggml.padding_token_id"),
         tie_word_embeddings=True,
     )
-    cfg = Gemma4TextConfig(**tkw)
-    torch.manual_seed(1234)
-    model = Gemma4ForCausalLM(cfg).float().eval()
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-            elif "layer_scalar" in name:
-                p.fill_(1.0)
-            else:
-                p.normal_(0.0, 0.02 if "embed" in name else 1.0 / p.shape[-1] ** 0.5)
-    os.makedirs(OUT, exist_ok=True)
-    hf = os.path.join(OUT, "hf")
-    shutil.rmtree(hf, ignore_errors=True)
-    model.save_pretrained(hf, safe_serialization=True)
 
+
+def to_gguf_real_vocab(hf: str, out: str, n_vocab: int, field) -> None:
+    """llama.cpp's converter on the HF directory `hf`, with the real Gemma 4 tokenizer and chat
+    template copied from llama.cpp's vocabulary file."""
     import convert_hf_to_gguf
     from conversion import gemma
 
@@ -155,11 +149,32 @@ def main() -> None:
                        "added_tokens": []}, f)
         argv = sys.argv
         try:
-            sys.argv = ["convert", tmp, "--outfile", os.path.join(OUT, "model-f32.gguf"),
-                        "--outtype", "f32"]
+            sys.argv = ["convert", tmp, "--outfile", out, "--outtype", "f32"]
             convert_hf_to_gguf.main()
         finally:
             sys.argv = argv
+
+
+def main() -> None:
+    n_vocab, field = vocab_field()
+    tkw = target_kwargs(n_vocab, field)
+    cfg = Gemma4TextConfig(**tkw)
+    torch.manual_seed(1234)
+    model = Gemma4ForCausalLM(cfg).float().eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn_like(p))
+            elif "layer_scalar" in name:
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02 if "embed" in name else 1.0 / p.shape[-1] ** 0.5)
+    os.makedirs(OUT, exist_ok=True)
+    hf = os.path.join(OUT, "hf")
+    shutil.rmtree(hf, ignore_errors=True)
+    model.save_pretrained(hf, safe_serialization=True)
+
+    to_gguf_real_vocab(hf, os.path.join(OUT, "model-f32.gguf"), n_vocab, field)
     build_assistant(tkw)
 
     # llama.cpp's own tokenization and greedy decode of the GGUF (F32 KV cache), for the Rust test.
