@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
 use vela_engine::loader::LoadOptions;
-use vela_engine::speculative::{load_gemma4_mtp, Drafter, ModelDrafter, SpecStats};
+use vela_engine::speculative::{load_gemma4_mtp, Drafter, ModelDrafter, NgramDrafter, SpecStats};
 use vela_engine::Session;
 
 /// Speculative decoding (output distribution identical to plain decoding).
@@ -24,6 +24,10 @@ pub struct SpecArgs {
     /// A small model with the target's vocabulary as the drafter (classic speculative decoding).
     #[arg(long, conflicts_with_all = ["mtp"])]
     pub draft_model: Option<String>,
+    /// Prompt-lookup decoding: draft the tokens that followed the latest earlier occurrence of
+    /// the last 2-4 tokens (no draft model; pays off when the output repeats the context).
+    #[arg(long, conflicts_with_all = ["mtp", "draft_model"])]
+    pub lookup: bool,
     /// Drafted tokens per verification round (K).
     #[arg(long, default_value_t = 4)]
     pub draft_max: usize,
@@ -41,6 +45,10 @@ pub fn drafter(
     }
     if a.draft_max == 0 {
         bail!("--draft-max must be at least 1");
+    }
+    if a.lookup {
+        eprintln!("speculative decoding with prompt lookup (n-grams of 2-4 tokens)");
+        return Ok(Some(Box::new(NgramDrafter::new(2, 4)?)));
     }
     if let Some(m) = &a.draft_model {
         let path = common::resolve(Some(m))?;

@@ -464,3 +464,38 @@ fn synth_is_deterministic_and_runs() {
     let list = vela(&["synth", "--list"]);
     assert!(String::from_utf8_lossy(&list.stdout).contains("llama3-8b"));
 }
+
+/// `--lookup` (prompt-lookup speculative decoding) prints exactly what plain greedy decoding
+/// prints, and accepts drafts on a prompt whose answer repeats it.
+#[test]
+fn lookup_greedy_equals_plain() {
+    let Some(m) = smol() else { return };
+    let m = m.to_str().unwrap();
+    let prompt = "a b c d e f g h\na b c d e f g h\na b c d";
+    let base = [
+        "run",
+        "--model",
+        m,
+        "--prompt",
+        prompt,
+        "-n",
+        "24",
+        "--temperature",
+        "0",
+        "--device",
+        "cpu",
+    ];
+    let plain = vela(&base);
+    let look = vela(&[&base[..], &["--lookup"]].concat());
+    assert!(
+        look.status.success(),
+        "{}",
+        String::from_utf8_lossy(&look.stderr)
+    );
+    assert_eq!(look.stdout, plain.stdout);
+    let err = String::from_utf8_lossy(&look.stderr);
+    assert!(
+        err.contains("[speculative:") && !err.contains(" 0/"),
+        "{err}"
+    );
+}

@@ -26,9 +26,11 @@
 
 pub mod accept;
 mod drafters;
+mod ngram;
 
 pub use accept::{position_dist, Dist};
 pub use drafters::{load_gemma4_mtp, Gemma4Mtp, ModelDrafter};
+pub use ngram::NgramDrafter;
 
 use crate::generate::FinishReason;
 use crate::sampler::{Rng, SamplerConfig};

@@ -11,7 +11,7 @@ use vela_compute::cpu::CpuBackend;
 use vela_compute::KvType;
 use vela_engine::speculative::{
     generate_speculative, position_dist, AcceptRule, Draft, Drafter, Gemma4Mtp, ModelDrafter,
-    Propose, SpecOptions, SpecStats,
+    NgramDrafter, Propose, SpecOptions, SpecStats,
 };
 use vela_engine::{generate, GenerateOptions, Sampler, SamplerConfig, Session, SessionOptions};
 use vela_formats::testdata;
@@ -373,6 +373,30 @@ fn chi2_of_mtp(
     rule: AcceptRule,
     n: usize,
 ) -> (f64, f64, usize, SpecStats) {
+    let prompt = f.tokens[..20].to_vec(); // past the window of 16
+    let kind = if perturbed {
+        DraftKind::Perturbed
+    } else {
+        DraftKind::Assistant
+    };
+    chi2_of(f, kind, &prompt, rule, n)
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum DraftKind {
+    Assistant,
+    Perturbed,
+    Ngram,
+}
+
+/// [`chi2_of_mtp`] for any drafter kind and prompt.
+fn chi2_of(
+    f: &Fixture,
+    kind: DraftKind,
+    prompt: &[u32],
+    rule: AcceptRule,
+    n: usize,
+) -> (f64, f64, usize, SpecStats) {
     let base = SamplerConfig {
         temperature: 1.0,
         top_k: 6,
@@ -380,7 +404,6 @@ fn chi2_of_mtp(
         min_p: 0.0,
         ..Default::default()
     };
-    let prompt = &f.tokens[..20]; // past the window of 16
     let exact = exact_triples(f, &base, prompt);
     let mut counts: HashMap<[u32; 3], usize> = HashMap::new();
     let mut s = session(f, 4);
@@ -394,10 +417,13 @@ fn chi2_of_mtp(
             ..base.clone()
         };
         let last = &prompt[prompt.len() - 1..];
-        let (out, st) = if perturbed {
-            spec(&mut s, &mut pert, &cfg, last, 3, 2, rule)
-        } else {
-            mtp(f, &mut s, &cfg, last, 3, 2, rule)
+        let (out, st) = match kind {
+            DraftKind::Perturbed => spec(&mut s, &mut pert, &cfg, last, 3, 2, rule),
+            DraftKind::Assistant => mtp(f, &mut s, &cfg, last, 3, 2, rule),
+            DraftKind::Ngram => {
+                let mut d = NgramDrafter::new(1, 3).unwrap();
+                spec(&mut s, &mut d, &cfg, last, 3, 2, rule)
+            }
         };
         total.drafted += st.drafted;
         total.accepted += st.accepted;
@@ -466,6 +492,81 @@ fn chi2_case(perturbed: bool) {
         p < 1e-6,
         "the χ² test cannot tell a wrong acceptance rule apart: p {p:.2e}"
     );
+}
+
+/// Prompt lookup (deterministic one-hot proposals) keeps the distribution exact too: a prompt that
+/// repeats itself, so the n-gram drafter proposes at every round; always-accept is caught.
+#[test]
+fn stochastic_prompt_lookup_is_distributed_as_plain_decoding() {
+    let Some(dir) = fixture("dense") else { return };
+    let f = load(&dir);
+    // 10 tokens, then the same 10 again: the last tokens' n-grams occurred before.
+    let mut prompt = f.tokens[..10].to_vec();
+    prompt.extend_from_slice(&f.tokens[..10]);
+    let (chi2, p, cells, st) = chi2_of(&f, DraftKind::Ngram, &prompt, AcceptRule::Exact, 10_000);
+    eprintln!(
+        "prompt lookup, exact rule: χ² {chi2:.1} over {cells} cells, p = {p:.3}; {} drafted, {} \
+         accepted",
+        st.drafted, st.accepted
+    );
+    assert!(st.drafted > 2_000 && st.accepted > 0 && st.drafted > st.accepted);
+    assert!(
+        p > 1e-3,
+        "prompt lookup samples do not follow plain decoding: p {p:.2e}"
+    );
+    let (chi2, p, cells, _) = chi2_of(
+        &f,
+        DraftKind::Ngram,
+        &prompt,
+        AcceptRule::AlwaysAccept,
+        10_000,
+    );
+    eprintln!("prompt lookup, always-accept: χ² {chi2:.1} over {cells} cells, p = {p:.3e}");
+    assert!(
+        p < 1e-6,
+        "the χ² test cannot tell a wrong acceptance rule apart: p {p:.2e}"
+    );
+}
+
+/// Greedy prompt lookup on a real model is plain decoding, token for token, and it does accept.
+#[test]
+fn greedy_prompt_lookup_on_a_real_model_is_identical_to_plain_decoding() {
+    use vela_engine::loader::load_gguf;
+    let Some(path) = testdata::model(testdata::SMOLLM2) else {
+        return;
+    };
+    let m = load_gguf(&path, 2).unwrap();
+    let text = "def add(a, b):\n    return a + b\n\ndef sub(a, b):\n    return a - b\n\n\
+                Rewrite the two functions above with docstrings:\n\ndef add(a, b):\n";
+    let prompt = m.tokenizer.encode(text, true, false).unwrap();
+    let mk = || {
+        let opts = SessionOptions {
+            n_ctx: 512,
+            ubatch: 8,
+            kv_type: KvType::F16,
+        };
+        Session::new(m.model.clone(), &opts).unwrap()
+    };
+    let cfg = SamplerConfig::greedy();
+    let n = 96;
+    let mut s = mk();
+    let mut sampler = Sampler::new(cfg.clone());
+    let gopts = GenerateOptions {
+        max_tokens: n,
+        is_eog: &never,
+    };
+    let want = generate(&mut s, &mut sampler, &prompt, &gopts, &mut |_| true)
+        .unwrap()
+        .0;
+    let mut d = NgramDrafter::new(2, 4).unwrap();
+    let mut s = mk();
+    let (got, st) = spec(&mut s, &mut d, &cfg, &prompt, n, 5, AcceptRule::Exact);
+    report("SmolLM2 greedy, prompt lookup K=5", &st);
+    assert_eq!(
+        got, want,
+        "prompt lookup greedy differs from plain decoding"
+    );
+    assert!(st.accepted > 0, "no draft was accepted: {st:?}");
 }
 
 #[test]

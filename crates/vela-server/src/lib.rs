@@ -65,6 +65,9 @@ pub struct ServeArgs {
     /// Plain decoding even if an assistant is found.
     #[arg(long)]
     pub no_mtp: bool,
+    /// Prompt-lookup speculative decoding (drafts copied from the context; no draft model).
+    #[arg(long, conflicts_with = "mtp")]
+    pub lookup: bool,
     /// Drafted tokens per verification round.
     #[arg(long, default_value_t = 4)]
     pub draft_max: usize,
@@ -202,6 +205,12 @@ fn load_drafter(
     }
     if args.draft_max == 0 {
         bail!("--draft-max must be at least 1");
+    }
+    if args.lookup {
+        eprintln!("vela-server: prompt-lookup speculative decoding");
+        return Ok(Some(Box::new(vela_engine::speculative::NgramDrafter::new(
+            2, 4,
+        )?)));
     }
     let path = match &args.mtp {
         Some(p) => Some(p.clone()),
