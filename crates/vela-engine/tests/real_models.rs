@@ -235,7 +235,11 @@ fn eval_argmax_equals_argmax_of_logits() {
     };
     let ids = m
         .tokenizer
-        .encode(&"The quick brown fox jumps over the lazy dog. ".repeat(8), true, false)
+        .encode(
+            &"The quick brown fox jumps over the lazy dog. ".repeat(8),
+            true,
+            false,
+        )
         .unwrap();
     let mut a = session(&m, 256, 16, KvType::F16);
     let mut b = session(&m, 256, 16, KvType::F16);

@@ -36,7 +36,9 @@ pub fn config_from_gguf(g: &GgufFile) -> Result<DecoderConfig> {
         "qwen2" => qwen2::config(g),
         "qwen3" => qwen3::config(g),
         "gemma3" => gemma3::config(g),
-        "gemma4" => bail!("gemma4 has its own model (load it with load_gguf_any / load_gguf_gemma4)"),
+        "gemma4" => {
+            bail!("gemma4 has its own model (load it with load_gguf_any / load_gguf_gemma4)")
+        }
         other => bail!(
             "unsupported model architecture '{other}' (supported: {})",
             SUPPORTED_ARCHS.join(", ")
