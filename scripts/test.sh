@@ -24,6 +24,9 @@ fi
 VELA_NVRTC_LIB=$(ls "$VELA_CACHE"/nvrtc-pip/nvidia/cuda_nvrtc/lib/libnvrtc.so* 2>/dev/null | head -n1 || true)
 export VELA_NVRTC_LIB
 
+step "cargo fmt --check"
+cargo fmt --all -- --check
+
 step "cargo build --release"
 cargo build --release --workspace --all-targets
 
