@@ -330,20 +330,22 @@ pub trait Backend: Send + Sync {
         }
         let mut v = vec![0f32; n_rows * width];
         self.read(x, &mut v);
-        v.chunks_exact(width)
-            .map(|r| {
-                let mut best = 0usize;
-                let mut bv = f32::NEG_INFINITY;
-                let mut found = false;
-                for (i, &x) in r.iter().enumerate() {
-                    if x > bv || (!found && x == bv) {
-                        (best, bv, found) = (i, x, true);
-                    }
-                }
-                best as u32
-            })
-            .collect()
+        v.chunks_exact(width).map(argmax).collect()
     }
+}
+
+/// Index of the largest element: the lowest index among equal maxima, NaNs skipped (all NaN or
+/// empty: 0). The semantics of [`Backend::argmax_rows`] on every backend.
+pub fn argmax(row: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut bv = f32::NEG_INFINITY;
+    let mut found = false;
+    for (i, &x) in row.iter().enumerate() {
+        if x > bv || (!found && x == bv) {
+            (best, bv, found) = (i, x, true);
+        }
+    }
+    best as u32
 }
 
 /// Ring size of a cache layer: full layers hold the whole context; a sliding layer holds its

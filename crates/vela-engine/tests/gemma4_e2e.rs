@@ -73,3 +73,32 @@ fn gemma4_gguf_tokenizer_and_greedy_match_llama_cpp() {
     // Three prompts × 32 tokens, unless a near-tie cut one short.
     assert!(checked >= 64, "only {checked} greedy tokens compared");
 }
+
+/// A forked Gemma 4 session (cache copied, scratch buffers fresh) continues exactly like the
+/// original, and the two stay independent.
+#[test]
+fn gemma4_fork_is_independent() {
+    let Some(p) = testdata::require(
+        testdata::golden_dir()
+            .join("gemma4_e2e")
+            .join("model-f32.gguf"),
+    ) else {
+        return;
+    };
+    let m = load_gguf(&p, 2).unwrap();
+    let opts = SessionOptions {
+        n_ctx: 128,
+        ubatch: 8,
+        kv_type: KvType::F16,
+    };
+    let ids: Vec<u32> = (0..40).map(|i| 1000 + 37 * i).collect();
+    let mut a = Session::new(m.model.clone(), &opts).unwrap();
+    a.eval(&ids[..30]).unwrap(); // past the 32-token window soon after
+    let mut b = a.fork().unwrap();
+    let la = a.eval(&ids[30..]).unwrap();
+    let lb = b.eval(&ids[30..]).unwrap();
+    assert_eq!(la, lb);
+    let other = b.eval(&[5, 6, 7]).unwrap();
+    assert_eq!(a.eval(&[5, 6, 7]).unwrap(), other);
+    assert_eq!(a.kv_bytes(), b.kv_bytes());
+}

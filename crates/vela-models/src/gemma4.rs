@@ -150,6 +150,15 @@ impl<B: Backend> Gemma4Model<B> {
         if n_ctx == 0 || max_batch == 0 {
             bail!("context size and batch size must be positive");
         }
+        let kv = self
+            .backend
+            .new_kv(&self.kv_layout(n_ctx, max_batch), kv_type)?;
+        Ok(self.state_with_kv(kv, n_ctx, max_batch))
+    }
+
+    /// A sequence state around an existing cache (made for the same `n_ctx`/`max_batch`), e.g. a
+    /// copy for a forked sequence: only the scratch buffers are allocated.
+    pub fn state_with_kv(&self, kv: B::Kv, n_ctx: usize, max_batch: usize) -> Gemma4State<B> {
         let be = &*self.backend;
         let c = &self.cfg;
         let nb = max_batch;
@@ -169,15 +178,15 @@ impl<B: Backend> Gemma4Model<B> {
             lp, // dense
             md, mi, mi, md, e_n, // MoE: moe::{M_X, M_G, M_U, M_O, M_L}
         ];
-        Ok(Gemma4State {
-            kv: be.new_kv(&self.kv_layout(n_ctx, max_batch), kv_type)?,
+        Gemma4State {
+            kv,
             n_ctx,
             max_batch,
             bufs: sizes.iter().map(|&s| be.alloc(nb * s.max(1))).collect(),
             pli: (0..if c.ple_dim > 0 { c.n_layer } else { 0 })
                 .map(|_| be.alloc(nb * c.ple_dim))
                 .collect(),
-        })
+        }
     }
 
     /// Per-layer inputs `pli[i] : [n, P]` for the batch (see the module docs).

@@ -68,7 +68,7 @@ pub trait ModelState: Send {
             return Ok(Vec::new());
         }
         let width = rows.len() / n;
-        Ok(rows.chunks_exact(width).map(argmax).collect())
+        Ok(rows.chunks_exact(width).map(vela_compute::argmax).collect())
     }
     fn n_ctx(&self) -> usize;
     fn max_batch(&self) -> usize;
@@ -82,17 +82,6 @@ pub trait ModelState: Send {
     fn kv_bytes(&self) -> usize;
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
-}
-
-/// Lowest index of the maximum, NaN skipped (as `Backend::argmax_rows`).
-fn argmax(row: &[f32]) -> u32 {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &x) in row.iter().enumerate() {
-        if !x.is_nan() && best.is_none_or(|(_, b)| x > b) {
-            best = Some((i, x));
-        }
-    }
-    best.map_or(0, |(i, _)| i as u32)
 }
 
 /// Cache bytes of a layout (K and V elements of every slot of every layer).
@@ -177,6 +166,11 @@ trait IntoResult<T> {
 }
 impl<B: Backend> IntoResult<ForwardState<B>> for ForwardState<B> {
     fn into_result(self) -> Result<ForwardState<B>> {
+        Ok(self)
+    }
+}
+impl<B: Backend> IntoResult<Gemma4State<B>> for Gemma4State<B> {
+    fn into_result(self) -> Result<Gemma4State<B>> {
         Ok(self)
     }
 }
@@ -294,16 +288,8 @@ pub struct Gemma4Seq<B: Backend> {
     pub state: Gemma4State<B>,
 }
 
-impl_model_state!(Gemma4Seq, |seq: &Gemma4Seq<B>,
-                              kv|
- -> Result<Gemma4State<B>> {
-    // A fresh state gives the scratch buffers; its cache is then replaced by the copy.
-    let mut st = Gemma4Model::new_state(
-        &seq.model,
-        seq.state.n_ctx,
-        seq.state.max_batch,
-        KvType::F32,
-    )?;
-    st.kv = kv;
-    Ok(st)
-});
+impl_model_state!(Gemma4Seq, |seq: &Gemma4Seq<B>, kv| seq.model.state_with_kv(
+    kv,
+    seq.state.n_ctx,
+    seq.state.max_batch
+));
