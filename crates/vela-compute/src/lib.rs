@@ -332,6 +332,20 @@ pub trait Backend: Send + Sync {
         self.read(x, &mut v);
         v.chunks_exact(width).map(argmax).collect()
     }
+
+    // --- device-side top-k for sampling (default: read back, select on the host) ---
+    /// The `k` best elements of each of the `n_rows` rows of `width` elements, with each row's
+    /// max and softmax normalizer: [`top_k_row`] of every row. A GPU selects on the device and
+    /// copies back only the `k` pairs and the row statistics.
+    fn top_k_rows(&self, x: &Self::Buf, n_rows: usize, width: usize, k: usize) -> Vec<TopK> {
+        let mut v = vec![0f32; n_rows * width];
+        if !v.is_empty() {
+            self.read(x, &mut v);
+        }
+        (0..n_rows)
+            .map(|r| top_k_row(&v[r * width..(r + 1) * width], k))
+            .collect()
+    }
 }
 
 /// Index of the largest element: the lowest index among equal maxima, NaNs skipped (all NaN or
@@ -346,6 +360,67 @@ pub fn argmax(row: &[f32]) -> u32 {
         }
     }
     best as u32
+}
+
+/// What [`Backend::top_k_rows`] returns for one row.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TopK {
+    /// The `min(k, n_valid)` best `(index, value)` pairs: value descending in IEEE total order
+    /// (`f32::total_cmp`, so +0 ranks above -0), the lower index first among equal values, NaNs
+    /// never selected.
+    pub items: Vec<(u32, f32)>,
+    /// Number of non-NaN elements of the row.
+    pub n_valid: usize,
+    /// Largest non-NaN element (-inf when there is none).
+    pub max: f32,
+    /// `sum exp(x - max)` over the non-NaN elements, in f64 (the full-row softmax normalizer;
+    /// a GPU sums in another order, so it may differ from the host value in the last bits).
+    pub sum_exp: f64,
+}
+
+/// The selection of [`Backend::top_k_rows`] for one row, on the host (the reference every
+/// backend must match: items bit-exact, `sum_exp` up to rounding).
+pub fn top_k_row(row: &[f32], k: usize) -> TopK {
+    // Order-preserving key: larger key = larger value in IEEE total order.
+    let key = |x: f32| {
+        let b = x.to_bits();
+        if b >> 31 == 1 {
+            !b
+        } else {
+            b | 0x8000_0000
+        }
+    };
+    let mut v: Vec<(u32, u32)> = row
+        .iter()
+        .enumerate()
+        .filter(|(_, x)| !x.is_nan())
+        .map(|(i, &x)| (key(x), i as u32))
+        .collect();
+    let n_valid = v.len();
+    let kk = k.min(n_valid);
+    let order = |a: &(u32, u32), b: &(u32, u32)| b.0.cmp(&a.0).then(a.1.cmp(&b.1));
+    if kk > 0 && kk < v.len() {
+        v.select_nth_unstable_by(kk - 1, order);
+    }
+    v.truncate(kk);
+    v.sort_unstable_by(order);
+    // The same expressions as the sampler's full-vocabulary softmax (bit-identical there).
+    let max = row
+        .iter()
+        .cloned()
+        .filter(|x| !x.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    let sum_exp: f64 = row
+        .iter()
+        .filter(|x| !x.is_nan())
+        .map(|&l| (l as f64 - max as f64).exp())
+        .sum();
+    TopK {
+        items: v.into_iter().map(|(_, i)| (i, row[i as usize])).collect(),
+        n_valid,
+        max,
+        sum_exp,
+    }
 }
 
 /// Ring size of a cache layer: full layers hold the whole context; a sliding layer holds its

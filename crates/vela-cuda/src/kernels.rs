@@ -17,6 +17,7 @@ pub const GROUPS: &[(&str, &str)] = &[
     ("quant", include_str!("../kernels/quant.cu")),
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
+    ("sample", include_str!("../kernels/sample.cu")),
 ];
 
 /// The full source NVRTC compiles for a group.

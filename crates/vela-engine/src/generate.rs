@@ -5,6 +5,11 @@ use crate::sampler::Sampler;
 use crate::session::{EvalOutcome, Session};
 use anyhow::{bail, Result};
 
+/// The most candidates sampled generation asks the backend to select per step (the CUDA
+/// backend's device limit): top-k up to this uses the device selection, and top-p without top-k
+/// uses it whenever this many candidates reach the mass p.
+pub const SAMPLE_TOP_K_CAP: usize = 1024;
+
 /// Why generation ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum FinishReason {
@@ -65,6 +70,34 @@ pub fn generate(
                 return Ok((out, FinishReason::Length));
             }
             tok = session.eval_argmax(&[tok])?;
+        }
+    }
+    if let Some(k) = sampler.device_top_k(SAMPLE_TOP_K_CAP) {
+        // Only the k best tokens and the row's statistics come back from the backend (selected
+        // on the device by a GPU); the logits row only at the steps they do not decide.
+        let next = |session: &mut Session, sampler: &mut Sampler, toks: &[u32]| {
+            let (t, row) = session.eval_top_k(toks, k, &|t| !sampler.top_k_suffices(t))?;
+            Ok::<u32, anyhow::Error>(match row {
+                Some(mut logits) => sampler.sample(&mut logits),
+                None => sampler
+                    .sample_top_k(&t)
+                    .expect("the top-k selection was checked to suffice"),
+            })
+        };
+        let mut tok = next(session, sampler, prompt)?;
+        let mut out = Vec::new();
+        loop {
+            if (opts.is_eog)(tok) {
+                return Ok((out, FinishReason::Stop));
+            }
+            out.push(tok);
+            if !on_token(tok) {
+                return Ok((out, FinishReason::Cancelled));
+            }
+            if out.len() >= opts.max_tokens || session.n_past() + 1 >= session.n_ctx() {
+                return Ok((out, FinishReason::Length));
+            }
+            tok = next(session, sampler, &[tok])?;
         }
     }
     let mut logits = match session.eval_with(prompt, &mut |_, _| true)? {

@@ -5,9 +5,20 @@
 //! temperature → draw. top-k/top-p never sort the whole vocabulary: candidates are selected with a
 //! bounded min-heap (O(V log k)); top-p without top-k grows k geometrically until the kept mass
 //! reaches p.
+//!
+//! [`Sampler::sample_top_k`] draws the same token from a top-k selection of the row (made on the
+//! device by a GPU backend, [`vela_compute::Backend::top_k_rows`]) whenever that selection
+//! determines the candidates, so that only k pairs, not the vocabulary, come back per token.
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, HashMap};
+pub use vela_compute::TopK;
+
+/// Relative clearance between the top-p threshold and the cumulative probabilities around the
+/// cut that [`Sampler::sample_top_k`] requires when top-p uses the full-row normalizer: a device
+/// sums it in another order (relative difference ~1e-16, checked ≤ 1e-12 on the GPU), which must
+/// not be able to move the cut.
+const TOP_P_MARGIN: f64 = 1e-9;
 
 /// Sampling settings (defaults: llama.cpp's).
 #[derive(Clone, Debug)]
@@ -55,6 +66,15 @@ impl SamplerConfig {
             && self.presence_penalty == 0.0
             && self.frequency_penalty == 0.0
             && self.logit_bias.is_empty()
+    }
+
+    /// Whether logit bias or penalties change the logits before selection (then sampling needs
+    /// the whole row).
+    pub fn changes_logits(&self) -> bool {
+        self.repeat_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || !self.logit_bias.is_empty()
     }
 
     pub fn greedy() -> Self {
@@ -217,12 +237,15 @@ impl Sampler {
         let c = &self.cfg;
         let mut k = if c.top_k > 0 { c.top_k } else { logits.len() };
         let mut cand;
+        let mut norm = None;
         if c.top_k == 0 && c.top_p < 1.0 {
             // Grow k until the kept mass (at temperature 1, as llama.cpp's top-p) reaches p.
+            let (max, z) = full_norm(logits);
+            norm = Some((max, z));
             k = 64.min(logits.len());
             loop {
                 cand = top_k(logits, k);
-                let kept = mass_of(&cand, logits);
+                let kept: f64 = full_probs(&cand, max, z).iter().sum();
                 if kept >= c.top_p as f64 || k >= logits.len() {
                     break;
                 }
@@ -231,22 +254,25 @@ impl Sampler {
         } else {
             cand = top_k(logits, k);
         }
+        self.filter(cand, norm)
+    }
+
+    /// The steps after top-k of [`Sampler::candidates`] on the sorted candidates `cand`: top-p
+    /// (probabilities from the full-row softmax `norm = (max, sum exp(l - max))` when top-k is
+    /// off, else over `cand`), min-p, then the probabilities at the temperature.
+    fn filter(
+        &self,
+        mut cand: Vec<Candidate>,
+        norm: Option<(f64, f64)>,
+    ) -> (Vec<Candidate>, Vec<f64>) {
+        let c = &self.cfg;
         if c.top_p < 1.0 {
             // llama.cpp normalizes over the current candidates (after top-k).
-            let p = if c.top_k > 0 {
-                softmax(&cand, 1.0)
-            } else {
-                softmax_full(&cand, logits)
+            let p = match norm {
+                Some((max, z)) if c.top_k == 0 => full_probs(&cand, max, z),
+                _ => softmax(&cand, 1.0),
             };
-            let mut cum = 0.0;
-            let mut keep = cand.len();
-            for (i, pi) in p.iter().enumerate() {
-                cum += pi;
-                if cum >= c.top_p as f64 {
-                    keep = i + 1;
-                    break;
-                }
-            }
+            let keep = top_p_keep(&p, c.top_p).unwrap_or(cand.len());
             cand.truncate(keep.max(1));
         }
         if c.min_p > 0.0 && !cand.is_empty() {
@@ -258,6 +284,117 @@ impl Sampler {
         (cand, probs)
     }
 
+    /// The `k` that [`Sampler::sample_top_k`] needs from the device for this configuration
+    /// (`cap`: the largest `k` the caller can get), or `None` when only the full logits do:
+    /// greedy, logit bias or penalties, `top_k > cap`, or neither top-k, top-p nor min-p.
+    pub fn device_top_k(&self, cap: usize) -> Option<usize> {
+        let c = &self.cfg;
+        if c.temperature <= 0.0 || c.changes_logits() || cap == 0 {
+            return None;
+        }
+        if c.top_k > 0 {
+            return (c.top_k <= cap).then_some(c.top_k);
+        }
+        (c.top_p < 1.0 || c.min_p > 0.0).then_some(cap)
+    }
+
+    /// The candidates [`Sampler::candidates`] would give for the full logits row that `t` was
+    /// selected from (by [`vela_compute::top_k_row`] or a device), when `t` determines them:
+    /// - top-k on: `t` holds the `top_k` best (`k ≥ top_k` was asked);
+    /// - top-k off, top-p on: the cumulative full-row probability of `t`'s prefix reaches p
+    ///   (or `t` is the whole row), clear of p by a relative margin of `TOP_P_MARGIN`, so that a
+    ///   normalizer summed in another order cannot move the cut;
+    /// - top-k and top-p off, min-p on: `t` reaches below the min-p threshold (or is the whole row).
+    ///
+    /// `None` otherwise (also for configurations [`Sampler::device_top_k`] rejects).
+    pub fn candidates_from_top_k(&self, t: &TopK) -> Option<(Vec<Candidate>, Vec<f64>)> {
+        let c = &self.cfg;
+        if c.temperature <= 0.0 || c.changes_logits() {
+            return None;
+        }
+        let complete = t.items.len() == t.n_valid;
+        let mut cand: Vec<Candidate> = t
+            .items
+            .iter()
+            .map(|&(id, logit)| Candidate { id, logit })
+            .collect();
+        if c.top_k > 0 {
+            if cand.len() < c.top_k.min(t.n_valid) {
+                return None;
+            }
+            cand.truncate(c.top_k);
+            return Some(self.filter(cand, None));
+        }
+        if c.top_p < 1.0 {
+            let norm = (t.max as f64, t.sum_exp);
+            let p = full_probs(&cand, norm.0, norm.1);
+            let top_p = c.top_p as f64;
+            let mut cum = 0.0;
+            let mut below = 0.0; // cumulative probability before the cut
+            let mut keep = None;
+            for (i, pi) in p.iter().enumerate() {
+                below = cum;
+                cum += pi;
+                if cum >= top_p {
+                    keep = Some(i + 1);
+                    break;
+                }
+            }
+            let clear = match keep {
+                Some(_) => {
+                    cum >= top_p * (1.0 + TOP_P_MARGIN) && below < top_p * (1.0 - TOP_P_MARGIN)
+                }
+                None => complete && cum < top_p * (1.0 - TOP_P_MARGIN),
+            };
+            if !clear {
+                return None;
+            }
+            if let Some(keep) = keep {
+                cand.truncate(keep);
+            }
+            return Some(self.filter(cand, Some(norm)));
+        }
+        if c.min_p > 0.0 && !complete {
+            let thresh = cand.first()?.logit + (c.min_p).ln();
+            if cand.last()?.logit >= thresh {
+                return None;
+            }
+        } else if !complete {
+            return None;
+        }
+        Some(self.filter(cand, None))
+    }
+
+    /// Whether [`Sampler::sample_top_k`] can draw from `t` (else the full logits are needed).
+    pub fn top_k_suffices(&self, t: &TopK) -> bool {
+        self.candidates_from_top_k(t).is_some()
+    }
+
+    /// Draw the next token from the top-k selection `t` of a logits row: exactly the token
+    /// [`Sampler::sample`] would draw from the row (same RNG use and history), or `None`, with
+    /// nothing consumed, when `t` does not determine it ([`Sampler::candidates_from_top_k`]).
+    pub fn sample_top_k(&mut self, t: &TopK) -> Option<u32> {
+        let (cand, probs) = self.candidates_from_top_k(t)?;
+        let tok = self.draw(&cand, &probs);
+        self.history.push(tok);
+        Some(tok)
+    }
+
+    /// One draw from the candidates' probabilities.
+    fn draw(&mut self, cand: &[Candidate], probs: &[f64]) -> u32 {
+        let u = self.rng.uniform();
+        let mut cum = 0.0;
+        let mut pick = cand.last().map(|c| c.id).unwrap_or(0);
+        for (c, p) in cand.iter().zip(probs) {
+            cum += p;
+            if u < cum {
+                pick = c.id;
+                break;
+            }
+        }
+        pick
+    }
+
     /// Pick the next token from `logits` (modified in place by bias/penalties).
     pub fn sample(&mut self, logits: &mut [f32]) -> u32 {
         self.apply_penalties(logits);
@@ -265,30 +402,27 @@ impl Sampler {
             argmax(logits)
         } else {
             let (cand, probs) = self.candidates(logits);
-            let u = self.rng.uniform();
-            let mut cum = 0.0;
-            let mut pick = cand.last().map(|c| c.id).unwrap_or(0);
-            for (c, p) in cand.iter().zip(&probs) {
-                cum += p;
-                if u < cum {
-                    pick = c.id;
-                    break;
-                }
-            }
-            pick
+            self.draw(&cand, &probs)
         };
         self.history.push(tok);
         tok
     }
 }
 
-/// Probability mass (temperature 1, full-vocabulary normalizer) of the candidates.
-fn mass_of(cand: &[Candidate], logits: &[f32]) -> f64 {
-    softmax_full(cand, logits).iter().sum()
+/// Index after the first candidate at which the cumulative probability reaches `top_p`.
+fn top_p_keep(p: &[f64], top_p: f32) -> Option<usize> {
+    let mut cum = 0.0;
+    for (i, pi) in p.iter().enumerate() {
+        cum += pi;
+        if cum >= top_p as f64 {
+            return Some(i + 1);
+        }
+    }
+    None
 }
 
-/// Probabilities of the candidates under the full-vocabulary softmax at temperature 1.
-fn softmax_full(cand: &[Candidate], logits: &[f32]) -> Vec<f64> {
+/// The full-vocabulary softmax's max and normalizer at temperature 1 (NaNs skipped).
+fn full_norm(logits: &[f32]) -> (f64, f64) {
     let max = logits
         .iter()
         .cloned()
@@ -299,6 +433,11 @@ fn softmax_full(cand: &[Candidate], logits: &[f32]) -> Vec<f64> {
         .filter(|x| !x.is_nan())
         .map(|&l| (l as f64 - max).exp())
         .sum();
+    (max, z)
+}
+
+/// Probabilities of the candidates under the full-vocabulary softmax ([`full_norm`]).
+fn full_probs(cand: &[Candidate], max: f64, z: f64) -> Vec<f64> {
     cand.iter()
         .map(|c| (c.logit as f64 - max).exp() / z)
         .collect()

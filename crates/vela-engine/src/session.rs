@@ -4,7 +4,7 @@
 use anyhow::{bail, Result};
 use std::any::Any;
 use std::sync::Arc;
-use vela_compute::KvType;
+use vela_compute::{KvType, TopK};
 use vela_models::{LanguageModel, ModelState};
 
 /// Options of a new session.
@@ -161,6 +161,37 @@ impl Session {
         self.tokens.extend_from_slice(last);
         ids.last()
             .copied()
+            .ok_or_else(|| anyhow::anyhow!("no logits row returned"))
+    }
+
+    /// Evaluate `tokens` like [`Session::eval`] and return the `k` best tokens of the last
+    /// position's logits with the row's statistics ([`vela_compute::top_k_row`]), plus the logits
+    /// row itself only when `need_row` asks for it after seeing them: a GPU backend selects on
+    /// the device and otherwise copies back `k` pairs instead of the vocabulary.
+    pub fn eval_top_k(
+        &mut self,
+        tokens: &[u32],
+        k: usize,
+        need_row: &dyn Fn(&TopK) -> bool,
+    ) -> Result<(TopK, Option<Vec<f32>>)> {
+        if tokens.is_empty() {
+            bail!("nothing to evaluate");
+        }
+        self.check_room(tokens.len())?;
+        let mb = self.state.max_batch();
+        let split = (tokens.len() - 1) / mb * mb;
+        if split > 0 {
+            self.eval(&tokens[..split])?;
+        }
+        let last = &tokens[split..];
+        let start = self.tokens.len() as u32;
+        let pos: Vec<u32> = (start..start + last.len() as u32).collect();
+        let rows = self
+            .state
+            .forward_top_k(last, &pos, last.len() - 1, k, need_row)?;
+        self.tokens.extend_from_slice(last);
+        rows.into_iter()
+            .last()
             .ok_or_else(|| anyhow::anyhow!("no logits row returned"))
     }
 

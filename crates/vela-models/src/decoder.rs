@@ -319,6 +319,35 @@ impl<B: Backend> DecoderModel<B> {
         Ok(self.backend.argmax_rows(&st.logits, rows, self.cfg.n_vocab))
     }
 
+    /// [`Self::forward`] returning each logits row's `k` best tokens and statistics
+    /// ([`Backend::top_k_rows`]: selected on the device by a GPU) and, only for the rows where
+    /// `need_row` asks for it, the row itself.
+    pub fn forward_top_k(
+        &self,
+        st: &mut ForwardState<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+        k: usize,
+        need_row: &dyn Fn(&vela_compute::TopK) -> bool,
+    ) -> Result<Vec<(vela_compute::TopK, Option<Vec<f32>>)>> {
+        let rows = self.run(st, tokens, positions, logits_from)?;
+        let nv = self.cfg.n_vocab;
+        let tops = self.backend.top_k_rows(&st.logits, rows, nv, k);
+        let need: Vec<bool> = tops.iter().map(need_row).collect();
+        let mut all = Vec::new();
+        if need.contains(&true) {
+            all = vec![0f32; rows * nv];
+            self.backend.read(&st.logits, &mut all);
+        }
+        Ok(tops
+            .into_iter()
+            .zip(need)
+            .enumerate()
+            .map(|(r, (t, n))| (t, n.then(|| all[r * nv..(r + 1) * nv].to_vec())))
+            .collect())
+    }
+
     /// The forward pass up to the logits in `st.logits`; returns their number of rows. A
     /// single-token step is announced to the backend ([`Backend::decode_step_begin`]) so it can
     /// run as one recorded graph.

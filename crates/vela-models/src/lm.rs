@@ -10,7 +10,7 @@
 use anyhow::{anyhow, Result};
 use std::any::Any;
 use std::sync::Arc;
-use vela_compute::{Backend, KvType};
+use vela_compute::{Backend, KvType, TopK};
 
 use crate::decoder::{DecoderModel, ForwardState};
 use crate::gemma4::{Gemma4Model, Gemma4State, LayerKind};
@@ -69,6 +69,32 @@ pub trait ModelState: Send {
         }
         let width = rows.len() / n;
         Ok(rows.chunks_exact(width).map(vela_compute::argmax).collect())
+    }
+    /// [`ModelState::forward`] returning, for each logits row, its `k` best tokens and statistics
+    /// ([`vela_compute::top_k_row`]) and, only where `need_row` says so after seeing them, the
+    /// row itself; a GPU backend selects on the device and copies back the row only when asked.
+    fn forward_top_k(
+        &mut self,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+        k: usize,
+        need_row: &dyn Fn(&TopK) -> bool,
+    ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
+        let rows = self.forward(tokens, positions, logits_from)?;
+        let n = tokens.len() - logits_from;
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let width = rows.len() / n;
+        Ok((0..n)
+            .map(|i| {
+                let r = &rows[i * width..(i + 1) * width];
+                let t = vela_compute::top_k_row(r, k);
+                let row = need_row(&t).then(|| r.to_vec());
+                (t, row)
+            })
+            .collect())
     }
     fn n_ctx(&self) -> usize;
     fn max_batch(&self) -> usize;
@@ -239,6 +265,17 @@ impl_model_state!(
         ) -> Result<Vec<u32>> {
             self.model
                 .forward_argmax(&mut self.state, tokens, pos, logits_from)
+        }
+        fn forward_top_k(
+            &mut self,
+            tokens: &[u32],
+            pos: &[u32],
+            logits_from: usize,
+            k: usize,
+            need_row: &dyn Fn(&TopK) -> bool,
+        ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
+            self.model
+                .forward_top_k(&mut self.state, tokens, pos, logits_from, k, need_row)
         }
     }
 );

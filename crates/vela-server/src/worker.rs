@@ -402,6 +402,14 @@ fn generate(
             _ => ("length", None),
         }
     } else {
+        // Decode steps return only the top-k selection (made on the device by a GPU) when it
+        // decides the token exactly like the full row would (no logprobs, no penalties or bias,
+        // see `Sampler::sample_top_k`); otherwise, and at the steps it does not decide, the row.
+        let device_k = match job.logprobs {
+            None => sampler.device_top_k(vela_engine::generate::SAMPLE_TOP_K_CAP),
+            Some(_) => None,
+        };
+        let mut top = None;
         loop {
             if cancel.is_cancelled() || out.is_closed() {
                 cancel.cancel();
@@ -409,7 +417,12 @@ fn generate(
                 return Ok(());
             }
             let raw = job.logprobs.map(|_| logits.clone());
-            let t = sampler.sample(&mut logits);
+            let t = match top.take() {
+                Some(sel) => sampler
+                    .sample_top_k(&sel)
+                    .expect("the top-k selection was checked to suffice"),
+                None => sampler.sample(&mut logits),
+            };
             if first {
                 metrics.ttft.observe(job.received.elapsed().as_secs_f64());
                 first = false;
@@ -436,7 +449,17 @@ fn generate(
                 break ("length", None);
             }
             step_start = Instant::now();
-            logits = session.eval(&[t])?;
+            match device_k {
+                Some(k) => {
+                    let (sel, row) =
+                        session.eval_top_k(&[t], k, &|sel| !sampler.top_k_suffices(sel))?;
+                    match row {
+                        Some(row) => logits = row,
+                        None => top = Some(sel),
+                    }
+                }
+                None => logits = session.eval(&[t])?,
+            }
             clock.step();
         }
     };
