@@ -14,9 +14,9 @@
 #          libraries into <out>/llama-bench-cuda.tar.xz, so a later call can run it unbuilt
 #          (`tar xJf ... && LD_LIBRARY_PATH=llama-bench-cuda llama-bench-cuda/llama-bench ...`).
 #
-# Build options: -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 (H100/H200), FlashAttention
-# kernels OFF (GGML_CUDA_FA=OFF; saves most of the compile time, llama-bench then runs without
-# FA), no curl, tests, server, examples. VELA_CACHE defaults to /root/.cache/vela.
+# Build options: -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 (H100/H200), FlashAttention kernels
+# ON (llama.cpp's fastest long-context decode; LLAMA_CUDA_FA=OFF skips them and saves compile
+# time), no curl, tests, server, examples. VELA_CACHE defaults to /root/.cache/vela.
 set -euo pipefail
 mode=${1:?mode: pack|build|bundle}
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,7 +52,7 @@ build)
   export PATH=$PATH:$(ls -d /usr/local/cuda*/bin 2>/dev/null | head -1)
   command -v nvcc >/dev/null || { echo "nvcc not found" >&2; exit 1; }
   cmake -S "$dir/llama.cpp" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release \
-    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=OFF -DGGML_CUDA_NCCL=OFF \
+    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 -DGGML_CUDA_FA=${LLAMA_CUDA_FA:-ON} -DGGML_CUDA_NCCL=OFF \
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF \
     -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF
   cmake --build "$dir/build" -j"$(nproc)" --target llama-bench

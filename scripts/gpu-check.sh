@@ -63,6 +63,11 @@ if [ "$stage" = ops ] || [ "$stage" = all ]; then
   run kernels2::matvec_new_matches_cpu_and_old kernels2::exact_matmul_matches_cpu_exact \
       kernels2::device_argmax_matches_cpu_sampler kernels2::fused_norm_matmul_and_rope_qk_match_cpu \
       kernels2::split_attention_long_context_matches_cpu kernels2::fused_decode_ops_match_cpu
+  # third slice: K-split matvec in x3 launches, cuBLAS prefill products, device top-k sampling
+  run kernels2::matvec_x3_split_matches_single gemm::gemm_prefill_matches_cpu_exact \
+      sample::device_top_k_matches_cpu
+  run --exact gemm::gemm_speed                     # cuBLAS vs integer prefill products, crossover
+  run --exact sample::device_top_k_timing          # us per top-k call vs reading the row back
   run --exact kernels2::matvec_bandwidth           # GB/s old vs new on 8B-sized matrices
   run --exact kernels2::attention_decode_timing    # us per decode attention call, split-K vs not
 fi

@@ -1,107 +1,134 @@
 #!/usr/bin/env bash
-# The whole GPU check of issue 6 in one place, run ON the GPU machine (no Rust toolchain, no
-# network there) from the repository root, with what this machine built carried in
-# target/gpu-data/ (the device tool's `carry`; files placed there stay between back-to-back calls
-# while the machine is warm).
+# The whole GPU check of issue 6, run ON the GPU machine (no Rust toolchain, no network there)
+# from the repository root, with what this machine built and fetched carried over by the device
+# tool in pieces of at most 64 MiB per call (the machine stays warm between back-to-back calls).
 #
-#   here:   scripts/gpu-suite.sh pack      # vela binary, gpu test binary, llama.cpp source, parity
-#                                          # fixtures and the three real models split into <=60 MB
-#                                          # parts under target/gpu-data/ (prints what to carry)
-#   there:  scripts/gpu-suite.sh prep      # first call: starts the llama.cpp CUDA build (setsid,
-#                                          # keeps running between calls) and `vela synth` of the
-#                                          # 8B models in the background
-#   there:  scripts/gpu-suite.sh run       # last call: assemble + sha256-check the models, then
+#   here:   scripts/gpu-suite.sh pack     # -> target/gpu-data/suite/: the vela binary, the GPU
+#                                         #    test binary, the three real models in 60 MiB parts,
+#                                         #    the parity fixtures, tokenizer sources for
+#                                         #    `vela synth`, llama.cpp CUDA (a llama-bench bundle
+#                                         #    built there once by scripts/build-llama-cpp-cuda.sh
+#                                         #    and brought back, target/gpu-data/lb/lb.partNN);
+#                                         #    prints the carry groups (each <= 64 MiB)
+#   there:  scripts/gpu-suite.sh recv     # once per carry group: files -> /tmp/stash
+#   there:  scripts/gpu-suite.sh test     # assemble + sha256-check the models, then
 #       1. device bandwidth (crates/vela-cuda/bench/bandwidth.cu, nvcc) — the roofline's denominator
-#       2. GPU op/model tests (scripts/gpu-check.sh ops + model with the carried test binary)
+#       2. GPU op/model tests (scripts/gpu-check.sh all with the carried test binary)
 #       3. GPU vs CPU logits + greedy (scripts/gpu-vs-cpu.py; exact mode gated, default reported)
 #       4. llama.cpp parity fixtures with vela on the GPU (scripts/check-parity.py)
-#       5. vela vs llama.cpp CUDA, interleaved, 3 reps (scripts/bench-vs-llama.py): pp512 + tg128
-#          and tg128 at 8K depth, for the three real models and synth Llama-3-8B Q4_0 / Q4_K_M
-#   Results: $OUT/suite.md (+ logs). Never touches GPU settings.
+#       and `vela synth` of Llama-3-8B Q4_0 / Q4_K_M in the background
+#   there:  scripts/gpu-suite.sh bench    # vela vs llama.cpp CUDA, interleaved, 3 reps
+#       (scripts/bench-vs-llama.py): pp512 + tg128, and tg128 at 8K depth, for the three real
+#       models and the two synth 8B models; weight bytes per token for the roofline
+#   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|prep|run}
+stage=${1:?stage: pack|recv|test|bench}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-data=target/gpu-data
+S=target/gpu-data/suite
+stash=/tmp/stash
 OUT=${OUT:-/tmp/vela-gpu-suite}
 export VELA_CACHE=${VELA_CACHE_GPU:-/tmp/vela-cache}
+MODELS="SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m qwen2.5-coder-0.5b-instruct-q4_k_m"
 SYNTH="llama3-8b:q4_0 llama3-8b:q4_k_m"
 
 case $stage in
 pack)
   src=${VELA_CACHE_HERE:-$HOME/.cache/vela}
-  mkdir -p $data
-  cp target/release/vela $data/vela
+  rm -rf $S && mkdir -p $S
+  cp target/release/vela $S/vela
   bin=$(ls -t target/release/deps/gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
-  [ -n "$bin" ] && cp "$bin" $data/gpu-test
-  [ -f $data/llama-src.tar.gz ] || scripts/build-llama-cpp-cuda.sh pack
-  tar czf $data/parity.tar.gz -C "$src/golden" parity
-  for m in SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m qwen2.5-coder-0.5b-instruct-q4_k_m; do
-    [ -f "$data/m-$m.sha256" ] && continue
-    (cd "$src/models" && sha256sum $m.gguf) >"$data/m-$m.sha256"
-    split -b 60M -d "$src/models/$m.gguf" "$data/m-$m.part"
+  cp "$bin" $S/gpu-test
+  tar czf $S/parity.tar.gz -C "$src/golden" parity
+  cp "$src/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" $S/
+  cp target/gpu-data/lb/lb.part* $S/ 2>/dev/null || echo "no llama-bench bundle in target/gpu-data/lb"
+  for m in $MODELS; do
+    (cd "$src/models" && sha256sum $m.gguf) >"$S/m-$m.sha256"
+    split -b 60M -d "$src/models/$m.gguf" "$S/m-$m.part"
   done
-  ls -la $data
+  # Carry groups: first-fit of the files (largest first) into bins of 61 MiB (+ the ~2 MB working tree <= 64 MiB).
+  python3 - "$S" <<'EOF'
+import os, sys
+d = sys.argv[1]
+files = sorted(((os.path.getsize(os.path.join(d, f)), f) for f in os.listdir(d)), reverse=True)
+bins = []
+for size, f in files:
+    for b in bins:
+        if b[0] + size <= 61 << 20:
+            b[0] += size; b[1].append(f); break
+    else:
+        bins.append([size, [f]])
+with open(os.path.join(d, "groups.txt"), "w") as g:
+    for size, fs in bins:
+        g.write(" ".join(fs) + "\n")
+print(f"{len(bins)} carry groups:")
+for size, fs in bins:
+    print(f"  {size / 2**20:5.1f} MiB: {' '.join(fs)}")
+EOF
   ;;
-prep)
-  mkdir -p "$VELA_CACHE/models" /tmp/synth
-  tar xzf $data/parity.tar.gz -C "$VELA_CACHE" 2>/dev/null; mkdir -p "$VELA_CACHE/golden"
-  [ -d "$VELA_CACHE/parity" ] && rm -rf "$VELA_CACHE/golden/parity" && mv "$VELA_CACHE/parity" "$VELA_CACHE/golden/"
-  setsid nohup scripts/build-llama-cpp-cuda.sh build /tmp/llama-cuda >/tmp/llama-build.log 2>&1 < /dev/null &
-  chmod +x $data/vela $data/gpu-test 2>/dev/null
-  if $data/vela synth --help >/dev/null 2>&1; then
-    (for s in $SYNTH; do
-       a=${s%%:*}; t=${s##*:}
-       $data/vela synth --arch "$a" --type "$t" --seed 1 -o /tmp/synth/$a-$t.gguf
-     done) >/tmp/synth.log 2>&1 < /dev/null &
-    disown
-  fi
-  sleep 2; echo "prep started"; nproc; nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv
+recv)
+  mkdir -p $stash
+  for f in $S/*; do [ -f "$f" ] && cp -f "$f" $stash/; done
+  echo "stash: $(ls $stash | wc -l) files, $(du -sh $stash | cut -f1)"
   ;;
-run)
-  mkdir -p "$OUT"
-  log=$OUT/suite-log.txt
+test)
+  mkdir -p "$OUT" "$VELA_CACHE/models" "$VELA_CACHE/golden" "$VELA_CACHE/vocab" /tmp/synth
+  log=$OUT/suite-test-log.txt
   : >"$log"
   say() { echo "$*" | tee -a "$log"; }
-  for f in $data/m-*.sha256; do
-    m=$(basename "$f" .sha256); m=${m#m-}
-    if [ ! -s "$VELA_CACHE/models/$m.gguf" ] && ls $data/m-$m.part* >/dev/null 2>&1; then
-      cat $data/m-$m.part* >"$VELA_CACHE/models/$m.gguf"
-    fi
-    (cd "$VELA_CACHE/models" && sha256sum -c "$root/$f") 2>&1 | tee -a "$log"
+  t0=$(date +%s)
+  cp $stash/vela $stash/gpu-test /tmp/ && chmod +x /tmp/vela /tmp/gpu-test
+  cp $stash/ggml-vocab-*.gguf "$VELA_CACHE/vocab/"
+  (for s in $SYNTH; do
+     a=${s%%:*}; t=${s##*:}
+     /tmp/vela synth --arch "$a" --type "$t" --seed 1 -t 6 -o /tmp/synth/$a-$t.gguf
+   done; echo "synth done") >/tmp/synth.log 2>&1 </dev/null &
+  for m in $MODELS; do
+    [ -s "$VELA_CACHE/models/$m.gguf" ] || cat $stash/m-$m.part* >"$VELA_CACHE/models/$m.gguf"
+    (cd "$VELA_CACHE/models" && sha256sum -c $stash/m-$m.sha256) 2>&1 | tee -a "$log"
   done
+  rm -rf "$VELA_CACHE/golden/parity" && tar xzf $stash/parity.tar.gz -C "$VELA_CACHE/golden"
+  mkdir -p "$VELA_CACHE/llama.cpp-cuda" && cat $stash/lb.part* | tar xJf - -C /tmp &&
+    rm -rf "$VELA_CACHE/llama.cpp-cuda/bin" && ln -s /tmp/llama-bench-cuda "$VELA_CACHE/llama.cpp-cuda/bin"
   export PATH=$PATH:$(ls -d /usr/local/cuda*/bin 2>/dev/null | head -1)
   say "== 1. bandwidth"
   nvcc -O3 -arch=sm_90 crates/vela-cuda/bench/bandwidth.cu -o /tmp/vela-bw 2>>"$log" && /tmp/vela-bw 2>&1 | tee -a "$log"
-  say "== 2. GPU tests"
-  if [ -x $data/gpu-test ]; then
-    VELA_GPU_MODEL=$VELA_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf OUT=$OUT \
-      timeout 240 scripts/gpu-check.sh all $data/gpu-test >/dev/null 2>&1
-    say "gpu-check exit $?"
-  fi
-  say "== 3. GPU vs CPU"
-  timeout 300 python3 scripts/gpu-vs-cpu.py --vela $data/vela --out $OUT/gpu-vs-cpu.md 2>&1 | tail -60 >>"$log"
-  say "gpu-vs-cpu exit ${PIPESTATUS[0]}"
-  say "== 4. parity fixtures on the GPU"
-  timeout 300 python3 scripts/check-parity.py --vela $data/vela 2>&1 | tail -40 >$OUT/parity-gpu.txt
-  say "check-parity exit ${PIPESTATUS[0]}"
-  say "== 5. benchmarks"
-  for i in $(seq 60); do [ -x /tmp/llama-cuda/build/bin/llama-bench ] && break; sleep 5; done
-  mkdir -p "$VELA_CACHE/llama.cpp-cuda"
-  ln -sfn /tmp/llama-cuda/build/bin "$VELA_CACHE/llama.cpp-cuda/bin"
-  tail -3 /tmp/llama-build.log >>"$log"
-  wait_synth() { for i in $(seq 60); do grep -q "synth done" /tmp/synth.log 2>/dev/null && break; [ -s "$1" ] && ! pgrep -f "vela synth" >/dev/null && break; sleep 5; done; }
+  # The three correctness stages run concurrently (16 cores; the timings they print are info).
+  say "== 2-4. GPU tests, GPU vs CPU, parity on the GPU, concurrently ($(( $(date +%s) - t0 )) s)"
+  (VELA_GPU_MODEL=$VELA_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf OUT=$OUT \
+    timeout 240 scripts/gpu-check.sh all /tmp/gpu-test >/dev/null 2>&1; echo "gpu-check exit $?" >$OUT/rc-check.txt) &
+  (timeout 240 python3 scripts/gpu-vs-cpu.py --vela /tmp/vela --out $OUT/gpu-vs-cpu.md >$OUT/gpu-vs-cpu-log.txt 2>&1;
+    echo "gpu-vs-cpu exit $?" >$OUT/rc-gvc.txt) &
+  (timeout 240 python3 scripts/check-parity.py --vela /tmp/vela >$OUT/parity-gpu.txt 2>&1;
+    echo "check-parity exit $?" >$OUT/rc-parity.txt) &
+  wait
+  cat $OUT/rc-*.txt | tee -a "$log"
+  grep -E "FAIL|panicked" $OUT/log-all.txt | head -20 | tee -a "$log"
+  tail -25 $OUT/gpu-vs-cpu-log.txt | tee -a "$log"
+  tail -8 $OUT/parity-gpu.txt | tee -a "$log"
+  say "== done ($(( $(date +%s) - t0 )) s); synth: $(tail -1 /tmp/synth.log)"
+  ;;
+bench)
+  mkdir -p "$OUT"
+  log=$OUT/suite-bench-log.txt
+  : >"$log"
+  t0=$(date +%s)
+  for i in $(seq 60); do grep -q "synth done" /tmp/synth.log && break; sleep 2; done
+  cat /tmp/synth.log >>"$log"
   models=smollm2,gemma3,qwen25
-  for s in $SYNTH; do f=/tmp/synth/${s%%:*}-${s##*:}.gguf; wait_synth "$f"; [ -s "$f" ] && models="$models,$f"; done
-  cat /tmp/synth.log >>"$log" 2>/dev/null
-  B=(python3 scripts/bench-vs-llama.py --vela $data/vela --flavors cuda --threads 16 --reps 3
+  for s in $SYNTH; do f=/tmp/synth/${s%%:*}-${s##*:}.gguf; [ -s "$f" ] && models="$models,$f"; done
+  B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela --flavors cuda --threads 16 --reps 3
      "--llama-args=-ngl 99" "--vela-args=--device cuda")
-  timeout 420 "${B[@]}" --models "$models" --out $OUT/bench.md --json-out $OUT/bench.json 2>>"$log"
-  timeout 300 "${B[@]}" --models "$models" -p 0 -n 128 --depth 8192 --out $OUT/bench-8k.md 2>>"$log"
-  { echo "# GPU suite"; nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-    echo; grep -E "RESULT|GB/s|OK|FAILED|exit" "$log"; echo; cat $OUT/gpu-vs-cpu.md $OUT/parity-gpu.txt \
-    $OUT/bench.md $OUT/bench-8k.md 2>/dev/null; } >$OUT/suite.md
-  cat $OUT/suite.md
+  timeout 190 "${B[@]}" --models "$models" --out $OUT/bench.md --json-out $OUT/bench.json 2>>"$log"
+  echo "pp/tg done $(( $(date +%s) - t0 )) s" >>"$log"
+  timeout 170 "${B[@]}" --models "$models" -p 0 -n 128 --depth 8192 --out $OUT/bench-8k.md 2>>"$log"
+  echo "8k done $(( $(date +%s) - t0 )) s" >>"$log"
+  # Weight bytes read per decoded token (the roofline's numerator without the KV cache).
+  for m in $VELA_CACHE/models/*.gguf /tmp/synth/*.gguf; do
+    /tmp/vela bench --model "$m" --device cuda -p 0 -n 4 -r 1 --json 2>/dev/null |
+      python3 -c "import json,sys; j=json.load(sys.stdin); print(j['model'], j['weight_bytes_per_token'])"
+  done >$OUT/weight-bytes.txt
+  cat $OUT/bench.md $OUT/bench-8k.md $OUT/weight-bytes.txt
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;
 esac

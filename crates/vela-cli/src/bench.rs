@@ -58,8 +58,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             .collect::<Vec<u32>>()
     };
     let mut session = l.session()?;
-    // Warm-up (page in the weights, spin up threads).
-    session.eval(&rand_tokens(8.min(session.ubatch())))?;
+    // Warm-up, like llama-bench: one prompt of the measured length (pages in the weights,
+    // spins up threads, loads a GPU's prefill kernels) and two decode steps (capture the GPU's
+    // decode-step graph).
+    session.eval(&rand_tokens(a.n_prompt.clamp(8, session.ubatch())))?;
+    let mut tok = rand_tokens(1)[0];
+    for _ in 0..2 {
+        tok = session.eval_argmax(&[tok])?;
+    }
+    session.reset();
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     for _ in 0..a.reps {
         if a.n_prompt > 0 {

@@ -20,17 +20,41 @@ extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w,
 // RoPE: block per token, thread per (head, pair). The angle of pair i is built like the CPU's
 // table: theta = pos, multiplied i times by theta_scale in f32 (theta_scale is computed on the
 // host so both backends use the same value). ff (may be null) holds per-pair divisors.
+#define ROPE_MAX_PAIRS 256
 __device__ __forceinline__ void rope_row(float* x, const u32* __restrict__ pos, int t, int n_head,
                                          int head_dim, int n_rot, float theta_scale,
                                          float freq_scale, const float* __restrict__ ff, int neox) {
     int half_rot = n_rot / 2;
+    // The angles depend on the pair only: computed once per block (a serial chain of up to
+    // half_rot multiplications each), then applied to every head. Same values as computing
+    // them per element.
+    __shared__ float cs[2][ROPE_MAX_PAIRS];
+    bool shared = half_rot <= ROPE_MAX_PAIRS;
+    if (shared) {
+        for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
+            float theta = (float)pos[t];
+            for (int j = 0; j < i; j++) theta *= theta_scale;
+            float f = ff ? ff[i] : 1.0f;
+            float a = freq_scale * (theta / f);
+            cs[0][i] = cosf(a);
+            cs[1][i] = sinf(a);
+        }
+        __syncthreads();
+    }
     for (int k = threadIdx.x; k < n_head * half_rot; k += blockDim.x) {
         int h = k / half_rot, i = k % half_rot;
-        float theta = (float)pos[t];
-        for (int j = 0; j < i; j++) theta *= theta_scale;
-        float f = ff ? ff[i] : 1.0f;
-        float a = freq_scale * (theta / f);
-        float c = cosf(a), s = sinf(a);
+        float c, s;
+        if (shared) {
+            c = cs[0][i];
+            s = cs[1][i];
+        } else {
+            float theta = (float)pos[t];
+            for (int j = 0; j < i; j++) theta *= theta_scale;
+            float f = ff ? ff[i] : 1.0f;
+            float a = freq_scale * (theta / f);
+            c = cosf(a);
+            s = sinf(a);
+        }
         float* hx = x + ((size_t)t * n_head + h) * head_dim;
         int ia = neox ? i : 2 * i;
         int ib = neox ? i + half_rot : 2 * i + 1;

@@ -3,6 +3,9 @@
 
 use crate::{Arg, CudaBackend, CudaBuf, CudaKv};
 use crate::{ATT_MAXD, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
+
+/// Fewest (head, token) blocks for the 4-warp prefill attention kernels.
+const ATT_W4_MIN_BLOCKS: usize = 2048;
 use std::sync::atomic::Ordering;
 use vela_compute::{AttnParams, Backend, KvType, RopeParams};
 
@@ -154,9 +157,13 @@ impl CudaBackend {
         let mut sc = self.scratch();
         let pp = self.positions(&mut sc, positions);
         let n_tok = positions.len();
-        // Split-K: enough (head, token, part) blocks for two waves over ~132 SMs, parts of at
-        // least one 32-key chunk; fixed by the shapes, so recorded steps replay at any position.
+        // Split-K: enough (head, token, part) blocks for two waves over ~132 SMs, and at least
+        // one part per `split_keys()` keys of cache capacity (long contexts: more blocks in
+        // flight), parts of at least one 32-key chunk; fixed by the shapes (not the position),
+        // so recorded steps replay at any position.
+        let by_capacity = split_keys().map_or(0, |k| l.spec.capacity / k);
         let parts = (264 / (p.n_head * n_tok).max(1))
+            .max(by_capacity)
             .clamp(1, 32)
             .min(l.spec.capacity.div_ceil(32));
         if self.split_attn.load(Ordering::Relaxed)
@@ -226,11 +233,32 @@ impl CudaBackend {
             Arg::F(p.scale),
             Arg::F(p.softcap.unwrap_or(0.0)),
         ];
+        // Prefill batches already give n_head * n_tok blocks: 4 warps per block instead of 32
+        // (a pp512 layer of Llama-3-8B: 1.27 ms with 32 warps, mostly idle).
+        let w4 = std::env::var("VELA_CUDA_ATTN_W4").map_or(true, |v| v != "0");
+        let (name, warps) = if w4 && p.n_head * positions.len() >= ATT_W4_MIN_BLOCKS {
+            (format!("{name}_w4"), 4)
+        } else {
+            (name.to_string(), ATT_WARPS)
+        };
         self.launch(
-            name,
+            &name,
             (p.n_head as u32, positions.len() as u32, 1),
-            32 * ATT_WARPS,
+            32 * warps,
             &args,
         );
     }
+}
+
+/// Cache capacity per split-K part (`VELA_CUDA_SPLIT_KEYS`, default 256; 0: parts from the
+/// grid size alone).
+fn split_keys() -> Option<usize> {
+    static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let k = *K.get_or_init(|| {
+        std::env::var("VELA_CUDA_SPLIT_KEYS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(256)
+    });
+    (k > 0).then_some(k)
 }

@@ -99,9 +99,11 @@ impl CudaBackend {
                 return;
             }
         }
+        let t = self.prof_begin();
         if let Err(e) = self.launch_now(name, grid, block, args) {
             panic!("{e:#}");
         }
+        self.prof_end(name, t);
     }
 
     /// The device `io` buffer's token slot, if a step for `ids` is being recorded (else the

@@ -11,11 +11,15 @@
 //! angles by repeated f32 multiplication with the same host-computed ratio.
 
 mod attn;
+mod cublas;
+mod gemm;
 mod graph;
 pub mod kernels;
 mod kv;
 mod matmul;
 pub mod nvrtc;
+mod profile;
+pub mod sample;
 mod upload;
 
 pub use graph::GraphStats;
@@ -28,7 +32,7 @@ use cudarc::driver::{
     PushKernelArg,
 };
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use vela_compute::{Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams};
 use vela_formats::quant::GgmlType;
@@ -105,6 +109,17 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "act_q8_gelu",
             "act_q8k_silu",
             "act_q8k_gelu",
+            "deqh_f32",
+            "deqh_f16",
+            "deqh_q4_0",
+            "deqh_q4_1",
+            "deqh_q5_0",
+            "deqh_q5_1",
+            "deqh_q8_0",
+            "deqh_q4_k",
+            "deqh_q5_k",
+            "deqh_q6_k",
+            "to_f16",
         ],
     ),
     (
@@ -133,11 +148,14 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "kv_store_f16",
             "attention_f32",
             "attention_f16",
+            "attention_f32_w4",
+            "attention_f16_w4",
             "attention_part_f32",
             "attention_part_f16",
             "attention_combine",
         ],
     ),
+    ("sample", &["topk_rows"]),
 ];
 
 /// Bytes of the GPU activation block layouts (`struct AQ8` / `AQ8K` in `kernels/quant.cu`).
@@ -242,6 +260,14 @@ pub struct CudaBackend {
     /// Device output of `argmax_rows` and its per-chunk candidates (values, then indices).
     argmax_out: Mutex<(CudaSlice<u32>, CudaSlice<f32>)>,
     upload: upload::Upload,
+    /// cuBLAS prefill (gemm.rs): smallest batch (`VELA_CUDA_GEMM_MIN`, 0 = off) and state.
+    gemm_min: AtomicUsize,
+    gemm: Mutex<gemm::GemmState>,
+    /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
+    mv_split_mode: std::sync::atomic::AtomicU32,
+    /// Per-kernel timing (`VELA_CUDA_PROFILE=1`, profile.rs).
+    profiling: bool,
+    prof: Mutex<profile::Profiler>,
 }
 
 /// RoPE frequency factors: the host vector (kept alive as the cache key) and its device copy.
@@ -358,13 +384,31 @@ impl CudaBackend {
             fuse: AtomicBool::new(env("VELA_CUDA_FUSE") != "0"),
             split_attn: AtomicBool::new(env("VELA_CUDA_ATTN") != "old"),
             attn_part: Mutex::new(attn_part),
-            graphs_on: AtomicBool::new(env("VELA_CUDA_GRAPH") != "0"),
+            graphs_on: AtomicBool::new(
+                env("VELA_CUDA_GRAPH") != "0" && env("VELA_CUDA_PROFILE") != "1",
+            ),
             rec: Mutex::new(graph::Recorder::default()),
             io: Mutex::new(io),
             io_ptr,
             rope_factors: Mutex::new(Vec::new()),
             argmax_out: Mutex::new((argmax_out, argmax_cand)),
             upload: upload::Upload::default(),
+            gemm_min: AtomicUsize::new(
+                env("VELA_CUDA_GEMM_MIN")
+                    .parse()
+                    .unwrap_or(gemm::DEFAULT_GEMM_MIN),
+            ),
+            gemm: Mutex::new(gemm::GemmState::default()),
+            profiling: env("VELA_CUDA_PROFILE") == "1",
+            mv_split_mode: std::sync::atomic::AtomicU32::new(
+                match env("VELA_CUDA_MV_SPLIT").as_str() {
+                    "auto" => 0,
+                    "2" => 2,
+                    "4" => 4,
+                    _ => 1,
+                },
+            ),
+            prof: Mutex::new(profile::Profiler::default()),
         })
     }
 
@@ -943,11 +987,24 @@ impl Backend for CudaBackend {
         self.stream.synchronize().expect("CUDA synchronize");
         ids
     }
+
+    fn top_k_rows(
+        &self,
+        x: &CudaBuf,
+        n_rows: usize,
+        width: usize,
+        k: usize,
+    ) -> Vec<vela_compute::TopK> {
+        self.top_k_rows_device(x, n_rows, width, k)
+    }
 }
 
 impl Drop for CudaBackend {
     fn drop(&mut self) {
         let _ = self.stream.synchronize();
+        if let Some(r) = self.profile_report() {
+            eprint!("{r}");
+        }
         let _ = &self.ctx;
     }
 }

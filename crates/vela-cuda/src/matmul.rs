@@ -35,6 +35,12 @@ impl CudaBackend {
             }
             return;
         }
+        if pre.is_none() && self.use_gemm(n, ws) {
+            if let Err(e) = self.matmul_gemm(ws, x, n, ys) {
+                panic!("{e:#}");
+            }
+            return;
+        }
         let mut sc = self.scratch();
         // (activation kind, width) of the activations currently in the scratch buffer.
         let mut quantized = pre;
@@ -67,14 +73,16 @@ impl CudaBackend {
                     }
                 },
             };
-            let grid = ((w.rows as u32).div_ceil(MM_WARPS), 1, 1);
             if n == 1 && kind != ActKind::Float && self.matvec_new.load(Ordering::Relaxed) {
+                let split = self.mv_split(w.cols);
+                let grid = ((w.rows as u32).div_ceil(MM_WARPS / split), 1, 1);
                 let args = [
                     Arg::P(self.ptr(&w.data)),
                     Arg::P(xp),
                     Arg::P(self.ptr(&**y)),
                     Arg::I(w.rows as i32),
                     Arg::I(nb as i32),
+                    Arg::I(split as i32),
                 ];
                 let u2 = kind == ActKind::Q8K && self.mvk_u2.load(Ordering::Relaxed);
                 let name = format!("mv_{suffix}{}", if u2 { "_u2" } else { "" });
@@ -176,7 +184,8 @@ impl CudaBackend {
             && matches!(kind, Some(ActKind::Q8 | ActKind::Q8K))
             && ws
                 .iter()
-                .all(|w| w.cols == width && type_info(w.ty).map(|t| t.1) == kind);
+                .all(|w| w.cols == width && type_info(w.ty).map(|t| t.1) == kind)
+            && !self.use_gemm(n_rows, ws);
         let Some(kind) = kind.filter(|_| fusable) else {
             if let Some(r) = residual {
                 self.add(x, r, n_rows * width);
@@ -248,7 +257,10 @@ impl CudaBackend {
         let wp = |i: usize| ws.get(i).map(|w| self.ptr(&w.data)).unwrap_or(0);
         let yp: Vec<u64> = ys.iter().map(|y| self.ptr(&**y)).collect();
         let rows = |i: usize| ws.get(i).map(|w| w.rows).unwrap_or(0);
-        let blocks: u32 = (0..3).map(|i| (rows(i) as u32).div_ceil(MM_WARPS)).sum();
+        let split = self.mv_split(cols);
+        let blocks: u32 = (0..3)
+            .map(|i| (rows(i) as u32).div_ceil(MM_WARPS / split))
+            .sum();
         if blocks == 0 {
             return true;
         }
@@ -264,6 +276,7 @@ impl CudaBackend {
             Arg::I(rows(1) as i32),
             Arg::I(rows(2) as i32),
             Arg::I(nb as i32),
+            Arg::I(split as i32),
         ];
         self.launch(
             &format!("mv_{suffix}_x3"),
@@ -294,7 +307,8 @@ impl CudaBackend {
             && !self.exact.load(Ordering::Relaxed)
             && n_rows > 0
             && w.cols == width
-            && matches!(kind, Some(ActKind::Q8 | ActKind::Q8K));
+            && matches!(kind, Some(ActKind::Q8 | ActKind::Q8K))
+            && !self.use_gemm(n_rows, &[w]);
         let Some(kind) = kind.filter(|_| fusable) else {
             self.act_mul(gate, up, n_rows * width, act);
             self.matmul(w, gate, n_rows, y);
@@ -344,5 +358,29 @@ impl CudaBackend {
                 .expect("CUDA alloc of activation scratch");
         }
         self.ptr(&sc.act)
+    }
+}
+
+impl CudaBackend {
+    /// Warps per row of the one-token `mv_*` kernels (1, 2 or 4, dividing `MM_WARPS`) for rows
+    /// of `cols` elements. Mode 1 (the default), 2 or 4: that many; mode 0 ("auto"): 2 or 4 for
+    /// rows of more than 64 or 128 32-element blocks. Set by `VELA_CUDA_MV_SPLIT` (1, 2, 4 or
+    /// `auto`) or [`CudaBackend::set_mv_split`]. The split lowered Llama-3-8B decode on the H200
+    /// (see `mv32` in quant.cu), hence the default.
+    pub(crate) fn mv_split(&self, cols: usize) -> u32 {
+        match self.mv_split_mode.load(Ordering::Relaxed) {
+            0 => match cols / 32 {
+                0..=64 => 1,
+                65..=128 => 2,
+                _ => 4,
+            },
+            m @ (1 | 2 | 4) => m,
+            _ => 1,
+        }
+    }
+
+    /// See [`CudaBackend::mv_split`]: 0 = auto, else 1, 2 or 4 warps per row.
+    pub fn set_mv_split(&self, mode: u32) {
+        self.mv_split_mode.store(mode, Ordering::Relaxed);
     }
 }

@@ -160,6 +160,8 @@ fn down<B: Backend>(be: &B, b: &B::Buf, n: usize) -> Vec<f32> {
 #[test]
 fn matmul_and_get_rows_match_cpu() {
     let Some(g) = gpu() else { return };
+    // The integer kernels (batches of 16+ tokens otherwise go to cuBLAS: tests/gpu/gemm.rs).
+    g.set_gemm_min(0);
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
     use GgmlType as G;
@@ -379,5 +381,7 @@ fn attention_and_kv_match_cpu() {
     }
 }
 
+mod gemm;
 mod kernels2;
 mod model;
+mod sample;

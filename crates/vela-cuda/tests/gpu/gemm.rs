@@ -1,0 +1,144 @@
+//! Prefill products on tensor cores (f16 tiles + cuBLAS, src/gemm.rs) against the CPU backend's
+//! exact mode, and their speed against the integer `mm_*_t8` kernels on Llama-3-8B shapes.
+
+use super::*;
+use vela_compute::cpu::matmul::exact;
+
+const TYPES: [GgmlType; 10] = [
+    GgmlType::Q4_0,
+    GgmlType::Q4_1,
+    GgmlType::Q5_0,
+    GgmlType::Q5_1,
+    GgmlType::Q8_0,
+    GgmlType::Q4_K,
+    GgmlType::Q5_K,
+    GgmlType::Q6_K,
+    GgmlType::F16,
+    GgmlType::F32,
+];
+
+fn upload(
+    g: &CudaBackend,
+    cpu: &CpuBackend,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+) -> (vela_cuda::CudaWeight, <CpuBackend as Backend>::Weight) {
+    let file = gguf(&[("w", ty, rows, cols, random_weight(ty, rows, cols, rng))]);
+    let hw = HostWeight::from_gguf(&file, "w").unwrap();
+    (
+        g.upload_weight(&hw).unwrap(),
+        cpu.upload_weight(&hw).unwrap(),
+    )
+}
+
+/// cuBLAS products (every weight type, odd row counts, several chunks when the scratch limit is
+/// forced down) vs the CPU's exact f32/f64 product: only f16 rounding of the two operands.
+#[test]
+fn gemm_prefill_matches_cpu_exact() {
+    let Some(g) = gpu() else { return };
+    if !g.gemm_available() {
+        assert!(
+            std::env::var("VELA_REQUIRE_GPU").as_deref() != Ok("1"),
+            "cuBLAS could not be loaded"
+        );
+        eprintln!("SKIP (no cuBLAS)");
+        return;
+    }
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0x6e33_1234);
+    for ty in TYPES {
+        let bs = ty.block_size();
+        for &(rows, nb, n) in &[(300usize, 2usize, 32usize), (77, 9, 75), (1030, 1, 40)] {
+            let cols = bs * nb;
+            // The last shape in chunks of 100 rows (11 cuBLAS calls into one output).
+            g.set_gemm_chunk_elems(if rows == 1030 { 100 * cols } else { 64 << 20 });
+            let (wg, wc) = upload(&g, &cpu, ty, rows, cols, &mut rng);
+            let x = rng.vec(n * cols);
+            let (xg, xc) = (up(&g, &x), up(&cpu, &x));
+            let (mut yg, mut yi, mut yc) =
+                (g.alloc(n * rows), g.alloc(n * rows), cpu.alloc(n * rows));
+            g.matmul(&wg, &xg, n, &mut yg);
+            g.set_gemm_min(0);
+            g.matmul(&wg, &xg, n, &mut yi);
+            g.set_gemm_min(16);
+            exact::set_thread_override(Some(true));
+            cpu.matmul(&wc, &xc, n, &mut yc);
+            exact::set_thread_override(None);
+            let (gm, im) = (down(&g, &yg, n * rows), down(&g, &yi, n * rows));
+            let (mi, ni) = err(&im, &yc[..n * rows]);
+            eprintln!(
+                "RESULT | int8 path vs exact {} {rows}x{cols} n={n} | max_err/rms {mi:.2e} nmse {ni:.2e} | | info |",
+                ty.name()
+            );
+            check(
+                &format!("gemm {} {rows}x{cols} n={n}", ty.name()),
+                &gm,
+                &yc[..n * rows],
+                4e-3,
+            );
+        }
+    }
+}
+
+/// Prefill product speed on Llama-3-8B shapes: cuBLAS path vs the integer kernels, 512 tokens,
+/// and the crossover batch size on a 4096x4096 Q4_0 weight.
+#[test]
+fn gemm_speed() {
+    let Some(g) = gpu() else { return };
+    if !g.gemm_available() {
+        return;
+    }
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(7);
+    let time = |w: &vela_cuda::CudaWeight,
+                x: &vela_cuda::CudaBuf,
+                n: usize,
+                y: &mut vela_cuda::CudaBuf| {
+        g.matmul(w, x, n, y);
+        g.synchronize().unwrap();
+        let reps = 20;
+        let t = Instant::now();
+        for _ in 0..reps {
+            g.matmul(w, x, n, y);
+        }
+        g.synchronize().unwrap();
+        t.elapsed().as_secs_f64() / reps as f64
+    };
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0] {
+        for &(rows, cols) in &[(4096usize, 4096usize), (14336, 4096), (4096, 14336)] {
+            let (wg, _) = upload(&g, &cpu, ty, rows, cols, &mut rng);
+            let n = 512;
+            let xg = up(&g, &rng.vec(n * cols));
+            let mut y = g.alloc(n * rows);
+            let flop = 2.0 * (rows * cols * n) as f64;
+            g.set_gemm_min(16);
+            let tg = time(&wg, &xg, n, &mut y);
+            g.set_gemm_min(0);
+            let ti = time(&wg, &xg, n, &mut y);
+            g.set_gemm_min(16);
+            eprintln!(
+                "RESULT | prefill product {} {rows}x{cols} n={n} | cublas {:.1} us {:.0} TFLOP/s, int8 {:.1} us {:.0} TFLOP/s | | info |",
+                ty.name(),
+                tg * 1e6,
+                flop / tg / 1e12,
+                ti * 1e6,
+                flop / ti / 1e12
+            );
+        }
+    }
+    let (wg, _) = upload(&g, &cpu, GgmlType::Q4_0, 4096, 4096, &mut rng);
+    let xg = up(&g, &rng.vec(256 * 4096));
+    let mut y = g.alloc(256 * 4096);
+    let mut line = String::from("crossover Q4_0 4096x4096 (us int8/cublas)");
+    for n in [2usize, 4, 8, 16, 24, 32, 64, 128, 256] {
+        g.set_gemm_min(0);
+        let ti = time(&wg, &xg, n, &mut y);
+        g.set_gemm_min(1);
+        let tg = time(&wg, &xg, n, &mut y);
+        line += &format!(" | n={n}: {:.1}/{:.1}", ti * 1e6, tg * 1e6);
+    }
+    g.set_gemm_min(16);
+    eprintln!("RESULT | {line} | | info |");
+}
