@@ -37,6 +37,12 @@ impl CudaBackend {
         self.gemm_min.store(n, Ordering::Relaxed);
     }
 
+    /// Dequantize for cuBLAS with one thread per 32-element block (`deqhb_*`, true) or per 8
+    /// elements (`deqh_*`, the default).
+    pub fn set_deqh_block(&self, on: bool) {
+        self.deqh_block.store(on, Ordering::Relaxed);
+    }
+
     /// Dequantize at most `elems` weight elements per cuBLAS call (tests; default 64 Mi).
     pub fn set_gemm_chunk_elems(&self, elems: usize) {
         self.gemm.lock().unwrap_or_else(|e| e.into_inner()).chunk = Some(elems.max(1));
@@ -143,8 +149,10 @@ impl CudaBackend {
             let mut r0 = 0;
             while r0 < w.rows {
                 let rows = chunk.min(w.rows - r0);
-                let n8 = rows * w.cols / 8;
-                let blocks = n8.div_ceil(256).min(65_535) as u32;
+                // One thread per 8 elements, or per 32-element (sub-)block (`deqhb_*`).
+                let block = self.deqh_block.load(Ordering::Relaxed) && w.cols % 32 == 0;
+                let per = if block { 32 } else { 8 };
+                let blocks = (rows * w.cols / per).div_ceil(256).min(65_535) as u32;
                 let args = [
                     Arg::P(wbase + (r0 * w.row_bytes) as u64),
                     Arg::P(wh),
@@ -152,7 +160,8 @@ impl CudaBackend {
                     Arg::I(w.cols as i32),
                     Arg::L(w.row_bytes as i64),
                 ];
-                self.launch(&format!("deqh_{suffix}"), (blocks, 1, 1), 256, &args);
+                let kernel = format!("{}_{suffix}", if block { "deqhb" } else { "deqh" });
+                self.launch(&kernel, (blocks, 1, 1), 256, &args);
                 // Output columns r0..r0+rows of every token row (row stride w.rows).
                 let t = self.prof_begin();
                 cublas.gemm_f16(wh, xh, ybase + 4 * r0 as u64, rows, n, w.cols, w.rows)?;

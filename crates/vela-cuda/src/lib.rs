@@ -119,6 +119,16 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "deqh_q4_k",
             "deqh_q5_k",
             "deqh_q6_k",
+            "deqhb_f32",
+            "deqhb_f16",
+            "deqhb_q4_0",
+            "deqhb_q4_1",
+            "deqhb_q5_0",
+            "deqhb_q5_1",
+            "deqhb_q8_0",
+            "deqhb_q4_k",
+            "deqhb_q5_k",
+            "deqhb_q6_k",
             "to_f16",
         ],
     ),
@@ -150,6 +160,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "attention_f16",
             "attention_f32_w4",
             "attention_f16_w4",
+            "attention_rows_f32",
+            "attention_rows_f16",
             "attention_part_f32",
             "attention_part_f16",
             "attention_combine",
@@ -262,9 +274,13 @@ pub struct CudaBackend {
     upload: upload::Upload,
     /// cuBLAS prefill (gemm.rs): smallest batch (`VELA_CUDA_GEMM_MIN`, 0 = off) and state.
     gemm_min: AtomicUsize,
+    /// Dequantize for cuBLAS one 32-element block per thread (`VELA_CUDA_DEQH=block`).
+    deqh_block: AtomicBool,
     gemm: Mutex<gemm::GemmState>,
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
+    /// Prefill attention kernel (`VELA_CUDA_ATTN_PREFILL` = w4 | rows | w32 → 0 | 1 | 2, attn.rs).
+    attn_prefill: std::sync::atomic::AtomicU32,
     /// Per-kernel timing (`VELA_CUDA_PROFILE=1`, profile.rs).
     profiling: bool,
     prof: Mutex<profile::Profiler>,
@@ -399,7 +415,15 @@ impl CudaBackend {
                     .unwrap_or(gemm::DEFAULT_GEMM_MIN),
             ),
             gemm: Mutex::new(gemm::GemmState::default()),
+            deqh_block: AtomicBool::new(env("VELA_CUDA_DEQH") == "block"),
             profiling: env("VELA_CUDA_PROFILE") == "1",
+            attn_prefill: std::sync::atomic::AtomicU32::new(
+                match env("VELA_CUDA_ATTN_PREFILL").as_str() {
+                    "rows" => 1,
+                    "w32" => 2,
+                    _ => 0,
+                },
+            ),
             mv_split_mode: std::sync::atomic::AtomicU32::new(
                 match env("VELA_CUDA_MV_SPLIT").as_str() {
                     "auto" => 0,
@@ -462,6 +486,12 @@ impl CudaBackend {
     /// Split-K decode attention on or off (default: on unless `VELA_CUDA_ATTN=old`).
     pub fn set_split_attention(&self, on: bool) {
         self.split_attn.store(on, Ordering::Relaxed);
+    }
+
+    /// Prefill attention kernel: 0 four warps per row (default), 1 one warp per row and four rows
+    /// per block, 2 the 32-warp kernel (see attn.rs).
+    pub fn set_prefill_attention(&self, mode: u32) {
+        self.attn_prefill.store(mode, Ordering::Relaxed);
     }
 
     /// Launch a kernel now (not recorded).

@@ -49,7 +49,8 @@ fn gemm_prefill_matches_cpu_exact() {
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(0x6e33_1234);
     for ty in TYPES {
-        let bs = ty.block_size();
+        // Float weights in rows of 32 too (the cuBLAS path needs rows of whole 32-element blocks).
+        let bs = ty.block_size().max(32);
         for &(rows, nb, n) in &[(300usize, 2usize, 32usize), (77, 9, 75), (1030, 1, 40)] {
             let cols = bs * nb;
             // The last shape in chunks of 100 rows (11 cuBLAS calls into one output).
@@ -60,6 +61,17 @@ fn gemm_prefill_matches_cpu_exact() {
             let (mut yg, mut yi, mut yc) =
                 (g.alloc(n * rows), g.alloc(n * rows), cpu.alloc(n * rows));
             g.matmul(&wg, &xg, n, &mut yg);
+            // The block-wise dequantization gives the same f16 tile.
+            let mut yb = g.alloc(n * rows);
+            g.set_deqh_block(true);
+            g.matmul(&wg, &xg, n, &mut yb);
+            g.set_deqh_block(false);
+            let (mb, _) = err(&down(&g, &yb, n * rows), &down(&g, &yg, n * rows));
+            assert!(
+                mb <= 1e-4,
+                "deqhb vs deqh {} {rows}x{cols}: {mb:.2e}",
+                ty.name()
+            );
             g.set_gemm_min(0);
             g.matmul(&wg, &xg, n, &mut yi);
             g.set_gemm_min(16);
@@ -141,4 +153,65 @@ fn gemm_speed() {
     }
     g.set_gemm_min(16);
     eprintln!("RESULT | {line} | | info |");
+}
+
+/// The prefill attention kernels (one warp per row, four warps per row, 32 warps per row)
+/// against the CPU on batches big enough to select them (8 heads x 300 and 260 rows), with and
+/// without a sliding window and a softcap, F16 and F32 caches.
+#[test]
+fn prefill_attention_kernels_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let (nh, nkv, hd) = (8usize, 2usize, 64usize);
+    for ty in [KvType::F16, KvType::F32] {
+        for (window, softcap) in [(None, None), (Some(100usize), Some(30.0f32))] {
+            for mode in [0u32, 1, 2] {
+                g.set_prefill_attention(mode);
+                let mut rng = Rng(4040 + mode as u64);
+                let spec = KvLayerSpec {
+                    n_head_kv: nkv,
+                    head_dim_k: hd,
+                    head_dim_v: hd,
+                    capacity: window.map_or(1024, |w| w + 300),
+                    window,
+                };
+                let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+                let mut kc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+                let p = AttnParams {
+                    n_head: nh,
+                    n_head_kv: nkv,
+                    head_dim_k: hd,
+                    head_dim_v: hd,
+                    scale: 0.125,
+                    window,
+                    softcap,
+                };
+                let mut p0 = 0;
+                for n in [300usize, 260] {
+                    let pos: Vec<u32> = (p0..p0 + n).map(|p| p as u32).collect();
+                    let (k, v, q) = (
+                        rng.vec(n * nkv * hd),
+                        rng.vec(n * nkv * hd),
+                        rng.vec(n * nh * hd),
+                    );
+                    g.kv_store(&mut kg, 0, &up(&g, &k), &up(&g, &v), &pos);
+                    cpu.kv_store(&mut kc, 0, &up(&cpu, &k), &up(&cpu, &v), &pos);
+                    let (mut og, mut oc) = (g.alloc(n * nh * hd), cpu.alloc(n * nh * hd));
+                    g.attention(&up(&g, &q), &kg, 0, &pos, &p, &mut og);
+                    cpu.attention(&up(&cpu, &q), &kc, 0, &pos, &p, &mut oc);
+                    let tol = if ty == KvType::F16 { 1e-4 } else { 1e-5 };
+                    check(
+                        &format!(
+                            "prefill attention mode {mode} {ty:?} window={window:?} pos {p0}+{n}"
+                        ),
+                        &down(&g, &og, n * nh * hd),
+                        &down(&cpu, &oc, n * nh * hd),
+                        tol,
+                    );
+                    p0 += n;
+                }
+            }
+        }
+    }
+    g.set_prefill_attention(0);
 }
