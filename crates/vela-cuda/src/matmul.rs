@@ -36,10 +36,15 @@ impl CudaBackend {
             return;
         }
         if pre.is_none() && self.use_gemm(n, ws) {
-            if let Err(e) = self.matmul_gemm(ws, x, n, ys) {
-                panic!("{e:#}");
+            match self.matmul_gemm(ws, x, n, ys) {
+                Ok(()) => return,
+                // A cuBLAS failure (e.g. its workspace allocation) is not fatal: say so once,
+                // turn the path off and compute every product with the integer kernels below.
+                Err(e) => {
+                    eprintln!("vela-cuda: cuBLAS product failed, using the integer kernels: {e:#}");
+                    self.set_gemm_min(0);
+                }
             }
-            return;
         }
         let mut sc = self.scratch();
         // (activation kind, width) of the activations currently in the scratch buffer.
