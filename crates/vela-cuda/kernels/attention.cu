@@ -359,6 +359,167 @@ extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f1
                          scale, softcap);
 }
 
+// ---- split-K decode attention, one block per KV group (VELA_CUDA_ATTN=gqa; not yet run on a
+// GPU) ----
+//
+// Like attention_part, but block (g, t, s) handles all R = n_head / n_head_kv (2..GQA_MAX) query
+// heads of KV group g, so each K/V row of the part is read once for the R heads instead of once
+// per head. Scores: thread tid takes quarter tid % 4 of key j0 + tid / 4 and computes it for the R
+// heads; online softmax: warp w updates heads w, w + 4; V: warp w accumulates 8 of the chunk's
+// rows for the R heads. Writes the same partial layout as attention_part (per query head), so
+// attention_combine merges it unchanged.
+#define GQA_MAX 8
+template <bool H>
+__device__ void attention_part_g(const float* __restrict__ q, const void* __restrict__ kc,
+                                 const void* __restrict__ vc, const u32* __restrict__ pos,
+                                 float* __restrict__ part, int n_head, int n_head_kv, int hdk,
+                                 int hdv, int capacity, int window, float scale, float softcap) {
+    __shared__ float qs[GQA_MAX][ATT_MAXD];
+    __shared__ float sc[GQA_MAX][32];
+    __shared__ int sslot[32];
+    __shared__ float sm[GQA_MAX], sl[GQA_MAX], scorr[GQA_MAX];
+    __shared__ float sacc[SPLIT_WARPS][ATT_MAXD];
+    int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    int R = n_head / n_head_kv;
+    for (int i = tid; i < R * hdk; i += blockDim.x)
+        qs[i / hdk][i % hdk] = q[((size_t)t * n_head + g * R) * hdk + i];
+    if (tid < GQA_MAX) { sm[tid] = NEG_INF; sl[tid] = 0.0f; scorr[tid] = 1.0f; }
+    __syncthreads();
+    int p = (int)pos[t];
+    int first = window > 0 ? max(0, p + 1 - window) : 0;
+    int n_chunks = (p - first + 1 + 31) / 32;
+    int per = (n_chunks + S - 1) / S;
+    int lo = first + 32 * per * s;
+    int hi = min(p, lo + 32 * per - 1);
+    float acc[GQA_MAX][ATT_MAXD / 32];
+#pragma unroll
+    for (int r = 0; r < GQA_MAX; r++)
+#pragma unroll
+        for (int i = 0; i < ATT_MAXD / 32; i++) acc[r][i] = 0.0f;
+    int quarter = hdk / 4;
+    for (int j0 = lo; j0 <= hi; j0 += 32) {
+        // 1. Scores of key j0 + tid / 4 for every head of the group.
+        int kj = tid >> 2, qq = tid & 3;
+        int j = j0 + kj;
+        bool valid = j <= hi;
+        int slot = valid ? j % capacity : 0;
+        float dots[GQA_MAX];
+#pragma unroll
+        for (int r = 0; r < GQA_MAX; r++) dots[r] = 0.0f;
+        if (valid) {
+            size_t ko = ((size_t)slot * n_head_kv + g) * hdk + (size_t)qq * quarter;
+            int base = qq * quarter;
+            for (int d = 0; d < quarter; d++) {
+                float k = ld_kv<H>(kc, ko + d);
+#pragma unroll
+                for (int r = 0; r < GQA_MAX; r++)
+                    if (r < R) dots[r] += qs[r][base + d] * k;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < GQA_MAX; r++) {
+            dots[r] += __shfl_xor_sync(0xffffffffu, dots[r], 1);
+            dots[r] += __shfl_xor_sync(0xffffffffu, dots[r], 2);
+        }
+        if (qq == 0) {
+#pragma unroll
+            for (int r = 0; r < GQA_MAX; r++) {
+                if (r < R) {
+                    float v = NEG_INF;
+                    if (valid) {
+                        v = dots[r] * scale;
+                        if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+                    }
+                    sc[r][kj] = v;
+                }
+            }
+            sslot[kj] = slot;
+        }
+        __syncthreads();
+        // 2. Online softmax per head (warp w: heads w, w + SPLIT_WARPS). Lane 0's key is real,
+        //    so the new max is finite.
+        for (int r = warp; r < R; r += SPLIT_WARPS) {
+            float v = sc[r][lane];
+            float m = sm[r];
+            float mn = fmaxf(m, warp_max(v));
+            float corr = expf(m - mn);
+            float e = lane <= hi - j0 ? expf(v - mn) : 0.0f;
+            float l = sl[r] * corr + warp_sum(e);
+            sc[r][lane] = e;
+            __syncwarp();
+            if (lane == 0) { sm[r] = mn; sl[r] = l; scorr[r] = corr; }
+        }
+        __syncthreads();
+        // 3. Warp w accumulates V rows 8w..8w+7 of the chunk for every head.
+#pragma unroll
+        for (int r = 0; r < GQA_MAX; r++) {
+            if (r < R) {
+                float c = scorr[r];
+#pragma unroll
+                for (int i = 0; i < ATT_MAXD / 32; i++) acc[r][i] *= c;
+            }
+        }
+        int cnt = min(32, hi - j0 + 1);
+#pragma unroll
+        for (int u = 0; u < 32 / SPLIT_WARPS; u++) {
+            int kk = warp * (32 / SPLIT_WARPS) + u;
+            if (kk < cnt) {
+                size_t vo = ((size_t)sslot[kk] * n_head_kv + g) * hdv;
+#pragma unroll
+                for (int i = 0; i < ATT_MAXD / 32; i++) {
+                    int d = lane + 32 * i;
+                    if (d < hdv) {
+                        float vv = ld_kv<H>(vc, vo + d);
+#pragma unroll
+                        for (int r = 0; r < GQA_MAX; r++)
+                            if (r < R) acc[r][i] += sc[r][kk] * vv;
+                    }
+                }
+            }
+        }
+        // sc, sslot and scorr are rewritten by the next chunk.
+        __syncthreads();
+    }
+#pragma unroll
+    for (int r = 0; r < GQA_MAX; r++) {
+        if (r < R) {
+#pragma unroll
+            for (int i = 0; i < ATT_MAXD / 32; i++) {
+                int d = lane + 32 * i;
+                if (d < hdv) sacc[warp][d] = acc[r][i];
+            }
+            __syncthreads();
+            int h = g * R + r;
+            float* o = part + (((size_t)t * n_head + h) * S + s) * (hdv + 2);
+            for (int d = tid; d < hdv; d += blockDim.x) {
+                float v = 0.0f;
+#pragma unroll
+                for (int w = 0; w < SPLIT_WARPS; w++) v += sacc[w][d];
+                o[d] = v;
+            }
+            if (tid == 0) {
+                o[hdv] = sm[r];
+                o[hdv + 1] = sl[r];
+            }
+            __syncthreads();
+        }
+    }
+}
+
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_g_f32(
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
+    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    attention_part_g<false>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+                            scale, softcap);
+}
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_g_f16(
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
+    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    attention_part_g<true>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+                           scale, softcap);
+}
+
 // Merge the S parts of (head, token) = (blockIdx.x, blockIdx.y) into out[t][h][0..hdv]
 // (S <= 32, blockDim = 4 * hdv rounded up to 32). The first warp loads every part's (m, l) at
 // once and computes the weights exp(m_s - M) (0 for empty parts) and 1 / L; then thread

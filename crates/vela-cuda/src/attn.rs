@@ -165,7 +165,13 @@ impl CudaBackend {
         // flight), parts of at least one 32-key chunk; fixed by the shapes (not the position),
         // so recorded steps replay at any position.
         let by_capacity = split_keys().map_or(0, |k| l.spec.capacity / k);
-        let parts = (264 / (p.n_head * n_tok).max(1))
+        // One block per KV group instead of per query head (`attention_part_g`, opt-in).
+        let ratio = p.n_head / p.n_head_kv.max(1);
+        let grouped = self.attn_gqa.load(Ordering::Relaxed)
+            && p.n_head_kv * ratio == p.n_head
+            && (2..=8).contains(&ratio);
+        let heads_per_grid = if grouped { p.n_head_kv } else { p.n_head };
+        let parts = (264 / (heads_per_grid * n_tok).max(1))
             .max(by_capacity)
             .clamp(1, SPLIT_MAX_PARTS)
             .min(l.spec.capacity.div_ceil(32));
@@ -174,9 +180,11 @@ impl CudaBackend {
             && parts > 1
             && p.head_dim_k.is_multiple_of(4)
         {
-            let name = match kv.ty {
-                KvType::F32 => "attention_part_f32",
-                KvType::F16 => "attention_part_f16",
+            let name = match (kv.ty, grouped) {
+                (KvType::F32, false) => "attention_part_f32",
+                (KvType::F16, false) => "attention_part_f16",
+                (KvType::F32, true) => "attention_part_g_f32",
+                (KvType::F16, true) => "attention_part_g_f16",
             };
             let need = n_tok * p.n_head * parts * (p.head_dim_v + 2);
             let mut part = self.attn_part.lock().unwrap_or_else(|e| e.into_inner());
@@ -202,7 +210,7 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
-            let grid = (p.n_head as u32, n_tok as u32, parts as u32);
+            let grid = (heads_per_grid as u32, n_tok as u32, parts as u32);
             self.launch(name, grid, 32 * SPLIT_WARPS, &args);
             let args = [
                 Arg::P(pt),

@@ -165,6 +165,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "attention_part_f32",
             "attention_part_f16",
             "attention_combine",
+            "attention_part_g_f32",
+            "attention_part_g_f16",
         ],
     ),
     ("sample", &["topk_rows"]),
@@ -279,6 +281,8 @@ pub struct CudaBackend {
     gemm: Mutex<gemm::GemmState>,
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
+    /// Split-K decode attention with one block per KV group (`VELA_CUDA_ATTN=gqa`).
+    attn_gqa: AtomicBool,
     /// Prefill attention kernel (`VELA_CUDA_ATTN_PREFILL` = w4 | rows | w32 → 0 | 1 | 2, attn.rs).
     attn_prefill: std::sync::atomic::AtomicU32,
     /// Per-kernel timing (`VELA_CUDA_PROFILE=1`, profile.rs).
@@ -417,6 +421,7 @@ impl CudaBackend {
             gemm: Mutex::new(gemm::GemmState::default()),
             deqh_block: AtomicBool::new(env("VELA_CUDA_DEQH") == "block"),
             profiling: env("VELA_CUDA_PROFILE") == "1",
+            attn_gqa: AtomicBool::new(env("VELA_CUDA_ATTN") == "gqa"),
             attn_prefill: std::sync::atomic::AtomicU32::new(
                 match env("VELA_CUDA_ATTN_PREFILL").as_str() {
                     "rows" => 1,
@@ -486,6 +491,11 @@ impl CudaBackend {
     /// Split-K decode attention on or off (default: on unless `VELA_CUDA_ATTN=old`).
     pub fn set_split_attention(&self, on: bool) {
         self.split_attn.store(on, Ordering::Relaxed);
+    }
+
+    /// Split-K decode attention with one block per KV group (true) or per query head.
+    pub fn set_gqa_attention(&self, on: bool) {
+        self.attn_gqa.store(on, Ordering::Relaxed);
     }
 
     /// Prefill attention kernel: 0 four warps per row (default), 1 one warp per row and four rows

@@ -367,6 +367,17 @@ fn split_attention_long_context_matches_cpu() {
                 let tol = if ty == KvType::F16 { 1e-4 } else { 1e-5 };
                 let split = down(&g, &og, n * nh * hd);
                 check(&tag, &split, &oc, tol);
+                // One block per KV group (3 query heads each).
+                let mut ogq = g.alloc(n * nh * hd);
+                g.set_gqa_attention(true);
+                g.attention(&qg, &kg, 0, &pos, &p, &mut ogq);
+                g.set_gqa_attention(false);
+                check(
+                    &format!("{tag} grouped"),
+                    &down(&g, &ogq, n * nh * hd),
+                    &oc,
+                    tol,
+                );
                 check(
                     &format!("{tag} vs one-block kernel"),
                     &split,
