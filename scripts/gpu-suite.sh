@@ -5,6 +5,7 @@
 #
 #   here:   scripts/gpu-suite.sh pack     # -> target/gpu-data/suite/: the vela binary, the GPU
 #                                         #    test binary, the three real models in 60 MiB parts,
+#                                         #    the CPU side of gpu-vs-cpu.py (cpuref.tar),
 #                                         #    the parity fixtures, tokenizer sources for
 #                                         #    `vela synth`, llama.cpp CUDA (a llama-bench bundle
 #                                         #    built there once by scripts/build-llama-cpp-cuda.sh
@@ -42,6 +43,12 @@ pack)
   tar czf $S/parity.tar.gz -C "$src/golden" parity
   cp "$src/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" $S/
   cp target/gpu-data/lb/lb.part* $S/ 2>/dev/null || echo "no llama-bench bundle in target/gpu-data/lb"
+  # The CPU side of scripts/gpu-vs-cpu.py, computed here (a few minutes on 2 cores) so the GPU
+  # machine only runs the GPU side (VELA_SUITE_CPUREF=0 skips it; the test stage then runs both).
+  if [ "${VELA_SUITE_CPUREF:-1}" = 1 ]; then
+    python3 scripts/gpu-vs-cpu.py --vela target/release/vela --modes exact,default,mixed \
+      --cpu-ref-out $S/cpuref >/dev/null && tar cf $S/cpuref.tar -C $S cpuref && rm -rf $S/cpuref
+  fi
   for m in $MODELS; do
     (cd "$src/models" && sha256sum $m.gguf) >"$S/m-$m.sha256"
     split -b 60M -d "$src/models/$m.gguf" "$S/m-$m.part"
@@ -97,7 +104,12 @@ test)
   say "== 2-4. GPU tests, GPU vs CPU, parity on the GPU, concurrently ($(( $(date +%s) - t0 )) s)"
   (VELA_GPU_MODEL=$VELA_CACHE/models/SmolLM2-135M-Instruct.Q4_1.gguf OUT=$OUT \
     timeout 240 scripts/gpu-check.sh all /tmp/gpu-test >/dev/null 2>&1; echo "gpu-check exit $?" >$OUT/rc-check.txt) &
-  (timeout 240 python3 scripts/gpu-vs-cpu.py --vela /tmp/vela --out $OUT/gpu-vs-cpu.md >$OUT/gpu-vs-cpu-log.txt 2>&1;
+  ref=(); modes=exact,default
+  if [ -f $stash/cpuref.tar ]; then
+    tar xf $stash/cpuref.tar -C /tmp && ref=(--cpu-ref /tmp/cpuref) && modes=exact,default,mixed
+  fi
+  (timeout 240 python3 scripts/gpu-vs-cpu.py --vela /tmp/vela --modes $modes "${ref[@]}" \
+     --out $OUT/gpu-vs-cpu.md >$OUT/gpu-vs-cpu-log.txt 2>&1;
     echo "gpu-vs-cpu exit $?" >$OUT/rc-gvc.txt) &
   (timeout 240 python3 scripts/check-parity.py --vela /tmp/vela >$OUT/parity-gpu.txt 2>&1;
     echo "check-parity exit $?" >$OUT/rc-parity.txt) &
