@@ -35,7 +35,7 @@
 use anyhow::{anyhow, bail, Result};
 use std::path::Path;
 use std::sync::Arc;
-use vela_compute::{Activation, AttnParams, Backend, KvLayerSpec, KvType};
+use vela_compute::{Activation, AttnParams, Backend, KvLayerSpec, KvType, TopK};
 use vela_formats::gguf::GgufFile;
 
 mod config;
@@ -231,6 +231,74 @@ impl<B: Backend> Gemma4Model<B> {
         positions: &[u32],
         logits_from: usize,
     ) -> Result<Vec<f32>> {
+        let rows = self.run(st, tokens, positions, logits_from)?;
+        let mut out = vec![0f32; rows * self.cfg.n_vocab];
+        if rows > 0 {
+            self.backend.read(&st.bufs[LOGITS], &mut out);
+        }
+        Ok(out)
+    }
+
+    /// [`Self::forward`] returning only the argmax token of each logits row (lowest index on
+    /// ties, NaN skipped): a GPU backend computes it on the device and copies back only the ids.
+    pub fn forward_argmax(
+        &self,
+        st: &mut Gemma4State<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<u32>> {
+        let rows = self.run(st, tokens, positions, logits_from)?;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let nv = self.cfg.n_vocab;
+        Ok(self.backend.argmax_rows(&st.bufs[LOGITS], rows, nv))
+    }
+
+    /// [`Self::forward`] returning each logits row's `k` best tokens and statistics
+    /// ([`Backend::top_k_rows`]: selected on the device by a GPU) and, only for the rows where
+    /// `need_row` asks for it, the row itself. Selection runs on the softcapped logits, the
+    /// values [`Self::forward`] returns.
+    pub fn forward_top_k(
+        &self,
+        st: &mut Gemma4State<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+        k: usize,
+        need_row: &dyn Fn(&TopK) -> bool,
+    ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
+        let rows = self.run(st, tokens, positions, logits_from)?;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        let be = &*self.backend;
+        let nv = self.cfg.n_vocab;
+        let tops = be.top_k_rows(&st.bufs[LOGITS], rows, nv, k);
+        let need: Vec<bool> = tops.iter().map(need_row).collect();
+        let mut all = Vec::new();
+        if need.contains(&true) {
+            all = vec![0f32; rows * nv];
+            be.read(&st.bufs[LOGITS], &mut all);
+        }
+        Ok(tops
+            .into_iter()
+            .zip(need)
+            .enumerate()
+            .map(|(r, (t, n))| (t, n.then(|| all[r * nv..(r + 1) * nv].to_vec())))
+            .collect())
+    }
+
+    /// The forward pass up to the (softcapped) logits of rows `logits_from..` in the state's
+    /// logits buffer, left on the device; returns their number of rows.
+    fn run(
+        &self,
+        st: &mut Gemma4State<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<usize> {
         let n = tokens.len();
         crate::decoder::check_batch(n, positions, st.max_batch, st.n_ctx, logits_from)?;
         let be = &*self.backend;
@@ -324,7 +392,7 @@ impl<B: Backend> Gemma4Model<B> {
         }
         let rows = n - logits_from;
         if rows == 0 {
-            return Ok(Vec::new());
+            return Ok(0);
         }
         {
             let [x, o] = pick2(b, X, O);
@@ -341,9 +409,7 @@ impl<B: Backend> Gemma4Model<B> {
         if let Some(cap) = c.final_softcap {
             be.softcap(&mut b[LOGITS], rows * c.n_vocab, cap);
         }
-        let mut out = vec![0f32; rows * c.n_vocab];
-        be.read(&b[LOGITS], &mut out);
-        Ok(out)
+        Ok(rows)
     }
 
     /// The scaled input embeddings `E[tokens] · sqrt(hidden)` (`[n, hidden]` into `out`), as the
@@ -355,7 +421,8 @@ impl<B: Backend> Gemma4Model<B> {
     }
 
     /// Row `row` (counted from `logits_from`) of the post-final-norm hidden states of the last
-    /// [`Gemma4Model::forward`] on `st` — HF's `hidden_states[-1]`.
+    /// [`Gemma4Model::forward`] (or `forward_argmax` / `forward_top_k`) on `st` — HF's
+    /// `hidden_states[-1]`.
     // used by gemma4_assistant
     pub fn output_hidden(&self, st: &Gemma4State<B>, row: usize) -> Result<Vec<f32>> {
         let d = self.cfg.n_embd;

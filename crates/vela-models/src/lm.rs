@@ -325,8 +325,31 @@ pub struct Gemma4Seq<B: Backend> {
     pub state: Gemma4State<B>,
 }
 
-impl_model_state!(Gemma4Seq, |seq: &Gemma4Seq<B>, kv| seq.model.state_with_kv(
-    kv,
-    seq.state.n_ctx,
-    seq.state.max_batch
-));
+impl_model_state!(
+    Gemma4Seq,
+    |seq: &Gemma4Seq<B>, kv| seq
+        .model
+        .state_with_kv(kv, seq.state.n_ctx, seq.state.max_batch),
+    {
+        fn forward_argmax(
+            &mut self,
+            tokens: &[u32],
+            pos: &[u32],
+            logits_from: usize,
+        ) -> Result<Vec<u32>> {
+            self.model
+                .forward_argmax(&mut self.state, tokens, pos, logits_from)
+        }
+        fn forward_top_k(
+            &mut self,
+            tokens: &[u32],
+            pos: &[u32],
+            logits_from: usize,
+            k: usize,
+            need_row: &dyn Fn(&TopK) -> bool,
+        ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
+            self.model
+                .forward_top_k(&mut self.state, tokens, pos, logits_from, k, need_row)
+        }
+    }
+);
