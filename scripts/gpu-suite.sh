@@ -21,9 +21,12 @@
 #   there:  scripts/gpu-suite.sh bench    # vela vs llama.cpp CUDA, interleaved, 3 reps
 #       (scripts/bench-vs-llama.py): pp512 + tg128, and tg128 at 8K depth, for the three real
 #       models and the two synth 8B models; weight bytes per token for the roofline
+#   here:   scripts/gpu-suite.sh pack-quick  # one ~50 MB carry (target/gpu-data/quick) for
+#   there:  scripts/gpu-suite.sh quick       # the opt-in kernels' GPU tests + the 8B with each
+#                                            # opt-in switch off/on, vs llama.cpp (one call)
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|recv|test|bench}
+stage=${1:?stage: pack|recv|test|bench|pack-quick|quick}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=target/gpu-data/suite
@@ -141,6 +144,43 @@ bench)
       python3 -c "import json,sys; j=json.load(sys.stdin); print(j['model'], j['weight_bytes_per_token'])"
   done >$OUT/weight-bytes.txt
   cat $OUT/bench.md $OUT/bench-8k.md $OUT/weight-bytes.txt
+  ;;
+pack-quick)
+  # One carry (~50 MB): xz-compressed binaries, the llama.cpp bundle, the 8B tokenizer source.
+  Q=target/gpu-data/quick
+  rm -rf $Q && mkdir -p $Q
+  xz -T2 -6 -c target/release/vela >$Q/vela.xz
+  bin=$(ls -t target/release/deps/gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
+  xz -T2 -6 -c "$bin" >$Q/gpu-test.xz
+  xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" >$Q/vocab.gguf.xz
+  cat target/gpu-data/lb/lb.part* >$Q/lb.tar.xz
+  du -sh $Q
+  ;;
+quick)
+  # One call (~3 min with the machine's start): the opt-in kernels' GPU tests, then Llama-3-8B
+  # Q4_0 vela vs llama.cpp CUDA with each opt-in switch off and on (3 interleaved reps each).
+  Q=target/gpu-data/quick
+  mkdir -p "$OUT" "$VELA_CACHE/vocab" "$VELA_CACHE/llama.cpp-cuda"
+  t0=$(date +%s)
+  xz -dc $Q/vela.xz >/tmp/vela && xz -dc $Q/gpu-test.xz >/tmp/gpu-test && chmod +x /tmp/vela /tmp/gpu-test
+  xz -dc $Q/vocab.gguf.xz >"$VELA_CACHE/vocab/ggml-vocab-llama-bpe.gguf"
+  tar xJf $Q/lb.tar.xz -C /tmp && ln -sfn /tmp/llama-bench-cuda "$VELA_CACHE/llama.cpp-cuda/bin"
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  [ -s /tmp/l8.gguf ] || (/tmp/vela synth --arch llama3-8b --type q4_0 -o /tmp/l8.gguf -t 12 >/tmp/synth.log 2>&1) &
+  VELA_REQUIRE_GPU=1 /tmp/gpu-test --test-threads 1 gemm:: kernels2::split_attention_long_context_matches_cpu \
+    attention_and_kv_match_cpu >$OUT/quick-tests.log 2>&1
+  echo "tests exit $? ($(( $(date +%s) - t0 )) s)"; grep -E "test result|panicked|FAIL" $OUT/quick-tests.log | head
+  wait
+  B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela --flavors cuda --threads 16 --reps 3
+     "--llama-args=-ngl 99" "--vela-args=--device cuda" --models /tmp/l8.gguf)
+  for sw in "" VELA_CUDA_DEQH=block VELA_CUDA_ATTN_PREFILL=rows; do
+    env $sw timeout 60 "${B[@]}" --out $OUT/quick-pp-${sw:-base}.md 2>/dev/null | grep "llama3\|l8" | sed "s/^/${sw:-base} /"
+  done
+  for sw in "" VELA_CUDA_ATTN=gqa; do
+    env $sw timeout 90 "${B[@]}" -p 0 -n 128 --depth 8192 --out $OUT/quick-8k-${sw:-base}.md 2>/dev/null |
+      grep "l8" | sed "s/^/${sw:-base} /"
+  done
+  echo "quick done ($(( $(date +%s) - t0 )) s)"
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;
 esac
