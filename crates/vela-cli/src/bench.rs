@@ -61,7 +61,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     // Warm-up, like llama-bench: one prompt of the measured length (pages in the weights,
     // spins up threads, loads a GPU's prefill kernels) and two decode steps (capture the GPU's
     // decode-step graph).
-    session.eval(&rand_tokens(a.n_prompt.clamp(8, session.ubatch())))?;
+    session.eval(&rand_tokens(a.n_prompt.max(8).min(session.ubatch())))?;
     let mut tok = rand_tokens(1)[0];
     for _ in 0..2 {
         tok = session.eval_argmax(&[tok])?;

@@ -67,37 +67,18 @@ __device__ __forceinline__ float qk_dot(const float* qs, const void* kc, size_t 
     return dot;
 }
 
-// One block of ATT_WARPS (32) warps per (head, token), so that a decode step over ~1000 keys has
-// one chunk per warp and the per-chunk memory latency is paid about once (16 warps: 305 instead
-// of 357 tok/s SmolLM2 decode on the H200, but 18.1k instead of 14.5k tok/s prefill). Each warp
-// takes chunks of 32 consecutive keys (chunk c goes to warp c % ATT_WARPS): every lane computes
-// one key's full score (no per-key reductions), the warp updates its online softmax (running
-// max m, sum l) once per chunk, then accumulates the chunk's V rows with lanes split over the
-// value dimension (coalesced). The warps' partial results are merged at the end. Head dims <= 256
-// (8 values per lane).
-// W (warps per block) is ATT_WARPS for few query rows; prefill batches, which already have
-// n_head * n_rows blocks, use W = 4 (8x fewer idle warps, 8x more resident blocks per SM).
-template <bool H, int W>
-__device__ void attention(const float* __restrict__ q, const void* __restrict__ kc,
-                          const void* __restrict__ vc, const u32* __restrict__ pos,
-                          float* __restrict__ out, int n_head, int n_head_kv, int hdk, int hdv,
-                          int capacity, int window, float scale, float softcap) {
-    __shared__ float qs[ATT_MAXD];
-    __shared__ float sm[W], sl[W];
-    __shared__ float sacc[W][ATT_MAXD];
-    int h = blockIdx.x, t = blockIdx.y;
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int g = h / (n_head / n_head_kv);
-    const float* qr = q + ((size_t)t * n_head + h) * hdk;
-    for (int i = threadIdx.x; i < hdk; i += blockDim.x) qs[i] = qr[i];
-    __syncthreads();
-    int p = (int)pos[t];
-    int first = window > 0 ? max(0, p + 1 - window) : 0;
-    float m = NEG_INF, l = 0.0f;
-    float acc[ATT_MAXD / 32];
-#pragma unroll
-    for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] = 0.0f;
-    for (int j0 = first + 32 * warp; j0 <= p; j0 += 32 * W) {
+// One warp's share of a query row's keys: chunks of 32 consecutive keys starting at key j_begin,
+// every j_step keys, up to position p. Every lane computes one key's whole score (no per-key
+// reductions), the warp updates its online softmax (running max m, sum l) once per chunk, then
+// accumulates the chunk's V rows with lanes over the value dimension (coalesced).
+template <bool H>
+__device__ __forceinline__ void attend_chunks(const float* qs, const void* __restrict__ kc,
+                                              const void* __restrict__ vc, int g, int n_head_kv,
+                                              int hdk, int hdv, int capacity, float scale,
+                                              float softcap, int p, int j_begin, int j_step,
+                                              float acc[ATT_MAXD / 32], float& m, float& l) {
+    int lane = threadIdx.x & 31;
+    for (int j0 = j_begin; j0 <= p; j0 += j_step) {
         int j = j0 + lane;
         float s = NEG_INF;
         if (j <= p) {
@@ -126,6 +107,37 @@ __device__ void attention(const float* __restrict__ q, const void* __restrict__ 
         }
         m = mn;
     }
+}
+
+// One block of ATT_WARPS (32) warps per (head, token), so that a decode step over ~1000 keys has
+// one chunk per warp and the per-chunk memory latency is paid about once (16 warps: 305 instead
+// of 357 tok/s SmolLM2 decode on the H200, but 18.1k instead of 14.5k tok/s prefill). Each warp
+// takes chunks of 32 consecutive keys (chunk c goes to warp c % ATT_WARPS; `attend_chunks`).
+// The warps' partial results are merged at the end. Head dims <= 256 (8 values per lane).
+// W (warps per block) is ATT_WARPS for few query rows; prefill batches, which already have
+// n_head * n_rows blocks, use W = 4 (8x fewer idle warps, 8x more resident blocks per SM).
+template <bool H, int W>
+__device__ void attention(const float* __restrict__ q, const void* __restrict__ kc,
+                          const void* __restrict__ vc, const u32* __restrict__ pos,
+                          float* __restrict__ out, int n_head, int n_head_kv, int hdk, int hdv,
+                          int capacity, int window, float scale, float softcap) {
+    __shared__ float qs[ATT_MAXD];
+    __shared__ float sm[W], sl[W];
+    __shared__ float sacc[W][ATT_MAXD];
+    int h = blockIdx.x, t = blockIdx.y;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int g = h / (n_head / n_head_kv);
+    const float* qr = q + ((size_t)t * n_head + h) * hdk;
+    for (int i = threadIdx.x; i < hdk; i += blockDim.x) qs[i] = qr[i];
+    __syncthreads();
+    int p = (int)pos[t];
+    int first = window > 0 ? max(0, p + 1 - window) : 0;
+    float m = NEG_INF, l = 0.0f;
+    float acc[ATT_MAXD / 32];
+#pragma unroll
+    for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] = 0.0f;
+    attend_chunks<H>(qs, kc, vc, g, n_head_kv, hdk, hdv, capacity, scale, softcap, p,
+                     first + 32 * warp, 32 * W, acc, m, l);
     if (lane == 0) { sm[warp] = m; sl[warp] = l; }
 #pragma unroll
     for (int i = 0; i < ATT_MAXD / 32; i++) {
@@ -153,8 +165,8 @@ __device__ void attention(const float* __restrict__ q, const void* __restrict__ 
 // Prefill: one warp per query row, ROWS_Q consecutive rows of one head per block. The warps of a
 // block walk nearly the same keys in step (their positions differ by at most ROWS_Q - 1), so each
 // K/V row is read from L2 once per block instead of once per row (the 4-warp kernel above, one
-// row per block, read 2.1 GB of K/V per Llama-3-8B layer at 512 tokens). Same per-warp
-// arithmetic as `attention` with one warp.
+// row per block, read 2.1 GB of K/V per Llama-3-8B layer at 512 tokens). The per-warp loop is
+// `attend_chunks`, as in `attention`.
 #define ROWS_Q 4
 template <bool H>
 __device__ void attention_rows(const float* __restrict__ q, const void* __restrict__ kc,
@@ -177,33 +189,8 @@ __device__ void attention_rows(const float* __restrict__ q, const void* __restri
     float acc[ATT_MAXD / 32];
 #pragma unroll
     for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] = 0.0f;
-    for (int j0 = first; j0 <= p; j0 += 32) {
-        int j = j0 + lane;
-        float s = NEG_INF;
-        if (j <= p) {
-            size_t slot = (size_t)(j % capacity);
-            s = qk_dot<H>(qs, kc, (slot * n_head_kv + g) * hdk, hdk) * scale;
-            if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
-        }
-        float mn = fmaxf(m, warp_max(s));
-        float corr = expf(m - mn);
-        float e = j <= p ? expf(s - mn) : 0.0f;
-        l = l * corr + warp_sum(e);
-#pragma unroll
-        for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] *= corr;
-        int cnt = min(32, p - j0 + 1);
-#pragma unroll 8
-        for (int u = 0; u < cnt; u++) {
-            float eu = __shfl_sync(0xffffffffu, e, u);
-            size_t vo = ((size_t)((j0 + u) % capacity) * n_head_kv + g) * hdv;
-#pragma unroll
-            for (int i = 0; i < ATT_MAXD / 32; i++) {
-                int d = lane + 32 * i;
-                if (d < hdv) acc[i] += eu * ld_kv<H>(vc, vo + d);
-            }
-        }
-        m = mn;
-    }
+    attend_chunks<H>(qs, kc, vc, g, n_head_kv, hdk, hdv, capacity, scale, softcap, p, first, 32,
+                     acc, m, l);
     float inv = 1.0f / l;
     float* o = out + ((size_t)t * n_head + h) * hdv;
 #pragma unroll

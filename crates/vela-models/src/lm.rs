@@ -135,15 +135,32 @@ fn restore_kv<B: Backend + 'static>(
 }
 
 /// `ModelState` for a `{ model: Arc<M>, state: S }` sequence type whose state has `kv`, `n_ctx`
-/// and `max_batch` and whose model has `backend` and `forward(&mut state, ..)`; `$with_kv`
+/// and `max_batch` and whose model has `backend`, `forward`, `forward_argmax` and
+/// `forward_top_k` (each taking `&mut state` first); `$with_kv`
 /// builds a state around a copied cache (for `fork`).
 macro_rules! impl_model_state {
     ($seq:ident, $with_kv:expr) => {
-        impl_model_state!($seq, $with_kv, {});
-    };
-    ($seq:ident, $with_kv:expr, { $($extra:item)* }) => {
         impl<B: Backend + 'static> ModelState for $seq<B> {
-            $($extra)*
+            fn forward_argmax(
+                &mut self,
+                tokens: &[u32],
+                pos: &[u32],
+                logits_from: usize,
+            ) -> Result<Vec<u32>> {
+                self.model
+                    .forward_argmax(&mut self.state, tokens, pos, logits_from)
+            }
+            fn forward_top_k(
+                &mut self,
+                tokens: &[u32],
+                pos: &[u32],
+                logits_from: usize,
+                k: usize,
+                need_row: &dyn Fn(&TopK) -> bool,
+            ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
+                self.model
+                    .forward_top_k(&mut self.state, tokens, pos, logits_from, k, need_row)
+            }
             fn forward(
                 &mut self,
                 tokens: &[u32],
@@ -251,34 +268,9 @@ impl<B: Backend + 'static> LanguageModel for DecoderModel<B> {
     }
 }
 
-impl_model_state!(
-    DecoderSeq,
-    |seq: &DecoderSeq<B>, kv| seq
-        .model
-        .state_with_kv(kv, seq.state.n_ctx, seq.state.max_batch),
-    {
-        fn forward_argmax(
-            &mut self,
-            tokens: &[u32],
-            pos: &[u32],
-            logits_from: usize,
-        ) -> Result<Vec<u32>> {
-            self.model
-                .forward_argmax(&mut self.state, tokens, pos, logits_from)
-        }
-        fn forward_top_k(
-            &mut self,
-            tokens: &[u32],
-            pos: &[u32],
-            logits_from: usize,
-            k: usize,
-            need_row: &dyn Fn(&TopK) -> bool,
-        ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
-            self.model
-                .forward_top_k(&mut self.state, tokens, pos, logits_from, k, need_row)
-        }
-    }
-);
+impl_model_state!(DecoderSeq, |seq: &DecoderSeq<B>, kv| seq
+    .model
+    .state_with_kv(kv, seq.state.n_ctx, seq.state.max_batch));
 
 impl<B: Backend + 'static> LanguageModel for Gemma4Model<B> {
     fn arch(&self) -> &str {
@@ -325,31 +317,8 @@ pub struct Gemma4Seq<B: Backend> {
     pub state: Gemma4State<B>,
 }
 
-impl_model_state!(
-    Gemma4Seq,
-    |seq: &Gemma4Seq<B>, kv| seq
-        .model
-        .state_with_kv(kv, seq.state.n_ctx, seq.state.max_batch),
-    {
-        fn forward_argmax(
-            &mut self,
-            tokens: &[u32],
-            pos: &[u32],
-            logits_from: usize,
-        ) -> Result<Vec<u32>> {
-            self.model
-                .forward_argmax(&mut self.state, tokens, pos, logits_from)
-        }
-        fn forward_top_k(
-            &mut self,
-            tokens: &[u32],
-            pos: &[u32],
-            logits_from: usize,
-            k: usize,
-            need_row: &dyn Fn(&TopK) -> bool,
-        ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
-            self.model
-                .forward_top_k(&mut self.state, tokens, pos, logits_from, k, need_row)
-        }
-    }
-);
+impl_model_state!(Gemma4Seq, |seq: &Gemma4Seq<B>, kv| seq.model.state_with_kv(
+    kv,
+    seq.state.n_ctx,
+    seq.state.max_batch
+));

@@ -17,22 +17,6 @@ const TYPES: [GgmlType; 10] = [
     GgmlType::F32,
 ];
 
-fn upload(
-    g: &CudaBackend,
-    cpu: &CpuBackend,
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
-    rng: &mut Rng,
-) -> (vela_cuda::CudaWeight, <CpuBackend as Backend>::Weight) {
-    let file = gguf(&[("w", ty, rows, cols, random_weight(ty, rows, cols, rng))]);
-    let hw = HostWeight::from_gguf(&file, "w").unwrap();
-    (
-        g.upload_weight(&hw).unwrap(),
-        cpu.upload_weight(&hw).unwrap(),
-    )
-}
-
 /// cuBLAS products (every weight type, odd row counts, several chunks when the scratch limit is
 /// forced down) vs the CPU's exact f32/f64 product: only f16 rounding of the two operands.
 #[test]
@@ -55,7 +39,7 @@ fn gemm_prefill_matches_cpu_exact() {
             let cols = bs * nb;
             // The last shape in chunks of 100 rows (11 cuBLAS calls into one output).
             g.set_gemm_chunk_elems(if rows == 1030 { 100 * cols } else { 64 << 20 });
-            let (wg, wc) = upload(&g, &cpu, ty, rows, cols, &mut rng);
+            let (wg, wc) = upload_random(&g, &cpu, ty, rows, cols, &mut rng);
             let x = rng.vec(n * cols);
             let (xg, xc) = (up(&g, &x), up(&cpu, &x));
             let (mut yg, mut yi, mut yc) =
@@ -120,7 +104,7 @@ fn gemm_speed() {
     };
     for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q8_0] {
         for &(rows, cols) in &[(4096usize, 4096usize), (14336, 4096), (4096, 14336)] {
-            let (wg, _) = upload(&g, &cpu, ty, rows, cols, &mut rng);
+            let (wg, _) = upload_random(&g, &cpu, ty, rows, cols, &mut rng);
             let n = 512;
             let xg = up(&g, &rng.vec(n * cols));
             let mut y = g.alloc(n * rows);
@@ -140,7 +124,7 @@ fn gemm_speed() {
             );
         }
     }
-    let (wg, _) = upload(&g, &cpu, GgmlType::Q4_0, 4096, 4096, &mut rng);
+    let (wg, _) = upload_random(&g, &cpu, GgmlType::Q4_0, 4096, 4096, &mut rng);
     let xg = up(&g, &rng.vec(256 * 4096));
     let mut y = g.alloc(256 * 4096);
     let mut line = String::from("crossover Q4_0 4096x4096 (us int8/cublas)");

@@ -16,22 +16,6 @@ const QUANT_TYPES: [GgmlType; 8] = [
     GgmlType::Q6_K,
 ];
 
-fn upload_random(
-    g: &CudaBackend,
-    cpu: &CpuBackend,
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
-    rng: &mut Rng,
-) -> (vela_cuda::CudaWeight, <CpuBackend as Backend>::Weight) {
-    let file = gguf(&[("w", ty, rows, cols, random_weight(ty, rows, cols, rng))]);
-    let hw = HostWeight::from_gguf(&file, "w").unwrap();
-    (
-        g.upload_weight(&hw).unwrap(),
-        cpu.upload_weight(&hw).unwrap(),
-    )
-}
-
 /// CPU product of one activation row (reference for the variants).
 fn yc_ref(
     cpu: &CpuBackend,

@@ -118,6 +118,23 @@ fn gguf(tensors: &[(&str, GgmlType, usize, usize, Vec<u8>)]) -> Arc<GgufFile> {
 }
 
 /// (max |a-b| / rms(b), NMSE = Σ(a-b)² / Σb²).
+/// Upload one random `rows x cols` weight of type `ty` to both backends.
+fn upload_random(
+    g: &CudaBackend,
+    cpu: &CpuBackend,
+    ty: GgmlType,
+    rows: usize,
+    cols: usize,
+    rng: &mut Rng,
+) -> (vela_cuda::CudaWeight, <CpuBackend as Backend>::Weight) {
+    let file = gguf(&[("w", ty, rows, cols, random_weight(ty, rows, cols, rng))]);
+    let hw = HostWeight::from_gguf(&file, "w").unwrap();
+    (
+        g.upload_weight(&hw).unwrap(),
+        cpu.upload_weight(&hw).unwrap(),
+    )
+}
+
 fn err(a: &[f32], b: &[f32]) -> (f64, f64) {
     assert_eq!(a.len(), b.len());
     let (mut se, mut sb, mut mx) = (0f64, 0f64, 0f64);
