@@ -33,8 +33,11 @@ S=target/gpu-data/suite
 stash=/tmp/stash
 OUT=${OUT:-/tmp/vela-gpu-suite}
 export VELA_CACHE=${VELA_CACHE_GPU:-/tmp/vela-cache}
-MODELS="SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m qwen2.5-coder-0.5b-instruct-q4_k_m"
-SYNTH="llama3-8b:q4_0 llama3-8b:q4_k_m"
+# SUITE_MODELS (files) / SUITE_KEYS (their fixture keys) / SUITE_SYNTH select a smaller suite when
+# device time is short (each 61 MiB carry is one call).
+MODELS=${SUITE_MODELS:-SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m qwen2.5-coder-0.5b-instruct-q4_k_m}
+KEYS=${SUITE_KEYS:-smollm2,gemma3,qwen25}
+SYNTH=${SUITE_SYNTH:-llama3-8b:q4_0 llama3-8b:q4_k_m}
 
 case $stage in
 pack)
@@ -45,11 +48,12 @@ pack)
   cp "$bin" $S/gpu-test
   tar czf $S/parity.tar.gz -C "$src/golden" parity
   cp "$src/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" $S/
+  cp "$src/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf" $S/
   cp target/gpu-data/lb/lb.part* $S/ 2>/dev/null || echo "no llama-bench bundle in target/gpu-data/lb"
   # The CPU side of scripts/gpu-vs-cpu.py, computed here (14 min on 2 cores, 30 MB) so the GPU
   # machine only runs the GPU side (VELA_SUITE_CPUREF=0 skips it; the test stage then runs both).
   if [ "${VELA_SUITE_CPUREF:-1}" = 1 ]; then
-    python3 scripts/gpu-vs-cpu.py --vela target/release/vela --modes exact,default,mixed \
+    python3 scripts/gpu-vs-cpu.py --vela target/release/vela --models $KEYS --modes exact,default,mixed \
       --cpu-ref-out $S/cpuref >/dev/null && tar cf $S/cpuref.tar -C $S cpuref && rm -rf $S/cpuref
   fi
   for m in $MODELS; do
@@ -111,10 +115,10 @@ test)
   if [ -f $stash/cpuref.tar ]; then
     tar xf $stash/cpuref.tar -C /tmp && ref=(--cpu-ref /tmp/cpuref) && modes=exact,default,mixed
   fi
-  (timeout 240 python3 scripts/gpu-vs-cpu.py --vela /tmp/vela --modes $modes "${ref[@]}" \
+  (timeout 240 python3 scripts/gpu-vs-cpu.py --vela /tmp/vela --models $KEYS --modes $modes "${ref[@]}" \
      --out $OUT/gpu-vs-cpu.md >$OUT/gpu-vs-cpu-log.txt 2>&1;
     echo "gpu-vs-cpu exit $?" >$OUT/rc-gvc.txt) &
-  (timeout 240 python3 scripts/check-parity.py --vela /tmp/vela >$OUT/parity-gpu.txt 2>&1;
+  (timeout 240 python3 scripts/check-parity.py --vela /tmp/vela --models $KEYS >$OUT/parity-gpu.txt 2>&1;
     echo "check-parity exit $?" >$OUT/rc-parity.txt) &
   wait
   cat $OUT/rc-*.txt | tee -a "$log"
@@ -130,7 +134,7 @@ bench)
   t0=$(date +%s)
   for i in $(seq 60); do grep -q "synth done" /tmp/synth.log && break; sleep 2; done
   cat /tmp/synth.log >>"$log"
-  models=smollm2,gemma3,qwen25
+  models=$KEYS
   for s in $SYNTH; do f=/tmp/synth/${s%%:*}-${s##*:}.gguf; [ -s "$f" ] && models="$models,$f"; done
   B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela --flavors cuda --threads 16 --reps 3
      "--llama-args=-ngl 99" "--vela-args=--device cuda")
@@ -152,34 +156,54 @@ pack-quick)
   xz -T2 -6 -c target/release/vela >$Q/vela.xz
   bin=$(ls -t target/release/deps/gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
   xz -T2 -6 -c "$bin" >$Q/gpu-test.xz
-  xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" >$Q/vocab.gguf.xz
+  for v in llama-bpe qwen2; do
+    xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" >$Q/vocab-$v.gguf.xz
+  done
   cat target/gpu-data/lb/lb.part* >$Q/lb.tar.xz
   du -sh $Q
   ;;
 quick)
-  # One call (~3 min with the machine's start): the opt-in kernels' GPU tests, then Llama-3-8B
-  # Q4_0 vela vs llama.cpp CUDA with each opt-in switch off and on (3 interleaved reps each).
+  # One call (~5 min with the machine's start): every GPU op test (default switches), then
+  # Llama-3-8B Q4_0 and the Qwen2.5-0.5B geometry (Q4_K_M) vela vs llama.cpp CUDA with each A/B
+  # switch in QUICK_AB (3 interleaved reps each), and the 8B at 8K depth.
   Q=target/gpu-data/quick
   mkdir -p "$OUT" "$VELA_CACHE/vocab" "$VELA_CACHE/llama.cpp-cuda"
   t0=$(date +%s)
   xz -dc $Q/vela.xz >/tmp/vela && xz -dc $Q/gpu-test.xz >/tmp/gpu-test && chmod +x /tmp/vela /tmp/gpu-test
-  xz -dc $Q/vocab.gguf.xz >"$VELA_CACHE/vocab/ggml-vocab-llama-bpe.gguf"
+  for v in llama-bpe qwen2; do xz -dc $Q/vocab-$v.gguf.xz >"$VELA_CACHE/vocab/ggml-vocab-$v.gguf"; done
   tar xJf $Q/lb.tar.xz -C /tmp && ln -sfn /tmp/llama-bench-cuda "$VELA_CACHE/llama.cpp-cuda/bin"
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
-  [ -s /tmp/l8.gguf ] || (/tmp/vela synth --arch llama3-8b --type q4_0 -o /tmp/l8.gguf -t 12 >/tmp/synth.log 2>&1) &
-  VELA_REQUIRE_GPU=1 /tmp/gpu-test --test-threads 1 gemm:: kernels2::split_attention_long_context_matches_cpu \
-    attention_and_kv_match_cpu >$OUT/quick-tests.log 2>&1
+  # QUICK_MODELS: name:geometry:type, synthesized here (8B: ~20 s each).
+  models=${QUICK_MODELS:-l8:llama3-8b:q4_0 q05:qwen2.5-0.5b:q4_k_m}
+  ( for m in $models; do IFS=: read -r n a t <<<"$m"
+      [ -s /tmp/$n.gguf ] || /tmp/vela synth --arch $a --type $t -o /tmp/$n.gguf -t 12; done ) >/tmp/synth.log 2>&1 &
+  VELA_REQUIRE_GPU=1 timeout 240 /tmp/gpu-test --test-threads 1 --nocapture ${QUICK_TESTS:-} >$OUT/quick-tests.log 2>&1
   echo "tests exit $? ($(( $(date +%s) - t0 )) s)"; grep -E "test result|panicked|FAIL" $OUT/quick-tests.log | head
   wait
   B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela --flavors cuda --threads 16 --reps 3
-     "--llama-args=-ngl 99" "--vela-args=--device cuda" --models /tmp/l8.gguf)
-  for sw in "" VELA_CUDA_DEQH=block VELA_CUDA_ATTN_PREFILL=rows; do
-    env $sw timeout 60 "${B[@]}" --out $OUT/quick-pp-${sw:-base}.md 2>/dev/null | grep "llama3\|l8" | sed "s/^/${sw:-base} /"
+     "--llama-args=-ngl 99" "--vela-args=--device cuda")
+  # QUICK_AB: "model:SWITCH=value ..." decode-only A/B runs (tg128) after each model's base run.
+  for m in $(for x in $models; do echo ${x%%:*}; done); do
+    for sw in base $(for x in ${QUICK_AB:-}; do [ "${x%%:*}" = $m ] && echo ${x#*:}; done); do
+      if [ $sw = base ]; then extra=(); else extra=(-p 0 -n 128); fi
+      env $([ $sw = base ] || echo $sw) timeout 90 "${B[@]}" "${extra[@]}" --models /tmp/$m.gguf \
+        --out $OUT/quick-$m-$(echo $sw | tr '=,' '__').md 2>/dev/null | grep "| $m |" | sed "s/^/$sw /"
+    done
   done
-  for sw in "" VELA_CUDA_ATTN=gqa; do
-    env $sw timeout 90 "${B[@]}" -p 0 -n 128 --depth 8192 --out $OUT/quick-8k-${sw:-base}.md 2>/dev/null |
-      grep "l8" | sed "s/^/${sw:-base} /"
-  done
+  VELA_CUDA_DEBUG=1 /tmp/vela bench -m /tmp/l8.gguf --device cuda -p 0 -n 32 2>&1 | grep -i "graph\|capture" | head -3
+  if [ "${QUICK_8K:-1}" = 1 ]; then
+    for sw in base ${QUICK_8K_AB:-}; do
+      env $([ $sw = base ] || echo $sw) timeout 90 "${B[@]}" --models /tmp/l8.gguf -p 0 -n 128 --depth 8192 \
+        --out $OUT/quick-8k-$(echo $sw | tr '=,' '__').md 2>/dev/null | grep "| l8 |" | sed "s/^/$sw /"
+    done
+  fi
+  if [ "${QUICK_NCU:-0}" = 1 ]; then
+    # Hardware counters of the decode kernels (graphs off so each launch is a kernel of its own).
+    VELA_CUDA_GRAPH=0 timeout 150 ncu --clock-control none -k "regex:^(mv_|norm_q8|rope_store|attention_|act_q8)" \
+      --launch-skip 300 --launch-count 24 --section SpeedOfLight --section Occupancy --section LaunchStats \
+      --section WarpStateStats --section MemoryWorkloadAnalysis /tmp/vela bench -m /tmp/l8.gguf --device cuda -p 0 -n 4 \
+      >$OUT/ncu.txt 2>&1; echo "ncu exit $?"
+  fi
   echo "quick done ($(( $(date +%s) - t0 )) s)"
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;

@@ -19,10 +19,12 @@ __device__ void kv_store(const float* __restrict__ k, const float* __restrict__ 
 }
 extern "C" __global__ void kv_store_f32(const float* k, const float* v, const u32* pos, void* kc,
                                         void* vc, int wk, int wv, int capacity) {
+    PDL_ENTRY();
     kv_store<false>(k, v, pos, kc, vc, wk, wv, capacity);
 }
 extern "C" __global__ void kv_store_f16(const float* k, const float* v, const u32* pos, void* kc,
                                         void* vc, int wk, int wv, int capacity) {
+    PDL_ENTRY();
     kv_store<true>(k, v, pos, kc, vc, wk, wv, capacity);
 }
 
@@ -162,52 +164,8 @@ __device__ void attention(const float* __restrict__ q, const void* __restrict__ 
     }
 }
 
-// Prefill: one warp per query row, ROWS_Q consecutive rows of one head per block. The warps of a
-// block walk nearly the same keys in step (their positions differ by at most ROWS_Q - 1), so each
-// K/V row is read from L2 once per block instead of once per row (the 4-warp kernel above, one
-// row per block, read 2.1 GB of K/V per Llama-3-8B layer at 512 tokens). The per-warp loop is
-// `attend_chunks`, as in `attention`.
-#define ROWS_Q 4
-template <bool H>
-__device__ void attention_rows(const float* __restrict__ q, const void* __restrict__ kc,
-                               const void* __restrict__ vc, const u32* __restrict__ pos,
-                               float* __restrict__ out, int n_head, int n_head_kv, int hdk, int hdv,
-                               int capacity, int window, float scale, float softcap, int n_tok) {
-    __shared__ float qsa[ROWS_Q][ATT_MAXD];
-    int h = blockIdx.x;
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int t = blockIdx.y * ROWS_Q + warp;
-    if (t >= n_tok) return;
-    float* qs = qsa[warp];
-    int g = h / (n_head / n_head_kv);
-    const float* qr = q + ((size_t)t * n_head + h) * hdk;
-    for (int i = lane; i < hdk; i += 32) qs[i] = qr[i];
-    __syncwarp();
-    int p = (int)pos[t];
-    int first = window > 0 ? max(0, p + 1 - window) : 0;
-    float m = NEG_INF, l = 0.0f;
-    float acc[ATT_MAXD / 32];
-#pragma unroll
-    for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] = 0.0f;
-    attend_chunks<H>(qs, kc, vc, g, n_head_kv, hdk, hdv, capacity, scale, softcap, p, first, 32,
-                     acc, m, l);
-    float inv = 1.0f / l;
-    float* o = out + ((size_t)t * n_head + h) * hdv;
-#pragma unroll
-    for (int i = 0; i < ATT_MAXD / 32; i++) {
-        int d = lane + 32 * i;
-        if (d < hdv) o[d] = acc[i] * inv;
-    }
-}
-extern "C" __launch_bounds__(32 * ROWS_Q) __global__ void attention_rows_f32(const float* q, const void* kc, const void* vc, const u32* pos, float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap, int n_tok) {
-    attention_rows<false>(q, kc, vc, pos, out, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap, n_tok);
-}
-extern "C" __launch_bounds__(32 * ROWS_Q) __global__ void attention_rows_f16(const float* q, const void* kc, const void* vc, const u32* pos, float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap, int n_tok) {
-    attention_rows<true>(q, kc, vc, pos, out, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap, n_tok);
-}
-
 #define ATTN(H, W, NAME)                                                                           \
-    extern "C" __launch_bounds__(32 * W) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { \
+    extern "C" __launch_bounds__(32 * W) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
         attention<H, W>(q, kc, vc, pos, out, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
 ATTN(false, ATT_WARPS, attention_f32)
 ATTN(true, ATT_WARPS, attention_f16)
@@ -336,175 +294,162 @@ __device__ void attention_part(const float* __restrict__ q, const void* __restri
 extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f32(
     const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
     int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    PDL_ENTRY();
     attention_part<false>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
                           scale, softcap);
 }
 extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f16(
     const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
     int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    PDL_ENTRY();
     attention_part<true>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
                          scale, softcap);
 }
 
-// ---- split-K decode attention, one block per KV group (VELA_CUDA_ATTN=gqa; not yet run on a
-// GPU) ----
-//
-// Like attention_part, but block (g, t, s) handles all R = n_head / n_head_kv (2..GQA_MAX) query
-// heads of KV group g, so each K/V row of the part is read once for the R heads instead of once
-// per head. Scores: thread tid takes quarter tid % 4 of key j0 + tid / 4 and computes it for the R
-// heads; online softmax: warp w updates heads w, w + 4; V: warp w accumulates 8 of the chunk's
-// rows for the R heads. Writes the same partial layout as attention_part (per query head), so
-// attention_combine merges it unchanged.
-#define GQA_MAX 8
-template <bool H>
-__device__ void attention_part_g(const float* __restrict__ q, const void* __restrict__ kc,
-                                 const void* __restrict__ vc, const u32* __restrict__ pos,
-                                 float* __restrict__ part, int n_head, int n_head_kv, int hdk,
-                                 int hdv, int capacity, int window, float scale, float softcap) {
-    __shared__ float qs[GQA_MAX][ATT_MAXD];
-    __shared__ float sc[GQA_MAX][32];
-    __shared__ int sslot[32];
-    __shared__ float sm[GQA_MAX], sl[GQA_MAX], scorr[GQA_MAX];
-    __shared__ float sacc[SPLIT_WARPS][ATT_MAXD];
-    int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
-    int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
-    int R = n_head / n_head_kv;
-    for (int i = tid; i < R * hdk; i += blockDim.x)
-        qs[i / hdk][i % hdk] = q[((size_t)t * n_head + g * R) * hdk + i];
-    if (tid < GQA_MAX) { sm[tid] = NEG_INF; sl[tid] = 0.0f; scorr[tid] = 1.0f; }
+// Split-K part, second version (the default; VELA_CUDA_ATTN_PART=1 selects attention_part):
+// the same parts and the same partial-result layout, but without the per-chunk round trips. The
+// part is taken in pieces of up to PART_PIECE keys (one piece unless the part is longer):
+//   A. every key's score (4 threads per key, a quarter of the dot product each; the loop's loads
+//      are independent, so several keys are in flight per thread) into shared memory;
+//   B. the piece's max and sum of exp (block reductions), the running (m, l) and the
+//      accumulators rescaled once per piece;
+//   C. V: thread (group kg, column chunk dc) adds e * V[key][8 dc .. 8 dc + 7] for the keys
+//      kg, kg + groups, ... with 16-byte loads (groups = blockDim / (hdv / 8) keys in flight per
+//      round), the groups' sums merged once at the end.
+// Needs hdk % 4 == 0, hdv % 8 == 0 and 128 % (hdv / 8) == 0 (the host checks).
+#define PART_PIECE 1024
+__device__ __forceinline__ float block_reduce_f(float v, bool is_max, float* red) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    v = is_max ? warp_max(v) : warp_sum(v);
+    __syncthreads();  // red may still be read by the previous reduction
+    if (lane == 0) red[warp] = v;
     __syncthreads();
+    float r = red[0];
+    for (int w = 1; w < nw; w++) r = is_max ? fmaxf(r, red[w]) : r + red[w];
+    return r;
+}
+template <bool H>
+__device__ void attention_part2(const float* __restrict__ q, const void* __restrict__ kc,
+                                const void* __restrict__ vc, const u32* __restrict__ pos,
+                                float* __restrict__ part, int n_head, int n_head_kv, int hdk,
+                                int hdv, int capacity, int window, float scale, float softcap) {
+    __shared__ float qs[ATT_MAXD];
+    __shared__ float sw[PART_PIECE];
+    __shared__ float red[SPLIT_WARPS];
+    __shared__ float sacc[32 * SPLIT_WARPS * 8];
+    int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    int tid = threadIdx.x;
+    int g = h / (n_head / n_head_kv);
     int p = (int)pos[t];
+    const float* qr = q + ((size_t)t * n_head + h) * hdk;
+    for (int i = tid; i < hdk; i += blockDim.x) qs[i] = qr[i];
+    __syncthreads();
     int first = window > 0 ? max(0, p + 1 - window) : 0;
     int n_chunks = (p - first + 1 + 31) / 32;
     int per = (n_chunks + S - 1) / S;
     int lo = first + 32 * per * s;
     int hi = min(p, lo + 32 * per - 1);
-    float acc[GQA_MAX][ATT_MAXD / 32];
-#pragma unroll
-    for (int r = 0; r < GQA_MAX; r++)
-#pragma unroll
-        for (int i = 0; i < ATT_MAXD / 32; i++) acc[r][i] = 0.0f;
     int quarter = hdk / 4;
-    for (int j0 = lo; j0 <= hi; j0 += 32) {
-        // 1. Scores of key j0 + tid / 4 for every head of the group.
-        int kj = tid >> 2, qq = tid & 3;
-        int j = j0 + kj;
-        bool valid = j <= hi;
-        int slot = valid ? j % capacity : 0;
-        float dots[GQA_MAX];
+    int kq = tid >> 2, qq = tid & 3;
+    int dchunks = hdv / 8, groups = blockDim.x / dchunks;
+    int kg = tid / dchunks, dc = tid % dchunks;
+    float m = NEG_INF, l = 0.0f;
+    float a8[8];
 #pragma unroll
-        for (int r = 0; r < GQA_MAX; r++) dots[r] = 0.0f;
-        if (valid) {
-            size_t ko = ((size_t)slot * n_head_kv + g) * hdk + (size_t)qq * quarter;
-            int base = qq * quarter;
-            for (int d = 0; d < quarter; d++) {
-                float k = ld_kv<H>(kc, ko + d);
-#pragma unroll
-                for (int r = 0; r < GQA_MAX; r++)
-                    if (r < R) dots[r] += qs[r][base + d] * k;
+    for (int e = 0; e < 8; e++) a8[e] = 0.0f;
+    for (int b0 = lo; b0 <= hi; b0 += PART_PIECE) {
+        int n = min(PART_PIECE, hi - b0 + 1);
+        // A. Scores (the trip count is the same for every lane: shuffles stay converged).
+        int nr = (n + 31) & ~31;
+#pragma unroll 4
+        for (int j = kq; j < nr; j += 32) {
+            float dot = 0.0f;
+            if (j < n) {
+                int slot = (b0 + j) % capacity;
+                size_t ko = ((size_t)slot * n_head_kv + g) * hdk + (size_t)qq * quarter;
+                dot = qk_dot<H>(qs + qq * quarter, kc, ko, quarter);
             }
-        }
-#pragma unroll
-        for (int r = 0; r < GQA_MAX; r++) {
-            dots[r] += __shfl_xor_sync(0xffffffffu, dots[r], 1);
-            dots[r] += __shfl_xor_sync(0xffffffffu, dots[r], 2);
-        }
-        if (qq == 0) {
-#pragma unroll
-            for (int r = 0; r < GQA_MAX; r++) {
-                if (r < R) {
-                    float v = NEG_INF;
-                    if (valid) {
-                        v = dots[r] * scale;
-                        if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
-                    }
-                    sc[r][kj] = v;
-                }
+            dot += __shfl_xor_sync(0xffffffffu, dot, 1);
+            dot += __shfl_xor_sync(0xffffffffu, dot, 2);
+            if (qq == 0 && j < n) {
+                float v = dot * scale;
+                if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+                sw[j] = v;
             }
-            sslot[kj] = slot;
         }
         __syncthreads();
-        // 2. Online softmax per head (warp w: heads w, w + SPLIT_WARPS). Lane 0's key is real,
-        //    so the new max is finite.
-        for (int r = warp; r < R; r += SPLIT_WARPS) {
-            float v = sc[r][lane];
-            float m = sm[r];
-            float mn = fmaxf(m, warp_max(v));
-            float corr = expf(m - mn);
-            float e = lane <= hi - j0 ? expf(v - mn) : 0.0f;
-            float l = sl[r] * corr + warp_sum(e);
-            sc[r][lane] = e;
-            __syncwarp();
-            if (lane == 0) { sm[r] = mn; sl[r] = l; scorr[r] = corr; }
+        // B. Softmax statistics of the piece, merged into the running (m, l).
+        float mx = NEG_INF;
+        for (int j = tid; j < n; j += blockDim.x) mx = fmaxf(mx, sw[j]);
+        float mn = fmaxf(m, block_reduce_f(mx, true, red));
+        float corr = expf(m - mn);
+        float ls = 0.0f;
+        for (int j = tid; j < n; j += blockDim.x) {
+            float e = expf(sw[j] - mn);
+            sw[j] = e;
+            ls += e;
         }
+        l = l * corr + block_reduce_f(ls, false, red);
+        m = mn;
         __syncthreads();
-        // 3. Warp w accumulates V rows 8w..8w+7 of the chunk for every head.
+        // C. Weighted V rows.
 #pragma unroll
-        for (int r = 0; r < GQA_MAX; r++) {
-            if (r < R) {
-                float c = scorr[r];
+        for (int e = 0; e < 8; e++) a8[e] *= corr;
+        if (kg < groups) {
+#pragma unroll 4
+            for (int j = kg; j < n; j += groups) {
+                float e = sw[j];
+                int slot = (b0 + j) % capacity;
+                size_t vo = ((size_t)slot * n_head_kv + g) * hdv + (size_t)dc * 8;
+                if (H) {
+                    uint4 u = *(const uint4*)((const u16*)vc + vo);
+                    u32 w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
-                for (int i = 0; i < ATT_MAXD / 32; i++) acc[r][i] *= c;
-            }
-        }
-        int cnt = min(32, hi - j0 + 1);
-#pragma unroll
-        for (int u = 0; u < 32 / SPLIT_WARPS; u++) {
-            int kk = warp * (32 / SPLIT_WARPS) + u;
-            if (kk < cnt) {
-                size_t vo = ((size_t)sslot[kk] * n_head_kv + g) * hdv;
-#pragma unroll
-                for (int i = 0; i < ATT_MAXD / 32; i++) {
-                    int d = lane + 32 * i;
-                    if (d < hdv) {
-                        float vv = ld_kv<H>(vc, vo + d);
-#pragma unroll
-                        for (int r = 0; r < GQA_MAX; r++)
-                            if (r < R) acc[r][i] += sc[r][kk] * vv;
+                    for (int x = 0; x < 4; x++) {
+                        a8[2 * x] += e * h2f((u16)(w[x] & 0xffffu));
+                        a8[2 * x + 1] += e * h2f((u16)(w[x] >> 16));
                     }
+                } else {
+                    float4 u0 = *(const float4*)((const float*)vc + vo);
+                    float4 u1 = *(const float4*)((const float*)vc + vo + 4);
+                    a8[0] += e * u0.x; a8[1] += e * u0.y; a8[2] += e * u0.z; a8[3] += e * u0.w;
+                    a8[4] += e * u1.x; a8[5] += e * u1.y; a8[6] += e * u1.z; a8[7] += e * u1.w;
                 }
             }
         }
-        // sc, sslot and scorr are rewritten by the next chunk.
+        // sw is rewritten by the next piece.
         __syncthreads();
     }
+    if (kg < groups) {
 #pragma unroll
-    for (int r = 0; r < GQA_MAX; r++) {
-        if (r < R) {
-#pragma unroll
-            for (int i = 0; i < ATT_MAXD / 32; i++) {
-                int d = lane + 32 * i;
-                if (d < hdv) sacc[warp][d] = acc[r][i];
-            }
-            __syncthreads();
-            int h = g * R + r;
-            float* o = part + (((size_t)t * n_head + h) * S + s) * (hdv + 2);
-            for (int d = tid; d < hdv; d += blockDim.x) {
-                float v = 0.0f;
-#pragma unroll
-                for (int w = 0; w < SPLIT_WARPS; w++) v += sacc[w][d];
-                o[d] = v;
-            }
-            if (tid == 0) {
-                o[hdv] = sm[r];
-                o[hdv + 1] = sl[r];
-            }
-            __syncthreads();
-        }
+        for (int e = 0; e < 8; e++) sacc[kg * hdv + dc * 8 + e] = a8[e];
+    }
+    __syncthreads();
+    float* o = part + (((size_t)t * n_head + h) * S + s) * (hdv + 2);
+    for (int d = tid; d < hdv; d += blockDim.x) {
+        float v = 0.0f;
+        for (int w = 0; w < groups; w++) v += sacc[w * hdv + d];
+        o[d] = v;
+    }
+    if (tid == 0) {
+        o[hdv] = m;
+        o[hdv + 1] = l;
     }
 }
 
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_g_f32(
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f32(
     const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
     int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    attention_part_g<false>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
-                            scale, softcap);
-}
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_g_f16(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
-    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    attention_part_g<true>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+    PDL_ENTRY();
+    attention_part2<false>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
                            scale, softcap);
+}
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f16(
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
+    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    PDL_ENTRY();
+    attention_part2<true>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+                          scale, softcap);
 }
 
 // Merge the S parts of (head, token) = (blockIdx.x, blockIdx.y) into out[t][h][0..hdv]
@@ -514,6 +459,7 @@ extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_g_
 // and the four groups are added.
 extern "C" __global__ void attention_combine(const float* __restrict__ part, float* __restrict__ out,
                                              int n_head, int hdv, int S) {
+    PDL_ENTRY();
     __shared__ float wts[32];
     __shared__ float inv_l;
     __shared__ float red[4][ATT_MAXD];

@@ -5,6 +5,7 @@
 // sums: two barriers instead of a shared-memory tree); out may alias x.
 extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w, float* out,
                                     int width, float eps) {
+    PDL_ENTRY();
     const float* xr = x + (size_t)blockIdx.x * width;
     float* yr = out + (size_t)blockIdx.x * width;
     double s = 0.0;
@@ -67,6 +68,7 @@ __device__ __forceinline__ void rope_row(float* x, const u32* __restrict__ pos, 
 extern "C" __global__ void rope(float* x, const u32* __restrict__ pos, int n_head, int head_dim,
                                 int n_rot, float theta_scale, float freq_scale,
                                 const float* __restrict__ ff, int neox) {
+    PDL_ENTRY();
     rope_row(x, pos, blockIdx.x, n_head, head_dim, n_rot, theta_scale, freq_scale, ff, neox);
 }
 
@@ -74,6 +76,7 @@ extern "C" __global__ void rope(float* x, const u32* __restrict__ pos, int n_hea
 extern "C" __global__ void rope_qk(float* q, float* k, const u32* __restrict__ pos, int n_head,
                                    int n_head_kv, int head_dim, int n_rot, float theta_scale,
                                    float freq_scale, const float* __restrict__ ff, int neox) {
+    PDL_ENTRY();
     if (blockIdx.y == 0)
         rope_row(q, pos, blockIdx.x, n_head, head_dim, n_rot, theta_scale, freq_scale, ff, neox);
     else
@@ -81,36 +84,43 @@ extern "C" __global__ void rope_qk(float* q, float* k, const u32* __restrict__ p
 }
 
 extern "C" __global__ void add(float* x, const float* __restrict__ y, long long n) {
+    PDL_ENTRY();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += y[i];
 }
 
 extern "C" __global__ void add_bias(float* x, const float* __restrict__ b, int width, long long n) {
+    PDL_ENTRY();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] += b[i % width];
 }
 
 extern "C" __global__ void scale(float* x, float s, long long n) {
+    PDL_ENTRY();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= s;
 }
 
 extern "C" __global__ void act_mul_silu(float* g, const float* __restrict__ u, long long n) {
+    PDL_ENTRY();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = act_silu_mul(g[i], u[i]);
 }
 
 extern "C" __global__ void act_mul_gelu(float* g, const float* __restrict__ u, long long n) {
+    PDL_ENTRY();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) g[i] = act_gelu_mul(g[i], u[i]);
 }
 
 extern "C" __global__ void softcap(float* x, float cap, long long n) {
+    PDL_ENTRY();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] = tanhf(x[i] / cap) * cap;
 }
 
 extern "C" __global__ void copy_f32(const float* __restrict__ src, float* __restrict__ dst, long long n) {
+    PDL_ENTRY();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) dst[i] = src[i];
 }
@@ -152,6 +162,7 @@ __device__ __forceinline__ void argmax_block(float& best, int& bi) {
 // blockIdx.y into cand[row * gridDim.x + chunk] (index 0x7fffffff: no candidate).
 extern "C" __global__ void argmax_part(const float* __restrict__ x, int width, float* __restrict__ cv,
                                        int* __restrict__ ci) {
+    PDL_ENTRY();
     const float* xr = x + (size_t)blockIdx.y * width;
     int base = blockIdx.x * ARGMAX_CHUNK;
     float v[ARGMAX_CHUNK / 256];
@@ -177,6 +188,7 @@ extern "C" __global__ void argmax_part(const float* __restrict__ x, int width, f
 // One block per row over its n_cand candidates.
 extern "C" __global__ void argmax_final(const float* __restrict__ cv, const int* __restrict__ ci,
                                         int n_cand, u32* __restrict__ out) {
+    PDL_ENTRY();
     float best = NEG_INF;
     int bi = 0x7fffffff;
     for (int c = threadIdx.x; c < n_cand; c += blockDim.x)
@@ -217,6 +229,7 @@ extern "C" __global__ void rope_store_f32(float* q, float* k, const float* v, co
                                           int head_dim, int n_rot, float theta_scale,
                                           float freq_scale, const float* ff, int neox, int wk,
                                           int wv, int capacity) {
+    PDL_ENTRY();
     rope_store<false>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
                       freq_scale, ff, neox, wk, wv, capacity);
 }
@@ -225,6 +238,84 @@ extern "C" __global__ void rope_store_f16(float* q, float* k, const float* v, co
                                           int head_dim, int n_rot, float theta_scale,
                                           float freq_scale, const float* ff, int neox, int wk,
                                           int wv, int capacity) {
+    PDL_ENTRY();
     rope_store<true>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
                      freq_scale, ff, neox, wk, wv, capacity);
+}
+
+// RoPE + KV store with one block per head (the default; rope_store above runs three blocks per
+// token, each looping over all heads: ~8 us per Llama-3-8B layer): block (t, y) rotates q head y
+// (y < n_head), or rotates k head y - n_head and stores it (and its unrotated tail) in the cache,
+// or stores v head y - n_head - n_head_kv. Thread i takes pair i (a serial loop when the head has
+// more pairs than threads); angles computed as in rope_row, so the results are identical.
+template <bool H>
+__device__ void rope_store_heads(float* q, float* k, const float* __restrict__ v,
+                                 const u32* __restrict__ pos, void* kc, void* vc, int n_head,
+                                 int n_head_kv, int head_dim, int n_rot, float theta_scale,
+                                 float freq_scale, const float* __restrict__ ff, int neox, int wk,
+                                 int wv, int capacity) {
+    int t = blockIdx.x, y = blockIdx.y;
+    u32 p = pos[t];
+    size_t slot = p % (u32)capacity;
+    if (y >= n_head + n_head_kv) {
+        int hv = y - n_head - n_head_kv, hdv = wv / n_head_kv;
+        const float* src = v + (size_t)t * wv + (size_t)hv * hdv;
+        size_t dst = slot * wv + (size_t)hv * hdv;
+        for (int i = threadIdx.x; i < hdv; i += blockDim.x) {
+            float x = src[i];
+            if (H) ((u16*)vc)[dst + i] = f2h(x); else ((float*)vc)[dst + i] = x;
+        }
+        return;
+    }
+    bool is_k = y >= n_head;
+    int hh = is_k ? y - n_head : y;
+    float* hx = is_k ? k + ((size_t)t * n_head_kv + hh) * head_dim : q + ((size_t)t * n_head + hh) * head_dim;
+    size_t dst = slot * wk + (size_t)hh * head_dim;
+    int half_rot = n_rot / 2;
+    for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
+        float theta = (float)p;
+        for (int j = 0; j < i; j++) theta *= theta_scale;
+        float f = ff ? ff[i] : 1.0f;
+        float a = freq_scale * (theta / f);
+        float c = cosf(a), sn = sinf(a);
+        int ia = neox ? i : 2 * i;
+        int ib = neox ? i + half_rot : 2 * i + 1;
+        float x0 = hx[ia], x1 = hx[ib];
+        float y0 = x0 * c - x1 * sn, y1 = x0 * sn + x1 * c;
+        hx[ia] = y0;
+        hx[ib] = y1;
+        if (is_k) {
+            if (H) {
+                ((u16*)kc)[dst + ia] = f2h(y0);
+                ((u16*)kc)[dst + ib] = f2h(y1);
+            } else {
+                ((float*)kc)[dst + ia] = y0;
+                ((float*)kc)[dst + ib] = y1;
+            }
+        }
+    }
+    if (is_k) {
+        for (int i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x) {
+            float x = hx[i];
+            if (H) ((u16*)kc)[dst + i] = f2h(x); else ((float*)kc)[dst + i] = x;
+        }
+    }
+}
+extern "C" __global__ void rope_store_heads_f32(float* q, float* k, const float* v, const u32* pos,
+                                                void* kc, void* vc, int n_head, int n_head_kv,
+                                                int head_dim, int n_rot, float theta_scale,
+                                                float freq_scale, const float* ff, int neox, int wk,
+                                                int wv, int capacity) {
+    PDL_ENTRY();
+    rope_store_heads<false>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
+                            freq_scale, ff, neox, wk, wv, capacity);
+}
+extern "C" __global__ void rope_store_heads_f16(float* q, float* k, const float* v, const u32* pos,
+                                                void* kc, void* vc, int n_head, int n_head_kv,
+                                                int head_dim, int n_rot, float theta_scale,
+                                                float freq_scale, const float* ff, int neox, int wk,
+                                                int wv, int capacity) {
+    PDL_ENTRY();
+    rope_store_heads<true>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
+                           freq_scale, ff, neox, wk, wv, capacity);
 }

@@ -44,6 +44,7 @@ __device__ __forceinline__ void q8_block(float v, AQ8* __restrict__ o, int lane)
 }
 
 extern "C" __global__ void quantize_q8(const float* __restrict__ x, AQ8* __restrict__ out, int n_blocks) {
+    PDL_ENTRY();
     int blk = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (blk >= n_blocks) return;
@@ -89,6 +90,7 @@ __device__ __forceinline__ void q8k_block(const float v[8], AQ8K* __restrict__ o
 }
 
 extern "C" __global__ void quantize_q8k(const float* __restrict__ x, AQ8K* __restrict__ out, int n_blocks) {
+    PDL_ENTRY();
     int blk = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
     if (blk >= n_blocks) return;
@@ -147,11 +149,105 @@ __device__ void norm_quant(float* __restrict__ x, const float* __restrict__ res,
 
 extern "C" __global__ void norm_q8(float* x, const float* res, const float* w, float* h, u8* act,
                                    int width, float eps) {
+    PDL_ENTRY();
     norm_quant<0>(x, res, w, h, act, width, eps);
 }
 extern "C" __global__ void norm_q8k(float* x, const float* res, const float* w, float* h, u8* act,
                                     int width, float eps) {
+    PDL_ENTRY();
     norm_quant<1>(x, res, w, h, act, width, eps);
+}
+
+// The same with the row in registers (the default for width <= 8192): thread t holds elements
+// 8t..8t+7 (blockDim = width / 8 rounded up to a warp; all pointers 16-byte aligned), so x, res
+// and w are read with 16-byte loads in one round trip, nothing is re-read, and the quantization
+// runs on the registers: a Q8 block of 32 is 4 lanes (K = 0), a Q8_K block of 256 one warp
+// (K = 1, lane l holding elements 8l..8l+7 as q8k_block expects). The single-block loop version
+// above took ~8 us per call on Llama-3-8B decode (ncu, H200), two calls per layer.
+template <int K>
+__device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__ res,
+                                const float* __restrict__ w, float* __restrict__ h,
+                                u8* __restrict__ act, int width, float eps) {
+    int t = threadIdx.x;
+    bool on = 8 * t < width;  // width is a multiple of 32: all 8 elements are in the row
+    float* xr = x + (size_t)blockIdx.x * width;
+    float v[8], wv[8];
+    double s = 0.0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[e] = wv[e] = 0.0f;
+    if (on) {
+        float4 x0 = ((const float4*)xr)[2 * t], x1 = ((const float4*)xr)[2 * t + 1];
+        float4 w0 = ((const float4*)w)[2 * t], w1 = ((const float4*)w)[2 * t + 1];
+        v[0] = x0.x; v[1] = x0.y; v[2] = x0.z; v[3] = x0.w;
+        v[4] = x1.x; v[5] = x1.y; v[6] = x1.z; v[7] = x1.w;
+        wv[0] = w0.x; wv[1] = w0.y; wv[2] = w0.z; wv[3] = w0.w;
+        wv[4] = w1.x; wv[5] = w1.y; wv[6] = w1.z; wv[7] = w1.w;
+        if (res) {
+            const float4* rr = (const float4*)(res + (size_t)blockIdx.x * width);
+            float4 r0 = rr[2 * t], r1 = rr[2 * t + 1];
+            v[0] += r0.x; v[1] += r0.y; v[2] += r0.z; v[3] += r0.w;
+            v[4] += r1.x; v[5] += r1.y; v[6] += r1.z; v[7] += r1.w;
+            ((float4*)xr)[2 * t] = make_float4(v[0], v[1], v[2], v[3]);
+            ((float4*)xr)[2 * t + 1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+#pragma unroll
+        for (int e = 0; e < 8; e++) s += (double)(v[e] * v[e]);
+    }
+    float mean = (float)(block_sum_d(s) / (double)width);
+    float scale = 1.0f / sqrtf(mean + eps);
+    float hv[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) hv[e] = (v[e] * scale) * wv[e];
+    if (on) {
+        float4* hr = (float4*)(h + (size_t)blockIdx.x * width);
+        hr[2 * t] = make_float4(hv[0], hv[1], hv[2], hv[3]);
+        hr[2 * t + 1] = make_float4(hv[4], hv[5], hv[6], hv[7]);
+    }
+    int lane = t & 31;
+    if constexpr (K == 0) {
+        // Lanes 4g..4g+3 hold Q8 block g of the warp (inactive lanes: whole groups of zeros).
+        float amax = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(hv[e]));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+        float d = amax / 127.0f;
+        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+        int q[8], sum = 0;
+#pragma unroll
+        for (int e = 0; e < 8; e++) {
+            q[e] = __float2int_rn(hv[e] * id);
+            sum += q[e];
+        }
+        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+        if (on) {
+            AQ8* o = (AQ8*)act + (size_t)blockIdx.x * (width / 32) + t / 4;
+            int sub = t & 3;
+            o->qs[2 * sub] = (q[0] & 255) | ((q[1] & 255) << 8) | ((q[2] & 255) << 16) | ((u32)(q[3] & 255) << 24);
+            o->qs[2 * sub + 1] = (q[4] & 255) | ((q[5] & 255) << 8) | ((q[6] & 255) << 16) | ((u32)(q[7] & 255) << 24);
+            if (sub == 0) {
+                o->d = round_f16(d);
+                o->s = round_f16(d * (float)sum);
+                o->sum = sum;
+                o->pad = 0;
+            }
+        }
+    } else {
+        // width is a multiple of 256: every warp is whole and holds one Q8_K block.
+        if (on) q8k_block(hv, (AQ8K*)act + (size_t)blockIdx.x * (width / 256) + t / 32, lane);
+    }
+}
+
+extern "C" __global__ void norm_q8_regs(float* x, const float* res, const float* w, float* h, u8* act,
+                                        int width, float eps) {
+    PDL_ENTRY();
+    norm_quant_regs<0>(x, res, w, h, act, width, eps);
+}
+extern "C" __global__ void norm_q8k_regs(float* x, const float* res, const float* w, float* h, u8* act,
+                                         int width, float eps) {
+    PDL_ENTRY();
+    norm_quant_regs<1>(x, res, w, h, act, width, eps);
 }
 
 // ---- 32-element weight blocks ----
@@ -364,14 +460,14 @@ __device__ void mmf(const u8* __restrict__ W, const float* __restrict__ X, float
 }
 
 #define MM32(T, NAME)                                                                              \
-    extern "C" __global__ void NAME##_t1(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n) { mm32<T, 1>(W, X, Y, rows, nb, n); } \
-    extern "C" __global__ void NAME##_t8(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n) { mm32<T, 8>(W, X, Y, rows, nb, n); }
+    extern "C" __global__ void NAME##_t1(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mm32<T, 1>(W, X, Y, rows, nb, n); } \
+    extern "C" __global__ void NAME##_t8(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mm32<T, 8>(W, X, Y, rows, nb, n); }
 #define MMK(T, NAME)                                                                               \
-    extern "C" __global__ void NAME##_t1(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int n) { mmk<T, 1>(W, X, Y, rows, nb, n); } \
-    extern "C" __global__ void NAME##_t8(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int n) { mmk<T, 8>(W, X, Y, rows, nb, n); }
+    extern "C" __global__ void NAME##_t1(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmk<T, 1>(W, X, Y, rows, nb, n); } \
+    extern "C" __global__ void NAME##_t8(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmk<T, 8>(W, X, Y, rows, nb, n); }
 #define MMF(T, NAME)                                                                               \
-    extern "C" __global__ void NAME##_t1(const u8* W, const float* X, float* Y, int rows, int nb, int n) { mmf<T, 1>(W, X, Y, rows, nb, n); } \
-    extern "C" __global__ void NAME##_t8(const u8* W, const float* X, float* Y, int rows, int nb, int n) { mmf<T, 8>(W, X, Y, rows, nb, n); }
+    extern "C" __global__ void NAME##_t1(const u8* W, const float* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmf<T, 1>(W, X, Y, rows, nb, n); } \
+    extern "C" __global__ void NAME##_t8(const u8* W, const float* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmf<T, 8>(W, X, Y, rows, nb, n); }
 
 MM32(2, mm_q4_0)
 MM32(3, mm_q4_1)
@@ -434,7 +530,7 @@ __device__ void get_rows(const u8* W, const u32* ids, int cols, long long row_by
 }
 
 #define GR(T, NAME)                                                                                \
-    extern "C" __global__ void NAME(const u8* W, const u32* ids, int cols, long long rb, float scale, float* out) { get_rows<T>(W, ids, cols, rb, scale, out); }
+    extern "C" __global__ void NAME(const u8* W, const u32* ids, int cols, long long rb, float scale, float* out) { PDL_ENTRY(); get_rows<T>(W, ids, cols, rb, scale, out); }
 GR(0, get_rows_f32)
 GR(1, get_rows_f16)
 GR(2, get_rows_q4_0)
@@ -521,7 +617,7 @@ __device__ void deqhb(const u8* __restrict__ W, uint4* __restrict__ out, int row
     }
 }
 #define DEQH(T, NAME)                                                                              \
-    extern "C" __global__ void NAME(const u8* W, uint4* out, int rows, int cols, long long rb) { deqh<T>(W, out, rows, cols, rb); }
+    extern "C" __global__ void NAME(const u8* W, uint4* out, int rows, int cols, long long rb) { PDL_ENTRY(); deqh<T>(W, out, rows, cols, rb); }
 DEQH(0, deqh_f32)
 DEQH(1, deqh_f16)
 DEQH(2, deqh_q4_0)
@@ -533,7 +629,7 @@ DEQH(12, deqh_q4_k)
 DEQH(13, deqh_q5_k)
 DEQH(14, deqh_q6_k)
 #define DEQHB(T, NAME)                                                                             \
-    extern "C" __global__ void NAME(const u8* W, uint4* out, int rows, int cols, long long rb) { deqhb<T>(W, out, rows, cols, rb); }
+    extern "C" __global__ void NAME(const u8* W, uint4* out, int rows, int cols, long long rb) { PDL_ENTRY(); deqhb<T>(W, out, rows, cols, rb); }
 DEQHB(0, deqhb_f32)
 DEQHB(1, deqhb_f16)
 DEQHB(2, deqhb_q4_0)
@@ -547,6 +643,7 @@ DEQHB(14, deqhb_q6_k)
 
 // out[i] = f16(x[i]) for n elements (n a multiple of 2).
 extern "C" __global__ void to_f16(const float2* __restrict__ x, u32* __restrict__ out, long long n2) {
+    PDL_ENTRY();
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n2;
          i += (long long)gridDim.x * blockDim.x) {
         float2 v = x[i];
@@ -626,7 +723,7 @@ __device__ void mmx(const u8* __restrict__ W, const float* __restrict__ X, float
 }
 
 #define MMX(T, NAME)                                                                               \
-    extern "C" __global__ void NAME(const u8* W, const float* X, float* Y, int rows, int cols, long long rb, int n) { mmx<T>(W, X, Y, rows, cols, rb, n); }
+    extern "C" __global__ void NAME(const u8* W, const float* X, float* Y, int rows, int cols, long long rb, int n) { PDL_ENTRY(); mmx<T>(W, X, Y, rows, cols, rb, n); }
 MMX(0, mmx_f32)
 MMX(1, mmx_f16)
 MMX(2, mmx_q4_0)
@@ -638,246 +735,6 @@ MMX(12, mmx_q4_k)
 MMX(13, mmx_q5_k)
 MMX(14, mmx_q6_k)
 
-// ---- decode matvec, second version (one token; VELA_CUDA_MATVEC=old selects mm_*_t1) ----
-//
-// Same work split and the same per-lane accumulation order as mm32/mmk with TT=1 (so the result
-// equals the old kernels'). Activation blocks are read with 16-byte loads into registers.
-// 32-element formats: weights staged through shared memory with 16-byte loads (see mv32).
-// k-quants: each lane issues the loads of MVU_K sub-blocks before using any of them, Q4_K/Q5_K
-// weights (16-byte aligned blocks of 144/176 bytes) with 16-byte loads.
-#define MVU_K 4
-
-__device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& sum, int qs[8]) {
-    float4 h = *(const float4*)a;
-    int4 q0 = ((const int4*)a)[1], q1 = ((const int4*)a)[2];
-    d = h.x;
-    s = h.y;
-    sum = __float_as_int(h.z);
-    qs[0] = q0.x; qs[1] = q0.y; qs[2] = q0.z; qs[3] = q0.w;
-    qs[4] = q1.x; qs[5] = q1.y; qs[6] = q1.z; qs[7] = q1.w;
-}
-
-// One warp per row. GGUF's 32-element blocks (18-34 bytes) are only 2-byte aligned, so reading
-// them in place costs one 2-byte load per 2 bytes (an ncu profile showed the old kernel
-// issue-bound at ~1 TB/s with 23 % occupancy). Here the warp copies 64 blocks of its row at a
-// time into shared memory with 16-byte loads (all in flight before the first use; the row start
-// is rounded down to 16 bytes and up to 15 bytes past its end are read, hence WEIGHT_PAD on the
-// host), then lane l decodes blocks l and l + 32 from shared memory. Per lane the blocks are
-// accumulated in the order l, l + 32, l + 64, ... exactly like mm32, so the result equals the
-// old kernel's.
-//
-// K split (`split` = 1, 2 or 4 warps per row, see mv_split in matmul.rs): warp w of the block
-// takes row blk * (WARPS / split) + w / split and the part w % split of its blocks (parts are
-// whole multiples of 8 blocks, so each starts 16-byte aligned relative to the row's rounded-down
-// start); the parts' sums are added in part order through shared memory. With split = 1 the
-// result equals the old kernel's. (Measured on Llama-3-8B Q4_0 decode, H200: 128-block segments
-// 292 tok/s and split 4 282 tok/s, against 300 with 64-block segments and no split, although
-// the split is faster on L2-resident test matrices; so the default stays split = 1.)
-#define MV_SEG 64
-template <int T>
-__device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __restrict__ X,
-                                     float* __restrict__ Y, int rows, int nb, int blk, int split) {
-    constexpr int BYTES = B32<T>::BYTES;
-    constexpr int N16 = (MV_SEG * BYTES + 15) / 16 + 1;
-    __shared__ uint4 stage[WARPS][N16];
-    __shared__ float red[WARPS][2];
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int r = blk * (WARPS / split) + warp / split, part = warp % split;
-    int per = ((nb + split - 1) / split + 7) / 8 * 8;
-    int lo = part * per, hi = min(nb, lo + per);
-    float acc = 0.0f, accm = 0.0f;
-    if (r < rows) {
-        const u8* wr = W + (size_t)r * nb * BYTES;
-        int skew = (int)((size_t)wr & 15);
-        const uint4* base = (const uint4*)(wr - skew);
-        const u8* st = (const u8*)stage[warp] + skew;
-        for (int b0 = lo; b0 < hi; b0 += MV_SEG) {
-            int nblk = min(MV_SEG, hi - b0);
-            int n16 = (skew + nblk * BYTES + 15) / 16;
-            // b0 is a multiple of 8 blocks, 8 * BYTES a multiple of 16.
-            const uint4* src = base + (size_t)b0 * BYTES / 16;
-            uint4 tmp[(N16 + 31) / 32];
-#pragma unroll
-            for (int k = 0; k < (N16 + 31) / 32; k++) {
-                int i = lane + 32 * k;
-                if (i < n16) tmp[k] = src[i];
-            }
-#pragma unroll
-            for (int k = 0; k < (N16 + 31) / 32; k++) {
-                int i = lane + 32 * k;
-                if (i < n16) stage[warp][i] = tmp[k];
-            }
-            __syncwarp();
-#pragma unroll
-            for (int u = 0; u < MV_SEG / 32; u++) {
-                int lb = lane + 32 * u;
-                if (lb < nblk) {
-                    int w[8], aq[8], asum;
-                    float d, m, ad, as;
-                    decode32<T>(st + lb * BYTES, w, d, m);
-                    load_aq8(X + b0 + lb, ad, as, asum, aq);
-                    int isum = 0;
-#pragma unroll
-                    for (int k = 0; k < 8; k++) isum = dp4a(w[k], aq[k], isum);
-                    isum -= B32<T>::OFF * asum;
-                    acc += (float)isum * (d * ad);
-                    if (B32<T>::MIN) accm += m * as;
-                }
-            }
-            // The next segment overwrites the stage.
-            __syncwarp();
-        }
-    }
-    float s = warp_sum(acc);
-    float sm = warp_sum(accm);
-    if (split == 1) {
-        if (lane == 0 && r < rows) Y[r] = s + sm;
-        return;
-    }
-    if (lane == 0) { red[warp][0] = s; red[warp][1] = sm; }
-    __syncthreads();
-    if (part == 0 && lane == 0 && r < rows) {
-        float a = 0.0f, b = 0.0f;
-        for (int q = 0; q < split; q++) { a += red[warp + q][0]; b += red[warp + q][1]; }
-        Y[r] = a + b;
-    }
-}
-
-// Sub-block j of a Q4_K/Q5_K block with 16-byte loads (the block must be 16-byte aligned);
-// Q6_K falls back to decodek. Same outputs as decodek.
-template <int T>
-__device__ __forceinline__ void decodek_v(const u8* b, int j, int w[8], int sc[2], int mn[2],
-                                          float& d, float& dmin) {
-    if (T == 14) {
-        decodek<T>(b, j, w, sc, mn, d, dmin);
-        return;
-    }
-    uint4 hd = *(const uint4*)b;  // d, dmin, scales[12]
-    d = h2f((u16)(hd.x & 0xffffu));
-    dmin = h2f((u16)(hd.x >> 16));
-    u32 sw[3] = {hd.y, hd.z, hd.w};
-    u8 s8[12];
-#pragma unroll
-    for (int i = 0; i < 12; i++) s8[i] = (u8)(sw[i / 4] >> (8 * (i % 4)));
-    int s, m;
-    scale_min_k4(j, s8, s, m);
-    sc[0] = sc[1] = s;
-    mn[0] = mn[1] = m;
-    const uint4* q4 = (const uint4*)(b + (T == 12 ? 16 : 48) + 32 * (j / 2));
-    uint4 qa = q4[0], qb = q4[1];
-    u32 qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
-    u32 hv[8];
-    if (T == 13) {
-        const uint4* h4 = (const uint4*)(b + 16);
-        uint4 ha = h4[0], hb = h4[1];
-        hv[0] = ha.x; hv[1] = ha.y; hv[2] = ha.z; hv[3] = ha.w;
-        hv[4] = hb.x; hv[5] = hb.y; hv[6] = hb.z; hv[7] = hb.w;
-    }
-    int sh = (j & 1) * 4;
-#pragma unroll
-    for (int k = 0; k < 8; k++) {
-        u32 v = (qv[k] >> sh) & 0x0F0F0F0Fu;
-        if (T == 13) v |= ((hv[k] >> j) & 0x01010101u) << 4;
-        w[k] = (int)v;
-    }
-}
-
-// K split as in mv32: warp w takes row blk * (WARPS / split) + w / split and the part
-// w % split of its nb * 8 sub-blocks.
-template <int T, int MVU>
-__device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __restrict__ X,
-                                    float* __restrict__ Y, int rows, int nb, int blk, int split) {
-    __shared__ float red[WARPS];
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int r = blk * (WARPS / split) + warp / split, part = warp % split;
-    int per = (nb * 8 + split - 1) / split;
-    int lo = part * per, hi = min(nb * 8, lo + per);
-    float acc = 0.0f;
-    const u8* wr = W + (size_t)min(r, rows - 1) * nb * BK<T>::BYTES;
-    if (r >= rows) hi = lo;
-    for (int it0 = lo + lane; it0 < hi; it0 += 32 * MVU) {
-        int w[MVU][8], sc[MVU][2], mn[MVU][2], aq[MVU][8], bs[MVU];
-        float d[MVU], dmin[MVU], ad[MVU];
-#pragma unroll
-        for (int u = 0; u < MVU; u++) {
-            int it = it0 + 32 * u;
-            if (it < hi) {
-                int b = it >> 3, j = it & 7;
-                decodek_v<T>(wr + (size_t)b * BK<T>::BYTES, j, w[u], sc[u], mn[u], d[u], dmin[u]);
-                const AQ8K* a = X + b;
-                ad[u] = a->d;
-                bs[u] = *(const int*)(a->bsums + 2 * j);
-                int4 q0 = ((const int4*)(a->qs + 8 * j))[0], q1 = ((const int4*)(a->qs + 8 * j))[1];
-                aq[u][0] = q0.x; aq[u][1] = q0.y; aq[u][2] = q0.z; aq[u][3] = q0.w;
-                aq[u][4] = q1.x; aq[u][5] = q1.y; aq[u][6] = q1.z; aq[u][7] = q1.w;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < MVU; u++) {
-            if (it0 + 32 * u < hi) {
-                int i0 = 0, i1 = 0;
-#pragma unroll
-                for (int k = 0; k < 4; k++) i0 = dp4a(w[u][k], aq[u][k], i0);
-#pragma unroll
-                for (int k = 4; k < 8; k++) i1 = dp4a(w[u][k], aq[u][k], i1);
-                int isum = sc[u][0] * i0 + sc[u][1] * i1;
-                int b0s = (int)(short)(bs[u] & 0xffff), b1s = bs[u] >> 16;
-                int corr = mn[u][0] * b0s + mn[u][1] * b1s;
-                acc += (ad[u] * d[u]) * (float)isum - (ad[u] * dmin[u]) * (float)corr;
-            }
-        }
-    }
-    float s = warp_sum(acc);
-    if (split == 1) {
-        if (lane == 0 && r < rows) Y[r] = s;
-        return;
-    }
-    if (lane == 0) red[warp] = s;
-    __syncthreads();
-    if (part == 0 && lane == 0 && r < rows) {
-        float a = 0.0f;
-        for (int q = 0; q < split; q++) a += red[warp + q];
-        Y[r] = a;
-    }
-}
-
-// Up to three one-token products of the same type sharing the activations (Q/K/V, gate/up) in
-// one launch: the first ceil(r0/WARPS) blocks compute W0, the next ceil(r1/WARPS) W1, the rest
-// W2 (r2 may be 0).
-template <int T, typename A>
-__device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, const A* X,
-                                    float* Y0, float* Y1, float* Y2, int r0, int r1, int r2,
-                                    int nb, int split) {
-    int rpb = WARPS / split;
-    int b0 = (r0 + rpb - 1) / rpb, b1 = (r1 + rpb - 1) / rpb;
-    int bi = blockIdx.x;
-    const u8* W = W0;
-    float* Y = Y0;
-    int rows = r0;
-    if (bi >= b0 + b1) {
-        W = W2; Y = Y2; rows = r2; bi -= b0 + b1;
-    } else if (bi >= b0) {
-        W = W1; Y = Y1; rows = r1; bi -= b0;
-    }
-    if constexpr (T >= 12) mvk<T, MVU_K>(W, X, Y, rows, nb, bi, split);
-    else mv32<T>(W, X, Y, rows, nb, bi, split);
-}
-
-#define MV32(T, NAME)                                                                              \
-    extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { mv32<T>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { mv3<T, AQ8>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
-#define MVK(T, NAME)                                                                               \
-    extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { mvk<T, MVU_K>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_u2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { mvk<T, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { mv3<T, AQ8K>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
-MV32(2, mv_q4_0)
-MV32(3, mv_q4_1)
-MV32(6, mv_q5_0)
-MV32(7, mv_q5_1)
-MV32(8, mv_q8_0)
-MVK(12, mv_q4_k)
-MVK(13, mv_q5_k)
-MVK(14, mv_q6_k)
 
 // Gated activation fused with the quantization of its result for the down projection:
 // g = act(g) * u (stored, like act_mul), then Q8 (K = 0: one warp per 32-element block) or Q8_K
@@ -905,7 +762,7 @@ __device__ void act_quant(float* __restrict__ g, const float* __restrict__ u, u8
         q8k_block(v, (AQ8K*)act + blk, lane);
     }
 }
-extern "C" __global__ void act_q8_silu(float* g, const float* u, u8* act, int nb) { act_quant<0, 0>(g, u, act, nb); }
-extern "C" __global__ void act_q8_gelu(float* g, const float* u, u8* act, int nb) { act_quant<0, 1>(g, u, act, nb); }
-extern "C" __global__ void act_q8k_silu(float* g, const float* u, u8* act, int nb) { act_quant<1, 0>(g, u, act, nb); }
-extern "C" __global__ void act_q8k_gelu(float* g, const float* u, u8* act, int nb) { act_quant<1, 1>(g, u, act, nb); }
+extern "C" __global__ void act_q8_silu(float* g, const float* u, u8* act, int nb) { PDL_ENTRY(); act_quant<0, 0>(g, u, act, nb); }
+extern "C" __global__ void act_q8_gelu(float* g, const float* u, u8* act, int nb) { PDL_ENTRY(); act_quant<0, 1>(g, u, act, nb); }
+extern "C" __global__ void act_q8k_silu(float* g, const float* u, u8* act, int nb) { PDL_ENTRY(); act_quant<1, 0>(g, u, act, nb); }
+extern "C" __global__ void act_q8k_gelu(float* g, const float* u, u8* act, int nb) { PDL_ENTRY(); act_quant<1, 1>(g, u, act, nb); }

@@ -132,7 +132,15 @@ impl CudaBackend {
             Arg::I((l.spec.n_head_kv * l.spec.head_dim_v) as i32),
             Arg::I(l.spec.capacity as i32),
         ];
-        self.launch(name, (positions.len() as u32, 3, 1), 256, &args);
+        if self.small_v2.load(Ordering::Relaxed) {
+            // One block per q, k and v head (`rope_store_heads`), a thread per rotated pair.
+            let heads = (n_head + 2 * n_head_kv) as u32;
+            let threads = (p.n_rot / 2).clamp(32, 256).next_multiple_of(32) as u32;
+            let name = name.replace("rope_store", "rope_store_heads");
+            self.launch(&name, (positions.len() as u32, heads, 1), threads, &args);
+        } else {
+            self.launch(name, (positions.len() as u32, 3, 1), 256, &args);
+        }
     }
 
     pub(crate) fn attention_impl(
@@ -165,13 +173,7 @@ impl CudaBackend {
         // flight), parts of at least one 32-key chunk; fixed by the shapes (not the position),
         // so recorded steps replay at any position.
         let by_capacity = split_keys().map_or(0, |k| l.spec.capacity / k);
-        // One block per KV group instead of per query head (`attention_part_g`, opt-in).
-        let ratio = p.n_head / p.n_head_kv.max(1);
-        let grouped = self.attn_gqa.load(Ordering::Relaxed)
-            && p.n_head_kv * ratio == p.n_head
-            && (2..=8).contains(&ratio);
-        let heads_per_grid = if grouped { p.n_head_kv } else { p.n_head };
-        let parts = (264 / (heads_per_grid * n_tok).max(1))
+        let parts = (264 / (p.n_head * n_tok).max(1))
             .max(by_capacity)
             .clamp(1, SPLIT_MAX_PARTS)
             .min(l.spec.capacity.div_ceil(32));
@@ -180,11 +182,15 @@ impl CudaBackend {
             && parts > 1
             && p.head_dim_k.is_multiple_of(4)
         {
-            let name = match (kv.ty, grouped) {
+            // Second version (default): no per-chunk round trips (see `attention_part2`).
+            let v2 = self.attn_part_v2.load(Ordering::Relaxed)
+                && p.head_dim_v.is_multiple_of(8)
+                && 128 % (p.head_dim_v / 8) == 0;
+            let name = match (kv.ty, v2) {
                 (KvType::F32, false) => "attention_part_f32",
                 (KvType::F16, false) => "attention_part_f16",
-                (KvType::F32, true) => "attention_part_g_f32",
-                (KvType::F16, true) => "attention_part_g_f16",
+                (KvType::F32, true) => "attention_part2_f32",
+                (KvType::F16, true) => "attention_part2_f16",
             };
             let need = n_tok * p.n_head * parts * (p.head_dim_v + 2);
             let mut part = self.attn_part.lock().unwrap_or_else(|e| e.into_inner());
@@ -210,7 +216,7 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
-            let grid = (heads_per_grid as u32, n_tok as u32, parts as u32);
+            let grid = (p.n_head as u32, n_tok as u32, parts as u32);
             self.launch(name, grid, 32 * SPLIT_WARPS, &args);
             let args = [
                 Arg::P(pt),
@@ -246,23 +252,11 @@ impl CudaBackend {
         ];
         // Prefill batches (n_head * n_tok >= ATT_W4_MIN_BLOCKS) already fill the GPU with
         // (head, row) work: mode 0 (default) runs 4 warps per row (`attention_*_w4`; a pp512
-        // layer of Llama-3-8B: 870 us on the H200), mode 1 one warp per query row, 4 rows per
-        // block (`attention_rows`, sharing K/V reads; not yet measured on a GPU), mode 2 always
-        // the 32-warp kernel (1.27 ms, mostly idle warps).
+        // layer of Llama-3-8B: 870 us on the H200), mode 2 always the 32-warp kernel (1.27 ms,
+        // mostly idle warps). (One warp per row with 4 rows per block sharing K/V reads was
+        // measured slower in the model: 8B pp512 9,377 vs 9,456 t/s; removed.)
         let mode = self.attn_prefill.load(Ordering::Relaxed);
         let big = p.n_head * positions.len() >= ATT_W4_MIN_BLOCKS;
-        if mode == 1 && big {
-            // One warp per query row, 4 rows per block (see `attention_rows`).
-            let mut args = args.to_vec();
-            args.push(Arg::I(positions.len() as i32));
-            self.launch(
-                &format!("attention_rows_{}", &name["attention_".len()..]),
-                (p.n_head as u32, positions.len().div_ceil(4) as u32, 1),
-                32 * 4,
-                &args,
-            );
-            return;
-        }
         let (name, warps) = if mode == 0 && big {
             (format!("{name}_w4"), 4)
         } else {

@@ -210,6 +210,61 @@ impl CudaBackend {
         }
     }
 
+    /// Launch `f` with programmatic stream serialization (PDL): its blocks may start while the
+    /// previous kernel of the stream runs; each kernel waits for it with `griddepcontrol.wait`
+    /// before touching its data (`PDL_ENTRY` in kernels/common.cu). Stream capture turns the
+    /// attribute into programmatic graph edges, so replayed decode steps overlap the same way.
+    pub(crate) fn launch_pdl(
+        &self,
+        f: &cudarc::driver::CudaFunction,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> std::result::Result<(), cudarc::driver::DriverError> {
+        self.stream.context().bind_to_thread()?;
+        // Every argument in its own 8-byte slot (little-endian: 4-byte values at the start).
+        let mut slots: Vec<u64> = args
+            .iter()
+            .map(|a| match *a {
+                Arg::P(x) => x,
+                Arg::I(x) => x as u32 as u64,
+                Arg::L(x) => x as u64,
+                Arg::F(x) => x.to_bits() as u64,
+            })
+            .collect();
+        let mut params: Vec<*mut std::ffi::c_void> = slots
+            .iter_mut()
+            .map(|s| s as *mut u64 as *mut std::ffi::c_void)
+            .collect();
+        // SAFETY: plain-old-data C structs; all-zero is a valid value of each.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let cfg = sys::CUlaunchConfig {
+            gridDimX: grid.0,
+            gridDimY: grid.1,
+            gridDimZ: grid.2,
+            blockDimX: block,
+            blockDimY: 1,
+            blockDimZ: 1,
+            sharedMemBytes: 0,
+            hStream: self.stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: 1,
+        };
+        // SAFETY: `params` points at one live slot per kernel parameter, in order, each holding
+        // the parameter's value (see `Arg`); the callers size the grids to the buffers passed.
+        unsafe {
+            sys::cuLaunchKernelEx(
+                &cfg,
+                f.cu_function(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        }
+        .result()
+    }
+
     /// Stream-capture `ops` into an instantiated graph (nothing runs yet).
     fn capture(&self, ops: &[Launch]) -> Result<CudaGraph> {
         self.stream

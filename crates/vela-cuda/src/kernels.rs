@@ -12,9 +12,16 @@ use std::path::PathBuf;
 /// Prelude prepended to every group (types, f16 conversion, dp4a, warp reductions).
 pub const COMMON: &str = include_str!("../kernels/common.cu");
 
-/// The kernel groups: (name, source without the prelude).
+/// The kernel groups: (name, source without the prelude). The "quant" group is quant.cu
+/// followed by matvec.cu.
 pub const GROUPS: &[(&str, &str)] = &[
-    ("quant", include_str!("../kernels/quant.cu")),
+    (
+        "quant",
+        concat!(
+            include_str!("../kernels/quant.cu"),
+            include_str!("../kernels/matvec.cu")
+        ),
+    ),
     ("elementwise", include_str!("../kernels/elementwise.cu")),
     ("attention", include_str!("../kernels/attention.cu")),
     ("sample", include_str!("../kernels/sample.cu")),
@@ -59,6 +66,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "get_rows_q6_k",
             "norm_q8",
             "norm_q8k",
+            "norm_q8_regs",
+            "norm_q8k_regs",
             "mmx_f32",
             "mmx_f16",
             "mmx_q4_0",
@@ -88,6 +97,22 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mv_q4_k_x3",
             "mv_q5_k_x3",
             "mv_q6_k_x3",
+            "mv_q4_0_r2",
+            "mv_q4_1_r2",
+            "mv_q5_0_r2",
+            "mv_q5_1_r2",
+            "mv_q8_0_r2",
+            "mv_q4_k_r2",
+            "mv_q5_k_r2",
+            "mv_q6_k_r2",
+            "mv_q4_0_x3_r2",
+            "mv_q4_1_x3_r2",
+            "mv_q5_0_x3_r2",
+            "mv_q5_1_x3_r2",
+            "mv_q8_0_x3_r2",
+            "mv_q4_k_x3_r2",
+            "mv_q5_k_x3_r2",
+            "mv_q6_k_x3_r2",
             "act_q8_silu",
             "act_q8_gelu",
             "act_q8k_silu",
@@ -123,6 +148,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "rope_qk",
             "rope_store_f32",
             "rope_store_f16",
+            "rope_store_heads_f32",
+            "rope_store_heads_f16",
             "add",
             "add_bias",
             "scale",
@@ -143,21 +170,28 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "attention_f16",
             "attention_f32_w4",
             "attention_f16_w4",
-            "attention_rows_f32",
-            "attention_rows_f16",
             "attention_part_f32",
             "attention_part_f16",
+            "attention_part2_f32",
+            "attention_part2_f16",
             "attention_combine",
-            "attention_part_g_f32",
-            "attention_part_g_f16",
         ],
     ),
-    ("sample", &["topk_rows"]),
+    ("sample", &["topk_rows", "topk_part", "topk_merge"]),
 ];
 
-/// The full source NVRTC compiles for a group.
+/// The full source NVRTC compiles for a group: `#define NAME 1` for each name in the developer
+/// switch `VELA_CUDA_DEFINES` (comma-separated, for A/B runs of kernel variants, e.g.
+/// `Q6K_OLD`), the common prelude, then the group.
 pub fn source(group_src: &str) -> String {
-    format!("{COMMON}\n{group_src}")
+    let defines: String = std::env::var("VELA_CUDA_DEFINES")
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
+        .map(|d| format!("#define {d} 1\n"))
+        .collect();
+    format!("{defines}{COMMON}\n{group_src}")
 }
 
 /// 64-bit FNV-1a (stable across Rust versions, unlike `DefaultHasher`).
@@ -225,5 +259,29 @@ mod tests {
         for (name, src) in GROUPS {
             assert!(src.contains("__global__"), "{name} has no kernels");
         }
+    }
+
+    /// With programmatic dependent launch a kernel may start before the previous one ends, so
+    /// every block of every kernel must pass `griddepcontrol.wait` before it touches shared
+    /// data: each `__global__` body starts with `PDL_ENTRY();`.
+    #[test]
+    fn every_kernel_waits() {
+        let mut n = 0;
+        for (name, src) in GROUPS {
+            let mut rest = *src;
+            while let Some(i) = rest.find("__global__ void") {
+                rest = &rest[i + 15..];
+                // The body starts after the parameter list.
+                let close = rest.find(')').expect("parameter list");
+                let open = close + rest[close..].find('{').expect("kernel body");
+                let head: String = rest[..close].chars().take(60).collect();
+                assert!(
+                    rest[open + 1..].trim_start().starts_with("PDL_ENTRY();"),
+                    "{name}: kernel {head}... does not start with PDL_ENTRY()"
+                );
+                n += 1;
+            }
+        }
+        assert!(n > 40, "only {n} kernels found");
     }
 }

@@ -44,7 +44,7 @@ const AQ8_BYTES: usize = 48;
 const AQ8K_BYTES: usize = 304;
 /// Warps (weight rows) per matmul thread block (`WARPS` in quant.cu).
 const MM_WARPS: u32 = 4;
-/// Zero bytes allocated after every weight (see `mv32` in quant.cu).
+/// Zero bytes allocated after every weight (see `mv32` in matvec.cu).
 const WEIGHT_PAD: usize = 64;
 /// Largest head dimension the attention kernel supports (`ATT_MAXD`).
 const ATT_MAXD: usize = 256;
@@ -143,15 +143,24 @@ pub struct CudaBackend {
     upload: upload::Upload,
     /// cuBLAS prefill (gemm.rs): smallest batch (`VELA_CUDA_GEMM_MIN`, 0 = off) and state.
     gemm_min: AtomicUsize,
-    /// Dequantize for cuBLAS one 32-element block per thread (`VELA_CUDA_DEQH=block`).
+    /// Dequantize for cuBLAS one 32-element block per thread (default; `VELA_CUDA_DEQH=elem`:
+    /// 8 elements per thread).
     deqh_block: AtomicBool,
     gemm: Mutex<gemm::GemmState>,
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
-    /// Split-K decode attention with one block per KV group (`VELA_CUDA_ATTN=gqa`).
-    attn_gqa: AtomicBool,
-    /// Prefill attention kernel (`VELA_CUDA_ATTN_PREFILL` = w4 | rows | w32 → 0 | 1 | 2, attn.rs).
+    /// Prefill attention kernel (`VELA_CUDA_ATTN_PREFILL` = w4 | w32 → 0 | 2, attn.rs).
     attn_prefill: std::sync::atomic::AtomicU32,
+    /// Latency-bound decode kernels, second version (default; `VELA_CUDA_SMALL=old` off):
+    /// `norm_q8*_regs` and `rope_store_heads_*`.
+    small_v2: AtomicBool,
+    /// Rows per warp of the one-token matvec (`mv_rows` in matmul.rs): 0 one, 1 auto (default),
+    /// 2 two (`VELA_CUDA_MV_ROWS=1|auto|2`).
+    mv_rows_mode: std::sync::atomic::AtomicU32,
+    /// Split-K decode attention parts, second version (default; `VELA_CUDA_ATTN_PART=1` off).
+    attn_part_v2: AtomicBool,
+    /// Programmatic dependent launch (sm_90+, default on; `VELA_CUDA_PDL=0` off; graph.rs).
+    pdl: AtomicBool,
     /// Per-kernel timing (`VELA_CUDA_PROFILE=1`, profile.rs).
     profiling: bool,
     prof: Mutex<profile::Profiler>,
@@ -286,12 +295,20 @@ impl CudaBackend {
                     .unwrap_or(gemm::DEFAULT_GEMM_MIN),
             ),
             gemm: Mutex::new(gemm::GemmState::default()),
-            deqh_block: AtomicBool::new(env("VELA_CUDA_DEQH") == "block"),
+            deqh_block: AtomicBool::new(env("VELA_CUDA_DEQH") != "elem"),
             profiling: env("VELA_CUDA_PROFILE") == "1",
-            attn_gqa: AtomicBool::new(env("VELA_CUDA_ATTN") == "gqa"),
+            small_v2: AtomicBool::new(env("VELA_CUDA_SMALL") != "old"),
+            mv_rows_mode: std::sync::atomic::AtomicU32::new(
+                match env("VELA_CUDA_MV_ROWS").as_str() {
+                    "1" => 0,
+                    "2" => 2,
+                    _ => 1,
+                },
+            ),
+            attn_part_v2: AtomicBool::new(env("VELA_CUDA_ATTN_PART") != "1"),
+            pdl: AtomicBool::new(arch >= 90 && env("VELA_CUDA_PDL") != "0"),
             attn_prefill: std::sync::atomic::AtomicU32::new(
                 match env("VELA_CUDA_ATTN_PREFILL").as_str() {
-                    "rows" => 1,
                     "w32" => 2,
                     _ => 0,
                 },
@@ -360,13 +377,26 @@ impl CudaBackend {
         self.split_attn.store(on, Ordering::Relaxed);
     }
 
-    /// Split-K decode attention with one block per KV group (true) or per query head.
-    pub fn set_gqa_attention(&self, on: bool) {
-        self.attn_gqa.store(on, Ordering::Relaxed);
+    /// The second-version norm and RoPE+store decode kernels (true, default) or the first.
+    pub fn set_small_kernels_v2(&self, on: bool) {
+        self.flush_recording();
+        self.small_v2.store(on, Ordering::Relaxed);
     }
 
-    /// Prefill attention kernel: 0 four warps per row (default), 1 one warp per row and four rows
-    /// per block, 2 the 32-warp kernel (see attn.rs).
+    /// The second-version split-K attention parts (true, default) or the first.
+    pub fn set_attention_parts_v2(&self, on: bool) {
+        self.flush_recording();
+        self.attn_part_v2.store(on, Ordering::Relaxed);
+    }
+
+    /// Programmatic dependent launch on or off (only takes effect on sm_90 and newer).
+    pub fn set_pdl(&self, on: bool) {
+        self.flush_recording();
+        self.pdl.store(on && self.arch >= 90, Ordering::Relaxed);
+    }
+
+    /// Prefill attention kernel: 0 four warps per row (default), 2 the 32-warp kernel (see
+    /// attn.rs).
     pub fn set_prefill_attention(&self, mode: u32) {
         self.attn_prefill.store(mode, Ordering::Relaxed);
     }
@@ -383,6 +413,11 @@ impl CudaBackend {
             .funcs
             .get(name)
             .ok_or_else(|| anyhow!("CUDA kernel {name} is not loaded"))?;
+        if self.pdl.load(Ordering::Relaxed) {
+            return self
+                .launch_pdl(f, grid, block, args)
+                .map_err(|e| anyhow!("CUDA launch of {name} failed: {e:?}"));
+        }
         let mut b = self.stream.launch_builder(f);
         for a in args {
             match a {
@@ -911,6 +946,13 @@ impl Drop for CudaBackend {
         let _ = self.stream.synchronize();
         if let Some(r) = self.profile_report() {
             eprint!("{r}");
+        }
+        if std::env::var_os("VELA_CUDA_DEBUG").is_some() {
+            let g = self.graph_stats();
+            eprintln!(
+                "vela-cuda: decode graphs: {} replays, {} captures, {} plain steps",
+                g.replays, g.captures, g.plain
+            );
         }
         let _ = &self.ctx;
     }

@@ -80,7 +80,8 @@ impl CudaBackend {
             };
             if n == 1 && kind != ActKind::Float && self.matvec_new.load(Ordering::Relaxed) {
                 let split = self.mv_split(w.cols);
-                let grid = ((w.rows as u32).div_ceil(MM_WARPS / split), 1, 1);
+                let r = self.mv_rows(split, w.rows);
+                let grid = ((w.rows as u32).div_ceil(MM_WARPS * r / split), 1, 1);
                 let args = [
                     Arg::P(self.ptr(&w.data)),
                     Arg::P(xp),
@@ -90,7 +91,11 @@ impl CudaBackend {
                     Arg::I(split as i32),
                 ];
                 let u2 = kind == ActKind::Q8K && self.mvk_u2.load(Ordering::Relaxed);
-                let name = format!("mv_{suffix}{}", if u2 { "_u2" } else { "" });
+                let name = match (r, u2) {
+                    (2, _) => format!("mv_{suffix}_r2"),
+                    (_, true) => format!("mv_{suffix}_u2"),
+                    _ => format!("mv_{suffix}"),
+                };
                 self.launch(&name, grid, 32 * MM_WARPS, &args);
                 continue;
             }
@@ -219,10 +224,24 @@ impl CudaBackend {
             Arg::I(width as i32),
             Arg::F(eps),
         ];
-        // One thread per element up to 1024 (width is a multiple of 32): no serial loops in the
-        // kernel for rows up to 1024 wide (5.8 us with 256 threads at width 576).
-        let threads = width.clamp(32, 1024) as u32;
-        self.launch(name, (n_rows as u32, 1, 1), threads, &args);
+        // Default: the row in registers, 8 elements per thread (`norm_q8*_regs`; needs 16-byte
+        // aligned rows). Else (`VELA_CUDA_SMALL=old`, or rows wider than 8192) one thread per
+        // element up to 1024 with loops beyond.
+        let aligned = [&args[0], &args[1], &args[2], &args[3], &args[4]]
+            .iter()
+            .all(|a| matches!(a, Arg::P(p) if p % 16 == 0));
+        if self.small_v2.load(Ordering::Relaxed) && width <= 8192 && aligned {
+            let threads = (width / 8).next_multiple_of(32) as u32;
+            self.launch(
+                &format!("{name}_regs"),
+                (n_rows as u32, 1, 1),
+                threads,
+                &args,
+            );
+        } else {
+            let threads = width.clamp(32, 1024) as u32;
+            self.launch(name, (n_rows as u32, 1, 1), threads, &args);
+        }
         drop(sc);
         self.matmul_many_impl(ws, h, n_rows, ys, Some((kind, width, ap, width / bs)));
     }
@@ -263,8 +282,9 @@ impl CudaBackend {
         let yp: Vec<u64> = ys.iter().map(|y| self.ptr(&**y)).collect();
         let rows = |i: usize| ws.get(i).map(|w| w.rows).unwrap_or(0);
         let split = self.mv_split(cols);
+        let r = self.mv_rows(split, (0..3).map(rows).sum());
         let blocks: u32 = (0..3)
-            .map(|i| (rows(i) as u32).div_ceil(MM_WARPS / split))
+            .map(|i| (rows(i) as u32).div_ceil(MM_WARPS * r / split))
             .sum();
         if blocks == 0 {
             return true;
@@ -284,7 +304,7 @@ impl CudaBackend {
             Arg::I(split as i32),
         ];
         self.launch(
-            &format!("mv_{suffix}_x3"),
+            &format!("mv_{suffix}_x3{}", if r == 2 { "_r2" } else { "" }),
             (blocks, 1, 1),
             32 * MM_WARPS,
             &args,
@@ -366,12 +386,16 @@ impl CudaBackend {
     }
 }
 
+/// Fewest rows of a one-token product (all weights of an `_x3` launch together) that take two
+/// rows per warp: 2,048 rows make 256 blocks, about two per SM of an H200.
+const MV_ROWS2_MIN: usize = 2048;
+
 impl CudaBackend {
     /// Warps per row of the one-token `mv_*` kernels (1, 2 or 4, dividing `MM_WARPS`) for rows
     /// of `cols` elements. Mode 1 (the default), 2 or 4: that many; mode 0 ("auto"): 2 or 4 for
     /// rows of more than 64 or 128 32-element blocks. Set by `VELA_CUDA_MV_SPLIT` (1, 2, 4 or
     /// `auto`) or [`CudaBackend::set_mv_split`]. The split lowered Llama-3-8B decode on the H200
-    /// (see `mv32` in quant.cu), hence the default.
+    /// (see `mv32` in matvec.cu), hence the default.
     pub(crate) fn mv_split(&self, cols: usize) -> u32 {
         match self.mv_split_mode.load(Ordering::Relaxed) {
             0 => match cols / 32 {
@@ -382,6 +406,28 @@ impl CudaBackend {
             m @ (1 | 2 | 4) => m,
             _ => 1,
         }
+    }
+
+    /// Rows per warp of the one-token `mv_*` kernels for a launch of `rows` rows in all: 2
+    /// (`mv_*_r2`: each activation block is loaded once for two rows) from `MV_ROWS2_MIN` rows,
+    /// else 1 (also with a K split or `VELA_CUDA_MV_ROWS=1`). Measured on the H200 (tg128): two
+    /// rows everywhere took Llama-3-8B Q4_0 from 368 to 392 tok/s and Q4_K_M from 220 to 265, but
+    /// the Qwen2.5-0.5B geometry from 999 to 937 (its 896-1,152-row products then fill only
+    /// 112-144 blocks), hence the threshold.
+    pub(crate) fn mv_rows(&self, split: u32, rows: usize) -> u32 {
+        let mode = self.mv_rows_mode.load(Ordering::Relaxed);
+        if split == 1 && (mode == 2 || (mode == 1 && rows >= MV_ROWS2_MIN)) {
+            2
+        } else {
+            1
+        }
+    }
+
+    /// Rows per warp of the one-token matvec: 0 always one, 1 two from `MV_ROWS2_MIN` rows
+    /// (default), 2 always two (tests).
+    pub fn set_mv_rows_mode(&self, mode: u32) {
+        self.flush_recording();
+        self.mv_rows_mode.store(mode.min(2), Ordering::Relaxed);
     }
 
     /// See [`CudaBackend::mv_split`]: 0 = auto, else 1, 2 or 4 warps per row.

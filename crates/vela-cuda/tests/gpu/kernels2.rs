@@ -48,6 +48,19 @@ fn matvec_new_matches_cpu_and_old() {
             g.set_matvec_new(false);
             g.matmul(&wg, &xg, 1, &mut yo);
             g.set_matvec_new(true);
+            // One row per warp (`mv_*`) gives the same bits as two (`mv_*_r2`).
+            let (mut y1, mut y2) = (g.alloc(rows), g.alloc(rows));
+            g.set_mv_rows_mode(0);
+            g.matmul(&wg, &xg, 1, &mut y1);
+            g.set_mv_rows_mode(2);
+            g.matmul(&wg, &xg, 1, &mut y2);
+            g.set_mv_rows_mode(1);
+            assert_eq!(
+                down(&g, &y1, rows),
+                down(&g, &y2, rows),
+                "matvec 1 vs 2 rows per warp {} {rows}x{cols}",
+                ty.name()
+            );
             if ty.block_size() == 256 {
                 let mut yu = g.alloc(rows);
                 g.set_mvk_u2(true);
@@ -215,12 +228,20 @@ fn fused_norm_matmul_and_rope_qk_match_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(31337);
-    for (ty, width) in [
-        (GgmlType::Q4_1, 512),
-        (GgmlType::Q4_K, 512),
-        (GgmlType::Q4_1, 2304),
-        (GgmlType::Q4_K, 2304),
+    for (ty, width, v2) in [
+        (GgmlType::Q4_1, 512, true),
+        (GgmlType::Q4_K, 512, true),
+        (GgmlType::Q4_1, 576, true),
+        (GgmlType::Q4_1, 2304, true),
+        (GgmlType::Q4_K, 2304, true),
+        (GgmlType::Q4_0, 4096, true),
+        (GgmlType::Q4_K, 4096, true),
+        (GgmlType::Q4_1, 576, false),
+        (GgmlType::Q4_1, 2304, false),
+        (GgmlType::Q4_K, 2304, false),
     ] {
+        // v2: the register kernels `norm_q8*_regs` (default); else the loop kernels.
+        g.set_small_kernels_v2(v2);
         let (wa_g, wa_c) = upload_random(&g, &cpu, ty, 70, width, &mut rng);
         let (wb_g, wb_c) = upload_random(&g, &cpu, ty, 33, width, &mut rng);
         let nw = rng.vec(width);
@@ -260,7 +281,7 @@ fn fused_norm_matmul_and_rope_qk_match_cpu() {
                     &mut [&mut ac, &mut bc],
                 );
                 let tag = format!(
-                    "fused norm+matmul {} {width} n={n} residual={with_res}",
+                    "fused norm+matmul {} {width} n={n} residual={with_res} v2={v2}",
                     ty.name()
                 );
                 check(&format!("{tag} x"), &down(&g, &xg, n * width), &xc, 0.0);
@@ -270,6 +291,7 @@ fn fused_norm_matmul_and_rope_qk_match_cpu() {
             }
         }
     }
+    g.set_small_kernels_v2(true);
     let positions = [3u32, 700, 4095];
     let (nh, nkv, hd) = (9usize, 3usize, 64usize);
     let p = RopeParams {
@@ -296,8 +318,14 @@ fn split_attention_long_context_matches_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(8080);
-    let (nh, nkv, hd) = (9usize, 3usize, 64usize);
-    for ty in [KvType::F32, KvType::F16] {
+    let (nh, nkv) = (9usize, 3usize);
+    for (ty, hd) in [
+        (KvType::F32, 64usize),
+        (KvType::F16, 64),
+        (KvType::F16, 128),
+        (KvType::F32, 256),
+        (KvType::F16, 96),
+    ] {
         for window in [None, Some(700usize)] {
             let cap = match window {
                 Some(w) => w + 512,
@@ -343,22 +371,21 @@ fn split_attention_long_context_matches_cpu() {
                 g.set_split_attention(false);
                 g.attention(&qg, &kg, 0, &pos, &p, &mut oo);
                 g.set_split_attention(true);
+                let mut o1 = g.alloc(n * nh * hd);
+                g.set_attention_parts_v2(false);
+                g.attention(&qg, &kg, 0, &pos, &p, &mut o1);
+                g.set_attention_parts_v2(true);
                 cpu.attention(&qc, &kc, 0, &pos, &p, &mut oc);
                 let tag = format!(
-                    "split attention {ty:?} window={window:?} pos {}+{n}",
+                    "split attention {ty:?} hd={hd} window={window:?} pos {}+{n}",
                     pos[0]
                 );
                 let tol = if ty == KvType::F16 { 1e-4 } else { 1e-5 };
                 let split = down(&g, &og, n * nh * hd);
                 check(&tag, &split, &oc, tol);
-                // One block per KV group (3 query heads each).
-                let mut ogq = g.alloc(n * nh * hd);
-                g.set_gqa_attention(true);
-                g.attention(&qg, &kg, 0, &pos, &p, &mut ogq);
-                g.set_gqa_attention(false);
                 check(
-                    &format!("{tag} grouped"),
-                    &down(&g, &ogq, n * nh * hd),
+                    &format!("{tag} first-version parts"),
+                    &down(&g, &o1, n * nh * hd),
                     &oc,
                     tol,
                 );
@@ -571,6 +598,27 @@ fn matvec_x3_split_matches_single() {
                     g.matmul(&ws[i], &x, 1, &mut y1);
                     let (a, b) = (down(&g, &ys[i], rows), down(&g, &y1, rows));
                     assert_eq!(a, b, "x3 {} k={k} weight {i} cols={cols}", ty.name());
+                    // x3 with one row per warp: the same bits (no K split for either).
+                    {
+                        g.set_mv_split(1);
+                        g.set_mv_rows_mode(2);
+                        let mut y2: Vec<_> = shapes[..k].iter().map(|&(r, _)| g.alloc(r)).collect();
+                        let wr: Vec<&vela_cuda::CudaWeight> = ws[..k].iter().collect();
+                        let mut yr: Vec<&mut vela_cuda::CudaBuf> = y2.iter_mut().collect();
+                        g.matmul_many(&wr, &x, 1, &mut yr);
+                        g.set_mv_rows_mode(0);
+                        let mut y3: Vec<_> = shapes[..k].iter().map(|&(r, _)| g.alloc(r)).collect();
+                        let mut yr: Vec<&mut vela_cuda::CudaBuf> = y3.iter_mut().collect();
+                        g.matmul_many(&wr, &x, 1, &mut yr);
+                        g.set_mv_rows_mode(1);
+                        g.set_mv_split(0);
+                        assert_eq!(
+                            down(&g, &y2[i], rows),
+                            down(&g, &y3[i], rows),
+                            "x3 1 vs 2 rows per warp {} k={k} weight {i} cols={cols}",
+                            ty.name()
+                        );
+                    }
                     // The split result against the unsplit kernel (sums in another order).
                     g.set_mv_split(1);
                     g.matmul(&ws[i], &x, 1, &mut y1);
@@ -586,4 +634,100 @@ fn matvec_x3_split_matches_single() {
         }
     }
     eprintln!("RESULT | matvec x3 with K split == single products | | | ok |");
+}
+
+/// Fused RoPE + KV store (`rope_qk_store`: one block per head by default, three blocks per token
+/// with `set_small_kernels_v2(false)`) against the CPU's rope_qk + kv_store: the rotated q and k,
+/// and the stored cache through an attention over it; NeoX and interleaved pairs, a partial
+/// rotation (n_rot < head_dim), frequency factors, F16 and F32 caches, a 64-slot ring (window
+/// 32) that wraps.
+#[test]
+fn fused_rope_store_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(2718);
+    let (nh, nkv) = (8usize, 2usize);
+    for v2 in [true, false] {
+        g.set_small_kernels_v2(v2);
+        for (hd, n_rot, neox, factors) in [
+            (64usize, 64usize, false, false),
+            (128, 128, true, false),
+            (128, 64, true, true),
+            (256, 256, true, false),
+        ] {
+            for ty in [KvType::F16, KvType::F32] {
+                let spec = KvLayerSpec {
+                    n_head_kv: nkv,
+                    head_dim_k: hd,
+                    head_dim_v: hd,
+                    capacity: 64,
+                    window: Some(32),
+                };
+                let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+                let mut kc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+                let p = RopeParams {
+                    n_rot,
+                    freq_base: 500000.0,
+                    freq_scale: 0.5,
+                    neox,
+                    freq_factors: factors.then(|| {
+                        std::sync::Arc::new((0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect())
+                    }),
+                };
+                let ap = AttnParams {
+                    n_head: nh,
+                    n_head_kv: nkv,
+                    head_dim_k: hd,
+                    head_dim_v: hd,
+                    scale: 0.1,
+                    window: Some(32),
+                    softcap: None,
+                };
+                // 40 tokens, then single decode steps past the 64-slot ring.
+                let mut p0 = 0u32;
+                for n in [40usize, 1, 1, 30, 1] {
+                    let pos: Vec<u32> = (p0..p0 + n as u32).collect();
+                    let (q, k, v) = (
+                        rng.vec(n * nh * hd),
+                        rng.vec(n * nkv * hd),
+                        rng.vec(n * nkv * hd),
+                    );
+                    let (mut qg, mut qc) = (up(&g, &q), up(&cpu, &q));
+                    let (mut kgb, mut kcb) = (up(&g, &k), up(&cpu, &k));
+                    let (vg, vc) = (up(&g, &v), up(&cpu, &v));
+                    g.rope_qk_store(&mut qg, &mut kgb, &vg, &mut kg, 0, nh, nkv, hd, &pos, &p);
+                    cpu.rope_qk(&mut qc, &mut kcb, nh, nkv, hd, &pos, &p);
+                    cpu.kv_store(&mut kc, 0, &kcb, &vc, &pos);
+                    let tag = format!("rope+store v2={v2} hd={hd} n_rot={n_rot} neox={neox} ff={factors} {ty:?} pos {p0}+{n}");
+                    check(
+                        &format!("{tag} q"),
+                        &down(&g, &qg, q.len()),
+                        &down(&cpu, &qc, q.len()),
+                        1e-5,
+                    );
+                    check(
+                        &format!("{tag} k"),
+                        &down(&g, &kgb, k.len()),
+                        &down(&cpu, &kcb, k.len()),
+                        1e-5,
+                    );
+                    // The cache through an attention over its last 32 keys.
+                    let last = vec![p0 + n as u32 - 1];
+                    let qq = rng.vec(nh * hd);
+                    let (mut og, mut oc) = (g.alloc(nh * hd), cpu.alloc(nh * hd));
+                    g.attention(&up(&g, &qq), &kg, 0, &last, &ap, &mut og);
+                    cpu.attention(&up(&cpu, &qq), &kc, 0, &last, &ap, &mut oc);
+                    let tol = if ty == KvType::F16 { 1e-4 } else { 1e-5 };
+                    check(
+                        &format!("{tag} cache"),
+                        &down(&g, &og, nh * hd),
+                        &down(&cpu, &oc, nh * hd),
+                        tol,
+                    );
+                    p0 += n as u32;
+                }
+            }
+        }
+    }
+    g.set_small_kernels_v2(true);
 }

@@ -1,0 +1,324 @@
+// One-token (decode) quantized matvecs. Part of the "quant" group: NVRTC compiles this file
+// after quant.cu (see GROUPS in src/kernels.rs), whose types and block decoders it uses.
+
+// ---- decode matvec, second version (one token; VELA_CUDA_MATVEC=old selects mm_*_t1) ----
+//
+// Same work split and the same per-lane accumulation order as mm32/mmk with TT=1 (so the result
+// equals the old kernels'). Activation blocks are read with 16-byte loads into registers.
+// 32-element formats: weights staged through shared memory with 16-byte loads (see mv32).
+// k-quants: each lane issues the loads of MVU_K sub-blocks before using any of them, Q4_K/Q5_K
+// weights (16-byte aligned blocks of 144/176 bytes) with 16-byte loads.
+#define MVU_K 4
+
+__device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& sum, int qs[8]) {
+    float4 h = *(const float4*)a;
+    int4 q0 = ((const int4*)a)[1], q1 = ((const int4*)a)[2];
+    d = h.x;
+    s = h.y;
+    sum = __float_as_int(h.z);
+    qs[0] = q0.x; qs[1] = q0.y; qs[2] = q0.z; qs[3] = q0.w;
+    qs[4] = q1.x; qs[5] = q1.y; qs[6] = q1.z; qs[7] = q1.w;
+}
+
+// One warp per row. GGUF's 32-element blocks (18-34 bytes) are only 2-byte aligned, so reading
+// them in place costs one 2-byte load per 2 bytes (an ncu profile showed the old kernel
+// issue-bound at ~1 TB/s with 23 % occupancy). Here the warp copies 64 blocks of its row at a
+// time into shared memory with 16-byte loads (all in flight before the first use; the row start
+// is rounded down to 16 bytes and up to 15 bytes past its end are read, hence WEIGHT_PAD on the
+// host), then lane l decodes blocks l and l + 32 from shared memory. Per lane the blocks are
+// accumulated in the order l, l + 32, l + 64, ... exactly like mm32, so the result equals the
+// old kernel's.
+//
+// K split (`split` = 1, 2 or 4 warps per row, see mv_split in matmul.rs): warp w of the block
+// takes row blk * (WARPS / split) + w / split and the part w % split of its blocks (parts are
+// whole multiples of 8 blocks, so each starts 16-byte aligned relative to the row's rounded-down
+// start); the parts' sums are added in part order through shared memory. With split = 1 the
+// result equals the old kernel's. (Measured on Llama-3-8B Q4_0 decode, H200: 128-block segments
+// 292 tok/s and split 4 282 tok/s, against 300 with 64-block segments and no split, although
+// the split is faster on L2-resident test matrices; so the default stays split = 1.)
+#define MV_SEG 64
+// R rows per warp (R > 1 needs split = 1): warp w of block blk takes rows R * (blk * WARPS + w)
+// .. + R - 1 and loads each activation block once for its R rows (an ncu profile of the R = 1
+// kernel on Llama-3-8B decode showed the L1/TEX pipe at 74-83 % with DRAM at 41-50 %: per
+// 18-byte Q4_0 block a lane read 48 bytes of activations). Each row's blocks are accumulated in
+// the same order as with R = 1, so the results are identical.
+template <int T, int R>
+__device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __restrict__ X,
+                                     float* __restrict__ Y, int rows, int nb, int blk, int split) {
+    constexpr int BYTES = B32<T>::BYTES;
+    constexpr int N16 = (MV_SEG * BYTES + 15) / 16 + 1;
+    __shared__ uint4 stage[WARPS][R][N16];
+    __shared__ float red[WARPS][2];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int r0 = (blk * (WARPS / split) + warp / split) * R, part = warp % split;
+    int per = ((nb + split - 1) / split + 7) / 8 * 8;
+    int lo = part * per, hi = min(nb, lo + per);
+    float acc[R], accm[R];
+    int skew[R];
+    const uint4* base[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        acc[q] = accm[q] = 0.0f;
+        const u8* wr = W + (size_t)min(r0 + q, rows - 1) * nb * BYTES;
+        skew[q] = (int)((size_t)wr & 15);
+        base[q] = (const uint4*)(wr - skew[q]);
+    }
+    if (r0 < rows) {
+        for (int b0 = lo; b0 < hi; b0 += MV_SEG) {
+            int nblk = min(MV_SEG, hi - b0);
+            uint4 tmp[R][(N16 + 31) / 32];
+#pragma unroll
+            for (int q = 0; q < R; q++) {
+                int n16 = (skew[q] + nblk * BYTES + 15) / 16;
+                // b0 is a multiple of 8 blocks, 8 * BYTES a multiple of 16.
+                const uint4* src = base[q] + (size_t)b0 * BYTES / 16;
+#pragma unroll
+                for (int k = 0; k < (N16 + 31) / 32; k++) {
+                    int i = lane + 32 * k;
+                    if (i < n16 && r0 + q < rows) tmp[q][k] = src[i];
+                }
+            }
+#pragma unroll
+            for (int q = 0; q < R; q++) {
+                int n16 = (skew[q] + nblk * BYTES + 15) / 16;
+#pragma unroll
+                for (int k = 0; k < (N16 + 31) / 32; k++) {
+                    int i = lane + 32 * k;
+                    if (i < n16 && r0 + q < rows) stage[warp][q][i] = tmp[q][k];
+                }
+            }
+            __syncwarp();
+#pragma unroll
+            for (int u = 0; u < MV_SEG / 32; u++) {
+                int lb = lane + 32 * u;
+                if (lb < nblk) {
+                    int aq[8], asum;
+                    float ad, as;
+                    load_aq8(X + b0 + lb, ad, as, asum, aq);
+#pragma unroll
+                    for (int q = 0; q < R; q++) {
+                        if (r0 + q < rows) {
+                            int w[8];
+                            float d, m;
+                            decode32<T>((const u8*)stage[warp][q] + skew[q] + lb * BYTES, w, d, m);
+                            int isum = 0;
+#pragma unroll
+                            for (int k = 0; k < 8; k++) isum = dp4a(w[k], aq[k], isum);
+                            isum -= B32<T>::OFF * asum;
+                            acc[q] += (float)isum * (d * ad);
+                            if (B32<T>::MIN) accm[q] += m * as;
+                        }
+                    }
+                }
+            }
+            // The next segment overwrites the stage.
+            __syncwarp();
+        }
+    }
+    if (R > 1 || split == 1) {
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            float s = warp_sum(acc[q]);
+            float sm = warp_sum(accm[q]);
+            if (lane == 0 && r0 + q < rows) Y[r0 + q] = s + sm;
+        }
+        return;
+    }
+    float s = warp_sum(acc[0]);
+    float sm = warp_sum(accm[0]);
+    if (lane == 0) { red[warp][0] = s; red[warp][1] = sm; }
+    __syncthreads();
+    if (part == 0 && lane == 0 && r0 < rows) {
+        float a = 0.0f, b = 0.0f;
+        for (int q = 0; q < split; q++) { a += red[warp + q][0]; b += red[warp + q][1]; }
+        Y[r0] = a + b;
+    }
+}
+
+// Bytes p..p+3 of two consecutive aligned words lo, hi, where p = word start + sh / 8.
+__device__ __forceinline__ u32 funnel(u32 lo, u32 hi, u32 sh) {
+    u32 r;
+    asm("shf.r.clamp.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(lo), "r"(hi), "r"(sh));
+    return r;
+}
+
+// Sub-block j of a Q4_K/Q5_K block with 16-byte loads (the block must be 16-byte aligned).
+// Q6_K blocks (210 bytes) are only 2-byte aligned: its 32 bytes of low and high quant bits are
+// read as 9 aligned words each and shifted into place (instead of 16 two-byte loads each), the
+// two scales as one 2-byte load. Same outputs as decodek (VELA_CUDA_DEFINES=Q6K_OLD: decodek).
+template <int T>
+__device__ __forceinline__ void decodek_v(const u8* b, int j, int w[8], int sc[2], int mn[2],
+                                          float& d, float& dmin) {
+    if (T == 14) {
+#ifdef Q6K_OLD
+        decodek<T>(b, j, w, sc, mn, d, dmin);
+#else
+        int nn = j / 4, s = j % 4;
+        u32 sh = (u32)((size_t)b & 2) * 8;
+        const u32* ql = (const u32*)((size_t)(b + 64 * nn + 32 * (s & 1)) & ~(size_t)3);
+        const u32* qh = (const u32*)((size_t)(b + 128 + 32 * nn) & ~(size_t)3);
+        u32 la[9], ha[9];
+#pragma unroll
+        for (int k = 0; k < 9; k++) {
+            la[k] = ql[k];
+            ha[k] = qh[k];
+        }
+        u32 sv = *(const u16*)(b + 192 + 2 * j);
+        d = ldh(b + 208);
+        dmin = 32.0f * d;
+        int ns = (s >> 1) * 4, hs = 2 * s;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            w[k] = (int)(((funnel(la[k], la[k + 1], sh) >> ns) & 0x0F0F0F0Fu) |
+                         (((funnel(ha[k], ha[k + 1], sh) >> hs) & 0x03030303u) << 4));
+        sc[0] = (int)(i8)(sv & 0xffu);
+        sc[1] = (int)(i8)(sv >> 8);
+        mn[0] = sc[0];
+        mn[1] = sc[1];
+#endif
+        return;
+    }
+    uint4 hd = *(const uint4*)b;  // d, dmin, scales[12]
+    d = h2f((u16)(hd.x & 0xffffu));
+    dmin = h2f((u16)(hd.x >> 16));
+    u32 sw[3] = {hd.y, hd.z, hd.w};
+    u8 s8[12];
+#pragma unroll
+    for (int i = 0; i < 12; i++) s8[i] = (u8)(sw[i / 4] >> (8 * (i % 4)));
+    int s, m;
+    scale_min_k4(j, s8, s, m);
+    sc[0] = sc[1] = s;
+    mn[0] = mn[1] = m;
+    const uint4* q4 = (const uint4*)(b + (T == 12 ? 16 : 48) + 32 * (j / 2));
+    uint4 qa = q4[0], qb = q4[1];
+    u32 qv[8] = {qa.x, qa.y, qa.z, qa.w, qb.x, qb.y, qb.z, qb.w};
+    u32 hv[8];
+    if (T == 13) {
+        const uint4* h4 = (const uint4*)(b + 16);
+        uint4 ha = h4[0], hb = h4[1];
+        hv[0] = ha.x; hv[1] = ha.y; hv[2] = ha.z; hv[3] = ha.w;
+        hv[4] = hb.x; hv[5] = hb.y; hv[6] = hb.z; hv[7] = hb.w;
+    }
+    int sh = (j & 1) * 4;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        u32 v = (qv[k] >> sh) & 0x0F0F0F0Fu;
+        if (T == 13) v |= ((hv[k] >> j) & 0x01010101u) << 4;
+        w[k] = (int)v;
+    }
+}
+
+// K split as in mv32: warp w takes row blk * (WARPS / split) + w / split and the part
+// w % split of its nb * 8 sub-blocks. R rows per warp as in mv32 (R > 1 needs split = 1).
+template <int T, int MVU, int R>
+__device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __restrict__ X,
+                                    float* __restrict__ Y, int rows, int nb, int blk, int split) {
+    __shared__ float red[WARPS];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int r0 = (blk * (WARPS / split) + warp / split) * R, part = warp % split;
+    int per = (nb * 8 + split - 1) / split;
+    int lo = part * per, hi = min(nb * 8, lo + per);
+    float acc[R];
+    const u8* wr[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        acc[q] = 0.0f;
+        wr[q] = W + (size_t)min(r0 + q, rows - 1) * nb * BK<T>::BYTES;
+    }
+    if (r0 >= rows) hi = lo;
+    for (int it0 = lo + lane; it0 < hi; it0 += 32 * MVU) {
+        int w[MVU][R][8], sc[MVU][R][2], mn[MVU][R][2], aq[MVU][8], bs[MVU];
+        float d[MVU][R], dmin[MVU][R], ad[MVU];
+#pragma unroll
+        for (int u = 0; u < MVU; u++) {
+            int it = it0 + 32 * u;
+            if (it < hi) {
+                int b = it >> 3, j = it & 7;
+#pragma unroll
+                for (int q = 0; q < R; q++)
+                    decodek_v<T>(wr[q] + (size_t)b * BK<T>::BYTES, j, w[u][q], sc[u][q], mn[u][q], d[u][q], dmin[u][q]);
+                const AQ8K* a = X + b;
+                ad[u] = a->d;
+                bs[u] = *(const int*)(a->bsums + 2 * j);
+                int4 q0 = ((const int4*)(a->qs + 8 * j))[0], q1 = ((const int4*)(a->qs + 8 * j))[1];
+                aq[u][0] = q0.x; aq[u][1] = q0.y; aq[u][2] = q0.z; aq[u][3] = q0.w;
+                aq[u][4] = q1.x; aq[u][5] = q1.y; aq[u][6] = q1.z; aq[u][7] = q1.w;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MVU; u++) {
+            if (it0 + 32 * u < hi) {
+                int b0s = (int)(short)(bs[u] & 0xffff), b1s = bs[u] >> 16;
+#pragma unroll
+                for (int q = 0; q < R; q++) {
+                    int i0 = 0, i1 = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) i0 = dp4a(w[u][q][k], aq[u][k], i0);
+#pragma unroll
+                    for (int k = 4; k < 8; k++) i1 = dp4a(w[u][q][k], aq[u][k], i1);
+                    int isum = sc[u][q][0] * i0 + sc[u][q][1] * i1;
+                    int corr = mn[u][q][0] * b0s + mn[u][q][1] * b1s;
+                    acc[q] += (ad[u] * d[u][q]) * (float)isum - (ad[u] * dmin[u][q]) * (float)corr;
+                }
+            }
+        }
+    }
+    if (R > 1 || split == 1) {
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            float s = warp_sum(acc[q]);
+            if (lane == 0 && r0 + q < rows) Y[r0 + q] = s;
+        }
+        return;
+    }
+    float s = warp_sum(acc[0]);
+    if (lane == 0) red[warp] = s;
+    __syncthreads();
+    if (part == 0 && lane == 0 && r0 < rows) {
+        float a = 0.0f;
+        for (int q = 0; q < split; q++) a += red[warp + q];
+        Y[r0] = a;
+    }
+}
+
+// Up to three one-token products of the same type sharing the activations (Q/K/V, gate/up) in
+// one launch: the first ceil(r0 / rows per block) blocks compute W0, the next ceil(r1 / ...) W1,
+// the rest W2 (r2 may be 0). R rows per warp as in mv32/mvk.
+template <int T, typename A, int R>
+__device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, const A* X,
+                                    float* Y0, float* Y1, float* Y2, int r0, int r1, int r2,
+                                    int nb, int split) {
+    int rpb = WARPS * R / split;
+    int b0 = (r0 + rpb - 1) / rpb, b1 = (r1 + rpb - 1) / rpb;
+    int bi = blockIdx.x;
+    const u8* W = W0;
+    float* Y = Y0;
+    int rows = r0;
+    if (bi >= b0 + b1) {
+        W = W2; Y = Y2; rows = r2; bi -= b0 + b1;
+    } else if (bi >= b0) {
+        W = W1; Y = Y1; rows = r1; bi -= b0;
+    }
+    if constexpr (T >= 12) mvk<T, (R > 1 ? 2 : MVU_K), R>(W, X, Y, rows, nb, bi, split);
+    else mv32<T, R>(W, X, Y, rows, nb, bi, split);
+}
+
+#define MV32(T, NAME)                                                                              \
+    extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv32<T, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
+    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv32<T, 2>(W, X, Y, rows, nb, blockIdx.x, 1); } \
+    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, 1); }
+#define MVK(T, NAME)                                                                               \
+    extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk<T, MVU_K, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_u2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk<T, 2, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8K, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
+    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk<T, 2, 2>(W, X, Y, rows, nb, blockIdx.x, 1); } \
+    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8K, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, 1); }
+MV32(2, mv_q4_0)
+MV32(3, mv_q4_1)
+MV32(6, mv_q5_0)
+MV32(7, mv_q5_1)
+MV32(8, mv_q8_0)
+MVK(12, mv_q4_k)
+MVK(13, mv_q5_k)
+MVK(14, mv_q6_k)
