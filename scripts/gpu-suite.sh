@@ -53,7 +53,7 @@ pack)
   # The CPU side of scripts/gpu-vs-cpu.py, computed here (14 min on 2 cores, 30 MB) so the GPU
   # machine only runs the GPU side (VELA_SUITE_CPUREF=0 skips it; the test stage then runs both).
   if [ "${VELA_SUITE_CPUREF:-1}" = 1 ]; then
-    python3 scripts/gpu-vs-cpu.py --vela target/release/vela --models $KEYS --modes exact,default,mixed \
+    VELA_CACHE=$src python3 scripts/gpu-vs-cpu.py --vela target/release/vela --models $KEYS --modes exact,default,mixed \
       --cpu-ref-out $S/cpuref >/dev/null && tar cf $S/cpuref.tar -C $S cpuref && rm -rf $S/cpuref
   fi
   for m in $MODELS; do
