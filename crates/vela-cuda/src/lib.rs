@@ -138,7 +138,8 @@ pub struct CudaBackend {
     io_ptr: u64,
     /// RoPE frequency factors uploaded once per distinct host vector.
     rope_factors: Mutex<Vec<RopeFactors>>,
-    /// Device output of `argmax_rows` and its per-chunk candidates (values, then indices).
+    /// Device output of `argmax_rows` and its per-chunk candidates (values, then indices); also
+    /// the row records and part candidates of the device top-k (sample.rs), under the same lock.
     argmax_out: Mutex<(CudaSlice<u32>, CudaSlice<f32>)>,
     upload: upload::Upload,
     /// cuBLAS prefill (gemm.rs): smallest batch (`VELA_CUDA_GEMM_MIN`, 0 = off) and state.
