@@ -29,7 +29,7 @@ pub struct ModelArgs {
     /// Prefill chunk size in tokens.
     #[arg(long, default_value_t = 512)]
     pub ubatch: usize,
-    /// KV cache type: f16 or f32.
+    /// KV cache type: f16, bf16 or f32.
     #[arg(long, default_value = "f16")]
     pub kv_type: String,
 }
@@ -128,10 +128,8 @@ pub fn load(a: &ModelArgs) -> Result<Loaded> {
     let m = vela_engine::loader::load(&path, &lo)?;
     let bos_eos = m.bos_eos_text();
     let (model, tokenizer, chat_template) = (m.model, m.tokenizer, m.chat_template);
-    let kv_type = match a.kv_type.as_str() {
-        "f16" => KvType::F16,
-        "f32" => KvType::F32,
-        other => anyhow::bail!("unknown --kv-type '{other}' (f16 or f32)"),
+    let Some(kv_type) = KvType::parse(&a.kv_type) else {
+        anyhow::bail!("unknown --kv-type '{}' (f16, bf16 or f32)", a.kv_type);
     };
     if a.ubatch == 0 {
         anyhow::bail!("--ubatch must be at least 1");

@@ -84,11 +84,33 @@ pub struct AttnParams {
     pub softcap: Option<f32>,
 }
 
-/// KV cache element type.
+/// KV cache element type. F16 and BF16 round to nearest even when stored; BF16 keeps f32's range
+/// (no overflow for large activations) at 8 bits of mantissa.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum KvType {
     F32,
     F16,
+    Bf16,
+}
+
+impl KvType {
+    /// Bytes per cached element.
+    pub fn bytes(self) -> usize {
+        match self {
+            KvType::F32 => 4,
+            KvType::F16 | KvType::Bf16 => 2,
+        }
+    }
+
+    /// Parse `f32`, `f16` or `bf16` (the `--kv-type` values).
+    pub fn parse(s: &str) -> Option<KvType> {
+        match s {
+            "f32" => Some(KvType::F32),
+            "f16" => Some(KvType::F16),
+            "bf16" => Some(KvType::Bf16),
+            _ => None,
+        }
+    }
 }
 
 /// KV storage of one layer.

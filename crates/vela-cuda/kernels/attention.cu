@@ -1,6 +1,7 @@
 // KV-cache stores and causal attention over the cache rings (slot = position % capacity).
+// Template parameter KT: the cache element type, 0 f32, 1 f16, 2 bf16 (kv2f / f2kv in common.cu).
 
-template <bool H>
+template <int KT>
 __device__ void kv_store(const float* __restrict__ k, const float* __restrict__ v,
                          const u32* __restrict__ pos, void* kc, void* vc, int wk, int wv,
                          int capacity) {
@@ -9,39 +10,44 @@ __device__ void kv_store(const float* __restrict__ k, const float* __restrict__ 
     for (int i = threadIdx.x; i < wk || i < wv; i += blockDim.x) {
         if (i < wk) {
             float x = k[(size_t)t * wk + i];
-            if (H) ((u16*)kc)[slot * wk + i] = f2h(x); else ((float*)kc)[slot * wk + i] = x;
+            if (KT != 0) ((u16*)kc)[slot * wk + i] = f2kv<KT>(x); else ((float*)kc)[slot * wk + i] = x;
         }
         if (i < wv) {
             float x = v[(size_t)t * wv + i];
-            if (H) ((u16*)vc)[slot * wv + i] = f2h(x); else ((float*)vc)[slot * wv + i] = x;
+            if (KT != 0) ((u16*)vc)[slot * wv + i] = f2kv<KT>(x); else ((float*)vc)[slot * wv + i] = x;
         }
     }
 }
 extern "C" __global__ void kv_store_f32(const float* k, const float* v, const u32* pos, void* kc,
                                         void* vc, int wk, int wv, int capacity) {
     PDL_ENTRY();
-    kv_store<false>(k, v, pos, kc, vc, wk, wv, capacity);
+    kv_store<0>(k, v, pos, kc, vc, wk, wv, capacity);
 }
 extern "C" __global__ void kv_store_f16(const float* k, const float* v, const u32* pos, void* kc,
                                         void* vc, int wk, int wv, int capacity) {
     PDL_ENTRY();
-    kv_store<true>(k, v, pos, kc, vc, wk, wv, capacity);
+    kv_store<1>(k, v, pos, kc, vc, wk, wv, capacity);
+}
+extern "C" __global__ void kv_store_bf16(const float* k, const float* v, const u32* pos, void* kc,
+                                         void* vc, int wk, int wv, int capacity) {
+    PDL_ENTRY();
+    kv_store<2>(k, v, pos, kc, vc, wk, wv, capacity);
 }
 
 #define ATT_WARPS 32
 #define ATT_MAXD 256
 
-template <bool H>
+template <int KT>
 __device__ __forceinline__ float ld_kv(const void* p, size_t i) {
-    return H ? h2f(((const u16*)p)[i]) : ((const float*)p)[i];
+    return (KT != 0) ? kv2f<KT>(((const u16*)p)[i]) : ((const float*)p)[i];
 }
 
 // q . k for one key row of `hdk` elements starting at element `ko` (q in shared memory).
 // 16-byte loads when the row allows it (8 halves or 4 floats at a time).
-template <bool H>
+template <int KT>
 __device__ __forceinline__ float qk_dot(const float* qs, const void* kc, size_t ko, int hdk) {
     float dot = 0.0f;
-    if (H && (hdk & 7) == 0) {
+    if ((KT != 0) && (hdk & 7) == 0) {
         const uint4* kr = (const uint4*)((const u16*)kc + ko);
 #pragma unroll 8
         for (int c = 0; c < hdk / 8; c++) {
@@ -49,11 +55,11 @@ __device__ __forceinline__ float qk_dot(const float* qs, const void* kc, size_t 
             u32 w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                dot += qs[8 * c + 2 * e] * h2f((u16)(w[e] & 0xffffu));
-                dot += qs[8 * c + 2 * e + 1] * h2f((u16)(w[e] >> 16));
+                dot += qs[8 * c + 2 * e] * kv2f<KT>((u16)(w[e] & 0xffffu));
+                dot += qs[8 * c + 2 * e + 1] * kv2f<KT>((u16)(w[e] >> 16));
             }
         }
-    } else if (!H && (hdk & 3) == 0) {
+    } else if (KT == 0 && (hdk & 3) == 0) {
         const float4* kr = (const float4*)((const float*)kc + ko);
 #pragma unroll 8
         for (int c = 0; c < hdk / 4; c++) {
@@ -64,7 +70,7 @@ __device__ __forceinline__ float qk_dot(const float* qs, const void* kc, size_t 
             dot += qs[4 * c + 3] * u.w;
         }
     } else {
-        for (int d = 0; d < hdk; d++) dot += qs[d] * ld_kv<H>(kc, ko + d);
+        for (int d = 0; d < hdk; d++) dot += qs[d] * ld_kv<KT>(kc, ko + d);
     }
     return dot;
 }
@@ -73,7 +79,7 @@ __device__ __forceinline__ float qk_dot(const float* qs, const void* kc, size_t 
 // every j_step keys, up to position p. Every lane computes one key's whole score (no per-key
 // reductions), the warp updates its online softmax (running max m, sum l) once per chunk, then
 // accumulates the chunk's V rows with lanes over the value dimension (coalesced).
-template <bool H>
+template <int KT>
 __device__ __forceinline__ void attend_chunks(const float* qs, const void* __restrict__ kc,
                                               const void* __restrict__ vc, int g, int n_head_kv,
                                               int hdk, int hdv, int capacity, float scale,
@@ -85,7 +91,7 @@ __device__ __forceinline__ void attend_chunks(const float* qs, const void* __res
         float s = NEG_INF;
         if (j <= p) {
             size_t slot = (size_t)(j % capacity);
-            s = qk_dot<H>(qs, kc, (slot * n_head_kv + g) * hdk, hdk) * scale;
+            s = qk_dot<KT>(qs, kc, (slot * n_head_kv + g) * hdk, hdk) * scale;
             if (softcap > 0.0f) s = tanhf(s / softcap) * softcap;
         }
         // Lane 0 always holds a real key, so mn is finite.
@@ -104,7 +110,7 @@ __device__ __forceinline__ void attend_chunks(const float* qs, const void* __res
 #pragma unroll
             for (int i = 0; i < ATT_MAXD / 32; i++) {
                 int d = lane + 32 * i;
-                if (d < hdv) acc[i] += eu * ld_kv<H>(vc, vo + d);
+                if (d < hdv) acc[i] += eu * ld_kv<KT>(vc, vo + d);
             }
         }
         m = mn;
@@ -118,7 +124,7 @@ __device__ __forceinline__ void attend_chunks(const float* qs, const void* __res
 // The warps' partial results are merged at the end. Head dims <= 256 (8 values per lane).
 // W (warps per block) is ATT_WARPS for few query rows; prefill batches, which already have
 // n_head * n_rows blocks, use W = 4 (8x fewer idle warps, 8x more resident blocks per SM).
-template <bool H, int W>
+template <int KT, int W>
 __device__ void attention(const float* __restrict__ q, const void* __restrict__ kc,
                           const void* __restrict__ vc, const u32* __restrict__ pos,
                           float* __restrict__ out, int n_head, int n_head_kv, int hdk, int hdv,
@@ -138,7 +144,7 @@ __device__ void attention(const float* __restrict__ q, const void* __restrict__ 
     float acc[ATT_MAXD / 32];
 #pragma unroll
     for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] = 0.0f;
-    attend_chunks<H>(qs, kc, vc, g, n_head_kv, hdk, hdv, capacity, scale, softcap, p,
+    attend_chunks<KT>(qs, kc, vc, g, n_head_kv, hdk, hdv, capacity, scale, softcap, p,
                      first + 32 * warp, 32 * W, acc, m, l);
     if (lane == 0) { sm[warp] = m; sl[warp] = l; }
 #pragma unroll
@@ -164,13 +170,15 @@ __device__ void attention(const float* __restrict__ q, const void* __restrict__ 
     }
 }
 
-#define ATTN(H, W, NAME)                                                                           \
+#define ATTN(KT, W, NAME)                                                                           \
     extern "C" __launch_bounds__(32 * W) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
-        attention<H, W>(q, kc, vc, pos, out, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
-ATTN(false, ATT_WARPS, attention_f32)
-ATTN(true, ATT_WARPS, attention_f16)
-ATTN(false, 4, attention_f32_w4)
-ATTN(true, 4, attention_f16_w4)
+        attention<KT, W>(q, kc, vc, pos, out, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
+ATTN(0, ATT_WARPS, attention_f32)
+ATTN(1, ATT_WARPS, attention_f16)
+ATTN(2, ATT_WARPS, attention_bf16)
+ATTN(0, 4, attention_f32_w4)
+ATTN(1, 4, attention_f16_w4)
+ATTN(2, 4, attention_bf16_w4)
 
 // ---- split-K ("flash-decoding") attention for a few query rows (decode) ----
 //
@@ -186,7 +194,7 @@ ATTN(true, 4, attention_f16_w4)
 // captured graph stays valid at every position. Needs hdk % 4 == 0.
 #define SPLIT_WARPS 4
 
-template <bool H>
+template <int KT>
 __device__ void attention_part(const float* __restrict__ q, const void* __restrict__ kc,
                                const void* __restrict__ vc, const u32* __restrict__ pos,
                                float* __restrict__ part, int n_head, int n_head_kv, int hdk,
@@ -224,7 +232,7 @@ __device__ void attention_part(const float* __restrict__ q, const void* __restri
         if (j <= hi) {
             slot = j % capacity;
             size_t ko = ((size_t)slot * n_head_kv + g) * hdk + (size_t)qq * quarter;
-            dot = qk_dot<H>(qs + qq * quarter, kc, ko, quarter);
+            dot = qk_dot<KT>(qs + qq * quarter, kc, ko, quarter);
         }
         dot += __shfl_xor_sync(0xffffffffu, dot, 1);
         dot += __shfl_xor_sync(0xffffffffu, dot, 2);
@@ -265,7 +273,7 @@ __device__ void attention_part(const float* __restrict__ q, const void* __restri
 #pragma unroll
                 for (int i = 0; i < ATT_MAXD / 32; i++) {
                     int d = lane + 32 * i;
-                    if (d < hdv) acc[i] += e * ld_kv<H>(vc, vo + d);
+                    if (d < hdv) acc[i] += e * ld_kv<KT>(vc, vo + d);
                 }
             }
         }
@@ -295,14 +303,21 @@ extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f3
     const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
     int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
     PDL_ENTRY();
-    attention_part<false>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+    attention_part<0>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
                           scale, softcap);
 }
 extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f16(
     const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
     int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
     PDL_ENTRY();
-    attention_part<true>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+    attention_part<1>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+                         scale, softcap);
+}
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_bf16(
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
+    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    PDL_ENTRY();
+    attention_part<2>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
                          scale, softcap);
 }
 
@@ -328,7 +343,7 @@ __device__ __forceinline__ float block_reduce_f(float v, bool is_max, float* red
     for (int w = 1; w < nw; w++) r = is_max ? fmaxf(r, red[w]) : r + red[w];
     return r;
 }
-template <bool H>
+template <int KT>
 __device__ void attention_part2(const float* __restrict__ q, const void* __restrict__ kc,
                                 const void* __restrict__ vc, const u32* __restrict__ pos,
                                 float* __restrict__ part, int n_head, int n_head_kv, int hdk,
@@ -367,7 +382,7 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
             if (j < n) {
                 int slot = (b0 + j) % capacity;
                 size_t ko = ((size_t)slot * n_head_kv + g) * hdk + (size_t)qq * quarter;
-                dot = qk_dot<H>(qs + qq * quarter, kc, ko, quarter);
+                dot = qk_dot<KT>(qs + qq * quarter, kc, ko, quarter);
             }
             dot += __shfl_xor_sync(0xffffffffu, dot, 1);
             dot += __shfl_xor_sync(0xffffffffu, dot, 2);
@@ -401,13 +416,13 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
                 float e = sw[j];
                 int slot = (b0 + j) % capacity;
                 size_t vo = ((size_t)slot * n_head_kv + g) * hdv + (size_t)dc * 8;
-                if (H) {
+                if (KT != 0) {
                     uint4 u = *(const uint4*)((const u16*)vc + vo);
                     u32 w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
                     for (int x = 0; x < 4; x++) {
-                        a8[2 * x] += e * h2f((u16)(w[x] & 0xffffu));
-                        a8[2 * x + 1] += e * h2f((u16)(w[x] >> 16));
+                        a8[2 * x] += e * kv2f<KT>((u16)(w[x] & 0xffffu));
+                        a8[2 * x + 1] += e * kv2f<KT>((u16)(w[x] >> 16));
                     }
                 } else {
                     float4 u0 = *(const float4*)((const float*)vc + vo);
@@ -441,14 +456,21 @@ extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f
     const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
     int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
     PDL_ENTRY();
-    attention_part2<false>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+    attention_part2<0>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
                            scale, softcap);
 }
 extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f16(
     const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
     int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
     PDL_ENTRY();
-    attention_part2<true>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+    attention_part2<1>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+                          scale, softcap);
+}
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_bf16(
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
+    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    PDL_ENTRY();
+    attention_part2<2>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
                           scale, softcap);
 }
 

@@ -20,6 +20,21 @@ __device__ __forceinline__ u16 f2h(float f) {
 }
 __device__ __forceinline__ float round_f16(float f) { return h2f(f2h(f)); }
 
+// bf16 <-> f32: widening is exact (the high half of the f32); narrowing rounds to nearest even
+// and keeps NaN a quiet NaN, like the CPU backend (half::bf16::from_f32).
+__device__ __forceinline__ float bf2f(u16 h) { return __uint_as_float((u32)h << 16); }
+__device__ __forceinline__ u16 f2bf(float f) {
+    u32 b = __float_as_uint(f);
+    if ((b & 0x7fffffffu) > 0x7f800000u) return (u16)((b >> 16) | 0x0040u);
+    return (u16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+// A 16-bit KV-cache element of type KT (1 f16, 2 bf16; see attention.cu) to f32 and back.
+template <int KT>
+__device__ __forceinline__ float kv2f(u16 h) { return KT == 2 ? bf2f(h) : h2f(h); }
+template <int KT>
+__device__ __forceinline__ u16 f2kv(float f) { return KT == 2 ? f2bf(f) : f2h(f); }
+
 // Signed 4-way byte dot product with accumulate.
 __device__ __forceinline__ int dp4a(int a, int b, int c) {
     int r;

@@ -200,7 +200,7 @@ extern "C" __global__ void argmax_final(const float* __restrict__ cv, const int*
 // RoPE of q and k plus the KV-cache store of the rotated k and of v, one launch: block (t, 0)
 // rotates q's row t, block (t, 1) rotates k's row t and stores it, block (t, 2) stores v's row t
 // (slot = position % capacity; f16 caches round to nearest even like kv_store).
-template <bool H>
+template <int KT>
 __device__ void rope_store(float* q, float* k, const float* __restrict__ v,
                            const u32* __restrict__ pos, void* kc, void* vc, int n_head,
                            int n_head_kv, int head_dim, int n_rot, float theta_scale,
@@ -215,12 +215,12 @@ __device__ void rope_store(float* q, float* k, const float* __restrict__ v,
         __syncthreads();
         for (int i = threadIdx.x; i < wk; i += blockDim.x) {
             float x = k[(size_t)t * wk + i];
-            if (H) ((u16*)kc)[slot * wk + i] = f2h(x); else ((float*)kc)[slot * wk + i] = x;
+            if (KT != 0) ((u16*)kc)[slot * wk + i] = f2kv<KT>(x); else ((float*)kc)[slot * wk + i] = x;
         }
     } else {
         for (int i = threadIdx.x; i < wv; i += blockDim.x) {
             float x = v[(size_t)t * wv + i];
-            if (H) ((u16*)vc)[slot * wv + i] = f2h(x); else ((float*)vc)[slot * wv + i] = x;
+            if (KT != 0) ((u16*)vc)[slot * wv + i] = f2kv<KT>(x); else ((float*)vc)[slot * wv + i] = x;
         }
     }
 }
@@ -230,7 +230,7 @@ extern "C" __global__ void rope_store_f32(float* q, float* k, const float* v, co
                                           float freq_scale, const float* ff, int neox, int wk,
                                           int wv, int capacity) {
     PDL_ENTRY();
-    rope_store<false>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
+    rope_store<0>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
                       freq_scale, ff, neox, wk, wv, capacity);
 }
 extern "C" __global__ void rope_store_f16(float* q, float* k, const float* v, const u32* pos,
@@ -239,7 +239,16 @@ extern "C" __global__ void rope_store_f16(float* q, float* k, const float* v, co
                                           float freq_scale, const float* ff, int neox, int wk,
                                           int wv, int capacity) {
     PDL_ENTRY();
-    rope_store<true>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
+    rope_store<1>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
+                     freq_scale, ff, neox, wk, wv, capacity);
+}
+extern "C" __global__ void rope_store_bf16(float* q, float* k, const float* v, const u32* pos,
+                                          void* kc, void* vc, int n_head, int n_head_kv,
+                                          int head_dim, int n_rot, float theta_scale,
+                                          float freq_scale, const float* ff, int neox, int wk,
+                                          int wv, int capacity) {
+    PDL_ENTRY();
+    rope_store<2>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
                      freq_scale, ff, neox, wk, wv, capacity);
 }
 
@@ -248,7 +257,7 @@ extern "C" __global__ void rope_store_f16(float* q, float* k, const float* v, co
 // (y < n_head), or rotates k head y - n_head and stores it (and its unrotated tail) in the cache,
 // or stores v head y - n_head - n_head_kv. Thread i takes pair i (a serial loop when the head has
 // more pairs than threads); angles computed as in rope_row, so the results are identical.
-template <bool H>
+template <int KT>
 __device__ void rope_store_heads(float* q, float* k, const float* __restrict__ v,
                                  const u32* __restrict__ pos, void* kc, void* vc, int n_head,
                                  int n_head_kv, int head_dim, int n_rot, float theta_scale,
@@ -263,7 +272,7 @@ __device__ void rope_store_heads(float* q, float* k, const float* __restrict__ v
         size_t dst = slot * wv + (size_t)hv * hdv;
         for (int i = threadIdx.x; i < hdv; i += blockDim.x) {
             float x = src[i];
-            if (H) ((u16*)vc)[dst + i] = f2h(x); else ((float*)vc)[dst + i] = x;
+            if (KT != 0) ((u16*)vc)[dst + i] = f2kv<KT>(x); else ((float*)vc)[dst + i] = x;
         }
         return;
     }
@@ -285,9 +294,9 @@ __device__ void rope_store_heads(float* q, float* k, const float* __restrict__ v
         hx[ia] = y0;
         hx[ib] = y1;
         if (is_k) {
-            if (H) {
-                ((u16*)kc)[dst + ia] = f2h(y0);
-                ((u16*)kc)[dst + ib] = f2h(y1);
+            if (KT != 0) {
+                ((u16*)kc)[dst + ia] = f2kv<KT>(y0);
+                ((u16*)kc)[dst + ib] = f2kv<KT>(y1);
             } else {
                 ((float*)kc)[dst + ia] = y0;
                 ((float*)kc)[dst + ib] = y1;
@@ -297,7 +306,7 @@ __device__ void rope_store_heads(float* q, float* k, const float* __restrict__ v
     if (is_k) {
         for (int i = n_rot + threadIdx.x; i < head_dim; i += blockDim.x) {
             float x = hx[i];
-            if (H) ((u16*)kc)[dst + i] = f2h(x); else ((float*)kc)[dst + i] = x;
+            if (KT != 0) ((u16*)kc)[dst + i] = f2kv<KT>(x); else ((float*)kc)[dst + i] = x;
         }
     }
 }
@@ -307,7 +316,7 @@ extern "C" __global__ void rope_store_heads_f32(float* q, float* k, const float*
                                                 float freq_scale, const float* ff, int neox, int wk,
                                                 int wv, int capacity) {
     PDL_ENTRY();
-    rope_store_heads<false>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
+    rope_store_heads<0>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
                             freq_scale, ff, neox, wk, wv, capacity);
 }
 extern "C" __global__ void rope_store_heads_f16(float* q, float* k, const float* v, const u32* pos,
@@ -316,6 +325,15 @@ extern "C" __global__ void rope_store_heads_f16(float* q, float* k, const float*
                                                 float freq_scale, const float* ff, int neox, int wk,
                                                 int wv, int capacity) {
     PDL_ENTRY();
-    rope_store_heads<true>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
+    rope_store_heads<1>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
+                           freq_scale, ff, neox, wk, wv, capacity);
+}
+extern "C" __global__ void rope_store_heads_bf16(float* q, float* k, const float* v, const u32* pos,
+                                                void* kc, void* vc, int n_head, int n_head_kv,
+                                                int head_dim, int n_rot, float theta_scale,
+                                                float freq_scale, const float* ff, int neox, int wk,
+                                                int wv, int capacity) {
+    PDL_ENTRY();
+    rope_store_heads<2>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale,
                            freq_scale, ff, neox, wk, wv, capacity);
 }

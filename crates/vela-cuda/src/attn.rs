@@ -9,8 +9,9 @@ const SPLIT_MAX_PARTS: usize = 32;
 
 /// Fewest (head, token) blocks for the 4-warp prefill attention kernels.
 const ATT_W4_MIN_BLOCKS: usize = 2048;
+use crate::kv::kv_suffix;
 use std::sync::atomic::Ordering;
-use vela_compute::{AttnParams, Backend, KvType, RopeParams};
+use vela_compute::{AttnParams, Backend, RopeParams};
 
 impl CudaBackend {
     pub(crate) fn rope_impl(
@@ -105,10 +106,7 @@ impl CudaBackend {
         if positions.is_empty() {
             return;
         }
-        let name = match kv.ty {
-            KvType::F32 => "rope_store_f32",
-            KvType::F16 => "rope_store_f16",
-        };
+        let name = format!("rope_store_{}", kv_suffix(kv.ty));
         let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
         let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
         let mut sc = self.scratch();
@@ -139,7 +137,7 @@ impl CudaBackend {
             let name = name.replace("rope_store", "rope_store_heads");
             self.launch(&name, (positions.len() as u32, heads, 1), threads, &args);
         } else {
-            self.launch(name, (positions.len() as u32, 3, 1), 256, &args);
+            self.launch(&name, (positions.len() as u32, 3, 1), 256, &args);
         }
     }
 
@@ -160,10 +158,7 @@ impl CudaBackend {
             "attention: head dimension above {ATT_MAXD}"
         );
         let l = &kv.layers[layer];
-        let name = match kv.ty {
-            KvType::F32 => "attention_f32",
-            KvType::F16 => "attention_f16",
-        };
+        let name = format!("attention_{}", kv_suffix(kv.ty));
         let window = p.window.or(l.spec.window).unwrap_or(0);
         let mut sc = self.scratch();
         let pp = self.positions(&mut sc, positions);
@@ -186,12 +181,11 @@ impl CudaBackend {
             let v2 = self.attn_part_v2.load(Ordering::Relaxed)
                 && p.head_dim_v.is_multiple_of(8)
                 && 128 % (p.head_dim_v / 8) == 0;
-            let name = match (kv.ty, v2) {
-                (KvType::F32, false) => "attention_part_f32",
-                (KvType::F16, false) => "attention_part_f16",
-                (KvType::F32, true) => "attention_part2_f32",
-                (KvType::F16, true) => "attention_part2_f16",
-            };
+            let name = format!(
+                "attention_part{}_{}",
+                if v2 { "2" } else { "" },
+                kv_suffix(kv.ty)
+            );
             let need = n_tok * p.n_head * parts * (p.head_dim_v + 2);
             let mut part = self.attn_part.lock().unwrap_or_else(|e| e.into_inner());
             if part.len() < need {
@@ -217,7 +211,7 @@ impl CudaBackend {
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
             let grid = (p.n_head as u32, n_tok as u32, parts as u32);
-            self.launch(name, grid, 32 * SPLIT_WARPS, &args);
+            self.launch(&name, grid, 32 * SPLIT_WARPS, &args);
             let args = [
                 Arg::P(pt),
                 Arg::P(self.ptr(out)),

@@ -24,9 +24,15 @@ pub struct CudaKvSnapshot {
 }
 
 pub(crate) fn kv_elem_bytes(ty: KvType) -> usize {
+    ty.bytes()
+}
+
+/// Kernel name suffix of a KV element type (`attention_f16`, `kv_store_bf16`, ...).
+pub(crate) fn kv_suffix(ty: KvType) -> &'static str {
     match ty {
-        KvType::F32 => 4,
-        KvType::F16 => 2,
+        KvType::F32 => "f32",
+        KvType::F16 => "f16",
+        KvType::Bf16 => "bf16",
     }
 }
 

@@ -818,10 +818,7 @@ impl Backend for CudaBackend {
         if positions.is_empty() {
             return;
         }
-        let name = match kv.ty {
-            KvType::F32 => "kv_store_f32",
-            KvType::F16 => "kv_store_f16",
-        };
+        let name = format!("kv_store_{}", kv::kv_suffix(kv.ty));
         let l = &kv.layers[layer];
         let mut sc = self.scratch();
         let pp = self.positions(&mut sc, positions);
@@ -835,7 +832,7 @@ impl Backend for CudaBackend {
             Arg::I((l.spec.n_head_kv * l.spec.head_dim_v) as i32),
             Arg::I(l.spec.capacity as i32),
         ];
-        self.launch(name, (positions.len() as u32, 1, 1), 256, &args);
+        self.launch(&name, (positions.len() as u32, 1, 1), 256, &args);
     }
 
     fn attention(

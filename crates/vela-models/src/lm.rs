@@ -112,10 +112,7 @@ pub trait ModelState: Send {
 
 /// Cache bytes of a layout (K and V elements of every slot of every layer).
 fn layout_bytes(layers: &[vela_compute::KvLayerSpec], kv: KvType) -> u64 {
-    let elem = match kv {
-        KvType::F16 => 2,
-        KvType::F32 => 4,
-    };
+    let elem = kv.bytes();
     layers
         .iter()
         .map(|l| (l.capacity * l.n_head_kv * (l.head_dim_k + l.head_dim_v) * elem) as u64)

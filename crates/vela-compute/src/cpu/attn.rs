@@ -35,6 +35,7 @@ const KB: usize = 32;
 pub(crate) enum KvRef<'a> {
     F32(&'a [f32]),
     F16(&'a [f16]),
+    Bf16(&'a [half::bf16]),
 }
 
 impl KvRef<'_> {
@@ -42,6 +43,7 @@ impl KvRef<'_> {
         match self {
             KvRef::F32(k) => dst.copy_from_slice(&k[off..off + dst.len()]),
             KvRef::F16(k) => simd::f16_to_f32(&k[off..off + dst.len()], dst),
+            KvRef::Bf16(k) => simd::bf16_to_f32(&k[off..off + dst.len()], dst),
         }
     }
 }
@@ -365,6 +367,7 @@ mod tests {
             (KvType::F32, None, None, 64, 64),
             (KvType::F16, Some(13), None, 48, 128),
             (KvType::F32, Some(40), Some(5.0), 256, 256),
+            (KvType::Bf16, Some(13), Some(5.0), 128, 64),
         ] {
             let (n_head, n_head_kv) = (6, 2);
             let (past, n) = (21usize, 37usize);
@@ -403,10 +406,14 @@ mod tests {
             store(&mut kv, (0..past as u32).collect());
             let positions: Vec<u32> = (past as u32..(past + n) as u32).collect();
             store(&mut kv, positions.clone());
-            // What the cache holds (f16 caches round).
+            // What the cache holds (f16 and bf16 caches round).
             let round = |x: &Vec<f32>| -> Vec<f32> {
                 match ty {
                     KvType::F16 => x.iter().map(|&v| half::f16::from_f32(v).to_f32()).collect(),
+                    KvType::Bf16 => x
+                        .iter()
+                        .map(|&v| half::bf16::from_f32(v).to_f32())
+                        .collect(),
                     KvType::F32 => x.clone(),
                 }
             };

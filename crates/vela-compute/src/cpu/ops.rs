@@ -10,7 +10,7 @@ use super::pool::ThreadPool;
 use super::simd;
 use crate::{Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams};
 use anyhow::{bail, Result};
-use half::f16;
+use half::{bf16, f16};
 use std::sync::Arc;
 
 /// The CPU backend.
@@ -59,6 +59,7 @@ impl CpuWeight {
 enum KvData {
     F32(Vec<f32>),
     F16(Vec<f16>),
+    Bf16(Vec<bf16>),
 }
 
 impl KvData {
@@ -66,24 +67,28 @@ impl KvData {
         match ty {
             KvType::F32 => KvData::F32(vec![0.0; n]),
             KvType::F16 => KvData::F16(vec![f16::ZERO; n]),
+            KvType::Bf16 => KvData::Bf16(vec![bf16::ZERO; n]),
         }
     }
     fn write(&mut self, off: usize, src: &[f32]) {
         match self {
             KvData::F32(d) => d[off..off + src.len()].copy_from_slice(src),
             KvData::F16(d) => simd::f32_to_f16(src, &mut d[off..off + src.len()]),
+            KvData::Bf16(d) => simd::f32_to_bf16(src, &mut d[off..off + src.len()]),
         }
     }
     fn clone_range(&self, off: usize, n: usize) -> KvData {
         match self {
             KvData::F32(d) => KvData::F32(d[off..off + n].to_vec()),
             KvData::F16(d) => KvData::F16(d[off..off + n].to_vec()),
+            KvData::Bf16(d) => KvData::Bf16(d[off..off + n].to_vec()),
         }
     }
     fn copy_from(&mut self, off: usize, src: &KvData) {
         match (self, src) {
             (KvData::F32(d), KvData::F32(s)) => d[off..off + s.len()].copy_from_slice(s),
             (KvData::F16(d), KvData::F16(s)) => d[off..off + s.len()].copy_from_slice(s),
+            (KvData::Bf16(d), KvData::Bf16(s)) => d[off..off + s.len()].copy_from_slice(s),
             _ => unreachable!("snapshot type matches cache type"),
         }
     }
@@ -91,12 +96,14 @@ impl KvData {
         match self {
             KvData::F32(d) => d.len() * 4,
             KvData::F16(d) => d.len() * 2,
+            KvData::Bf16(d) => d.len() * 2,
         }
     }
     fn deep_clone(&self) -> KvData {
         match self {
             KvData::F32(d) => KvData::F32(d.clone()),
             KvData::F16(d) => KvData::F16(d.clone()),
+            KvData::Bf16(d) => KvData::Bf16(d.clone()),
         }
     }
 }
@@ -492,6 +499,7 @@ impl Backend for CpuBackend {
                 match d {
                     KvData::F32(x) => KvRef::F32(x),
                     KvData::F16(x) => KvRef::F16(x),
+                    KvData::Bf16(x) => KvRef::Bf16(x),
                 }
             }
             let (k, v) = (r(&l.k), r(&l.v));
@@ -542,6 +550,10 @@ impl Backend for CpuBackend {
                             simd::f16_to_f32(&k[off..off + dk], &mut kf);
                             &kf
                         }
+                        KvData::Bf16(k) => {
+                            simd::bf16_to_f32(&k[off..off + dk], &mut kf);
+                            &kf
+                        }
                     };
                     for hh in 0..hpt {
                         let qrow = &q[(t * p.n_head + h0 + hh) * dk..][..dk];
@@ -568,6 +580,10 @@ impl Backend for CpuBackend {
                         KvData::F32(v) => &v[off..off + dv],
                         KvData::F16(v) => {
                             simd::f16_to_f32(&v[off..off + dv], &mut vf);
+                            &vf
+                        }
+                        KvData::Bf16(v) => {
+                            simd::bf16_to_f32(&v[off..off + dv], &mut vf);
                             &vf
                         }
                     };
@@ -624,6 +640,14 @@ fn concat(parts: Vec<KvData>) -> KvData {
             }
             KvData::F16(v)
         }
+        KvData::Bf16(mut v) => {
+            for p in it {
+                if let KvData::Bf16(x) = p {
+                    v.extend_from_slice(&x)
+                }
+            }
+            KvData::Bf16(v)
+        }
     }
 }
 
@@ -632,6 +656,7 @@ impl KvData {
         match self {
             KvData::F32(d) => d.len(),
             KvData::F16(d) => d.len(),
+            KvData::Bf16(d) => d.len(),
         }
     }
     fn slice(&self, off: usize, n: usize) -> KvData {
@@ -754,7 +779,11 @@ mod tests {
     #[test]
     fn attention_matches_naive_with_window() {
         let be = CpuBackend::new(2);
-        for (ty, tol) in [(KvType::F32, 1e-5), (KvType::F16, 2e-2)] {
+        for (ty, tol) in [
+            (KvType::F32, 1e-5),
+            (KvType::F16, 2e-2),
+            (KvType::Bf16, 2e-2),
+        ] {
             let mut kv = be.new_kv(&[kv_spec(Some(3), 5)], ty).unwrap();
             let mut rng = 1u32;
             let mut rnd = || {

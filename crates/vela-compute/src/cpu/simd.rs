@@ -100,6 +100,21 @@ pub fn f32_to_f16(src: &[f32], dst: &mut [f16]) {
         .for_each(|(d, s)| *d = f16::from_f32(*s));
 }
 
+/// Widen bf16 to f32 (exact: the bf16 bits are the high half of the f32).
+pub fn bf16_to_f32(src: &[half::bf16], dst: &mut [f32]) {
+    assert_eq!(src.len(), dst.len());
+    dst.iter_mut()
+        .zip(src)
+        .for_each(|(d, s)| *d = f32::from_bits((s.to_bits() as u32) << 16));
+}
+
+/// Round f32 to bf16 (round to nearest even; NaN stays NaN).
+pub fn f32_to_bf16(src: &[f32], dst: &mut [half::bf16]) {
+    dst.iter_mut()
+        .zip(src)
+        .for_each(|(d, s)| *d = half::bf16::from_f32(*s));
+}
+
 /// gate[i] = gelu_tanh(gate[i]) * up[i], with gelu_tanh(x) = 0.5·x·(1 + tanh(√(2/π)(x + 0.044715x³)))
 /// evaluated as x·σ(2u) (the same function; no cancellation for negative x).
 pub fn gelu_mul(gate: &mut [f32], up: &[f32]) {
@@ -342,6 +357,38 @@ mod x86 {
 
 #[cfg(test)]
 mod tests {
+
+    /// bf16 storage rounds to nearest even like `half` (ties to even, NaN stays NaN, overflow
+    /// to infinity) and widening is exact.
+    #[test]
+    fn bf16_round_trip() {
+        let xs = [
+            0.0f32,
+            -0.0,
+            1.0,
+            1.0 + 1.0 / 256.0, // a tie, rounds to even (1.0)
+            1.0 + 3.0 / 256.0, // a tie, rounds to even (1 + 2^-6)
+            -2.71,
+            f32::MAX,
+            f32::MIN_POSITIVE,
+            f32::INFINITY,
+            f32::NAN,
+            1e-40,
+        ];
+        let mut b = vec![half::bf16::ZERO; xs.len()];
+        f32_to_bf16(&xs, &mut b);
+        let mut back = vec![0f32; xs.len()];
+        bf16_to_f32(&b, &mut back);
+        for ((x, b), y) in xs.iter().zip(&b).zip(&back) {
+            assert_eq!(b.to_bits(), half::bf16::from_f32(*x).to_bits(), "{x}");
+            assert_eq!(y.to_bits(), b.to_f32().to_bits(), "{x}");
+        }
+        assert_eq!(back[3], 1.0);
+        assert_eq!(back[4], 1.015625);
+        assert!(back[9].is_nan());
+        assert_eq!(back[6], f32::INFINITY);
+    }
+
     use super::*;
 
     #[test]

@@ -325,6 +325,8 @@ fn split_attention_long_context_matches_cpu() {
         (KvType::F16, 128),
         (KvType::F32, 256),
         (KvType::F16, 96),
+        (KvType::Bf16, 128),
+        (KvType::Bf16, 64),
     ] {
         for window in [None, Some(700usize)] {
             let cap = match window {
@@ -380,7 +382,7 @@ fn split_attention_long_context_matches_cpu() {
                     "split attention {ty:?} hd={hd} window={window:?} pos {}+{n}",
                     pos[0]
                 );
-                let tol = if ty == KvType::F16 { 1e-4 } else { 1e-5 };
+                let tol = if ty == KvType::F32 { 1e-5 } else { 1e-4 };
                 let split = down(&g, &og, n * nh * hd);
                 check(&tag, &split, &oc, tol);
                 check(
@@ -470,7 +472,7 @@ fn fused_decode_ops_match_cpu() {
         window: None,
         softcap: None,
     };
-    for ty in [KvType::F32, KvType::F16] {
+    for ty in [KvType::F32, KvType::F16, KvType::Bf16] {
         let spec = KvLayerSpec {
             n_head_kv: nkv,
             head_dim_k: hd,
@@ -500,7 +502,7 @@ fn fused_decode_ops_match_cpu() {
             let (mut og, mut oc) = (g.alloc(n * nh * hd), cpu.alloc(n * nh * hd));
             g.attention(&qg, &kvg, 0, &pos, &ap, &mut og);
             cpu.attention(&qc, &kvc, 0, &pos, &ap, &mut oc);
-            let tol = if ty == KvType::F16 { 1e-4 } else { 1e-5 };
+            let tol = if ty == KvType::F32 { 1e-5 } else { 1e-4 };
             check(
                 &format!("{tag} attention"),
                 &down(&g, &og, n * nh * hd),
@@ -655,7 +657,7 @@ fn fused_rope_store_matches_cpu() {
             (128, 64, true, true),
             (256, 256, true, false),
         ] {
-            for ty in [KvType::F16, KvType::F32] {
+            for ty in [KvType::F16, KvType::F32, KvType::Bf16] {
                 let spec = KvLayerSpec {
                     n_head_kv: nkv,
                     head_dim_k: hd,
@@ -717,7 +719,7 @@ fn fused_rope_store_matches_cpu() {
                     let (mut og, mut oc) = (g.alloc(nh * hd), cpu.alloc(nh * hd));
                     g.attention(&up(&g, &qq), &kg, 0, &last, &ap, &mut og);
                     cpu.attention(&up(&cpu, &qq), &kc, 0, &last, &ap, &mut oc);
-                    let tol = if ty == KvType::F16 { 1e-4 } else { 1e-5 };
+                    let tol = if ty == KvType::F32 { 1e-5 } else { 1e-4 };
                     check(
                         &format!("{tag} cache"),
                         &down(&g, &og, nh * hd),

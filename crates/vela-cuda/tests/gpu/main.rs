@@ -362,7 +362,7 @@ fn attention_case<G: Backend, C: Backend>(
                 what.to_string(),
             )
         };
-    let tol = if ty == KvType::F16 { 1e-4 } else { 1e-5 };
+    let tol = if ty == KvType::F32 { 1e-5 } else { 1e-4 };
     let mut p0 = 0;
     for n in [1, 7, 3, 1, 5, 1, 7, 2] {
         let (a, b, _) = step(&mut kg, &mut kc, p0, n, &mut rng, "");
@@ -391,7 +391,7 @@ fn attention_case<G: Backend, C: Backend>(
 fn attention_and_kv_match_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
-    for ty in [KvType::F32, KvType::F16] {
+    for ty in [KvType::F32, KvType::F16, KvType::Bf16] {
         attention_case(&g, &cpu, ty, None, None);
         attention_case(&g, &cpu, ty, Some(5), None);
         attention_case(&g, &cpu, ty, Some(9), Some(20.0));
