@@ -37,8 +37,8 @@ __device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& 
 // 292 tok/s and split 4 282 tok/s, against 300 with 64-block segments and no split, although
 // the split is faster on L2-resident test matrices; so the default stays split = 1.)
 #define MV_SEG 64
-// R rows per warp (R > 1 needs split = 1): warp w of block blk takes rows R * (blk * WARPS + w)
-// .. + R - 1 and loads each activation block once for its R rows (an ncu profile of the R = 1
+// R rows per warp: warp w of block blk takes rows R * (blk * (WARPS / split) + w / split) ..
+// + R - 1 (with a K split, part w % split of their blocks) and loads each activation block once for its R rows (an ncu profile of the R = 1
 // kernel on Llama-3-8B decode showed the L1/TEX pipe at 74-83 % with DRAM at 41-50 %: per
 // 18-byte Q4_0 block a lane read 48 bytes of activations). Each row's blocks are accumulated in
 // the same order as with R = 1, so the results are identical.
@@ -48,7 +48,7 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
     constexpr int BYTES = B32<T>::BYTES;
     constexpr int N16 = (MV_SEG * BYTES + 15) / 16 + 1;
     __shared__ uint4 stage[WARPS][R][N16];
-    __shared__ float red[WARPS][2];
+    __shared__ float red[WARPS][R][2];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int r0 = (blk * (WARPS / split) + warp / split) * R, part = warp % split;
     int per = ((nb + split - 1) / split + 7) / 8 * 8;
@@ -115,7 +115,7 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
             __syncwarp();
         }
     }
-    if (R > 1 || split == 1) {
+    if (split == 1) {
 #pragma unroll
         for (int q = 0; q < R; q++) {
             float s = warp_sum(acc[q]);
@@ -124,14 +124,22 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
         }
         return;
     }
-    float s = warp_sum(acc[0]);
-    float sm = warp_sum(accm[0]);
-    if (lane == 0) { red[warp][0] = s; red[warp][1] = sm; }
+    // K split: the parts' sums of each row added in part order.
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        float s = warp_sum(acc[q]);
+        float sm = warp_sum(accm[q]);
+        if (lane == 0) { red[warp][q][0] = s; red[warp][q][1] = sm; }
+    }
     __syncthreads();
-    if (part == 0 && lane == 0 && r0 < rows) {
-        float a = 0.0f, b = 0.0f;
-        for (int q = 0; q < split; q++) { a += red[warp + q][0]; b += red[warp + q][1]; }
-        Y[r0] = a + b;
+    if (part == 0 && lane == 0) {
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            if (r0 + q >= rows) continue;
+            float a = 0.0f, b = 0.0f;
+            for (int p = 0; p < split; p++) { a += red[warp + p][q][0]; b += red[warp + p][q][1]; }
+            Y[r0 + q] = a + b;
+        }
     }
 }
 
@@ -209,11 +217,11 @@ __device__ __forceinline__ void decodek_v(const u8* b, int j, int w[8], int sc[2
 }
 
 // K split as in mv32: warp w takes row blk * (WARPS / split) + w / split and the part
-// w % split of its nb * 8 sub-blocks. R rows per warp as in mv32 (R > 1 needs split = 1).
+// w % split of its nb * 8 sub-blocks. R rows per warp as in mv32.
 template <int T, int MVU, int R>
 __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __restrict__ X,
                                     float* __restrict__ Y, int rows, int nb, int blk, int split) {
-    __shared__ float red[WARPS];
+    __shared__ float red[WARPS][R];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int r0 = (blk * (WARPS / split) + warp / split) * R, part = warp % split;
     int per = (nb * 8 + split - 1) / split;
@@ -263,7 +271,7 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
             }
         }
     }
-    if (R > 1 || split == 1) {
+    if (split == 1) {
 #pragma unroll
         for (int q = 0; q < R; q++) {
             float s = warp_sum(acc[q]);
@@ -271,13 +279,20 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
         }
         return;
     }
-    float s = warp_sum(acc[0]);
-    if (lane == 0) red[warp] = s;
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        float s = warp_sum(acc[q]);
+        if (lane == 0) red[warp][q] = s;
+    }
     __syncthreads();
-    if (part == 0 && lane == 0 && r0 < rows) {
-        float a = 0.0f;
-        for (int q = 0; q < split; q++) a += red[warp + q];
-        Y[r0] = a;
+    if (part == 0 && lane == 0) {
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            if (r0 + q >= rows) continue;
+            float a = 0.0f;
+            for (int p = 0; p < split; p++) a += red[warp + p][q];
+            Y[r0 + q] = a;
+        }
     }
 }
 
@@ -306,14 +321,14 @@ __device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, co
 #define MV32(T, NAME)                                                                              \
     extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv32<T, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
-    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv32<T, 2>(W, X, Y, rows, nb, blockIdx.x, 1); } \
-    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, 1); }
+    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv32<T, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 #define MVK(T, NAME)                                                                               \
     extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk<T, MVU_K, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_u2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk<T, 2, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8K, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
-    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk<T, 2, 2>(W, X, Y, rows, nb, blockIdx.x, 1); } \
-    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8K, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, 1); }
+    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk<T, 2, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8K, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 MV32(2, mv_q4_0)
 MV32(3, mv_q4_1)
 MV32(6, mv_q5_0)

@@ -80,7 +80,7 @@ impl CudaBackend {
             };
             if n == 1 && kind != ActKind::Float && self.matvec_new.load(Ordering::Relaxed) {
                 let split = self.mv_split(w.cols);
-                let r = self.mv_rows(split, w.rows);
+                let r = self.mv_rows(w.rows);
                 let grid = ((w.rows as u32).div_ceil(MM_WARPS * r / split), 1, 1);
                 let args = [
                     Arg::P(self.ptr(&w.data)),
@@ -282,7 +282,7 @@ impl CudaBackend {
         let yp: Vec<u64> = ys.iter().map(|y| self.ptr(&**y)).collect();
         let rows = |i: usize| ws.get(i).map(|w| w.rows).unwrap_or(0);
         let split = self.mv_split(cols);
-        let r = self.mv_rows(split, (0..3).map(rows).sum());
+        let r = self.mv_rows((0..3).map(rows).sum());
         let blocks: u32 = (0..3)
             .map(|i| (rows(i) as u32).div_ceil(MM_WARPS * r / split))
             .sum();
@@ -410,13 +410,15 @@ impl CudaBackend {
 
     /// Rows per warp of the one-token `mv_*` kernels for a launch of `rows` rows in all: 2
     /// (`mv_*_r2`: each activation block is loaded once for two rows) from `MV_ROWS2_MIN` rows,
-    /// else 1 (also with a K split or `VELA_CUDA_MV_ROWS=1`). Measured on the H200 (tg128): two
+    /// else 1 (or `VELA_CUDA_MV_ROWS=1`); combines with a K split (`VELA_CUDA_MV_SPLIT`, off by
+    /// default: two rows per warp with the split is prepared for the long-row down projection,
+    /// not yet measured on a GPU). Measured on the H200 (tg128): two
     /// rows everywhere took Llama-3-8B Q4_0 from 368 to 392 tok/s and Q4_K_M from 220 to 265, but
     /// the Qwen2.5-0.5B geometry from 999 to 937 (its 896-1,152-row products then fill only
     /// 112-144 blocks), hence the threshold.
-    pub(crate) fn mv_rows(&self, split: u32, rows: usize) -> u32 {
+    pub(crate) fn mv_rows(&self, rows: usize) -> u32 {
         let mode = self.mv_rows_mode.load(Ordering::Relaxed);
-        if split == 1 && (mode == 2 || (mode == 1 && rows >= MV_ROWS2_MIN)) {
+        if mode == 2 || (mode == 1 && rows >= MV_ROWS2_MIN) {
             2
         } else {
             1

@@ -631,6 +631,17 @@ fn matvec_x3_split_matches_single() {
                         "split vs unsplit {} cols={cols}: {mx:.2e}",
                         ty.name()
                     );
+                    // Two rows per warp with the split against one row unsplit.
+                    let mut y4 = g.alloc(rows);
+                    g.set_mv_rows_mode(2);
+                    g.matmul(&ws[i], &x, 1, &mut y4);
+                    g.set_mv_rows_mode(1);
+                    let (mx, _) = err(&down(&g, &y4, rows), &down(&g, &y1, rows));
+                    assert!(
+                        mx <= 1e-5,
+                        "split, 2 rows per warp vs unsplit {} cols={cols}: {mx:.2e}",
+                        ty.name()
+                    );
                 }
             }
         }
