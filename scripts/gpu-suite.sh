@@ -22,8 +22,12 @@
 #       (scripts/bench-vs-llama.py): pp512 + tg128, and tg128 at 8K depth, for the three real
 #       models and the two synth 8B models; weight bytes per token for the roofline
 #   here:   scripts/gpu-suite.sh pack-quick  # one ~50 MB carry (target/gpu-data/quick) for
-#   there:  scripts/gpu-suite.sh quick       # the opt-in kernels' GPU tests + the 8B with each
-#                                            # opt-in switch off/on, vs llama.cpp (one call)
+#   there:  scripts/gpu-suite.sh quick       # one call: every GPU op test (QUICK_TESTS filters),
+#       then per model of QUICK_MODELS ("name:geometry:type ...", synthesized there) a pp512 +
+#       tg128 run vs llama.cpp and tg128 A/B runs for QUICK_AB ("name:SWITCH=value ..."), the 8B
+#       at 8K depth (QUICK_8K=0 skips; QUICK_8K_AB switches), and with QUICK_NCU=1 an ncu profile
+#       of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
+#   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
 stage=${1:?stage: pack|recv|test|bench|pack-quick|quick}
