@@ -36,6 +36,7 @@ extern "C" __global__ void kv_store_bf16(const float* k, const float* v, const u
 
 #define ATT_WARPS 32
 #define ATT_MAXD 256
+#define ATT_MAXD_BIG 512
 
 template <int KT>
 __device__ __forceinline__ float ld_kv(const void* p, size_t i) {
@@ -79,12 +80,12 @@ __device__ __forceinline__ float qk_dot(const float* qs, const void* kc, size_t 
 // every j_step keys, up to position p. Every lane computes one key's whole score (no per-key
 // reductions), the warp updates its online softmax (running max m, sum l) once per chunk, then
 // accumulates the chunk's V rows with lanes over the value dimension (coalesced).
-template <int KT>
+template <int KT, int D>
 __device__ __forceinline__ void attend_chunks(const float* qs, const void* __restrict__ kc,
                                               const void* __restrict__ vc, int g, int n_head_kv,
                                               int hdk, int hdv, int capacity, float scale,
                                               float softcap, int p, int j_begin, int j_step,
-                                              float acc[ATT_MAXD / 32], float& m, float& l) {
+                                              float acc[D / 32], float& m, float& l) {
     int lane = threadIdx.x & 31;
     for (int j0 = j_begin; j0 <= p; j0 += j_step) {
         int j = j0 + lane;
@@ -100,7 +101,7 @@ __device__ __forceinline__ void attend_chunks(const float* qs, const void* __res
         float e = j <= p ? expf(s - mn) : 0.0f;
         l = l * corr + warp_sum(e);
 #pragma unroll
-        for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] *= corr;
+        for (int i = 0; i < D / 32; i++) acc[i] *= corr;
         int cnt = min(32, p - j0 + 1);
         // Unrolled so that several V rows are in flight at once (this loop is latency-bound).
 #pragma unroll 8
@@ -108,7 +109,7 @@ __device__ __forceinline__ void attend_chunks(const float* qs, const void* __res
             float eu = __shfl_sync(0xffffffffu, e, u);
             size_t vo = ((size_t)((j0 + u) % capacity) * n_head_kv + g) * hdv;
 #pragma unroll
-            for (int i = 0; i < ATT_MAXD / 32; i++) {
+            for (int i = 0; i < D / 32; i++) {
                 int d = lane + 32 * i;
                 if (d < hdv) acc[i] += eu * ld_kv<KT>(vc, vo + d);
             }
@@ -121,17 +122,18 @@ __device__ __forceinline__ void attend_chunks(const float* qs, const void* __res
 // one chunk per warp and the per-chunk memory latency is paid about once (16 warps: 305 instead
 // of 357 tok/s SmolLM2 decode on the H200, but 18.1k instead of 14.5k tok/s prefill). Each warp
 // takes chunks of 32 consecutive keys (chunk c goes to warp c % ATT_WARPS; `attend_chunks`).
-// The warps' partial results are merged at the end. Head dims <= 256 (8 values per lane).
+// The warps' partial results are merged at the end. Head dims <= D (D / 32 values per lane; D is
+// ATT_MAXD = 256, or ATT_MAXD_BIG = 512 for the `_d512` 4-warp kernels, e.g. Gemma 4's full layers).
 // W (warps per block) is ATT_WARPS for few query rows; prefill batches, which already have
 // n_head * n_rows blocks, use W = 4 (8x fewer idle warps, 8x more resident blocks per SM).
-template <int KT, int W>
+template <int KT, int W, int D>
 __device__ void attention(const float* __restrict__ q, const void* __restrict__ kc,
                           const void* __restrict__ vc, const u32* __restrict__ pos,
                           float* __restrict__ out, int n_head, int n_head_kv, int hdk, int hdv,
                           int capacity, int window, float scale, float softcap) {
-    __shared__ float qs[ATT_MAXD];
+    __shared__ float qs[D];
     __shared__ float sm[W], sl[W];
-    __shared__ float sacc[W][ATT_MAXD];
+    __shared__ float sacc[W][D];
     int h = blockIdx.x, t = blockIdx.y;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int g = h / (n_head / n_head_kv);
@@ -141,14 +143,14 @@ __device__ void attention(const float* __restrict__ q, const void* __restrict__ 
     int p = (int)pos[t];
     int first = window > 0 ? max(0, p + 1 - window) : 0;
     float m = NEG_INF, l = 0.0f;
-    float acc[ATT_MAXD / 32];
+    float acc[D / 32];
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD / 32; i++) acc[i] = 0.0f;
-    attend_chunks<KT>(qs, kc, vc, g, n_head_kv, hdk, hdv, capacity, scale, softcap, p,
+    for (int i = 0; i < D / 32; i++) acc[i] = 0.0f;
+    attend_chunks<KT, D>(qs, kc, vc, g, n_head_kv, hdk, hdv, capacity, scale, softcap, p,
                      first + 32 * warp, 32 * W, acc, m, l);
     if (lane == 0) { sm[warp] = m; sl[warp] = l; }
 #pragma unroll
-    for (int i = 0; i < ATT_MAXD / 32; i++) {
+    for (int i = 0; i < D / 32; i++) {
         int d = lane + 32 * i;
         if (d < hdv) sacc[warp][d] = acc[i];
     }
@@ -170,15 +172,18 @@ __device__ void attention(const float* __restrict__ q, const void* __restrict__ 
     }
 }
 
-#define ATTN(KT, W, NAME)                                                                           \
+#define ATTN(KT, W, D, NAME)                                                                        \
     extern "C" __launch_bounds__(32 * W) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
-        attention<KT, W>(q, kc, vc, pos, out, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
-ATTN(0, ATT_WARPS, attention_f32)
-ATTN(1, ATT_WARPS, attention_f16)
-ATTN(2, ATT_WARPS, attention_bf16)
-ATTN(0, 4, attention_f32_w4)
-ATTN(1, 4, attention_f16_w4)
-ATTN(2, 4, attention_bf16_w4)
+        attention<KT, W, D>(q, kc, vc, pos, out, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
+ATTN(0, ATT_WARPS, ATT_MAXD, attention_f32)
+ATTN(1, ATT_WARPS, ATT_MAXD, attention_f16)
+ATTN(2, ATT_WARPS, ATT_MAXD, attention_bf16)
+ATTN(0, 4, ATT_MAXD, attention_f32_w4)
+ATTN(1, 4, ATT_MAXD, attention_f16_w4)
+ATTN(2, 4, ATT_MAXD, attention_bf16_w4)
+ATTN(0, 4, ATT_MAXD_BIG, attention_f32_w4_d512)
+ATTN(1, 4, ATT_MAXD_BIG, attention_f16_w4_d512)
+ATTN(2, 4, ATT_MAXD_BIG, attention_bf16_w4_d512)
 
 // ---- split-K ("flash-decoding") attention for a few query rows (decode) ----
 //
@@ -343,12 +348,12 @@ __device__ __forceinline__ float block_reduce_f(float v, bool is_max, float* red
     for (int w = 1; w < nw; w++) r = is_max ? fmaxf(r, red[w]) : r + red[w];
     return r;
 }
-template <int KT>
+template <int KT, int D>
 __device__ void attention_part2(const float* __restrict__ q, const void* __restrict__ kc,
                                 const void* __restrict__ vc, const u32* __restrict__ pos,
                                 float* __restrict__ part, int n_head, int n_head_kv, int hdk,
                                 int hdv, int capacity, int window, float scale, float softcap) {
-    __shared__ float qs[ATT_MAXD];
+    __shared__ float qs[D];
     __shared__ float sw[PART_PIECE];
     __shared__ float red[SPLIT_WARPS];
     __shared__ float sacc[32 * SPLIT_WARPS * 8];
@@ -456,35 +461,57 @@ extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f
     const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
     int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
     PDL_ENTRY();
-    attention_part2<0>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+    attention_part2<0, ATT_MAXD>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
                            scale, softcap);
 }
 extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f16(
     const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
     int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
     PDL_ENTRY();
-    attention_part2<1>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+    attention_part2<1, ATT_MAXD>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
                           scale, softcap);
 }
 extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_bf16(
     const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
     int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
     PDL_ENTRY();
-    attention_part2<2>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+    attention_part2<2, ATT_MAXD>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+                          scale, softcap);
+}
+
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f32_d512(
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
+    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    PDL_ENTRY();
+    attention_part2<0, ATT_MAXD_BIG>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+                           scale, softcap);
+}
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f16_d512(
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
+    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    PDL_ENTRY();
+    attention_part2<1, ATT_MAXD_BIG>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
+                          scale, softcap);
+}
+extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_bf16_d512(
+    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
+    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
+    PDL_ENTRY();
+    attention_part2<2, ATT_MAXD_BIG>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
                           scale, softcap);
 }
 
 // Merge the S parts of (head, token) = (blockIdx.x, blockIdx.y) into out[t][h][0..hdv]
-// (S <= 32, blockDim = 4 * hdv rounded up to 32). The first warp loads every part's (m, l) at
-// once and computes the weights exp(m_s - M) (0 for empty parts) and 1 / L; then thread
-// (group gi, dimension d) sums parts gi, gi + 4, ... of dimension d (loads in flight together)
-// and the four groups are added.
+// (S <= 32, blockDim = G * hdv rounded up to 32 with G = 4 groups, or 2 for hdv > 256). The first
+// warp loads every part's (m, l) at once and computes the weights exp(m_s - M) (0 for empty
+// parts) and 1 / L; then thread (group gi, dimension d) sums parts gi, gi + G, ... of dimension
+// d (loads in flight together) and the G groups are added in order.
 extern "C" __global__ void attention_combine(const float* __restrict__ part, float* __restrict__ out,
                                              int n_head, int hdv, int S) {
     PDL_ENTRY();
     __shared__ float wts[32];
     __shared__ float inv_l;
-    __shared__ float red[4][ATT_MAXD];
+    __shared__ float red[4 * ATT_MAXD];
     int h = blockIdx.x, t = blockIdx.y;
     const float* pr = part + ((size_t)t * n_head + h) * S * (hdv + 2);
     if (threadIdx.x < 32) {
@@ -499,19 +526,19 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, flo
     }
     __syncthreads();
     int hdv32 = (hdv + 31) & ~31;
+    int G = blockDim.x / hdv32;
     int d = threadIdx.x % hdv32, gi = threadIdx.x / hdv32;
     float v = 0.0f;
     if (d < hdv) {
-#pragma unroll
-        for (int k = 0; k < 8; k++) {
-            int s = gi + 4 * k;
-            if (s < S) v += pr[(size_t)s * (hdv + 2) + d] * wts[s];
-        }
+#pragma unroll 8
+        for (int s = gi; s < S; s += G) v += pr[(size_t)s * (hdv + 2) + d] * wts[s];
     }
-    red[gi][d] = v;
+    red[gi * hdv32 + d] = v;
     __syncthreads();
     if (gi == 0 && d < hdv) {
         float* o = out + ((size_t)t * n_head + h) * hdv;
-        o[d] = (red[0][d] + red[1][d] + red[2][d] + red[3][d]) * inv_l;
+        float sum = red[d];
+        for (int g2 = 1; g2 < G; g2++) sum += red[g2 * hdv32 + d];
+        o[d] = sum * inv_l;
     }
 }

@@ -2,7 +2,7 @@
 //! split-K for decode) of the CUDA backend.
 
 use crate::{Arg, CudaBackend, CudaBuf, CudaKv};
-use crate::{ATT_MAXD, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
+use crate::{ATT_MAXD, ATT_MAXD_BIG, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
 
 /// Most split-K parts (`attention_combine` merges at most 32).
 const SPLIT_MAX_PARTS: usize = 32;
@@ -154,9 +154,12 @@ impl CudaBackend {
             return;
         }
         assert!(
-            p.head_dim_k <= ATT_MAXD && p.head_dim_v <= ATT_MAXD,
-            "attention: head dimension above {ATT_MAXD}"
+            p.head_dim_k <= ATT_MAXD_BIG && p.head_dim_v <= ATT_MAXD_BIG,
+            "attention: head dimension above {ATT_MAXD_BIG}"
         );
+        // Head dims above 256 (Gemma 4's full layers: 512) take the `_d512` instances: split-K
+        // parts of the second version for decode, else the 4-warp kernel.
+        let d512 = p.head_dim_k > ATT_MAXD || p.head_dim_v > ATT_MAXD;
         let l = &kv.layers[layer];
         let name = format!("attention_{}", kv_suffix(kv.ty));
         let window = p.window.or(l.spec.window).unwrap_or(0);
@@ -172,19 +175,17 @@ impl CudaBackend {
             .max(by_capacity)
             .clamp(1, SPLIT_MAX_PARTS)
             .min(l.spec.capacity.div_ceil(32));
-        if self.split_attn.load(Ordering::Relaxed)
-            && n_tok <= SPLIT_MAX_ROWS
-            && parts > 1
-            && p.head_dim_k.is_multiple_of(4)
-        {
+        let split_ok = n_tok <= SPLIT_MAX_ROWS && parts > 1 && p.head_dim_k.is_multiple_of(4);
+        let d512_split = p.head_dim_v.is_multiple_of(8) && 128 % (p.head_dim_v / 8) == 0;
+        if self.split_attn.load(Ordering::Relaxed) && split_ok && (!d512 || d512_split) {
             // Second version (default): no per-chunk round trips (see `attention_part2`).
-            let v2 = self.attn_part_v2.load(Ordering::Relaxed)
-                && p.head_dim_v.is_multiple_of(8)
-                && 128 % (p.head_dim_v / 8) == 0;
+            let v2_fits = p.head_dim_v.is_multiple_of(8) && 128 % (p.head_dim_v / 8) == 0;
+            let v2 = v2_fits && (d512 || self.attn_part_v2.load(Ordering::Relaxed));
             let name = format!(
-                "attention_part{}_{}",
+                "attention_part{}_{}{}",
                 if v2 { "2" } else { "" },
-                kv_suffix(kv.ty)
+                kv_suffix(kv.ty),
+                if d512 { "_d512" } else { "" }
             );
             let need = n_tok * p.n_head * parts * (p.head_dim_v + 2);
             let mut part = self.attn_part.lock().unwrap_or_else(|e| e.into_inner());
@@ -219,8 +220,10 @@ impl CudaBackend {
                 Arg::I(p.head_dim_v as i32),
                 Arg::I(parts as i32),
             ];
-            // Four groups of parts × the value dimension rounded up to a warp (≤ 4 × 256).
-            let block = 4 * (p.head_dim_v.div_ceil(32) * 32).max(32) as u32;
+            // Four groups of parts (two above 256) × the value dimension rounded up to a warp
+            // (at most 1,024 threads).
+            let hdv32 = (p.head_dim_v.div_ceil(32) * 32).max(32);
+            let block = ((1024 / hdv32).min(4) * hdv32) as u32;
             self.launch(
                 "attention_combine",
                 (p.n_head as u32, n_tok as u32, 1),
@@ -251,7 +254,9 @@ impl CudaBackend {
         // measured slower in the model: 8B pp512 9,377 vs 9,456 t/s; removed.)
         let mode = self.attn_prefill.load(Ordering::Relaxed);
         let big = p.n_head * positions.len() >= ATT_W4_MIN_BLOCKS;
-        let (name, warps) = if mode == 0 && big {
+        let (name, warps) = if d512 {
+            (format!("{name}_w4_d512"), 4)
+        } else if mode == 0 && big {
             (format!("{name}_w4"), 4)
         } else {
             (name.to_string(), ATT_WARPS)

@@ -1,7 +1,7 @@
 //! KV cache storage of the CUDA backend: per-layer K/V rings in device memory and the
 //! checkpoint / restore / clone operations (device-to-device copies).
 
-use crate::{CudaBackend, ATT_MAXD};
+use crate::{CudaBackend, ATT_MAXD_BIG};
 use anyhow::{bail, Result};
 use cudarc::driver::CudaSlice;
 use vela_compute::{KvLayerSpec, KvType};
@@ -41,9 +41,9 @@ impl CudaBackend {
         let eb = kv_elem_bytes(ty);
         let mut out = Vec::with_capacity(layers.len());
         for spec in layers {
-            if spec.head_dim_k > ATT_MAXD || spec.head_dim_v > ATT_MAXD {
+            if spec.head_dim_k > ATT_MAXD_BIG || spec.head_dim_v > ATT_MAXD_BIG {
                 bail!(
-                    "head dimension above {ATT_MAXD} is not supported by the CUDA attention kernel"
+                    "head dimension above {ATT_MAXD_BIG} is not supported by the CUDA attention kernels"
                 );
             }
             let nk = spec.capacity * spec.n_head_kv * spec.head_dim_k * eb;

@@ -46,8 +46,11 @@ const AQ8K_BYTES: usize = 304;
 const MM_WARPS: u32 = 4;
 /// Zero bytes allocated after every weight (see `mv32` in matvec.cu).
 const WEIGHT_PAD: usize = 64;
-/// Largest head dimension the attention kernel supports (`ATT_MAXD`).
+/// Largest head dimension of the attention kernels' default instances (`ATT_MAXD`).
 const ATT_MAXD: usize = 256;
+/// Largest head dimension at all (`ATT_MAXD_BIG`: the `_d512` instances, e.g. Gemma 4's full
+/// attention layers).
+const ATT_MAXD_BIG: usize = 512;
 /// Warps per attention thread block (`ATT_WARPS` in attention.cu).
 const ATT_WARPS: u32 = 32;
 /// Warps per split-K attention block (`SPLIT_WARPS`) and the most query rows it is used for.

@@ -146,8 +146,14 @@ fn gemm_speed() {
 fn prefill_attention_kernels_match_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
-    let (nh, nkv, hd) = (8usize, 2usize, 64usize);
-    for ty in [KvType::F16, KvType::F32, KvType::Bf16] {
+    let (nh, nkv) = (8usize, 2usize);
+    // hd 512: the `_d512` 4-warp kernel (Gemma 4's full layers), whatever the mode.
+    for (ty, hd) in [
+        (KvType::F16, 64usize),
+        (KvType::F32, 64),
+        (KvType::Bf16, 64),
+        (KvType::F16, 512),
+    ] {
         for (window, softcap) in [(None, None), (Some(100usize), Some(30.0f32))] {
             for mode in [0u32, 2] {
                 g.set_prefill_attention(mode);
@@ -186,7 +192,7 @@ fn prefill_attention_kernels_match_cpu() {
                     let tol = if ty == KvType::F32 { 1e-5 } else { 1e-4 };
                     check(
                         &format!(
-                            "prefill attention mode {mode} {ty:?} window={window:?} pos {p0}+{n}"
+                            "prefill attention mode {mode} {ty:?} hd={hd} window={window:?} pos {p0}+{n}"
                         ),
                         &down(&g, &og, n * nh * hd),
                         &down(&cpu, &oc, n * nh * hd),

@@ -327,6 +327,8 @@ fn split_attention_long_context_matches_cpu() {
         (KvType::F16, 96),
         (KvType::Bf16, 128),
         (KvType::Bf16, 64),
+        (KvType::F16, 512),
+        (KvType::Bf16, 512),
     ] {
         for window in [None, Some(700usize)] {
             let cap = match window {
