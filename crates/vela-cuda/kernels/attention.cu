@@ -18,21 +18,12 @@ __device__ void kv_store(const float* __restrict__ k, const float* __restrict__ 
         }
     }
 }
-extern "C" __global__ void kv_store_f32(const float* k, const float* v, const u32* pos, void* kc,
-                                        void* vc, int wk, int wv, int capacity) {
-    PDL_ENTRY();
-    kv_store<0>(k, v, pos, kc, vc, wk, wv, capacity);
-}
-extern "C" __global__ void kv_store_f16(const float* k, const float* v, const u32* pos, void* kc,
-                                        void* vc, int wk, int wv, int capacity) {
-    PDL_ENTRY();
-    kv_store<1>(k, v, pos, kc, vc, wk, wv, capacity);
-}
-extern "C" __global__ void kv_store_bf16(const float* k, const float* v, const u32* pos, void* kc,
-                                         void* vc, int wk, int wv, int capacity) {
-    PDL_ENTRY();
-    kv_store<2>(k, v, pos, kc, vc, wk, wv, capacity);
-}
+#define KV_STORE(KT, NAME)                                                                         \
+    extern "C" __global__ void NAME(const float* k, const float* v, const u32* pos, void* kc, void* vc, int wk, int wv, int capacity) { PDL_ENTRY(); \
+        kv_store<KT>(k, v, pos, kc, vc, wk, wv, capacity); }
+KV_STORE(0, kv_store_f32)
+KV_STORE(1, kv_store_f16)
+KV_STORE(2, kv_store_bf16)
 
 #define ATT_WARPS 32
 #define ATT_MAXD 256
@@ -199,6 +190,16 @@ ATTN(2, 4, ATT_MAXD_BIG, attention_bf16_w4_d512)
 // captured graph stays valid at every position. Needs hdk % 4 == 0.
 #define SPLIT_WARPS 4
 
+// Part s of S of the keys a query at position p sees (window > 0: the last `window`): keys
+// lo..=hi, whole chunks of 32 keys split as evenly as possible (lo > hi: an empty part).
+__device__ __forceinline__ void split_part_range(int p, int window, int s, int S, int& lo, int& hi) {
+    int first = window > 0 ? max(0, p + 1 - window) : 0;
+    int n_chunks = (p - first + 1 + 31) / 32;
+    int per = (n_chunks + S - 1) / S;
+    lo = first + 32 * per * s;
+    hi = min(p, lo + 32 * per - 1);
+}
+
 template <int KT>
 __device__ void attention_part(const float* __restrict__ q, const void* __restrict__ kc,
                                const void* __restrict__ vc, const u32* __restrict__ pos,
@@ -216,12 +217,8 @@ __device__ void attention_part(const float* __restrict__ q, const void* __restri
     const float* qr = q + ((size_t)t * n_head + h) * hdk;
     for (int i = tid; i < hdk; i += blockDim.x) qs[i] = qr[i];
     __syncthreads();
-    int first = window > 0 ? max(0, p + 1 - window) : 0;
-    // Part s covers keys lo..=hi: whole chunks of 32 keys, split as evenly as possible.
-    int n_chunks = (p - first + 1 + 31) / 32;
-    int per = (n_chunks + S - 1) / S;
-    int lo = first + 32 * per * s;
-    int hi = min(p, lo + 32 * per - 1);
+    int lo, hi;
+    split_part_range(p, window, s, S, lo, hi);
     // Running max and sum of the part, held (identically) by every lane of warp 0.
     float m = NEG_INF, l = 0.0f;
     float acc[ATT_MAXD / 32];
@@ -304,27 +301,12 @@ __device__ void attention_part(const float* __restrict__ q, const void* __restri
     }
 }
 
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f32(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
-    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    PDL_ENTRY();
-    attention_part<0>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
-                          scale, softcap);
-}
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_f16(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
-    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    PDL_ENTRY();
-    attention_part<1>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
-                         scale, softcap);
-}
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part_bf16(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
-    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    PDL_ENTRY();
-    attention_part<2>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
-                         scale, softcap);
-}
+#define PART(KT, NAME)                                                                             \
+    extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
+        attention_part<KT>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
+PART(0, attention_part_f32)
+PART(1, attention_part_f16)
+PART(2, attention_part_bf16)
 
 // Split-K part, second version (the default; VELA_CUDA_ATTN_PART=1 selects attention_part):
 // the same parts and the same partial-result layout, but without the per-chunk round trips. The
@@ -364,11 +346,8 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
     const float* qr = q + ((size_t)t * n_head + h) * hdk;
     for (int i = tid; i < hdk; i += blockDim.x) qs[i] = qr[i];
     __syncthreads();
-    int first = window > 0 ? max(0, p + 1 - window) : 0;
-    int n_chunks = (p - first + 1 + 31) / 32;
-    int per = (n_chunks + S - 1) / S;
-    int lo = first + 32 * per * s;
-    int hi = min(p, lo + 32 * per - 1);
+    int lo, hi;
+    split_part_range(p, window, s, S, lo, hi);
     int quarter = hdk / 4;
     int kq = tid >> 2, qq = tid & 3;
     int dchunks = hdv / 8, groups = blockDim.x / dchunks;
@@ -457,49 +436,15 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
     }
 }
 
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f32(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
-    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    PDL_ENTRY();
-    attention_part2<0, ATT_MAXD>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
-                           scale, softcap);
-}
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f16(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
-    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    PDL_ENTRY();
-    attention_part2<1, ATT_MAXD>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
-                          scale, softcap);
-}
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_bf16(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
-    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    PDL_ENTRY();
-    attention_part2<2, ATT_MAXD>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
-                          scale, softcap);
-}
-
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f32_d512(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
-    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    PDL_ENTRY();
-    attention_part2<0, ATT_MAXD_BIG>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
-                           scale, softcap);
-}
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_f16_d512(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
-    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    PDL_ENTRY();
-    attention_part2<1, ATT_MAXD_BIG>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
-                          scale, softcap);
-}
-extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void attention_part2_bf16_d512(
-    const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head,
-    int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) {
-    PDL_ENTRY();
-    attention_part2<2, ATT_MAXD_BIG>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window,
-                          scale, softcap);
-}
+#define PART2(KT, D, NAME)                                                                         \
+    extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
+        attention_part2<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
+PART2(0, ATT_MAXD, attention_part2_f32)
+PART2(1, ATT_MAXD, attention_part2_f16)
+PART2(2, ATT_MAXD, attention_part2_bf16)
+PART2(0, ATT_MAXD_BIG, attention_part2_f32_d512)
+PART2(1, ATT_MAXD_BIG, attention_part2_f16_d512)
+PART2(2, ATT_MAXD_BIG, attention_part2_bf16_d512)
 
 // Merge the S parts of (head, token) = (blockIdx.x, blockIdx.y) into out[t][h][0..hdv]
 // (S <= 32, blockDim = G * hdv rounded up to 32 with G = 4 groups, or 2 for hdv > 256). The first

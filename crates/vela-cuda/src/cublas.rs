@@ -78,11 +78,7 @@ pub fn candidates() -> Vec<PathBuf> {
             }
         }
     }
-    if let Some(h) = std::env::var_os("CUDA_HOME") {
-        dirs.push(PathBuf::from(h).join("lib64"));
-    }
-    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
-    dirs.push(PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib"));
+    dirs.extend(crate::nvrtc::toolkit_dirs());
     for d in dirs {
         out.extend(names.iter().map(|n| d.join(n)));
     }

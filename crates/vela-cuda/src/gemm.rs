@@ -112,16 +112,7 @@ impl CudaBackend {
             if w.rows == 0 {
                 continue;
             }
-            assert!(
-                x.len() >= n * w.cols,
-                "matmul: x shorter than {n}x{}",
-                w.cols
-            );
-            assert!(
-                y.len() >= n * w.rows,
-                "matmul: y shorter than {n}x{}",
-                w.rows
-            );
+            crate::matmul::check_product(w, x, y, n);
             // Activations in f16, once per width.
             if xcols != w.cols {
                 let need = n * w.cols;

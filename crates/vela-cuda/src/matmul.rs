@@ -56,16 +56,7 @@ impl CudaBackend {
             if w.rows == 0 {
                 continue;
             }
-            assert!(
-                x.len() >= n * w.cols,
-                "matmul: x shorter than {n}x{}",
-                w.cols
-            );
-            assert!(
-                y.len() >= n * w.rows,
-                "matmul: y shorter than {n}x{}",
-                w.rows
-            );
+            check_product(w, x, y, n);
             let (suffix, kind) = type_info(w.ty).expect("checked at upload");
             let (xp, nb) = match kind {
                 ActKind::Float => (self.ptr(x), w.cols),
@@ -146,16 +137,7 @@ impl CudaBackend {
         if w.rows == 0 {
             return;
         }
-        assert!(
-            x.len() >= n * w.cols,
-            "matmul: x shorter than {n}x{}",
-            w.cols
-        );
-        assert!(
-            y.len() >= n * w.rows,
-            "matmul: y shorter than {n}x{}",
-            w.rows
-        );
+        check_product(w, x, y, n);
         let (suffix, _) = type_info(w.ty).expect("checked at upload");
         let args = [
             Arg::P(self.ptr(&w.data)),
@@ -271,8 +253,7 @@ impl CudaBackend {
         }
         let cols = ws[0].cols;
         for (w, y) in ws.iter().zip(ys.iter()) {
-            assert!(x.len() >= cols, "matmul: x shorter than 1x{cols}");
-            assert!(y.len() >= w.rows, "matmul: y shorter than 1x{}", w.rows);
+            check_product(w, x, y, 1);
         }
         let (xp, nb) = match pre {
             Some((k, c, p, nb)) if k == kind && c == cols => (p, nb),
@@ -384,6 +365,20 @@ impl CudaBackend {
         }
         self.ptr(&sc.act)
     }
+}
+
+/// The buffers of `y = x · wᵀ` over `n` rows are long enough (a caller bug otherwise).
+pub(crate) fn check_product(w: &CudaWeight, x: &CudaBuf, y: &CudaBuf, n: usize) {
+    assert!(
+        x.len() >= n * w.cols,
+        "matmul: x shorter than {n}x{}",
+        w.cols
+    );
+    assert!(
+        y.len() >= n * w.rows,
+        "matmul: y shorter than {n}x{}",
+        w.rows
+    );
 }
 
 /// Fewest rows of a one-token product (all weights of an `_x3` launch together) that take two

@@ -62,16 +62,22 @@ pub fn candidates() -> Vec<PathBuf> {
         out.push(PathBuf::from(p));
     }
     out.extend(names.iter().map(PathBuf::from));
+    for d in toolkit_dirs() {
+        out.extend(names.iter().map(|n| d.join(n)));
+    }
+    out
+}
+
+/// The CUDA toolkit's library folders: `$CUDA_HOME/lib64`, then the usual /usr/local ones (the
+/// NVRTC and cuBLAS searches).
+pub(crate) fn toolkit_dirs() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
     if let Some(h) = std::env::var_os("CUDA_HOME") {
         dirs.push(PathBuf::from(h).join("lib64"));
     }
     dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
     dirs.push(PathBuf::from("/usr/local/cuda/targets/x86_64-linux/lib"));
-    for d in dirs {
-        out.extend(names.iter().map(|n| d.join(n)));
-    }
-    out
+    dirs
 }
 
 impl Nvrtc {

@@ -2,7 +2,7 @@
 //! stop condition or the token limit.
 
 use crate::sampler::Sampler;
-use crate::session::{EvalOutcome, Session};
+use crate::session::Session;
 use anyhow::{bail, Result};
 
 /// The most candidates sampled generation asks the backend to select per step (the CUDA
@@ -56,57 +56,41 @@ pub fn generate(
     }
     if sampler.cfg.is_plain_greedy() {
         // Only the token ids come back from the backend (device argmax on a GPU).
-        let mut tok = session.eval_argmax(prompt)?;
-        let mut out = Vec::new();
-        loop {
-            if (opts.is_eog)(tok) {
-                return Ok((out, FinishReason::Stop));
-            }
-            out.push(tok);
-            if !on_token(tok) {
-                return Ok((out, FinishReason::Cancelled));
-            }
-            if out.len() >= opts.max_tokens || session.n_past() + 1 >= session.n_ctx() {
-                return Ok((out, FinishReason::Length));
-            }
-            tok = session.eval_argmax(&[tok])?;
-        }
+        return decode(session, prompt, opts, on_token, &mut |s, toks| {
+            s.eval_argmax(toks)
+        });
     }
     if let Some(k) = sampler.device_top_k(SAMPLE_TOP_K_CAP) {
         // Only the k best tokens and the row's statistics come back from the backend (selected
         // on the device by a GPU); the logits row only at the steps they do not decide.
-        let next = |session: &mut Session, sampler: &mut Sampler, toks: &[u32]| {
-            let (t, row) = session.eval_top_k(toks, k, &|t| !sampler.top_k_suffices(t))?;
-            Ok::<u32, anyhow::Error>(match row {
+        return decode(session, prompt, opts, on_token, &mut |s, toks| {
+            let (t, row) = s.eval_top_k(toks, k, &|t| !sampler.top_k_suffices(t))?;
+            Ok(match row {
                 Some(mut logits) => sampler.sample(&mut logits),
                 None => sampler
                     .sample_top_k(&t)
                     .expect("the top-k selection was checked to suffice"),
             })
-        };
-        let mut tok = next(session, sampler, prompt)?;
-        let mut out = Vec::new();
-        loop {
-            if (opts.is_eog)(tok) {
-                return Ok((out, FinishReason::Stop));
-            }
-            out.push(tok);
-            if !on_token(tok) {
-                return Ok((out, FinishReason::Cancelled));
-            }
-            if out.len() >= opts.max_tokens || session.n_past() + 1 >= session.n_ctx() {
-                return Ok((out, FinishReason::Length));
-            }
-            tok = next(session, sampler, &[tok])?;
-        }
+        });
     }
-    let mut logits = match session.eval_with(prompt, &mut |_, _| true)? {
-        EvalOutcome::Done(l) => l,
-        EvalOutcome::Cancelled { .. } => unreachable!(),
-    };
+    decode(session, prompt, opts, on_token, &mut |s, toks| {
+        let mut logits = s.eval(toks)?;
+        Ok(sampler.sample(&mut logits))
+    })
+}
+
+/// The loop shared by the three ways of picking a token: `next(session, tokens)` evaluates
+/// `tokens` (the prompt, then each emitted token) and returns the next token.
+fn decode(
+    session: &mut Session,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> bool,
+    next: &mut dyn FnMut(&mut Session, &[u32]) -> Result<u32>,
+) -> Result<(Vec<u32>, FinishReason)> {
+    let mut tok = next(session, prompt)?;
     let mut out = Vec::new();
     loop {
-        let tok = sampler.sample(&mut logits);
         if (opts.is_eog)(tok) {
             return Ok((out, FinishReason::Stop));
         }
@@ -117,6 +101,6 @@ pub fn generate(
         if out.len() >= opts.max_tokens || session.n_past() + 1 >= session.n_ctx() {
             return Ok((out, FinishReason::Length));
         }
-        logits = session.eval(&[tok])?;
+        tok = next(session, &[tok])?;
     }
 }

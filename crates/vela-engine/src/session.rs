@@ -142,9 +142,10 @@ impl Session {
         Ok(EvalOutcome::Done(last))
     }
 
-    /// Evaluate `tokens` like [`Session::eval`] and return only the argmax of the last position's
-    /// logits (lowest id on ties): a GPU backend copies back one id instead of the vocabulary.
-    pub fn eval_argmax(&mut self, tokens: &[u32]) -> Result<u32> {
+    /// For [`Session::eval_argmax`] and [`Session::eval_top_k`]: check the room, evaluate every
+    /// whole batch of `tokens` before the last one (which holds the last token) and return that
+    /// last batch with its positions; the caller runs it and appends it to `self.tokens`.
+    fn eval_all_but_last_batch<'t>(&mut self, tokens: &'t [u32]) -> Result<(&'t [u32], Vec<u32>)> {
         if tokens.is_empty() {
             bail!("nothing to evaluate");
         }
@@ -156,7 +157,13 @@ impl Session {
         }
         let last = &tokens[split..];
         let start = self.tokens.len() as u32;
-        let pos: Vec<u32> = (start..start + last.len() as u32).collect();
+        Ok((last, (start..start + last.len() as u32).collect()))
+    }
+
+    /// Evaluate `tokens` like [`Session::eval`] and return only the argmax of the last position's
+    /// logits (lowest id on ties): a GPU backend copies back one id instead of the vocabulary.
+    pub fn eval_argmax(&mut self, tokens: &[u32]) -> Result<u32> {
+        let (last, pos) = self.eval_all_but_last_batch(tokens)?;
         let ids = self.state.forward_argmax(last, &pos, last.len() - 1)?;
         self.tokens.extend_from_slice(last);
         ids.last()
@@ -174,18 +181,7 @@ impl Session {
         k: usize,
         need_row: &dyn Fn(&TopK) -> bool,
     ) -> Result<(TopK, Option<Vec<f32>>)> {
-        if tokens.is_empty() {
-            bail!("nothing to evaluate");
-        }
-        self.check_room(tokens.len())?;
-        let mb = self.state.max_batch();
-        let split = (tokens.len() - 1) / mb * mb;
-        if split > 0 {
-            self.eval(&tokens[..split])?;
-        }
-        let last = &tokens[split..];
-        let start = self.tokens.len() as u32;
-        let pos: Vec<u32> = (start..start + last.len() as u32).collect();
+        let (last, pos) = self.eval_all_but_last_batch(tokens)?;
         let rows = self
             .state
             .forward_top_k(last, &pos, last.len() - 1, k, need_row)?;

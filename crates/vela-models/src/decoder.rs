@@ -34,6 +34,34 @@ struct Layer<B: Backend> {
     post_ffn_norm: Option<B::Vector>,
 }
 
+/// Each of the `rows` logits rows of `logits` (width `nv`): its `k` best tokens and statistics
+/// ([`Backend::top_k_rows`]) and, only where `need_row` asks for it, the row itself (the
+/// `forward_top_k` of every model).
+pub(crate) fn select_top_k<B: Backend>(
+    be: &B,
+    logits: &B::Buf,
+    rows: usize,
+    nv: usize,
+    k: usize,
+    need_row: &dyn Fn(&vela_compute::TopK) -> bool,
+) -> Vec<(vela_compute::TopK, Option<Vec<f32>>)> {
+    if rows == 0 {
+        return Vec::new();
+    }
+    let tops = be.top_k_rows(logits, rows, nv, k);
+    let need: Vec<bool> = tops.iter().map(need_row).collect();
+    let mut all = Vec::new();
+    if need.contains(&true) {
+        all = vec![0f32; rows * nv];
+        be.read(logits, &mut all);
+    }
+    tops.into_iter()
+        .zip(need)
+        .enumerate()
+        .map(|(r, (t, n))| (t, n.then(|| all[r * nv..(r + 1) * nv].to_vec())))
+        .collect()
+}
+
 /// Validate a forward batch: 1..=`max_batch` tokens with one position each, all positions inside
 /// the context, `logits_from` within the batch.
 pub(crate) fn check_batch(
@@ -332,20 +360,14 @@ impl<B: Backend> DecoderModel<B> {
         need_row: &dyn Fn(&vela_compute::TopK) -> bool,
     ) -> Result<Vec<(vela_compute::TopK, Option<Vec<f32>>)>> {
         let rows = self.run(st, tokens, positions, logits_from)?;
-        let nv = self.cfg.n_vocab;
-        let tops = self.backend.top_k_rows(&st.logits, rows, nv, k);
-        let need: Vec<bool> = tops.iter().map(need_row).collect();
-        let mut all = Vec::new();
-        if need.contains(&true) {
-            all = vec![0f32; rows * nv];
-            self.backend.read(&st.logits, &mut all);
-        }
-        Ok(tops
-            .into_iter()
-            .zip(need)
-            .enumerate()
-            .map(|(r, (t, n))| (t, n.then(|| all[r * nv..(r + 1) * nv].to_vec())))
-            .collect())
+        Ok(select_top_k(
+            &*self.backend,
+            &st.logits,
+            rows,
+            self.cfg.n_vocab,
+            k,
+            need_row,
+        ))
     }
 
     /// The forward pass up to the logits in `st.logits`; returns their number of rows. A

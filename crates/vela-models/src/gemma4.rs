@@ -270,24 +270,14 @@ impl<B: Backend> Gemma4Model<B> {
         need_row: &dyn Fn(&TopK) -> bool,
     ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
         let rows = self.run(st, tokens, positions, logits_from)?;
-        if rows == 0 {
-            return Ok(Vec::new());
-        }
-        let be = &*self.backend;
-        let nv = self.cfg.n_vocab;
-        let tops = be.top_k_rows(&st.bufs[LOGITS], rows, nv, k);
-        let need: Vec<bool> = tops.iter().map(need_row).collect();
-        let mut all = Vec::new();
-        if need.contains(&true) {
-            all = vec![0f32; rows * nv];
-            be.read(&st.bufs[LOGITS], &mut all);
-        }
-        Ok(tops
-            .into_iter()
-            .zip(need)
-            .enumerate()
-            .map(|(r, (t, n))| (t, n.then(|| all[r * nv..(r + 1) * nv].to_vec())))
-            .collect())
+        Ok(crate::decoder::select_top_k(
+            &*self.backend,
+            &st.bufs[LOGITS],
+            rows,
+            self.cfg.n_vocab,
+            k,
+            need_row,
+        ))
     }
 
     /// The forward pass up to the (softcapped) logits of rows `logits_from..` in the state's
