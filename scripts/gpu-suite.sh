@@ -24,9 +24,9 @@
 #   here:   scripts/gpu-suite.sh pack-quick  # one ~50 MB carry (target/gpu-data/quick) for
 #   there:  scripts/gpu-suite.sh quick       # one call: every GPU op test (QUICK_TESTS filters),
 #       then per model of QUICK_MODELS ("name:geometry:type ...", synthesized there) a pp512 +
-#       tg128 run vs llama.cpp and tg128 A/B runs for QUICK_AB ("name:SWITCH=value ..."), the 8B
-#       at 8K depth (QUICK_8K=0 skips; QUICK_8K_AB switches), and with QUICK_NCU=1 an ncu profile
-#       of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
+#       tg128 run vs llama.cpp and tg128 A/B runs for QUICK_AB ("name:SWITCH=value ...";
+#       "name:+SWITCH=value": pp512 too), the 8B at 8K depth (QUICK_8K=0 skips; QUICK_8K_AB
+#       switches), and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
@@ -186,10 +186,11 @@ quick)
   wait
   B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela --flavors cuda --threads 16 --reps 3
      "--llama-args=-ngl 99" "--vela-args=--device cuda")
-  # QUICK_AB: "model:SWITCH=value ..." decode-only A/B runs (tg128) after each model's base run.
+  # QUICK_AB: "model:SWITCH=value ..." decode-only A/B runs (tg128) after each model's base run
+  # ("model:+SWITCH=value": pp512 and tg128).
   for m in $(for x in $models; do echo ${x%%:*}; done); do
     for sw in base $(for x in ${QUICK_AB:-}; do [ "${x%%:*}" = $m ] && echo ${x#*:}; done); do
-      if [ $sw = base ]; then extra=(); else extra=(-p 0 -n 128); fi
+      if [ $sw = base ]; then extra=(); elif [ "${sw:0:1}" = + ]; then sw=${sw:1}; extra=(); else extra=(-p 0 -n 128); fi
       env $([ $sw = base ] || echo $sw) timeout 90 "${B[@]}" "${extra[@]}" --models /tmp/$m.gguf \
         --out $OUT/quick-$m-$(echo $sw | tr '=,' '__').md 2>/dev/null | grep "| $m |" | sed "s/^/$sw /"
     done

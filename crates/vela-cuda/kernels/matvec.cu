@@ -42,6 +42,27 @@ __device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& 
 // kernel on Llama-3-8B decode showed the L1/TEX pipe at 74-83 % with DRAM at 41-50 %: per
 // 18-byte Q4_0 block a lane read 48 bytes of activations). Each row's blocks are accumulated in
 // the same order as with R = 1, so the results are identical.
+// Segment b0's weights of the warp's R rows (16-byte loads from the rounded-down row starts, see
+// mv32) into registers.
+template <int T, int R, int N16>
+__device__ __forceinline__ void mv32_load(uint4 tmp[R][(N16 + 31) / 32], const uint4* const base[R],
+                                          const int skew[R], int b0, int hi, int lane, int r0,
+                                          int rows) {
+    constexpr int BYTES = B32<T>::BYTES;
+    int nblk = min(MV_SEG, hi - b0);
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        int n16 = (skew[q] + nblk * BYTES + 15) / 16;
+        // b0 is a multiple of 8 blocks, 8 * BYTES a multiple of 16.
+        const uint4* src = base[q] + (size_t)b0 * BYTES / 16;
+#pragma unroll
+        for (int k = 0; k < (N16 + 31) / 32; k++) {
+            int i = lane + 32 * k;
+            if (i < n16 && r0 + q < rows) tmp[q][k] = src[i];
+        }
+    }
+}
+
 template <int T, int R>
 __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __restrict__ X,
                                      float* __restrict__ Y, int rows, int nb, int blk, int split) {
@@ -64,20 +85,18 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
         base[q] = (const uint4*)(wr - skew[q]);
     }
     if (r0 < rows) {
+        // tmp holds the next segment's weights: with the software pipeline (default) the loads
+        // of segment i + 1 are issued before segment i is computed, so a warp always has a
+        // segment in flight (MV_NOPIPE: load, then compute, one segment at a time).
+        uint4 tmp[R][(N16 + 31) / 32];
+#ifndef MV_NOPIPE
+        mv32_load<T, R, N16>(tmp, base, skew, lo, hi, lane, r0, rows);
+#endif
         for (int b0 = lo; b0 < hi; b0 += MV_SEG) {
             int nblk = min(MV_SEG, hi - b0);
-            uint4 tmp[R][(N16 + 31) / 32];
-#pragma unroll
-            for (int q = 0; q < R; q++) {
-                int n16 = (skew[q] + nblk * BYTES + 15) / 16;
-                // b0 is a multiple of 8 blocks, 8 * BYTES a multiple of 16.
-                const uint4* src = base[q] + (size_t)b0 * BYTES / 16;
-#pragma unroll
-                for (int k = 0; k < (N16 + 31) / 32; k++) {
-                    int i = lane + 32 * k;
-                    if (i < n16 && r0 + q < rows) tmp[q][k] = src[i];
-                }
-            }
+#ifdef MV_NOPIPE
+            mv32_load<T, R, N16>(tmp, base, skew, b0, hi, lane, r0, rows);
+#endif
 #pragma unroll
             for (int q = 0; q < R; q++) {
                 int n16 = (skew[q] + nblk * BYTES + 15) / 16;
@@ -88,6 +107,9 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
                 }
             }
             __syncwarp();
+#ifndef MV_NOPIPE
+            if (b0 + MV_SEG < hi) mv32_load<T, R, N16>(tmp, base, skew, b0 + MV_SEG, hi, lane, r0, rows);
+#endif
 #pragma unroll
             for (int u = 0; u < MV_SEG / 32; u++) {
                 int lb = lane + 32 * u;

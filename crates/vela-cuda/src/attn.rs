@@ -7,13 +7,36 @@ use crate::{ATT_MAXD, ATT_MAXD_BIG, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
 /// Most split-K parts (`attention_combine` merges at most 32).
 const SPLIT_MAX_PARTS: usize = 32;
 
+/// Query rows per block of the flash attention kernels (flash.cu).
+const FLASH_ROWS: usize = 64;
+
+/// Fewest query rows for the flash attention kernels (fewer: the other kernels, which split
+/// the keys of a row over more threads).
+const FLASH_MIN_ROWS: usize = 16;
+
 /// Fewest (head, token) blocks for the 4-warp prefill attention kernels.
 const ATT_W4_MIN_BLOCKS: usize = 2048;
 use crate::kv::kv_suffix;
 use std::sync::atomic::Ordering;
-use vela_compute::{AttnParams, Backend, RopeParams};
+use vela_compute::{AttnParams, Backend, KvType, RopeParams};
 
 impl CudaBackend {
+    /// The tensor-core flash attention kernels apply: not exact mode, sm_80+, an f16/bf16 cache,
+    /// head dims 64 or 128 for both K and V, at least `FLASH_MIN_ROWS` query rows, positions
+    /// increasing along the batch (the kernel takes a tile's keys from its first row's window
+    /// to its last row's position).
+    fn flash_applies(&self, ty: KvType, p: &AttnParams, positions: &[u32]) -> bool {
+        !self.exact.load(Ordering::Relaxed)
+            && self.arch >= 80
+            && ty != KvType::F32
+            && p.head_dim_k == p.head_dim_v
+            && matches!(p.head_dim_k, 64 | 128)
+            && p.n_head_kv > 0
+            && p.n_head % p.n_head_kv == 0
+            && positions.len() >= FLASH_MIN_ROWS
+            && positions.windows(2).all(|w| w[1] > w[0])
+    }
+
     pub(crate) fn rope_impl(
         &self,
         x: &mut CudaBuf,
@@ -232,6 +255,28 @@ impl CudaBackend {
             );
             return;
         }
+        let mode = self.attn_prefill.load(Ordering::Relaxed);
+        if mode == 0 && self.flash_applies(kv.ty, p, positions) {
+            // Tensor-core flash attention (flash.cu): 64 query rows per block.
+            let name = format!("flash_{}_d{}", kv_suffix(kv.ty), p.head_dim_k);
+            let args = [
+                Arg::P(self.ptr(q)),
+                Arg::P(self.ptr(&l.k)),
+                Arg::P(self.ptr(&l.v)),
+                Arg::P(pp),
+                Arg::P(self.ptr(out)),
+                Arg::I(n_tok as i32),
+                Arg::I(p.n_head as i32),
+                Arg::I(p.n_head_kv as i32),
+                Arg::I(l.spec.capacity as i32),
+                Arg::I(window as i32),
+                Arg::F(p.scale),
+                Arg::F(p.softcap.unwrap_or(0.0)),
+            ];
+            let grid = (p.n_head as u32, n_tok.div_ceil(FLASH_ROWS) as u32, 1);
+            self.launch(&name, grid, 128, &args);
+            return;
+        }
         let args = [
             Arg::P(self.ptr(q)),
             Arg::P(self.ptr(&l.k)),
@@ -247,16 +292,16 @@ impl CudaBackend {
             Arg::F(p.scale),
             Arg::F(p.softcap.unwrap_or(0.0)),
         ];
-        // Prefill batches (n_head * n_tok >= ATT_W4_MIN_BLOCKS) already fill the GPU with
-        // (head, row) work: mode 0 (default) runs 4 warps per row (`attention_*_w4`; a pp512
-        // layer of Llama-3-8B: 870 us on the H200), mode 2 always the 32-warp kernel (1.27 ms,
-        // mostly idle warps). (One warp per row with 4 rows per block sharing K/V reads was
-        // measured slower in the model: 8B pp512 9,377 vs 9,456 t/s; removed.)
-        let mode = self.attn_prefill.load(Ordering::Relaxed);
+        // Without flash attention: prefill batches (n_head * n_tok >= ATT_W4_MIN_BLOCKS)
+        // already fill the GPU with (head, row) work: modes 0 and 1 run 4 warps per row
+        // (`attention_*_w4`; a pp512 layer of Llama-3-8B: 870 us on the H200), mode 2 always the
+        // 32-warp kernel (1.27 ms, mostly idle warps). (One warp per row with 4 rows per block
+        // sharing K/V reads was measured slower in the model: 8B pp512 9,377 vs 9,456 t/s;
+        // removed.)
         let big = p.n_head * positions.len() >= ATT_W4_MIN_BLOCKS;
         let (name, warps) = if d512 {
             (format!("{name}_w4_d512"), 4)
-        } else if mode == 0 && big {
+        } else if mode != 2 && big {
             (format!("{name}_w4"), 4)
         } else {
             (name.to_string(), ATT_WARPS)

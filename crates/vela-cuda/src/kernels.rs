@@ -13,7 +13,7 @@ use std::path::PathBuf;
 pub const COMMON: &str = include_str!("../kernels/common.cu");
 
 /// The kernel groups: (name, source without the prelude). The "quant" group is quant.cu
-/// followed by matvec.cu.
+/// followed by matvec.cu, the "attention" group attention.cu followed by flash.cu.
 pub const GROUPS: &[(&str, &str)] = &[
     (
         "quant",
@@ -23,7 +23,13 @@ pub const GROUPS: &[(&str, &str)] = &[
         ),
     ),
     ("elementwise", include_str!("../kernels/elementwise.cu")),
-    ("attention", include_str!("../kernels/attention.cu")),
+    (
+        "attention",
+        concat!(
+            include_str!("../kernels/attention.cu"),
+            include_str!("../kernels/flash.cu")
+        ),
+    ),
     ("sample", include_str!("../kernels/sample.cu")),
 ];
 
@@ -188,6 +194,10 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "attention_part2_f16_d512",
             "attention_bf16_w4_d512",
             "attention_part2_bf16_d512",
+            "flash_f16_d64",
+            "flash_f16_d128",
+            "flash_bf16_d64",
+            "flash_bf16_d128",
         ],
     ),
     ("sample", &["topk_rows", "topk_part", "topk_merge"]),

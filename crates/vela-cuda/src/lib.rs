@@ -153,7 +153,8 @@ pub struct CudaBackend {
     gemm: Mutex<gemm::GemmState>,
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
-    /// Prefill attention kernel (`VELA_CUDA_ATTN_PREFILL` = w4 | w32 → 0 | 2, attn.rs).
+    /// Prefill attention kernel (`VELA_CUDA_ATTN_PREFILL` = flash | w4 | w32 → 0 | 1 | 2,
+    /// attn.rs).
     attn_prefill: std::sync::atomic::AtomicU32,
     /// Latency-bound decode kernels, second version (default; `VELA_CUDA_SMALL=old` off):
     /// `norm_q8*_regs` and `rope_store_heads_*`.
@@ -313,6 +314,7 @@ impl CudaBackend {
             pdl: AtomicBool::new(arch >= 90 && env("VELA_CUDA_PDL") != "0"),
             attn_prefill: std::sync::atomic::AtomicU32::new(
                 match env("VELA_CUDA_ATTN_PREFILL").as_str() {
+                    "w4" => 1,
                     "w32" => 2,
                     _ => 0,
                 },
@@ -399,8 +401,9 @@ impl CudaBackend {
         self.pdl.store(on && self.arch >= 90, Ordering::Relaxed);
     }
 
-    /// Prefill attention kernel: 0 four warps per row (default), 2 the 32-warp kernel (see
-    /// attn.rs).
+    /// Prefill attention kernel: 0 tensor-core flash attention where it applies, else as 1
+    /// (default); 1 four warps per row for big batches, else 32; 2 always the 32-warp kernel
+    /// (see attn.rs).
     pub fn set_prefill_attention(&self, mode: u32) {
         self.attn_prefill.store(mode, Ordering::Relaxed);
     }

@@ -1,0 +1,211 @@
+// Tensor-core ("flash") causal attention for prefill batches. Part of the "attention" group:
+// NVRTC compiles this file after attention.cu (see GROUPS in src/kernels.rs).
+//
+// Block (h, tile) of FA_WARPS = 4 warps takes query rows 64 * tile .. + 63 of head h; warp w
+// owns rows 16w .. 16w + 15. The Q tile is rounded to the cache element type (f16 or bf16) and
+// held as mma A fragments in registers. The keys the tile's rows can see are walked in tiles of
+// FA_BK = 64: the K and V rows of the tile are copied from the cache ring (slot = key % capacity)
+// to shared memory, then per warp S = Q K^T (mma.sync m16n8k16, f32 accumulation), scale,
+// softcap, the causal / sliding-window mask per (row, key), an online softmax in f32 (running max
+// per row, partial sums per thread), P rounded to the element type and O += P V (again
+// m16n8k16; P's accumulator fragments are reused as A fragments). Rows are divided by their sum
+// at the end. Needs sm_80+, hdk == hdv == D (64 or 128), positions increasing along the batch
+// (so a tile's keys are those of its first row's window .. its last row's position); the host
+// (attn.rs) checks all that, else the other prefill kernels run. Not used in exact mode (Q and
+// P are rounded to 16 bits).
+#define FA_WARPS 4
+#define FA_ROWS (16 * FA_WARPS)
+#define FA_BK 64
+
+// Two f32 -> one 32-bit register of two 16-bit elements of type KT (1 f16, 2 bf16), the first
+// in the low half; round to nearest even.
+template <int KT>
+__device__ __forceinline__ u32 fa_pack(float lo, float hi) {
+    u32 r;
+    if (KT == 2) asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    else asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
+    return r;
+}
+
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+__device__ __forceinline__ void ldsm_x4(u32 r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+__device__ __forceinline__ void ldsm_x4_t(u32 r[4], const void* p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+// c += a * b for one m16n8k16 tile (A row-major 16x16, B column-major 16x8, f32 accumulators).
+template <int KT>
+__device__ __forceinline__ void mma16816(float c[4], const u32 a[4], u32 b0, u32 b1) {
+    if (KT == 2)
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+    else
+        asm volatile(
+            "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+            "{%8,%9}, {%0,%1,%2,%3};"
+            : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <int KT, int D>
+__device__ void flash_prefill(const float* __restrict__ q, const void* __restrict__ kc,
+                              const void* __restrict__ vc, const u32* __restrict__ pos,
+                              float* __restrict__ out, int n_tok, int n_head, int n_head_kv,
+                              int capacity, int window, float scale, float softcap) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int LD = D + 8;  // shared row stride in elements: 16-byte rows, no bank conflicts
+    static_assert(FA_ROWS == FA_BK, "the Q tile is staged in the K buffer");
+    __shared__ __align__(16) u16 ks[FA_BK * LD];
+    __shared__ __align__(16) u16 vs[FA_BK * LD];
+    int h = blockIdx.x;
+    // The last tiles (most keys) first.
+    int t0 = (gridDim.y - 1 - blockIdx.y) * FA_ROWS;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    int gid = lane >> 2, tig = lane & 3;
+    int g = h / (n_head / n_head_kv);
+    int p_lo = (int)pos[t0], p_hi = (int)pos[min(t0 + FA_ROWS, n_tok) - 1];
+    int ra = t0 + 16 * warp + gid, rb = ra + 8;
+    int pa = ra < n_tok ? (int)pos[ra] : -1, pb = rb < n_tok ? (int)pos[rb] : -1;
+
+    // Q tile -> shared (element type KT) -> A fragments.
+    for (int i = tid; i < FA_ROWS * D / 4; i += blockDim.x) {
+        int r = i / (D / 4), c = 4 * (i % (D / 4)), t = t0 + r;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (t < n_tok) v = *(const float4*)(q + ((size_t)t * n_head + h) * D + c);
+        *(uint2*)&ks[r * LD + c] = make_uint2(fa_pack<KT>(v.x, v.y), fa_pack<KT>(v.z, v.w));
+    }
+    __syncthreads();
+    u32 qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        ldsm_x4(qf[kk], &ks[(16 * warp + (lane & 15)) * LD + 16 * kk + 8 * (lane >> 4)]);
+
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
+    int kmin = window > 0 ? max(0, p_lo + 1 - window) : 0;
+    for (int j0 = kmin; j0 <= p_hi; j0 += FA_BK) {
+        // Every warp is done with the previous tile (and with the Q tile in ks).
+        __syncthreads();
+        for (int i = tid; i < FA_BK * D / 8; i += blockDim.x) {
+            int r = i / (D / 8), c = 8 * (i % (D / 8)), j = j0 + r;
+            uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
+            if (j <= p_hi) {
+                size_t off = ((size_t)(j % capacity) * n_head_kv + g) * D + c;
+                kv = *(const uint4*)((const u16*)kc + off);
+                vv = *(const uint4*)((const u16*)vc + off);
+            }
+            *(uint4*)&ks[r * LD + c] = kv;
+            *(uint4*)&vs[r * LD + c] = vv;
+        }
+        __syncthreads();
+        // S = Q K^T: FA_BK / 8 tiles of 16 rows x 8 keys.
+        float s[FA_BK / 8][4];
+#pragma unroll
+        for (int n = 0; n < FA_BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+#pragma unroll
+            for (int n = 0; n < FA_BK / 8; n += 2) {
+                u32 b[4];
+                ldsm_x4(b, &ks[(8 * n + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk + 8 * ((lane >> 3) & 1)]);
+                mma16816<KT>(s[n], qf[kk], b[0], b[1]);
+                mma16816<KT>(s[n + 1], qf[kk], b[2], b[3]);
+            }
+        }
+        // Scale, softcap, mask; row maxima over the 4 lanes of a row.
+        float xa = NEG_INF, xb = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < FA_BK / 8; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int j = j0 + 8 * n + 2 * tig + (e & 1);
+                int p = e < 2 ? pa : pb;
+                float v = s[n][e] * scale;
+                if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+                bool ok = j <= p && (window <= 0 || j > p - window);
+                v = ok ? v : NEG_INF;
+                s[n][e] = v;
+                if (e < 2) xa = fmaxf(xa, v); else xb = fmaxf(xb, v);
+            }
+        }
+        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+        float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+        // A row with no key so far keeps max -inf: use 0 as the reference (all weights 0).
+        float ref_a = na == NEG_INF ? 0.0f : na, ref_b = nb == NEG_INF ? 0.0f : nb;
+        float ca = expf(ma - ref_a), cb = expf(mb - ref_b);
+        ma = na;
+        mb = nb;
+        float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+        for (int n = 0; n < FA_BK / 8; n++) {
+            s[n][0] = expf(s[n][0] - ref_a);
+            s[n][1] = expf(s[n][1] - ref_a);
+            s[n][2] = expf(s[n][2] - ref_b);
+            s[n][3] = expf(s[n][3] - ref_b);
+            sa += s[n][0] + s[n][1];
+            sb += s[n][2] + s[n][3];
+        }
+        la = la * ca + sa;
+        lb = lb * cb + sb;
+#pragma unroll
+        for (int n = 0; n < D / 8; n++) {
+            o[n][0] *= ca;
+            o[n][1] *= ca;
+            o[n][2] *= cb;
+            o[n][3] *= cb;
+        }
+        // O += P V: P's accumulator tiles 2c, 2c + 1 are the A fragment of keys 16c .. 16c + 15.
+#pragma unroll
+        for (int c = 0; c < FA_BK / 16; c++) {
+            u32 a[4] = {fa_pack<KT>(s[2 * c][0], s[2 * c][1]), fa_pack<KT>(s[2 * c][2], s[2 * c][3]),
+                        fa_pack<KT>(s[2 * c + 1][0], s[2 * c + 1][1]),
+                        fa_pack<KT>(s[2 * c + 1][2], s[2 * c + 1][3])};
+#pragma unroll
+            for (int n = 0; n < D / 8; n += 2) {
+                u32 b[4];
+                ldsm_x4_t(b, &vs[(16 * c + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * n + 8 * (lane >> 4)]);
+                mma16816<KT>(o[n], a, b[0], b[1]);
+                mma16816<KT>(o[n + 1], a, b[2], b[3]);
+            }
+        }
+    }
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) {
+        int d = 8 * n + 2 * tig;
+        if (ra < n_tok) *(float2*)(out + ((size_t)ra * n_head + h) * D + d) = make_float2(o[n][0] * ia, o[n][1] * ia);
+        if (rb < n_tok) *(float2*)(out + ((size_t)rb * n_head + h) * D + d) = make_float2(o[n][2] * ib, o[n][3] * ib);
+    }
+#endif
+}
+
+#define FLASH(KT, D, NAME)                                                                         \
+    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* out, int n_tok, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
+        flash_prefill<KT, D>(q, kc, vc, pos, out, n_tok, n_head, n_head_kv, capacity, window, scale, softcap); }
+FLASH(1, 64, flash_f16_d64)
+FLASH(1, 128, flash_f16_d128)
+FLASH(2, 64, flash_bf16_d64)
+FLASH(2, 128, flash_bf16_d128)
