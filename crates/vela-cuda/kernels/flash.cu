@@ -4,18 +4,18 @@
 // Block (h, tile) of FA_WARPS = 4 warps takes query rows 64 * tile .. + 63 of head h; warp w
 // owns rows 16w .. 16w + 15. The Q tile is rounded to the cache element type (f16 or bf16) and
 // held as mma A fragments in registers. The keys the tile's rows can see are walked in tiles of
-// FA_BK = 64: the K and V rows of the tile are copied from the cache ring (slot = key % capacity)
+// BK keys (64; 32 for D = 256, whose 64 + 128 + 16 registers of Q, O and S fragments per thread
+// leave ptxas ~40 bytes of spills): the K and V rows of the tile are copied from the cache ring (slot = key % capacity)
 // to shared memory, then per warp S = Q K^T (mma.sync m16n8k16, f32 accumulation), scale,
 // softcap, the causal / sliding-window mask per (row, key), an online softmax in f32 (running max
 // per row, partial sums per thread), P rounded to the element type and O += P V (again
 // m16n8k16; P's accumulator fragments are reused as A fragments). Rows are divided by their sum
-// at the end. Needs sm_80+, hdk == hdv == D (64 or 128), positions increasing along the batch
+// at the end. Needs sm_80+, hdk == hdv == D (64, 128 or 256), positions increasing along the batch
 // (so a tile's keys are those of its first row's window .. its last row's position); the host
 // (attn.rs) checks all that, else the other prefill kernels run. Not used in exact mode (Q and
 // P are rounded to 16 bits).
 #define FA_WARPS 4
 #define FA_ROWS (16 * FA_WARPS)
-#define FA_BK 64
 
 // Two f32 -> one 32-bit register of two 16-bit elements of type KT (1 f16, 2 bf16), the first
 // in the low half; round to nearest even.
@@ -61,16 +61,17 @@ __device__ __forceinline__ void mma16816(float c[4], const u32 a[4], u32 b0, u32
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-template <int KT, int D>
+template <int KT, int D, int BK>
 __device__ void flash_prefill(const float* __restrict__ q, const void* __restrict__ kc,
                               const void* __restrict__ vc, const u32* __restrict__ pos,
                               float* __restrict__ out, int n_tok, int n_head, int n_head_kv,
                               int capacity, int window, float scale, float softcap) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int LD = D + 8;  // shared row stride in elements: 16-byte rows, no bank conflicts
-    static_assert(FA_ROWS == FA_BK, "the Q tile is staged in the K buffer");
-    __shared__ __align__(16) u16 ks[FA_BK * LD];
-    __shared__ __align__(16) u16 vs[FA_BK * LD];
+    static_assert(2 * BK >= FA_ROWS, "the Q tile is staged in the K and V buffers");
+    __shared__ __align__(16) u16 kvs[2 * BK * LD];
+    u16* ks = kvs;
+    u16* vs = kvs + BK * LD;
     int h = blockIdx.x;
     // The last tiles (most keys) first.
     int t0 = (gridDim.y - 1 - blockIdx.y) * FA_ROWS;
@@ -99,10 +100,10 @@ __device__ void flash_prefill(const float* __restrict__ q, const void* __restric
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
     int kmin = window > 0 ? max(0, p_lo + 1 - window) : 0;
-    for (int j0 = kmin; j0 <= p_hi; j0 += FA_BK) {
+    for (int j0 = kmin; j0 <= p_hi; j0 += BK) {
         // Every warp is done with the previous tile (and with the Q tile in ks).
         __syncthreads();
-        for (int i = tid; i < FA_BK * D / 8; i += blockDim.x) {
+        for (int i = tid; i < BK * D / 8; i += blockDim.x) {
             int r = i / (D / 8), c = 8 * (i % (D / 8)), j = j0 + r;
             uint4 kv = make_uint4(0, 0, 0, 0), vv = kv;
             if (j <= p_hi) {
@@ -114,14 +115,14 @@ __device__ void flash_prefill(const float* __restrict__ q, const void* __restric
             *(uint4*)&vs[r * LD + c] = vv;
         }
         __syncthreads();
-        // S = Q K^T: FA_BK / 8 tiles of 16 rows x 8 keys.
-        float s[FA_BK / 8][4];
+        // S = Q K^T: BK / 8 tiles of 16 rows x 8 keys.
+        float s[BK / 8][4];
 #pragma unroll
-        for (int n = 0; n < FA_BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+        for (int n = 0; n < BK / 8; n++) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
 #pragma unroll
-            for (int n = 0; n < FA_BK / 8; n += 2) {
+            for (int n = 0; n < BK / 8; n += 2) {
                 u32 b[4];
                 ldsm_x4(b, &ks[(8 * n + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk + 8 * ((lane >> 3) & 1)]);
                 mma16816<KT>(s[n], qf[kk], b[0], b[1]);
@@ -131,7 +132,7 @@ __device__ void flash_prefill(const float* __restrict__ q, const void* __restric
         // Scale, softcap, mask; row maxima over the 4 lanes of a row.
         float xa = NEG_INF, xb = NEG_INF;
 #pragma unroll
-        for (int n = 0; n < FA_BK / 8; n++) {
+        for (int n = 0; n < BK / 8; n++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int j = j0 + 8 * n + 2 * tig + (e & 1);
@@ -156,7 +157,7 @@ __device__ void flash_prefill(const float* __restrict__ q, const void* __restric
         mb = nb;
         float sa = 0.0f, sb = 0.0f;
 #pragma unroll
-        for (int n = 0; n < FA_BK / 8; n++) {
+        for (int n = 0; n < BK / 8; n++) {
             s[n][0] = expf(s[n][0] - ref_a);
             s[n][1] = expf(s[n][1] - ref_a);
             s[n][2] = expf(s[n][2] - ref_b);
@@ -175,7 +176,7 @@ __device__ void flash_prefill(const float* __restrict__ q, const void* __restric
         }
         // O += P V: P's accumulator tiles 2c, 2c + 1 are the A fragment of keys 16c .. 16c + 15.
 #pragma unroll
-        for (int c = 0; c < FA_BK / 16; c++) {
+        for (int c = 0; c < BK / 16; c++) {
             u32 a[4] = {fa_pack<KT>(s[2 * c][0], s[2 * c][1]), fa_pack<KT>(s[2 * c][2], s[2 * c][3]),
                         fa_pack<KT>(s[2 * c + 1][0], s[2 * c + 1][1]),
                         fa_pack<KT>(s[2 * c + 1][2], s[2 * c + 1][3])};
@@ -202,10 +203,12 @@ __device__ void flash_prefill(const float* __restrict__ q, const void* __restric
 #endif
 }
 
-#define FLASH(KT, D, NAME)                                                                         \
+#define FLASH(KT, D, BK, NAME)                                                                     \
     extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* out, int n_tok, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
-        flash_prefill<KT, D>(q, kc, vc, pos, out, n_tok, n_head, n_head_kv, capacity, window, scale, softcap); }
-FLASH(1, 64, flash_f16_d64)
-FLASH(1, 128, flash_f16_d128)
-FLASH(2, 64, flash_bf16_d64)
-FLASH(2, 128, flash_bf16_d128)
+        flash_prefill<KT, D, BK>(q, kc, vc, pos, out, n_tok, n_head, n_head_kv, capacity, window, scale, softcap); }
+FLASH(1, 64, 64, flash_f16_d64)
+FLASH(1, 128, 64, flash_f16_d128)
+FLASH(1, 256, 32, flash_f16_d256)
+FLASH(2, 64, 64, flash_bf16_d64)
+FLASH(2, 128, 64, flash_bf16_d128)
+FLASH(2, 256, 32, flash_bf16_d256)

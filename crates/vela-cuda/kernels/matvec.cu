@@ -165,6 +165,92 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
     }
 }
 
+// Split-row Q4_0 (type 102, see decode32_at in quant.cu): no staging. Lane l takes blocks l,
+// l + 32, ... of the warp's R rows (rows and K split as in mv32), issuing the 16-byte quant and
+// 2-byte scale loads of MVS_U blocks per row before using any of them; every warp-wide quant load
+// reads 512 contiguous bytes. Per lane the blocks are accumulated in the order l, l + 32, ... like
+// mm32, so the result equals mm_q4_0s_t1's.
+#define MVS_U 4
+template <int R>
+__device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restrict__ X,
+                                    float* __restrict__ Y, int rows, int nb, int blk, int split) {
+    __shared__ float red[WARPS][R];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int r0 = (blk * (WARPS / split) + warp / split) * R, part = warp % split;
+    int per = (nb + split - 1) / split;
+    int lo = part * per, hi = min(nb, lo + per);
+    float acc[R];
+    const uint4* wq[R];
+    const u16* wd[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        acc[q] = 0.0f;
+        const u8* wr = W + (size_t)min(r0 + q, rows - 1) * nb * 18;
+        wq[q] = (const uint4*)wr;
+        wd[q] = (const u16*)(wr + 16 * (size_t)nb);
+    }
+    if (r0 >= rows) hi = lo;
+    for (int b0 = lo + lane; b0 < hi; b0 += 32 * MVS_U) {
+        uint4 qv[MVS_U][R];
+        u16 dv[MVS_U][R];
+#pragma unroll
+        for (int u = 0; u < MVS_U; u++) {
+            int b = b0 + 32 * u;
+            if (b < hi) {
+#pragma unroll
+                for (int q = 0; q < R; q++) {
+                    qv[u][q] = wq[q][b];
+                    dv[u][q] = wd[q][b];
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MVS_U; u++) {
+            int b = b0 + 32 * u;
+            if (b < hi) {
+                int aq[8], asum;
+                float ad, as;
+                load_aq8(X + b, ad, as, asum, aq);
+#pragma unroll
+                for (int q = 0; q < R; q++) {
+                    u32 w4[4] = {qv[u][q].x, qv[u][q].y, qv[u][q].z, qv[u][q].w};
+                    int isum = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        isum = dp4a((int)(w4[k] & 0x0F0F0F0Fu), aq[k], isum);
+                        isum = dp4a((int)((w4[k] >> 4) & 0x0F0F0F0Fu), aq[4 + k], isum);
+                    }
+                    isum -= 8 * asum;
+                    acc[q] += (float)isum * (h2f(dv[u][q]) * ad);
+                }
+            }
+        }
+    }
+    if (split == 1) {
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            float s = warp_sum(acc[q]);
+            if (lane == 0 && r0 + q < rows) Y[r0 + q] = s;
+        }
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        float s = warp_sum(acc[q]);
+        if (lane == 0) red[warp][q] = s;
+    }
+    __syncthreads();
+    if (part == 0 && lane == 0) {
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            if (r0 + q >= rows) continue;
+            float a = 0.0f;
+            for (int p = 0; p < split; p++) a += red[warp + p][q];
+            Y[r0 + q] = a;
+        }
+    }
+}
+
 // Bytes p..p+3 of two consecutive aligned words lo, hi, where p = word start + sh / 8.
 __device__ __forceinline__ u32 funnel(u32 lo, u32 hi, u32 sh) {
     u32 r;
@@ -318,6 +404,14 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
     }
 }
 
+// One product of a 32-element type: split-row Q4_0 (mvs) or GGUF's layout (mv32).
+template <int T, int R>
+__device__ __forceinline__ void mv1(const u8* W, const AQ8* X, float* Y, int rows, int nb, int blk,
+                                    int split) {
+    if constexpr (T == 102) mvs<R>(W, X, Y, rows, nb, blk, split);
+    else mv32<T, R>(W, X, Y, rows, nb, blk, split);
+}
+
 // Up to three one-token products of the same type sharing the activations (Q/K/V, gate/up) in
 // one launch: the first ceil(r0 / rows per block) blocks compute W0, the next ceil(r1 / ...) W1,
 // the rest W2 (r2 may be 0). R rows per warp as in mv32/mvk.
@@ -336,14 +430,14 @@ __device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, co
     } else if (bi >= b0) {
         W = W1; Y = Y1; rows = r1; bi -= b0;
     }
-    if constexpr (T >= 12) mvk<T, (R > 1 ? 2 : MVU_K), R>(W, X, Y, rows, nb, bi, split);
-    else mv32<T, R>(W, X, Y, rows, nb, bi, split);
+    if constexpr (T >= 12 && T <= 14) mvk<T, (R > 1 ? 2 : MVU_K), R>(W, X, Y, rows, nb, bi, split);
+    else mv1<T, R>(W, X, Y, rows, nb, bi, split);
 }
 
 #define MV32(T, NAME)                                                                              \
-    extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv32<T, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv1<T, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
-    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv32<T, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv1<T, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 #define MVK(T, NAME)                                                                               \
     extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk<T, MVU_K, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
@@ -352,6 +446,7 @@ __device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, co
     extern "C" __global__ void NAME##_r2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk<T, 2, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8K, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 MV32(2, mv_q4_0)
+MV32(102, mv_q4_0s)
 MV32(3, mv_q4_1)
 MV32(6, mv_q5_0)
 MV32(7, mv_q5_1)

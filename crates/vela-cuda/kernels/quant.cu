@@ -263,6 +263,11 @@ template <> struct B32<3> { enum { BYTES = 20, OFF = 0, MIN = 1 }; };
 template <> struct B32<6> { enum { BYTES = 22, OFF = 16, MIN = 0 }; };
 template <> struct B32<7> { enum { BYTES = 24, OFF = 0, MIN = 1 }; };
 template <> struct B32<8> { enum { BYTES = 34, OFF = 0, MIN = 0 }; };
+// Q4_0 with split rows ("q4_0s", type 102): Q4_0 weights whose rows have a multiple of 8 blocks
+// are repacked at upload (repack_q4_0): a row of nb blocks holds the nb 16-byte quant arrays,
+// then the nb f16 scales. Same size as the GGUF row (18 nb bytes, so 16-byte aligned rows), and
+// a block's quants are one aligned 16-byte load (see mvs in matvec.cu).
+template <> struct B32<102> { enum { BYTES = 18, OFF = 8, MIN = 0 }; };
 
 // Unpack one block into 8 words of 4 quant bytes (element order) plus (d, m).
 template <int T>
@@ -292,6 +297,43 @@ __device__ __forceinline__ void decode32(const u8* b, int w[8], float& d, float&
     }
 }
 
+// Block b of a row of nb blocks: decode32 on GGUF's layout, or the split-row Q4_0 layout.
+template <int T>
+__device__ __forceinline__ void decode32_at(const u8* row, int nb, int b, int w[8], float& d,
+                                            float& m) {
+    if constexpr (T == 102) {
+        uint4 u = ((const uint4*)row)[b];
+        d = ldh(row + 16 * (size_t)nb + 2 * b);
+        m = 0.0f;
+        u32 q[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[k] = (int)(q[k] & 0x0F0F0F0Fu);
+            w[4 + k] = (int)((q[k] >> 4) & 0x0F0F0F0Fu);
+        }
+    } else {
+        decode32<T>(row + (size_t)b * B32<T>::BYTES, w, d, m);
+    }
+}
+
+// Repack GGUF Q4_0 rows of nb blocks (nb a multiple of 8) into split rows (type 102 above):
+// one thread per block.
+extern "C" __global__ void repack_q4_0(const u8* __restrict__ src, u8* __restrict__ dst, int rows,
+                                       int nb) {
+    PDL_ENTRY();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * nb) return;
+    size_t r = i / nb;
+    int b = (int)(i % nb);
+    const u16* s = (const u16*)(src + i * 18);
+    u8* row = dst + r * nb * 18;
+    u32 q[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) q[k] = (u32)s[1 + 2 * k] | ((u32)s[2 + 2 * k] << 16);
+    *(uint4*)(row + 16 * (size_t)b) = make_uint4(q[0], q[1], q[2], q[3]);
+    *(u16*)(row + 16 * (size_t)nb + 2 * b) = s[0];
+}
+
 // y[t*rows + r] = W[r] . x[t]: one warp per weight row, TT tokens per warp (the weights are
 // decoded once per TT tokens), lanes stride over the row's blocks.
 template <int T, int TT>
@@ -309,7 +351,7 @@ __device__ void mm32(const u8* __restrict__ W, const AQ8* __restrict__ X, float*
     for (int b = lane; b < nb; b += 32) {
         int w[8];
         float d, m;
-        decode32<T>(wr + (size_t)b * B32<T>::BYTES, w, d, m);
+        decode32_at<T>(wr, nb, b, w, d, m);
 #pragma unroll
         for (int t = 0; t < TT; t++) {
             if (t < nt) {
@@ -470,6 +512,7 @@ __device__ void mmf(const u8* __restrict__ W, const float* __restrict__ X, float
     extern "C" __global__ void NAME##_t8(const u8* W, const float* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmf<T, 8>(W, X, Y, rows, nb, n); }
 
 MM32(2, mm_q4_0)
+MM32(102, mm_q4_0s)
 MM32(3, mm_q4_1)
 MM32(6, mm_q5_0)
 MM32(7, mm_q5_1)
@@ -482,11 +525,16 @@ MMF(1, mm_f16)
 
 // ---- embedding rows: dequantize element i of a row ----
 template <int T>
-__device__ float deq(const u8* row, int i) {
+__device__ float deq(const u8* row, int cols, int i) {
     if constexpr (T == 0) {
         return ((const float*)row)[i];
     } else if constexpr (T == 1) {
         return h2f(((const u16*)row)[i]);
+    } else if constexpr (T == 102) {
+        int b = i / 32, e = i % 32;
+        const u8* qs = row + 16 * (size_t)b;
+        int q = e < 16 ? (qs[e] & 15) : (qs[e - 16] >> 4);
+        return (float)(q - 8) * ldh(row + 16 * (size_t)(cols / 32) + 2 * b);
     } else if constexpr (T == 2 || T == 3 || T == 6 || T == 7 || T == 8) {
         const u8* b = row + (size_t)(i / 32) * B32<T>::BYTES;
         int e = i % 32;
@@ -524,7 +572,7 @@ __device__ void get_rows(const u8* W, const u32* ids, int cols, long long row_by
     int t = blockIdx.x;
     const u8* row = W + (size_t)ids[t] * row_bytes;
     for (int i = threadIdx.x; i < cols; i += blockDim.x) {
-        float v = deq<T>(row, i);
+        float v = deq<T>(row, cols, i);
         out[(size_t)t * cols + i] = scale != 1.0f ? v * scale : v;
     }
 }
@@ -534,6 +582,7 @@ __device__ void get_rows(const u8* W, const u32* ids, int cols, long long row_by
 GR(0, get_rows_f32)
 GR(1, get_rows_f16)
 GR(2, get_rows_q4_0)
+GR(102, get_rows_q4_0s)
 GR(3, get_rows_q4_1)
 GR(6, get_rows_q5_0)
 GR(7, get_rows_q5_1)
@@ -557,7 +606,7 @@ __device__ void deqh(const u8* __restrict__ W, uint4* __restrict__ out, int rows
         u32 h[4];
 #pragma unroll
         for (int k = 0; k < 4; k++)
-            h[k] = (u32)f2h(deq<T>(row, c0 + 2 * k)) | ((u32)f2h(deq<T>(row, c0 + 2 * k + 1)) << 16);
+            h[k] = (u32)f2h(deq<T>(row, cols, c0 + 2 * k)) | ((u32)f2h(deq<T>(row, cols, c0 + 2 * k + 1)) << 16);
         out[i] = make_uint4(h[0], h[1], h[2], h[3]);
     }
 }
@@ -578,8 +627,8 @@ __device__ void deqhb(const u8* __restrict__ W, uint4* __restrict__ out, int row
         float v[32];
         if constexpr (T <= 1) {
 #pragma unroll
-            for (int e = 0; e < 32; e++) v[e] = deq<T>(row, 32 * c + e);
-        } else if constexpr (T >= 12) {
+            for (int e = 0; e < 32; e++) v[e] = deq<T>(row, cols, 32 * c + e);
+        } else if constexpr (T >= 12 && T <= 14) {
             int w[8], sc[2], mn[2];
             float d, dmin;
             decodek<T>(row + (size_t)(c / 8) * BK<T>::BYTES, c % 8, w, sc, mn, d, dmin);
@@ -596,7 +645,7 @@ __device__ void deqhb(const u8* __restrict__ W, uint4* __restrict__ out, int row
         } else {
             int w[8];
             float d, m;
-            decode32<T>(row + (size_t)c * B32<T>::BYTES, w, d, m);
+            decode32_at<T>(row, nsb, c, w, d, m);
 #pragma unroll
             for (int e = 0; e < 32; e++) {
                 int q = (w[e / 4] >> (8 * (e % 4))) & 0xff;
@@ -621,6 +670,7 @@ __device__ void deqhb(const u8* __restrict__ W, uint4* __restrict__ out, int row
 DEQH(0, deqh_f32)
 DEQH(1, deqh_f16)
 DEQH(2, deqh_q4_0)
+DEQH(102, deqh_q4_0s)
 DEQH(3, deqh_q4_1)
 DEQH(6, deqh_q5_0)
 DEQH(7, deqh_q5_1)
@@ -633,6 +683,7 @@ DEQH(14, deqh_q6_k)
 DEQHB(0, deqhb_f32)
 DEQHB(1, deqhb_f16)
 DEQHB(2, deqhb_q4_0)
+DEQHB(102, deqhb_q4_0s)
 DEQHB(3, deqhb_q4_1)
 DEQHB(6, deqhb_q5_0)
 DEQHB(7, deqhb_q5_1)
@@ -657,11 +708,16 @@ extern "C" __global__ void to_f16(const float2* __restrict__ x, u32* __restrict_
 // (vela_formats::quant::dequantize, = llama.cpp dequantize_row_*). The explicit _rn intrinsics
 // keep NVRTC from contracting a*b+c into an FMA, so the values are bit-identical to the CPU's.
 template <int T>
-__device__ __forceinline__ float deqx(const u8* row, int i) {
+__device__ __forceinline__ float deqx(const u8* row, int cols, int i) {
     if constexpr (T == 0) {
         return ((const float*)row)[i];
     } else if constexpr (T == 1) {
         return h2f(((const u16*)row)[i]);
+    } else if constexpr (T == 102) {
+        int b = i / 32, e = i % 32;
+        const u8* qs = row + 16 * (size_t)b;
+        int q = e < 16 ? (qs[e] & 15) : (qs[e - 16] >> 4);
+        return __fmul_rn(ldh(row + 16 * (size_t)(cols / 32) + 2 * b), (float)(q - 8));
     } else if constexpr (T == 2 || T == 3 || T == 6 || T == 7 || T == 8) {
         const u8* b = row + (size_t)(i / 32) * B32<T>::BYTES;
         int e = i % 32;
@@ -710,7 +766,7 @@ __device__ void mmx(const u8* __restrict__ W, const float* __restrict__ X, float
     for (int t = 0; t < 8; t++) acc[t] = 0.0;
     const u8* row = W + (size_t)r * rb;
     for (int c = lane; c < cols; c += 32) {
-        double w = (double)deqx<T>(row, c);
+        double w = (double)deqx<T>(row, cols, c);
 #pragma unroll
         for (int t = 0; t < 8; t++)
             if (t < nt) acc[t] += w * (double)X[(size_t)(t0 + t) * cols + c];
@@ -727,6 +783,7 @@ __device__ void mmx(const u8* __restrict__ W, const float* __restrict__ X, float
 MMX(0, mmx_f32)
 MMX(1, mmx_f16)
 MMX(2, mmx_q4_0)
+MMX(102, mmx_q4_0s)
 MMX(3, mmx_q4_1)
 MMX(6, mmx_q5_0)
 MMX(7, mmx_q5_1)

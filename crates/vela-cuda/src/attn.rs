@@ -22,7 +22,7 @@ use vela_compute::{AttnParams, Backend, KvType, RopeParams};
 
 impl CudaBackend {
     /// The tensor-core flash attention kernels apply: not exact mode, sm_80+, an f16/bf16 cache,
-    /// head dims 64 or 128 for both K and V, at least `FLASH_MIN_ROWS` query rows, positions
+    /// head dims 64, 128 or 256 for both K and V, at least `FLASH_MIN_ROWS` query rows, positions
     /// increasing along the batch (the kernel takes a tile's keys from its first row's window
     /// to its last row's position).
     fn flash_applies(&self, ty: KvType, p: &AttnParams, positions: &[u32]) -> bool {
@@ -30,7 +30,7 @@ impl CudaBackend {
             && self.arch >= 80
             && ty != KvType::F32
             && p.head_dim_k == p.head_dim_v
-            && matches!(p.head_dim_k, 64 | 128)
+            && matches!(p.head_dim_k, 64 | 128 | 256)
             && p.n_head_kv > 0
             && p.n_head % p.n_head_kv == 0
             && positions.len() >= FLASH_MIN_ROWS

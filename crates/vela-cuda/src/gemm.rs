@@ -134,7 +134,7 @@ impl CudaBackend {
                 g.wh = Some(self.stream.alloc_zeros::<u16>(need)?);
             }
             let wh = self.ptr(g.wh.as_ref().expect("allocated above"));
-            let (suffix, _) = type_info(w.ty).expect("checked in use_gemm");
+            let (suffix, _) = w.info();
             let wbase = self.ptr(&w.data);
             let ybase = self.ptr(&**y);
             let mut r0 = 0;

@@ -88,13 +88,31 @@ pub fn supported(ty: GgmlType) -> bool {
     type_info(ty).is_some()
 }
 
-/// A weight matrix uploaded once, in its GGUF block layout.
+/// A weight matrix uploaded once, in its GGUF block layout, or for Q4_0 rows of a multiple of
+/// 256 elements in split rows (`split`: each row's 16-byte quant arrays, then its f16 scales;
+/// the same row size; see `repack_q4_0` in kernels/quant.cu).
 pub struct CudaWeight {
     data: CudaSlice<u8>,
     ty: GgmlType,
     rows: usize,
     cols: usize,
     row_bytes: usize,
+    split: bool,
+}
+
+impl CudaWeight {
+    /// Whether the weight was repacked into split rows at upload.
+    pub fn is_split_rows(&self) -> bool {
+        self.split
+    }
+
+    /// Kernel-name suffix and activation kind (`q4_0s` for split rows).
+    fn info(&self) -> (&'static str, ActKind) {
+        if self.split {
+            return ("q4_0s", ActKind::Q8);
+        }
+        type_info(self.ty).expect("checked at upload")
+    }
 }
 
 /// An f32 activation buffer.
@@ -153,6 +171,8 @@ pub struct CudaBackend {
     gemm: Mutex<gemm::GemmState>,
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
+    /// Repack Q4_0 weights into split rows at upload (default; `VELA_CUDA_REPACK=0` off).
+    repack: AtomicBool,
     /// Prefill attention kernel (`VELA_CUDA_ATTN_PREFILL` = flash | w4 | w32 → 0 | 1 | 2,
     /// attn.rs).
     attn_prefill: std::sync::atomic::AtomicU32,
@@ -312,6 +332,7 @@ impl CudaBackend {
             ),
             attn_part_v2: AtomicBool::new(env("VELA_CUDA_ATTN_PART") != "1"),
             pdl: AtomicBool::new(arch >= 90 && env("VELA_CUDA_PDL") != "0"),
+            repack: AtomicBool::new(env("VELA_CUDA_REPACK") != "0"),
             attn_prefill: std::sync::atomic::AtomicU32::new(
                 match env("VELA_CUDA_ATTN_PREFILL").as_str() {
                     "w4" => 1,
@@ -399,6 +420,12 @@ impl CudaBackend {
     pub fn set_pdl(&self, on: bool) {
         self.flush_recording();
         self.pdl.store(on && self.arch >= 90, Ordering::Relaxed);
+    }
+
+    /// Repack Q4_0 weights uploaded from now on into split rows (default: on unless
+    /// `VELA_CUDA_REPACK=0`).
+    pub fn set_repack(&self, on: bool) {
+        self.repack.store(on, Ordering::Relaxed);
     }
 
     /// Prefill attention kernel: 0 tensor-core flash attention where it applies, else as 1
@@ -578,9 +605,37 @@ impl Backend for CudaBackend {
             .stream
             .alloc_zeros::<u8>(n + WEIGHT_PAD)
             .with_context(|| format!("allocating tensor '{}'", w.name))?;
-        self.stream
-            .memcpy_htod(&bytes[..n], &mut data.slice_mut(0..n))
-            .with_context(|| format!("uploading tensor '{}'", w.name))?;
+        let split = w.ty == GgmlType::Q4_0
+            && (w.cols / 32).is_multiple_of(8)
+            && self.repack.load(Ordering::Relaxed);
+        if split {
+            // Upload as is, then repack on the device into split rows.
+            let mut raw = self
+                .stream
+                .alloc_zeros::<u8>(n)
+                .with_context(|| format!("allocating tensor '{}'", w.name))?;
+            self.stream
+                .memcpy_htod(&bytes[..n], &mut raw)
+                .with_context(|| format!("uploading tensor '{}'", w.name))?;
+            let blocks = w.rows * (w.cols / 32);
+            let args = [
+                Arg::P(self.ptr(&raw)),
+                Arg::P(self.ptr(&data)),
+                Arg::I(w.rows as i32),
+                Arg::I((w.cols / 32) as i32),
+            ];
+            self.launch_now(
+                "repack_q4_0",
+                (blocks.div_ceil(256) as u32, 1, 1),
+                256,
+                &args,
+            )
+            .with_context(|| format!("repacking tensor '{}'", w.name))?;
+        } else {
+            self.stream
+                .memcpy_htod(&bytes[..n], &mut data.slice_mut(0..n))
+                .with_context(|| format!("uploading tensor '{}'", w.name))?;
+        }
         self.upload.add(n as u64);
         Ok(CudaWeight {
             data,
@@ -588,6 +643,7 @@ impl Backend for CudaBackend {
             rows: w.rows,
             cols: w.cols,
             row_bytes,
+            split,
         })
     }
 
@@ -628,7 +684,7 @@ impl Backend for CudaBackend {
         if out.len() < ids.len() * w.cols {
             bail!("get_rows: output buffer too small");
         }
-        let (suffix, _) = type_info(w.ty).expect("checked at upload");
+        let (suffix, _) = w.info();
         // A recorded decode step reads its token from the device `io` buffer.
         let d_ids = match self.recorded_token(ids) {
             Some(p) => (p, None),

@@ -2,7 +2,7 @@
 //! the exact f32/f64 mode, the one-token `mv_*` kernels, and the fused pre-norm input
 //! (`x += residual; h = rms_norm(x) * w; quantize(h)` in one kernel, then the products).
 
-use crate::{type_info, ActKind, Arg, CudaBackend, CudaBuf, CudaWeight, Scratch};
+use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaWeight, Scratch};
 use crate::{AQ8K_BYTES, AQ8_BYTES, MM_WARPS};
 use cudarc::driver::CudaSlice;
 use std::sync::atomic::Ordering;
@@ -57,7 +57,7 @@ impl CudaBackend {
                 continue;
             }
             check_product(w, x, y, n);
-            let (suffix, kind) = type_info(w.ty).expect("checked at upload");
+            let (suffix, kind) = w.info();
             let (xp, nb) = match kind {
                 ActKind::Float => (self.ptr(x), w.cols),
                 ActKind::Q8 | ActKind::Q8K => match quantized {
@@ -138,7 +138,7 @@ impl CudaBackend {
             return;
         }
         check_product(w, x, y, n);
-        let (suffix, _) = type_info(w.ty).expect("checked at upload");
+        let (suffix, _) = w.info();
         let args = [
             Arg::P(self.ptr(&w.data)),
             Arg::P(self.ptr(x)),
@@ -169,14 +169,14 @@ impl CudaBackend {
         ys: &mut [&mut CudaBuf],
     ) {
         use vela_compute::Backend;
-        let kind = ws.first().and_then(|w| type_info(w.ty)).map(|t| t.1);
+        let kind = ws.first().map(|w| w.info().1);
         let fusable = self.fuse.load(Ordering::Relaxed)
             && !self.exact.load(Ordering::Relaxed)
             && n_rows > 0
             && matches!(kind, Some(ActKind::Q8 | ActKind::Q8K))
             && ws
                 .iter()
-                .all(|w| w.cols == width && type_info(w.ty).map(|t| t.1) == kind)
+                .all(|w| w.cols == width && Some(w.info().1) == kind)
             && !self.use_gemm(n_rows, ws);
         let Some(kind) = kind.filter(|_| fusable) else {
             if let Some(r) = residual {
@@ -243,11 +243,13 @@ impl CudaBackend {
             || !(2..=3).contains(&ws.len())
             || !self.fuse.load(Ordering::Relaxed)
             || !self.matvec_new.load(Ordering::Relaxed)
-            || ws.iter().any(|w| w.ty != ws[0].ty || w.cols != ws[0].cols)
+            || ws
+                .iter()
+                .any(|w| w.info().0 != ws[0].info().0 || w.cols != ws[0].cols)
         {
             return false;
         }
-        let (suffix, kind) = type_info(ws[0].ty).expect("checked at upload");
+        let (suffix, kind) = ws[0].info();
         if kind == ActKind::Float {
             return false;
         }
@@ -308,7 +310,7 @@ impl CudaBackend {
         y: &mut CudaBuf,
     ) {
         use vela_compute::{Activation, Backend};
-        let kind = type_info(w.ty).map(|t| t.1);
+        let kind = Some(w.info().1);
         let fusable = self.fuse.load(Ordering::Relaxed)
             && !self.exact.load(Ordering::Relaxed)
             && n_rows > 0

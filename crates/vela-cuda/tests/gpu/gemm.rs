@@ -147,7 +147,7 @@ fn prefill_attention_kernels_match_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
     let (nh, nkv) = (8usize, 2usize);
-    // Mode 0 (default): flash attention for f16/bf16 with hd 64/128 (Q and P rounded to the
+    // Mode 0 (default): flash attention for f16/bf16 with hd 64/128/256 (Q and P rounded to the
     // cache type: a looser bound), else as mode 1; mode 1 the 4-warp kernel, 2 the 32-warp one.
     // hd 512: the `_d512` 4-warp kernel (Gemma 4's full layers), whatever the mode.
     for (ty, hd) in [
@@ -156,6 +156,8 @@ fn prefill_attention_kernels_match_cpu() {
         (KvType::Bf16, 64),
         (KvType::F16, 128),
         (KvType::Bf16, 128),
+        (KvType::F16, 256),
+        (KvType::Bf16, 256),
         (KvType::F16, 512),
     ] {
         for (window, softcap) in [(None, None), (Some(100usize), Some(30.0f32))] {
@@ -193,7 +195,7 @@ fn prefill_attention_kernels_match_cpu() {
                     let (mut og, mut oc) = (g.alloc(n * nh * hd), cpu.alloc(n * nh * hd));
                     g.attention(&up(&g, &q), &kg, 0, &pos, &p, &mut og);
                     cpu.attention(&up(&cpu, &q), &kc, 0, &pos, &p, &mut oc);
-                    let flash = mode == 0 && ty != KvType::F32 && hd <= 128;
+                    let flash = mode == 0 && ty != KvType::F32 && hd <= 256;
                     let tol = match (ty, flash) {
                         (KvType::F32, _) => 1e-5,
                         (KvType::F16, true) => 5e-3,
