@@ -32,7 +32,7 @@ impl CudaBackend {
             && p.head_dim_k == p.head_dim_v
             && matches!(p.head_dim_k, 64 | 128 | 256)
             && p.n_head_kv > 0
-            && p.n_head % p.n_head_kv == 0
+            && p.n_head.is_multiple_of(p.n_head_kv)
             && positions.len() >= FLASH_MIN_ROWS
             && positions.windows(2).all(|w| w[1] > w[0])
     }
