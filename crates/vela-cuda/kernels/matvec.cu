@@ -251,6 +251,22 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
     }
 }
 
+// scale_min_k4 on the 12 scale bytes held in three words (selects instead of a local array
+// indexed by the lane's sub-block).
+__device__ __forceinline__ int byte12(u32 a, u32 b, u32 c, int i) {
+    u32 w = i < 4 ? a : (i < 8 ? b : c);
+    return (int)((w >> (8 * (i & 3))) & 0xffu);
+}
+__device__ __forceinline__ void scale_min_k4_w(int j, u32 a, u32 b, u32 c, int& sc, int& m) {
+    if (j < 4) {
+        sc = byte12(a, b, c, j) & 63;
+        m = byte12(a, b, c, j + 4) & 63;
+    } else {
+        sc = (byte12(a, b, c, j + 4) & 0xF) | ((byte12(a, b, c, j - 4) >> 6) << 4);
+        m = (byte12(a, b, c, j + 4) >> 4) | ((byte12(a, b, c, j) >> 6) << 4);
+    }
+}
+
 // Bytes p..p+3 of two consecutive aligned words lo, hi, where p = word start + sh / 8.
 __device__ __forceinline__ u32 funnel(u32 lo, u32 hi, u32 sh) {
     u32 r;
@@ -297,12 +313,8 @@ __device__ __forceinline__ void decodek_v(const u8* b, int j, int w[8], int sc[2
     uint4 hd = *(const uint4*)b;  // d, dmin, scales[12]
     d = h2f((u16)(hd.x & 0xffffu));
     dmin = h2f((u16)(hd.x >> 16));
-    u32 sw[3] = {hd.y, hd.z, hd.w};
-    u8 s8[12];
-#pragma unroll
-    for (int i = 0; i < 12; i++) s8[i] = (u8)(sw[i / 4] >> (8 * (i % 4)));
     int s, m;
-    scale_min_k4(j, s8, s, m);
+    scale_min_k4_w(j, hd.y, hd.z, hd.w, s, m);
     sc[0] = sc[1] = s;
     mn[0] = mn[1] = m;
     const uint4* q4 = (const uint4*)(b + (T == 12 ? 16 : 48) + 32 * (j / 2));
@@ -321,6 +333,47 @@ __device__ __forceinline__ void decodek_v(const u8* b, int j, int w[8], int sc[2
         u32 v = (qv[k] >> sh) & 0x0F0F0F0Fu;
         if (T == 13) v |= ((hv[k] >> j) & 0x01010101u) << 4;
         w[k] = (int)v;
+    }
+}
+
+// (Declared in quant.cu.) Split rows: one aligned 16-byte load of the sub-block's low bits (512
+// contiguous bytes per warp-wide load in the matvec), the block's header / scales.
+template <int T, bool V>
+__device__ __forceinline__ void decodek_at(const u8* row, int nb, int b, int j, int w[8],
+                                           int sc[2], int mn[2], float& d, float& dmin) {
+    if constexpr (T == 112 || T == 114) {
+        uint4 q = ((const uint4*)row)[8 * (size_t)b + j];
+        u32 qv[4] = {q.x, q.y, q.z, q.w};
+        u32 hv[2] = {0, 0};
+        if constexpr (T == 114) {
+            uint2 h = ((const uint2*)(row + 128 * (size_t)nb))[8 * (size_t)b + j];
+            hv[0] = h.x;
+            hv[1] = h.y;
+            u32 sv = *(const u16*)(row + 192 * (size_t)nb + 16 * (size_t)b + 2 * j);
+            d = ldh(row + 208 * (size_t)nb + 2 * (size_t)b);
+            dmin = 32.0f * d;
+            sc[0] = (int)(i8)(sv & 0xffu);
+            sc[1] = (int)(i8)(sv >> 8);
+            mn[0] = sc[0];
+            mn[1] = sc[1];
+        } else {
+            uint4 hd = ((const uint4*)(row + 128 * (size_t)nb))[b];
+            d = h2f((u16)(hd.x & 0xffffu));
+            dmin = h2f((u16)(hd.x >> 16));
+            int s, m;
+            scale_min_k4_w(j, hd.y, hd.z, hd.w, s, m);
+            sc[0] = sc[1] = s;
+            mn[0] = mn[1] = m;
+        }
+#pragma unroll
+        for (int k = 0; k < 4; k++) {
+            w[k] = (int)((qv[k] & 0x0F0F0F0Fu) | (((hv[0] >> (2 * k)) & 0x03030303u) << 4));
+            w[4 + k] = (int)(((qv[k] >> 4) & 0x0F0F0F0Fu) | (((hv[1] >> (2 * k)) & 0x03030303u) << 4));
+        }
+    } else if constexpr (V) {
+        decodek_v<T>(row + (size_t)b * BK<T>::BYTES, j, w, sc, mn, d, dmin);
+    } else {
+        decodek<T>(row + (size_t)b * BK<T>::BYTES, j, w, sc, mn, d, dmin);
     }
 }
 
@@ -352,7 +405,7 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
                 int b = it >> 3, j = it & 7;
 #pragma unroll
                 for (int q = 0; q < R; q++)
-                    decodek_v<T>(wr[q] + (size_t)b * BK<T>::BYTES, j, w[u][q], sc[u][q], mn[u][q], d[u][q], dmin[u][q]);
+                    decodek_at<T, true>(wr[q], nb, b, j, w[u][q], sc[u][q], mn[u][q], d[u][q], dmin[u][q]);
                 const AQ8K* a = X + b;
                 ad[u] = a->d;
                 bs[u] = *(const int*)(a->bsums + 2 * j);
@@ -430,7 +483,7 @@ __device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, co
     } else if (bi >= b0) {
         W = W1; Y = Y1; rows = r1; bi -= b0;
     }
-    if constexpr (T >= 12 && T <= 14) mvk<T, (R > 1 ? 2 : MVU_K), R>(W, X, Y, rows, nb, bi, split);
+    if constexpr (is_kquant<T>()) mvk<T, (R > 1 ? 2 : MVU_K), R>(W, X, Y, rows, nb, bi, split);
     else mv1<T, R>(W, X, Y, rows, nb, bi, split);
 }
 
@@ -454,3 +507,5 @@ MV32(8, mv_q8_0)
 MVK(12, mv_q4_k)
 MVK(13, mv_q5_k)
 MVK(14, mv_q6_k)
+MVK(112, mv_q4_ks)
+MVK(114, mv_q6_ks)

@@ -389,6 +389,21 @@ template <int T> struct BK;
 template <> struct BK<12> { enum { BYTES = 144 }; };
 template <> struct BK<13> { enum { BYTES = 176 }; };
 template <> struct BK<14> { enum { BYTES = 210 }; };
+// Q4_K and Q6_K in split rows ("q4_ks" / "q6_ks", types 112 / 114), repacked at upload
+// (repack_q4_k / repack_q6_k) so that the 4-bit part of each 32-element sub-block is one
+// aligned 16-byte word laid out like Q4_0's (byte m: element m in the low nibble, m + 16 in
+// the high one). A row of nb blocks holds, in order:
+//   Q4_K: the 8 nb 16-byte sub-block words, then the nb 16-byte headers (d, dmin, scales[12]);
+//   Q6_K: the 8 nb 16-byte low-bit words, the 8 nb 8-byte high-bit words (word h, h = m / 16:
+//         bits 2k..2k+1 of byte i hold the high 2 bits of element 16h + 4k + i), the nb 16-byte
+//         scale arrays, then the nb f16 scales d.
+// The same size as GGUF's row; Q6_K needs nb % 8 == 0 (16-byte aligned rows).
+template <> struct BK<112> { enum { BYTES = 144 }; };
+template <> struct BK<114> { enum { BYTES = 210 }; };
+template <int T>
+__device__ constexpr bool is_kquant() {
+    return T == 12 || T == 13 || T == 14 || T == 112 || T == 114;
+}
 
 // Sub-block j (elements 32j..32j+31) of a k-quant block: 8 words of unsigned quants, the scales
 // and mins of its two groups of 16 and (d, dmin), so that W = d*sc*q - dmin*mn.
@@ -431,6 +446,58 @@ __device__ __forceinline__ void decodek(const u8* b, int j, int w[8], int sc[2],
     }
 }
 
+// Sub-block j of block b of a row of nb k-quant blocks, like decodek: GGUF's layout (decodek,
+// or with V decodek_v, the matvec's variant with 16-byte loads) or split rows (types 112/114).
+template <int T, bool V = false>
+__device__ __forceinline__ void decodek_at(const u8* row, int nb, int b, int j, int w[8],
+                                           int sc[2], int mn[2], float& d, float& dmin);
+
+// Element m (0..31) of GGUF sub-block j of the k-quant block at b: the low 4 bits, and for Q6_K
+// the high 2 bits.
+template <int T>
+__device__ __forceinline__ void kq_elem(const u8* b, int j, int m, int& lo, int& hi) {
+    if (T == 14) {
+        int nn = j / 4, s = j % 4;
+        lo = (b[64 * nn + 32 * (s & 1) + m] >> ((s >> 1) * 4)) & 15;
+        hi = (b[128 + 32 * nn + m] >> (2 * s)) & 3;
+    } else {
+        lo = (b[16 + 32 * (j / 2) + m] >> ((j & 1) * 4)) & 15;
+        hi = 0;
+    }
+}
+
+// Repack GGUF Q4_K (T = 12) or Q6_K (T = 14) rows of nb blocks into split rows (see BK<112>):
+// one thread per sub-block.
+template <int T>
+__device__ void repack_k(const u8* __restrict__ src, u8* __restrict__ dst, int rows, int nb) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= (size_t)rows * nb * 8) return;
+    size_t r = i / ((size_t)nb * 8);
+    int b = (int)(i / 8 % nb), j = (int)(i % 8);
+    const u8* blk = src + (i / 8) * BK<T>::BYTES;
+    u8* row = dst + r * nb * BK<T>::BYTES;
+    u32 lo[4] = {0, 0, 0, 0}, hw[2] = {0, 0};
+#pragma unroll 4
+    for (int m = 0; m < 32; m++) {
+        int l, h;
+        kq_elem<T>(blk, j, m, l, h);
+        lo[(m % 16) / 4] |= (u32)l << (8 * (m % 4) + 4 * (m / 16));
+        hw[m / 16] |= (u32)h << (8 * (m % 4) + 2 * ((m % 16) / 4));
+    }
+    *(uint4*)(row + 16 * (8 * (size_t)b + j)) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    if (T == 14) {
+        *(uint2*)(row + 128 * (size_t)nb + 8 * (8 * (size_t)b + j)) = make_uint2(hw[0], hw[1]);
+        if (j == 0) {
+            for (int k = 0; k < 16; k++) row[192 * (size_t)nb + 16 * (size_t)b + k] = blk[192 + k];
+            *(u16*)(row + 208 * (size_t)nb + 2 * (size_t)b) = *(const u16*)(blk + 208);
+        }
+    } else if (j == 0) {
+        *(uint4*)(row + 128 * (size_t)nb + 16 * (size_t)b) = *(const uint4*)blk;
+    }
+}
+extern "C" __global__ void repack_q4_k(const u8* src, u8* dst, int rows, int nb) { PDL_ENTRY(); repack_k<12>(src, dst, rows, nb); }
+extern "C" __global__ void repack_q6_k(const u8* src, u8* dst, int rows, int nb) { PDL_ENTRY(); repack_k<14>(src, dst, rows, nb); }
+
 template <int T, int TT>
 __device__ void mmk(const u8* __restrict__ W, const AQ8K* __restrict__ X, float* __restrict__ Y,
                     int rows, int nb, int n) {
@@ -447,7 +514,7 @@ __device__ void mmk(const u8* __restrict__ W, const AQ8K* __restrict__ X, float*
         int b = it >> 3, j = it & 7;
         int w[8], sc[2], mn[2];
         float d, dmin;
-        decodek<T>(wr + (size_t)b * BK<T>::BYTES, j, w, sc, mn, d, dmin);
+        decodek_at<T>(wr, nb, b, j, w, sc, mn, d, dmin);
 #pragma unroll
         for (int t = 0; t < TT; t++) {
             if (t < nt) {
@@ -520,6 +587,8 @@ MM32(8, mm_q8_0)
 MMK(12, mm_q4_k)
 MMK(13, mm_q5_k)
 MMK(14, mm_q6_k)
+MMK(112, mm_q4_ks)
+MMK(114, mm_q6_ks)
 MMF(0, mm_f32)
 MMF(1, mm_f16)
 
@@ -546,6 +615,18 @@ __device__ float deq(const u8* row, int cols, int i) {
         if (T == 2) return (float)(q - 8) * d;
         if (T == 6) return (float)(q - 16) * d;
         return (float)q * d + ldh(b + 2);
+    } else if constexpr (T == 112 || T == 114) {
+        int nb = cols / 256, b = i / 256, e = i % 256, j = e / 32, m = e % 32;
+        int q = (row[16 * (8 * (size_t)b + j) + m % 16] >> (4 * (m / 16))) & 15;
+        if (T == 114) {
+            q |= ((row[128 * (size_t)nb + 8 * (8 * (size_t)b + j) + 4 * (m / 16) + m % 4] >> (2 * ((m % 16) / 4))) & 3) << 4;
+            float d = ldh(row + 208 * (size_t)nb + 2 * b);
+            return d * (float)((const i8*)(row + 192 * (size_t)nb + 16 * (size_t)b))[e / 16] * (float)(q - 32);
+        }
+        const u8* h = row + 128 * (size_t)nb + 16 * (size_t)b;
+        int sc, mn;
+        scale_min_k4(j, h + 4, sc, mn);
+        return ldh(h) * (float)sc * (float)q - ldh(h + 2) * (float)mn;
     } else if constexpr (T == 14) {
         const u8* b = row + (size_t)(i / 256) * BK<T>::BYTES;
         int e = i % 256;
@@ -590,6 +671,8 @@ GR(8, get_rows_q8_0)
 GR(12, get_rows_q4_k)
 GR(13, get_rows_q5_k)
 GR(14, get_rows_q6_k)
+GR(112, get_rows_q4_ks)
+GR(114, get_rows_q6_ks)
 
 // ---- prefill on tensor cores: f16 tiles for cuBLAS (see src/cublas.rs) ----
 //
@@ -628,14 +711,14 @@ __device__ void deqhb(const u8* __restrict__ W, uint4* __restrict__ out, int row
         if constexpr (T <= 1) {
 #pragma unroll
             for (int e = 0; e < 32; e++) v[e] = deq<T>(row, cols, 32 * c + e);
-        } else if constexpr (T >= 12 && T <= 14) {
+        } else if constexpr (is_kquant<T>()) {
             int w[8], sc[2], mn[2];
             float d, dmin;
-            decodek<T>(row + (size_t)(c / 8) * BK<T>::BYTES, c % 8, w, sc, mn, d, dmin);
+            decodek_at<T>(row, nsb / 8, c / 8, c % 8, w, sc, mn, d, dmin);
 #pragma unroll
             for (int e = 0; e < 32; e++) {
                 int h = e / 16, q = (w[e / 4] >> (8 * (e % 4))) & 0xff;
-                if (T == 14) {
+                if (T == 14 || T == 114) {
                     v[e] = d * (float)sc[h] * (float)(q - 32);  // as deq<14>
                 } else {
                     float d1 = d * (float)sc[h], m1 = dmin * (float)mn[h];
@@ -678,6 +761,8 @@ DEQH(8, deqh_q8_0)
 DEQH(12, deqh_q4_k)
 DEQH(13, deqh_q5_k)
 DEQH(14, deqh_q6_k)
+DEQH(112, deqh_q4_ks)
+DEQH(114, deqh_q6_ks)
 #define DEQHB(T, NAME)                                                                             \
     extern "C" __global__ void NAME(const u8* W, uint4* out, int rows, int cols, long long rb) { PDL_ENTRY(); deqhb<T>(W, out, rows, cols, rb); }
 DEQHB(0, deqhb_f32)
@@ -691,6 +776,8 @@ DEQHB(8, deqhb_q8_0)
 DEQHB(12, deqhb_q4_k)
 DEQHB(13, deqhb_q5_k)
 DEQHB(14, deqhb_q6_k)
+DEQHB(112, deqhb_q4_ks)
+DEQHB(114, deqhb_q6_ks)
 
 // out[i] = f16(x[i]) for n elements (n a multiple of 2).
 extern "C" __global__ void to_f16(const float2* __restrict__ x, u32* __restrict__ out, long long n2) {
@@ -729,6 +816,20 @@ __device__ __forceinline__ float deqx(const u8* row, int cols, int i) {
         if (T == 2) return __fmul_rn(d, (float)(q - 8));
         if (T == 6) return __fmul_rn(d, (float)(q - 16));
         return __fadd_rn(__fmul_rn(d, (float)q), ldh(b + 2));
+    } else if constexpr (T == 112 || T == 114) {
+        int nb = cols / 256, b = i / 256, e = i % 256, j = e / 32, m = e % 32;
+        int q = (row[16 * (8 * (size_t)b + j) + m % 16] >> (4 * (m / 16))) & 15;
+        if (T == 114) {
+            q |= ((row[128 * (size_t)nb + 8 * (8 * (size_t)b + j) + 4 * (m / 16) + m % 4] >> (2 * ((m % 16) / 4))) & 3) << 4;
+            float d = ldh(row + 208 * (size_t)nb + 2 * b);
+            return __fmul_rn(__fmul_rn(d, (float)((const i8*)(row + 192 * (size_t)nb + 16 * (size_t)b))[e / 16]), (float)(q - 32));
+        }
+        const u8* h = row + 128 * (size_t)nb + 16 * (size_t)b;
+        int sc, mn;
+        scale_min_k4(j, h + 4, sc, mn);
+        float d1 = __fmul_rn(ldh(h), (float)sc);
+        float m1 = __fmul_rn(ldh(h + 2), (float)mn);
+        return __fsub_rn(__fmul_rn(d1, (float)q), m1);
     } else if constexpr (T == 14) {
         const u8* b = row + (size_t)(i / 256) * BK<T>::BYTES;
         int e = i % 256;
@@ -791,6 +892,8 @@ MMX(8, mmx_q8_0)
 MMX(12, mmx_q4_k)
 MMX(13, mmx_q5_k)
 MMX(14, mmx_q6_k)
+MMX(112, mmx_q4_ks)
+MMX(114, mmx_q6_ks)
 
 
 // Gated activation fused with the quantization of its result for the down projection:

@@ -83,14 +83,37 @@ fn type_info(ty: GgmlType) -> Option<(&'static str, ActKind)> {
     })
 }
 
+/// Kernel-name suffix of a type's split-row layout (see `CudaWeight`).
+fn split_suffix(ty: GgmlType) -> Option<&'static str> {
+    match ty {
+        GgmlType::Q4_0 => Some("q4_0s"),
+        GgmlType::Q4_K => Some("q4_ks"),
+        GgmlType::Q6_K => Some("q6_ks"),
+        _ => None,
+    }
+}
+
+/// Whether rows of `cols` elements of type `ty` can be held in split rows (16-byte aligned rows
+/// where the layout needs them), and the repack kernel's name and threads per row (one per
+/// 32-element (sub-)block).
+fn split_repack(ty: GgmlType, cols: usize) -> Option<(&'static str, usize)> {
+    match ty {
+        GgmlType::Q4_0 if (cols / 32).is_multiple_of(8) => Some(("repack_q4_0", cols / 32)),
+        GgmlType::Q4_K => Some(("repack_q4_k", cols / 32)),
+        GgmlType::Q6_K if (cols / 256).is_multiple_of(8) => Some(("repack_q6_k", cols / 32)),
+        _ => None,
+    }
+}
+
 /// Whether the CUDA backend can multiply (and embed from) weights of type `ty`.
 pub fn supported(ty: GgmlType) -> bool {
     type_info(ty).is_some()
 }
 
-/// A weight matrix uploaded once, in its GGUF block layout, or for Q4_0 rows of a multiple of
-/// 256 elements in split rows (`split`: each row's 16-byte quant arrays, then its f16 scales;
-/// the same row size; see `repack_q4_0` in kernels/quant.cu).
+/// A weight matrix uploaded once, in its GGUF block layout, or for Q4_0 (rows of a multiple of
+/// 256 elements), Q4_K and Q6_K (rows of a multiple of 2,048) in split rows (`split`: the 4-bit
+/// quants of each 32-element (sub-)block in one aligned 16-byte word, the scales after them; the
+/// same row size; see `repack_q4_0` and `BK<112>` in kernels/quant.cu).
 pub struct CudaWeight {
     data: CudaSlice<u8>,
     ty: GgmlType,
@@ -108,10 +131,11 @@ impl CudaWeight {
 
     /// Kernel-name suffix and activation kind (`q4_0s` for split rows).
     fn info(&self) -> (&'static str, ActKind) {
+        let (suffix, kind) = type_info(self.ty).expect("checked at upload");
         if self.split {
-            return ("q4_0s", ActKind::Q8);
+            return (split_suffix(self.ty).unwrap_or(suffix), kind);
         }
-        type_info(self.ty).expect("checked at upload")
+        (suffix, kind)
     }
 }
 
@@ -171,7 +195,8 @@ pub struct CudaBackend {
     gemm: Mutex<gemm::GemmState>,
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
-    /// Repack Q4_0 weights into split rows at upload (default; `VELA_CUDA_REPACK=0` off).
+    /// Repack Q4_0/Q4_K/Q6_K weights into split rows at upload (default; `VELA_CUDA_REPACK=0`
+    /// off).
     repack: AtomicBool,
     /// Prefill attention kernel (`VELA_CUDA_ATTN_PREFILL` = flash | w4 | w32 → 0 | 1 | 2,
     /// attn.rs).
@@ -422,7 +447,7 @@ impl CudaBackend {
         self.pdl.store(on && self.arch >= 90, Ordering::Relaxed);
     }
 
-    /// Repack Q4_0 weights uploaded from now on into split rows (default: on unless
+    /// Repack Q4_0/Q4_K/Q6_K weights uploaded from now on into split rows (default: on unless
     /// `VELA_CUDA_REPACK=0`).
     pub fn set_repack(&self, on: bool) {
         self.repack.store(on, Ordering::Relaxed);
@@ -605,10 +630,9 @@ impl Backend for CudaBackend {
             .stream
             .alloc_zeros::<u8>(n + WEIGHT_PAD)
             .with_context(|| format!("allocating tensor '{}'", w.name))?;
-        let split = w.ty == GgmlType::Q4_0
-            && (w.cols / 32).is_multiple_of(8)
-            && self.repack.load(Ordering::Relaxed);
-        if split {
+        let repack = split_repack(w.ty, w.cols).filter(|_| self.repack.load(Ordering::Relaxed));
+        let split = repack.is_some();
+        if let Some((kernel, per_row)) = repack {
             // Upload as is, then repack on the device into split rows.
             let mut raw = self
                 .stream
@@ -617,20 +641,15 @@ impl Backend for CudaBackend {
             self.stream
                 .memcpy_htod(&bytes[..n], &mut raw)
                 .with_context(|| format!("uploading tensor '{}'", w.name))?;
-            let blocks = w.rows * (w.cols / 32);
+            let threads = w.rows * per_row;
             let args = [
                 Arg::P(self.ptr(&raw)),
                 Arg::P(self.ptr(&data)),
                 Arg::I(w.rows as i32),
-                Arg::I((w.cols / 32) as i32),
+                Arg::I((w.cols / w.ty.block_size()) as i32),
             ];
-            self.launch_now(
-                "repack_q4_0",
-                (blocks.div_ceil(256) as u32, 1, 1),
-                256,
-                &args,
-            )
-            .with_context(|| format!("repacking tensor '{}'", w.name))?;
+            self.launch_now(kernel, (threads.div_ceil(256) as u32, 1, 1), 256, &args)
+                .with_context(|| format!("repacking tensor '{}'", w.name))?;
         } else {
             self.stream
                 .memcpy_htod(&bytes[..n], &mut data.slice_mut(0..n))

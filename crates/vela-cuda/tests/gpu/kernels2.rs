@@ -756,67 +756,66 @@ fn fused_rope_store_matches_cpu() {
     g.set_small_kernels_v2(true);
 }
 
-/// Q4_0 weights repacked into split rows at upload (default for rows of a multiple of 256
-/// elements) give the same bits as GGUF's layout in every kernel that reads them: the one-token
-/// matvec (one and two rows per warp, alone and three at once), the small-batch kernel, the
-/// cuBLAS prefill (its f16 dequantization), exact mode and the embedding lookup.
+/// Q4_0, Q4_K and Q6_K weights repacked into split rows at upload (the default where the row
+/// length allows) give the same bits as GGUF's layout in every kernel that reads them: the
+/// one-token matvec (one and two rows per warp, alone and three at once), the small-batch
+/// kernel, the cuBLAS prefill (its f16 dequantization), exact mode and the embedding lookup.
 #[test]
-fn q4_0_split_rows_equal_gguf_layout() {
+fn split_rows_equal_gguf_layout() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(0x0400_5711);
-    let (rows, cols) = (300usize, 1024usize);
-    let data = random_weight(GgmlType::Q4_0, rows, cols, &mut rng);
-    let file = gguf(&[("w", GgmlType::Q4_0, rows, cols, data)]);
-    let hw = HostWeight::from_gguf(&file, "w").unwrap();
-    g.set_repack(false);
-    let plain = g.upload_weight(&hw).unwrap();
-    g.set_repack(true);
-    let split = g.upload_weight(&hw).unwrap();
-    assert!(split.is_split_rows() && !plain.is_split_rows());
-    for n in [1usize, 3, 40] {
-        for exact in [false, true] {
-            g.set_exact_matmul(exact);
-            let x = up(&g, &rng.vec(n * cols));
-            let (mut ya, mut yb) = (g.alloc(n * rows), g.alloc(n * rows));
-            g.matmul(&plain, &x, n, &mut ya);
-            g.matmul(&split, &x, n, &mut yb);
-            assert_eq!(
-                down(&g, &ya, n * rows),
-                down(&g, &yb, n * rows),
-                "Q4_0 split rows: matmul n={n} exact={exact}"
-            );
+    for (ty, rows, cols) in [
+        (GgmlType::Q4_0, 300usize, 1024usize),
+        (GgmlType::Q4_K, 300, 768),
+        (GgmlType::Q4_K, 70, 4096),
+        (GgmlType::Q6_K, 300, 2048),
+    ] {
+        let tag = format!("{} split rows {rows}x{cols}", ty.name());
+        let data = random_weight(ty, rows, cols, &mut rng);
+        let file = gguf(&[("w", ty, rows, cols, data)]);
+        let hw = HostWeight::from_gguf(&file, "w").unwrap();
+        g.set_repack(false);
+        let plain = g.upload_weight(&hw).unwrap();
+        g.set_repack(true);
+        let split = g.upload_weight(&hw).unwrap();
+        assert!(split.is_split_rows() && !plain.is_split_rows(), "{tag}");
+        for n in [1usize, 3, 40] {
+            for exact in [false, true] {
+                g.set_exact_matmul(exact);
+                let x = up(&g, &rng.vec(n * cols));
+                let (mut ya, mut yb) = (g.alloc(n * rows), g.alloc(n * rows));
+                g.matmul(&plain, &x, n, &mut ya);
+                g.matmul(&split, &x, n, &mut yb);
+                assert_eq!(
+                    down(&g, &ya, n * rows),
+                    down(&g, &yb, n * rows),
+                    "{tag}: matmul n={n} exact={exact}"
+                );
+            }
         }
+        g.set_exact_matmul(false);
+        // Three products sharing the activations (Q/K/V-style), one and two rows per warp.
+        for mode in [0u32, 2] {
+            g.set_mv_rows_mode(mode);
+            let x = up(&g, &rng.vec(cols));
+            let mut ya: Vec<_> = (0..3).map(|_| g.alloc(rows)).collect();
+            let mut yb: Vec<_> = (0..3).map(|_| g.alloc(rows)).collect();
+            {
+                let mut oa: Vec<&mut _> = ya.iter_mut().collect();
+                g.matmul_many(&[&plain, &plain, &plain], &x, 1, &mut oa);
+                let mut ob: Vec<&mut _> = yb.iter_mut().collect();
+                g.matmul_many(&[&split, &split, &split], &x, 1, &mut ob);
+            }
+            for (a, b) in ya.iter().zip(&yb) {
+                assert_eq!(down(&g, a, rows), down(&g, b, rows), "{tag}: x3 mode {mode}");
+            }
+        }
+        g.set_mv_rows_mode(1);
+        let ids = [0u32, 7, rows as u32 - 1];
+        let (mut ea, mut eb) = (g.alloc(3 * cols), g.alloc(3 * cols));
+        g.get_rows(&plain, &ids, 1.0, &mut ea).unwrap();
+        g.get_rows(&split, &ids, 1.0, &mut eb).unwrap();
+        assert_eq!(down(&g, &ea, 3 * cols), down(&g, &eb, 3 * cols), "{tag}: get_rows");
+        eprintln!("RESULT | {tag} equal GGUF layout (matvec, x3, small batch, cuBLAS, exact, get_rows) | | | ok |");
     }
-    g.set_exact_matmul(false);
-    // Three products sharing the activations (Q/K/V-style), one and two rows per warp.
-    for mode in [0u32, 2] {
-        g.set_mv_rows_mode(mode);
-        let x = up(&g, &rng.vec(cols));
-        let mut ya: Vec<_> = (0..3).map(|_| g.alloc(rows)).collect();
-        let mut yb: Vec<_> = (0..3).map(|_| g.alloc(rows)).collect();
-        {
-            let mut oa: Vec<&mut _> = ya.iter_mut().collect();
-            g.matmul_many(&[&plain, &plain, &plain], &x, 1, &mut oa);
-            let mut ob: Vec<&mut _> = yb.iter_mut().collect();
-            g.matmul_many(&[&split, &split, &split], &x, 1, &mut ob);
-        }
-        for (a, b) in ya.iter().zip(&yb) {
-            assert_eq!(
-                down(&g, a, rows),
-                down(&g, b, rows),
-                "Q4_0 split rows: x3 mode {mode}"
-            );
-        }
-    }
-    g.set_mv_rows_mode(1);
-    let ids = [0u32, 7, 299];
-    let (mut ea, mut eb) = (g.alloc(3 * cols), g.alloc(3 * cols));
-    g.get_rows(&plain, &ids, 1.0, &mut ea).unwrap();
-    g.get_rows(&split, &ids, 1.0, &mut eb).unwrap();
-    assert_eq!(
-        down(&g, &ea, 3 * cols),
-        down(&g, &eb, 3 * cols),
-        "Q4_0 split rows: get_rows"
-    );
-    eprintln!("RESULT | Q4_0 split rows equal GGUF layout (matvec, x3, small batch, cuBLAS, exact, get_rows) | | | ok |");
 }
