@@ -26,7 +26,8 @@
 #       then per model of QUICK_MODELS ("name:geometry:type ...", synthesized there) a pp512 +
 #       tg128 run vs llama.cpp and tg128 A/B runs for QUICK_AB ("name:SWITCH=value ...";
 #       "name:+SWITCH=value": pp512 too), the 8B at 8K depth (QUICK_8K=0 skips; QUICK_8K_AB
-#       switches), and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
+#       switches), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
+#       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
@@ -200,6 +201,13 @@ quick)
     for sw in base ${QUICK_8K_AB:-}; do
       env $([ $sw = base ] || echo $sw) timeout 90 "${B[@]}" --models /tmp/l8.gguf -p 0 -n 128 --depth 8192 \
         --out $OUT/quick-8k-$(echo $sw | tr '=,' '__').md 2>/dev/null | grep "| l8 |" | sed "s/^/$sw /"
+    done
+  fi
+  if [ "${QUICK_PROF8K:-0}" = 1 ]; then
+    # Per-kernel GPU time (VELA_CUDA_PROFILE=1, graphs off) of the 8B at 8K depth and at 0.
+    for dep in 8192 0; do
+      VELA_CUDA_PROFILE=1 timeout 120 /tmp/vela bench -m /tmp/l8.gguf --device cuda -p 0 -n 64 --depth $dep \
+        >$OUT/prof-l8-d$dep.txt 2>&1; echo "profile depth $dep exit $?"
     done
   fi
   if [ "${QUICK_NCU:-0}" = 1 ]; then
