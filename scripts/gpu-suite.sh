@@ -28,7 +28,8 @@
 #       "name:+SWITCH=value": pp512 too), the 8B at 8K depth (QUICK_8K=0 skips; QUICK_8K_AB
 #       switches), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
 #       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
-#   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage.
+#   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
+#   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage).
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
 stage=${1:?stage: pack|recv|test|bench|pack-quick|quick}
@@ -147,6 +148,12 @@ bench)
   echo "pp/tg done $(( $(date +%s) - t0 )) s" >>"$log"
   timeout 170 "${B[@]}" --models "$models" -p 0 -n 128 --depth 8192 --out $OUT/bench-8k.md 2>>"$log"
   echo "8k done $(( $(date +%s) - t0 )) s" >>"$log"
+  # SUITE_AB8K="SWITCH=value ...": the 8K-depth decode of the synth models again per switch.
+  synths=$(echo "$models" | tr ',' '\n' | grep '^/tmp/synth' | paste -sd, -)
+  for sw in ${SUITE_AB8K:-}; do
+    [ -n "$synths" ] && env $sw timeout 120 "${B[@]}" --models "$synths" -p 0 -n 128 --depth 8192 \
+      --out $OUT/bench-8k-$(echo $sw | tr '=,' '__').md 2>>"$log" | grep "tg128" | sed "s/^/$sw /"
+  done
   # Weight bytes read per decoded token (the roofline's numerator without the KV cache).
   for m in $VELA_CACHE/models/*.gguf /tmp/synth/*.gguf; do
     /tmp/vela bench --model "$m" --device cuda -p 0 -n 4 -r 1 --json 2>/dev/null |

@@ -446,28 +446,226 @@ PART2(0, ATT_MAXD_BIG, attention_part2_f32_d512)
 PART2(1, ATT_MAXD_BIG, attention_part2_f16_d512)
 PART2(2, ATT_MAXD_BIG, attention_part2_bf16_d512)
 
+// ---- split-K decode attention, third version: one block per KV head (VELA_CUDA_ATTN_PART=3) ----
+//
+// Block (g, t, s) of 4 warps runs part s (split_part_range) of the keys for all G = n_head /
+// n_head_kv query heads of KV head g (G <= GM), so every K and V row is loaded once for the G
+// heads instead of once per head (part2 loads it G times; at 8K depth on Llama-3-8B it moved
+// KV at 0.62 TB/s). The keys are walked in pieces of P3_KEYS = 64:
+//   A. scores: 2 threads per key (half the head dim each, 16-byte loads, all in flight), G dot
+//      products per key against the G queries in shared memory;
+//   B. softmax statistics per head: warp w takes heads w, w + 4 (64 keys, two per lane);
+//   C. V: thread (key group kg, column chunk dc) adds e[h][key] * V[key][8 dc .. 8 dc + 7] for
+//      its keys (16-byte loads, all in flight) into G x 8 accumulators.
+// The block writes the G heads' unnormalized partials in attention_part2's layout (S <= 128,
+// merged by attention_combine). Needs hdk == hdv <= D, hd % 8 == 0 and 128 % (hd / 8) == 0.
+#define P3_KEYS 64
+template <int KT, int D, int GM>
+__device__ void attention_part3(const float* __restrict__ q, const void* __restrict__ kc,
+                                const void* __restrict__ vc, const u32* __restrict__ pos,
+                                float* __restrict__ part, int n_head, int n_head_kv, int hd,
+                                int capacity, int window, float scale, float softcap) {
+    __shared__ float qs[GM * D];
+    __shared__ float sw[GM][P3_KEYS];
+    __shared__ float sm_m[GM], sm_l[GM], sm_c[GM];
+    __shared__ float sacc[GM * 1024];
+    int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    int G = n_head / n_head_kv;
+    int p = (int)pos[t];
+    for (int i = tid; i < G * hd; i += blockDim.x)
+        qs[(i / hd) * D + i % hd] = q[((size_t)t * n_head + g * G + i / hd) * hd + i % hd];
+    if (tid < GM) {
+        sm_m[tid] = NEG_INF;
+        sm_l[tid] = 0.0f;
+    }
+    __syncthreads();
+    int lo, hi;
+    split_part_range(p, window, s, S, lo, hi);
+    int half = hd / 2, kj = tid >> 1, hh = tid & 1;
+    int dchunks = hd / 8, groups = blockDim.x / dchunks;
+    int kg = tid / dchunks, dc = tid % dchunks;
+    float a8[GM][8];
+#pragma unroll
+    for (int h = 0; h < GM; h++)
+#pragma unroll
+        for (int e = 0; e < 8; e++) a8[h][e] = 0.0f;
+    for (int b0 = lo; b0 <= hi; b0 += P3_KEYS) {
+        int n = min(P3_KEYS, hi - b0 + 1);
+        // A. Scores.
+        float dot[GM];
+#pragma unroll
+        for (int h = 0; h < GM; h++) dot[h] = 0.0f;
+        if (kj < n) {
+            size_t ko = ((size_t)((b0 + kj) % capacity) * n_head_kv + g) * hd + (size_t)hh * half;
+            if (KT != 0) {
+                const uint4* kr = (const uint4*)((const u16*)kc + ko);
+#pragma unroll 8
+                for (int c = 0; c < half / 8; c++) {
+                    uint4 u = kr[c];
+                    u32 w[4] = {u.x, u.y, u.z, u.w};
+                    float kf[8];
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        kf[2 * e] = kv2f<KT>((u16)(w[e] & 0xffffu));
+                        kf[2 * e + 1] = kv2f<KT>((u16)(w[e] >> 16));
+                    }
+                    const float* qq = qs + hh * half + 8 * c;
+#pragma unroll
+                    for (int h = 0; h < GM; h++)
+                        if (h < G)
+#pragma unroll
+                            for (int e = 0; e < 8; e++) dot[h] += qq[h * D + e] * kf[e];
+                }
+            } else {
+                const float4* kr = (const float4*)((const float*)kc + ko);
+#pragma unroll 8
+                for (int c = 0; c < half / 4; c++) {
+                    float4 u = kr[c];
+                    const float* qq = qs + hh * half + 4 * c;
+#pragma unroll
+                    for (int h = 0; h < GM; h++)
+                        if (h < G)
+                            dot[h] += qq[h * D] * u.x + qq[h * D + 1] * u.y + qq[h * D + 2] * u.z +
+                                      qq[h * D + 3] * u.w;
+                }
+            }
+        }
+#pragma unroll
+        for (int h = 0; h < GM; h++) {
+            float v = dot[h] + __shfl_xor_sync(0xffffffffu, dot[h], 1);
+            if (hh == 0 && h < G) {
+                float x = NEG_INF;
+                if (kj < n) {
+                    x = v * scale;
+                    if (softcap > 0.0f) x = tanhf(x / softcap) * softcap;
+                }
+                sw[h][kj] = x;
+            }
+        }
+        __syncthreads();
+        // B. Softmax statistics per head (the piece has at least one key: the max is finite).
+        for (int h = warp; h < G; h += blockDim.x / 32) {
+            float x0 = sw[h][lane], x1 = sw[h][lane + 32];
+            float m = sm_m[h];
+            float mn = fmaxf(m, warp_max(fmaxf(x0, x1)));
+            float e0 = expf(x0 - mn), e1 = expf(x1 - mn);
+            float corr = expf(m - mn);
+            float ls = warp_sum(e0 + e1);
+            sw[h][lane] = e0;
+            sw[h][lane + 32] = e1;
+            if (lane == 0) {
+                sm_l[h] = sm_l[h] * corr + ls;
+                sm_m[h] = mn;
+                sm_c[h] = corr;
+            }
+        }
+        __syncthreads();
+        // C. Weighted V rows.
+        if (kg < groups) {
+#pragma unroll
+            for (int h = 0; h < GM; h++) {
+                float c = h < G ? sm_c[h] : 0.0f;
+#pragma unroll
+                for (int e = 0; e < 8; e++) a8[h][e] *= c;
+            }
+#pragma unroll 8
+            for (int j = kg; j < n; j += groups) {
+                size_t vo = ((size_t)((b0 + j) % capacity) * n_head_kv + g) * hd + (size_t)dc * 8;
+                float vf[8];
+                if (KT != 0) {
+                    uint4 u = *(const uint4*)((const u16*)vc + vo);
+                    u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        vf[2 * e] = kv2f<KT>((u16)(w[e] & 0xffffu));
+                        vf[2 * e + 1] = kv2f<KT>((u16)(w[e] >> 16));
+                    }
+                } else {
+                    float4 u0 = *(const float4*)((const float*)vc + vo);
+                    float4 u1 = *(const float4*)((const float*)vc + vo + 4);
+                    vf[0] = u0.x; vf[1] = u0.y; vf[2] = u0.z; vf[3] = u0.w;
+                    vf[4] = u1.x; vf[5] = u1.y; vf[6] = u1.z; vf[7] = u1.w;
+                }
+#pragma unroll
+                for (int h = 0; h < GM; h++) {
+                    if (h < G) {
+                        float e = sw[h][j];
+#pragma unroll
+                        for (int x = 0; x < 8; x++) a8[h][x] += e * vf[x];
+                    }
+                }
+            }
+        }
+        // sw is rewritten by the next piece.
+        __syncthreads();
+    }
+    if (kg < groups) {
+#pragma unroll
+        for (int h = 0; h < GM; h++)
+            if (h < G)
+#pragma unroll
+                for (int e = 0; e < 8; e++) sacc[(kg * GM + h) * hd + dc * 8 + e] = a8[h][e];
+    }
+    __syncthreads();
+    for (int i = tid; i < G * hd; i += blockDim.x) {
+        int h = i / hd, d = i % hd;
+        float v = 0.0f;
+        for (int w = 0; w < groups; w++) v += sacc[(w * GM + h) * hd + d];
+        float* o = part + (((size_t)t * n_head + g * G + h) * S + s) * (hd + 2);
+        o[d] = v;
+        if (d == 0) {
+            o[hd] = sm_m[h];
+            o[hd + 1] = sm_l[h];
+        }
+    }
+}
+#define PART3(KT, GM, NAME)                                                                        \
+    extern "C" __launch_bounds__(128) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hd, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
+        attention_part3<KT, ATT_MAXD, GM>(q, kc, vc, pos, part, n_head, n_head_kv, hd, capacity, window, scale, softcap); }
+PART3(0, 4, attention_part3_f32_g4)
+PART3(1, 4, attention_part3_f16_g4)
+PART3(2, 4, attention_part3_bf16_g4)
+PART3(0, 8, attention_part3_f32_g8)
+PART3(1, 8, attention_part3_f16_g8)
+PART3(2, 8, attention_part3_bf16_g8)
+
 // Merge the S parts of (head, token) = (blockIdx.x, blockIdx.y) into out[t][h][0..hdv]
 // (S <= 32, blockDim = G * hdv rounded up to 32 with G = 4 groups, or 2 for hdv > 256). The first
 // warp loads every part's (m, l) at once and computes the weights exp(m_s - M) (0 for empty
 // parts) and 1 / L; then thread (group gi, dimension d) sums parts gi, gi + G, ... of dimension
 // d (loads in flight together) and the G groups are added in order.
+#define COMBINE_MAX 128
 extern "C" __global__ void attention_combine(const float* __restrict__ part, float* __restrict__ out,
                                              int n_head, int hdv, int S) {
     PDL_ENTRY();
-    __shared__ float wts[32];
+    __shared__ float wts[COMBINE_MAX];
     __shared__ float inv_l;
     __shared__ float red[4 * ATT_MAXD];
     int h = blockIdx.x, t = blockIdx.y;
     const float* pr = part + ((size_t)t * n_head + h) * S * (hdv + 2);
     if (threadIdx.x < 32) {
-        int s = threadIdx.x;
-        float ms = s < S ? pr[(size_t)s * (hdv + 2) + hdv] : NEG_INF;
-        float ls = s < S ? pr[(size_t)s * (hdv + 2) + hdv + 1] : 0.0f;
-        float M = warp_max(ms);
-        float w = ms == NEG_INF ? 0.0f : expf(ms - M);
-        float L = warp_sum(ls * w);
-        wts[s] = w;
-        if (s == 0) inv_l = 1.0f / L;
+        // Lane l takes parts l, l + 32, ... (S <= 32: one part per lane, as before).
+        int l0 = threadIdx.x;
+        float ms[COMBINE_MAX / 32], ls[COMBINE_MAX / 32];
+        float mx = NEG_INF;
+#pragma unroll
+        for (int k = 0; k < COMBINE_MAX / 32; k++) {
+            int s = l0 + 32 * k;
+            ms[k] = s < S ? pr[(size_t)s * (hdv + 2) + hdv] : NEG_INF;
+            ls[k] = s < S ? pr[(size_t)s * (hdv + 2) + hdv + 1] : 0.0f;
+            mx = fmaxf(mx, ms[k]);
+        }
+        float M = warp_max(mx);
+        float lw = 0.0f;
+#pragma unroll
+        for (int k = 0; k < COMBINE_MAX / 32; k++) {
+            float w = ms[k] == NEG_INF ? 0.0f : expf(ms[k] - M);
+            lw += ls[k] * w;
+            wts[l0 + 32 * k] = w;
+        }
+        float L = warp_sum(lw);
+        if (l0 == 0) inv_l = 1.0f / L;
     }
     __syncthreads();
     int hdv32 = (hdv + 31) & ~31;

@@ -4,8 +4,12 @@
 use crate::{Arg, CudaBackend, CudaBuf, CudaKv};
 use crate::{ATT_MAXD, ATT_MAXD_BIG, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
 
-/// Most split-K parts (`attention_combine` merges at most 32).
+/// Most split-K parts of the first two versions (one `attention_part*` block per query head).
 const SPLIT_MAX_PARTS: usize = 32;
+
+/// Most split-K parts of the third version (one block per KV head; `attention_combine` merges
+/// at most 128).
+const SPLIT_MAX_PARTS_V3: usize = 128;
 
 /// Query rows per block of the flash attention kernels (flash.cu).
 const FLASH_ROWS: usize = 64;
@@ -193,10 +197,34 @@ impl CudaBackend {
         // one part per `split_keys()` keys of cache capacity (long contexts: more blocks in
         // flight), parts of at least one 32-key chunk; fixed by the shapes (not the position),
         // so recorded steps replay at any position.
-        let by_capacity = split_keys().map_or(0, |k| l.spec.capacity / k);
-        let parts = (264 / (p.n_head * n_tok).max(1))
+        // Third version (opt-in): one block per KV head and part, at least one part per 64 keys
+        // of capacity, up to 128 parts.
+        let group = p.n_head / p.n_head_kv.max(1);
+        let hd = p.head_dim_k;
+        let v3 = self.attn_part3.load(Ordering::Relaxed)
+            && p.n_head_kv > 0
+            && p.n_head.is_multiple_of(p.n_head_kv)
+            && group <= 8
+            && hd == p.head_dim_v
+            && hd <= ATT_MAXD
+            && hd.is_multiple_of(16)
+            && 128 % (hd / 8) == 0;
+        let by_capacity = if v3 {
+            l.spec.capacity / 64
+        } else {
+            split_keys().map_or(0, |k| l.spec.capacity / k)
+        };
+        let blocks_per_part = if v3 { p.n_head_kv } else { p.n_head } * n_tok;
+        let parts = (264 / blocks_per_part.max(1))
             .max(by_capacity)
-            .clamp(1, SPLIT_MAX_PARTS)
+            .clamp(
+                1,
+                if v3 {
+                    SPLIT_MAX_PARTS_V3
+                } else {
+                    SPLIT_MAX_PARTS
+                },
+            )
             .min(l.spec.capacity.div_ceil(32));
         let split_ok = n_tok <= SPLIT_MAX_ROWS && parts > 1 && p.head_dim_k.is_multiple_of(4);
         let d512_split = p.head_dim_v.is_multiple_of(8) && 128 % (p.head_dim_v / 8) == 0;
@@ -234,8 +262,32 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
-            let grid = (p.n_head as u32, n_tok as u32, parts as u32);
-            self.launch(&name, grid, 32 * SPLIT_WARPS, &args);
+            if v3 {
+                let name = format!(
+                    "attention_part3_{}_g{}",
+                    kv_suffix(kv.ty),
+                    if group <= 4 { 4 } else { 8 }
+                );
+                let args = [
+                    Arg::P(self.ptr(q)),
+                    Arg::P(self.ptr(&l.k)),
+                    Arg::P(self.ptr(&l.v)),
+                    Arg::P(pp),
+                    Arg::P(pt),
+                    Arg::I(p.n_head as i32),
+                    Arg::I(p.n_head_kv as i32),
+                    Arg::I(hd as i32),
+                    Arg::I(l.spec.capacity as i32),
+                    Arg::I(window as i32),
+                    Arg::F(p.scale),
+                    Arg::F(p.softcap.unwrap_or(0.0)),
+                ];
+                let grid = (p.n_head_kv as u32, n_tok as u32, parts as u32);
+                self.launch(&name, grid, 128, &args);
+            } else {
+                let grid = (p.n_head as u32, n_tok as u32, parts as u32);
+                self.launch(&name, grid, 32 * SPLIT_WARPS, &args);
+            }
             let args = [
                 Arg::P(pt),
                 Arg::P(self.ptr(out)),

@@ -195,6 +195,9 @@ pub struct CudaBackend {
     gemm: Mutex<gemm::GemmState>,
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
+    /// Split-K decode attention parts, third version: one block per KV head
+    /// (`VELA_CUDA_ATTN_PART=3`; off by default).
+    attn_part3: AtomicBool,
     /// Repack Q4_0/Q4_K/Q6_K weights into split rows at upload (default; `VELA_CUDA_REPACK=0`
     /// off).
     repack: AtomicBool,
@@ -358,6 +361,7 @@ impl CudaBackend {
             attn_part_v2: AtomicBool::new(env("VELA_CUDA_ATTN_PART") != "1"),
             pdl: AtomicBool::new(arch >= 90 && env("VELA_CUDA_PDL") != "0"),
             repack: AtomicBool::new(env("VELA_CUDA_REPACK") != "0"),
+            attn_part3: AtomicBool::new(env("VELA_CUDA_ATTN_PART") == "3"),
             attn_prefill: std::sync::atomic::AtomicU32::new(
                 match env("VELA_CUDA_ATTN_PREFILL").as_str() {
                     "w4" => 1,
@@ -445,6 +449,12 @@ impl CudaBackend {
     pub fn set_pdl(&self, on: bool) {
         self.flush_recording();
         self.pdl.store(on && self.arch >= 90, Ordering::Relaxed);
+    }
+
+    /// Split-K decode attention parts of the third version (one block per KV head) on or off.
+    pub fn set_attention_parts_v3(&self, on: bool) {
+        self.flush_recording();
+        self.attn_part3.store(on, Ordering::Relaxed);
     }
 
     /// Repack Q4_0/Q4_K/Q6_K weights uploaded from now on into split rows (default: on unless

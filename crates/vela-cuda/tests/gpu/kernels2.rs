@@ -342,7 +342,7 @@ fn split_attention_long_context_matches_cpu() {
         for window in [None, Some(700usize)] {
             let cap = match window {
                 Some(w) => w + 512,
-                None => 2048,
+                None => 4096,
             };
             let spec = KvLayerSpec {
                 n_head_kv: nkv,
@@ -406,6 +406,18 @@ fn split_attention_long_context_matches_cpu() {
                     &format!("{tag} vs one-block kernel"),
                     &split,
                     &down(&g, &oo, n * nh * hd),
+                    tol,
+                );
+                // Third version: one block per KV head (hd 96 and 512 fall back to the second);
+                // capacity 4,096: more than 32 parts.
+                let mut o3 = g.alloc(n * nh * hd);
+                g.set_attention_parts_v3(true);
+                g.attention(&qg, &kg, 0, &pos, &p, &mut o3);
+                g.set_attention_parts_v3(false);
+                check(
+                    &format!("{tag} third-version parts"),
+                    &down(&g, &o3, n * nh * hd),
+                    &oc,
                     tol,
                 );
             }
@@ -573,6 +585,58 @@ fn attention_decode_timing() {
     }
     g.set_split_attention(true);
     eprintln!("RESULT | {line} | info |");
+    // One Llama-3-8B layer at 8K keys (32 heads, 8 KV heads, hd 128, F16; capacity 8,320):
+    // split-K parts of the second version (one block per query head) and the third (one block
+    // per KV head), and the KV bytes per second.
+    let (nh, nkv, hd, n_keys) = (32usize, 8usize, 128usize, 8192usize);
+    let spec = KvLayerSpec {
+        n_head_kv: nkv,
+        head_dim_k: hd,
+        head_dim_v: hd,
+        capacity: 8320,
+        window: None,
+    };
+    let mut kv = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
+    let pos: Vec<u32> = (0..n_keys as u32).collect();
+    let k = up(&g, &rng.vec(n_keys * nkv * hd));
+    let v = up(&g, &rng.vec(n_keys * nkv * hd));
+    g.kv_store(&mut kv, 0, &k, &v, &pos);
+    let p = AttnParams {
+        n_head: nh,
+        n_head_kv: nkv,
+        head_dim_k: hd,
+        head_dim_v: hd,
+        scale: 0.088,
+        window: None,
+        softcap: None,
+    };
+    let q = up(&g, &rng.vec(nh * hd));
+    let (mut o2, mut o3) = (g.alloc(nh * hd), g.alloc(nh * hd));
+    let last = [n_keys as u32 - 1];
+    let bytes = (2 * n_keys * nkv * hd * 2) as f64;
+    let mut line = format!("attention decode 8B layer {n_keys} keys F16");
+    for v3 in [false, true] {
+        g.set_attention_parts_v3(v3);
+        let out = if v3 { &mut o3 } else { &mut o2 };
+        g.attention(&q, &kv, 0, &last, &p, out);
+        g.synchronize().unwrap();
+        let t = Instant::now();
+        for _ in 0..200 {
+            g.attention(&q, &kv, 0, &last, &p, out);
+        }
+        g.synchronize().unwrap();
+        let s = t.elapsed().as_secs_f64() / 200.0;
+        line += &format!(
+            " | v{}: {:.1} us, {:.2} TB/s of KV",
+            if v3 { 3 } else { 2 },
+            s * 1e6,
+            bytes / s / 1e12
+        );
+    }
+    g.set_attention_parts_v3(false);
+    let (mx, _) = err(&down(&g, &o3, nh * hd), &down(&g, &o2, nh * hd));
+    eprintln!("RESULT | {line} | v3 vs v2 max_err/rms {mx:.1e} | info |");
+    assert!(mx < 1e-4, "attention parts v3 vs v2 differ by {mx:.2e}");
 }
 
 /// Two and three one-token products in one `mv_*_x3` launch, with rows split over 1, 2 and 4
@@ -807,7 +871,11 @@ fn split_rows_equal_gguf_layout() {
                 g.matmul_many(&[&split, &split, &split], &x, 1, &mut ob);
             }
             for (a, b) in ya.iter().zip(&yb) {
-                assert_eq!(down(&g, a, rows), down(&g, b, rows), "{tag}: x3 mode {mode}");
+                assert_eq!(
+                    down(&g, a, rows),
+                    down(&g, b, rows),
+                    "{tag}: x3 mode {mode}"
+                );
             }
         }
         g.set_mv_rows_mode(1);
@@ -815,7 +883,11 @@ fn split_rows_equal_gguf_layout() {
         let (mut ea, mut eb) = (g.alloc(3 * cols), g.alloc(3 * cols));
         g.get_rows(&plain, &ids, 1.0, &mut ea).unwrap();
         g.get_rows(&split, &ids, 1.0, &mut eb).unwrap();
-        assert_eq!(down(&g, &ea, 3 * cols), down(&g, &eb, 3 * cols), "{tag}: get_rows");
+        assert_eq!(
+            down(&g, &ea, 3 * cols),
+            down(&g, &eb, 3 * cols),
+            "{tag}: get_rows"
+        );
         eprintln!("RESULT | {tag} equal GGUF layout (matvec, x3, small batch, cuBLAS, exact, get_rows) | | | ok |");
     }
 }
