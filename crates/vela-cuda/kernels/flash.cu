@@ -212,3 +212,197 @@ FLASH(1, 256, 32, flash_f16_d256)
 FLASH(2, 64, 64, flash_bf16_d64)
 FLASH(2, 128, 64, flash_bf16_d128)
 FLASH(2, 256, 32, flash_bf16_d256)
+
+// ---- tensor-core split-K decode attention (opt-in: VELA_CUDA_ATTN_PART=4) ----
+//
+// Block (g, t, s) of FA_WARPS warps runs part s (split_part_range) of the keys token t sees, for
+// the G = n_head / n_head_kv query heads of KV head g at once: the G query rows (padded to 16)
+// are the M rows of mma.sync m16n8k16, so every K and V row is read once per KV head. The keys
+// are walked in tiles of FD_KEYS = 64, copied to shared memory with cp.async (all of a tile's
+// 16-byte copies in flight at once, zero-filled past the part's end); warp w takes keys
+// 16w .. 16w + 15 of each tile: S = Q K^T (2 mma n-tiles), scale, softcap, an online softmax per
+// row over its keys, O += P V. The four warps' (m, l, O) are merged through shared memory in warp
+// order and the block writes the G rows' unnormalized partials in attention_part2's layout for
+// attention_combine. Needs sm_80+, an f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16.
+// Q and P are rounded to the cache type (as in flash_prefill); not used in exact mode.
+#define FD_KEYS 64
+
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
+                 "r"(valid ? 16 : 0)
+                 : "memory");
+}
+__device__ __forceinline__ void cp_async_wait_all() {
+    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+}
+
+template <int KT, int D>
+__device__ void flash_decode(const float* __restrict__ q, const void* __restrict__ kc,
+                             const void* __restrict__ vc, const u32* __restrict__ pos,
+                             float* __restrict__ part, int n_head, int n_head_kv, int capacity,
+                             int window, float scale, float softcap) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int LD = D + 8;
+    constexpr int CHUNKS = FD_KEYS * D / 8;            // 16-byte pieces of a K (or V) tile
+    constexpr int PER = CHUNKS / (32 * FA_WARPS);      // per thread
+    static_assert(PER * 32 * FA_WARPS == CHUNKS, "tile pieces divide over the block");
+    static_assert(2 * FD_KEYS * LD * 2 >= 16 * D * 4, "the merge buffer fits in the tiles");
+    __shared__ __align__(16) u16 kvs[2 * FD_KEYS * LD];
+    __shared__ float wm[FA_WARPS][16], wl[FA_WARPS][16];
+    u16* ks = kvs;
+    u16* vs = kvs + FD_KEYS * LD;
+    int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    int gid = lane >> 2, tig = lane & 3;
+    int G = n_head / n_head_kv;
+    int p = (int)pos[t];
+    // Q rows (the G heads of the group; rows G..15 zero) -> shared -> A fragments.
+    for (int i = tid; i < 16 * D / 4; i += blockDim.x) {
+        int r = i / (D / 4), c = 4 * (i % (D / 4));
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < G) v = *(const float4*)(q + ((size_t)t * n_head + g * G + r) * D + c);
+        *(uint2*)&ks[r * LD + c] = make_uint2(fa_pack<KT>(v.x, v.y), fa_pack<KT>(v.z, v.w));
+    }
+    __syncthreads();
+    u32 qf[D / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < D / 16; kk++)
+        ldsm_x4(qf[kk], &ks[(lane & 15) * LD + 16 * kk + 8 * (lane >> 4)]);
+    float o[D / 8][4];
+#pragma unroll
+    for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
+    int lo, hi;
+    split_part_range(p, window, s, S, lo, hi);
+    for (int j0 = lo; j0 <= hi; j0 += FD_KEYS) {
+        // Every warp is done with the previous tile (and with the Q rows in ks).
+        __syncthreads();
+#pragma unroll
+        for (int k = 0; k < PER; k++) {
+            int i = tid + k * 32 * FA_WARPS;
+            int r = i / (D / 8), c = 8 * (i % (D / 8)), j = j0 + r;
+            bool ok = j <= hi;
+            size_t off = ok ? ((size_t)(j % capacity) * n_head_kv + g) * D + c : 0;
+            cp_async16(&ks[r * LD + c], (const u16*)kc + off, ok);
+            cp_async16(&vs[r * LD + c], (const u16*)vc + off, ok);
+        }
+        cp_async_wait_all();
+        __syncthreads();
+        // S = Q K^T for keys 16 warp .. + 15 of the tile (two n-tiles of 8 keys).
+        float sc[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            u32 b[4];
+            ldsm_x4(b, &ks[(16 * warp + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk + 8 * ((lane >> 3) & 1)]);
+            mma16816<KT>(sc[0], qf[kk], b[0], b[1]);
+            mma16816<KT>(sc[1], qf[kk], b[2], b[3]);
+        }
+        float xa = NEG_INF, xb = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int j = j0 + 16 * warp + 8 * n + 2 * tig + (e & 1);
+                float v = sc[n][e] * scale;
+                if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+                v = j <= hi ? v : NEG_INF;
+                sc[n][e] = v;
+                if (e < 2) xa = fmaxf(xa, v); else xb = fmaxf(xb, v);
+            }
+        }
+        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+        float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+        // A warp whose keys of this tile are all past the part's end keeps max -inf.
+        float ref_a = na == NEG_INF ? 0.0f : na, ref_b = nb == NEG_INF ? 0.0f : nb;
+        float ca = expf(ma - ref_a), cb = expf(mb - ref_b);
+        ma = na;
+        mb = nb;
+        float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            sc[n][0] = expf(sc[n][0] - ref_a);
+            sc[n][1] = expf(sc[n][1] - ref_a);
+            sc[n][2] = expf(sc[n][2] - ref_b);
+            sc[n][3] = expf(sc[n][3] - ref_b);
+            sa += sc[n][0] + sc[n][1];
+            sb += sc[n][2] + sc[n][3];
+        }
+        la = la * ca + sa;
+        lb = lb * cb + sb;
+        u32 a[4] = {fa_pack<KT>(sc[0][0], sc[0][1]), fa_pack<KT>(sc[0][2], sc[0][3]),
+                    fa_pack<KT>(sc[1][0], sc[1][1]), fa_pack<KT>(sc[1][2], sc[1][3])};
+#pragma unroll
+        for (int n = 0; n < D / 8; n += 2) {
+            o[n][0] *= ca; o[n][1] *= ca; o[n][2] *= cb; o[n][3] *= cb;
+            o[n + 1][0] *= ca; o[n + 1][1] *= ca; o[n + 1][2] *= cb; o[n + 1][3] *= cb;
+            u32 b[4];
+            ldsm_x4_t(b, &vs[(16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * n + 8 * (lane >> 4)]);
+            mma16816<KT>(o[n], a, b[0], b[1]);
+            mma16816<KT>(o[n + 1], a, b[2], b[3]);
+        }
+    }
+    // Merge the warps: row maxima and sums, then O in warp order through shared memory.
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    if (tig == 0) {
+        wm[warp][gid] = ma;
+        wm[warp][gid + 8] = mb;
+        wl[warp][gid] = la;
+        wl[warp][gid + 8] = lb;
+    }
+    __syncthreads();  // also: every warp is done with the last tile
+    float Ma = NEG_INF, Mb = NEG_INF;
+#pragma unroll
+    for (int w = 0; w < FA_WARPS; w++) {
+        Ma = fmaxf(Ma, wm[w][gid]);
+        Mb = fmaxf(Mb, wm[w][gid + 8]);
+    }
+    float fa = ma == NEG_INF ? 0.0f : expf(ma - Ma), fb = mb == NEG_INF ? 0.0f : expf(mb - Mb);
+    float* ob = (float*)kvs;  // [16][D]
+    for (int w = 0; w < FA_WARPS; w++) {
+        if (warp == w) {
+#pragma unroll
+            for (int n = 0; n < D / 8; n++) {
+                int d = 8 * n + 2 * tig;
+                float2 va = make_float2(o[n][0] * fa, o[n][1] * fa);
+                float2 vb = make_float2(o[n][2] * fb, o[n][3] * fb);
+                if (w > 0) {
+                    float2 pa = *(float2*)&ob[gid * D + d], pb = *(float2*)&ob[(gid + 8) * D + d];
+                    va.x += pa.x; va.y += pa.y; vb.x += pb.x; vb.y += pb.y;
+                }
+                *(float2*)&ob[gid * D + d] = va;
+                *(float2*)&ob[(gid + 8) * D + d] = vb;
+            }
+        }
+        __syncthreads();
+    }
+    for (int i = tid; i < G * D; i += blockDim.x) {
+        int r = i / D, d = i % D;
+        float* out = part + (((size_t)t * n_head + g * G + r) * S + s) * (D + 2);
+        out[d] = ob[r * D + d];
+        if (d == 0) {
+            float M = NEG_INF, L = 0.0f;
+            for (int w = 0; w < FA_WARPS; w++) M = fmaxf(M, wm[w][r]);
+            for (int w = 0; w < FA_WARPS; w++)
+                L += wm[w][r] == NEG_INF ? 0.0f : wl[w][r] * expf(wm[w][r] - M);
+            out[D] = M;
+            out[D + 1] = L;
+        }
+    }
+#endif
+}
+
+#define FLASH_DECODE(KT, D, NAME)                                                                  \
+    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
+        flash_decode<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); }
+FLASH_DECODE(1, 64, flash_decode_f16_d64)
+FLASH_DECODE(1, 128, flash_decode_f16_d128)
+FLASH_DECODE(2, 64, flash_decode_bf16_d64)
+FLASH_DECODE(2, 128, flash_decode_bf16_d128)

@@ -201,7 +201,18 @@ impl CudaBackend {
         // of capacity, up to 128 parts.
         let group = p.n_head / p.n_head_kv.max(1);
         let hd = p.head_dim_k;
-        let v3 = self.attn_part3.load(Ordering::Relaxed)
+        // Fourth version (opt-in): tensor-core flash decoding, one block per KV head and part.
+        let v4 = self.flash_decode.load(Ordering::Relaxed)
+            && !self.exact.load(Ordering::Relaxed)
+            && self.arch >= 80
+            && kv.ty != KvType::F32
+            && p.n_head_kv > 0
+            && p.n_head.is_multiple_of(p.n_head_kv)
+            && group <= 16
+            && p.head_dim_k == p.head_dim_v
+            && matches!(p.head_dim_k, 64 | 128);
+        let v3 = !v4
+            && self.attn_part3.load(Ordering::Relaxed)
             && p.n_head_kv > 0
             && p.n_head.is_multiple_of(p.n_head_kv)
             && group <= 8
@@ -209,17 +220,18 @@ impl CudaBackend {
             && hd <= ATT_MAXD
             && hd.is_multiple_of(16)
             && 128 % (hd / 8) == 0;
-        let by_capacity = if v3 {
+        let per_kv_head = v3 || v4;
+        let by_capacity = if per_kv_head {
             l.spec.capacity / 64
         } else {
             split_keys().map_or(0, |k| l.spec.capacity / k)
         };
-        let blocks_per_part = if v3 { p.n_head_kv } else { p.n_head } * n_tok;
+        let blocks_per_part = if per_kv_head { p.n_head_kv } else { p.n_head } * n_tok;
         let parts = (264 / blocks_per_part.max(1))
             .max(by_capacity)
             .clamp(
                 1,
-                if v3 {
+                if per_kv_head {
                     SPLIT_MAX_PARTS_V3
                 } else {
                     SPLIT_MAX_PARTS
@@ -262,7 +274,24 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
-            if v3 {
+            if v4 {
+                let name = format!("flash_decode_{}_d{hd}", kv_suffix(kv.ty));
+                let args = [
+                    Arg::P(self.ptr(q)),
+                    Arg::P(self.ptr(&l.k)),
+                    Arg::P(self.ptr(&l.v)),
+                    Arg::P(pp),
+                    Arg::P(pt),
+                    Arg::I(p.n_head as i32),
+                    Arg::I(p.n_head_kv as i32),
+                    Arg::I(l.spec.capacity as i32),
+                    Arg::I(window as i32),
+                    Arg::F(p.scale),
+                    Arg::F(p.softcap.unwrap_or(0.0)),
+                ];
+                let grid = (p.n_head_kv as u32, n_tok as u32, parts as u32);
+                self.launch(&name, grid, 128, &args);
+            } else if v3 {
                 let name = format!(
                     "attention_part3_{}_g{}",
                     kv_suffix(kv.ty),

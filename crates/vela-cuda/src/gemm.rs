@@ -77,7 +77,10 @@ impl CudaBackend {
                 Err(e) => eprintln!(
                     "vela-cuda: cuBLAS unavailable, prefill uses the integer kernels: {e:#}"
                 ),
-                Ok(c) if self.profiling || std::env::var_os("VELA_CUDA_DEBUG").is_some() => {
+                Ok(c)
+                    if self.profiling.load(std::sync::atomic::Ordering::Relaxed)
+                        || std::env::var_os("VELA_CUDA_DEBUG").is_some() =>
+                {
                     eprintln!(
                         "vela-cuda: prefill products on tensor cores with {}",
                         c.path

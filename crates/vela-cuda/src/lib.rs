@@ -195,6 +195,9 @@ pub struct CudaBackend {
     gemm: Mutex<gemm::GemmState>,
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
+    /// Split-K decode attention on the tensor cores (`flash_decode_*`, `VELA_CUDA_ATTN_PART=4`;
+    /// off by default).
+    flash_decode: AtomicBool,
     /// Split-K decode attention parts, third version: one block per KV head
     /// (`VELA_CUDA_ATTN_PART=3`; off by default).
     attn_part3: AtomicBool,
@@ -215,7 +218,7 @@ pub struct CudaBackend {
     /// Programmatic dependent launch (sm_90+, default on; `VELA_CUDA_PDL=0` off; graph.rs).
     pdl: AtomicBool,
     /// Per-kernel timing (`VELA_CUDA_PROFILE=1`, profile.rs).
-    profiling: bool,
+    profiling: AtomicBool,
     prof: Mutex<profile::Profiler>,
 }
 
@@ -349,7 +352,7 @@ impl CudaBackend {
             ),
             gemm: Mutex::new(gemm::GemmState::default()),
             deqh_block: AtomicBool::new(env("VELA_CUDA_DEQH") != "elem"),
-            profiling: env("VELA_CUDA_PROFILE") == "1",
+            profiling: AtomicBool::new(env("VELA_CUDA_PROFILE") == "1"),
             small_v2: AtomicBool::new(env("VELA_CUDA_SMALL") != "old"),
             mv_rows_mode: std::sync::atomic::AtomicU32::new(
                 match env("VELA_CUDA_MV_ROWS").as_str() {
@@ -362,6 +365,7 @@ impl CudaBackend {
             pdl: AtomicBool::new(arch >= 90 && env("VELA_CUDA_PDL") != "0"),
             repack: AtomicBool::new(env("VELA_CUDA_REPACK") != "0"),
             attn_part3: AtomicBool::new(env("VELA_CUDA_ATTN_PART") == "3"),
+            flash_decode: AtomicBool::new(env("VELA_CUDA_ATTN_PART") == "4"),
             attn_prefill: std::sync::atomic::AtomicU32::new(
                 match env("VELA_CUDA_ATTN_PREFILL").as_str() {
                     "w4" => 1,
@@ -449,6 +453,13 @@ impl CudaBackend {
     pub fn set_pdl(&self, on: bool) {
         self.flush_recording();
         self.pdl.store(on && self.arch >= 90, Ordering::Relaxed);
+    }
+
+    /// Split-K decode attention on the tensor cores (`flash_decode_*`, where it applies) on or
+    /// off.
+    pub fn set_flash_decode(&self, on: bool) {
+        self.flush_recording();
+        self.flash_decode.store(on, Ordering::Relaxed);
     }
 
     /// Split-K decode attention parts of the third version (one block per KV head) on or off.

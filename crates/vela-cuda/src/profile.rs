@@ -6,6 +6,7 @@
 use crate::CudaBackend;
 use cudarc::driver::{sys, CudaEvent};
 use std::collections::HashMap;
+use std::sync::atomic::Ordering;
 
 /// Pending event pairs are resolved (one stream synchronize) when this many accumulate.
 const FLUSH_AT: usize = 4096;
@@ -20,7 +21,7 @@ pub(crate) struct Profiler {
 impl CudaBackend {
     /// Start timing `name` (None when profiling is off or an event cannot be made).
     pub(crate) fn prof_begin(&self) -> Option<CudaEvent> {
-        self.profiling.then_some(())?;
+        self.profiling.load(Ordering::Relaxed).then_some(())?;
         let e = self
             .ctx
             .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
@@ -48,9 +49,22 @@ impl CudaBackend {
         }
     }
 
+    /// Turn per-kernel timing on or off (for tests that time plain launches;
+    /// `VELA_CUDA_PROFILE=1` turns it on at creation, and only then are decode graphs off).
+    pub fn set_profiling(&self, on: bool) {
+        self.profiling.store(on, Ordering::Relaxed);
+    }
+
+    /// GPU milliseconds and launches per kernel name so far, and reset the totals.
+    pub fn profile_take(&self) -> HashMap<String, (f64, u64)> {
+        let mut p = self.prof.lock().unwrap_or_else(|e| e.into_inner());
+        resolve(&mut p);
+        std::mem::take(&mut p.totals)
+    }
+
     /// The per-kernel table so far (None when profiling is off).
     pub fn profile_report(&self) -> Option<String> {
-        if !self.profiling {
+        if !self.profiling.load(Ordering::Relaxed) {
             return None;
         }
         let mut p = self.prof.lock().unwrap_or_else(|e| e.into_inner());
