@@ -202,7 +202,12 @@ def test_cancel(args, s):
     before = s.metric("vela_steps_after_cancel_total"); c0 = s.metric("vela_cancelled_requests_total")
     raw_disconnect(s, "/v1/chat/completions", {"messages": msgs, "max_tokens": 50, "temperature": 0, "stream": True}, 0.8)
     time.sleep(3)
-    raw_disconnect(s, "/v1/chat/completions", {"messages": probe, "max_tokens": 400, "temperature": 0, "stream": True}, 0.0, read_bytes=3000)
+    # Decode-phase disconnect: a prompt whose greedy answer runs to max_tokens (SmolLM2: all 400),
+    # so the generation is still going when the client leaves after its first 3000 bytes (the
+    # greedy answer to the probe below is 11 tokens, under 3000 bytes: on a loaded machine it
+    # could end before the client left, and the cancellation went uncounted).
+    story = [{"role": "user", "content": "Write a long story about a dragon who learns to fly."}]
+    raw_disconnect(s, "/v1/chat/completions", {"messages": story, "max_tokens": 400, "temperature": 0, "stream": True}, 0.0, read_bytes=3000)
     time.sleep(2)
     raw_disconnect(s, "/v1/chat/completions", {"messages": msgs + [{"role": "assistant", "content": "x"}, {"role": "user", "content": "again"}], "max_tokens": 50, "temperature": 0}, 0.8)
     time.sleep(3)
