@@ -14,37 +14,19 @@ use vela_models::gemma4::Gemma4Model;
 use vela_models::gemma4_assistant::{AssistantConfig, Gemma4Assistant};
 
 fn fixture(name: &str) -> Option<PathBuf> {
-    testdata::require(
-        testdata::golden_dir()
-            .join("gemma4_assistant")
-            .join(name)
-            .join("draft_logits.f32"),
-    )
-    .map(|p| p.parent().unwrap().to_path_buf())
+    golden_fixture("gemma4_assistant", name, "draft_logits.f32")
 }
 
-fn argmax(v: &[f32]) -> u32 {
-    let mut best = 0;
-    for (i, &x) in v.iter().enumerate() {
-        if x > v[best] {
-            best = i;
-        }
-    }
-    best as u32
+fn argmax_id(v: &[f32]) -> u32 {
+    argmax(v) as u32
 }
 
 /// Run every draft chain of the fixture; returns the worst per-step NMSE vs transformers.
 fn check_chains(dir: &Path, asst: &Gemma4Assistant<CpuBackend>, exact_head: bool) -> f64 {
     let be = Arc::new(CpuBackend::new(2));
     let target = Gemma4Model::load_hf(be, &dir.join("target")).unwrap();
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap()).unwrap();
-    let tokens: Vec<u32> = j["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let j = tokens_json(dir);
+    let tokens = ids(&j, "tokens");
     let n = tokens.len();
     let v = target.cfg.n_vocab;
     // Target: every position in one batch (the ring keeps window + batch ≥ all 40 positions).
@@ -71,10 +53,14 @@ fn check_chains(dir: &Path, asst: &Gemma4Assistant<CpuBackend>, exact_head: bool
             let e = nmse(&out.logits, r);
             eprintln!("  chain pos {p} step {s}: NMSE {e:.3e}");
             if exact_head {
-                assert_eq!(argmax(&out.logits), argmax(r), "pos {p} step {s}: argmax");
+                assert_eq!(
+                    argmax_id(&out.logits),
+                    argmax_id(r),
+                    "pos {p} step {s}: argmax"
+                );
             }
             worst = worst.max(e);
-            tok = argmax(r);
+            tok = argmax_id(r);
             hidden = out.hidden;
         }
     }
@@ -178,15 +164,8 @@ fn assistant_reads_the_sliding_ring_as_speculation_leaves_it() {
         let be = Arc::new(CpuBackend::new(2));
         let target = Gemma4Model::load_hf(be.clone(), &dir.join("target")).unwrap();
         let asst = Gemma4Assistant::load_hf(be, &dir.join("assistant")).unwrap();
-        let j: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap())
-                .unwrap();
-        let tokens: Vec<u32> = j["tokens"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect();
+        let j = tokens_json(&dir);
+        let tokens = ids(&j, "tokens");
         let v = target.cfg.n_vocab;
         let want = f32s(&dir.join("draft_logits.f32"));
         let mut ast = asst.new_state(&target.cfg).unwrap();
@@ -220,7 +199,7 @@ fn assistant_reads_the_sliding_ring_as_speculation_leaves_it() {
                 let r = &want[(ci * steps + s) * v..(ci * steps + s + 1) * v];
                 let e = nmse(&out.logits, r);
                 assert!(e <= 1e-8, "{name} pos {p} step {s}: NMSE {e:.3e}");
-                tok = argmax(r);
+                tok = argmax_id(r);
                 hidden = out.hidden;
             }
         }

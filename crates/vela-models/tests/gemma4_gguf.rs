@@ -7,7 +7,7 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
 use vela_formats::gguf::GgufFile;
@@ -16,33 +16,8 @@ use vela_formats::safetensors::Checkpoint;
 use vela_formats::testdata;
 use vela_models::gemma4::{gguf_name, load_gguf_gemma4, Gemma4Config, Gemma4Model};
 
-const FIXTURES: &[&str] = &[
-    "dense_keqv",
-    "ple_kvshare",
-    "realdims_12b",
-    "moe",
-    "moe_swa_softcap",
-];
-
-fn fixture(name: &str) -> Option<PathBuf> {
-    testdata::require(
-        testdata::golden_dir()
-            .join("gemma4")
-            .join(name)
-            .join("logits.f32"),
-    )
-    .map(|p| p.parent().unwrap().to_path_buf())
-}
-
 fn tokens(dir: &Path) -> Vec<u32> {
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap()).unwrap();
-    j["tokens"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect()
+    ids(&tokens_json(dir), "tokens")
 }
 
 /// (worst per-position NMSE, positions with equal argmax) of `a` against `b`.

@@ -6,20 +6,11 @@
 
 mod common;
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
 use vela_compute::KvType;
-use vela_formats::testdata;
 use vela_models::gemma4::{Gemma4Config, Gemma4Model, LayerKind};
-
-const FIXTURES: &[&str] = &[
-    "dense_keqv",
-    "ple_kvshare",
-    "realdims_12b",
-    "moe",
-    "moe_swa_softcap",
-];
 
 struct Golden {
     tokens: Vec<u32>,
@@ -29,38 +20,13 @@ struct Golden {
     logits_f64: Vec<f32>,
 }
 
-fn fixture(name: &str) -> Option<PathBuf> {
-    testdata::require(
-        testdata::golden_dir()
-            .join("gemma4")
-            .join(name)
-            .join("logits.f32"),
-    )
-    .map(|p| p.parent().unwrap().to_path_buf())
-}
-
 fn golden(dir: &Path) -> Golden {
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap()).unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        j[k].as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    };
-    let f32s = |f: &str| -> Vec<f32> {
-        std::fs::read(dir.join(f))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect()
-    };
+    let j = tokens_json(dir);
     Golden {
-        tokens: ids("tokens"),
-        greedy: ids("greedy"),
-        logits: f32s("logits.f32"),
-        logits_f64: f32s("logits_f64.f32"),
+        tokens: ids(&j, "tokens"),
+        greedy: ids(&j, "greedy"),
+        logits: f32s(&dir.join("logits.f32")),
+        logits_f64: f32s(&dir.join("logits_f64.f32")),
     }
 }
 

@@ -67,15 +67,8 @@ fn data() -> Option<Data> {
     .parent()
     .unwrap()
     .to_path_buf();
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap()).unwrap();
-    let ids = |k: &str| -> Vec<u32> {
-        j[k].as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as u32)
-            .collect()
-    };
+    let j = tokens_json(&dir);
+    let ids = |k: &str| ids(&j, k);
     Some(Data {
         tokens: ids("tokens"),
         checked: ids("checked"),

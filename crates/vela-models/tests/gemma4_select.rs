@@ -8,44 +8,16 @@
 //! Fixtures: `python scripts/gen-gemma4-fixtures.py` → `$VELA_CACHE/golden/gemma4/<name>/`
 //! (skipped when absent unless `VELA_REQUIRE_DATA=1`).
 
+mod common;
+use common::{fixture, ids, tokens_json, FIXTURES};
 use std::cell::Cell;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
 use vela_compute::{argmax, top_k_row, KvType, TopK};
 use vela_formats::gguf::GgufFile;
-use vela_formats::testdata;
 use vela_models::gemma4::{load_gguf_gemma4, Gemma4Model};
 use vela_models::lm::{Gemma4Seq, LanguageModel, ModelState};
-
-const FIXTURES: &[&str] = &[
-    "dense_keqv",
-    "ple_kvshare",
-    "realdims_12b",
-    "moe",
-    "moe_swa_softcap",
-];
-
-fn fixture(name: &str) -> Option<PathBuf> {
-    testdata::require(
-        testdata::golden_dir()
-            .join("gemma4")
-            .join(name)
-            .join("logits.f32"),
-    )
-    .map(|p| p.parent().unwrap().to_path_buf())
-}
-
-fn ids(dir: &Path, key: &str) -> Vec<u32> {
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap()).unwrap();
-    j[key]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect()
-}
 
 /// One call of the schedule: `tokens[range]` at their positions, logits from `logits_from`.
 struct Step {
@@ -150,8 +122,9 @@ fn check_model(tag: &str, model: Arc<dyn LanguageModel>, tokens: &[u32]) -> usiz
 
 /// The prompt followed by its greedy continuation (decode steps feed real next tokens).
 fn prompt_and_greedy(dir: &Path) -> Vec<u32> {
-    let mut t = ids(dir, "tokens");
-    t.extend(ids(dir, "greedy"));
+    let j = tokens_json(dir);
+    let mut t = ids(&j, "tokens");
+    t.extend(ids(&j, "greedy"));
     assert!(t.len() > 32, "fixture too short for the schedule");
     t
 }

@@ -1,10 +1,51 @@
 //! Helpers shared by the Gemma 4 integration tests (each test file uses a subset).
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use vela_compute::cpu::CpuBackend;
 use vela_compute::KvType;
 use vela_models::gemma4::Gemma4Model;
+
+/// The tiny random Gemma 4 fixtures of `scripts/gen-gemma4-fixtures.py`.
+pub const FIXTURES: &[&str] = &[
+    "dense_keqv",
+    "ple_kvshare",
+    "realdims_12b",
+    "moe",
+    "moe_swa_softcap",
+];
+
+/// `$VELA_CACHE/golden/gemma4/<name>/` (None when absent, unless `VELA_REQUIRE_DATA=1`).
+pub fn fixture(name: &str) -> Option<PathBuf> {
+    golden_fixture("gemma4", name, "logits.f32")
+}
+
+/// `$VELA_CACHE/golden/<set>/<name>/` if it holds `file` (None when absent, unless
+/// `VELA_REQUIRE_DATA=1`).
+pub fn golden_fixture(set: &str, name: &str, file: &str) -> Option<PathBuf> {
+    vela_formats::testdata::require(
+        vela_formats::testdata::golden_dir()
+            .join(set)
+            .join(name)
+            .join(file),
+    )
+    .map(|p| p.parent().unwrap().to_path_buf())
+}
+
+/// The fixture's `tokens.json`.
+pub fn tokens_json(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap()).unwrap()
+}
+
+/// The token-id array `key` of a `tokens.json`.
+pub fn ids(j: &serde_json::Value, key: &str) -> Vec<u32> {
+    j[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect()
+}
 
 /// A little-endian f32 file.
 pub fn f32s(path: &Path) -> Vec<f32> {
