@@ -34,6 +34,26 @@ __device__ __forceinline__ float ld_kv(const void* p, size_t i) {
     return (KT != 0) ? kv2f<KT>(((const u16*)p)[i]) : ((const float*)p)[i];
 }
 
+// Elements off .. off + 7 of a cache (16-byte aligned: one 16-byte load for 16-bit elements, two
+// for f32) as floats.
+template <int KT>
+__device__ __forceinline__ void kv8(const void* __restrict__ p, size_t off, float out[8]) {
+    if (KT != 0) {
+        uint4 u = *(const uint4*)((const u16*)p + off);
+        u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int x = 0; x < 4; x++) {
+            out[2 * x] = kv2f<KT>((u16)(w[x] & 0xffffu));
+            out[2 * x + 1] = kv2f<KT>((u16)(w[x] >> 16));
+        }
+    } else {
+        float4 u0 = *(const float4*)((const float*)p + off);
+        float4 u1 = *(const float4*)((const float*)p + off + 4);
+        out[0] = u0.x; out[1] = u0.y; out[2] = u0.z; out[3] = u0.w;
+        out[4] = u1.x; out[5] = u1.y; out[6] = u1.z; out[7] = u1.w;
+    }
+}
+
 // q . k for one key row of `hdk` elements starting at element `ko` (q in shared memory).
 // 16-byte loads when the row allows it (8 halves or 4 floats at a time).
 template <int KT>
@@ -400,6 +420,8 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
                 float e = sw[j];
                 int slot = (b0 + j) % capacity;
                 size_t vo = ((size_t)slot * n_head_kv + g) * hdv + (size_t)dc * 8;
+                // (Loaded inline rather than through kv8: that moves the loads out of the read-only
+                // path and changes this measured kernel's unrolling.)
                 if (KT != 0) {
                     uint4 u = *(const uint4*)((const u16*)vc + vo);
                     u32 w[4] = {u.x, u.y, u.z, u.w};
@@ -458,7 +480,8 @@ PART2(2, ATT_MAXD_BIG, attention_part2_bf16_d512)
 //   C. V: thread (key group kg, column chunk dc) adds e[h][key] * V[key][8 dc .. 8 dc + 7] for
 //      its keys (16-byte loads, all in flight) into G x 8 accumulators.
 // The block writes the G heads' unnormalized partials in attention_part2's layout (S <= 128,
-// merged by attention_combine). Needs hdk == hdv <= D, hd % 8 == 0 and 128 % (hd / 8) == 0.
+// merged by attention_combine). Takes attention_part2's arguments; needs hdk == hdv <= D (hd),
+// hd % 16 == 0 and 128 % (hd / 8) == 0 (the host checks).
 #define P3_KEYS 64
 template <int KT, int D, int GM>
 __device__ void attention_part3(const float* __restrict__ q, const void* __restrict__ kc,
@@ -498,37 +521,16 @@ __device__ void attention_part3(const float* __restrict__ q, const void* __restr
         for (int h = 0; h < GM; h++) dot[h] = 0.0f;
         if (kj < n) {
             size_t ko = ((size_t)((b0 + kj) % capacity) * n_head_kv + g) * hd + (size_t)hh * half;
-            if (KT != 0) {
-                const uint4* kr = (const uint4*)((const u16*)kc + ko);
 #pragma unroll 8
-                for (int c = 0; c < half / 8; c++) {
-                    uint4 u = kr[c];
-                    u32 w[4] = {u.x, u.y, u.z, u.w};
-                    float kf[8];
+            for (int c = 0; c < half / 8; c++) {
+                float kf[8];
+                kv8<KT>(kc, ko + 8 * c, kf);
+                const float* qq = qs + hh * half + 8 * c;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        kf[2 * e] = kv2f<KT>((u16)(w[e] & 0xffffu));
-                        kf[2 * e + 1] = kv2f<KT>((u16)(w[e] >> 16));
-                    }
-                    const float* qq = qs + hh * half + 8 * c;
+                for (int h = 0; h < GM; h++)
+                    if (h < G)
 #pragma unroll
-                    for (int h = 0; h < GM; h++)
-                        if (h < G)
-#pragma unroll
-                            for (int e = 0; e < 8; e++) dot[h] += qq[h * D + e] * kf[e];
-                }
-            } else {
-                const float4* kr = (const float4*)((const float*)kc + ko);
-#pragma unroll 8
-                for (int c = 0; c < half / 4; c++) {
-                    float4 u = kr[c];
-                    const float* qq = qs + hh * half + 4 * c;
-#pragma unroll
-                    for (int h = 0; h < GM; h++)
-                        if (h < G)
-                            dot[h] += qq[h * D] * u.x + qq[h * D + 1] * u.y + qq[h * D + 2] * u.z +
-                                      qq[h * D + 3] * u.w;
-                }
+                        for (int e = 0; e < 8; e++) dot[h] += qq[h * D + e] * kf[e];
             }
         }
 #pragma unroll
@@ -573,20 +575,7 @@ __device__ void attention_part3(const float* __restrict__ q, const void* __restr
             for (int j = kg; j < n; j += groups) {
                 size_t vo = ((size_t)((b0 + j) % capacity) * n_head_kv + g) * hd + (size_t)dc * 8;
                 float vf[8];
-                if (KT != 0) {
-                    uint4 u = *(const uint4*)((const u16*)vc + vo);
-                    u32 w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        vf[2 * e] = kv2f<KT>((u16)(w[e] & 0xffffu));
-                        vf[2 * e + 1] = kv2f<KT>((u16)(w[e] >> 16));
-                    }
-                } else {
-                    float4 u0 = *(const float4*)((const float*)vc + vo);
-                    float4 u1 = *(const float4*)((const float*)vc + vo + 4);
-                    vf[0] = u0.x; vf[1] = u0.y; vf[2] = u0.z; vf[3] = u0.w;
-                    vf[4] = u1.x; vf[5] = u1.y; vf[6] = u1.z; vf[7] = u1.w;
-                }
+                kv8<KT>(vc, vo, vf);
 #pragma unroll
                 for (int h = 0; h < GM; h++) {
                     if (h < G) {
@@ -621,8 +610,8 @@ __device__ void attention_part3(const float* __restrict__ q, const void* __restr
     }
 }
 #define PART3(KT, GM, NAME)                                                                        \
-    extern "C" __launch_bounds__(128) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hd, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
-        attention_part3<KT, ATT_MAXD, GM>(q, kc, vc, pos, part, n_head, n_head_kv, hd, capacity, window, scale, softcap); }
+    extern "C" __launch_bounds__(128) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
+        attention_part3<KT, ATT_MAXD, GM>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, capacity, window, scale, softcap); }
 PART3(0, 4, attention_part3_f32_g4)
 PART3(1, 4, attention_part3_f16_g4)
 PART3(2, 4, attention_part3_bf16_g4)

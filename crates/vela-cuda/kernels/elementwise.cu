@@ -224,12 +224,13 @@ __device__ void rope_store(float* q, float* k, const float* __restrict__ v,
         }
     }
 }
-#define ROPE_STORE(KT, NAME)                                                                         \
+// The extern wrappers of rope_store and rope_store_heads (below), one per cache type.
+#define ROPE_STORE(FN, KT, NAME)                                                                     \
     extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity) { PDL_ENTRY(); \
-        rope_store<KT>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); }
-ROPE_STORE(0, rope_store_f32)
-ROPE_STORE(1, rope_store_f16)
-ROPE_STORE(2, rope_store_bf16)
+        FN<KT>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); }
+ROPE_STORE(rope_store, 0, rope_store_f32)
+ROPE_STORE(rope_store, 1, rope_store_f16)
+ROPE_STORE(rope_store, 2, rope_store_bf16)
 
 // RoPE + KV store with one block per head (the default; rope_store above runs three blocks per
 // token, each looping over all heads: ~8 us per Llama-3-8B layer): block (t, y) rotates q head y
@@ -289,9 +290,6 @@ __device__ void rope_store_heads(float* q, float* k, const float* __restrict__ v
         }
     }
 }
-#define ROPE_STORE_HEADS(KT, NAME)                                                                         \
-    extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity) { PDL_ENTRY(); \
-        rope_store_heads<KT>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); }
-ROPE_STORE_HEADS(0, rope_store_heads_f32)
-ROPE_STORE_HEADS(1, rope_store_heads_f16)
-ROPE_STORE_HEADS(2, rope_store_heads_bf16)
+ROPE_STORE(rope_store_heads, 0, rope_store_heads_f32)
+ROPE_STORE(rope_store_heads, 1, rope_store_heads_f16)
+ROPE_STORE(rope_store_heads, 2, rope_store_heads_bf16)

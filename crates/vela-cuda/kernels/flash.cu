@@ -61,6 +61,71 @@ __device__ __forceinline__ void mma16816(float c[4], const u32 a[4], u32 b0, u32
             : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+// A score: scaled, then soft-capped when softcap > 0.
+__device__ __forceinline__ float fa_score(float s, float scale, float softcap) {
+    float v = s * scale;
+    if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+    return v;
+}
+
+// Online softmax step of a warp's 16 rows over NT tiles of 8 keys (s: masked scores, -inf for
+// masked keys; rows gid (elements 0, 1) and gid + 8 (2, 3) of the mma accumulator layout; xa, xb:
+// the thread's maxima of its two rows, taken while masking): the row maxima over the 4 lanes of
+// a row, s replaced by exp(s - max), the running maxima ma/mb and
+// per-thread partial sums la/lb updated, and the NO output tiles o rescaled. A row with no key so
+// far keeps max -inf and uses 0 as the reference (all its weights 0).
+template <int NT, int NO>
+__device__ __forceinline__ void fa_softmax(float s[NT][4], float xa, float xb, float& ma,
+                                           float& mb, float& la, float& lb, float o[NO][4]) {
+    xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+    xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+    xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+    xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+    float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
+    float ref_a = na == NEG_INF ? 0.0f : na, ref_b = nb == NEG_INF ? 0.0f : nb;
+    float ca = expf(ma - ref_a), cb = expf(mb - ref_b);
+    ma = na;
+    mb = nb;
+    float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; n++) {
+        s[n][0] = expf(s[n][0] - ref_a);
+        s[n][1] = expf(s[n][1] - ref_a);
+        s[n][2] = expf(s[n][2] - ref_b);
+        s[n][3] = expf(s[n][3] - ref_b);
+        sa += s[n][0] + s[n][1];
+        sb += s[n][2] + s[n][3];
+    }
+    la = la * ca + sa;
+    lb = lb * cb + sb;
+#pragma unroll
+    for (int n = 0; n < NO; n++) {
+        o[n][0] *= ca;
+        o[n][1] *= ca;
+        o[n][2] *= cb;
+        o[n][3] *= cb;
+    }
+}
+
+// O += P V for 16 keys: p0, p1 are P's accumulator tiles of keys k0 .. k0 + 7 and k0 + 8 ..
+// k0 + 15 (reused as the A fragment), V rows k0 .. k0 + 15 of the shared tile vs (row stride
+// D + 8) read as B fragments with ldmatrix.trans.
+template <int KT, int D>
+__device__ __forceinline__ void fa_pv(const float p0[4], const float p1[4], const u16* vs, int k0,
+                                      float o[D / 8][4]) {
+    constexpr int LD = D + 8;
+    int lane = threadIdx.x & 31;
+    u32 a[4] = {fa_pack<KT>(p0[0], p0[1]), fa_pack<KT>(p0[2], p0[3]), fa_pack<KT>(p1[0], p1[1]),
+                fa_pack<KT>(p1[2], p1[3])};
+#pragma unroll
+    for (int n = 0; n < D / 8; n += 2) {
+        u32 b[4];
+        ldsm_x4_t(b, &vs[(k0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * n + 8 * (lane >> 4)]);
+        mma16816<KT>(o[n], a, b[0], b[1]);
+        mma16816<KT>(o[n + 1], a, b[2], b[3]);
+    }
+}
+
 template <int KT, int D, int BK>
 __device__ void flash_prefill(const float* __restrict__ q, const void* __restrict__ kc,
                               const void* __restrict__ vc, const u32* __restrict__ pos,
@@ -129,7 +194,7 @@ __device__ void flash_prefill(const float* __restrict__ q, const void* __restric
                 mma16816<KT>(s[n + 1], qf[kk], b[2], b[3]);
             }
         }
-        // Scale, softcap, mask; row maxima over the 4 lanes of a row.
+        // Scale, softcap, mask; the thread's row maxima.
         float xa = NEG_INF, xb = NEG_INF;
 #pragma unroll
         for (int n = 0; n < BK / 8; n++) {
@@ -137,57 +202,17 @@ __device__ void flash_prefill(const float* __restrict__ q, const void* __restric
             for (int e = 0; e < 4; e++) {
                 int j = j0 + 8 * n + 2 * tig + (e & 1);
                 int p = e < 2 ? pa : pb;
-                float v = s[n][e] * scale;
-                if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+                float v = fa_score(s[n][e], scale, softcap);
                 bool ok = j <= p && (window <= 0 || j > p - window);
                 v = ok ? v : NEG_INF;
                 s[n][e] = v;
                 if (e < 2) xa = fmaxf(xa, v); else xb = fmaxf(xb, v);
             }
         }
-        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
-        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
-        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
-        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
-        float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
-        // A row with no key so far keeps max -inf: use 0 as the reference (all weights 0).
-        float ref_a = na == NEG_INF ? 0.0f : na, ref_b = nb == NEG_INF ? 0.0f : nb;
-        float ca = expf(ma - ref_a), cb = expf(mb - ref_b);
-        ma = na;
-        mb = nb;
-        float sa = 0.0f, sb = 0.0f;
-#pragma unroll
-        for (int n = 0; n < BK / 8; n++) {
-            s[n][0] = expf(s[n][0] - ref_a);
-            s[n][1] = expf(s[n][1] - ref_a);
-            s[n][2] = expf(s[n][2] - ref_b);
-            s[n][3] = expf(s[n][3] - ref_b);
-            sa += s[n][0] + s[n][1];
-            sb += s[n][2] + s[n][3];
-        }
-        la = la * ca + sa;
-        lb = lb * cb + sb;
-#pragma unroll
-        for (int n = 0; n < D / 8; n++) {
-            o[n][0] *= ca;
-            o[n][1] *= ca;
-            o[n][2] *= cb;
-            o[n][3] *= cb;
-        }
+        fa_softmax<BK / 8, D / 8>(s, xa, xb, ma, mb, la, lb, o);
         // O += P V: P's accumulator tiles 2c, 2c + 1 are the A fragment of keys 16c .. 16c + 15.
 #pragma unroll
-        for (int c = 0; c < BK / 16; c++) {
-            u32 a[4] = {fa_pack<KT>(s[2 * c][0], s[2 * c][1]), fa_pack<KT>(s[2 * c][2], s[2 * c][3]),
-                        fa_pack<KT>(s[2 * c + 1][0], s[2 * c + 1][1]),
-                        fa_pack<KT>(s[2 * c + 1][2], s[2 * c + 1][3])};
-#pragma unroll
-            for (int n = 0; n < D / 8; n += 2) {
-                u32 b[4];
-                ldsm_x4_t(b, &vs[(16 * c + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * n + 8 * (lane >> 4)]);
-                mma16816<KT>(o[n], a, b[0], b[1]);
-                mma16816<KT>(o[n + 1], a, b[2], b[3]);
-            }
-        }
+        for (int c = 0; c < BK / 16; c++) fa_pv<KT, D>(s[2 * c], s[2 * c + 1], vs, 16 * c, o);
     }
     la += __shfl_xor_sync(0xffffffffu, la, 1);
     la += __shfl_xor_sync(0xffffffffu, la, 2);
@@ -223,7 +248,8 @@ FLASH(2, 256, 32, flash_bf16_d256)
 // 16w .. 16w + 15 of each tile: S = Q K^T (2 mma n-tiles), scale, softcap, an online softmax per
 // row over its keys, O += P V. The four warps' (m, l, O) are merged through shared memory in warp
 // order and the block writes the G rows' unnormalized partials in attention_part2's layout for
-// attention_combine. Needs sm_80+, an f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16.
+// attention_combine. Takes attention_part2's arguments (hdk, hdv: D, checked by the host). Needs
+// sm_80+, an f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16.
 // Q and P are rounded to the cache type (as in flash_prefill); not used in exact mode.
 #define FD_KEYS 64
 
@@ -305,46 +331,15 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 int j = j0 + 16 * warp + 8 * n + 2 * tig + (e & 1);
-                float v = sc[n][e] * scale;
-                if (softcap > 0.0f) v = tanhf(v / softcap) * softcap;
+                float v = fa_score(sc[n][e], scale, softcap);
                 v = j <= hi ? v : NEG_INF;
                 sc[n][e] = v;
                 if (e < 2) xa = fmaxf(xa, v); else xb = fmaxf(xb, v);
             }
         }
-        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
-        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
-        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
-        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
-        float na = fmaxf(ma, xa), nb = fmaxf(mb, xb);
-        // A warp whose keys of this tile are all past the part's end keeps max -inf.
-        float ref_a = na == NEG_INF ? 0.0f : na, ref_b = nb == NEG_INF ? 0.0f : nb;
-        float ca = expf(ma - ref_a), cb = expf(mb - ref_b);
-        ma = na;
-        mb = nb;
-        float sa = 0.0f, sb = 0.0f;
-#pragma unroll
-        for (int n = 0; n < 2; n++) {
-            sc[n][0] = expf(sc[n][0] - ref_a);
-            sc[n][1] = expf(sc[n][1] - ref_a);
-            sc[n][2] = expf(sc[n][2] - ref_b);
-            sc[n][3] = expf(sc[n][3] - ref_b);
-            sa += sc[n][0] + sc[n][1];
-            sb += sc[n][2] + sc[n][3];
-        }
-        la = la * ca + sa;
-        lb = lb * cb + sb;
-        u32 a[4] = {fa_pack<KT>(sc[0][0], sc[0][1]), fa_pack<KT>(sc[0][2], sc[0][3]),
-                    fa_pack<KT>(sc[1][0], sc[1][1]), fa_pack<KT>(sc[1][2], sc[1][3])};
-#pragma unroll
-        for (int n = 0; n < D / 8; n += 2) {
-            o[n][0] *= ca; o[n][1] *= ca; o[n][2] *= cb; o[n][3] *= cb;
-            o[n + 1][0] *= ca; o[n + 1][1] *= ca; o[n + 1][2] *= cb; o[n + 1][3] *= cb;
-            u32 b[4];
-            ldsm_x4_t(b, &vs[(16 * warp + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 8 * n + 8 * (lane >> 4)]);
-            mma16816<KT>(o[n], a, b[0], b[1]);
-            mma16816<KT>(o[n + 1], a, b[2], b[3]);
-        }
+        // (A warp whose keys of this tile are all past the part's end keeps max -inf.)
+        fa_softmax<2, D / 8>(sc, xa, xb, ma, mb, la, lb, o);
+        fa_pv<KT, D>(sc[0], sc[1], vs, 16 * warp, o);
     }
     // Merge the warps: row maxima and sums, then O in warp order through shared memory.
     la += __shfl_xor_sync(0xffffffffu, la, 1);
@@ -400,7 +395,7 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
 }
 
 #define FLASH_DECODE(KT, D, NAME)                                                                  \
-    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
+    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
         flash_decode<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); }
 FLASH_DECODE(1, 64, flash_decode_f16_d64)
 FLASH_DECODE(1, 128, flash_decode_f16_d128)

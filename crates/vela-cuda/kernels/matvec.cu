@@ -38,6 +38,59 @@ __device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& 
 // result equals the old kernel's. (Measured on Llama-3-8B Q4_0 decode, H200: 128-block segments
 // 292 tok/s and split 4 282 tok/s, against 300 with 64-block segments and no split, although
 // the split is faster on L2-resident test matrices; so the default stays split = 1.)
+// Rows and K part of this warp of block blk (R rows per warp, `split` warps per row): the first
+// row r0, the part and its range lo..hi of the row's n units (blocks or sub-blocks; parts
+// rounded up to multiples of `align` units).
+__device__ __forceinline__ void mv_part(int blk, int R, int split, int n, int align, int& r0,
+                                        int& part, int& lo, int& hi) {
+    int warp = threadIdx.x / 32;
+    r0 = (blk * (WARPS / split) + warp / split) * R;
+    part = warp % split;
+    int per = ((n + split - 1) / split + align - 1) / align * align;
+    lo = part * per;
+    hi = min(n, lo + per);
+}
+
+// Y[r0 + q] = the warp's sum of acc[q] (plus that of accm[q] when M: s + sm, as in mm32); with a
+// K split, the parts' sums of each row added in part order through shared memory.
+template <int R, bool M>
+__device__ __forceinline__ void mv_store(const float (&acc)[R], const float (&accm)[R], float* Y,
+                                         int r0, int rows, int part, int split) {
+    __shared__ float red[WARPS][R][M ? 2 : 1];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (split == 1) {
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            float s = warp_sum(acc[q]);
+            if (M) s = s + warp_sum(accm[q]);
+            if (lane == 0 && r0 + q < rows) Y[r0 + q] = s;
+        }
+        return;
+    }
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        float s = warp_sum(acc[q]);
+        float sm = M ? warp_sum(accm[q]) : 0.0f;
+        if (lane == 0) {
+            red[warp][q][0] = s;
+            if (M) red[warp][q][M ? 1 : 0] = sm;  // (index 0 when !M: compiled, never run)
+        }
+    }
+    __syncthreads();
+    if (part == 0 && lane == 0) {
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            if (r0 + q >= rows) continue;
+            float a = 0.0f, b = 0.0f;
+            for (int p = 0; p < split; p++) {
+                a += red[warp + p][q][0];
+                if (M) b += red[warp + p][q][M ? 1 : 0];
+            }
+            Y[r0 + q] = M ? a + b : a;
+        }
+    }
+}
+
 #define MV_SEG 64
 // R rows per warp: warp w of block blk takes rows R * (blk * (WARPS / split) + w / split) ..
 // + R - 1 (with a K split, part w % split of their blocks) and loads each activation block once for its R rows (an ncu profile of the R = 1
@@ -71,11 +124,9 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
     constexpr int BYTES = B32<T>::BYTES;
     constexpr int N16 = (MV_SEG * BYTES + 15) / 16 + 1;
     __shared__ uint4 stage[WARPS][R][N16];
-    __shared__ float red[WARPS][R][2];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int r0 = (blk * (WARPS / split) + warp / split) * R, part = warp % split;
-    int per = ((nb + split - 1) / split + 7) / 8 * 8;
-    int lo = part * per, hi = min(nb, lo + per);
+    int r0, part, lo, hi;
+    mv_part(blk, R, split, nb, 8, r0, part, lo, hi);
     float acc[R], accm[R];
     int skew[R];
     const uint4* base[R];
@@ -139,32 +190,7 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
             __syncwarp();
         }
     }
-    if (split == 1) {
-#pragma unroll
-        for (int q = 0; q < R; q++) {
-            float s = warp_sum(acc[q]);
-            float sm = warp_sum(accm[q]);
-            if (lane == 0 && r0 + q < rows) Y[r0 + q] = s + sm;
-        }
-        return;
-    }
-    // K split: the parts' sums of each row added in part order.
-#pragma unroll
-    for (int q = 0; q < R; q++) {
-        float s = warp_sum(acc[q]);
-        float sm = warp_sum(accm[q]);
-        if (lane == 0) { red[warp][q][0] = s; red[warp][q][1] = sm; }
-    }
-    __syncthreads();
-    if (part == 0 && lane == 0) {
-#pragma unroll
-        for (int q = 0; q < R; q++) {
-            if (r0 + q >= rows) continue;
-            float a = 0.0f, b = 0.0f;
-            for (int p = 0; p < split; p++) { a += red[warp + p][q][0]; b += red[warp + p][q][1]; }
-            Y[r0 + q] = a + b;
-        }
-    }
+    mv_store<R, true>(acc, accm, Y, r0, rows, part, split);
 }
 
 // Split-row Q4_0 (type 102, see decode32_at in quant.cu): no staging. Lane l takes blocks l,
@@ -177,11 +203,9 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
 template <int R>
 __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restrict__ X,
                                     float* __restrict__ Y, int rows, int nb, int blk, int split) {
-    __shared__ float red[WARPS][R];
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int r0 = (blk * (WARPS / split) + warp / split) * R, part = warp % split;
-    int per = (nb + split - 1) / split;
-    int lo = part * per, hi = min(nb, lo + per);
+    int lane = threadIdx.x & 31;
+    int r0, part, lo, hi;
+    mv_part(blk, R, split, nb, 1, r0, part, lo, hi);
     float acc[R];
     const uint4* wq[R];
     const u16* wd[R];
@@ -229,29 +253,7 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
             }
         }
     }
-    if (split == 1) {
-#pragma unroll
-        for (int q = 0; q < R; q++) {
-            float s = warp_sum(acc[q]);
-            if (lane == 0 && r0 + q < rows) Y[r0 + q] = s;
-        }
-        return;
-    }
-#pragma unroll
-    for (int q = 0; q < R; q++) {
-        float s = warp_sum(acc[q]);
-        if (lane == 0) red[warp][q] = s;
-    }
-    __syncthreads();
-    if (part == 0 && lane == 0) {
-#pragma unroll
-        for (int q = 0; q < R; q++) {
-            if (r0 + q >= rows) continue;
-            float a = 0.0f;
-            for (int p = 0; p < split; p++) a += red[warp + p][q];
-            Y[r0 + q] = a;
-        }
-    }
+    mv_store<R, false>(acc, acc, Y, r0, rows, part, split);
 }
 
 // scale_min_k4 on the 12 scale bytes held in three words (selects instead of a local array
@@ -404,11 +406,9 @@ __device__ __forceinline__ void decodek_at(const u8* row, int nb, int b, int j, 
 template <int T, int MVU, int R>
 __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __restrict__ X,
                                     float* __restrict__ Y, int rows, int nb, int blk, int split) {
-    __shared__ float red[WARPS][R];
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int r0 = (blk * (WARPS / split) + warp / split) * R, part = warp % split;
-    int per = (nb * 8 + split - 1) / split;
-    int lo = part * per, hi = min(nb * 8, lo + per);
+    int lane = threadIdx.x & 31;
+    int r0, part, lo, hi;
+    mv_part(blk, R, split, nb * 8, 1, r0, part, lo, hi);
     float acc[R];
     const u8* wr[R];
 #pragma unroll
@@ -454,29 +454,7 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
             }
         }
     }
-    if (split == 1) {
-#pragma unroll
-        for (int q = 0; q < R; q++) {
-            float s = warp_sum(acc[q]);
-            if (lane == 0 && r0 + q < rows) Y[r0 + q] = s;
-        }
-        return;
-    }
-#pragma unroll
-    for (int q = 0; q < R; q++) {
-        float s = warp_sum(acc[q]);
-        if (lane == 0) red[warp][q] = s;
-    }
-    __syncthreads();
-    if (part == 0 && lane == 0) {
-#pragma unroll
-        for (int q = 0; q < R; q++) {
-            if (r0 + q >= rows) continue;
-            float a = 0.0f;
-            for (int p = 0; p < split; p++) a += red[warp + p][q];
-            Y[r0 + q] = a;
-        }
-    }
+    mv_store<R, false>(acc, acc, Y, r0, rows, part, split);
 }
 
 // Split-row k-quant matvec (types 112/114): like mvk (the same work split, per-lane order and
@@ -489,11 +467,9 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
 template <int T, int R>
 __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __restrict__ X,
                                      float* __restrict__ Y, int rows, int nb, int blk, int split) {
-    __shared__ float red[WARPS][R];
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    int r0 = (blk * (WARPS / split) + warp / split) * R, part = warp % split;
-    int per = (nb * 8 + split - 1) / split;
-    int lo = part * per, hi = min(nb * 8, lo + per);
+    int lane = threadIdx.x & 31;
+    int r0, part, lo, hi;
+    mv_part(blk, R, split, nb * 8, 1, r0, part, lo, hi);
     float acc[R];
     const u8* wr[R];
 #pragma unroll
@@ -540,29 +516,7 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
             }
         }
     }
-    if (split == 1) {
-#pragma unroll
-        for (int q = 0; q < R; q++) {
-            float s = warp_sum(acc[q]);
-            if (lane == 0 && r0 + q < rows) Y[r0 + q] = s;
-        }
-        return;
-    }
-#pragma unroll
-    for (int q = 0; q < R; q++) {
-        float s = warp_sum(acc[q]);
-        if (lane == 0) red[warp][q] = s;
-    }
-    __syncthreads();
-    if (part == 0 && lane == 0) {
-#pragma unroll
-        for (int q = 0; q < R; q++) {
-            if (r0 + q >= rows) continue;
-            float a = 0.0f;
-            for (int p = 0; p < split; p++) a += red[warp + p][q];
-            Y[r0 + q] = a;
-        }
-    }
+    mv_store<R, false>(acc, acc, Y, r0, rows, part, split);
 }
 
 // One k-quant product: split rows through mvks (unless MVKS_OFF), else mvk.

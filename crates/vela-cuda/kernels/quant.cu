@@ -147,16 +147,12 @@ __device__ void norm_quant(float* __restrict__ x, const float* __restrict__ res,
     }
 }
 
-extern "C" __global__ void norm_q8(float* x, const float* res, const float* w, float* h, u8* act,
-                                   int width, float eps) {
-    PDL_ENTRY();
-    norm_quant<0>(x, res, w, h, act, width, eps);
-}
-extern "C" __global__ void norm_q8k(float* x, const float* res, const float* w, float* h, u8* act,
-                                    int width, float eps) {
-    PDL_ENTRY();
-    norm_quant<1>(x, res, w, h, act, width, eps);
-}
+// The extern wrappers of norm_quant and norm_quant_regs (below): K = 0 Q8, 1 Q8_K.
+#define NORM_Q(FN, K, NAME)                                                                          \
+    extern "C" __global__ void NAME(float* x, const float* res, const float* w, float* h, u8* act, int width, float eps) { PDL_ENTRY(); \
+        FN<K>(x, res, w, h, act, width, eps); }
+NORM_Q(norm_quant, 0, norm_q8)
+NORM_Q(norm_quant, 1, norm_q8k)
 
 // The same with the row in registers (the default for width <= 8192): thread t holds elements
 // 8t..8t+7 (blockDim = width / 8 rounded up to a warp; all pointers 16-byte aligned), so x, res
@@ -239,16 +235,8 @@ __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__
     }
 }
 
-extern "C" __global__ void norm_q8_regs(float* x, const float* res, const float* w, float* h, u8* act,
-                                        int width, float eps) {
-    PDL_ENTRY();
-    norm_quant_regs<0>(x, res, w, h, act, width, eps);
-}
-extern "C" __global__ void norm_q8k_regs(float* x, const float* res, const float* w, float* h, u8* act,
-                                         int width, float eps) {
-    PDL_ENTRY();
-    norm_quant_regs<1>(x, res, w, h, act, width, eps);
-}
+NORM_Q(norm_quant_regs, 0, norm_q8_regs)
+NORM_Q(norm_quant_regs, 1, norm_q8k_regs)
 
 // ---- 32-element weight blocks ----
 

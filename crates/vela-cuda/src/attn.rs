@@ -25,18 +25,24 @@ use std::sync::atomic::Ordering;
 use vela_compute::{AttnParams, Backend, KvType, RopeParams};
 
 impl CudaBackend {
-    /// The tensor-core flash attention kernels apply: not exact mode, sm_80+, an f16/bf16 cache,
-    /// head dims 64, 128 or 256 for both K and V, at least `FLASH_MIN_ROWS` query rows, positions
-    /// increasing along the batch (the kernel takes a tile's keys from its first row's window
-    /// to its last row's position).
-    fn flash_applies(&self, ty: KvType, p: &AttnParams, positions: &[u32]) -> bool {
+    /// The tensor-core attention kernels (flash.cu) can run: not exact mode (they round Q and P
+    /// to 16 bits), sm_80+, an f16/bf16 cache, whole query groups, K and V heads of one of
+    /// `dims`.
+    fn tensor_core_attention(&self, ty: KvType, p: &AttnParams, dims: &[usize]) -> bool {
         !self.exact.load(Ordering::Relaxed)
             && self.arch >= 80
             && ty != KvType::F32
-            && p.head_dim_k == p.head_dim_v
-            && matches!(p.head_dim_k, 64 | 128 | 256)
             && p.n_head_kv > 0
             && p.n_head.is_multiple_of(p.n_head_kv)
+            && p.head_dim_k == p.head_dim_v
+            && dims.contains(&p.head_dim_k)
+    }
+
+    /// The flash prefill kernels apply: head dims 64, 128 or 256, at least `FLASH_MIN_ROWS`
+    /// query rows, positions increasing along the batch (the kernel takes a tile's keys from its
+    /// first row's window to its last row's position).
+    fn flash_applies(&self, ty: KvType, p: &AttnParams, positions: &[u32]) -> bool {
+        self.tensor_core_attention(ty, p, &[64, 128, 256])
             && positions.len() >= FLASH_MIN_ROWS
             && positions.windows(2).all(|w| w[1] > w[0])
     }
@@ -203,20 +209,14 @@ impl CudaBackend {
         let hd = p.head_dim_k;
         // Fourth version (opt-in): tensor-core flash decoding, one block per KV head and part.
         let v4 = self.flash_decode.load(Ordering::Relaxed)
-            && !self.exact.load(Ordering::Relaxed)
-            && self.arch >= 80
-            && kv.ty != KvType::F32
-            && p.n_head_kv > 0
-            && p.n_head.is_multiple_of(p.n_head_kv)
             && group <= 16
-            && p.head_dim_k == p.head_dim_v
-            && matches!(p.head_dim_k, 64 | 128);
+            && self.tensor_core_attention(kv.ty, p, &[64, 128]);
         let v3 = !v4
             && self.attn_part3.load(Ordering::Relaxed)
             && p.n_head_kv > 0
             && p.n_head.is_multiple_of(p.n_head_kv)
-            && group <= 8
             && hd == p.head_dim_v
+            && group <= 8
             && hd <= ATT_MAXD
             && hd.is_multiple_of(16)
             && 128 % (hd / 8) == 0;
@@ -274,49 +274,20 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
-            if v4 {
+            // All part kernels take the same arguments; the third and fourth versions run one
+            // block per KV head.
+            let (name, grid, block) = if v4 {
                 let name = format!("flash_decode_{}_d{hd}", kv_suffix(kv.ty));
-                let args = [
-                    Arg::P(self.ptr(q)),
-                    Arg::P(self.ptr(&l.k)),
-                    Arg::P(self.ptr(&l.v)),
-                    Arg::P(pp),
-                    Arg::P(pt),
-                    Arg::I(p.n_head as i32),
-                    Arg::I(p.n_head_kv as i32),
-                    Arg::I(l.spec.capacity as i32),
-                    Arg::I(window as i32),
-                    Arg::F(p.scale),
-                    Arg::F(p.softcap.unwrap_or(0.0)),
-                ];
-                let grid = (p.n_head_kv as u32, n_tok as u32, parts as u32);
-                self.launch(&name, grid, 128, &args);
+                (name, (p.n_head_kv, n_tok, parts), 128)
             } else if v3 {
-                let name = format!(
-                    "attention_part3_{}_g{}",
-                    kv_suffix(kv.ty),
-                    if group <= 4 { 4 } else { 8 }
-                );
-                let args = [
-                    Arg::P(self.ptr(q)),
-                    Arg::P(self.ptr(&l.k)),
-                    Arg::P(self.ptr(&l.v)),
-                    Arg::P(pp),
-                    Arg::P(pt),
-                    Arg::I(p.n_head as i32),
-                    Arg::I(p.n_head_kv as i32),
-                    Arg::I(hd as i32),
-                    Arg::I(l.spec.capacity as i32),
-                    Arg::I(window as i32),
-                    Arg::F(p.scale),
-                    Arg::F(p.softcap.unwrap_or(0.0)),
-                ];
-                let grid = (p.n_head_kv as u32, n_tok as u32, parts as u32);
-                self.launch(&name, grid, 128, &args);
+                let g = if group <= 4 { 4 } else { 8 };
+                let name = format!("attention_part3_{}_g{g}", kv_suffix(kv.ty));
+                (name, (p.n_head_kv, n_tok, parts), 128)
             } else {
-                let grid = (p.n_head as u32, n_tok as u32, parts as u32);
-                self.launch(&name, grid, 32 * SPLIT_WARPS, &args);
-            }
+                (name, (p.n_head, n_tok, parts), 32 * SPLIT_WARPS)
+            };
+            let grid = (grid.0 as u32, grid.1 as u32, grid.2 as u32);
+            self.launch(&name, grid, block, &args);
             let args = [
                 Arg::P(pt),
                 Arg::P(self.ptr(out)),

@@ -555,34 +555,47 @@ fn fused_decode_ops_match_cpu() {
 }
 
 /// Decode attention timing (info): 1000 back-to-back single-query calls over 530 cached keys
-/// (SmolLM2 geometry, F16 KV), split-K against the one-block-per-head kernel.
-#[test]
-fn attention_decode_timing() {
-    let Some(g) = gpu() else { return };
-    let mut rng = Rng(5);
-    let (nh, nkv, hd, n_keys) = (9usize, 3usize, 64usize, 530usize);
+/// An F16 cache of one layer (`dims`: heads, KV heads, head dim) holding `n_keys` random keys
+/// and values at positions 0.., the attention parameters (scale 1/sqrt(hd)) and a random query
+/// row, for the timing tests.
+fn filled_f16_cache(
+    g: &CudaBackend,
+    rng: &mut Rng,
+    (nh, nkv, hd): (usize, usize, usize),
+    n_keys: usize,
+    capacity: usize,
+) -> (vela_cuda::CudaKv, AttnParams, vela_cuda::CudaBuf) {
     let spec = KvLayerSpec {
         n_head_kv: nkv,
         head_dim_k: hd,
         head_dim_v: hd,
-        capacity: 4096,
+        capacity,
         window: None,
     };
     let mut kv = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
     let pos: Vec<u32> = (0..n_keys as u32).collect();
-    let k = up(&g, &rng.vec(n_keys * nkv * hd));
-    let v = up(&g, &rng.vec(n_keys * nkv * hd));
+    let k = up(g, &rng.vec(n_keys * nkv * hd));
+    let v = up(g, &rng.vec(n_keys * nkv * hd));
     g.kv_store(&mut kv, 0, &k, &v, &pos);
     let p = AttnParams {
         n_head: nh,
         n_head_kv: nkv,
         head_dim_k: hd,
         head_dim_v: hd,
-        scale: 0.125,
+        scale: 1.0 / (hd as f32).sqrt(),
         window: None,
         softcap: None,
     };
-    let q = up(&g, &rng.vec(nh * hd));
+    (kv, p, up(g, &rng.vec(nh * hd)))
+}
+
+/// (SmolLM2 geometry, F16 KV), split-K against the one-block-per-head kernel.
+#[test]
+fn attention_decode_timing() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng(5);
+    let (nh, nkv, hd, n_keys) = (9usize, 3usize, 64usize, 530usize);
+    let (kv, p, q) = filled_f16_cache(&g, &mut rng, (nh, nkv, hd), n_keys, 4096);
     let mut out = g.alloc(nh * hd);
     let last = [n_keys as u32 - 1];
     let mut line = format!("attention decode timing {n_keys} keys F16");
@@ -607,28 +620,7 @@ fn attention_decode_timing() {
     // split-K parts of the second version (one block per query head) and the third (one block
     // per KV head), and the KV bytes per second.
     let (nh, nkv, hd, n_keys) = (32usize, 8usize, 128usize, 8192usize);
-    let spec = KvLayerSpec {
-        n_head_kv: nkv,
-        head_dim_k: hd,
-        head_dim_v: hd,
-        capacity: 8320,
-        window: None,
-    };
-    let mut kv = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
-    let pos: Vec<u32> = (0..n_keys as u32).collect();
-    let k = up(&g, &rng.vec(n_keys * nkv * hd));
-    let v = up(&g, &rng.vec(n_keys * nkv * hd));
-    g.kv_store(&mut kv, 0, &k, &v, &pos);
-    let p = AttnParams {
-        n_head: nh,
-        n_head_kv: nkv,
-        head_dim_k: hd,
-        head_dim_v: hd,
-        scale: 0.088,
-        window: None,
-        softcap: None,
-    };
-    let q = up(&g, &rng.vec(nh * hd));
+    let (kv, p, q) = filled_f16_cache(&g, &mut rng, (nh, nkv, hd), n_keys, 8320);
     let mut outs: Vec<_> = (0..3).map(|_| g.alloc(nh * hd)).collect();
     let last = [n_keys as u32 - 1];
     let bytes = (2 * n_keys * nkv * hd * 2) as f64;
