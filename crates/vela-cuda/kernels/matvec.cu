@@ -40,13 +40,14 @@ __device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& 
 // the split is faster on L2-resident test matrices; so the default stays split = 1.)
 // Rows and K part of this warp of block blk (R rows per warp, `split` warps per row): the first
 // row r0, the part and its range lo..hi of the row's n units (blocks or sub-blocks; parts
-// rounded up to multiples of `align` units).
-__device__ __forceinline__ void mv_part(int blk, int R, int split, int n, int align, int& r0,
-                                        int& part, int& lo, int& hi) {
+// rounded up to multiples of ALIGN units).
+template <int ALIGN>
+__device__ __forceinline__ void mv_part(int blk, int R, int split, int n, int& r0, int& part,
+                                        int& lo, int& hi) {
     int warp = threadIdx.x / 32;
     r0 = (blk * (WARPS / split) + warp / split) * R;
     part = warp % split;
-    int per = ((n + split - 1) / split + align - 1) / align * align;
+    int per = ((n + split - 1) / split + ALIGN - 1) / ALIGN * ALIGN;
     lo = part * per;
     hi = min(n, lo + per);
 }
@@ -126,7 +127,7 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
     __shared__ uint4 stage[WARPS][R][N16];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int r0, part, lo, hi;
-    mv_part(blk, R, split, nb, 8, r0, part, lo, hi);
+    mv_part<8>(blk, R, split, nb, r0, part, lo, hi);
     float acc[R], accm[R];
     int skew[R];
     const uint4* base[R];
@@ -205,7 +206,7 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
                                     float* __restrict__ Y, int rows, int nb, int blk, int split) {
     int lane = threadIdx.x & 31;
     int r0, part, lo, hi;
-    mv_part(blk, R, split, nb, 1, r0, part, lo, hi);
+    mv_part<1>(blk, R, split, nb, r0, part, lo, hi);
     float acc[R];
     const uint4* wq[R];
     const u16* wd[R];
@@ -408,7 +409,7 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
                                     float* __restrict__ Y, int rows, int nb, int blk, int split) {
     int lane = threadIdx.x & 31;
     int r0, part, lo, hi;
-    mv_part(blk, R, split, nb * 8, 1, r0, part, lo, hi);
+    mv_part<1>(blk, R, split, nb * 8, r0, part, lo, hi);
     float acc[R];
     const u8* wr[R];
 #pragma unroll
@@ -469,7 +470,7 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
                                      float* __restrict__ Y, int rows, int nb, int blk, int split) {
     int lane = threadIdx.x & 31;
     int r0, part, lo, hi;
-    mv_part(blk, R, split, nb * 8, 1, r0, part, lo, hi);
+    mv_part<1>(blk, R, split, nb * 8, r0, part, lo, hi);
     float acc[R];
     const u8* wr[R];
 #pragma unroll
