@@ -11,6 +11,7 @@
 #                                         #    built there once by scripts/build-llama-cpp-cuda.sh
 #                                         #    and brought back, target/gpu-data/lb/lb.partNN);
 #                                         #    prints the carry groups (each <= 64 MiB)
+#   here:   scripts/gpu-suite.sh regroup  # after a rebuild: fresh binaries into the pack, new groups
 #   there:  scripts/gpu-suite.sh recv     # once per carry group: files -> /tmp/stash
 #   there:  scripts/gpu-suite.sh test     # assemble + sha256-check the models, then
 #       1. device bandwidth (crates/vela-cuda/bench/bandwidth.cu, nvcc) — the roofline's denominator
@@ -26,13 +27,13 @@
 #       then per model of QUICK_MODELS ("name:geometry:type ...", synthesized there) a pp512 +
 #       tg128 run vs llama.cpp and tg128 A/B runs for QUICK_AB ("name:SWITCH=value ...";
 #       "name:+SWITCH=value": pp512 too), the 8B at 8K depth (QUICK_8K=0 skips; QUICK_8K_AB
-#       switches), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
+#       switches; QUICK_DEPTHS="1024 8192" other depths), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
 #       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage).
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|recv|test|bench|pack-quick|quick}
+stage=${1:?stage: pack|regroup|recv|test|bench|pack-quick|quick}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=target/gpu-data/suite
@@ -44,6 +45,29 @@ export VELA_CACHE=${VELA_CACHE_GPU:-/tmp/vela-cache}
 MODELS=${SUITE_MODELS:-SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m qwen2.5-coder-0.5b-instruct-q4_k_m}
 KEYS=${SUITE_KEYS:-smollm2,gemma3,qwen25}
 SYNTH=${SUITE_SYNTH:-llama3-8b:q4_0 llama3-8b:q4_k_m}
+
+# Carry groups: first-fit of the files of $S (largest first) into bins of 60.1 MiB (+ the ~3 MB
+# working tree <= 64 MiB) -> $S/groups.txt.
+groups() {
+  python3 - "$S" <<'EOF'
+import os, sys
+d = sys.argv[1]
+files = sorted(((os.path.getsize(os.path.join(d, f)), f) for f in os.listdir(d)), reverse=True)
+bins = []
+for size, f in files:
+    for b in bins:
+        if b[0] + size <= (60 << 20) + (1 << 17):
+            b[0] += size; b[1].append(f); break
+    else:
+        bins.append([size, [f]])
+with open(os.path.join(d, "groups.txt"), "w") as g:
+    for size, fs in bins:
+        g.write(" ".join(fs) + "\n")
+print(f"{len(bins)} carry groups:")
+for size, fs in bins:
+    print(f"  {size / 2**20:5.1f} MiB: {' '.join(fs)}")
+EOF
+}
 
 case $stage in
 pack)
@@ -66,25 +90,14 @@ pack)
     (cd "$src/models" && sha256sum $m.gguf) >"$S/m-$m.sha256"
     split -b 60M -d "$src/models/$m.gguf" "$S/m-$m.part"
   done
-  # Carry groups: first-fit of the files (largest first) into bins of 61 MiB (+ the ~2 MB working tree <= 64 MiB).
-  python3 - "$S" <<'EOF'
-import os, sys
-d = sys.argv[1]
-files = sorted(((os.path.getsize(os.path.join(d, f)), f) for f in os.listdir(d)), reverse=True)
-bins = []
-for size, f in files:
-    for b in bins:
-        if b[0] + size <= 61 << 20:
-            b[0] += size; b[1].append(f); break
-    else:
-        bins.append([size, [f]])
-with open(os.path.join(d, "groups.txt"), "w") as g:
-    for size, fs in bins:
-        g.write(" ".join(fs) + "\n")
-print(f"{len(bins)} carry groups:")
-for size, fs in bins:
-    print(f"  {size / 2**20:5.1f} MiB: {' '.join(fs)}")
-EOF
+  groups
+  ;;
+regroup)
+  # After a rebuild: the fresh vela and GPU test binaries into an existing pack, new carry groups.
+  cp target/release/vela $S/vela
+  bin=$(ls -t target/release/deps/gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
+  cp "$bin" $S/gpu-test
+  groups
   ;;
 recv)
   mkdir -p $stash
@@ -205,9 +218,14 @@ quick)
   done
   VELA_CUDA_DEBUG=1 /tmp/vela bench -m /tmp/l8.gguf --device cuda -p 0 -n 32 2>&1 | grep -i "graph\|capture" | head -3
   if [ "${QUICK_8K:-1}" = 1 ]; then
-    for sw in base ${QUICK_8K_AB:-}; do
-      env $([ $sw = base ] || echo $sw) timeout 90 "${B[@]}" --models /tmp/l8.gguf -p 0 -n 128 --depth 8192 \
-        --out $OUT/quick-8k-$(echo $sw | tr '=,' '__').md 2>/dev/null | grep "| l8 |" | sed "s/^/$sw /"
+    # QUICK_DEPTHS: the depths of this stage (default 8192; files quick-8k-* for 8192, else
+    # quick-d<depth>-*).
+    for dep in ${QUICK_DEPTHS:-8192}; do
+      tag=$([ $dep = 8192 ] && echo 8k || echo d$dep)
+      for sw in base ${QUICK_8K_AB:-}; do
+        env $([ $sw = base ] || echo $sw) timeout 90 "${B[@]}" --models /tmp/l8.gguf -p 0 -n 128 --depth $dep \
+          --out $OUT/quick-$tag-$(echo $sw | tr '=,' '__').md 2>/dev/null | grep "| l8 |" | sed "s/^/$sw /"
+      done
     done
   fi
   if [ "${QUICK_PROF8K:-0}" = 1 ]; then
@@ -224,6 +242,8 @@ quick)
       --section WarpStateStats --section MemoryWorkloadAnalysis /tmp/vela bench -m /tmp/l8.gguf --device cuda -p 0 -n 4 \
       >$OUT/ncu.txt 2>&1; echo "ncu exit $?"
   fi
+  # One archive of every result (the device tool brings back a limited number of files).
+  (cd $OUT && tar czf /tmp/quick-results.tgz . && find . -type f ! -name quick-tests.log -delete && mv /tmp/quick-results.tgz .)
   echo "quick done ($(( $(date +%s) - t0 )) s)"
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;

@@ -294,6 +294,23 @@ pub trait Backend: Send + Sync {
         self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
         self.kv_store(kv, layer, k, v, positions);
     }
+    /// [`Backend::attention`] into `a`, then `y = a · wᵀ` ([`Backend::matmul`]): the attention
+    /// output and its projection, one call that a backend may fuse.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_matmul(
+        &self,
+        q: &Self::Buf,
+        kv: &Self::Kv,
+        layer: usize,
+        positions: &[u32],
+        p: &AttnParams,
+        a: &mut Self::Buf,
+        w: &Self::Weight,
+        y: &mut Self::Buf,
+    ) {
+        self.attention(q, kv, layer, positions, p, a);
+        self.matmul(w, a, positions.len(), y);
+    }
     /// `gate = act(gate) * up` over `n_rows * width` elements ([`Backend::act_mul`]), then
     /// `y = gate · wᵀ` ([`Backend::matmul`]).
     #[allow(clippy::too_many_arguments)]

@@ -623,10 +623,12 @@ PART3(2, 8, attention_part3_bf16_g8)
 // (S <= 32, blockDim = G * hdv rounded up to 32 with G = 4 groups, or 2 for hdv > 256). The first
 // warp loads every part's (m, l) at once and computes the weights exp(m_s - M) (0 for empty
 // parts) and 1 / L; then thread (group gi, dimension d) sums parts gi, gi + G, ... of dimension
-// d (loads in flight together) and the G groups are added in order.
+// d (loads in flight together) and the G groups are added in order. With aq != 0 (hdv % 32 == 0)
+// the head's output is also quantized to Q8 blocks for the next product, exactly like
+// quantize_q8 (the first group's warps hold 32 consecutive elements each).
 #define COMBINE_MAX 128
 extern "C" __global__ void attention_combine(const float* __restrict__ part, float* __restrict__ out,
-                                             int n_head, int hdv, int S) {
+                                             int n_head, int hdv, int S, AQ8* __restrict__ aq) {
     PDL_ENTRY();
     __shared__ float wts[COMBINE_MAX];
     __shared__ float inv_l;
@@ -672,5 +674,6 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, flo
         float sum = red[d];
         for (int g2 = 1; g2 < G; g2++) sum += red[g2 * hdv32 + d];
         o[d] = sum * inv_l;
+        if (aq) q8_block(sum * inv_l, aq + (((size_t)t * n_head + h) * hdv + d) / 32, d & 31);
     }
 }

@@ -122,3 +122,77 @@ __device__ __forceinline__ void pdl_trigger() {
         pdl_trigger(); \
     } while (0)
 
+// ---- activation blocks of the quantized products (quant.cu) and their quantizers, shared with
+// the decode attention, which quantizes its output for the next product (flash.cu) ----
+
+// 32-element activation block (content of ggml block_q8_1 plus the exact quant sum).
+struct AQ8 {
+    float d;   // scale, rounded through f16
+    float s;   // f16(d * sum)
+    int sum;   // exact sum of qs
+    int pad;
+    int qs[8]; // 32 int8 quants
+};
+
+// 256-element activation block (ggml block_q8_K).
+struct AQ8K {
+    float d;
+    int pad[3];
+    short bsums[16]; // sum of each group of 16 quants
+    int qs[64];      // 256 int8 quants
+};
+
+// One warp per 32-element block (lane i holds element i): d = amax/127, multiplier 127/amax,
+// round half to even.
+__device__ __forceinline__ void q8_block(float v, AQ8* __restrict__ o, int lane) {
+    float amax = warp_max(fabsf(v));
+    float d = amax / 127.0f;
+    float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int q = __float2int_rn(v * id);
+    int sum = warp_sum_i(q);
+    ((i8*)o->qs)[lane] = (i8)q;
+    if (lane == 0) {
+        o->d = round_f16(d);
+        o->s = round_f16(d * (float)sum);
+        o->sum = sum;
+        o->pad = 0;
+    }
+}
+
+// One warp per 256-element block (lane l holds elements 8l..8l+7), exactly ggml's
+// quantize_row_q8_K_ref: the scale comes from the signed value of largest magnitude (first one
+// on ties), iscale = -127/max.
+__device__ __forceinline__ void q8k_block(const float v[8], AQ8K* __restrict__ o, int lane) {
+    float amax = 0.0f, mx = 0.0f;
+    int idx = 1 << 30;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (fabsf(v[i]) > amax) { amax = fabsf(v[i]); mx = v[i]; idx = lane * 8 + i; }
+    }
+#pragma unroll
+    for (int sh = 16; sh > 0; sh >>= 1) {
+        float a2 = __shfl_xor_sync(0xffffffffu, amax, sh);
+        float m2 = __shfl_xor_sync(0xffffffffu, mx, sh);
+        int i2 = __shfl_xor_sync(0xffffffffu, idx, sh);
+        if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
+    }
+    int q[8];
+    int s = 0;
+    if (amax == 0.0f) {
+#pragma unroll
+        for (int i = 0; i < 8; i++) q[i] = 0;
+    } else {
+        float iscale = -127.0f / mx;
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            q[i] = min(__float2int_rn(iscale * v[i]), 127);
+            s += q[i];
+        }
+        if (lane == 0) o->d = 1.0f / iscale;
+    }
+    if (amax == 0.0f && lane == 0) o->d = 0.0f;
+    int pair = s + __shfl_xor_sync(0xffffffffu, s, 1);
+    if ((lane & 1) == 0) o->bsums[lane / 2] = (short)pair;
+    o->qs[lane * 2] = (q[0] & 255) | ((q[1] & 255) << 8) | ((q[2] & 255) << 16) | ((u32)(q[3] & 255) << 24);
+    o->qs[lane * 2 + 1] = (q[4] & 255) | ((q[5] & 255) << 8) | ((q[6] & 255) << 16) | ((u32)(q[7] & 255) << 24);
+}

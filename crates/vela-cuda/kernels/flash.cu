@@ -238,82 +238,138 @@ FLASH(2, 64, 64, flash_bf16_d64)
 FLASH(2, 128, 64, flash_bf16_d128)
 FLASH(2, 256, 32, flash_bf16_d256)
 
-// ---- tensor-core split-K decode attention (opt-in: VELA_CUDA_ATTN_PART=4) ----
+// ---- tensor-core split-K decode attention with the combine fused (the default decode attention
+// for f16/bf16 caches outside exact mode; VELA_CUDA_ATTN_PART=2|3 selects the older kernels) ----
 //
-// Block (g, t, s) of FA_WARPS warps runs part s (split_part_range) of the keys token t sees, for
-// the G = n_head / n_head_kv query heads of KV head g at once: the G query rows (padded to 16)
-// are the M rows of mma.sync m16n8k16, so every K and V row is read once per KV head. The keys
-// are walked in tiles of FD_KEYS = 64, copied to shared memory with cp.async (all of a tile's
-// 16-byte copies in flight at once, zero-filled past the part's end); warp w takes keys
-// 16w .. 16w + 15 of each tile: S = Q K^T (2 mma n-tiles), scale, softcap, an online softmax per
-// row over its keys, O += P V. The four warps' (m, l, O) are merged through shared memory in warp
-// order and the block writes the G rows' unnormalized partials in attention_part2's layout for
-// attention_combine. Takes attention_part2's arguments (hdk, hdv: D, checked by the host). Needs
-// sm_80+, an f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16.
-// Q and P are rounded to the cache type (as in flash_prefill); not used in exact mode.
+// Grid (n_head_kv, n_tok, S), FA_WARPS warps per block. The keys a token at position p sees are
+// cut into tiles of FD_KEYS = 64 and into S_eff <= min(S, target) parts of `per` whole tiles,
+// chosen on the device from p (fd_parts), so a captured graph replays at any position and short
+// contexts run few blocks; blocks s >= S_eff exit at once. Block (g, t, s) runs part s for the
+// G = n_head / n_head_kv query heads of KV head g at once: the G query rows (padded to 16) are the
+// M rows of mma.sync m16n8k16, so every K and V row is read once per KV head. The part's tiles
+// stream through FD_STAGES shared buffers (cp.async, the next tile's copies in flight while the
+// current one is used; zero-filled past the part's end; the Q rows are converted while the first
+// tile arrives); warp w takes keys 16w .. 16w + 15 of each tile: S = Q K^T (2 mma n-tiles),
+// scale, softcap, an online softmax per row over its keys, O += P V. The four warps' (m, l, O)
+// are merged through shared memory in warp order and the block writes the G rows' unnormalized
+// partials in attention_part2's layout. The block that finishes last (a ticket per (token, KV
+// head), reset by that block for the next launch) merges the S_eff partials like
+// attention_combine into out[t][h][..] and, when aq_kind is 1 (Q8) or 2 (Q8_K), also quantizes
+// the G heads' outputs (contiguous in the row) for the next product exactly like quantize_q8 /
+// quantize_q8k. Shared memory is dynamic (fd_smem_bytes in src/kernels.rs). Needs sm_80+, an
+// f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16, S <= 128, and for aq_kind 2
+// G * D % 256 == 0 (the host checks). Q and P are rounded to the cache type (as in flash_prefill);
+// not used in exact mode.
 #define FD_KEYS 64
+#ifdef FD_ONE_STAGE
+#define FD_STAGES 1
+#else
+#define FD_STAGES 2
+#endif
+#define FD_MAX_PARTS 128
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
                  "r"(valid ? 16 : 0)
                  : "memory");
 }
-__device__ __forceinline__ void cp_async_wait_all() {
-    asm volatile("cp.async.commit_group;\ncp.async.wait_group 0;" ::: "memory");
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// The parts of a token at position p: keys first..p in tiles of FD_KEYS, `per` (at least
+// min_tiles) tiles per part; returns the number of non-empty parts S_eff <= min(S, target).
+__device__ __forceinline__ int fd_parts(int p, int window, int S, int target, int min_tiles,
+                                        int& first, int& per) {
+    first = window > 0 ? max(0, p + 1 - window) : 0;
+    int n_tiles = (p - first + FD_KEYS) / FD_KEYS;
+    int most = max(1, min(S, target));
+    per = max((n_tiles + most - 1) / most, min_tiles);
+    return (n_tiles + per - 1) / per;
+}
+
+// Copy keys j0 .. j0 + FD_KEYS - 1 (those <= hi) of KV head g into the K and V tiles ks, vs.
+template <int D>
+__device__ __forceinline__ void fd_issue(u16* ks, u16* vs, const u16* kc, const u16* vc, int j0,
+                                         int hi, int g, int n_head_kv, int capacity) {
+    constexpr int LD = D + 8;
+    constexpr int CHUNKS = FD_KEYS * D / 8;        // 16-byte pieces of a K (or V) tile
+    constexpr int PER = CHUNKS / (32 * FA_WARPS);  // per thread
+    static_assert(PER * 32 * FA_WARPS == CHUNKS, "tile pieces divide over the block");
+    int tid = threadIdx.x;
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        int i = tid + k * 32 * FA_WARPS;
+        int r = i / (D / 8), c = 8 * (i % (D / 8)), j = j0 + r;
+        bool ok = j <= hi;
+        size_t off = ok ? ((size_t)(j % capacity) * n_head_kv + g) * D + c : 0;
+        cp_async16(&ks[r * LD + c], kc + off, ok);
+        cp_async16(&vs[r * LD + c], vc + off, ok);
+    }
+    cp_async_commit();
 }
 
 template <int KT, int D>
 __device__ void flash_decode(const float* __restrict__ q, const void* __restrict__ kc,
                              const void* __restrict__ vc, const u32* __restrict__ pos,
-                             float* __restrict__ part, int n_head, int n_head_kv, int capacity,
-                             int window, float scale, float softcap) {
+                             float* __restrict__ part, float* __restrict__ out, void* __restrict__ aq,
+                             int aq_kind, u32* __restrict__ tickets, int n_head, int n_head_kv,
+                             int capacity, int window, float scale, float softcap, int target,
+                             int min_tiles) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int LD = D + 8;
-    constexpr int CHUNKS = FD_KEYS * D / 8;            // 16-byte pieces of a K (or V) tile
-    constexpr int PER = CHUNKS / (32 * FA_WARPS);      // per thread
-    static_assert(PER * 32 * FA_WARPS == CHUNKS, "tile pieces divide over the block");
-    static_assert(2 * FD_KEYS * LD * 2 >= 16 * D * 4, "the merge buffer fits in the tiles");
-    __shared__ __align__(16) u16 kvs[2 * FD_KEYS * LD];
+    constexpr int TILE = FD_KEYS * LD;  // elements of one K (or V) tile
+    static_assert(FD_STAGES * 2 * TILE * 2 >= (16 * FD_MAX_PARTS + 16 * D + 16) * 4,
+                  "the merge buffers fit in the tiles");
+    extern __shared__ __align__(16) u16 fd_smem[];
+    u16* qsm = fd_smem;           // [16][LD] Q rows
+    u16* stg = fd_smem + 16 * LD; // stage i: K tile at stg + 2 i TILE, V tile after it
     __shared__ float wm[FA_WARPS][16], wl[FA_WARPS][16];
-    u16* ks = kvs;
-    u16* vs = kvs + FD_KEYS * LD;
+    __shared__ int s_last;
     int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
     int gid = lane >> 2, tig = lane & 3;
     int G = n_head / n_head_kv;
     int p = (int)pos[t];
+    int first, per;
+    int S_eff = fd_parts(p, window, S, target, min_tiles, first, per);
+    if (s >= S_eff) return;
+    int lo = first + FD_KEYS * per * s, hi = min(p, lo + FD_KEYS * per - 1);
+    int n_tiles = (hi - lo + FD_KEYS) / FD_KEYS;
+    const u16* kc16 = (const u16*)kc;
+    const u16* vc16 = (const u16*)vc;
+    fd_issue<D>(stg, stg + TILE, kc16, vc16, lo, hi, g, n_head_kv, capacity);
     // Q rows (the G heads of the group; rows G..15 zero) -> shared -> A fragments.
     for (int i = tid; i < 16 * D / 4; i += blockDim.x) {
         int r = i / (D / 4), c = 4 * (i % (D / 4));
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (r < G) v = *(const float4*)(q + ((size_t)t * n_head + g * G + r) * D + c);
-        *(uint2*)&ks[r * LD + c] = make_uint2(fa_pack<KT>(v.x, v.y), fa_pack<KT>(v.z, v.w));
+        *(uint2*)&qsm[r * LD + c] = make_uint2(fa_pack<KT>(v.x, v.y), fa_pack<KT>(v.z, v.w));
     }
     __syncthreads();
     u32 qf[D / 16][4];
 #pragma unroll
     for (int kk = 0; kk < D / 16; kk++)
-        ldsm_x4(qf[kk], &ks[(lane & 15) * LD + 16 * kk + 8 * (lane >> 4)]);
+        ldsm_x4(qf[kk], &qsm[(lane & 15) * LD + 16 * kk + 8 * (lane >> 4)]);
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
-    int lo, hi;
-    split_part_range(p, window, s, S, lo, hi);
-    for (int j0 = lo; j0 <= hi; j0 += FD_KEYS) {
-        // Every warp is done with the previous tile (and with the Q rows in ks).
-        __syncthreads();
-#pragma unroll
-        for (int k = 0; k < PER; k++) {
-            int i = tid + k * 32 * FA_WARPS;
-            int r = i / (D / 8), c = 8 * (i % (D / 8)), j = j0 + r;
-            bool ok = j <= hi;
-            size_t off = ok ? ((size_t)(j % capacity) * n_head_kv + g) * D + c : 0;
-            cp_async16(&ks[r * LD + c], (const u16*)kc + off, ok);
-            cp_async16(&vs[r * LD + c], (const u16*)vc + off, ok);
+    for (int it = 0; it < n_tiles; it++) {
+        // Tile it + 1 into the other stage (free: the previous iteration ended with a barrier).
+        if (FD_STAGES > 1 && it + 1 < n_tiles) {
+            u16* nk = stg + 2 * ((it + 1) % FD_STAGES) * TILE;
+            fd_issue<D>(nk, nk + TILE, kc16, vc16, lo + (it + 1) * FD_KEYS, hi, g, n_head_kv, capacity);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
         }
-        cp_async_wait_all();
         __syncthreads();
+        const u16* ks = stg + 2 * (it % FD_STAGES) * TILE;
+        const u16* vs = ks + TILE;
+        int j0 = lo + it * FD_KEYS;
         // S = Q K^T for keys 16 warp .. + 15 of the tile (two n-tiles of 8 keys).
         float sc[2][4];
 #pragma unroll
@@ -340,6 +396,9 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
         // (A warp whose keys of this tile are all past the part's end keeps max -inf.)
         fa_softmax<2, D / 8>(sc, xa, xb, ma, mb, la, lb, o);
         fa_pv<KT, D>(sc[0], sc[1], vs, 16 * warp, o);
+        __syncthreads();  // every warp is done with this stage before it is refilled
+        if (FD_STAGES == 1 && it + 1 < n_tiles)
+            fd_issue<D>(stg, stg + TILE, kc16, vc16, lo + (it + 1) * FD_KEYS, hi, g, n_head_kv, capacity);
     }
     // Merge the warps: row maxima and sums, then O in warp order through shared memory.
     la += __shfl_xor_sync(0xffffffffu, la, 1);
@@ -352,7 +411,7 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
         wl[warp][gid] = la;
         wl[warp][gid + 8] = lb;
     }
-    __syncthreads();  // also: every warp is done with the last tile
+    __syncthreads();
     float Ma = NEG_INF, Mb = NEG_INF;
 #pragma unroll
     for (int w = 0; w < FA_WARPS; w++) {
@@ -360,7 +419,7 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
         Mb = fmaxf(Mb, wm[w][gid + 8]);
     }
     float fa = ma == NEG_INF ? 0.0f : expf(ma - Ma), fb = mb == NEG_INF ? 0.0f : expf(mb - Mb);
-    float* ob = (float*)kvs;  // [16][D]
+    float* ob = (float*)stg;  // [16][D]
     for (int w = 0; w < FA_WARPS; w++) {
         if (warp == w) {
 #pragma unroll
@@ -378,25 +437,104 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
         }
         __syncthreads();
     }
+    float* res = (float*)stg + 16 * FD_MAX_PARTS;  // [16][D] merged rows (after the weights)
+    float* inv = res + 16 * D;                      // [16] 1 / L
+    if (S_eff == 1) {
+        // The only part: normalize here (no partials, no ticket).
+        if (tid < G) {
+            float M = NEG_INF, L = 0.0f;
+            for (int w = 0; w < FA_WARPS; w++) M = fmaxf(M, wm[w][tid]);
+            for (int w = 0; w < FA_WARPS; w++)
+                L += wm[w][tid] == NEG_INF ? 0.0f : wl[w][tid] * expf(wm[w][tid] - M);
+            inv[tid] = 1.0f / L;
+        }
+        __syncthreads();
+        for (int i = tid; i < G * D; i += blockDim.x) {
+            float v = ob[i] * inv[i / D];
+            out[((size_t)t * n_head + g * G) * D + i] = v;
+            res[i] = v;
+        }
+    } else {
     for (int i = tid; i < G * D; i += blockDim.x) {
         int r = i / D, d = i % D;
-        float* out = part + (((size_t)t * n_head + g * G + r) * S + s) * (D + 2);
-        out[d] = ob[r * D + d];
+        float* po = part + (((size_t)t * n_head + g * G + r) * S + s) * (D + 2);
+        po[d] = ob[r * D + d];
         if (d == 0) {
             float M = NEG_INF, L = 0.0f;
             for (int w = 0; w < FA_WARPS; w++) M = fmaxf(M, wm[w][r]);
             for (int w = 0; w < FA_WARPS; w++)
                 L += wm[w][r] == NEG_INF ? 0.0f : wl[w][r] * expf(wm[w][r] - M);
-            out[D] = M;
-            out[D + 1] = L;
+            po[D] = M;
+            po[D + 1] = L;
+        }
+    }
+    // The last block of (t, g) to get here merges the parts.
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) {
+        u32* tk = tickets + (size_t)t * n_head_kv + g;
+        bool last = atomicAdd(tk, 1u) == (u32)(S_eff - 1);
+        if (last) *tk = 0u;  // every block of this launch has taken its ticket
+        s_last = last;
+    }
+    __syncthreads();
+    if (!s_last) return;
+    __threadfence();
+    float* wts = (float*)stg;  // [16][FD_MAX_PARTS] part weights exp(m_s - M)
+    for (int r = warp; r < G; r += FA_WARPS) {
+        const float* pr = part + ((size_t)t * n_head + g * G + r) * S * (D + 2);
+        float ms[FD_MAX_PARTS / 32], ls[FD_MAX_PARTS / 32];
+        float mx = NEG_INF;
+#pragma unroll
+        for (int k = 0; k < FD_MAX_PARTS / 32; k++) {
+            int si = lane + 32 * k;
+            ms[k] = si < S_eff ? __ldcg(pr + (size_t)si * (D + 2) + D) : NEG_INF;
+            ls[k] = si < S_eff ? __ldcg(pr + (size_t)si * (D + 2) + D + 1) : 0.0f;
+            mx = fmaxf(mx, ms[k]);
+        }
+        float M = warp_max(mx);
+        float lw = 0.0f;
+#pragma unroll
+        for (int k = 0; k < FD_MAX_PARTS / 32; k++) {
+            float w = ms[k] == NEG_INF ? 0.0f : expf(ms[k] - M);
+            lw += ls[k] * w;
+            wts[r * FD_MAX_PARTS + lane + 32 * k] = w;
+        }
+        float L = warp_sum(lw);
+        if (lane == 0) inv[r] = 1.0f / L;
+    }
+    __syncthreads();
+    for (int i = tid; i < G * D; i += blockDim.x) {
+        int r = i / D, d = i % D;
+        const float* pr = part + ((size_t)t * n_head + g * G + r) * S * (D + 2) + d;
+        float v = 0.0f;
+#pragma unroll 8
+        for (int si = 0; si < S_eff; si++) v += __ldcg(pr + (size_t)si * (D + 2)) * wts[r * FD_MAX_PARTS + si];
+        v *= inv[r];
+        out[((size_t)t * n_head + g * G + r) * D + d] = v;
+        res[i] = v;
+    }
+    }
+    if (aq_kind == 0) return;
+    __syncthreads();
+    // The G heads' outputs are elements e0 .. e0 + G D - 1 of the activation rows.
+    size_t e0 = ((size_t)t * n_head + (size_t)g * G) * D;
+    if (aq_kind == 1) {
+        for (int b = warp; b < G * D / 32; b += FA_WARPS) q8_block(res[32 * b + lane], (AQ8*)aq + e0 / 32 + b, lane);
+    } else {
+        for (int b = warp; b < G * D / 256; b += FA_WARPS) {
+            float v[8];
+#pragma unroll
+            for (int k = 0; k < 8; k++) v[k] = res[256 * b + 8 * lane + k];
+            q8k_block(v, (AQ8K*)aq + e0 / 256 + b, lane);
         }
     }
 #endif
 }
 
 #define FLASH_DECODE(KT, D, NAME)                                                                  \
-    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
-        flash_decode<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); }
+    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, float* out, void* aq, int aq_kind, u32* tickets, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap, int target, int min_tiles) { PDL_ENTRY(); \
+        flash_decode<KT, D>(q, kc, vc, pos, part, out, aq, aq_kind, tickets, n_head, n_head_kv, capacity, window, scale, softcap, target, min_tiles); }
 FLASH_DECODE(1, 64, flash_decode_f16_d64)
 FLASH_DECODE(1, 128, flash_decode_f16_d128)
 FLASH_DECODE(2, 64, flash_decode_bf16_d64)

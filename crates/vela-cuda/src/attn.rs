@@ -1,8 +1,12 @@
 //! RoPE (alone, q+k, q+k with the KV store) and attention (one block per head and token, or
 //! split-K for decode) of the CUDA backend.
 
-use crate::{Arg, CudaBackend, CudaBuf, CudaKv};
+use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaKv};
 use crate::{ATT_MAXD, ATT_MAXD_BIG, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
+use anyhow::Result;
+use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::Arc;
 
 /// Most split-K parts of the first two versions (one `attention_part*` block per query head).
 const SPLIT_MAX_PARTS: usize = 32;
@@ -10,6 +14,59 @@ const SPLIT_MAX_PARTS: usize = 32;
 /// Most split-K parts of the third version (one block per KV head; `attention_combine` merges
 /// at most 128).
 const SPLIT_MAX_PARTS_V3: usize = 128;
+
+/// Most parts of the tensor-core decode attention (`FD_MAX_PARTS` in flash.cu).
+const FD_MAX_PARTS: usize = 128;
+
+/// Keys per tile of the tensor-core decode attention (`FD_KEYS` in flash.cu).
+const FD_KEYS: usize = 64;
+
+/// Tickets of the tensor-core decode attention: one per (token, KV head) of a launch.
+const FD_TICKETS: usize = 1024;
+
+/// State of the tensor-core decode attention with the combine fused (`flash_decode_*`).
+pub(crate) struct FlashDecode {
+    /// On where it applies (default; `VELA_CUDA_ATTN_PART=1|2|3` selects the older kernels).
+    pub(crate) on: AtomicBool,
+    /// Zeroed; the last block of each (token, KV head) resets its ticket.
+    tickets: CudaSlice<u32>,
+    /// Blocks the parts aim for per launch: `VELA_CUDA_FD_WAVES` (default 2) per SM.
+    blocks: usize,
+    /// Fewest 64-key tiles per part (`VELA_CUDA_FD_MIN_TILES`, default 4).
+    min_tiles: usize,
+    /// Fewest keys (the longest row's) for this kernel; fewer: the second version
+    /// (`VELA_CUDA_FD_MIN_KEYS`, default 1536; `set_flash_decode_min_keys`). Llama-3-8B Q4_0
+    /// tg128 on the H200: the second version 386 vs 380 t/s at depth 1,024, this kernel 380 vs
+    /// 331 at 2,048 and 350 vs 265 at 8,192.
+    min_keys: AtomicUsize,
+    /// `attention_combine` also quantizes for the next product (Q8; default,
+    /// `VELA_CUDA_COMBINE_Q8=0` off).
+    combine_q8: bool,
+}
+
+impl FlashDecode {
+    pub(crate) fn new(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>) -> Result<Self> {
+        let sms = ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| anyhow::anyhow!("querying the SM count: {e:?}"))?;
+        let num = |k: &str, d: usize| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok())
+                .unwrap_or(d)
+        };
+        let waves = num("VELA_CUDA_FD_WAVES", 2);
+        let part = std::env::var("VELA_CUDA_ATTN_PART").unwrap_or_default();
+        Ok(FlashDecode {
+            on: AtomicBool::new(!matches!(part.as_str(), "1" | "2" | "3")),
+            tickets: stream.alloc_zeros::<u32>(FD_TICKETS)?,
+            blocks: waves.max(1) * sms.max(1) as usize,
+            min_tiles: num("VELA_CUDA_FD_MIN_TILES", 4).max(1),
+            min_keys: AtomicUsize::new(num("VELA_CUDA_FD_MIN_KEYS", 1536)),
+            combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
+        })
+    }
+}
 
 /// Query rows per block of the flash attention kernels (flash.cu).
 const FLASH_ROWS: usize = 64;
@@ -174,6 +231,17 @@ impl CudaBackend {
         }
     }
 
+    /// Fewest keys (of the longest query row) for the tensor-core decode attention; shorter
+    /// rows take the second split-K version (default `VELA_CUDA_FD_MIN_KEYS`, else 1536).
+    pub fn set_flash_decode_min_keys(&self, n: usize) {
+        self.flush_recording();
+        self.fdec.min_keys.store(n, Ordering::Relaxed);
+    }
+
+    /// Attention of the query rows over the cache layer into `out`. `quant` = (activation kind,
+    /// device address): also quantize `out` there for the next product where the decode kernels
+    /// can (the tensor-core kernel: Q8 and Q8_K; `attention_combine`: Q8); returns whether they did.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_impl(
         &self,
         q: &CudaBuf,
@@ -182,9 +250,10 @@ impl CudaBackend {
         positions: &[u32],
         p: &AttnParams,
         out: &mut CudaBuf,
-    ) {
+        quant: Option<(ActKind, u64)>,
+    ) -> bool {
         if positions.is_empty() {
-            return;
+            return false;
         }
         assert!(
             p.head_dim_k <= ATT_MAXD_BIG && p.head_dim_v <= ATT_MAXD_BIG,
@@ -207,12 +276,56 @@ impl CudaBackend {
         // of capacity, up to 128 parts.
         let group = p.n_head / p.n_head_kv.max(1);
         let hd = p.head_dim_k;
-        // Fourth version (opt-in): tensor-core flash decoding, one block per KV head and part.
-        let v4 = self.flash_decode.load(Ordering::Relaxed)
+        // Default for decode where it applies: tensor-core split-K with the combine fused.
+        if self.fdec.on.load(Ordering::Relaxed)
+            && self.split_attn.load(Ordering::Relaxed)
+            && n_tok <= SPLIT_MAX_ROWS
             && group <= 16
-            && self.tensor_core_attention(kv.ty, p, &[64, 128]);
-        let v3 = !v4
-            && self.attn_part3.load(Ordering::Relaxed)
+            && p.n_head_kv * n_tok <= FD_TICKETS
+            && self.tensor_core_attention(kv.ty, p, &[64, 128])
+            && keys_seen(positions, window) >= self.fdec.min_keys.load(Ordering::Relaxed)
+        {
+            // Parts: at most one per 64-key tile of capacity, and as many as make
+            // `fdec.blocks` blocks; the kernel uses fewer when the position has fewer tiles.
+            let target = (self.fdec.blocks / (p.n_head_kv * n_tok)).max(1);
+            let parts = l
+                .spec
+                .capacity
+                .div_ceil(FD_KEYS)
+                .min(target)
+                .clamp(1, FD_MAX_PARTS);
+            // Quantize the output too when each KV head's G heads cover whole activation blocks.
+            let quant = quant.and_then(|(k, a)| match k {
+                ActKind::Q8 => Some((1, a)),
+                ActKind::Q8K if (group * hd).is_multiple_of(256) => Some((2, a)),
+                _ => None,
+            });
+            let pt = self.attn_partials(n_tok * p.n_head * parts * (hd + 2));
+            let args = [
+                Arg::P(self.ptr(q)),
+                Arg::P(self.ptr(&l.k)),
+                Arg::P(self.ptr(&l.v)),
+                Arg::P(pp),
+                Arg::P(pt),
+                Arg::P(self.ptr(out)),
+                Arg::P(quant.map_or(0, |q| q.1)),
+                Arg::I(quant.map_or(0, |q| q.0)),
+                Arg::P(self.ptr(&self.fdec.tickets)),
+                Arg::I(p.n_head as i32),
+                Arg::I(p.n_head_kv as i32),
+                Arg::I(l.spec.capacity as i32),
+                Arg::I(window as i32),
+                Arg::F(p.scale),
+                Arg::F(p.softcap.unwrap_or(0.0)),
+                Arg::I(target as i32),
+                Arg::I(self.fdec.min_tiles as i32),
+            ];
+            let name = format!("flash_decode_{}_d{hd}", kv_suffix(kv.ty));
+            let grid = (p.n_head_kv as u32, n_tok as u32, parts as u32);
+            self.launch(&name, grid, 128, &args);
+            return quant.is_some();
+        }
+        let v3 = self.attn_part3.load(Ordering::Relaxed)
             && p.n_head_kv > 0
             && p.n_head.is_multiple_of(p.n_head_kv)
             && hd == p.head_dim_v
@@ -220,7 +333,7 @@ impl CudaBackend {
             && hd <= ATT_MAXD
             && hd.is_multiple_of(16)
             && 128 % (hd / 8) == 0;
-        let per_kv_head = v3 || v4;
+        let per_kv_head = v3;
         let by_capacity = if per_kv_head {
             l.spec.capacity / 64
         } else {
@@ -250,15 +363,7 @@ impl CudaBackend {
                 kv_suffix(kv.ty),
                 if d512 { "_d512" } else { "" }
             );
-            let need = n_tok * p.n_head * parts * (p.head_dim_v + 2);
-            let mut part = self.attn_part.lock().unwrap_or_else(|e| e.into_inner());
-            if part.len() < need {
-                *part = self
-                    .stream
-                    .alloc_zeros::<f32>(need.next_power_of_two())
-                    .expect("CUDA alloc of attention partials");
-            }
-            let pt = self.ptr(&*part);
+            let pt = self.attn_partials(n_tok * p.n_head * parts * (p.head_dim_v + 2));
             let args = [
                 Arg::P(self.ptr(q)),
                 Arg::P(self.ptr(&l.k)),
@@ -274,12 +379,9 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
-            // All part kernels take the same arguments; the third and fourth versions run one
-            // block per KV head.
-            let (name, grid, block) = if v4 {
-                let name = format!("flash_decode_{}_d{hd}", kv_suffix(kv.ty));
-                (name, (p.n_head_kv, n_tok, parts), 128)
-            } else if v3 {
+            // All part kernels take the same arguments; the third version runs one block per KV
+            // head.
+            let (name, grid, block) = if v3 {
                 let g = if group <= 4 { 4 } else { 8 };
                 let name = format!("attention_part3_{}_g{g}", kv_suffix(kv.ty));
                 (name, (p.n_head_kv, n_tok, parts), 128)
@@ -288,12 +390,17 @@ impl CudaBackend {
             };
             let grid = (grid.0 as u32, grid.1 as u32, grid.2 as u32);
             self.launch(&name, grid, block, &args);
+            // Q8 activations for the next product from the combine too (whole blocks per head).
+            let q8 = quant
+                .filter(|(k, _)| *k == ActKind::Q8 && p.head_dim_v.is_multiple_of(32))
+                .filter(|_| self.fdec.combine_q8);
             let args = [
                 Arg::P(pt),
                 Arg::P(self.ptr(out)),
                 Arg::I(p.n_head as i32),
                 Arg::I(p.head_dim_v as i32),
                 Arg::I(parts as i32),
+                Arg::P(q8.map_or(0, |q| q.1)),
             ];
             // Four groups of parts (two above 256) × the value dimension rounded up to a warp
             // (at most 1,024 threads).
@@ -305,7 +412,7 @@ impl CudaBackend {
                 block,
                 &args,
             );
-            return;
+            return q8.is_some();
         }
         let mode = self.attn_prefill.load(Ordering::Relaxed);
         if mode == 0 && self.flash_applies(kv.ty, p, positions) {
@@ -327,7 +434,7 @@ impl CudaBackend {
             ];
             let grid = (p.n_head as u32, n_tok.div_ceil(FLASH_ROWS) as u32, 1);
             self.launch(&name, grid, 128, &args);
-            return;
+            return false;
         }
         let args = [
             Arg::P(self.ptr(q)),
@@ -364,6 +471,29 @@ impl CudaBackend {
             32 * warps,
             &args,
         );
+        false
+    }
+
+    /// Device address of the split-K partials buffer, grown to at least `len` floats.
+    fn attn_partials(&self, len: usize) -> u64 {
+        let mut part = self.attn_part.lock().unwrap_or_else(|e| e.into_inner());
+        if part.len() < len {
+            *part = self
+                .stream
+                .alloc_zeros::<f32>(len.next_power_of_two())
+                .expect("CUDA alloc of attention partials");
+        }
+        self.ptr(&*part)
+    }
+}
+
+/// Keys the longest of the query rows at `positions` attends to (`window`: 0 for none).
+fn keys_seen(positions: &[u32], window: usize) -> usize {
+    let n = positions.iter().max().map_or(0, |&p| p as usize + 1);
+    if window > 0 {
+        n.min(window)
+    } else {
+        n
     }
 }
 

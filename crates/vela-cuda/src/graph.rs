@@ -219,6 +219,7 @@ impl CudaBackend {
         f: &cudarc::driver::CudaFunction,
         grid: (u32, u32, u32),
         block: u32,
+        smem: u32,
         args: &[Arg],
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         self.stream.context().bind_to_thread()?;
@@ -247,7 +248,7 @@ impl CudaBackend {
             blockDimX: block,
             blockDimY: 1,
             blockDimZ: 1,
-            sharedMemBytes: 0,
+            sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
             attrs: &mut attr,
             numAttrs: 1,

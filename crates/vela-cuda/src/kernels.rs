@@ -250,6 +250,27 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
     ("sample", &["topk_rows", "topk_part", "topk_merge"]),
 ];
 
+/// Dynamic shared memory of a kernel in bytes (0: static only). The tensor-core decode attention
+/// (`flash_decode_*`, flash.cu) holds the 16 Q rows and `FD_STAGES` = 2 (1 with the define
+/// `FD_ONE_STAGE`) K and V tiles of `FD_KEYS` = 64 rows, each row padded by 8 elements:
+/// (16 + stages * 2 * 64) * (D + 8) * 2 bytes.
+pub fn dyn_smem(name: &str) -> u32 {
+    if !name.starts_with("flash_decode_") {
+        return 0;
+    }
+    static STAGES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
+    let stages = *STAGES.get_or_init(|| {
+        let defs = std::env::var("VELA_CUDA_DEFINES").unwrap_or_default();
+        if defs.split(',').any(|d| d.trim() == "FD_ONE_STAGE") {
+            1
+        } else {
+            2
+        }
+    });
+    let d: u32 = if name.ends_with("_d64") { 64 } else { 128 };
+    (16 + stages * 2 * 64) * (d + 8) * 2
+}
+
 /// The full source NVRTC compiles for a group: `#define NAME 1` for each name in the developer
 /// switch `VELA_CUDA_DEFINES` (comma-separated, for A/B runs of kernel variants, e.g.
 /// `Q6K_OLD`), the common prelude, then the group.

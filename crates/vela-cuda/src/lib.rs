@@ -195,9 +195,9 @@ pub struct CudaBackend {
     gemm: Mutex<gemm::GemmState>,
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
-    /// Split-K decode attention on the tensor cores (`flash_decode_*`, `VELA_CUDA_ATTN_PART=4`;
-    /// off by default).
-    flash_decode: AtomicBool,
+    /// Split-K decode attention on the tensor cores with the combine fused (`flash_decode_*`,
+    /// default where it applies; `VELA_CUDA_ATTN_PART=2|3` off; attn.rs).
+    fdec: attn::FlashDecode,
     /// Split-K decode attention parts, third version: one block per KV head
     /// (`VELA_CUDA_ATTN_PART=3`; off by default).
     attn_part3: AtomicBool,
@@ -296,6 +296,14 @@ impl CudaBackend {
                 let f = module
                     .load_function(n)
                     .with_context(|| format!("kernel {n} missing from the {group} module"))?;
+                let smem = kernels::dyn_smem(n);
+                if smem > 48 << 10 {
+                    f.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        smem as i32,
+                    )
+                    .map_err(|e| anyhow!("kernel {n}: {smem} bytes of shared memory: {e:?}"))?;
+                }
                 funcs.insert(n, f);
             }
         }
@@ -316,6 +324,7 @@ impl CudaBackend {
         let argmax_out = stream.alloc_zeros::<u32>(1)?;
         let argmax_cand = stream.alloc_zeros::<f32>(2)?;
         let attn_part = stream.alloc_zeros::<f32>(1)?;
+        let fdec = attn::FlashDecode::new(&ctx, &stream)?;
         let env = |k: &str| std::env::var(k).unwrap_or_default();
         let (nm, nn) = nvrtc.version()?;
         Ok(CudaBackend {
@@ -365,7 +374,7 @@ impl CudaBackend {
             pdl: AtomicBool::new(arch >= 90 && env("VELA_CUDA_PDL") != "0"),
             repack: AtomicBool::new(env("VELA_CUDA_REPACK") != "0"),
             attn_part3: AtomicBool::new(env("VELA_CUDA_ATTN_PART") == "3"),
-            flash_decode: AtomicBool::new(env("VELA_CUDA_ATTN_PART") == "4"),
+            fdec,
             attn_prefill: std::sync::atomic::AtomicU32::new(
                 match env("VELA_CUDA_ATTN_PREFILL").as_str() {
                     "w4" => 1,
@@ -459,7 +468,7 @@ impl CudaBackend {
     /// off.
     pub fn set_flash_decode(&self, on: bool) {
         self.flush_recording();
-        self.flash_decode.store(on, Ordering::Relaxed);
+        self.fdec.on.store(on, Ordering::Relaxed);
     }
 
     /// Split-K decode attention parts of the third version (one block per KV head) on or off.
@@ -495,7 +504,7 @@ impl CudaBackend {
             .ok_or_else(|| anyhow!("CUDA kernel {name} is not loaded"))?;
         if self.pdl.load(Ordering::Relaxed) {
             return self
-                .launch_pdl(f, grid, block, args)
+                .launch_pdl(f, grid, block, kernels::dyn_smem(name), args)
                 .map_err(|e| anyhow!("CUDA launch of {name} failed: {e:?}"));
         }
         let mut b = self.stream.launch_builder(f);
@@ -510,7 +519,7 @@ impl CudaBackend {
         let cfg = LaunchConfig {
             grid_dim: grid,
             block_dim: (block, 1, 1),
-            shared_mem_bytes: 0,
+            shared_mem_bytes: kernels::dyn_smem(name),
         };
         // SAFETY: every kernel's parameter list matches `args` (see kernels/*.cu), and the
         // callers size the grids to the buffers they pass.
@@ -946,7 +955,21 @@ impl Backend for CudaBackend {
         p: &AttnParams,
         out: &mut CudaBuf,
     ) {
-        self.attention_impl(q, kv, layer, positions, p, out);
+        self.attention_impl(q, kv, layer, positions, p, out, None);
+    }
+
+    fn attention_matmul(
+        &self,
+        q: &CudaBuf,
+        kv: &CudaKv,
+        layer: usize,
+        positions: &[u32],
+        p: &AttnParams,
+        a: &mut CudaBuf,
+        w: &CudaWeight,
+        y: &mut CudaBuf,
+    ) {
+        self.attention_matmul_impl(q, kv, layer, positions, p, a, w, y);
     }
 
     fn copy_rows(

@@ -357,6 +357,48 @@ impl CudaBackend {
         );
     }
 
+    /// See `Backend::attention_matmul`: the fused decode attention (`flash_decode_*`) also
+    /// quantizes its output for `w` when `w` takes Q8/Q8_K activations of the attention's width
+    /// (fusion on, not exact, no cuBLAS); otherwise the attention, then the product.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_matmul_impl(
+        &self,
+        q: &CudaBuf,
+        kv: &crate::CudaKv,
+        layer: usize,
+        positions: &[u32],
+        p: &vela_compute::AttnParams,
+        a: &mut CudaBuf,
+        w: &CudaWeight,
+        y: &mut CudaBuf,
+    ) {
+        let n = positions.len();
+        let width = p.n_head * p.head_dim_v;
+        let kind = w.info().1;
+        let (bs, bb) = match kind {
+            ActKind::Q8 => (32, AQ8_BYTES),
+            _ => (256, AQ8K_BYTES),
+        };
+        let fusable = self.fuse.load(Ordering::Relaxed)
+            && !self.exact.load(Ordering::Relaxed)
+            && n > 0
+            && w.cols == width
+            && width.is_multiple_of(bs)
+            && kind != ActKind::Float
+            && !self.use_gemm(n, &[w]);
+        if !fusable {
+            self.attention_impl(q, kv, layer, positions, p, a, None);
+            self.matmul_many_impl(&[w], a, n, &mut [y], None);
+            return;
+        }
+        let mut sc = self.scratch();
+        let ap = self.act_scratch(&mut sc, n * width / bs * bb);
+        drop(sc);
+        let done = self.attention_impl(q, kv, layer, positions, p, a, Some((kind, ap)));
+        let pre = done.then_some((kind, width, ap, width / bs));
+        self.matmul_many_impl(&[w], a, n, &mut [y], pre);
+    }
+
     /// Device address of the activation scratch, grown to at least `bytes`.
     pub(crate) fn act_scratch(&self, sc: &mut Scratch, bytes: usize) -> u64 {
         if sc.act.len() < bytes {

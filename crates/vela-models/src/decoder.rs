@@ -441,8 +441,9 @@ impl<B: Backend> DecoderModel<B> {
                 window: lc.window,
                 softcap: c.attn_softcap,
             };
-            be.attention(&st.q, &st.kv, il, positions, &ap, &mut st.a);
-            be.matmul(&l.wo, &st.a, n, &mut st.o);
+            be.attention_matmul(
+                &st.q, &st.kv, il, positions, &ap, &mut st.a, &l.wo, &mut st.o,
+            );
             if let Some(pn) = &l.post_attn_norm {
                 be.rms_norm_inplace(&mut st.o, pn, n, d, c.rms_eps);
             }

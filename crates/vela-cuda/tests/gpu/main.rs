@@ -390,6 +390,8 @@ fn attention_case<G: Backend, C: Backend>(
 #[test]
 fn attention_and_kv_match_cpu() {
     let Some(g) = gpu() else { return };
+    // The accurate kernels (the tensor-core decode attention has its own tests, attn.rs).
+    g.set_flash_decode(false);
     let cpu = CpuBackend::new(0);
     for ty in [KvType::F32, KvType::F16, KvType::Bf16] {
         attention_case(&g, &cpu, ty, None, None);
@@ -398,6 +400,7 @@ fn attention_and_kv_match_cpu() {
     }
 }
 
+mod attn;
 mod gemm;
 mod kernels2;
 mod model;

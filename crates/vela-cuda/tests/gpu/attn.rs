@@ -1,0 +1,102 @@
+//! The fused decode attention against the unfused ops: `flash_decode_*` (split-K on the tensor
+//! cores, the combine in the last block, the output quantized for the next product) and the
+//! second split-K version whose `attention_combine` quantizes the output.
+
+use super::*;
+
+/// `attention_matmul` (the attention quantizing its output for the projection) equals
+/// `attention` then `matmul` bit for bit, for Q8 (Q4_0) and Q8_K (Q4_K) products, head dims 64
+/// and 128, 1 and 3 query rows, short and long contexts (one part and many), a sliding window
+/// that wraps its ring, F16 and BF16 caches, with the tensor-core kernel at every length and
+/// with the second version at every length; and the attention stays within the kernel's bound of
+/// the CPU.
+#[test]
+fn fused_attention_matmul_equals_unfused() {
+    let Some(g) = gpu() else { return };
+    for flash in [true, false] {
+        g.set_flash_decode_min_keys(if flash { 0 } else { usize::MAX });
+        fused_attention_matmul_case(&g, flash);
+    }
+    g.set_flash_decode_min_keys(1536);
+}
+
+fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0xfd);
+    for (ty, hd, nh, nkv, wty) in [
+        (KvType::F16, 128usize, 32usize, 8usize, GgmlType::Q4_0),
+        (KvType::F16, 128, 32, 8, GgmlType::Q4_K),
+        (KvType::Bf16, 64, 14, 2, GgmlType::Q4_0),
+        (KvType::F16, 64, 9, 3, GgmlType::Q8_0),
+        (KvType::F16, 64, 16, 4, GgmlType::Q4_K),
+        (KvType::F16, 64, 12, 4, GgmlType::Q4_K),
+    ] {
+        let width = nh * hd;
+        let (wg, _) = upload_random(g, &cpu, wty, 96, width, &mut rng);
+        for window in [None, Some(300usize)] {
+            let spec = KvLayerSpec {
+                n_head_kv: nkv,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                // (A batch never exceeds the ring: slots written twice in one batch race.)
+                capacity: window.map_or(2048, |w| w + 512),
+                window,
+            };
+            let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+            let mut kc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+            let p = AttnParams {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window,
+                softcap: None,
+            };
+            let mut p0 = 0usize;
+            for n in [40usize, 1, 3, 500, 400, 1, 3] {
+                let pos: Vec<u32> = (p0..p0 + n).map(|x| x as u32).collect();
+                p0 += n;
+                let (k, v) = (rng.vec(n * nkv * hd), rng.vec(n * nkv * hd));
+                g.kv_store(&mut kg, 0, &up(g, &k), &up(g, &v), &pos);
+                cpu.kv_store(&mut kc, 0, &up(&cpu, &k), &up(&cpu, &v), &pos);
+                if n > 4 {
+                    continue;
+                }
+                let q = rng.vec(n * width);
+                let qg = up(g, &q);
+                let (mut a1, mut a2, mut ac) =
+                    (g.alloc(n * width), g.alloc(n * width), cpu.alloc(n * width));
+                let (mut y1, mut y2) = (g.alloc(n * 96), g.alloc(n * 96));
+                g.attention_matmul(&qg, &kg, 0, &pos, &p, &mut a1, &wg, &mut y1);
+                g.attention(&qg, &kg, 0, &pos, &p, &mut a2);
+                g.matmul(&wg, &a2, n, &mut y2);
+                cpu.attention(&up(&cpu, &q), &kc, 0, &pos, &p, &mut ac);
+                let tag =
+                    format!(
+                    "fused attention+matmul {} {ty:?} hd={hd} G={} {} window={window:?} pos {}+{n}",
+                    if flash { "tensor-core" } else { "second version" },
+                    nh / nkv,
+                    wty.name(),
+                    pos[0]
+                );
+                let (a1, a2) = (down(g, &a1, n * width), down(g, &a2, n * width));
+                check(&format!("{tag} attention == unfused"), &a1, &a2, 0.0);
+                check(
+                    &format!("{tag} product == unfused"),
+                    &down(g, &y1, n * 96),
+                    &down(g, &y2, n * 96),
+                    0.0,
+                );
+                // Tensor cores: Q and P rounded to the cache type (the flash prefill test's
+                // bound); else the split-K test's.
+                let tol = match (flash, ty) {
+                    (false, _) => 1e-4,
+                    (true, KvType::F16) => 5e-3,
+                    _ => 4e-2,
+                };
+                check(&format!("{tag} attention vs CPU"), &a1, &ac, tol);
+            }
+        }
+    }
+}
