@@ -20,6 +20,7 @@ mod matmul;
 pub mod nvrtc;
 mod profile;
 pub mod sample;
+mod switches;
 mod upload;
 
 pub use graph::GraphStats;
@@ -418,76 +419,6 @@ impl CudaBackend {
     fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
         let (p, _sync) = s.device_ptr(&self.stream);
         p
-    }
-
-    /// Exact matmul mode on or off for this backend (default: `VELA_MATMUL=f32`).
-    pub fn set_exact_matmul(&self, on: bool) {
-        self.flush_recording();
-        self.exact.store(on, Ordering::Relaxed);
-    }
-
-    /// New (`mv_*`) or old (`mm_*_t1`) one-token matvec kernels (default: `VELA_CUDA_MATVEC`).
-    pub fn set_matvec_new(&self, on: bool) {
-        self.matvec_new.store(on, Ordering::Relaxed);
-    }
-
-    /// k-quant one-token products with 2 (true) or 4 sub-blocks in flight per lane.
-    pub fn set_mvk_u2(&self, on: bool) {
-        self.mvk_u2.store(on, Ordering::Relaxed);
-    }
-
-    /// Fused pre-norm input / q+k RoPE on or off (default: on unless `VELA_CUDA_FUSE=0`).
-    pub fn set_fusion(&self, on: bool) {
-        self.fuse.store(on, Ordering::Relaxed);
-    }
-
-    /// Split-K decode attention on or off (default: on unless `VELA_CUDA_ATTN=old`).
-    pub fn set_split_attention(&self, on: bool) {
-        self.split_attn.store(on, Ordering::Relaxed);
-    }
-
-    /// The second-version norm and RoPE+store decode kernels (true, default) or the first.
-    pub fn set_small_kernels_v2(&self, on: bool) {
-        self.flush_recording();
-        self.small_v2.store(on, Ordering::Relaxed);
-    }
-
-    /// The second-version split-K attention parts (true, default) or the first.
-    pub fn set_attention_parts_v2(&self, on: bool) {
-        self.flush_recording();
-        self.attn_part_v2.store(on, Ordering::Relaxed);
-    }
-
-    /// Programmatic dependent launch on or off (only takes effect on sm_90 and newer).
-    pub fn set_pdl(&self, on: bool) {
-        self.flush_recording();
-        self.pdl.store(on && self.arch >= 90, Ordering::Relaxed);
-    }
-
-    /// Split-K decode attention on the tensor cores (`flash_decode_*`, where it applies) on or
-    /// off.
-    pub fn set_flash_decode(&self, on: bool) {
-        self.flush_recording();
-        self.fdec.on.store(on, Ordering::Relaxed);
-    }
-
-    /// Split-K decode attention parts of the third version (one block per KV head) on or off.
-    pub fn set_attention_parts_v3(&self, on: bool) {
-        self.flush_recording();
-        self.attn_part3.store(on, Ordering::Relaxed);
-    }
-
-    /// Repack Q4_0/Q4_K/Q6_K weights uploaded from now on into split rows (default: on unless
-    /// `VELA_CUDA_REPACK=0`).
-    pub fn set_repack(&self, on: bool) {
-        self.repack.store(on, Ordering::Relaxed);
-    }
-
-    /// Prefill attention kernel: 0 tensor-core flash attention where it applies, else as 1
-    /// (default); 1 four warps per row for big batches, else 32; 2 always the 32-warp kernel
-    /// (see attn.rs).
-    pub fn set_prefill_attention(&self, mode: u32) {
-        self.attn_prefill.store(mode, Ordering::Relaxed);
     }
 
     /// Launch a kernel now (not recorded).
