@@ -627,6 +627,35 @@ PART3(2, 8, attention_part3_bf16_g8)
 // the head's output is also quantized to Q8 blocks for the next product, exactly like
 // quantize_q8 (the first group's warps hold 32 consecutive elements each).
 #define COMBINE_MAX 128
+
+// The weights of a split-K merge, computed by one warp: lane l takes parts l, l + 32, ... (< S <=
+// COMBINE_MAX) of pr (stride hdv + 2: m at hdv, l at hdv + 1), writes w_s = exp(m_s - M) (0 for an
+// empty part) to wts[s] and returns 1 / L, L = sum of l_s w_s (every lane). CG: load through L2
+// only (parts written by other blocks of the same grid).
+template <bool CG>
+__device__ __forceinline__ float part_weights(const float* __restrict__ pr, int hdv, int S, float* wts) {
+    int l0 = threadIdx.x & 31;
+    float ms[COMBINE_MAX / 32], ls[COMBINE_MAX / 32];
+    float mx = NEG_INF;
+#pragma unroll
+    for (int k = 0; k < COMBINE_MAX / 32; k++) {
+        int s = l0 + 32 * k;
+        const float* ps = pr + (size_t)s * (hdv + 2) + hdv;
+        ms[k] = s < S ? (CG ? __ldcg(ps) : ps[0]) : NEG_INF;
+        ls[k] = s < S ? (CG ? __ldcg(ps + 1) : ps[1]) : 0.0f;
+        mx = fmaxf(mx, ms[k]);
+    }
+    float M = warp_max(mx);
+    float lw = 0.0f;
+#pragma unroll
+    for (int k = 0; k < COMBINE_MAX / 32; k++) {
+        float w = ms[k] == NEG_INF ? 0.0f : expf(ms[k] - M);
+        lw += ls[k] * w;
+        wts[l0 + 32 * k] = w;
+    }
+    return 1.0f / warp_sum(lw);
+}
+
 extern "C" __global__ void attention_combine(const float* __restrict__ part, float* __restrict__ out,
                                              int n_head, int hdv, int S, AQ8* __restrict__ aq) {
     PDL_ENTRY();
@@ -636,27 +665,8 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, flo
     int h = blockIdx.x, t = blockIdx.y;
     const float* pr = part + ((size_t)t * n_head + h) * S * (hdv + 2);
     if (threadIdx.x < 32) {
-        // Lane l takes parts l, l + 32, ... (S <= 32: one part per lane, as before).
-        int l0 = threadIdx.x;
-        float ms[COMBINE_MAX / 32], ls[COMBINE_MAX / 32];
-        float mx = NEG_INF;
-#pragma unroll
-        for (int k = 0; k < COMBINE_MAX / 32; k++) {
-            int s = l0 + 32 * k;
-            ms[k] = s < S ? pr[(size_t)s * (hdv + 2) + hdv] : NEG_INF;
-            ls[k] = s < S ? pr[(size_t)s * (hdv + 2) + hdv + 1] : 0.0f;
-            mx = fmaxf(mx, ms[k]);
-        }
-        float M = warp_max(mx);
-        float lw = 0.0f;
-#pragma unroll
-        for (int k = 0; k < COMBINE_MAX / 32; k++) {
-            float w = ms[k] == NEG_INF ? 0.0f : expf(ms[k] - M);
-            lw += ls[k] * w;
-            wts[l0 + 32 * k] = w;
-        }
-        float L = warp_sum(lw);
-        if (l0 == 0) inv_l = 1.0f / L;
+        float il = part_weights<false>(pr, hdv, S, wts);
+        if (threadIdx.x == 0) inv_l = il;
     }
     __syncthreads();
     int hdv32 = (hdv + 31) & ~31;

@@ -266,7 +266,7 @@ FLASH(2, 256, 32, flash_bf16_d256)
 #else
 #define FD_STAGES 2
 #endif
-#define FD_MAX_PARTS 128
+#define FD_MAX_PARTS 128  // (= COMBINE_MAX: the merge uses part_weights)
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
@@ -483,25 +483,8 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
     float* wts = (float*)stg;  // [16][FD_MAX_PARTS] part weights exp(m_s - M)
     for (int r = warp; r < G; r += FA_WARPS) {
         const float* pr = part + ((size_t)t * n_head + g * G + r) * S * (D + 2);
-        float ms[FD_MAX_PARTS / 32], ls[FD_MAX_PARTS / 32];
-        float mx = NEG_INF;
-#pragma unroll
-        for (int k = 0; k < FD_MAX_PARTS / 32; k++) {
-            int si = lane + 32 * k;
-            ms[k] = si < S_eff ? __ldcg(pr + (size_t)si * (D + 2) + D) : NEG_INF;
-            ls[k] = si < S_eff ? __ldcg(pr + (size_t)si * (D + 2) + D + 1) : 0.0f;
-            mx = fmaxf(mx, ms[k]);
-        }
-        float M = warp_max(mx);
-        float lw = 0.0f;
-#pragma unroll
-        for (int k = 0; k < FD_MAX_PARTS / 32; k++) {
-            float w = ms[k] == NEG_INF ? 0.0f : expf(ms[k] - M);
-            lw += ls[k] * w;
-            wts[r * FD_MAX_PARTS + lane + 32 * k] = w;
-        }
-        float L = warp_sum(lw);
-        if (lane == 0) inv[r] = 1.0f / L;
+        float il = part_weights<true>(pr, D, S_eff, wts + r * FD_MAX_PARTS);
+        if (lane == 0) inv[r] = il;
     }
     __syncthreads();
     for (int i = tid; i < G * D; i += blockDim.x) {
