@@ -327,12 +327,9 @@ impl<B: Backend> Gemma4Model<B> {
                 softcap: None,
             };
             {
-                let [q, a] = pick2(b, Q, A);
-                be.attention(q, &st.kv, lc.kv_from.unwrap_or(il), positions, &ap, a);
-            }
-            {
-                let [a, o] = pick2(b, A, O);
-                be.matmul(&l.wo, a, n, o);
+                let [q, a, o] = pick3(b, Q, A, O);
+                let layer = lc.kv_from.unwrap_or(il);
+                be.attention_matmul(q, &st.kv, layer, positions, &ap, a, &l.wo, o);
             }
             be.rms_norm_inplace(&mut b[O], &l.post_attn_norm, n, d, c.rms_eps);
             {
@@ -428,13 +425,13 @@ impl<B: Backend> Gemma4Model<B> {
     }
 }
 
-/// Two distinct mutable elements of a slice.
-fn pick2<T>(v: &mut [T], i: usize, j: usize) -> [&mut T; 2] {
+/// Two distinct mutable elements of a slice (the decode buffers; also used by the assistant).
+pub(crate) fn pick2<T>(v: &mut [T], i: usize, j: usize) -> [&mut T; 2] {
     v.get_disjoint_mut([i, j]).expect("distinct buffer indices")
 }
 
 /// Three distinct mutable elements of a slice.
-fn pick3<T>(v: &mut [T], i: usize, j: usize, k: usize) -> [&mut T; 3] {
+pub(crate) fn pick3<T>(v: &mut [T], i: usize, j: usize, k: usize) -> [&mut T; 3] {
     v.get_disjoint_mut([i, j, k])
         .expect("distinct buffer indices")
 }

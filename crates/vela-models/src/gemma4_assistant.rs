@@ -43,7 +43,7 @@ use vela_compute::{Activation, AttnParams, Backend, HostWeight};
 use vela_formats::gguf::GgufFile;
 use vela_formats::quant::GgmlType;
 
-use crate::gemma4::{Gemma4Config, Gemma4Layer, Gemma4Model, LayerKind};
+use crate::gemma4::{pick2, pick3, Gemma4Config, Gemma4Layer, Gemma4Model, LayerKind};
 
 mod checkpoint;
 use checkpoint::{gguf_image, gguf_name, read_safetensors};
@@ -699,12 +699,8 @@ impl<B: Backend> Gemma4Assistant<B> {
                 softcap: None,
             };
             {
-                let [q, a] = pick2(b, Q, A);
-                be.attention(q, target_kv, layer, &mask_pos, &ap, a);
-            }
-            {
-                let [a, o] = pick2(b, A, O);
-                be.matmul(&l.wo, a, 1, o);
+                let [q, a, o] = pick3(b, Q, A, O);
+                be.attention_matmul(q, target_kv, layer, &mask_pos, &ap, a, &l.wo, o);
             }
             be.rms_norm_inplace(&mut b[O], &l.post_attn_norm, 1, d, c.rms_eps);
             {
@@ -800,17 +796,6 @@ impl<B: Backend> Gemma4Assistant<B> {
         }
         Ok(out)
     }
-}
-
-/// Two distinct mutable elements of a slice.
-fn pick2<T>(v: &mut [T], i: usize, j: usize) -> [&mut T; 2] {
-    v.get_disjoint_mut([i, j]).expect("distinct buffer indices")
-}
-
-/// Three distinct mutable elements of a slice.
-fn pick3<T>(v: &mut [T], i: usize, j: usize, k: usize) -> [&mut T; 3] {
-    v.get_disjoint_mut([i, j, k])
-        .expect("distinct buffer indices")
 }
 
 #[cfg(test)]
