@@ -510,6 +510,16 @@ MMF(0, mm_f32)
 MMF(1, mm_f16)
 
 // ---- embedding rows: dequantize element i of a row ----
+// The quant of element m of sub-block j of block b of a split-row k-quant row (types 112 / 114,
+// nb blocks): its 4 low bits, and for Q6_K its 2 high bits (shared by deq and deqx).
+template <int T>
+__device__ __forceinline__ int ks_elem_q(const u8* row, int nb, int b, int j, int m) {
+    int q = (row[16 * (8 * (size_t)b + j) + m % 16] >> (4 * (m / 16))) & 15;
+    if (T == 114)
+        q |= ((row[128 * (size_t)nb + 8 * (8 * (size_t)b + j) + 4 * (m / 16) + m % 4] >> (2 * ((m % 16) / 4))) & 3) << 4;
+    return q;
+}
+
 template <int T>
 __device__ float deq(const u8* row, int cols, int i) {
     if constexpr (T == 0) {
@@ -534,9 +544,8 @@ __device__ float deq(const u8* row, int cols, int i) {
         return (float)q * d + ldh(b + 2);
     } else if constexpr (T == 112 || T == 114) {
         int nb = cols / 256, b = i / 256, e = i % 256, j = e / 32, m = e % 32;
-        int q = (row[16 * (8 * (size_t)b + j) + m % 16] >> (4 * (m / 16))) & 15;
+        int q = ks_elem_q<T>(row, nb, b, j, m);
         if (T == 114) {
-            q |= ((row[128 * (size_t)nb + 8 * (8 * (size_t)b + j) + 4 * (m / 16) + m % 4] >> (2 * ((m % 16) / 4))) & 3) << 4;
             float d = ldh(row + 208 * (size_t)nb + 2 * b);
             return d * (float)((const i8*)(row + 192 * (size_t)nb + 16 * (size_t)b))[e / 16] * (float)(q - 32);
         }
@@ -735,9 +744,8 @@ __device__ __forceinline__ float deqx(const u8* row, int cols, int i) {
         return __fadd_rn(__fmul_rn(d, (float)q), ldh(b + 2));
     } else if constexpr (T == 112 || T == 114) {
         int nb = cols / 256, b = i / 256, e = i % 256, j = e / 32, m = e % 32;
-        int q = (row[16 * (8 * (size_t)b + j) + m % 16] >> (4 * (m / 16))) & 15;
+        int q = ks_elem_q<T>(row, nb, b, j, m);
         if (T == 114) {
-            q |= ((row[128 * (size_t)nb + 8 * (8 * (size_t)b + j) + 4 * (m / 16) + m % 4] >> (2 * ((m % 16) / 4))) & 3) << 4;
             float d = ldh(row + 208 * (size_t)nb + 2 * b);
             return __fmul_rn(__fmul_rn(d, (float)((const i8*)(row + 192 * (size_t)nb + 16 * (size_t)b))[e / 16]), (float)(q - 32));
         }

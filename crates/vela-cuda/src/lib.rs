@@ -197,7 +197,7 @@ pub struct CudaBackend {
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
     /// Split-K decode attention on the tensor cores with the combine fused (`flash_decode_*`,
-    /// default where it applies; `VELA_CUDA_ATTN_PART=2|3` off; attn.rs).
+    /// default where it applies; `VELA_CUDA_ATTN_PART=1|2|3` off; attn.rs).
     fdec: attn::FlashDecode,
     /// Split-K decode attention parts, third version: one block per KV head
     /// (`VELA_CUDA_ATTN_PART=3`; off by default).
@@ -297,8 +297,10 @@ impl CudaBackend {
                 let f = module
                     .load_function(n)
                     .with_context(|| format!("kernel {n} missing from the {group} module"))?;
+                // (The tensor-core kernels needing it run on sm_80+ only; older GPUs, whose
+                // opt-in limit may be lower, never launch them.)
                 let smem = kernels::dyn_smem(n);
-                if smem > 48 << 10 {
+                if smem > 48 << 10 && arch >= 80 {
                     f.set_attribute(
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         smem as i32,

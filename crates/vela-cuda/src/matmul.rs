@@ -357,9 +357,9 @@ impl CudaBackend {
         );
     }
 
-    /// See `Backend::attention_matmul`: the fused decode attention (`flash_decode_*`) also
-    /// quantizes its output for `w` when `w` takes Q8/Q8_K activations of the attention's width
-    /// (fusion on, not exact, no cuBLAS); otherwise the attention, then the product.
+    /// See `Backend::attention_matmul`: the decode attention (`flash_decode_*` for Q8/Q8_K,
+    /// `attention_combine` for Q8) also writes the activations `w` takes, when they have the
+    /// attention's width (fusion on, not exact, no cuBLAS); otherwise `matmul` quantizes them.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_matmul_impl(
         &self,
