@@ -27,8 +27,8 @@
 #       then per model of QUICK_MODELS ("name:geometry:type ...", synthesized there) a pp512 +
 #       tg128 run vs llama.cpp and tg128 A/B runs for QUICK_AB ("name:SWITCH=value ...";
 #       "name:+SWITCH=value": pp512 too), the 8B at 8K depth (QUICK_8K=0 skips; QUICK_8K_AB
-#       switches; QUICK_DEPTHS="1024 8192" other depths; QUICK_CTX="8192" the 8B's tg128 with that
-#       context size, as a server allocates it), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
+#       switches; QUICK_DEPTHS="1024 8192" other depths; QUICK_CTX="8192 8192:SWITCH=value" the 8B's
+#       tg128 with that context size, as a server allocates it), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
 #       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage).
@@ -219,10 +219,12 @@ quick)
   done
   # QUICK_CTX="8192 ...": the 8B's tg128 again with vela's context at that size (a server's
   # default is the model's, capped at 8192; the bench sizes it to the run, like llama-bench).
-  for c in ${QUICK_CTX:-}; do
-    timeout 90 python3 scripts/bench-vs-llama.py --vela /tmp/vela --flavors cuda --threads 16 --reps 3 \
+  # ("8192:SWITCH=value": with that switch.)
+  for cs in ${QUICK_CTX:-}; do
+    c=${cs%%:*}; sw=$([ "$c" = "$cs" ] || echo ${cs#*:})
+    env $sw timeout 90 python3 scripts/bench-vs-llama.py --vela /tmp/vela --flavors cuda --threads 16 --reps 3 \
       "--llama-args=-ngl 99" "--vela-args=--device cuda --ctx $c" -p 0 -n 128 --models /tmp/l8.gguf \
-      --out $OUT/quick-l8-ctx$c.md 2>/dev/null | grep "| l8 |" | sed "s/^/ctx=$c /"
+      --out $OUT/quick-l8-ctx$(echo $cs | tr '=,:' '___').md 2>/dev/null | grep "| l8 |" | sed "s/^/ctx=$cs /"
   done
   VELA_CUDA_DEBUG=1 /tmp/vela bench -m /tmp/l8.gguf --device cuda -p 0 -n 32 2>&1 | grep -i "graph\|capture" | head -3
   if [ "${QUICK_8K:-1}" = 1 ]; then

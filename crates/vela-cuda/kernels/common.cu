@@ -116,6 +116,10 @@ __device__ __forceinline__ void pdl_trigger() {
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
 }
+__device__ __forceinline__ void pdl_resume() {
+    pdl_wait();
+    pdl_trigger();
+}
 #define PDL_ENTRY() \
     do { \
         pdl_wait(); \

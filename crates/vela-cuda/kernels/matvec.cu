@@ -9,6 +9,25 @@
 // k-quants: each lane issues the loads of MVU_K sub-blocks before using any of them, Q4_K/Q5_K
 // weights (16-byte aligned blocks of 144/176 bytes) with 16-byte loads.
 #define MVU_K 4
+
+// Programmatic dependent launch in the matvecs: the kernels start with MV_ENTRY() instead of
+// PDL_ENTRY(), and each product issues the loads of its first weights (constant data, never
+// written by the previous kernel) before MV_RESUME() waits for the previous kernel and lets the
+// next one start: a block made resident while the previous kernel still runs (its tail) already
+// has weight bytes in flight. Every thread of every block reaches MV_RESUME() exactly once,
+// before it reads the activations or writes anything. (The weights' upload synchronizes the
+// stream after its repack kernel, so no kernel that writes weights can precede a matvec.)
+// MV_WAIT_FIRST: wait at the kernel's entry, as every other kernel does. Llama-3-8B Q4_0 tg128
+// on the H200: 462.8 t/s against 430.8 with MV_WAIT_FIRST; Qwen2.5-0.5B Q4_K_M 1,090 against
+// 1,028. (Also asking L2 for the warp's whole rows before the wait, prefetch.global.L2: 453.3 vs
+// 448.2 and 1,037 vs 1,000, noise; removed.)
+#ifdef MV_WAIT_FIRST
+#define MV_ENTRY() pdl_resume()
+#define MV_RESUME() do {} while (0)
+#else
+#define MV_ENTRY() do {} while (0)
+#define MV_RESUME() pdl_resume()
+#endif
 // Sub-blocks in flight per lane and row with two rows per warp.
 #define MVU_K_R2 2
 
@@ -138,14 +157,15 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
         skew[q] = (int)((size_t)wr & 15);
         base[q] = (const uint4*)(wr - skew[q]);
     }
-    if (r0 < rows) {
-        // tmp holds the next segment's weights: with the software pipeline (default) the loads
-        // of segment i + 1 are issued before segment i is computed, so a warp always has a
-        // segment in flight (MV_NOPIPE: load, then compute, one segment at a time).
-        uint4 tmp[R][(N16 + 31) / 32];
+    // tmp holds the next segment's weights: with the software pipeline (default) the loads of
+    // segment i + 1 are issued before segment i is computed, so a warp always has a segment in
+    // flight (MV_NOPIPE: load, then compute, one segment at a time).
+    uint4 tmp[R][(N16 + 31) / 32];
 #ifndef MV_NOPIPE
-        mv32_load<T, R, N16>(tmp, base, skew, lo, hi, lane, r0, rows);
+    if (r0 < rows) mv32_load<T, R, N16>(tmp, base, skew, lo, hi, lane, r0, rows);
 #endif
+    MV_RESUME();
+    if (r0 < rows) {
         for (int b0 = lo; b0 < hi; b0 += MV_SEG) {
             int nblk = min(MV_SEG, hi - b0);
 #ifdef MV_NOPIPE
@@ -201,6 +221,24 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
 // mm32, so the result equals mm_q4_0s_t1's.
 // (8 measured no faster on Llama-3-8B Q4_0 decode: 453 vs 461 t/s.)
 #define MVS_U 4
+// One round of mvs's weight loads: blocks b0, b0 + 32, ... (MVS_U of them, those < hi) of the R
+// rows.
+template <int R>
+__device__ __forceinline__ void mvs_load(uint4 (&qv)[MVS_U][R], u16 (&dv)[MVS_U][R],
+                                         const uint4* const (&wq)[R], const u16* const (&wd)[R],
+                                         int b0, int hi) {
+#pragma unroll
+    for (int u = 0; u < MVS_U; u++) {
+        int b = b0 + 32 * u;
+        if (b < hi) {
+#pragma unroll
+            for (int q = 0; q < R; q++) {
+                qv[u][q] = wq[q][b];
+                dv[u][q] = wd[q][b];
+            }
+        }
+    }
+}
 template <int R>
 __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restrict__ X,
                                     float* __restrict__ Y, int rows, int nb, int blk, int split) {
@@ -218,20 +256,13 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
         wd[q] = (const u16*)(wr + 16 * (size_t)nb);
     }
     if (r0 >= rows) hi = lo;
+    // The loads of each round are issued at the end of the previous one (the first round's
+    // before MV_RESUME).
+    uint4 qv[MVS_U][R];
+    u16 dv[MVS_U][R];
+    mvs_load<R>(qv, dv, wq, wd, lo + lane, hi);
+    MV_RESUME();
     for (int b0 = lo + lane; b0 < hi; b0 += 32 * MVS_U) {
-        uint4 qv[MVS_U][R];
-        u16 dv[MVS_U][R];
-#pragma unroll
-        for (int u = 0; u < MVS_U; u++) {
-            int b = b0 + 32 * u;
-            if (b < hi) {
-#pragma unroll
-                for (int q = 0; q < R; q++) {
-                    qv[u][q] = wq[q][b];
-                    dv[u][q] = wd[q][b];
-                }
-            }
-        }
 #pragma unroll
         for (int u = 0; u < MVS_U; u++) {
             int b = b0 + 32 * u;
@@ -253,6 +284,7 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
                 }
             }
         }
+        mvs_load<R>(qv, dv, wq, wd, b0 + 32 * MVS_U, hi);
     }
     mv_store<R, false>(acc, acc, Y, r0, rows, part, split);
 }
@@ -418,6 +450,8 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
         wr[q] = W + (size_t)min(r0 + q, rows - 1) * nb * BK<T>::BYTES;
     }
     if (r0 >= rows) hi = lo;
+    // (Loads weights and activations in the same round: no weight loads before the wait.)
+    MV_RESUME();
     for (int it0 = lo + lane; it0 < hi; it0 += 32 * MVU) {
         int w[MVU][R][8], sc[MVU][R][2], mn[MVU][R][2], aq[MVU][8], bs[MVU];
         float d[MVU][R], dmin[MVU][R], ad[MVU];
@@ -465,6 +499,19 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
 // Sub-blocks per row in flight: 4 with one row per warp, 2 with two (8B Q4_K_M tg128 on the
 // H200: 388 t/s with 4 at two rows, 402 with 2).
 #define MVKS_U(R) ((R) > 1 ? 2 : 4)
+// One round of mvks's loads: sub-blocks it0, it0 + 32, ... (those < hi) of the R rows.
+template <int T, int R>
+__device__ __forceinline__ void mvks_load(uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)[MVKS_U(R)][R],
+                                          const u8* const (&wr)[R], int nb, int it0, int hi) {
+#pragma unroll
+    for (int u = 0; u < MVKS_U(R); u++) {
+        int it = it0 + 32 * u;
+        if (it < hi) {
+#pragma unroll
+            for (int q = 0; q < R; q++) qv[u][q] = ks_load<T>(wr[q], nb, it >> 3, it & 7, hd[u][q]);
+        }
+    }
+}
 template <int T, int R>
 __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __restrict__ X,
                                      float* __restrict__ Y, int rows, int nb, int blk, int split) {
@@ -479,16 +526,11 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
         wr[q] = W + (size_t)min(r0 + q, rows - 1) * nb * BK<T>::BYTES;
     }
     if (r0 >= rows) hi = lo;
+    // As in mvs: each round's loads at the end of the previous one (the first before MV_RESUME).
+    uint4 qv[MVKS_U(R)][R], hd[MVKS_U(R)][R];
+    mvks_load<T, R>(qv, hd, wr, nb, lo + lane, hi);
+    MV_RESUME();
     for (int it0 = lo + lane; it0 < hi; it0 += 32 * MVKS_U(R)) {
-        uint4 qv[MVKS_U(R)][R], hd[MVKS_U(R)][R];
-#pragma unroll
-        for (int u = 0; u < MVKS_U(R); u++) {
-            int it = it0 + 32 * u;
-            if (it < hi) {
-#pragma unroll
-                for (int q = 0; q < R; q++) qv[u][q] = ks_load<T>(wr[q], nb, it >> 3, it & 7, hd[u][q]);
-            }
-        }
 #pragma unroll
         for (int u = 0; u < MVKS_U(R); u++) {
             int it = it0 + 32 * u;
@@ -516,6 +558,7 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
                 }
             }
         }
+        mvks_load<T, R>(qv, hd, wr, nb, it0 + 32 * MVKS_U(R), hi);
     }
     mv_store<R, false>(acc, acc, Y, r0, rows, part, split);
 }
@@ -564,16 +607,16 @@ __device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, co
 }
 
 #define MV32(T, NAME)                                                                              \
-    extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv1<T, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
-    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mv1<T, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
+    extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv1<T, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
+    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv1<T, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 #define MVK(T, NAME)                                                                               \
-    extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk1<T, MVU_K, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_u2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk1<T, 2, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8K, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
-    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { PDL_ENTRY(); mvk1<T, MVU_K_R2, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { PDL_ENTRY(); mv3<T, AQ8K, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
+    extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, MVU_K, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_u2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, 2, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8K, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
+    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, MVU_K_R2, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8K, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 MV32(2, mv_q4_0)
 MV32(102, mv_q4_0s)
 MV32(3, mv_q4_1)

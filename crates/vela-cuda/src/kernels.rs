@@ -366,13 +366,28 @@ mod tests {
                 let close = rest.find(')').expect("parameter list");
                 let open = close + rest[close..].find('{').expect("kernel body");
                 let head: String = rest[..close].chars().take(60).collect();
+                let body = rest[open + 1..].trim_start();
+                // The matvecs wait inside their products, after the first weight loads
+                // (MV_ENTRY / MV_RESUME in kernels/matvec.cu, checked below).
                 assert!(
-                    rest[open + 1..].trim_start().starts_with("PDL_ENTRY();"),
+                    body.starts_with("PDL_ENTRY();")
+                        || (src.contains("#define MV_ENTRY()") && body.starts_with("MV_ENTRY();")),
                     "{name}: kernel {head}... does not start with PDL_ENTRY()"
                 );
                 n += 1;
             }
         }
         assert!(n > 40, "only {n} kernels found");
+        // Every product the matvec kernels call (mv32, mvs, mvk, mvks) reaches MV_RESUME once.
+        let mv = GROUPS
+            .iter()
+            .map(|(_, s)| *s)
+            .find(|s| s.contains("#define MV_ENTRY()"))
+            .expect("the matvec source");
+        for f in ["mv32(", "mvs(", "mvk(", "mvks("] {
+            let at = mv.find(&format!("void {f}")).expect(f);
+            let end = at + mv[at..].find("\n}\n").expect("end of function");
+            assert_eq!(mv[at..end].matches("MV_RESUME();").count(), 1, "{f}");
+        }
     }
 }

@@ -221,6 +221,10 @@ pub struct CudaBackend {
     /// Per-kernel timing (`VELA_CUDA_PROFILE=1`, profile.rs).
     profiling: AtomicBool,
     prof: Mutex<profile::Profiler>,
+    /// Measurement only (`VELA_CUDA_SKIP=prefix,...`): kernels whose names start with one of
+    /// these are not launched, so a timed run shows what they cost inside a decode step (the
+    /// results are wrong).
+    skip: Vec<String>,
 }
 
 /// RoPE frequency factors: the host vector (kept alive as the cache key) and its device copy.
@@ -394,6 +398,11 @@ impl CudaBackend {
                 },
             ),
             prof: Mutex::new(profile::Profiler::default()),
+            skip: env("VELA_CUDA_SKIP")
+                .split(',')
+                .filter(|p| !p.is_empty())
+                .map(str::to_string)
+                .collect(),
         })
     }
 
@@ -435,6 +444,9 @@ impl CudaBackend {
             .funcs
             .get(name)
             .ok_or_else(|| anyhow!("CUDA kernel {name} is not loaded"))?;
+        if self.skip.iter().any(|p| name.starts_with(p.as_str())) {
+            return Ok(());
+        }
         if self.pdl.load(Ordering::Relaxed) {
             return self
                 .launch_pdl(f, grid, block, kernels::dyn_smem(name), args)
@@ -612,6 +624,11 @@ impl Backend for CudaBackend {
                 Arg::I((w.cols / w.ty.block_size()) as i32),
             ];
             self.launch_now(kernel, (threads.div_ceil(256) as u32, 1, 1), 256, &args)
+                .with_context(|| format!("repacking tensor '{}'", w.name))?;
+            // The matvecs load their first weights before waiting for the previous kernel
+            // (MV_RESUME in kernels/matvec.cu): no kernel launched later may overlap this one.
+            self.stream
+                .synchronize()
                 .with_context(|| format!("repacking tensor '{}'", w.name))?;
         } else {
             self.stream
