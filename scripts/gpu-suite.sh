@@ -4,7 +4,7 @@
 # tool in pieces of at most 64 MiB per call (the machine stays warm between back-to-back calls).
 #
 #   here:   scripts/gpu-suite.sh pack     # -> target/gpu-data/suite/: the vela binary, the GPU
-#                                         #    test binary, the three real models in 60 MiB parts,
+#                                         #    test binary, the three real models in 56 MiB parts,
 #                                         #    the CPU side of gpu-vs-cpu.py (cpuref.tar),
 #                                         #    the parity fixtures, tokenizer sources for
 #                                         #    `vela synth`, llama.cpp CUDA (a llama-bench bundle
@@ -47,7 +47,7 @@ MODELS=${SUITE_MODELS:-SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m qwen2.5-co
 KEYS=${SUITE_KEYS:-smollm2,gemma3,qwen25}
 SYNTH=${SUITE_SYNTH:-llama3-8b:q4_0 llama3-8b:q4_k_m}
 
-# Carry groups: first-fit of the files of $S (largest first) into bins of 60.1 MiB (+ the ~3 MB
+# Carry groups: first-fit of the files of $S (largest first) into bins of 58 MiB (+ the ~4 MB
 # working tree <= 64 MiB) -> $S/groups.txt.
 groups() {
   python3 - "$S" <<'EOF'
@@ -57,7 +57,7 @@ files = sorted(((os.path.getsize(os.path.join(d, f)), f) for f in os.listdir(d))
 bins = []
 for size, f in files:
     for b in bins:
-        if b[0] + size <= (60 << 20) + (1 << 17):
+        if b[0] + size <= (58 << 20):
             b[0] += size; b[1].append(f); break
     else:
         bins.append([size, [f]])
@@ -89,7 +89,7 @@ pack)
   fi
   for m in $MODELS; do
     (cd "$src/models" && sha256sum $m.gguf) >"$S/m-$m.sha256"
-    split -b 60M -d "$src/models/$m.gguf" "$S/m-$m.part"
+    split -b 56M -d "$src/models/$m.gguf" "$S/m-$m.part"
   done
   groups
   ;;
