@@ -126,6 +126,43 @@ __device__ __forceinline__ void pdl_resume() {
         pdl_trigger(); \
     } while (0)
 
+// Constant data (weights) that kernels after this one will read: this block's share of up to
+// three ranges [p_i, p_i + n_i), taken as one concatenated range (p_i 16-byte aligned, n_i
+// multiples of 16), is requested into L2 by thread 0 with bulk prefetches of up to PF_PIECE bytes
+// (sm_90: cp.async.bulk.prefetch.L2, fire and forget; older GPUs: nothing). Called before
+// pdl_wait (PDL_ENTRY_PF), so the bytes move while the previous kernel still runs and while the
+// small kernels between here and the products keep the memory otherwise idle.
+#define PF_PIECE 65536
+__device__ __forceinline__ void l2_prefetch(const u8* p0, long long n0, const u8* p1, long long n1,
+                                            const u8* p2, long long n2) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    long long total = n0 + n1 + n2;
+    if (total <= 0 || threadIdx.x != 0) return;
+    long long nb = (long long)gridDim.x * gridDim.y * gridDim.z;
+    long long b = blockIdx.x + (long long)gridDim.x * (blockIdx.y + (long long)gridDim.y * blockIdx.z);
+    long long share = ((total + nb - 1) / nb + 15) / 16 * 16;
+    long long o = b * share, hi = min(total, o + share);
+    while (o < hi) {
+        const u8* p = p2;
+        long long off = o - n0 - n1, end = n2;
+        if (o < n0) {
+            p = p0; off = o; end = n0;
+        } else if (o < n0 + n1) {
+            p = p1; off = o - n0; end = n1;
+        }
+        long long len = min(min((long long)PF_PIECE, end - off), hi - o);
+        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p + off), "r"((u32)len) : "memory");
+        o += len;
+    }
+#endif
+}
+#define PDL_ENTRY_PF(P0, N0, P1, N1, P2, N2) \
+    do { \
+        l2_prefetch(P0, N0, P1, N1, P2, N2); \
+        pdl_wait(); \
+        pdl_trigger(); \
+    } while (0)
+
 // ---- activation blocks of the quantized products (quant.cu) and their quantizers, shared with
 // the decode attention, which quantizes its output for the next product (flash.cu) ----
 

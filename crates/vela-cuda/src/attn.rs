@@ -1,7 +1,7 @@
 //! RoPE (alone, q+k, q+k with the KV store) and attention (one block per head and token, or
 //! split-K for decode) of the CUDA backend.
 
-use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaKv};
+use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaKv, CudaWeight};
 use crate::{ATT_MAXD, ATT_MAXD_BIG, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
 use anyhow::Result;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
@@ -173,6 +173,44 @@ impl CudaBackend {
         self.launch("rope_qk", (positions.len() as u32, 2, 1), 256, &args);
     }
 
+    /// See `Backend::prefetch_weights`: with `VELA_CUDA_L2PF_MB` > 0, up to that many bytes of
+    /// `ws` (the first three, in order) are requested into L2 by the next RoPE + KV store launch
+    /// of one query row (`PDL_ENTRY_PF` in kernels/common.cu), so they move while the attention
+    /// kernels keep the memory otherwise idle.
+    pub(crate) fn prefetch_weights_impl(&self, ws: &[&CudaWeight]) {
+        let mut left = self.l2pf_cap.load(Ordering::Relaxed);
+        if left == 0 {
+            return;
+        }
+        let mut r = [(0u64, 0usize); 3];
+        for (slot, w) in r.iter_mut().zip(ws) {
+            let n = (w.rows * w.row_bytes).min(left) & !15;
+            *slot = (self.ptr(&w.data), n);
+            left -= n;
+        }
+        *self.l2pf_pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+    }
+
+    /// The pending L2 prefetch ranges as kernel arguments (all sizes 0 when there are none or
+    /// `rows` is not 1); clears them.
+    fn take_prefetch(&self, rows: usize) -> [Arg; 6] {
+        let r = self
+            .l2pf_pending
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+            .filter(|_| rows == 1)
+            .unwrap_or_default();
+        [
+            Arg::P(r[0].0),
+            Arg::L(r[0].1 as i64),
+            Arg::P(r[1].0),
+            Arg::L(r[1].1 as i64),
+            Arg::P(r[2].0),
+            Arg::L(r[2].1 as i64),
+        ]
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_qk_store_impl(
         &self,
@@ -187,6 +225,7 @@ impl CudaBackend {
         positions: &[u32],
         p: &RopeParams,
     ) {
+        let pf = self.take_prefetch(positions.len());
         let l = &kv.layers[layer];
         if !self.fuse.load(Ordering::Relaxed) || p.n_rot == 0 || l.spec.head_dim_k != head_dim {
             self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
@@ -219,6 +258,12 @@ impl CudaBackend {
             Arg::I((l.spec.n_head_kv * l.spec.head_dim_k) as i32),
             Arg::I((l.spec.n_head_kv * l.spec.head_dim_v) as i32),
             Arg::I(l.spec.capacity as i32),
+            pf[0],
+            pf[1],
+            pf[2],
+            pf[3],
+            pf[4],
+            pf[5],
         ];
         if self.small_v2.load(Ordering::Relaxed) {
             // One block per q, k and v head (`rope_store_heads`), a thread per rotated pair.

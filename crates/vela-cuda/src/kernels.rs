@@ -369,8 +369,10 @@ mod tests {
                 let body = rest[open + 1..].trim_start();
                 // The matvecs wait inside their products, after the first weight loads
                 // (MV_ENTRY / MV_RESUME in kernels/matvec.cu, checked below).
+                // PDL_ENTRY_PF(...): L2 prefetch of constant weights, then the same wait.
                 assert!(
                     body.starts_with("PDL_ENTRY();")
+                        || body.starts_with("PDL_ENTRY_PF(")
                         || (src.contains("#define MV_ENTRY()") && body.starts_with("MV_ENTRY();")),
                     "{name}: kernel {head}... does not start with PDL_ENTRY()"
                 );

@@ -225,6 +225,11 @@ pub struct CudaBackend {
     /// these are not launched, so a timed run shows what they cost inside a decode step (the
     /// results are wrong).
     skip: Vec<String>,
+    /// L2 prefetch of the weights named by `prefetch_weights`, issued by the next RoPE + KV
+    /// store launch: at most this many bytes (`VELA_CUDA_L2PF_MB`, default 0 = off), and the
+    /// pending ranges (device address, bytes) x 3.
+    l2pf_cap: AtomicUsize,
+    l2pf_pending: Mutex<Option<[(u64, usize); 3]>>,
 }
 
 /// RoPE frequency factors: the host vector (kept alive as the cache key) and its device copy.
@@ -403,6 +408,13 @@ impl CudaBackend {
                 .filter(|p| !p.is_empty())
                 .map(str::to_string)
                 .collect(),
+            l2pf_cap: AtomicUsize::new(
+                env("VELA_CUDA_L2PF_MB")
+                    .parse::<usize>()
+                    .unwrap_or(0)
+                    .saturating_mul(1 << 20),
+            ),
+            l2pf_pending: Mutex::new(None),
         })
     }
 
@@ -831,6 +843,10 @@ impl Backend for CudaBackend {
         self.rope_qk_store_impl(
             q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p,
         );
+    }
+
+    fn prefetch_weights(&self, ws: &[&CudaWeight]) {
+        self.prefetch_weights_impl(ws);
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -69,6 +69,12 @@ impl CudaBackend {
         self.repack.store(on, Ordering::Relaxed);
     }
 
+    /// Bytes of the weights named by `prefetch_weights` that the next RoPE + KV store launch
+    /// requests into L2 (0: off; default `VELA_CUDA_L2PF_MB` MiB).
+    pub fn set_l2_prefetch_bytes(&self, n: usize) {
+        self.l2pf_cap.store(n, Ordering::Relaxed);
+    }
+
     /// Prefill attention kernel: 0 tensor-core flash attention where it applies, else as 1
     /// (default); 1 four warps per row for big batches, else 32; 2 always the 32-warp kernel
     /// (see attn.rs).
