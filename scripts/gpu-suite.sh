@@ -48,11 +48,17 @@ KEYS=${SUITE_KEYS:-smollm2,gemma3,qwen25}
 SYNTH=${SUITE_SYNTH:-llama3-8b:q4_0 llama3-8b:q4_k_m}
 
 # Carry groups: first-fit of the files of $S (largest first) into bins of 58 MiB (+ the ~4 MB
-# working tree <= 64 MiB) -> $S/groups.txt.
+# working tree <= 64 MiB) -> $S/groups.txt, and $S/manifest.txt ("size name" of every other
+# file; the test stage checks the stash against it before it starts).
 groups() {
   python3 - "$S" <<'EOF'
 import os, sys
 d = sys.argv[1]
+skip = {"groups.txt", "manifest.txt"}
+with open(os.path.join(d, "manifest.txt"), "w") as m:
+    for f in sorted(os.listdir(d)):
+        if f not in skip:
+            m.write(f"{os.path.getsize(os.path.join(d, f))} {f}\n")
 files = sorted(((os.path.getsize(os.path.join(d, f)), f) for f in os.listdir(d)), reverse=True)
 bins = []
 for size, f in files:
@@ -106,6 +112,15 @@ recv)
   echo "stash: $(ls $stash | wc -l) files, $(du -sh $stash | cut -f1)"
   ;;
 test)
+  # Every carried file present with its packed size (a failed or skipped carry call would
+  # otherwise cost a whole test run): stop before anything runs.
+  if [ -f $stash/manifest.txt ]; then
+    bad=$(while read -r size f; do
+      [ "$(stat -c %s "$stash/$f" 2>/dev/null)" = "$size" ] || echo "$f"; done <$stash/manifest.txt)
+    if [ -n "$bad" ]; then echo "stash incomplete (missing or wrong size): $bad" >&2; exit 2; fi
+  else
+    echo "no manifest.txt in $stash (carry every group of groups.txt first)" >&2; exit 2
+  fi
   mkdir -p "$OUT" "$VELA_CACHE/models" "$VELA_CACHE/golden" "$VELA_CACHE/vocab" /tmp/synth
   log=$OUT/suite-test-log.txt
   : >"$log"
@@ -117,8 +132,11 @@ test)
      a=${s%%:*}; t=${s##*:}
      /tmp/vela synth --arch "$a" --type "$t" --seed 1 -t 6 -o /tmp/synth/$a-$t.gguf
    done; echo "synth done") >/tmp/synth.log 2>&1 </dev/null &
+  # (A model assembled earlier is reused only if its checksum still matches: a run with a
+  # partial stash may have left a truncated one.)
   for m in $MODELS; do
-    [ -s "$VELA_CACHE/models/$m.gguf" ] || cat $stash/m-$m.part* >"$VELA_CACHE/models/$m.gguf"
+    (cd "$VELA_CACHE/models" && sha256sum --status -c $stash/m-$m.sha256 2>/dev/null) ||
+      cat $stash/m-$m.part* >"$VELA_CACHE/models/$m.gguf"
     (cd "$VELA_CACHE/models" && sha256sum -c $stash/m-$m.sha256) 2>&1 | tee -a "$log"
   done
   rm -rf "$VELA_CACHE/golden/parity" && tar xzf $stash/parity.tar.gz -C "$VELA_CACHE/golden"
