@@ -163,6 +163,44 @@ __device__ __forceinline__ void l2_prefetch(const u8* p0, long long n0, const u8
         pdl_trigger(); \
     } while (0)
 
+// The 32-bit shared-memory address of a generic pointer into shared memory.
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
+// Thread-block clusters (sm_90; the cluster kernels are launched only there, elsewhere these
+// compile to nothing): the address of shared variable p in the cluster's block `rank`, a load
+// from such an address, and a barrier of every thread of the cluster that also orders their
+// shared-memory writes before the others' reads (release / acquire).
+__device__ __forceinline__ u32 cluster_map(const void* p, int rank) {
+    u32 r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_addr(p)), "r"(rank));
+#endif
+    return r;
+}
+__device__ __forceinline__ float ld_dsm(u32 addr) {
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+#endif
+    return v;
+}
+__device__ __forceinline__ void cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;\n\tbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ int cluster_rank() {
+    int r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+#endif
+    return r;
+}
+
 // ---- activation blocks of the quantized products (quant.cu) and their quantizers, shared with
 // the decode attention, which quantizes its output for the next product (flash.cu) ----
 

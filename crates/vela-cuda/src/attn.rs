@@ -42,6 +42,10 @@ pub(crate) struct FlashDecode {
     /// `attention_combine` also quantizes for the next product (Q8; default,
     /// `VELA_CUDA_COMBINE_Q8=0` off).
     combine_q8: bool,
+    /// The second split-K version's parts merged inside a thread-block cluster
+    /// (`attention_part2c_*`, at most 8 parts, no combine launch; sm_90; opt-in
+    /// `VELA_CUDA_ATTN_CLUSTER=1`, `set_attention_cluster`).
+    pub(crate) cluster: AtomicBool,
 }
 
 impl FlashDecode {
@@ -64,6 +68,7 @@ impl FlashDecode {
             min_tiles: num("VELA_CUDA_FD_MIN_TILES", 4).max(1),
             min_keys: AtomicUsize::new(num("VELA_CUDA_FD_MIN_KEYS", 1536)),
             combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
+            cluster: AtomicBool::new(num("VELA_CUDA_ATTN_CLUSTER", 0) != 0),
         })
     }
 }
@@ -276,6 +281,13 @@ impl CudaBackend {
         }
     }
 
+    /// The second split-K version's parts merged inside a thread-block cluster on or off
+    /// (default `VELA_CUDA_ATTN_CLUSTER=1`, else off; only on sm_90+).
+    pub fn set_attention_cluster(&self, on: bool) {
+        self.flush_recording();
+        self.fdec.cluster.store(on, Ordering::Relaxed);
+    }
+
     /// Fewest keys (of the longest query row) for the tensor-core decode attention; shorter
     /// rows take the second split-K version (default `VELA_CUDA_FD_MIN_KEYS`, else 1536).
     pub fn set_flash_decode_min_keys(&self, n: usize) {
@@ -408,6 +420,33 @@ impl CudaBackend {
                 kv_suffix(kv.ty),
                 if d512 { "_d512" } else { "" }
             );
+            // Q8 activations for the next product from the merge (whole blocks per head).
+            let q8 = quant
+                .filter(|(k, _)| *k == ActKind::Q8 && p.head_dim_v.is_multiple_of(32))
+                .filter(|_| self.fdec.combine_q8);
+            if v2 && !d512 && !v3 && self.arch >= 90 && self.fdec.cluster.load(Ordering::Relaxed) {
+                // Parts merged inside a cluster of at most 8 blocks (`attention_part2c_*`).
+                let args = [
+                    Arg::P(self.ptr(q)),
+                    Arg::P(self.ptr(&l.k)),
+                    Arg::P(self.ptr(&l.v)),
+                    Arg::P(pp),
+                    Arg::P(self.ptr(out)),
+                    Arg::P(q8.map_or(0, |q| q.1)),
+                    Arg::I(p.n_head as i32),
+                    Arg::I(p.n_head_kv as i32),
+                    Arg::I(p.head_dim_k as i32),
+                    Arg::I(p.head_dim_v as i32),
+                    Arg::I(l.spec.capacity as i32),
+                    Arg::I(window as i32),
+                    Arg::F(p.scale),
+                    Arg::F(p.softcap.unwrap_or(0.0)),
+                ];
+                let grid = (p.n_head as u32, n_tok as u32, parts.min(8) as u32);
+                let name = format!("attention_part2c_{}", kv_suffix(kv.ty));
+                self.launch(&name, grid, 32 * SPLIT_WARPS, &args);
+                return q8.is_some();
+            }
             let pt = self.attn_partials(n_tok * p.n_head * parts * (p.head_dim_v + 2));
             let args = [
                 Arg::P(self.ptr(q)),
@@ -435,10 +474,6 @@ impl CudaBackend {
             };
             let grid = (grid.0 as u32, grid.1 as u32, grid.2 as u32);
             self.launch(&name, grid, block, &args);
-            // Q8 activations for the next product from the combine too (whole blocks per head).
-            let q8 = quant
-                .filter(|(k, _)| *k == ActKind::Q8 && p.head_dim_v.is_multiple_of(32))
-                .filter(|_| self.fdec.combine_q8);
             let args = [
                 Arg::P(pt),
                 Arg::P(self.ptr(out)),

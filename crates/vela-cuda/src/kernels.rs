@@ -235,6 +235,9 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "attention_part2_f16_d512",
             "attention_bf16_w4_d512",
             "attention_part2_bf16_d512",
+            "attention_part2c_f32",
+            "attention_part2c_f16",
+            "attention_part2c_bf16",
             "flash_f16_d64",
             "flash_f16_d128",
             "flash_bf16_d64",
@@ -269,6 +272,12 @@ pub fn dyn_smem(name: &str) -> u32 {
     });
     let d: u32 = if name.ends_with("_d64") { 64 } else { 128 };
     (16 + stages * 2 * 64) * (d + 8) * 2
+}
+
+/// Kernels launched in thread-block clusters of (1, 1, gridDim.z) blocks
+/// (`attention_part2c_*`, kernels/flash.cu).
+pub fn is_cluster_kernel(name: &str) -> bool {
+    name.starts_with("attention_part2c_")
 }
 
 /// The full source NVRTC compiles for a group: `#define NAME 1` for each name in the developer

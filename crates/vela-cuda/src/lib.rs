@@ -459,9 +459,23 @@ impl CudaBackend {
         if self.skip.iter().any(|p| name.starts_with(p.as_str())) {
             return Ok(());
         }
-        if self.pdl.load(Ordering::Relaxed) {
+        let pdl = self.pdl.load(Ordering::Relaxed);
+        let cluster_z = if kernels::is_cluster_kernel(name) {
+            grid.2
+        } else {
+            0
+        };
+        if pdl || cluster_z > 0 {
             return self
-                .launch_pdl(f, grid, block, kernels::dyn_smem(name), args)
+                .launch_ex(
+                    f,
+                    grid,
+                    block,
+                    kernels::dyn_smem(name),
+                    args,
+                    pdl,
+                    cluster_z,
+                )
                 .map_err(|e| anyhow!("CUDA launch of {name} failed: {e:?}"));
         }
         let mut b = self.stream.launch_builder(f);

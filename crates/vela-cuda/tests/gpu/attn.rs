@@ -100,3 +100,100 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
         }
     }
 }
+
+/// The cluster-merged split-K attention (`attention_part2c_*`, opt-in `VELA_CUDA_ATTN_CLUSTER`)
+/// equals the second version's parts + `attention_combine` bit for bit where both use the same
+/// parts (here 8 or 4: 32 or 64 query heads), its Q8 output for the o projection included, and
+/// stays within the split-K bound of the CPU; F32/F16/BF16 caches, head dims 64/128, 1 and 3 rows,
+/// short and long rows, a window that wraps its ring.
+#[test]
+fn cluster_attention_equals_part2_combine() {
+    let Some(g) = gpu() else { return };
+    if g.arch < 90 {
+        eprintln!(
+            "SKIP cluster_attention_equals_part2_combine: sm_{} has no clusters",
+            g.arch
+        );
+        return;
+    }
+    g.set_flash_decode(false);
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0xc1);
+    for (ty, hd, nh, nkv, window) in [
+        (KvType::F16, 128usize, 32usize, 8usize, None),
+        (KvType::Bf16, 64, 64, 8, None),
+        (KvType::F32, 64, 32, 4, None),
+        (KvType::F16, 128, 32, 8, Some(300usize)),
+    ] {
+        let width = nh * hd;
+        let (wg, _) = upload_random(&g, &cpu, GgmlType::Q4_0, 96, width, &mut rng);
+        let spec = KvLayerSpec {
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            capacity: window.map_or(if nh == 64 { 1024 } else { 2048 }, |w| w + 512),
+            window,
+        };
+        let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+        let mut kc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+        let p = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window,
+            softcap: None,
+        };
+        let mut p0 = 0usize;
+        for n in [40usize, 1, 3, 500, 400, 1, 3] {
+            let pos: Vec<u32> = (p0..p0 + n).map(|x| x as u32).collect();
+            p0 += n;
+            let (k, v) = (rng.vec(n * nkv * hd), rng.vec(n * nkv * hd));
+            g.kv_store(&mut kg, 0, &up(&g, &k), &up(&g, &v), &pos);
+            cpu.kv_store(&mut kc, 0, &up(&cpu, &k), &up(&cpu, &v), &pos);
+            if n > 4 {
+                continue;
+            }
+            let q = rng.vec(n * width);
+            let qg = up(&g, &q);
+            let run = |cluster: bool| {
+                g.set_attention_cluster(cluster);
+                let (mut a, mut a2) = (g.alloc(n * width), g.alloc(n * width));
+                let mut y = g.alloc(n * 96);
+                g.attention(&qg, &kg, 0, &pos, &p, &mut a);
+                g.attention_matmul(&qg, &kg, 0, &pos, &p, &mut a2, &wg, &mut y);
+                g.set_attention_cluster(false);
+                (
+                    down(&g, &a, n * width),
+                    down(&g, &a2, n * width),
+                    down(&g, &y, n * 96),
+                )
+            };
+            let (a0, _, y0) = run(false);
+            let (a1, a1m, y1) = run(true);
+            let mut ac = cpu.alloc(n * width);
+            cpu.attention(&up(&cpu, &q), &kc, 0, &pos, &p, &mut ac);
+            let tag = format!(
+                "cluster attention {ty:?} hd={hd} heads={nh} window={window:?} pos {}+{n}",
+                pos[0]
+            );
+            check(&format!("{tag} == parts + combine"), &a1, &a0, 0.0);
+            check(&format!("{tag} fused == unfused"), &a1m, &a1, 0.0);
+            check(
+                &format!("{tag} o projection == parts + combine"),
+                &y1,
+                &y0,
+                0.0,
+            );
+            let tol = if ty == KvType::F32 { 1e-5 } else { 1e-4 };
+            check(
+                &format!("{tag} vs CPU"),
+                &a1,
+                &down(&cpu, &ac, n * width),
+                tol,
+            );
+        }
+    }
+    g.set_flash_decode(true);
+}
