@@ -68,7 +68,13 @@ impl FlashDecode {
             min_tiles: num("VELA_CUDA_FD_MIN_TILES", 4).max(1),
             min_keys: AtomicUsize::new(num("VELA_CUDA_FD_MIN_KEYS", 1536)),
             combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
-            cluster: AtomicBool::new(num("VELA_CUDA_ATTN_CLUSTER", 0) != 0),
+            // (Only where the device can launch clusters at all.)
+            cluster: AtomicBool::new(
+                num("VELA_CUDA_ATTN_CLUSTER", 0) != 0
+                    && ctx
+                        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)
+                        .is_ok_and(|v| v != 0),
+            ),
         })
     }
 }
@@ -196,24 +202,23 @@ impl CudaBackend {
         *self.l2pf_pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
     }
 
-    /// The pending L2 prefetch ranges as kernel arguments (all sizes 0 when there are none or
+    /// The pending L2 prefetch ranges as kernel arguments (none when nothing is pending or
     /// `rows` is not 1); clears them.
-    fn take_prefetch(&self, rows: usize) -> [Arg; 6] {
+    fn take_prefetch(&self, rows: usize) -> Option<[Arg; 6]> {
         let r = self
             .l2pf_pending
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
-            .filter(|_| rows == 1)
-            .unwrap_or_default();
-        [
+            .filter(|r| rows == 1 && r.iter().any(|x| x.1 > 0))?;
+        Some([
             Arg::P(r[0].0),
             Arg::L(r[0].1 as i64),
             Arg::P(r[1].0),
             Arg::L(r[1].1 as i64),
             Arg::P(r[2].0),
             Arg::L(r[2].1 as i64),
-        ]
+        ])
     }
 
     #[allow(clippy::too_many_arguments)]
@@ -245,7 +250,7 @@ impl CudaBackend {
         let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
         let mut sc = self.scratch();
         let pp = self.positions(&mut sc, positions);
-        let args = [
+        let mut args = vec![
             Arg::P(self.ptr(q)),
             Arg::P(self.ptr(k)),
             Arg::P(self.ptr(v)),
@@ -263,13 +268,15 @@ impl CudaBackend {
             Arg::I((l.spec.n_head_kv * l.spec.head_dim_k) as i32),
             Arg::I((l.spec.n_head_kv * l.spec.head_dim_v) as i32),
             Arg::I(l.spec.capacity as i32),
-            pf[0],
-            pf[1],
-            pf[2],
-            pf[3],
-            pf[4],
-            pf[5],
         ];
+        // With weights to prefetch: the `_pf` instance, which takes their ranges too.
+        let name = match pf {
+            Some(pf) => {
+                args.extend_from_slice(&pf);
+                format!("{name}_pf")
+            }
+            None => name,
+        };
         if self.small_v2.load(Ordering::Relaxed) {
             // One block per q, k and v head (`rope_store_heads`), a thread per rotated pair.
             let heads = (n_head + 2 * n_head_kv) as u32;
@@ -285,7 +292,11 @@ impl CudaBackend {
     /// (default `VELA_CUDA_ATTN_CLUSTER=1`, else off; only on sm_90+).
     pub fn set_attention_cluster(&self, on: bool) {
         self.flush_recording();
-        self.fdec.cluster.store(on, Ordering::Relaxed);
+        let ok = self
+            .ctx
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)
+            .is_ok_and(|v| v != 0);
+        self.fdec.cluster.store(on && ok, Ordering::Relaxed);
     }
 
     /// Fewest keys (of the longest query row) for the tensor-core decode attention; shorter

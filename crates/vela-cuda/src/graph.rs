@@ -210,7 +210,7 @@ impl CudaBackend {
         }
     }
 
-    /// Launch `f` with programmatic stream serialization (PDL): its blocks may start while the
+    /// Launch `f` through `cuLaunchKernelEx`. With `pdl`, programmatic stream serialization: its blocks may start while the
     /// previous kernel of the stream runs; each kernel waits for it with `griddepcontrol.wait`
     /// before touching its data (`PDL_ENTRY` in kernels/common.cu). Stream capture turns the
     /// attribute into programmatic graph edges, so replayed decode steps overlap the same way.
