@@ -25,7 +25,8 @@
 #   here:   scripts/gpu-suite.sh pack-quick  # one ~50 MB carry (target/gpu-data/quick) for
 #   there:  scripts/gpu-suite.sh quick       # one call: every GPU op test (QUICK_TESTS filters),
 #       then per model of QUICK_MODELS ("name:geometry:type ...", synthesized there) a pp512 +
-#       tg128 run vs llama.cpp and tg128 A/B runs for QUICK_AB ("name:SWITCH=value ...";
+#       tg128 run vs llama.cpp and tg128 A/B runs for QUICK_AB ("name:SWITCH=value ...", several
+#       variables of one run joined by '/': "q05:A=1/B=1";
 #       "name:+SWITCH=value": pp512 too), the 8B at 8K depth (QUICK_8K=0 skips; QUICK_8K_AB
 #       switches; QUICK_DEPTHS="1024 8192" other depths; QUICK_CTX="8192 8192:SWITCH=value" the 8B's
 #       tg128 with that context size, as a server allocates it), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
@@ -183,8 +184,8 @@ bench)
   # SUITE_AB8K="SWITCH=value ...": the 8K-depth decode of the synth models again per switch.
   synths=$(echo "$models" | tr ',' '\n' | grep '^/tmp/synth' | paste -sd, -)
   for sw in ${SUITE_AB8K:-}; do
-    [ -n "$synths" ] && env $sw timeout 120 "${B[@]}" --models "$synths" -p 0 -n 128 --depth 8192 \
-      --out $OUT/bench-8k-$(echo $sw | tr '=,' '__').md 2>>"$log" | grep "tg128" | sed "s/^/$sw /"
+    [ -n "$synths" ] && env ${sw//\// } timeout 120 "${B[@]}" --models "$synths" -p 0 -n 128 --depth 8192 \
+      --out $OUT/bench-8k-$(echo $sw | tr '=,/' '___').md 2>>"$log" | grep "tg128" | sed "s|^|$sw |"
   done
   # Weight bytes read per decoded token (the roofline's numerator without the KV cache).
   for m in $VELA_CACHE/models/*.gguf /tmp/synth/*.gguf; do
@@ -231,8 +232,8 @@ quick)
   for m in $(for x in $models; do echo ${x%%:*}; done); do
     for sw in base $(for x in ${QUICK_AB:-}; do [ "${x%%:*}" = $m ] && echo ${x#*:}; done); do
       if [ $sw = base ]; then extra=(); elif [ "${sw:0:1}" = + ]; then sw=${sw:1}; extra=(); else extra=(-p 0 -n 128); fi
-      env $([ $sw = base ] || echo $sw) timeout 90 "${B[@]}" "${extra[@]}" --models /tmp/$m.gguf \
-        --out $OUT/quick-$m-$(echo $sw | tr '=,' '__').md 2>/dev/null | grep "| $m |" | sed "s/^/$sw /"
+      env $([ $sw = base ] || echo ${sw//\// }) timeout 90 "${B[@]}" "${extra[@]}" --models /tmp/$m.gguf \
+        --out $OUT/quick-$m-$(echo $sw | tr '=,/' '___').md 2>/dev/null | grep "| $m |" | sed "s|^|$sw |"
     done
   done
   # QUICK_CTX="8192 ...": the 8B's tg128 again with vela's context at that size (a server's
@@ -240,9 +241,9 @@ quick)
   # ("8192:SWITCH=value": with that switch.)
   for cs in ${QUICK_CTX:-}; do
     c=${cs%%:*}; sw=$([ "$c" = "$cs" ] || echo ${cs#*:})
-    env $sw timeout 90 python3 scripts/bench-vs-llama.py --vela /tmp/vela --flavors cuda --threads 16 --reps 3 \
+    env ${sw//\// } timeout 90 python3 scripts/bench-vs-llama.py --vela /tmp/vela --flavors cuda --threads 16 --reps 3 \
       "--llama-args=-ngl 99" "--vela-args=--device cuda --ctx $c" -p 0 -n 128 --models /tmp/l8.gguf \
-      --out $OUT/quick-l8-ctx$(echo $cs | tr '=,:' '___').md 2>/dev/null | grep "| l8 |" | sed "s/^/ctx=$cs /"
+      --out $OUT/quick-l8-ctx$(echo $cs | tr '=,:/' '____').md 2>/dev/null | grep "| l8 |" | sed "s|^|ctx=$cs |"
   done
   VELA_CUDA_DEBUG=1 /tmp/vela bench -m /tmp/l8.gguf --device cuda -p 0 -n 32 2>&1 | grep -i "graph\|capture" | head -3
   if [ "${QUICK_8K:-1}" = 1 ]; then
@@ -251,8 +252,8 @@ quick)
     for dep in ${QUICK_DEPTHS:-8192}; do
       tag=$([ $dep = 8192 ] && echo 8k || echo d$dep)
       for sw in base ${QUICK_8K_AB:-}; do
-        env $([ $sw = base ] || echo $sw) timeout 90 "${B[@]}" --models /tmp/l8.gguf -p 0 -n 128 --depth $dep \
-          --out $OUT/quick-$tag-$(echo $sw | tr '=,' '__').md 2>/dev/null | grep "| l8 |" | sed "s/^/$sw /"
+        env $([ $sw = base ] || echo ${sw//\// }) timeout 90 "${B[@]}" --models /tmp/l8.gguf -p 0 -n 128 --depth $dep \
+          --out $OUT/quick-$tag-$(echo $sw | tr '=,/' '___').md 2>/dev/null | grep "| l8 |" | sed "s|^|$sw |"
       done
     done
   fi

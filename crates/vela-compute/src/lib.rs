@@ -353,6 +353,30 @@ pub trait Backend: Send + Sync {
         self.rms_norm(x, w, n_rows, width, eps, h);
         self.matmul_many(ws, h, n_rows, ys);
     }
+    /// [`Backend::norm_matmul_many`], then `ys[i] += biases[i]` on each row where a bias is
+    /// given ([`Backend::add_bias`]; `biases` empty or one per weight): the Q/K/V input of models
+    /// with projection biases (Qwen2), which a backend may add in the products.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul_many_bias(
+        &self,
+        x: &mut Self::Buf,
+        residual: Option<&Self::Buf>,
+        w: &Self::Vector,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+        h: &mut Self::Buf,
+        ws: &[&Self::Weight],
+        biases: &[Option<&Self::Vector>],
+        ys: &mut [&mut Self::Buf],
+    ) {
+        self.norm_matmul_many(x, residual, w, n_rows, width, eps, h, ws, ys);
+        for (b, y) in biases.iter().zip(ys.iter_mut()) {
+            if let Some(b) = b {
+                self.add_bias(y, b, n_rows);
+            }
+        }
+    }
 
     // --- decode-step recording and device-side argmax (default: plain ops, host argmax) ---
     /// Announce a single-token decode step (`token` at position `pos`) whose ops follow. A

@@ -73,9 +73,12 @@ __device__ __forceinline__ void mv_part(int blk, int R, int split, int n, int& r
 
 // Y[r0 + q] = the warp's sum of acc[q] (plus that of accm[q] when M: s + sm, as in mm32); with a
 // K split, the parts' sums of each row added in part order through shared memory.
-template <int R, bool M>
+// BIAS: Y[r] = the sum + B[r] (the bias of Q/K/V products, added where the row is written: the
+// same float addition as a separate add_bias).
+template <int R, bool M, bool BIAS = false>
 __device__ __forceinline__ void mv_store(const float (&acc)[R], const float (&accm)[R], float* Y,
-                                         int r0, int rows, int part, int split) {
+                                         int r0, int rows, int part, int split,
+                                         const float* B = nullptr) {
     __shared__ float red[WARPS][R][M ? 2 : 1];
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     if (split == 1) {
@@ -83,7 +86,7 @@ __device__ __forceinline__ void mv_store(const float (&acc)[R], const float (&ac
         for (int q = 0; q < R; q++) {
             float s = warp_sum(acc[q]);
             if (M) s = s + warp_sum(accm[q]);
-            if (lane == 0 && r0 + q < rows) Y[r0 + q] = s;
+            if (lane == 0 && r0 + q < rows) Y[r0 + q] = BIAS ? s + B[r0 + q] : s;
         }
         return;
     }
@@ -106,7 +109,8 @@ __device__ __forceinline__ void mv_store(const float (&acc)[R], const float (&ac
                 a += red[warp + p][q][0];
                 if (M) b += red[warp + p][q][M ? 1 : 0];
             }
-            Y[r0 + q] = M ? a + b : a;
+            float y = M ? a + b : a;
+            Y[r0 + q] = BIAS ? y + B[r0 + q] : y;
         }
     }
 }
@@ -138,9 +142,10 @@ __device__ __forceinline__ void mv32_load(uint4 tmp[R][(N16 + 31) / 32], const u
     }
 }
 
-template <int T, int R>
+template <int T, int R, bool BIAS = false>
 __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __restrict__ X,
-                                     float* __restrict__ Y, int rows, int nb, int blk, int split) {
+                                     float* __restrict__ Y, int rows, int nb, int blk, int split,
+                                     const float* B = nullptr) {
     constexpr int BYTES = B32<T>::BYTES;
     constexpr int N16 = (MV_SEG * BYTES + 15) / 16 + 1;
     __shared__ uint4 stage[WARPS][R][N16];
@@ -211,7 +216,7 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
             __syncwarp();
         }
     }
-    mv_store<R, true>(acc, accm, Y, r0, rows, part, split);
+    mv_store<R, true, BIAS>(acc, accm, Y, r0, rows, part, split, B);
 }
 
 // Split-row Q4_0 (type 102, see decode32_at in quant.cu): no staging. Lane l takes blocks l,
@@ -239,9 +244,10 @@ __device__ __forceinline__ void mvs_load(uint4 (&qv)[MVS_U][R], u16 (&dv)[MVS_U]
         }
     }
 }
-template <int R>
+template <int R, bool BIAS = false>
 __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restrict__ X,
-                                    float* __restrict__ Y, int rows, int nb, int blk, int split) {
+                                    float* __restrict__ Y, int rows, int nb, int blk, int split,
+                                    const float* B = nullptr) {
     int lane = threadIdx.x & 31;
     int r0, part, lo, hi;
     mv_part<1>(blk, R, split, nb, r0, part, lo, hi);
@@ -286,7 +292,7 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
         }
         mvs_load<R>(qv, dv, wq, wd, b0 + 32 * MVS_U, hi);
     }
-    mv_store<R, false>(acc, acc, Y, r0, rows, part, split);
+    mv_store<R, false, BIAS>(acc, acc, Y, r0, rows, part, split, B);
 }
 
 // scale_min_k4 on the 12 scale bytes held in three words (selects instead of a local array
@@ -436,9 +442,10 @@ __device__ __forceinline__ void decodek_at(const u8* row, int nb, int b, int j, 
 
 // K split as in mv32: warp w takes row blk * (WARPS / split) + w / split and the part
 // w % split of its nb * 8 sub-blocks. R rows per warp as in mv32.
-template <int T, int MVU, int R>
+template <int T, int MVU, int R, bool BIAS = false>
 __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __restrict__ X,
-                                    float* __restrict__ Y, int rows, int nb, int blk, int split) {
+                                    float* __restrict__ Y, int rows, int nb, int blk, int split,
+                                    const float* B = nullptr) {
     int lane = threadIdx.x & 31;
     int r0, part, lo, hi;
     mv_part<1>(blk, R, split, nb * 8, r0, part, lo, hi);
@@ -489,7 +496,7 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
             }
         }
     }
-    mv_store<R, false>(acc, acc, Y, r0, rows, part, split);
+    mv_store<R, false, BIAS>(acc, acc, Y, r0, rows, part, split, B);
 }
 
 // Split-row k-quant matvec (types 112/114): like mvk (the same work split, per-lane order and
@@ -512,9 +519,10 @@ __device__ __forceinline__ void mvks_load(uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)
         }
     }
 }
-template <int T, int R>
+template <int T, int R, bool BIAS = false>
 __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __restrict__ X,
-                                     float* __restrict__ Y, int rows, int nb, int blk, int split) {
+                                     float* __restrict__ Y, int rows, int nb, int blk, int split,
+                                     const float* B = nullptr) {
     int lane = threadIdx.x & 31;
     int r0, part, lo, hi;
     mv_part<1>(blk, R, split, nb * 8, r0, part, lo, hi);
@@ -560,28 +568,28 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
         }
         mvks_load<T, R>(qv, hd, wr, nb, it0 + 32 * MVKS_U(R), hi);
     }
-    mv_store<R, false>(acc, acc, Y, r0, rows, part, split);
+    mv_store<R, false, BIAS>(acc, acc, Y, r0, rows, part, split, B);
 }
 
 // One k-quant product: split rows through mvks (unless MVKS_OFF), else mvk.
-template <int T, int MVU, int R>
+template <int T, int MVU, int R, bool BIAS = false>
 __device__ __forceinline__ void mvk1(const u8* W, const AQ8K* X, float* Y, int rows, int nb,
-                                     int blk, int split) {
+                                     int blk, int split, const float* B = nullptr) {
 #ifndef MVKS_OFF
     if constexpr (T == 112 || T == 114) {
-        mvks<T, R>(W, X, Y, rows, nb, blk, split);
+        mvks<T, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
         return;
     }
 #endif
-    mvk<T, MVU, R>(W, X, Y, rows, nb, blk, split);
+    mvk<T, MVU, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
 }
 
 // One product of a 32-element type: split-row Q4_0 (mvs) or GGUF's layout (mv32).
-template <int T, int R>
+template <int T, int R, bool BIAS = false>
 __device__ __forceinline__ void mv1(const u8* W, const AQ8* X, float* Y, int rows, int nb, int blk,
-                                    int split) {
-    if constexpr (T == 102) mvs<R>(W, X, Y, rows, nb, blk, split);
-    else mv32<T, R>(W, X, Y, rows, nb, blk, split);
+                                    int split, const float* B = nullptr) {
+    if constexpr (T == 102) mvs<R, BIAS>(W, X, Y, rows, nb, blk, split, B);
+    else mv32<T, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
 }
 
 // Up to three one-token products of the same type sharing the activations (Q/K/V, gate/up) in
@@ -628,3 +636,56 @@ MVK(13, mv_q5_k)
 MVK(14, mv_q6_k)
 MVK(112, mv_q4_ks)
 MVK(114, mv_q6_ks)
+
+// ---- two or three one-token products of different weight types in one launch (opt-in) ----
+//
+// Like mv3, but each matrix has its own type code (t0..t2, one activation kind per kernel: Q8
+// for the 32-element types, Q8_K for the k-quants) and, in the `b` kernels, its own bias added
+// where the row is written (mv_store's BIAS). The common case: llama.cpp's _M mixtures give
+// attn_v more bits than attn_q / attn_k (Qwen2.5-0.5B Q4_K_M: Q5_0, Q5_0, Q8_0; Llama Q4_K_M:
+// Q4_K, Q4_K, Q6_K in a third of the layers), which mv3 cannot take, and Qwen2 adds three biases:
+// six launches per layer become one. One row per warp (the stage buffers of the 32-element
+// instances all live in one kernel). Host: `try_mv3` in matmul.rs, VELA_CUDA_MIXED_X3 /
+// VELA_CUDA_BIAS_FUSE. Type codes as B32 / BK: 102, 2, 6, 8 (Q8 activations) and the split-row
+// k-quants 112, 114 (Q8_K; the others would triple the registers); the host passes only these,
+// so every block reaches MV_RESUME through exactly one product.
+template <int R, bool BIAS>
+__device__ __forceinline__ void mv_mix1(int T, const u8* W, const AQ8* X, float* Y, int rows,
+                                        int nb, int blk, int split, const float* B) {
+    switch (T) {
+    case 102: mvs<R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
+    case 2: mv32<2, R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
+    case 6: mv32<6, R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
+    default: mv32<8, R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
+    }
+}
+template <int R, bool BIAS>
+__device__ __forceinline__ void mv_mix1(int T, const u8* W, const AQ8K* X, float* Y, int rows,
+                                        int nb, int blk, int split, const float* B) {
+    if (T == 112) mvk1<112, MVU_K, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
+    else mvk1<114, MVU_K, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
+}
+template <typename A, bool BIAS>
+__device__ __forceinline__ void mv_mix3(const u8* W0, const u8* W1, const u8* W2, const A* X,
+                                        float* Y0, float* Y1, float* Y2, int r0, int r1, int r2,
+                                        int nb, int split, int t0, int t1, int t2, const float* B0,
+                                        const float* B1, const float* B2) {
+    int rpb = WARPS / split;
+    int b0 = (r0 + rpb - 1) / rpb, b1 = (r1 + rpb - 1) / rpb;
+    int bi = blockIdx.x;
+    const u8* W = W0;
+    float* Y = Y0;
+    const float* B = B0;
+    int rows = r0, T = t0;
+    if (bi >= b0 + b1) {
+        W = W2; Y = Y2; B = B2; rows = r2; T = t2; bi -= b0 + b1;
+    } else if (bi >= b0) {
+        W = W1; Y = Y1; B = B1; rows = r1; T = t1; bi -= b0;
+    }
+    mv_mix1<1, BIAS>(T, W, X, Y, rows, nb, bi, split, B);
+}
+#define MV_MIX(A, NAME)                                                                            \
+    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const A* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split, int t0, int t1, int t2, const float* B0, const float* B1, const float* B2) { MV_ENTRY(); mv_mix3<A, false>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split, t0, t1, t2, B0, B1, B2); } \
+    extern "C" __global__ void NAME##_x3b(const u8* W0, const u8* W1, const u8* W2, const A* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split, int t0, int t1, int t2, const float* B0, const float* B1, const float* B2) { MV_ENTRY(); mv_mix3<A, true>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split, t0, t1, t2, B0, B1, B2); }
+MV_MIX(AQ8, mv_mix32)
+MV_MIX(AQ8K, mv_mixk)

@@ -38,6 +38,10 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
     (
         "quant",
         &[
+            "mv_mix32_x3",
+            "mv_mix32_x3b",
+            "mv_mixk_x3",
+            "mv_mixk_x3b",
             "quantize_q8",
             "quantize_q8k",
             "mm_q4_0_t1",

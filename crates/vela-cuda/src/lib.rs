@@ -230,6 +230,11 @@ pub struct CudaBackend {
     /// pending ranges (device address, bytes) x 3.
     l2pf_cap: AtomicUsize,
     l2pf_pending: Mutex<Option<[(u64, usize); 3]>>,
+    /// One-token products of different weight types in one `mv_mix*_x3` launch
+    /// (`VELA_CUDA_MIXED_X3=1`; opt-in, matmul.rs).
+    mixed_x3: AtomicBool,
+    /// Q/K/V biases added by the products (`mv_mix*_x3b`; `VELA_CUDA_BIAS_FUSE=1`; opt-in).
+    bias_fuse: AtomicBool,
 }
 
 /// RoPE frequency factors: the host vector (kept alive as the cache key) and its device copy.
@@ -415,6 +420,8 @@ impl CudaBackend {
                     .saturating_mul(1 << 20),
             ),
             l2pf_pending: Mutex::new(None),
+            mixed_x3: AtomicBool::new(env("VELA_CUDA_MIXED_X3") == "1"),
+            bias_fuse: AtomicBool::new(env("VELA_CUDA_BIAS_FUSE") == "1"),
         })
     }
 
@@ -757,7 +764,24 @@ impl Backend for CudaBackend {
         ws: &[&CudaWeight],
         ys: &mut [&mut CudaBuf],
     ) {
-        self.norm_matmul_impl(x, residual, w, n_rows, width, eps, h, ws, ys);
+        self.norm_matmul_impl(x, residual, w, n_rows, width, eps, h, ws, ys, &[]);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn norm_matmul_many_bias(
+        &self,
+        x: &mut CudaBuf,
+        residual: Option<&CudaBuf>,
+        w: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+        h: &mut CudaBuf,
+        ws: &[&CudaWeight],
+        biases: &[Option<&CudaSlice<f32>>],
+        ys: &mut [&mut CudaBuf],
+    ) {
+        self.norm_matmul_impl(x, residual, w, n_rows, width, eps, h, ws, ys, biases);
     }
 
     fn add_bias(&self, x: &mut CudaBuf, b: &CudaSlice<f32>, n: usize) {

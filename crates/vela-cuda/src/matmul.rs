@@ -49,7 +49,7 @@ impl CudaBackend {
         let mut sc = self.scratch();
         // (activation kind, width) of the activations currently in the scratch buffer.
         let mut quantized = pre;
-        if self.try_mv3(&mut sc, ws, x, n, ys, quantized) {
+        if self.try_mv3(&mut sc, ws, x, n, ys, quantized, &[]) {
             return;
         }
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
@@ -156,6 +156,8 @@ impl CudaBackend {
     /// and the activation quantization when every weight takes the same quantized activations
     /// of width `width` (and fusion is on and the mode is not exact); otherwise the unfused ops.
     #[allow(clippy::too_many_arguments)]
+    /// `biases` (empty, or one per weight): added to the products' rows
+    /// (`Backend::norm_matmul_many_bias`).
     pub(crate) fn norm_matmul_impl(
         &self,
         x: &mut CudaBuf,
@@ -167,6 +169,7 @@ impl CudaBackend {
         h: &mut CudaBuf,
         ws: &[&CudaWeight],
         ys: &mut [&mut CudaBuf],
+        biases: &[Option<&CudaSlice<f32>>],
     ) {
         use vela_compute::Backend;
         let kind = ws.first().map(|w| w.info().1);
@@ -184,6 +187,7 @@ impl CudaBackend {
             }
             self.rms_norm(x, w, n_rows, width, eps, h);
             self.matmul_many(ws, h, n_rows, ys);
+            self.add_biases(biases, n_rows, ys);
             return;
         };
         assert!(
@@ -225,11 +229,37 @@ impl CudaBackend {
             self.launch(name, (n_rows as u32, 1, 1), threads, &args);
         }
         drop(sc);
-        self.matmul_many_impl(ws, h, n_rows, ys, Some((kind, width, ap, width / bs)));
+        let pre = Some((kind, width, ap, width / bs));
+        if biases.iter().any(Option::is_some) {
+            let mut sc = self.scratch();
+            if self.try_mv3(&mut sc, ws, h, n_rows, ys, pre, biases) {
+                return;
+            }
+            drop(sc);
+            self.matmul_many_impl(ws, h, n_rows, ys, pre);
+            self.add_biases(biases, n_rows, ys);
+            return;
+        }
+        self.matmul_many_impl(ws, h, n_rows, ys, pre);
+    }
+
+    /// `ys[i] += biases[i]` on each of the `n` rows where a bias is given.
+    fn add_biases(&self, biases: &[Option<&CudaSlice<f32>>], n: usize, ys: &mut [&mut CudaBuf]) {
+        use vela_compute::Backend;
+        for (b, y) in biases.iter().zip(ys.iter_mut()) {
+            if let Some(b) = b {
+                self.add_bias(y, b, n);
+            }
+        }
     }
 
     /// Two or three one-token products of the same quantized type and width in one `mv_*_x3`
-    /// launch (new matvec and fusion on); returns false (nothing done) otherwise.
+    /// launch (new matvec and fusion on); returns false (nothing done) otherwise. With
+    /// `VELA_CUDA_MIXED_X3` also of different types sharing the activation kind, and with
+    /// `VELA_CUDA_BIAS_FUSE` and `biases` (one per weight) the biases added too: the `mv_mix*`
+    /// kernels (one row per warp; see kernels/matvec.cu). With biases it does nothing unless it
+    /// can add them.
+    #[allow(clippy::too_many_arguments)]
     fn try_mv3(
         &self,
         sc: &mut Scratch,
@@ -238,19 +268,29 @@ impl CudaBackend {
         n: usize,
         ys: &mut [&mut CudaBuf],
         pre: Option<(ActKind, usize, u64, usize)>,
+        biases: &[Option<&CudaSlice<f32>>],
     ) -> bool {
         if n != 1
             || !(2..=3).contains(&ws.len())
             || !self.fuse.load(Ordering::Relaxed)
             || !self.matvec_new.load(Ordering::Relaxed)
-            || ws
-                .iter()
-                .any(|w| w.info().0 != ws[0].info().0 || w.cols != ws[0].cols)
+            || ws.iter().any(|w| w.cols != ws[0].cols)
         {
             return false;
         }
         let (suffix, kind) = ws[0].info();
-        if kind == ActKind::Float {
+        if kind == ActKind::Float || ws.iter().any(|w| w.info().1 != kind) {
+            return false;
+        }
+        let same = ws.iter().all(|w| w.info().0 == suffix);
+        let bias = biases.iter().any(Option::is_some);
+        let mixed = if bias {
+            self.bias_fuse.load(Ordering::Relaxed)
+        } else {
+            !same && self.mixed_x3.load(Ordering::Relaxed)
+        };
+        let codes: Option<Vec<i32>> = ws.iter().map(|w| mix_code(w)).collect();
+        if (!same || bias) && (!mixed || codes.is_none()) {
             return false;
         }
         let cols = ws[0].cols;
@@ -265,14 +305,18 @@ impl CudaBackend {
         let yp: Vec<u64> = ys.iter().map(|y| self.ptr(&**y)).collect();
         let rows = |i: usize| ws.get(i).map(|w| w.rows).unwrap_or(0);
         let split = self.mv_split(cols);
-        let r = self.mv_rows((0..3).map(rows).sum());
+        let r = if mixed {
+            1
+        } else {
+            self.mv_rows((0..3).map(rows).sum())
+        };
         let blocks: u32 = (0..3)
             .map(|i| (rows(i) as u32).div_ceil(MM_WARPS * r / split))
             .sum();
         if blocks == 0 {
             return true;
         }
-        let args = [
+        let mut args = vec![
             Arg::P(wp(0)),
             Arg::P(wp(1)),
             Arg::P(wp(2)),
@@ -286,12 +330,23 @@ impl CudaBackend {
             Arg::I(nb as i32),
             Arg::I(split as i32),
         ];
-        self.launch(
-            &format!("mv_{suffix}_x3{}", if r == 2 { "_r2" } else { "" }),
-            (blocks, 1, 1),
-            32 * MM_WARPS,
-            &args,
-        );
+        let name = match codes.filter(|_| mixed) {
+            Some(c) => {
+                // Type codes, then the bias addresses (0: none; a missing third weight: code 0,
+                // no blocks).
+                for i in 0..3 {
+                    args.push(Arg::I(c.get(i).copied().unwrap_or(0)));
+                }
+                for i in 0..3 {
+                    let b = biases.get(i).copied().flatten();
+                    args.push(Arg::P(b.map_or(0, |b| self.ptr(b))));
+                }
+                let group = if kind == ActKind::Q8 { "32" } else { "k" };
+                format!("mv_mix{group}_x3{}", if bias { "b" } else { "" })
+            }
+            None => format!("mv_{suffix}_x3{}", if r == 2 { "_r2" } else { "" }),
+        };
+        self.launch(&name, (blocks, 1, 1), 32 * MM_WARPS, &args);
         true
     }
 
@@ -474,5 +529,19 @@ impl CudaBackend {
     /// See [`CudaBackend::mv_split`]: 0 = auto, else 1, 2 or 4 warps per row.
     pub fn set_mv_split(&self, mode: u32) {
         self.mv_split_mode.store(mode, Ordering::Relaxed);
+    }
+}
+
+/// The `mv_mix*` kernels' type code of a weight (kernels/matvec.cu), if they take its type.
+fn mix_code(w: &CudaWeight) -> Option<i32> {
+    use vela_formats::quant::GgmlType;
+    match (w.ty, w.split) {
+        (GgmlType::Q4_0, true) => Some(102),
+        (GgmlType::Q4_0, false) => Some(2),
+        (GgmlType::Q5_0, false) => Some(6),
+        (GgmlType::Q8_0, false) => Some(8),
+        (GgmlType::Q4_K, true) => Some(112),
+        (GgmlType::Q6_K, true) => Some(114),
+        _ => None,
     }
 }

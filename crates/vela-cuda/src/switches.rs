@@ -75,6 +75,20 @@ impl CudaBackend {
         self.l2pf_cap.store(n, Ordering::Relaxed);
     }
 
+    /// One-token products of different weight types (sharing the activation kind) in one
+    /// `mv_mix*_x3` launch on or off (default `VELA_CUDA_MIXED_X3=1`, else off).
+    pub fn set_mixed_x3(&self, on: bool) {
+        self.flush_recording();
+        self.mixed_x3.store(on, Ordering::Relaxed);
+    }
+
+    /// Q/K/V biases added by the one-token products (`mv_mix*_x3b`) on or off (default
+    /// `VELA_CUDA_BIAS_FUSE=1`, else off).
+    pub fn set_bias_fuse(&self, on: bool) {
+        self.flush_recording();
+        self.bias_fuse.store(on, Ordering::Relaxed);
+    }
+
     /// Prefill attention kernel: 0 tensor-core flash attention where it applies, else as 1
     /// (default); 1 four warps per row for big batches, else 32; 2 always the 32-warp kernel
     /// (see attn.rs).

@@ -395,8 +395,9 @@ impl<B: Backend> DecoderModel<B> {
         for (il, l) in self.layers.iter().enumerate() {
             let lc = &c.layers[il];
             // The previous layer's FFN output is added here, fused with the norm (and, on a
-            // GPU, with the activation quantization of the Q/K/V products).
-            be.norm_matmul_many(
+            // GPU, with the activation quantization of the Q/K/V products); then the biases
+            // (Qwen2), which a backend may add in the products.
+            be.norm_matmul_many_bias(
                 &mut st.x,
                 (il > 0).then_some(&st.o),
                 &l.attn_norm,
@@ -405,17 +406,9 @@ impl<B: Backend> DecoderModel<B> {
                 c.rms_eps,
                 &mut st.h,
                 &[&l.wq, &l.wk, &l.wv],
+                &[l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref()],
                 &mut [&mut st.q, &mut st.k, &mut st.v],
             );
-            if let Some(b) = &l.bq {
-                be.add_bias(&mut st.q, b, n);
-            }
-            if let Some(b) = &l.bk {
-                be.add_bias(&mut st.k, b, n);
-            }
-            if let Some(b) = &l.bv {
-                be.add_bias(&mut st.v, b, n);
-            }
             if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
                 be.rms_norm_inplace(&mut st.q, qn, n * c.n_head, c.head_dim_k, c.rms_eps);
                 be.rms_norm_inplace(&mut st.k, kn, n * c.n_head_kv, c.head_dim_k, c.rms_eps);

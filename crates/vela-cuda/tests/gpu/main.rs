@@ -403,5 +403,6 @@ fn attention_and_kv_match_cpu() {
 mod attn;
 mod gemm;
 mod kernels2;
+mod mix;
 mod model;
 mod sample;
