@@ -189,17 +189,16 @@ impl CudaBackend {
     /// of one query row (`PDL_ENTRY_PF` in kernels/common.cu), so they move while the attention
     /// kernels keep the memory otherwise idle.
     pub(crate) fn prefetch_weights_impl(&self, ws: &[&CudaWeight]) {
-        let mut left = self.l2pf_cap.load(Ordering::Relaxed);
-        if left == 0 {
+        let cap = self.l2pf_cap.load(Ordering::Relaxed);
+        if cap == 0 {
             return;
         }
-        let mut r = [(0u64, 0usize); 3];
-        for (slot, w) in r.iter_mut().zip(ws) {
-            let n = (w.rows * w.row_bytes).min(left) & !15;
-            *slot = (self.ptr(&w.data), n);
-            left -= n;
-        }
-        *self.l2pf_pending.lock().unwrap_or_else(|e| e.into_inner()) = Some(r);
+        let full: Vec<(u64, usize)> = ws
+            .iter()
+            .map(|w| (self.ptr(&w.data), w.rows * w.row_bytes))
+            .collect();
+        *self.l2pf_pending.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(prefetch_ranges(&full, cap));
     }
 
     /// The pending L2 prefetch ranges as kernel arguments (none when nothing is pending or
@@ -578,6 +577,19 @@ impl CudaBackend {
     }
 }
 
+/// The L2 prefetch ranges of `l2_prefetch` (kernels/common.cu) for (address, bytes) weights in
+/// order: at most `cap` bytes in all, each range rounded down to 16 bytes, at most three.
+fn prefetch_ranges(ws: &[(u64, usize)], cap: usize) -> [(u64, usize); 3] {
+    let mut left = cap;
+    let mut r = [(0u64, 0usize); 3];
+    for (slot, &(p, n)) in r.iter_mut().zip(ws) {
+        let n = n.min(left) & !15;
+        *slot = (p, n);
+        left -= n;
+    }
+    r
+}
+
 /// Keys the longest of the query rows at `positions` attends to (`window`: 0 for none).
 fn keys_seen(positions: &[u32], window: usize) -> usize {
     let n = positions.iter().max().map_or(0, |&p| p as usize + 1);
@@ -600,4 +612,31 @@ fn split_keys() -> Option<usize> {
             .unwrap_or(256)
     });
     (k > 0).then_some(k)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::prefetch_ranges;
+
+    #[test]
+    fn prefetch_ranges_follow_the_order_within_the_cap() {
+        let ws = [(0x1000, 1000), (0x9000, 5000), (0x20000, 70), (0x30000, 64)];
+        // Whole ranges (rounded down to 16 bytes) while they fit; only the first three.
+        assert_eq!(
+            prefetch_ranges(&ws, 1 << 20),
+            [(0x1000, 992), (0x9000, 5000 & !15), (0x20000, 64)]
+        );
+        // The cap cuts the second range; nothing is left for the third.
+        assert_eq!(
+            prefetch_ranges(&ws, 3000),
+            [(0x1000, 992), (0x9000, 2000), (0x20000, 0)]
+        );
+        // Every size is a multiple of 16 and their sum stays within the cap.
+        for cap in [0, 15, 16, 17, 999, 4096, 6007] {
+            let r = prefetch_ranges(&ws, cap);
+            assert!(r.iter().all(|x| x.1 % 16 == 0));
+            assert!(r.iter().map(|x| x.1).sum::<usize>() <= cap);
+        }
+        assert_eq!(prefetch_ranges(&ws[..1], 1 << 20)[1], (0, 0));
+    }
 }
