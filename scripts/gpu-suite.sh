@@ -48,13 +48,21 @@ MODELS=${SUITE_MODELS:-SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m qwen2.5-co
 KEYS=${SUITE_KEYS:-smollm2,gemma3,qwen25}
 SYNTH=${SUITE_SYNTH:-llama3-8b:q4_0 llama3-8b:q4_k_m}
 
-# Carry groups: first-fit of the files of $S (largest first) into bins of 58 MiB (+ the ~4 MB
-# working tree <= 64 MiB) -> $S/groups.txt, and $S/manifest.txt ("size name" of every other
-# file; the test stage checks the stash against it before it starts).
+# Carry groups: first-fit of the files of $S (largest first) into bins of 64 MiB less what else
+# travels with each call (the working tree's tracked and untracked-not-ignored files, and
+# shared/ if the checkout has one) less 512 KiB -> $S/groups.txt, and $S/manifest.txt ("size
+# name" of every other file; the test stage checks the stash against it before it starts).
 groups() {
   python3 - "$S" <<'EOF'
-import os, sys
+import os, subprocess, sys
 d = sys.argv[1]
+tree = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                      capture_output=True, check=True).stdout.split(b"\0")
+tree_bytes = sum(os.path.getsize(f) for f in tree if f and os.path.isfile(f))
+for root, _, fs in os.walk("shared"):
+    tree_bytes += sum(os.path.getsize(os.path.join(root, f)) for f in fs)
+limit = (64 << 20) - tree_bytes - (512 << 10)
+print(f"working tree {tree_bytes / 2**20:.1f} MiB: carry groups of at most {limit / 2**20:.1f} MiB")
 skip = {"groups.txt", "manifest.txt"}
 with open(os.path.join(d, "manifest.txt"), "w") as m:
     for f in sorted(os.listdir(d)):
@@ -62,9 +70,12 @@ with open(os.path.join(d, "manifest.txt"), "w") as m:
             m.write(f"{os.path.getsize(os.path.join(d, f))} {f}\n")
 files = sorted(((os.path.getsize(os.path.join(d, f)), f) for f in os.listdir(d)), reverse=True)
 bins = []
+too_big = [f for size, f in files if size > limit]
+if too_big:
+    sys.exit(f"files larger than a carry group ({limit / 2**20:.1f} MiB): {' '.join(too_big)}")
 for size, f in files:
     for b in bins:
-        if b[0] + size <= (58 << 20):
+        if b[0] + size <= limit:
             b[0] += size; b[1].append(f); break
     else:
         bins.append([size, [f]])
