@@ -332,32 +332,12 @@ pub trait Backend: Send + Sync {
         self.matmul(w, gate, n_rows, y);
     }
     /// The input of a pre-norm block: `x += residual` (if given; `n_rows * width` elements),
-    /// `h = rms_norm(x) * w`, then `ys[i] = h · ws[i]ᵀ` — [`Backend::add`],
-    /// [`Backend::rms_norm`] and [`Backend::matmul_many`] in one call that a backend may fuse.
+    /// `h = rms_norm(x) * w`, then `ys[i] = h · ws[i]ᵀ`, plus `biases[i]` on each row where
+    /// given (`biases` empty or one per weight; Qwen2's Q/K/V) — [`Backend::add`],
+    /// [`Backend::rms_norm`], [`Backend::matmul_many`] and [`Backend::add_bias`] in one call
+    /// that a backend may fuse.
     #[allow(clippy::too_many_arguments)]
     fn norm_matmul_many(
-        &self,
-        x: &mut Self::Buf,
-        residual: Option<&Self::Buf>,
-        w: &Self::Vector,
-        n_rows: usize,
-        width: usize,
-        eps: f32,
-        h: &mut Self::Buf,
-        ws: &[&Self::Weight],
-        ys: &mut [&mut Self::Buf],
-    ) {
-        if let Some(r) = residual {
-            self.add(x, r, n_rows * width);
-        }
-        self.rms_norm(x, w, n_rows, width, eps, h);
-        self.matmul_many(ws, h, n_rows, ys);
-    }
-    /// [`Backend::norm_matmul_many`], then `ys[i] += biases[i]` on each row where a bias is
-    /// given ([`Backend::add_bias`]; `biases` empty or one per weight): the Q/K/V input of models
-    /// with projection biases (Qwen2), which a backend may add in the products.
-    #[allow(clippy::too_many_arguments)]
-    fn norm_matmul_many_bias(
         &self,
         x: &mut Self::Buf,
         residual: Option<&Self::Buf>,
@@ -370,14 +350,17 @@ pub trait Backend: Send + Sync {
         biases: &[Option<&Self::Vector>],
         ys: &mut [&mut Self::Buf],
     ) {
-        self.norm_matmul_many(x, residual, w, n_rows, width, eps, h, ws, ys);
+        if let Some(r) = residual {
+            self.add(x, r, n_rows * width);
+        }
+        self.rms_norm(x, w, n_rows, width, eps, h);
+        self.matmul_many(ws, h, n_rows, ys);
         for (b, y) in biases.iter().zip(ys.iter_mut()) {
             if let Some(b) = b {
                 self.add_bias(y, b, n_rows);
             }
         }
     }
-
     // --- decode-step recording and device-side argmax (default: plain ops, host argmax) ---
     /// Announce a single-token decode step (`token` at position `pos`) whose ops follow. A
     /// backend may record them and run the whole step at once (CUDA graphs); the ops keep their

@@ -204,6 +204,9 @@ impl CudaBackend {
     /// The pending L2 prefetch ranges as kernel arguments (none when nothing is pending or
     /// `rows` is not 1); clears them.
     fn take_prefetch(&self, rows: usize) -> Option<[Arg; 6]> {
+        if self.l2pf_cap.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
         let r = self
             .l2pf_pending
             .lock()
@@ -430,40 +433,13 @@ impl CudaBackend {
                 kv_suffix(kv.ty),
                 if d512 { "_d512" } else { "" }
             );
-            // Q8 activations for the next product from the merge (whole blocks per head).
-            let q8 = quant
-                .filter(|(k, _)| *k == ActKind::Q8 && p.head_dim_v.is_multiple_of(32))
-                .filter(|_| self.fdec.combine_q8);
-            if v2 && !d512 && !v3 && self.arch >= 90 && self.fdec.cluster.load(Ordering::Relaxed) {
-                // Parts merged inside a cluster of at most 8 blocks (`attention_part2c_*`).
-                let args = [
-                    Arg::P(self.ptr(q)),
-                    Arg::P(self.ptr(&l.k)),
-                    Arg::P(self.ptr(&l.v)),
-                    Arg::P(pp),
-                    Arg::P(self.ptr(out)),
-                    Arg::P(q8.map_or(0, |q| q.1)),
-                    Arg::I(p.n_head as i32),
-                    Arg::I(p.n_head_kv as i32),
-                    Arg::I(p.head_dim_k as i32),
-                    Arg::I(p.head_dim_v as i32),
-                    Arg::I(l.spec.capacity as i32),
-                    Arg::I(window as i32),
-                    Arg::F(p.scale),
-                    Arg::F(p.softcap.unwrap_or(0.0)),
-                ];
-                let grid = (p.n_head as u32, n_tok as u32, parts.min(8) as u32);
-                let name = format!("attention_part2c_{}", kv_suffix(kv.ty));
-                self.launch(&name, grid, 32 * SPLIT_WARPS, &args);
-                return q8.is_some();
-            }
-            let pt = self.attn_partials(n_tok * p.n_head * parts * (p.head_dim_v + 2));
-            let args = [
+            // The part kernels' arguments (argument 4: the partials; 0 until allocated below).
+            let mut part_args = [
                 Arg::P(self.ptr(q)),
                 Arg::P(self.ptr(&l.k)),
                 Arg::P(self.ptr(&l.v)),
                 Arg::P(pp),
-                Arg::P(pt),
+                Arg::P(0),
                 Arg::I(p.n_head as i32),
                 Arg::I(p.n_head_kv as i32),
                 Arg::I(p.head_dim_k as i32),
@@ -473,6 +449,23 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
+            // Q8 activations for the next product from the merge (whole blocks per head).
+            let q8 = quant
+                .filter(|(k, _)| *k == ActKind::Q8 && p.head_dim_v.is_multiple_of(32))
+                .filter(|_| self.fdec.combine_q8);
+            if v2 && !d512 && !v3 && self.arch >= 90 && self.fdec.cluster.load(Ordering::Relaxed) {
+                // Parts merged inside a cluster of at most 8 blocks (`attention_part2c_*`): the
+                // part kernels' arguments with (out, aq) in place of the partials.
+                let mut args = part_args.to_vec();
+                args.splice(4..5, [Arg::P(self.ptr(out)), Arg::P(q8.map_or(0, |q| q.1))]);
+                let grid = (p.n_head as u32, n_tok as u32, parts.min(8) as u32);
+                let name = format!("attention_part2c_{}", kv_suffix(kv.ty));
+                self.launch(&name, grid, 32 * SPLIT_WARPS, &args);
+                return q8.is_some();
+            }
+            let pt = self.attn_partials(n_tok * p.n_head * parts * (p.head_dim_v + 2));
+            part_args[4] = Arg::P(pt);
+            let args = part_args;
             // All part kernels take the same arguments; the third version runs one block per KV
             // head.
             let (name, grid, block) = if v3 {

@@ -762,22 +762,6 @@ impl Backend for CudaBackend {
         eps: f32,
         h: &mut CudaBuf,
         ws: &[&CudaWeight],
-        ys: &mut [&mut CudaBuf],
-    ) {
-        self.norm_matmul_impl(x, residual, w, n_rows, width, eps, h, ws, ys, &[]);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn norm_matmul_many_bias(
-        &self,
-        x: &mut CudaBuf,
-        residual: Option<&CudaBuf>,
-        w: &CudaSlice<f32>,
-        n_rows: usize,
-        width: usize,
-        eps: f32,
-        h: &mut CudaBuf,
-        ws: &[&CudaWeight],
         biases: &[Option<&CudaSlice<f32>>],
         ys: &mut [&mut CudaBuf],
     ) {

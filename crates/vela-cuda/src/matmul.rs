@@ -157,7 +157,7 @@ impl CudaBackend {
     /// of width `width` (and fusion is on and the mode is not exact); otherwise the unfused ops.
     #[allow(clippy::too_many_arguments)]
     /// `biases` (empty, or one per weight): added to the products' rows
-    /// (`Backend::norm_matmul_many_bias`).
+    /// (`Backend::norm_matmul_many`).
     pub(crate) fn norm_matmul_impl(
         &self,
         x: &mut CudaBuf,
@@ -289,8 +289,18 @@ impl CudaBackend {
         } else {
             !same && self.mixed_x3.load(Ordering::Relaxed)
         };
-        let codes: Option<Vec<i32>> = ws.iter().map(|w| mix_code(w)).collect();
-        if (!same || bias) && (!mixed || codes.is_none()) {
+        // The mixed kernels' type codes (a missing third weight: 0, no blocks), when they are
+        // switched on for this call and take every type.
+        let codes = mixed
+            .then(|| {
+                let mut c = [0i32; 3];
+                for (ci, w) in c.iter_mut().zip(ws) {
+                    *ci = mix_code(w)?;
+                }
+                Some(c)
+            })
+            .flatten();
+        if (!same || bias) && codes.is_none() {
             return false;
         }
         let cols = ws[0].cols;
@@ -330,13 +340,10 @@ impl CudaBackend {
             Arg::I(nb as i32),
             Arg::I(split as i32),
         ];
-        let name = match codes.filter(|_| mixed) {
+        let name = match codes {
             Some(c) => {
-                // Type codes, then the bias addresses (0: none; a missing third weight: code 0,
-                // no blocks).
-                for i in 0..3 {
-                    args.push(Arg::I(c.get(i).copied().unwrap_or(0)));
-                }
+                // Type codes, then the bias addresses (0: none).
+                args.extend(c.map(Arg::I));
                 for i in 0..3 {
                     let b = biases.get(i).copied().flatten();
                     args.push(Arg::P(b.map_or(0, |b| self.ptr(b))));

@@ -73,6 +73,9 @@ impl CudaBackend {
     /// requests into L2 (0: off; default `VELA_CUDA_L2PF_MB` MiB).
     pub fn set_l2_prefetch_bytes(&self, n: usize) {
         self.l2pf_cap.store(n, Ordering::Relaxed);
+        if n == 0 {
+            *self.l2pf_pending.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
     }
 
     /// One-token products of different weight types (sharing the activation kind) in one

@@ -397,7 +397,7 @@ impl<B: Backend> DecoderModel<B> {
             // The previous layer's FFN output is added here, fused with the norm (and, on a
             // GPU, with the activation quantization of the Q/K/V products); then the biases
             // (Qwen2), which a backend may add in the products.
-            be.norm_matmul_many_bias(
+            be.norm_matmul_many(
                 &mut st.x,
                 (il > 0).then_some(&st.o),
                 &l.attn_norm,
@@ -452,6 +452,7 @@ impl<B: Backend> DecoderModel<B> {
                 c.rms_eps,
                 &mut st.h,
                 &[&l.w_gate, &l.w_up],
+                &[],
                 &mut [&mut st.g, &mut st.u],
             );
             be.act_mul_matmul(&mut st.g, &st.u, n, c.n_ff, c.act, &l.w_down, &mut st.o);

@@ -276,6 +276,7 @@ fn fused_norm_matmul_and_rope_qk_match_cpu() {
                     1e-5,
                     &mut hg,
                     &[&wa_g, &wb_g],
+                    &[],
                     &mut [&mut ag, &mut bg],
                 );
                 cpu.norm_matmul_many(
@@ -287,6 +288,7 @@ fn fused_norm_matmul_and_rope_qk_match_cpu() {
                     1e-5,
                     &mut hc,
                     &[&wa_c, &wb_c],
+                    &[],
                     &mut [&mut ac, &mut bc],
                 );
                 let tag = format!(

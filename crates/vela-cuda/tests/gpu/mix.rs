@@ -48,7 +48,7 @@ fn mixed_x3_and_bias_equal_separate_products() {
                     let wr: Vec<&vela_cuda::CudaWeight> = ws[..k].iter().collect();
                     let br: Vec<Option<&vela_cuda::CudaBuf>> = bs[..k].iter().map(Some).collect();
                     let mut yr: Vec<&mut vela_cuda::CudaBuf> = ys.iter_mut().collect();
-                    g.norm_matmul_many_bias(
+                    g.norm_matmul_many(
                         &mut x,
                         Some(&res),
                         &norm_w,
