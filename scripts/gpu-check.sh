@@ -66,11 +66,11 @@ if [ "$stage" = ops ] || [ "$stage" = all ]; then
   # third slice: K-split matvec in x3 launches, cuBLAS prefill products, device top-k sampling
   run kernels2::matvec_x3_split_matches_single gemm::gemm_prefill_matches_cpu_exact \
       sample::device_top_k_matches_cpu
-  # later slices: flash prefill, split-row weights, RoPE + KV store (+ L2 prefetch), fused decode
-  # attention, cluster-merged split-K, mixed-type products with biases (opt-in)
+  # later slices: flash prefill, split-row weights, RoPE + KV store, fused decode attention,
+  # mixed-type products with biases
   run gemm::prefill_attention_kernels_match_cpu kernels2::split_rows_equal_gguf_layout \
       kernels2::fused_rope_store_matches_cpu attn::fused_attention_matmul_equals_unfused \
-      attn::cluster_attention_equals_part2_combine mix::mixed_x3_and_bias_equal_separate_products
+      mix::mixed_x3_and_bias_equal_separate_products
   run --exact gemm::prefill_attention_timing       # us per prefill attention layer, flash vs not
   run --exact gemm::gemm_speed                     # cuBLAS vs integer prefill products, crossover
   run --exact sample::device_top_k_timing          # us per top-k call vs reading the row back

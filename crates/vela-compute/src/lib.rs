@@ -294,10 +294,6 @@ pub trait Backend: Send + Sync {
         self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
         self.kv_store(kv, layer, k, v, positions);
     }
-    /// Hint: products over `ws` (in this order) follow the next few small ops (the layer's
-    /// RoPE and attention); a GPU backend may start moving their first bytes into its cache
-    /// while those run. Changes no result. Default: nothing.
-    fn prefetch_weights(&self, _ws: &[&Self::Weight]) {}
     /// [`Backend::attention`] into `a`, then `y = a · wᵀ` ([`Backend::matmul`]): the attention
     /// output and its projection, one call that a backend may fuse.
     #[allow(clippy::too_many_arguments)]

@@ -350,9 +350,7 @@ __device__ __forceinline__ float block_reduce_f(float v, bool is_max, float* red
     for (int w = 1; w < nw; w++) r = is_max ? fmaxf(r, red[w]) : r + red[w];
     return r;
 }
-// LOCAL: `part` is the block's own (hdv + 2)-float row (shared memory; the cluster variant in
-// flash.cu) instead of the grid's partials buffer.
-template <int KT, int D, bool LOCAL = false>
+template <int KT, int D>
 __device__ void attention_part2(const float* __restrict__ q, const void* __restrict__ kc,
                                 const void* __restrict__ vc, const u32* __restrict__ pos,
                                 float* __restrict__ part, int n_head, int n_head_kv, int hdk,
@@ -448,7 +446,7 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
         for (int e = 0; e < 8; e++) sacc[kg * hdv + dc * 8 + e] = a8[e];
     }
     __syncthreads();
-    float* o = LOCAL ? part : part + (((size_t)t * n_head + h) * S + s) * (hdv + 2);
+    float* o = part + (((size_t)t * n_head + h) * S + s) * (hdv + 2);
     for (int d = tid; d < hdv; d += blockDim.x) {
         float v = 0.0f;
         for (int w = 0; w < groups; w++) v += sacc[w * hdv + d];
@@ -632,11 +630,9 @@ PART3(2, 8, attention_part3_bf16_g8)
 
 // The weights of a split-K merge, computed by one warp: lane l takes parts l, l + 32, ... (< S <=
 // COMBINE_MAX) of pr (stride hdv + 2: m at hdv, l at hdv + 1), writes w_s = exp(m_s - M) (0 for an
-// empty part) to wts[s] and returns 1 / L, L = sum of l_s w_s (every lane). SRC: 0 plain loads,
-// 1 through L2 only (__ldcg: parts written by other blocks of the same grid), 2 part s from the
-// shared memory of the cluster's block s, at the offset of pr (this block's own row; the cluster
-// variant in flash.cu).
-template <int SRC>
+// empty part) to wts[s] and returns 1 / L, L = sum of l_s w_s (every lane). CG: load through L2
+// only (parts written by other blocks of the same grid).
+template <bool CG>
 __device__ __forceinline__ float part_weights(const float* __restrict__ pr, int hdv, int S, float* wts) {
     int l0 = threadIdx.x & 31;
     float ms[COMBINE_MAX / 32], ls[COMBINE_MAX / 32];
@@ -644,14 +640,9 @@ __device__ __forceinline__ float part_weights(const float* __restrict__ pr, int 
 #pragma unroll
     for (int k = 0; k < COMBINE_MAX / 32; k++) {
         int s = l0 + 32 * k;
-        if constexpr (SRC == 2) {
-            ms[k] = s < S ? ld_dsm(cluster_map(pr + hdv, s)) : NEG_INF;
-            ls[k] = s < S ? ld_dsm(cluster_map(pr + hdv + 1, s)) : 0.0f;
-        } else {
-            const float* ps = pr + (size_t)s * (hdv + 2) + hdv;
-            ms[k] = s < S ? (SRC == 1 ? __ldcg(ps) : ps[0]) : NEG_INF;
-            ls[k] = s < S ? (SRC == 1 ? __ldcg(ps + 1) : ps[1]) : 0.0f;
-        }
+        const float* ps = pr + (size_t)s * (hdv + 2) + hdv;
+        ms[k] = s < S ? (CG ? __ldcg(ps) : ps[0]) : NEG_INF;
+        ls[k] = s < S ? (CG ? __ldcg(ps + 1) : ps[1]) : 0.0f;
         mx = fmaxf(mx, ms[k]);
     }
     float M = warp_max(mx);
@@ -674,7 +665,7 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, flo
     int h = blockIdx.x, t = blockIdx.y;
     const float* pr = part + ((size_t)t * n_head + h) * S * (hdv + 2);
     if (threadIdx.x < 32) {
-        float il = part_weights<0>(pr, hdv, S, wts);
+        float il = part_weights<false>(pr, hdv, S, wts);
         if (threadIdx.x == 0) inv_l = il;
     }
     __syncthreads();

@@ -224,14 +224,9 @@ __device__ void rope_store(float* q, float* k, const float* __restrict__ v,
         }
     }
 }
-// The extern wrappers of rope_store and rope_store_heads (below), one per cache type; the `_pf`
-// instances also take up to three weight ranges the next products read
-// (`Backend::prefetch_weights`, opt-in), requested into L2 before the wait (l2_prefetch in
-// common.cu).
+// The extern wrappers of rope_store and rope_store_heads (below), one per cache type.
 #define ROPE_STORE(FN, KT, NAME)                                                                     \
     extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity) { PDL_ENTRY(); \
-        FN<KT>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); } \
-    extern "C" __global__ void NAME##_pf(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity, const u8* pf0, long long pn0, const u8* pf1, long long pn1, const u8* pf2, long long pn2) { PDL_ENTRY_PF(pf0, pn0, pf1, pn1, pf2, pn2); \
         FN<KT>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); }
 ROPE_STORE(rope_store, 0, rope_store_f32)
 ROPE_STORE(rope_store, 1, rope_store_f16)

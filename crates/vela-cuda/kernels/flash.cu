@@ -27,6 +27,12 @@ __device__ __forceinline__ u32 fa_pack(float lo, float hi) {
     return r;
 }
 
+__device__ __forceinline__ u32 smem_addr(const void* p) {
+    u32 a;
+    asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
+    return a;
+}
+
 __device__ __forceinline__ void ldsm_x4(u32 r[4], const void* p) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
@@ -477,7 +483,7 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
     float* wts = (float*)stg;  // [16][FD_MAX_PARTS] part weights exp(m_s - M)
     for (int r = warp; r < G; r += FA_WARPS) {
         const float* pr = part + ((size_t)t * n_head + g * G + r) * S * (D + 2);
-        float il = part_weights<1>(pr, D, S_eff, wts + r * FD_MAX_PARTS);
+        float il = part_weights<true>(pr, D, S_eff, wts + r * FD_MAX_PARTS);
         if (lane == 0) inv[r] = il;
     }
     __syncthreads();
@@ -516,60 +522,3 @@ FLASH_DECODE(1, 64, flash_decode_f16_d64)
 FLASH_DECODE(1, 128, flash_decode_f16_d128)
 FLASH_DECODE(2, 64, flash_decode_bf16_d64)
 FLASH_DECODE(2, 128, flash_decode_bf16_d128)
-
-// ---- split-K decode attention merged inside a thread-block cluster (opt-in, sm_90) ----
-//
-// VELA_CUDA_ATTN_CLUSTER=1 (attn.rs): grid (n_head, rows, S) in clusters of (1, 1, S), S <= 8
-// (portable cluster size), 128 threads. Block s runs attention_part2's part s into its own shared
-// memory (LOCAL); after a cluster barrier block 0 reads the S partial rows through distributed
-// shared memory (mapa + ld.shared::cluster) and merges them with attention_combine's arithmetic
-// (part_weights, then G = 4 groups of parts per element, the groups added in order): the same
-// bits as attention_part2 + attention_combine with the same S. It writes out[t][h] and, with
-// aq != 0 (hdv % 32 == 0), the Q8 blocks for the next product; a second barrier keeps the rows
-// alive until block 0 is done. No combine launch, no global round trip, no ticket (the session-6
-// last-block merge paid a fence, a ticket and an L2 read-back and lost to the separate combine).
-template <int KT>
-__device__ void attention_part2_cluster(const float* __restrict__ q, const void* __restrict__ kc,
-                                        const void* __restrict__ vc, const u32* __restrict__ pos,
-                                        float* __restrict__ out, AQ8* __restrict__ aq, int n_head,
-                                        int n_head_kv, int hdk, int hdv, int capacity, int window,
-                                        float scale, float softcap) {
-    __shared__ float row[ATT_MAXD + 2];
-    __shared__ float wts[COMBINE_MAX];
-    __shared__ float inv_l;
-    attention_part2<KT, ATT_MAXD, true>(q, kc, vc, pos, row, n_head, n_head_kv, hdk, hdv, capacity,
-                                        window, scale, softcap);
-    cluster_sync();
-    if (cluster_rank() == 0) {
-        int S = gridDim.z, h = blockIdx.x, t = blockIdx.y;
-        if (threadIdx.x < 32) {
-            float il = part_weights<2>(row, hdv, S, wts);
-            if (threadIdx.x == 0) inv_l = il;
-        }
-        __syncthreads();
-        // Whole warps per step (q8_block needs all 32 lanes of a 32-element block).
-        for (int d0 = 0; d0 < hdv; d0 += blockDim.x) {
-            int d = d0 + threadIdx.x;
-            if (d < hdv) {
-                float sum = 0.0f;
-#pragma unroll
-                for (int gi = 0; gi < 4; gi++) {
-                    float v = 0.0f;
-                    for (int s = gi; s < S; s += 4) v += ld_dsm(cluster_map(row + d, s)) * wts[s];
-                    sum = gi == 0 ? v : sum + v;
-                }
-                float r = sum * inv_l;
-                out[((size_t)t * n_head + h) * hdv + d] = r;
-                if (aq) q8_block(r, aq + (((size_t)t * n_head + h) * hdv + d) / 32, d & 31);
-            }
-        }
-    }
-    cluster_sync();
-}
-
-#define PART2C(KT, NAME)                                                                           \
-    extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* out, AQ8* aq, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
-        attention_part2_cluster<KT>(q, kc, vc, pos, out, aq, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
-PART2C(0, attention_part2c_f32)
-PART2C(1, attention_part2c_f16)
-PART2C(2, attention_part2c_bf16)

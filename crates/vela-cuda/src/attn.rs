@@ -1,7 +1,7 @@
 //! RoPE (alone, q+k, q+k with the KV store) and attention (one block per head and token, or
 //! split-K for decode) of the CUDA backend.
 
-use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaKv, CudaWeight};
+use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaKv};
 use crate::{ATT_MAXD, ATT_MAXD_BIG, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
 use anyhow::Result;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
@@ -42,10 +42,6 @@ pub(crate) struct FlashDecode {
     /// `attention_combine` also quantizes for the next product (Q8; default,
     /// `VELA_CUDA_COMBINE_Q8=0` off).
     combine_q8: bool,
-    /// The second split-K version's parts merged inside a thread-block cluster
-    /// (`attention_part2c_*`, at most 8 parts, no combine launch; sm_90; opt-in
-    /// `VELA_CUDA_ATTN_CLUSTER=1`, `set_attention_cluster`).
-    pub(crate) cluster: AtomicBool,
 }
 
 impl FlashDecode {
@@ -68,13 +64,6 @@ impl FlashDecode {
             min_tiles: num("VELA_CUDA_FD_MIN_TILES", 4).max(1),
             min_keys: AtomicUsize::new(num("VELA_CUDA_FD_MIN_KEYS", 1536)),
             combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
-            // (Only where the device can launch clusters at all.)
-            cluster: AtomicBool::new(
-                num("VELA_CUDA_ATTN_CLUSTER", 0) != 0
-                    && ctx
-                        .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)
-                        .is_ok_and(|v| v != 0),
-            ),
         })
     }
 }
@@ -184,45 +173,6 @@ impl CudaBackend {
         self.launch("rope_qk", (positions.len() as u32, 2, 1), 256, &args);
     }
 
-    /// See `Backend::prefetch_weights`: with `VELA_CUDA_L2PF_MB` > 0, up to that many bytes of
-    /// `ws` (the first three, in order) are requested into L2 by the next RoPE + KV store launch
-    /// of one query row (`PDL_ENTRY_PF` in kernels/common.cu), so they move while the attention
-    /// kernels keep the memory otherwise idle.
-    pub(crate) fn prefetch_weights_impl(&self, ws: &[&CudaWeight]) {
-        let cap = self.l2pf_cap.load(Ordering::Relaxed);
-        if cap == 0 {
-            return;
-        }
-        let full: Vec<(u64, usize)> = ws
-            .iter()
-            .map(|w| (self.ptr(&w.data), w.rows * w.row_bytes))
-            .collect();
-        *self.l2pf_pending.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(prefetch_ranges(&full, cap));
-    }
-
-    /// The pending L2 prefetch ranges as kernel arguments (none when nothing is pending or
-    /// `rows` is not 1); clears them.
-    fn take_prefetch(&self, rows: usize) -> Option<[Arg; 6]> {
-        if self.l2pf_cap.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        let r = self
-            .l2pf_pending
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-            .filter(|r| rows == 1 && r.iter().any(|x| x.1 > 0))?;
-        Some([
-            Arg::P(r[0].0),
-            Arg::L(r[0].1 as i64),
-            Arg::P(r[1].0),
-            Arg::L(r[1].1 as i64),
-            Arg::P(r[2].0),
-            Arg::L(r[2].1 as i64),
-        ])
-    }
-
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn rope_qk_store_impl(
         &self,
@@ -237,7 +187,6 @@ impl CudaBackend {
         positions: &[u32],
         p: &RopeParams,
     ) {
-        let pf = self.take_prefetch(positions.len());
         let l = &kv.layers[layer];
         if !self.fuse.load(Ordering::Relaxed) || p.n_rot == 0 || l.spec.head_dim_k != head_dim {
             self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
@@ -252,7 +201,7 @@ impl CudaBackend {
         let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
         let mut sc = self.scratch();
         let pp = self.positions(&mut sc, positions);
-        let mut args = vec![
+        let args = [
             Arg::P(self.ptr(q)),
             Arg::P(self.ptr(k)),
             Arg::P(self.ptr(v)),
@@ -271,14 +220,6 @@ impl CudaBackend {
             Arg::I((l.spec.n_head_kv * l.spec.head_dim_v) as i32),
             Arg::I(l.spec.capacity as i32),
         ];
-        // With weights to prefetch: the `_pf` instance, which takes their ranges too.
-        let name = match pf {
-            Some(pf) => {
-                args.extend_from_slice(&pf);
-                format!("{name}_pf")
-            }
-            None => name,
-        };
         if self.small_v2.load(Ordering::Relaxed) {
             // One block per q, k and v head (`rope_store_heads`), a thread per rotated pair.
             let heads = (n_head + 2 * n_head_kv) as u32;
@@ -288,17 +229,6 @@ impl CudaBackend {
         } else {
             self.launch(&name, (positions.len() as u32, 3, 1), 256, &args);
         }
-    }
-
-    /// The second split-K version's parts merged inside a thread-block cluster on or off
-    /// (default `VELA_CUDA_ATTN_CLUSTER=1`, else off; only on sm_90+).
-    pub fn set_attention_cluster(&self, on: bool) {
-        self.flush_recording();
-        let ok = self
-            .ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLUSTER_LAUNCH)
-            .is_ok_and(|v| v != 0);
-        self.fdec.cluster.store(on && ok, Ordering::Relaxed);
     }
 
     /// Fewest keys (of the longest query row) for the tensor-core decode attention; shorter
@@ -433,13 +363,13 @@ impl CudaBackend {
                 kv_suffix(kv.ty),
                 if d512 { "_d512" } else { "" }
             );
-            // The part kernels' arguments (argument 4: the partials; 0 until allocated below).
-            let mut part_args = [
+            let pt = self.attn_partials(n_tok * p.n_head * parts * (p.head_dim_v + 2));
+            let args = [
                 Arg::P(self.ptr(q)),
                 Arg::P(self.ptr(&l.k)),
                 Arg::P(self.ptr(&l.v)),
                 Arg::P(pp),
-                Arg::P(0),
+                Arg::P(pt),
                 Arg::I(p.n_head as i32),
                 Arg::I(p.n_head_kv as i32),
                 Arg::I(p.head_dim_k as i32),
@@ -449,23 +379,6 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
-            // Q8 activations for the next product from the merge (whole blocks per head).
-            let q8 = quant
-                .filter(|(k, _)| *k == ActKind::Q8 && p.head_dim_v.is_multiple_of(32))
-                .filter(|_| self.fdec.combine_q8);
-            if v2 && !d512 && !v3 && self.arch >= 90 && self.fdec.cluster.load(Ordering::Relaxed) {
-                // Parts merged inside a cluster of at most 8 blocks (`attention_part2c_*`): the
-                // part kernels' arguments with (out, aq) in place of the partials.
-                let mut args = part_args.to_vec();
-                args.splice(4..5, [Arg::P(self.ptr(out)), Arg::P(q8.map_or(0, |q| q.1))]);
-                let grid = (p.n_head as u32, n_tok as u32, parts.min(8) as u32);
-                let name = format!("attention_part2c_{}", kv_suffix(kv.ty));
-                self.launch(&name, grid, 32 * SPLIT_WARPS, &args);
-                return q8.is_some();
-            }
-            let pt = self.attn_partials(n_tok * p.n_head * parts * (p.head_dim_v + 2));
-            part_args[4] = Arg::P(pt);
-            let args = part_args;
             // All part kernels take the same arguments; the third version runs one block per KV
             // head.
             let (name, grid, block) = if v3 {
@@ -477,6 +390,10 @@ impl CudaBackend {
             };
             let grid = (grid.0 as u32, grid.1 as u32, grid.2 as u32);
             self.launch(&name, grid, block, &args);
+            // Q8 activations for the next product from the combine too (whole blocks per head).
+            let q8 = quant
+                .filter(|(k, _)| *k == ActKind::Q8 && p.head_dim_v.is_multiple_of(32))
+                .filter(|_| self.fdec.combine_q8);
             let args = [
                 Arg::P(pt),
                 Arg::P(self.ptr(out)),
@@ -570,19 +487,6 @@ impl CudaBackend {
     }
 }
 
-/// The L2 prefetch ranges of `l2_prefetch` (kernels/common.cu) for (address, bytes) weights in
-/// order: at most `cap` bytes in all, each range rounded down to 16 bytes, at most three.
-fn prefetch_ranges(ws: &[(u64, usize)], cap: usize) -> [(u64, usize); 3] {
-    let mut left = cap;
-    let mut r = [(0u64, 0usize); 3];
-    for (slot, &(p, n)) in r.iter_mut().zip(ws) {
-        let n = n.min(left) & !15;
-        *slot = (p, n);
-        left -= n;
-    }
-    r
-}
-
 /// Keys the longest of the query rows at `positions` attends to (`window`: 0 for none).
 fn keys_seen(positions: &[u32], window: usize) -> usize {
     let n = positions.iter().max().map_or(0, |&p| p as usize + 1);
@@ -605,31 +509,4 @@ fn split_keys() -> Option<usize> {
             .unwrap_or(256)
     });
     (k > 0).then_some(k)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::prefetch_ranges;
-
-    #[test]
-    fn prefetch_ranges_follow_the_order_within_the_cap() {
-        let ws = [(0x1000, 1000), (0x9000, 5000), (0x20000, 70), (0x30000, 64)];
-        // Whole ranges (rounded down to 16 bytes) while they fit; only the first three.
-        assert_eq!(
-            prefetch_ranges(&ws, 1 << 20),
-            [(0x1000, 992), (0x9000, 5000 & !15), (0x20000, 64)]
-        );
-        // The cap cuts the second range; nothing is left for the third.
-        assert_eq!(
-            prefetch_ranges(&ws, 3000),
-            [(0x1000, 992), (0x9000, 2000), (0x20000, 0)]
-        );
-        // Every size is a multiple of 16 and their sum stays within the cap.
-        for cap in [0, 15, 16, 17, 999, 4096, 6007] {
-            let r = prefetch_ranges(&ws, cap);
-            assert!(r.iter().all(|x| x.1 % 16 == 0));
-            assert!(r.iter().map(|x| x.1).sum::<usize>() <= cap);
-        }
-        assert_eq!(prefetch_ranges(&ws[..1], 1 << 20)[1], (0, 0));
-    }
 }

@@ -210,22 +210,17 @@ impl CudaBackend {
         }
     }
 
-    /// Launch `f` through `cuLaunchKernelEx`. With `pdl`, programmatic stream serialization: its blocks may start while the
+    /// Launch `f` with programmatic stream serialization (PDL): its blocks may start while the
     /// previous kernel of the stream runs; each kernel waits for it with `griddepcontrol.wait`
     /// before touching its data (`PDL_ENTRY` in kernels/common.cu). Stream capture turns the
     /// attribute into programmatic graph edges, so replayed decode steps overlap the same way.
-    /// `cluster_z` > 0: thread-block clusters of (1, 1, cluster_z) blocks (sm_90; the
-    /// `attention_part2c_*` kernels), with or without `pdl`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn launch_ex(
+    pub(crate) fn launch_pdl(
         &self,
         f: &cudarc::driver::CudaFunction,
         grid: (u32, u32, u32),
         block: u32,
         smem: u32,
         args: &[Arg],
-        pdl: bool,
-        cluster_z: u32,
     ) -> std::result::Result<(), cudarc::driver::DriverError> {
         self.stream.context().bind_to_thread()?;
         // Every argument in its own 8-byte slot (little-endian: 4-byte values at the start).
@@ -243,22 +238,9 @@ impl CudaBackend {
             .map(|s| s as *mut u64 as *mut std::ffi::c_void)
             .collect();
         // SAFETY: plain-old-data C structs; all-zero is a valid value of each.
-        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
-        let mut n_attrs = 0;
-        if pdl {
-            let a = &mut attrs[n_attrs];
-            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-            a.value.programmaticStreamSerializationAllowed = 1;
-            n_attrs += 1;
-        }
-        if cluster_z > 0 {
-            let a = &mut attrs[n_attrs];
-            a.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
-            a.value.clusterDim.x = 1;
-            a.value.clusterDim.y = 1;
-            a.value.clusterDim.z = cluster_z;
-            n_attrs += 1;
-        }
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
         let cfg = sys::CUlaunchConfig {
             gridDimX: grid.0,
             gridDimY: grid.1,
@@ -268,8 +250,8 @@ impl CudaBackend {
             blockDimZ: 1,
             sharedMemBytes: smem,
             hStream: self.stream.cu_stream(),
-            attrs: attrs.as_mut_ptr(),
-            numAttrs: n_attrs as u32,
+            attrs: &mut attr,
+            numAttrs: 1,
         };
         // SAFETY: `params` points at one live slot per kernel parameter, in order, each holding
         // the parameter's value (see `Arg`); the callers size the grids to the buffers passed.

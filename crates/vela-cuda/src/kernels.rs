@@ -196,12 +196,6 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "rope_store_heads_f32",
             "rope_store_heads_f16",
             "rope_store_heads_bf16",
-            "rope_store_f32_pf",
-            "rope_store_f16_pf",
-            "rope_store_bf16_pf",
-            "rope_store_heads_f32_pf",
-            "rope_store_heads_f16_pf",
-            "rope_store_heads_bf16_pf",
             "rope_store_bf16",
             "add",
             "add_bias",
@@ -245,9 +239,6 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "attention_part2_f16_d512",
             "attention_bf16_w4_d512",
             "attention_part2_bf16_d512",
-            "attention_part2c_f32",
-            "attention_part2c_f16",
-            "attention_part2c_bf16",
             "flash_f16_d64",
             "flash_f16_d128",
             "flash_bf16_d64",
@@ -282,12 +273,6 @@ pub fn dyn_smem(name: &str) -> u32 {
     });
     let d: u32 = if name.ends_with("_d64") { 64 } else { 128 };
     (16 + stages * 2 * 64) * (d + 8) * 2
-}
-
-/// Kernels launched in thread-block clusters of (1, 1, gridDim.z) blocks
-/// (`attention_part2c_*`, kernels/flash.cu).
-pub fn is_cluster_kernel(name: &str) -> bool {
-    name.starts_with("attention_part2c_")
 }
 
 /// The full source NVRTC compiles for a group: `#define NAME 1` for each name in the developer
@@ -388,10 +373,8 @@ mod tests {
                 let body = rest[open + 1..].trim_start();
                 // The matvecs wait inside their products, after the first weight loads
                 // (MV_ENTRY / MV_RESUME in kernels/matvec.cu, checked below).
-                // PDL_ENTRY_PF(...): L2 prefetch of constant weights, then the same wait.
                 assert!(
                     body.starts_with("PDL_ENTRY();")
-                        || body.starts_with("PDL_ENTRY_PF(")
                         || (src.contains("#define MV_ENTRY()") && body.starts_with("MV_ENTRY();")),
                     "{name}: kernel {head}... does not start with PDL_ENTRY()"
                 );

@@ -225,15 +225,10 @@ pub struct CudaBackend {
     /// these are not launched, so a timed run shows what they cost inside a decode step (the
     /// results are wrong).
     skip: Vec<String>,
-    /// L2 prefetch of the weights named by `prefetch_weights`, issued by the next RoPE + KV
-    /// store launch: at most this many bytes (`VELA_CUDA_L2PF_MB`, default 0 = off), and the
-    /// pending ranges (device address, bytes) x 3.
-    l2pf_cap: AtomicUsize,
-    l2pf_pending: Mutex<Option<[(u64, usize); 3]>>,
-    /// One-token products of different weight types in one `mv_mix*_x3` launch
-    /// (`VELA_CUDA_MIXED_X3=1`; opt-in, matmul.rs).
+    /// One-token products of different weight types in one `mv_mix*_x3` launch (default;
+    /// `VELA_CUDA_MIXED_X3=0` off; matmul.rs).
     mixed_x3: AtomicBool,
-    /// Q/K/V biases added by the products (`mv_mix*_x3b`; `VELA_CUDA_BIAS_FUSE=1`; opt-in).
+    /// Q/K/V biases added by the products (`mv_*_x3b`; default; `VELA_CUDA_BIAS_FUSE=0` off).
     bias_fuse: AtomicBool,
 }
 
@@ -413,15 +408,8 @@ impl CudaBackend {
                 .filter(|p| !p.is_empty())
                 .map(str::to_string)
                 .collect(),
-            l2pf_cap: AtomicUsize::new(
-                env("VELA_CUDA_L2PF_MB")
-                    .parse::<usize>()
-                    .unwrap_or(0)
-                    .saturating_mul(1 << 20),
-            ),
-            l2pf_pending: Mutex::new(None),
-            mixed_x3: AtomicBool::new(env("VELA_CUDA_MIXED_X3") == "1"),
-            bias_fuse: AtomicBool::new(env("VELA_CUDA_BIAS_FUSE") == "1"),
+            mixed_x3: AtomicBool::new(env("VELA_CUDA_MIXED_X3") != "0"),
+            bias_fuse: AtomicBool::new(env("VELA_CUDA_BIAS_FUSE") != "0"),
         })
     }
 
@@ -466,23 +454,9 @@ impl CudaBackend {
         if self.skip.iter().any(|p| name.starts_with(p.as_str())) {
             return Ok(());
         }
-        let pdl = self.pdl.load(Ordering::Relaxed);
-        let cluster_z = if kernels::is_cluster_kernel(name) {
-            grid.2
-        } else {
-            0
-        };
-        if pdl || cluster_z > 0 {
+        if self.pdl.load(Ordering::Relaxed) {
             return self
-                .launch_ex(
-                    f,
-                    grid,
-                    block,
-                    kernels::dyn_smem(name),
-                    args,
-                    pdl,
-                    cluster_z,
-                )
+                .launch_pdl(f, grid, block, kernels::dyn_smem(name), args)
                 .map_err(|e| anyhow!("CUDA launch of {name} failed: {e:?}"));
         }
         let mut b = self.stream.launch_builder(f);
@@ -865,10 +839,6 @@ impl Backend for CudaBackend {
         self.rope_qk_store_impl(
             q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p,
         );
-    }
-
-    fn prefetch_weights(&self, ws: &[&CudaWeight]) {
-        self.prefetch_weights_impl(ws);
     }
 
     #[allow(clippy::too_many_arguments)]

@@ -254,11 +254,11 @@ impl CudaBackend {
     }
 
     /// Two or three one-token products of the same quantized type and width in one `mv_*_x3`
-    /// launch (new matvec and fusion on); returns false (nothing done) otherwise. With
-    /// `VELA_CUDA_MIXED_X3` also of different types sharing the activation kind, and with
-    /// `VELA_CUDA_BIAS_FUSE` and `biases` (one per weight) the biases added too: the `mv_mix*`
-    /// kernels (one row per warp; see kernels/matvec.cu). With biases it does nothing unless it
-    /// can add them.
+    /// launch (new matvec and fusion on); returns false (nothing done) otherwise. Also of
+    /// different types sharing the activation kind (unless `VELA_CUDA_MIXED_X3=0`), and with
+    /// `biases` (one per weight) the biases added too (unless `VELA_CUDA_BIAS_FUSE=0`): the
+    /// `mv_mix*` kernels (one row per warp; see kernels/matvec.cu). With biases it does nothing
+    /// unless it can add them.
     #[allow(clippy::too_many_arguments)]
     fn try_mv3(
         &self,

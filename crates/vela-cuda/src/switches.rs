@@ -69,24 +69,15 @@ impl CudaBackend {
         self.repack.store(on, Ordering::Relaxed);
     }
 
-    /// Bytes of the weights named by `prefetch_weights` that the next RoPE + KV store launch
-    /// requests into L2 (0: off; default `VELA_CUDA_L2PF_MB` MiB).
-    pub fn set_l2_prefetch_bytes(&self, n: usize) {
-        self.l2pf_cap.store(n, Ordering::Relaxed);
-        if n == 0 {
-            *self.l2pf_pending.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        }
-    }
-
     /// One-token products of different weight types (sharing the activation kind) in one
-    /// `mv_mix*_x3` launch on or off (default `VELA_CUDA_MIXED_X3=1`, else off).
+    /// `mv_mix*_x3` launch on or off (default on; `VELA_CUDA_MIXED_X3=0` off).
     pub fn set_mixed_x3(&self, on: bool) {
         self.flush_recording();
         self.mixed_x3.store(on, Ordering::Relaxed);
     }
 
     /// Q/K/V biases added by the one-token products (`mv_mix*_x3b`) on or off (default
-    /// `VELA_CUDA_BIAS_FUSE=1`, else off).
+    /// on; `VELA_CUDA_BIAS_FUSE=0` off).
     pub fn set_bias_fuse(&self, on: bool) {
         self.flush_recording();
         self.bias_fuse.store(on, Ordering::Relaxed);

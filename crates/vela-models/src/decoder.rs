@@ -413,9 +413,6 @@ impl<B: Backend> DecoderModel<B> {
                 be.rms_norm_inplace(&mut st.q, qn, n * c.n_head, c.head_dim_k, c.rms_eps);
                 be.rms_norm_inplace(&mut st.k, kn, n * c.n_head_kv, c.head_dim_k, c.rms_eps);
             }
-            // The o projection and the gate/up products follow the RoPE and the attention: a
-            // GPU may start moving their weights now (a hint; nothing changes).
-            be.prefetch_weights(&[&l.wo, &l.w_gate, &l.w_up]);
             be.rope_qk_store(
                 &mut st.q,
                 &mut st.k,

@@ -765,17 +765,6 @@ fn fused_rope_store_matches_cpu() {
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(2718);
     let (nh, nkv) = (8usize, 2usize);
-    // Every launch also requests weights into L2 (`prefetch_weights`; three ranges, the third
-    // cut short by the 2 MiB cap): bulk prefetches change no result.
-    let pw: Vec<_> = [
-        (GgmlType::Q4_0, 512usize, 1024usize),
-        (GgmlType::Q6_K, 2048, 1024),
-        (GgmlType::Q8_0, 1000, 512),
-    ]
-    .iter()
-    .map(|&(t, r, c)| upload_random(&g, &cpu, t, r, c, &mut rng).0)
-    .collect();
-    g.set_l2_prefetch_bytes(2 << 20);
     for v2 in [true, false] {
         g.set_small_kernels_v2(v2);
         for (hd, n_rot, neox, factors) in [
@@ -824,7 +813,6 @@ fn fused_rope_store_matches_cpu() {
                     let (mut qg, mut qc) = (up(&g, &q), up(&cpu, &q));
                     let (mut kgb, mut kcb) = (up(&g, &k), up(&cpu, &k));
                     let (vg, vc) = (up(&g, &v), up(&cpu, &v));
-                    g.prefetch_weights(&[&pw[0], &pw[1], &pw[2]]);
                     g.rope_qk_store(&mut qg, &mut kgb, &vg, &mut kg, 0, nh, nkv, hd, &pos, &p);
                     cpu.rope_qk(&mut qc, &mut kcb, nh, nkv, hd, &pos, &p);
                     cpu.kv_store(&mut kc, 0, &kcb, &vc, &pos);
@@ -860,7 +848,6 @@ fn fused_rope_store_matches_cpu() {
         }
     }
     g.set_small_kernels_v2(true);
-    g.set_l2_prefetch_bytes(0);
 }
 
 /// Q4_0, Q4_K and Q6_K weights repacked into split rows at upload (the default where the row

@@ -1,6 +1,6 @@
-//! One-token products of different weight types in one launch (`mv_mix*_x3`, opt-in
-//! `VELA_CUDA_MIXED_X3`) and the Q/K/V biases added by them (`mv_mix*_x3b`, opt-in
-//! `VELA_CUDA_BIAS_FUSE`): the same bits as separate products and `add_bias`.
+//! One-token products of different weight types in one launch (`mv_mix*_x3`, default;
+//! `VELA_CUDA_MIXED_X3=0` off) and the Q/K/V biases added by them (`mv_mix*_x3b`, default;
+//! `VELA_CUDA_BIAS_FUSE=0` off): the same bits as separate products and `add_bias`.
 
 use super::*;
 
@@ -64,8 +64,9 @@ fn mixed_x3_and_bias_equal_separate_products() {
                 let y: Vec<Vec<f32>> = ys.iter().zip(rows).map(|(y, r)| down(&g, y, r)).collect();
                 outs.push((y, down(&g, &x, cols)));
             }
-            g.set_mixed_x3(false);
-            g.set_bias_fuse(false);
+            // (Back to the defaults.)
+            g.set_mixed_x3(true);
+            g.set_bias_fuse(true);
             for (i, name) in [(1, "mixed"), (2, "mixed + bias")] {
                 for j in 0..k {
                     check(
@@ -83,7 +84,6 @@ fn mixed_x3_and_bias_equal_separate_products() {
                 );
             }
             // Without biases, the mixed kernel through matmul_many too.
-            g.set_mixed_x3(true);
             let xq = up(&g, &x0);
             let mut ys: Vec<_> = rows[..k].iter().map(|&r| g.alloc(r)).collect();
             {
@@ -91,7 +91,6 @@ fn mixed_x3_and_bias_equal_separate_products() {
                 let mut yr: Vec<&mut vela_cuda::CudaBuf> = ys.iter_mut().collect();
                 g.matmul_many(&wr, &xq, 1, &mut yr);
             }
-            g.set_mixed_x3(false);
             for j in 0..k {
                 let mut y1 = g.alloc(rows[j]);
                 g.matmul(&ws[j], &xq, 1, &mut y1);

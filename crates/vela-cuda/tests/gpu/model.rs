@@ -189,9 +189,6 @@ fn graph_decode_matches_plain() {
     let (mut max_diff, mut n_diff) = (0f32, 0usize);
     for i in 0..64 {
         let pos = [(prompt.len() + i) as u32];
-        // From step 32 on, the graph steps also prefetch weights into L2 (a hint that changes
-        // no result; `VELA_CUDA_L2PF_MB`).
-        g.set_l2_prefetch_bytes(if i >= 32 { 8 << 20 } else { 0 });
         g.set_graphs(true);
         let a = m.forward(&mut sa, &[tok], &pos, 0).unwrap();
         g.set_graphs(false);
@@ -205,7 +202,6 @@ fn graph_decode_matches_plain() {
         }
         tok = argmax(&a) as u32;
     }
-    g.set_l2_prefetch_bytes(0);
     let after = g.graph_stats();
     let replays = after.replays - before.replays;
     let ok = n_diff == 0 && replays >= 60;
