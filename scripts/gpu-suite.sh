@@ -32,7 +32,8 @@
 #       tg128 with that context size, as a server allocates it), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
 #       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
-#   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage).
+#   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
+#   SUITE_AB0 their tg128 at depth 0.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
 stage=${1:?stage: pack|regroup|recv|test|bench|pack-quick|quick}
@@ -197,6 +198,11 @@ bench)
   for sw in ${SUITE_AB8K:-}; do
     [ -n "$synths" ] && env ${sw//\// } timeout 120 "${B[@]}" --models "$synths" -p 0 -n 128 --depth 8192 \
       --out $OUT/bench-8k-$(echo $sw | tr '=,/' '___').md 2>>"$log" | grep "tg128" | sed "s|^|$sw |"
+  done
+  # SUITE_AB0="SWITCH=value ...": the tg128 (depth 0) of the synth models again per switch.
+  for sw in ${SUITE_AB0:-}; do
+    [ -n "$synths" ] && env ${sw//\// } timeout 120 "${B[@]}" --models "$synths" -p 0 -n 128 \
+      --out $OUT/bench-tg-$(echo $sw | tr '=,/' '___').md 2>>"$log" | grep "tg128" | sed "s|^|$sw |"
   done
   # Weight bytes read per decoded token (the roofline's numerator without the KV cache).
   for m in $VELA_CACHE/models/*.gguf /tmp/synth/*.gguf; do
