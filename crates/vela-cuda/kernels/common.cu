@@ -101,11 +101,15 @@ __device__ __forceinline__ float act_gelu_mul(float v, float u) {
 // blocks may start while the previous kernel of the stream is still running: every kernel calls
 // pdl_wait() before it reads anything the previous kernel writes or writes anything it reads
 // (griddepcontrol.wait returns once the previous grid has completed and its memory is visible;
-// without PDL it returns at once), and pdl_trigger() lets the next kernel's blocks start.
+// without PDL it returns at once), then pdl_trigger() lets the next kernel's blocks start.
 // (Prefetching the decode matvecs' weight rows into L2 before the wait measured within noise:
 // Llama-3-8B Q4_0 tg128 302.7 vs 301.9 tok/s; removed.)
 // Every block of every kernel waits (a block that skipped the wait could let its grid complete
 // before the previous one); `kernels::tests::every_kernel_waits` checks the sources.
+// (Triggering before the wait, so the next kernel launches while this one waits, measured slower
+// in the same run on the H200: Llama-3-8B Q4_0 tg128 454 vs 471 t/s, 331 vs 360 at 8K depth,
+// Qwen2.5-0.5B geometry 1,158 vs 1,180; only in the kernels a matvec follows: 461, 336, 1,158.
+// Removed.)
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -120,28 +124,11 @@ __device__ __forceinline__ void pdl_resume() {
     pdl_wait();
     pdl_trigger();
 }
-// PDL_ENTRY (every kernel but the matvecs, which wait after their first weight loads, see
-// matvec.cu): let the next kernel's blocks start, then wait. Correct because the next kernel
-// waits for this one to complete, which this one does only after its own wait; and the next
-// kernel can start only once every block of this one has triggered, i.e. is resident, so no
-// block of an earlier grid waits for resources a later one holds. It gives the next kernel's
-// launch (and a next matvec's early weight loads) the time this one spends waiting: Qwen2.5-0.5B
-// Q4_K_M tg128 on the H200 1,270 vs 1,160 t/s. PDL_WAIT_FIRST (VELA_CUDA_DEFINES): wait, then
-// trigger, as before. (The matvecs triggering at entry too was slower: 0.5B 1,121, Llama-3-8B
-// Q4_0 465 vs 479.)
-#ifdef PDL_WAIT_FIRST
 #define PDL_ENTRY() \
     do { \
         pdl_wait(); \
         pdl_trigger(); \
     } while (0)
-#else
-#define PDL_ENTRY() \
-    do { \
-        pdl_trigger(); \
-        pdl_wait(); \
-    } while (0)
-#endif
 
 // ---- activation blocks of the quantized products (quant.cu) and their quantizers, shared with
 // the decode attention, which quantizes its output for the next product (flash.cu) ----
