@@ -614,6 +614,118 @@ __device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, co
     else mv1<T, R>(W, X, Y, rows, nb, bi, split);
 }
 
+// ---- persistent split-row Q4_0 products (opt-in: VELA_CUDA_MV_PERSIST, `set_mv_persist`) ----
+//
+// The normal launch runs one block per item (WARPS * R / split rows) and each warp issues one
+// round of weight loads, waits, computes and exits; between a block's exit and the next block's
+// first loads its SM slot moves no bytes, and the last wave runs part-empty. Here the grid is a
+// fixed number of blocks per SM and block b takes items b, b + gridDim.x, ... (the item numbering
+// of mv3: W0's, then W1's, then W2's); each warp issues the loads of its next item before it
+// computes the current one, so two items' weights are in flight per warp. The per-warp arithmetic
+// and order are mvs's (same lanes, rounds, warp sums and part order): the same bits.
+template <int R>
+struct MvsItem {
+    const uint4* wq[R];
+    const u16* wd[R];
+    float* Y;
+    int rows, r0, part, lo, hi;
+};
+template <int R>
+__device__ __forceinline__ void mvs_item(MvsItem<R>& it, const u8* W0, const u8* W1, const u8* W2,
+                                         float* Y0, float* Y1, float* Y2, int n0, int n1, int n2,
+                                         int nb, int split, int item) {
+    int rpb = WARPS * R / split;
+    int b0 = (n0 + rpb - 1) / rpb, b1 = (n1 + rpb - 1) / rpb;
+    const u8* W = W0;
+    it.Y = Y0;
+    it.rows = n0;
+    if (item >= b0 + b1) {
+        W = W2; it.Y = Y2; it.rows = n2; item -= b0 + b1;
+    } else if (item >= b0) {
+        W = W1; it.Y = Y1; it.rows = n1; item -= b0;
+    }
+    mv_part<1>(item, R, split, nb, it.r0, it.part, it.lo, it.hi);
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        const u8* wr = W + (size_t)min(it.r0 + q, it.rows - 1) * nb * 18;
+        it.wq[q] = (const uint4*)wr;
+        it.wd[q] = (const u16*)(wr + 16 * (size_t)nb);
+    }
+    if (it.r0 >= it.rows) it.hi = it.lo;
+}
+// The rest of one item whose first round (qv, dv) is loaded: mvs's loop and store. With a K
+// split the block synchronizes again after the store, before `red` is reused by the next item.
+template <int R>
+__device__ __forceinline__ void mvs_finish(const MvsItem<R>& it, uint4 (&qv)[MVS_U][R],
+                                           u16 (&dv)[MVS_U][R], const AQ8* __restrict__ X,
+                                           int split) {
+    int lane = threadIdx.x & 31;
+    float acc[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) acc[q] = 0.0f;
+    for (int b0 = it.lo + lane; b0 < it.hi; b0 += 32 * MVS_U) {
+#pragma unroll
+        for (int u = 0; u < MVS_U; u++) {
+            int b = b0 + 32 * u;
+            if (b < it.hi) {
+                int aq[8], asum;
+                float ad, as;
+                load_aq8(X + b, ad, as, asum, aq);
+#pragma unroll
+                for (int q = 0; q < R; q++) {
+                    u32 w4[4] = {qv[u][q].x, qv[u][q].y, qv[u][q].z, qv[u][q].w};
+                    int isum = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        isum = dp4a((int)(w4[k] & 0x0F0F0F0Fu), aq[k], isum);
+                        isum = dp4a((int)((w4[k] >> 4) & 0x0F0F0F0Fu), aq[4 + k], isum);
+                    }
+                    isum -= 8 * asum;
+                    acc[q] += (float)isum * (h2f(dv[u][q]) * ad);
+                }
+            }
+        }
+        mvs_load<R>(qv, dv, it.wq, it.wd, b0 + 32 * MVS_U, it.hi);
+    }
+    mv_store<R, false>(acc, acc, it.Y, it.r0, it.rows, it.part, split);
+    if (split > 1) __syncthreads();
+}
+template <int R>
+__device__ __forceinline__ void mvs_p(const u8* W0, const u8* W1, const u8* W2,
+                                      const AQ8* __restrict__ X, float* Y0, float* Y1, float* Y2,
+                                      int n0, int n1, int n2, int nb, int split) {
+    int lane = threadIdx.x & 31;
+    int rpb = WARPS * R / split;
+    int total = (n0 + rpb - 1) / rpb + (n1 + rpb - 1) / rpb + (n2 + rpb - 1) / rpb;
+    MvsItem<R> a, b;
+    uint4 qa[MVS_U][R], qb[MVS_U][R];
+    u16 da[MVS_U][R], db[MVS_U][R];
+    int item = blockIdx.x;
+    if (item < total) {
+        mvs_item<R>(a, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, item);
+        mvs_load<R>(qa, da, a.wq, a.wd, a.lo + lane, a.hi);
+    }
+    MV_RESUME();
+    // (item is the same for the whole block, so every warp runs the same stores and barriers.)
+    while (item < total) {
+        int next = item + gridDim.x;
+        if (next < total) {
+            mvs_item<R>(b, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, next);
+            mvs_load<R>(qb, db, b.wq, b.wd, b.lo + lane, b.hi);
+        }
+        mvs_finish<R>(a, qa, da, X, split);
+        if (next >= total) break;
+        item = next + gridDim.x;
+        if (item < total) {
+            mvs_item<R>(a, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, item);
+            mvs_load<R>(qa, da, a.wq, a.wd, a.lo + lane, a.hi);
+        }
+        mvs_finish<R>(b, qb, db, X, split);
+    }
+}
+extern "C" __global__ void mv_q4_0s_p(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvs_p<2>(W, W, W, X, Y, Y, Y, rows, 0, 0, nb, split); }
+extern "C" __global__ void mv_q4_0s_x3_p(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mvs_p<2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
+
 #define MV32(T, NAME)                                                                              \
     extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv1<T, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \

@@ -38,6 +38,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
     (
         "quant",
         &[
+            "mv_q4_0s_p",
+            "mv_q4_0s_x3_p",
             "mv_mix32_x3",
             "mv_mix32_x3b",
             "mv_mixk_x3",
@@ -382,13 +384,14 @@ mod tests {
             }
         }
         assert!(n > 40, "only {n} kernels found");
-        // Every product the matvec kernels call (mv32, mvs, mvk, mvks) reaches MV_RESUME once.
+        // Every product the matvec kernels call (mv32, mvs, mvk, mvks, mvs_p) reaches MV_RESUME
+        // once.
         let mv = GROUPS
             .iter()
             .map(|(_, s)| *s)
             .find(|s| s.contains("#define MV_ENTRY()"))
             .expect("the matvec source");
-        for f in ["mv32(", "mvs(", "mvk(", "mvks("] {
+        for f in ["mv32(", "mvs(", "mvk(", "mvks(", "mvs_p("] {
             let at = mv.find(&format!("void {f}")).expect(f);
             let end = at + mv[at..].find("\n}\n").expect("end of function");
             assert_eq!(mv[at..end].matches("MV_RESUME();").count(), 1, "{f}");

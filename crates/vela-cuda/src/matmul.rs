@@ -87,7 +87,10 @@ impl CudaBackend {
                     (_, true) => format!("mv_{suffix}_u2"),
                     _ => format!("mv_{suffix}"),
                 };
-                self.launch(&name, grid, 32 * MM_WARPS, &args);
+                match self.persist_grid(suffix, r, grid.0) {
+                    Some(g) => self.launch("mv_q4_0s_p", (g, 1, 1), 32 * MM_WARPS, &args),
+                    None => self.launch(&name, grid, 32 * MM_WARPS, &args),
+                }
                 continue;
             }
             let tt = if n == 1 { 1 } else { 8 };
@@ -353,8 +356,22 @@ impl CudaBackend {
             }
             None => format!("mv_{suffix}_x3{}", if r == 2 { "_r2" } else { "" }),
         };
-        self.launch(&name, (blocks, 1, 1), 32 * MM_WARPS, &args);
+        match self
+            .persist_grid(suffix, r, blocks)
+            .filter(|_| codes.is_none())
+        {
+            Some(g) => self.launch("mv_q4_0s_x3_p", (g, 1, 1), 32 * MM_WARPS, &args),
+            None => self.launch(&name, (blocks, 1, 1), 32 * MM_WARPS, &args),
+        }
         true
+    }
+
+    /// The grid of the persistent split-row Q4_0 kernels (`mv_q4_0s_p`, `mv_q4_0s_x3_p`, two rows
+    /// per warp) for a product of `items` blocks, when they are switched on
+    /// (`VELA_CUDA_MV_PERSIST` blocks per SM) and take it.
+    fn persist_grid(&self, suffix: &str, r: u32, items: u32) -> Option<u32> {
+        let per_sm = self.mv_persist.load(Ordering::Relaxed);
+        (per_sm > 0 && suffix == "q4_0s" && r == 2).then(|| items.min(per_sm * self.sms).max(1))
     }
 
     /// See `Backend::act_mul_matmul`: one `act_q8*` launch computes the gated activation and
