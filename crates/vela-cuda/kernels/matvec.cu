@@ -614,6 +614,82 @@ __device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, co
     else mv1<T, R>(W, X, Y, rows, nb, bi, split);
 }
 
+#define MV32(T, NAME)                                                                              \
+    extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv1<T, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
+    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv1<T, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
+#define MVK(T, NAME)                                                                               \
+    extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, MVU_K, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_u2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, 2, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8K, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
+    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, MVU_K_R2, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8K, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
+MV32(2, mv_q4_0)
+MV32(102, mv_q4_0s)
+MV32(3, mv_q4_1)
+MV32(6, mv_q5_0)
+MV32(7, mv_q5_1)
+MV32(8, mv_q8_0)
+MVK(12, mv_q4_k)
+MVK(13, mv_q5_k)
+MVK(14, mv_q6_k)
+MVK(112, mv_q4_ks)
+MVK(114, mv_q6_ks)
+
+// ---- two or three one-token products of different weight types in one launch (opt-in) ----
+//
+// Like mv3, but each matrix has its own type code (t0..t2, one activation kind per kernel: Q8
+// for the 32-element types, Q8_K for the k-quants) and, in the `b` kernels, its own bias added
+// where the row is written (mv_store's BIAS). The common case: llama.cpp's _M mixtures give
+// attn_v more bits than attn_q / attn_k (Qwen2.5-0.5B Q4_K_M: Q5_0, Q5_0, Q8_0; Llama Q4_K_M:
+// Q4_K, Q4_K, Q6_K in a third of the layers), which mv3 cannot take, and Qwen2 adds three biases:
+// six launches per layer become one. One row per warp (the stage buffers of the 32-element
+// instances all live in one kernel). Host: `try_mv3` in matmul.rs, VELA_CUDA_MIXED_X3 /
+// VELA_CUDA_BIAS_FUSE. Type codes as B32 / BK: 102, 2, 6, 8 (Q8 activations) and the split-row
+// k-quants 112, 114 (Q8_K; the others would triple the registers); the host passes only these,
+// so every block reaches MV_RESUME through exactly one product.
+template <int R, bool BIAS>
+__device__ __forceinline__ void mv_mix1(int T, const u8* W, const AQ8* X, float* Y, int rows,
+                                        int nb, int blk, int split, const float* B) {
+    switch (T) {
+    case 102: mvs<R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
+    case 2: mv32<2, R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
+    case 6: mv32<6, R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
+    default: mv32<8, R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
+    }
+}
+template <int R, bool BIAS>
+__device__ __forceinline__ void mv_mix1(int T, const u8* W, const AQ8K* X, float* Y, int rows,
+                                        int nb, int blk, int split, const float* B) {
+    if (T == 112) mvk1<112, MVU_K, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
+    else mvk1<114, MVU_K, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
+}
+template <typename A, bool BIAS>
+__device__ __forceinline__ void mv_mix3(const u8* W0, const u8* W1, const u8* W2, const A* X,
+                                        float* Y0, float* Y1, float* Y2, int r0, int r1, int r2,
+                                        int nb, int split, int t0, int t1, int t2, const float* B0,
+                                        const float* B1, const float* B2) {
+    int rpb = WARPS / split;
+    int b0 = (r0 + rpb - 1) / rpb, b1 = (r1 + rpb - 1) / rpb;
+    int bi = blockIdx.x;
+    const u8* W = W0;
+    float* Y = Y0;
+    const float* B = B0;
+    int rows = r0, T = t0;
+    if (bi >= b0 + b1) {
+        W = W2; Y = Y2; B = B2; rows = r2; T = t2; bi -= b0 + b1;
+    } else if (bi >= b0) {
+        W = W1; Y = Y1; B = B1; rows = r1; T = t1; bi -= b0;
+    }
+    mv_mix1<1, BIAS>(T, W, X, Y, rows, nb, bi, split, B);
+}
+#define MV_MIX(A, NAME)                                                                            \
+    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const A* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split, int t0, int t1, int t2, const float* B0, const float* B1, const float* B2) { MV_ENTRY(); mv_mix3<A, false>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split, t0, t1, t2, B0, B1, B2); } \
+    extern "C" __global__ void NAME##_x3b(const u8* W0, const u8* W1, const u8* W2, const A* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split, int t0, int t1, int t2, const float* B0, const float* B1, const float* B2) { MV_ENTRY(); mv_mix3<A, true>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split, t0, t1, t2, B0, B1, B2); }
+MV_MIX(AQ8, mv_mix32)
+MV_MIX(AQ8K, mv_mixk)
+
 // ---- persistent split-row Q4_0 products (opt-in: VELA_CUDA_MV_PERSIST, `set_mv_persist`) ----
 //
 // The normal launch runs one block per item (WARPS * R / split rows) and each warp issues one
@@ -725,79 +801,3 @@ __device__ __forceinline__ void mvs_p(const u8* W0, const u8* W1, const u8* W2,
 }
 extern "C" __global__ void mv_q4_0s_p(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvs_p<2>(W, W, W, X, Y, Y, Y, rows, 0, 0, nb, split); }
 extern "C" __global__ void mv_q4_0s_x3_p(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mvs_p<2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
-
-#define MV32(T, NAME)                                                                              \
-    extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv1<T, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
-    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv1<T, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
-#define MVK(T, NAME)                                                                               \
-    extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, MVU_K, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_u2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, 2, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8K, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
-    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, MVU_K_R2, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8K, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
-MV32(2, mv_q4_0)
-MV32(102, mv_q4_0s)
-MV32(3, mv_q4_1)
-MV32(6, mv_q5_0)
-MV32(7, mv_q5_1)
-MV32(8, mv_q8_0)
-MVK(12, mv_q4_k)
-MVK(13, mv_q5_k)
-MVK(14, mv_q6_k)
-MVK(112, mv_q4_ks)
-MVK(114, mv_q6_ks)
-
-// ---- two or three one-token products of different weight types in one launch (opt-in) ----
-//
-// Like mv3, but each matrix has its own type code (t0..t2, one activation kind per kernel: Q8
-// for the 32-element types, Q8_K for the k-quants) and, in the `b` kernels, its own bias added
-// where the row is written (mv_store's BIAS). The common case: llama.cpp's _M mixtures give
-// attn_v more bits than attn_q / attn_k (Qwen2.5-0.5B Q4_K_M: Q5_0, Q5_0, Q8_0; Llama Q4_K_M:
-// Q4_K, Q4_K, Q6_K in a third of the layers), which mv3 cannot take, and Qwen2 adds three biases:
-// six launches per layer become one. One row per warp (the stage buffers of the 32-element
-// instances all live in one kernel). Host: `try_mv3` in matmul.rs, VELA_CUDA_MIXED_X3 /
-// VELA_CUDA_BIAS_FUSE. Type codes as B32 / BK: 102, 2, 6, 8 (Q8 activations) and the split-row
-// k-quants 112, 114 (Q8_K; the others would triple the registers); the host passes only these,
-// so every block reaches MV_RESUME through exactly one product.
-template <int R, bool BIAS>
-__device__ __forceinline__ void mv_mix1(int T, const u8* W, const AQ8* X, float* Y, int rows,
-                                        int nb, int blk, int split, const float* B) {
-    switch (T) {
-    case 102: mvs<R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
-    case 2: mv32<2, R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
-    case 6: mv32<6, R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
-    default: mv32<8, R, BIAS>(W, X, Y, rows, nb, blk, split, B); break;
-    }
-}
-template <int R, bool BIAS>
-__device__ __forceinline__ void mv_mix1(int T, const u8* W, const AQ8K* X, float* Y, int rows,
-                                        int nb, int blk, int split, const float* B) {
-    if (T == 112) mvk1<112, MVU_K, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
-    else mvk1<114, MVU_K, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
-}
-template <typename A, bool BIAS>
-__device__ __forceinline__ void mv_mix3(const u8* W0, const u8* W1, const u8* W2, const A* X,
-                                        float* Y0, float* Y1, float* Y2, int r0, int r1, int r2,
-                                        int nb, int split, int t0, int t1, int t2, const float* B0,
-                                        const float* B1, const float* B2) {
-    int rpb = WARPS / split;
-    int b0 = (r0 + rpb - 1) / rpb, b1 = (r1 + rpb - 1) / rpb;
-    int bi = blockIdx.x;
-    const u8* W = W0;
-    float* Y = Y0;
-    const float* B = B0;
-    int rows = r0, T = t0;
-    if (bi >= b0 + b1) {
-        W = W2; Y = Y2; B = B2; rows = r2; T = t2; bi -= b0 + b1;
-    } else if (bi >= b0) {
-        W = W1; Y = Y1; B = B1; rows = r1; T = t1; bi -= b0;
-    }
-    mv_mix1<1, BIAS>(T, W, X, Y, rows, nb, bi, split, B);
-}
-#define MV_MIX(A, NAME)                                                                            \
-    extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const A* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split, int t0, int t1, int t2, const float* B0, const float* B1, const float* B2) { MV_ENTRY(); mv_mix3<A, false>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split, t0, t1, t2, B0, B1, B2); } \
-    extern "C" __global__ void NAME##_x3b(const u8* W0, const u8* W1, const u8* W2, const A* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split, int t0, int t1, int t2, const float* B0, const float* B1, const float* B2) { MV_ENTRY(); mv_mix3<A, true>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split, t0, t1, t2, B0, B1, B2); }
-MV_MIX(AQ8, mv_mix32)
-MV_MIX(AQ8K, mv_mixk)
