@@ -801,3 +801,107 @@ __device__ __forceinline__ void mvs_p(const u8* W0, const u8* W1, const u8* W2,
 }
 extern "C" __global__ void mv_q4_0s_p(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvs_p<2>(W, W, W, X, Y, Y, Y, rows, 0, 0, nb, split); }
 extern "C" __global__ void mv_q4_0s_x3_p(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mvs_p<2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
+
+// The same for the split-row k-quants (Q4_K, Q6_K: mvks's arithmetic and order).
+template <int T, int R>
+struct MvksItem {
+    const u8* wr[R];
+    float* Y;
+    int rows, r0, part, lo, hi;
+};
+template <int T, int R>
+__device__ __forceinline__ void mvks_item(MvksItem<T, R>& it, const u8* W0, const u8* W1,
+                                          const u8* W2, float* Y0, float* Y1, float* Y2, int n0,
+                                          int n1, int n2, int nb, int split, int item) {
+    int rpb = WARPS * R / split;
+    int b0 = (n0 + rpb - 1) / rpb, b1 = (n1 + rpb - 1) / rpb;
+    const u8* W = W0;
+    it.Y = Y0;
+    it.rows = n0;
+    if (item >= b0 + b1) {
+        W = W2; it.Y = Y2; it.rows = n2; item -= b0 + b1;
+    } else if (item >= b0) {
+        W = W1; it.Y = Y1; it.rows = n1; item -= b0;
+    }
+    mv_part<1>(item, R, split, nb * 8, it.r0, it.part, it.lo, it.hi);
+#pragma unroll
+    for (int q = 0; q < R; q++) it.wr[q] = W + (size_t)min(it.r0 + q, it.rows - 1) * nb * BK<T>::BYTES;
+    if (it.r0 >= it.rows) it.hi = it.lo;
+}
+template <int T, int R>
+__device__ __forceinline__ void mvks_finish(const MvksItem<T, R>& it,
+                                            uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)[MVKS_U(R)][R],
+                                            const AQ8K* __restrict__ X, int nb, int split) {
+    int lane = threadIdx.x & 31;
+    float acc[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) acc[q] = 0.0f;
+    for (int it0 = it.lo + lane; it0 < it.hi; it0 += 32 * MVKS_U(R)) {
+#pragma unroll
+        for (int u = 0; u < MVKS_U(R); u++) {
+            int i = it0 + 32 * u;
+            if (i < it.hi) {
+                int b = i >> 3, j = i & 7;
+                const AQ8K* a = X + b;
+                float ad = a->d;
+                int bs = *(const int*)(a->bsums + 2 * j);
+                int4 q0 = ((const int4*)(a->qs + 8 * j))[0], q1 = ((const int4*)(a->qs + 8 * j))[1];
+                int aq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+                int b0s = (int)(short)(bs & 0xffff), b1s = bs >> 16;
+#pragma unroll
+                for (int q = 0; q < R; q++) {
+                    int w[8], sc[2], mn[2];
+                    float d, dmin;
+                    decode_ks<T>(qv[u][q], hd[u][q], j, w, sc, mn, d, dmin);
+                    int i0 = 0, i1 = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) i0 = dp4a(w[k], aq[k], i0);
+#pragma unroll
+                    for (int k = 4; k < 8; k++) i1 = dp4a(w[k], aq[k], i1);
+                    int isum = sc[0] * i0 + sc[1] * i1;
+                    int corr = mn[0] * b0s + mn[1] * b1s;
+                    acc[q] += (ad * d) * (float)isum - (ad * dmin) * (float)corr;
+                }
+            }
+        }
+        mvks_load<T, R>(qv, hd, it.wr, nb, it0 + 32 * MVKS_U(R), it.hi);
+    }
+    mv_store<R, false>(acc, acc, it.Y, it.r0, it.rows, it.part, split);
+    if (split > 1) __syncthreads();
+}
+template <int T, int R>
+__device__ __forceinline__ void mvks_p(const u8* W0, const u8* W1, const u8* W2,
+                                       const AQ8K* __restrict__ X, float* Y0, float* Y1,
+                                       float* Y2, int n0, int n1, int n2, int nb, int split) {
+    int lane = threadIdx.x & 31;
+    int rpb = WARPS * R / split;
+    int total = (n0 + rpb - 1) / rpb + (n1 + rpb - 1) / rpb + (n2 + rpb - 1) / rpb;
+    MvksItem<T, R> a, b;
+    uint4 qa[MVKS_U(R)][R], ha[MVKS_U(R)][R], qb[MVKS_U(R)][R], hb[MVKS_U(R)][R];
+    int item = blockIdx.x;
+    if (item < total) {
+        mvks_item<T, R>(a, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, item);
+        mvks_load<T, R>(qa, ha, a.wr, nb, a.lo + lane, a.hi);
+    }
+    MV_RESUME();
+    while (item < total) {
+        int next = item + gridDim.x;
+        if (next < total) {
+            mvks_item<T, R>(b, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, next);
+            mvks_load<T, R>(qb, hb, b.wr, nb, b.lo + lane, b.hi);
+        }
+        mvks_finish<T, R>(a, qa, ha, X, nb, split);
+        if (next >= total) break;
+        item = next + gridDim.x;
+        if (item < total) {
+            mvks_item<T, R>(a, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, item);
+            mvks_load<T, R>(qa, ha, a.wr, nb, a.lo + lane, a.hi);
+        }
+        mvks_finish<T, R>(b, qb, hb, X, nb, split);
+    }
+}
+#define MVKS_P(T, NAME) \
+    extern "C" __global__ void NAME##_p(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvks_p<T, 2>(W, W, W, X, Y, Y, Y, rows, 0, 0, nb, split); } \
+    extern "C" __global__ void NAME##_x3_p(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mvks_p<T, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
+MVKS_P(112, mv_q4_ks)
+MVKS_P(114, mv_q6_ks)

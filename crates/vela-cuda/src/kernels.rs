@@ -40,6 +40,10 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
         &[
             "mv_q4_0s_p",
             "mv_q4_0s_x3_p",
+            "mv_q4_ks_p",
+            "mv_q4_ks_x3_p",
+            "mv_q6_ks_p",
+            "mv_q6_ks_x3_p",
             "mv_mix32_x3",
             "mv_mix32_x3b",
             "mv_mixk_x3",
@@ -384,14 +388,14 @@ mod tests {
             }
         }
         assert!(n > 40, "only {n} kernels found");
-        // Every product the matvec kernels call (mv32, mvs, mvk, mvks, mvs_p) reaches MV_RESUME
-        // once.
+        // Every product the matvec kernels call (mv32, mvs, mvk, mvks, mvs_p, mvks_p) reaches
+        // MV_RESUME once.
         let mv = GROUPS
             .iter()
             .map(|(_, s)| *s)
             .find(|s| s.contains("#define MV_ENTRY()"))
             .expect("the matvec source");
-        for f in ["mv32(", "mvs(", "mvk(", "mvks(", "mvs_p("] {
+        for f in ["mv32(", "mvs(", "mvk(", "mvks(", "mvs_p(", "mvks_p("] {
             let at = mv.find(&format!("void {f}")).expect(f);
             let end = at + mv[at..].find("\n}\n").expect("end of function");
             assert_eq!(mv[at..end].matches("MV_RESUME();").count(), 1, "{f}");

@@ -88,7 +88,9 @@ impl CudaBackend {
                     _ => format!("mv_{suffix}"),
                 };
                 match self.persist_grid(suffix, r, grid.0) {
-                    Some(g) => self.launch("mv_q4_0s_p", (g, 1, 1), 32 * MM_WARPS, &args),
+                    Some(g) => {
+                        self.launch(&format!("mv_{suffix}_p"), (g, 1, 1), 32 * MM_WARPS, &args)
+                    }
                     None => self.launch(&name, grid, 32 * MM_WARPS, &args),
                 }
                 continue;
@@ -360,18 +362,24 @@ impl CudaBackend {
             .persist_grid(suffix, r, blocks)
             .filter(|_| codes.is_none())
         {
-            Some(g) => self.launch("mv_q4_0s_x3_p", (g, 1, 1), 32 * MM_WARPS, &args),
+            Some(g) => self.launch(
+                &format!("mv_{suffix}_x3_p"),
+                (g, 1, 1),
+                32 * MM_WARPS,
+                &args,
+            ),
             None => self.launch(&name, (blocks, 1, 1), 32 * MM_WARPS, &args),
         }
         true
     }
 
-    /// The grid of the persistent split-row Q4_0 kernels (`mv_q4_0s_p`, `mv_q4_0s_x3_p`, two rows
-    /// per warp) for a product of `items` blocks, when they are switched on
+    /// The grid of the persistent split-row kernels (`mv_{q4_0s,q4_ks,q6_ks}_p` and `_x3_p`, two
+    /// rows per warp) for a product of `items` blocks, when they are switched on
     /// (`VELA_CUDA_MV_PERSIST` blocks per SM) and take it.
     fn persist_grid(&self, suffix: &str, r: u32, items: u32) -> Option<u32> {
         let per_sm = self.mv_persist.load(Ordering::Relaxed);
-        (per_sm > 0 && suffix == "q4_0s" && r == 2).then(|| items.min(per_sm * self.sms).max(1))
+        let takes = matches!(suffix, "q4_0s" | "q4_ks" | "q6_ks") && r == 2;
+        (per_sm > 0 && takes).then(|| items.min(per_sm * self.sms).max(1))
     }
 
     /// See `Backend::act_mul_matmul`: one `act_q8*` launch computes the gated activation and

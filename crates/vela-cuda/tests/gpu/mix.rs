@@ -105,75 +105,72 @@ fn mixed_x3_and_bias_equal_separate_products() {
     }
 }
 
-/// The persistent split-row Q4_0 products (`mv_q4_0s_p`, `mv_q4_0s_x3_p`, opt-in
+/// The persistent split-row products (`mv_{q4_0s,q4_ks,q6_ks}_p` and `_x3_p`, opt-in
 /// `VELA_CUDA_MV_PERSIST`) against the normal launches: the same bits with 1, 2 and 3 blocks per
 /// SM, K splits of 1, 2 and 4 warps per row, rows that do not fill the last item, and more items
 /// than blocks (each block then runs several, alternating its two register sets).
 #[test]
-fn persistent_q4_0_equals_normal() {
+fn persistent_split_rows_equal_normal() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(0x0308_0001);
     // Two rows per warp everywhere (the persistent kernels' only form).
     g.set_mv_rows_mode(2);
-    for (rows, cols) in [
-        (4096usize, 4096usize),
-        (1000, 896),
-        (333, 14336),
-        (8200, 2048),
-    ] {
-        let (w, _) = upload_random(&g, &cpu, GgmlType::Q4_0, rows, cols, &mut rng);
-        let x = up(&g, &rng.vec(cols));
-        let mut outs = Vec::new();
-        for per_sm in [0u32, 1, 2, 3] {
-            g.set_mv_persist(per_sm);
-            let mut y = g.alloc(rows);
-            g.matmul(&w, &x, 1, &mut y);
-            outs.push(down(&g, &y, rows));
-        }
-        for (i, o) in outs.iter().enumerate().skip(1) {
-            check(
-                &format!("persistent Q4_0 {rows}x{cols}, {i} blocks per SM"),
-                o,
-                &outs[0],
-                0.0,
-            );
-        }
-    }
-    // Two and three products in one launch (Q/K/V and gate/up shapes).
-    for (rows, cols) in [
-        (vec![2048usize, 512, 512], 4096usize),
-        (vec![896, 128, 128], 896),
-        (vec![14336, 14336], 4096),
-    ] {
-        let ws: Vec<_> = rows
-            .iter()
-            .map(|&r| upload_random(&g, &cpu, GgmlType::Q4_0, r, cols, &mut rng).0)
-            .collect();
-        let x = up(&g, &rng.vec(cols));
-        let mut outs = Vec::new();
-        for per_sm in [0u32, 1, 3] {
-            g.set_mv_persist(per_sm);
-            let mut ys: Vec<_> = rows.iter().map(|&r| g.alloc(r)).collect();
-            {
-                let wr: Vec<&vela_cuda::CudaWeight> = ws.iter().collect();
-                let mut yr: Vec<&mut vela_cuda::CudaBuf> = ys.iter_mut().collect();
-                g.matmul_many(&wr, &x, 1, &mut yr);
+    for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
+        // (Q4_0 also at the 0.5B's 896 columns; the k-quants need multiples of 256.)
+        let small = if ty == GgmlType::Q4_0 { 896 } else { 1024 };
+        for (rows, cols) in [
+            (4096usize, 4096usize),
+            (1000, small),
+            (333, 14336),
+            (8200, 2048),
+        ] {
+            let (w, _) = upload_random(&g, &cpu, ty, rows, cols, &mut rng);
+            let x = up(&g, &rng.vec(cols));
+            let mut outs = Vec::new();
+            for per_sm in [0u32, 1, 2, 3] {
+                g.set_mv_persist(per_sm);
+                let mut y = g.alloc(rows);
+                g.matmul(&w, &x, 1, &mut y);
+                outs.push(down(&g, &y, rows));
             }
-            let y: Vec<Vec<f32>> = ys.iter().zip(&rows).map(|(y, &r)| down(&g, y, r)).collect();
-            outs.push(y);
+            for (i, o) in outs.iter().enumerate().skip(1) {
+                let what = format!("persistent {} {rows}x{cols}, {i} blocks per SM", ty.name());
+                check(&what, o, &outs[0], 0.0);
+            }
         }
-        for (i, per_sm) in [(1, 1), (2, 3)] {
-            for (j, r) in rows.iter().enumerate() {
-                check(
-                    &format!(
-                        "persistent Q4_0 x{} {r}x{cols} product {j}, {per_sm} per SM",
+        // Two and three products in one launch (Q/K/V and gate/up shapes).
+        for (rows, cols) in [
+            (vec![2048usize, 512, 512], 4096usize),
+            (vec![896, 128, 128], small),
+            (vec![14336, 14336], 4096),
+        ] {
+            let ws: Vec<_> = rows
+                .iter()
+                .map(|&r| upload_random(&g, &cpu, ty, r, cols, &mut rng).0)
+                .collect();
+            let x = up(&g, &rng.vec(cols));
+            let mut outs = Vec::new();
+            for per_sm in [0u32, 1, 3] {
+                g.set_mv_persist(per_sm);
+                let mut ys: Vec<_> = rows.iter().map(|&r| g.alloc(r)).collect();
+                {
+                    let wr: Vec<&vela_cuda::CudaWeight> = ws.iter().collect();
+                    let mut yr: Vec<&mut vela_cuda::CudaBuf> = ys.iter_mut().collect();
+                    g.matmul_many(&wr, &x, 1, &mut yr);
+                }
+                let y: Vec<Vec<f32>> = ys.iter().zip(&rows).map(|(y, &r)| down(&g, y, r)).collect();
+                outs.push(y);
+            }
+            for (i, per_sm) in [(1, 1), (2, 3)] {
+                for (j, r) in rows.iter().enumerate() {
+                    let what = format!(
+                        "persistent {} x{} {r}x{cols} product {j}, {per_sm} per SM",
+                        ty.name(),
                         rows.len()
-                    ),
-                    &outs[i][j],
-                    &outs[0][j],
-                    0.0,
-                );
+                    );
+                    check(&what, &outs[i][j], &outs[0][j], 0.0);
+                }
             }
         }
     }
