@@ -699,6 +699,10 @@ MV_MIX(AQ8K, mv_mixk)
 // of mv3: W0's, then W1's, then W2's); each warp issues the loads of its next item before it
 // computes the current one, so two items' weights are in flight per warp. The per-warp arithmetic
 // and order are mvs's (same lanes, rounds, warp sums and part order): the same bits.
+// (mvs_finish / mvks_finish repeat mvs's / mvks's loops on purpose while this is an experiment:
+// having mvs and mvks call them changes the PTX of every default split-row kernel (extra item
+// selects, other load scheduling), which is not re-measured yet. The A/B decides: if the
+// persistent kernels win they replace mvs / mvks, else they go.)
 template <int R>
 struct MvsItem {
     const uint4* wq[R];
