@@ -262,7 +262,11 @@ quick)
       "--llama-args=-ngl 99" "--vela-args=--device cuda --ctx $c" -p 0 -n 128 --models /tmp/l8.gguf \
       --out $OUT/quick-l8-ctx$(echo $cs | tr '=,:/' '____').md 2>/dev/null | grep "| l8 |" | sed "s|^|ctx=$cs |"
   done
-  VELA_CUDA_DEBUG=1 /tmp/vela bench -m /tmp/l8.gguf --device cuda -p 0 -n 32 2>&1 | grep -i "graph\|capture" | head -3
+  # Graph statistics and the host time per replayed step (VELA_CUDA_DEBUG) of each model.
+  for m in $(for x in $models; do echo ${x%%:*}; done); do
+    VELA_CUDA_DEBUG=1 /tmp/vela bench -m /tmp/$m.gguf --device cuda -p 0 -n 128 2>&1 | grep -i "graph\|capture" |
+      head -3 | sed "s|^|$m |"
+  done
   if [ "${QUICK_8K:-1}" = 1 ]; then
     # QUICK_DEPTHS: the depths of this stage (default 8192; files quick-8k-* for 8192, else
     # quick-d<depth>-*).

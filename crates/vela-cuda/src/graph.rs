@@ -46,6 +46,12 @@ pub(crate) struct Recorder {
     pub replays: u64,
     pub captures: u64,
     pub plain: u64,
+    /// When the current step began (`step_begin`), and over the replayed steps: host time from
+    /// there to the return of `cuGraphLaunch` (the model's forward on the host, recording,
+    /// matching, the launch), and the launches they recorded.
+    pub began: Option<std::time::Instant>,
+    pub replay_host_ns: u64,
+    pub replay_launches: u64,
 }
 
 // SAFETY: the graphs are only launched from the backend under its recorder mutex; CUDA graph
@@ -61,6 +67,12 @@ pub struct GraphStats {
     pub captures: u64,
     /// Steps run launch by launch (capture failed earlier for the same list).
     pub plain: u64,
+    /// Host time of the replayed steps in all, from the step's begin to the return of
+    /// `cuGraphLaunch` (the GPU is idle for most of it: the step's token is known only once the
+    /// previous step's sample was read back).
+    pub replay_host_ns: u64,
+    /// Kernel launches recorded by the replayed steps.
+    pub replay_launches: u64,
 }
 
 impl CudaBackend {
@@ -82,6 +94,8 @@ impl CudaBackend {
             replays: r.replays,
             captures: r.captures,
             plain: r.plain,
+            replay_host_ns: r.replay_host_ns,
+            replay_launches: r.replay_launches,
         }
     }
 
@@ -140,6 +154,7 @@ impl CudaBackend {
         if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed) {
             return false;
         }
+        let began = std::time::Instant::now();
         self.flush_recording();
         let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
         if let Err(e) = self.stream.memcpy_htod(&[token, pos], &mut *io) {
@@ -150,6 +165,7 @@ impl CudaBackend {
         r.active = true;
         r.token = token;
         r.pos = pos;
+        r.began = Some(began);
         r.ops.clear();
         true
     }
@@ -174,6 +190,10 @@ impl CudaBackend {
             };
             if ok {
                 r.replays += 1;
+                if let Some(t0) = r.began.take() {
+                    r.replay_host_ns += t0.elapsed().as_nanos() as u64;
+                    r.replay_launches += ops.len() as u64;
+                }
             } else {
                 r.plain += 1;
                 self.launch_all(&ops);

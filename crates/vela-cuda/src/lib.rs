@@ -1043,9 +1043,15 @@ impl Drop for CudaBackend {
         }
         if std::env::var_os("VELA_CUDA_DEBUG").is_some() {
             let g = self.graph_stats();
+            let per = |x: u64| x as f64 / g.replays.max(1) as f64;
             eprintln!(
-                "vela-cuda: decode graphs: {} replays, {} captures, {} plain steps",
-                g.replays, g.captures, g.plain
+                "vela-cuda: decode graphs: {} replays, {} captures, {} plain steps; host {:.1} us \
+                 per replayed step ({:.0} launches)",
+                g.replays,
+                g.captures,
+                g.plain,
+                per(g.replay_host_ns) / 1e3,
+                per(g.replay_launches)
             );
         }
         let _ = &self.ctx;
