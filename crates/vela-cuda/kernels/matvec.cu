@@ -31,9 +31,13 @@
 // Sub-blocks in flight per lane and row with two rows per warp.
 #define MVU_K_R2 2
 
+// NC: through the read-only (non-coherent) path (the persistent kernels, where the compiler
+// cannot prove that the previous item's Y stores do not alias X).
+template <bool NC = false>
 __device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& sum, int qs[8]) {
-    float4 h = *(const float4*)a;
-    int4 q0 = ((const int4*)a)[1], q1 = ((const int4*)a)[2];
+    float4 h = NC ? __ldg((const float4*)a) : *(const float4*)a;
+    int4 q0 = NC ? __ldg((const int4*)a + 1) : ((const int4*)a)[1];
+    int4 q1 = NC ? __ldg((const int4*)a + 2) : ((const int4*)a)[2];
     d = h.x;
     s = h.y;
     sum = __float_as_int(h.z);
@@ -690,7 +694,7 @@ __device__ __forceinline__ void mv_mix3(const u8* W0, const u8* W1, const u8* W2
 MV_MIX(AQ8, mv_mix32)
 MV_MIX(AQ8K, mv_mixk)
 
-// ---- persistent split-row Q4_0 products (opt-in: VELA_CUDA_MV_PERSIST, `set_mv_persist`) ----
+// ---- persistent split-row products (Q4_0, Q4_K, Q6_K; opt-in: VELA_CUDA_MV_PERSIST) ----
 //
 // The normal launch runs one block per item (WARPS * R / split rows) and each warp issues one
 // round of weight loads, waits, computes and exits; between a block's exit and the next block's
@@ -750,7 +754,7 @@ __device__ __forceinline__ void mvs_finish(const MvsItem<R>& it, uint4 (&qv)[MVS
             if (b < it.hi) {
                 int aq[8], asum;
                 float ad, as;
-                load_aq8(X + b, ad, as, asum, aq);
+                load_aq8<true>(X + b, ad, as, asum, aq);
 #pragma unroll
                 for (int q = 0; q < R; q++) {
                     u32 w4[4] = {qv[u][q].x, qv[u][q].y, qv[u][q].z, qv[u][q].w};
@@ -803,7 +807,7 @@ __device__ __forceinline__ void mvs_p(const u8* W0, const u8* W1, const u8* W2,
         mvs_finish<R>(b, qb, db, X, split);
     }
 }
-extern "C" __global__ void mv_q4_0s_p(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvs_p<2>(W, W, W, X, Y, Y, Y, rows, 0, 0, nb, split); }
+extern "C" __global__ void mv_q4_0s_p(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvs_p<2>(W, nullptr, nullptr, X, Y, nullptr, nullptr, rows, 0, 0, nb, split); }
 extern "C" __global__ void mv_q4_0s_x3_p(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mvs_p<2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 
 // The same for the split-row k-quants (Q4_K, Q6_K: mvks's arithmetic and order).
@@ -847,9 +851,9 @@ __device__ __forceinline__ void mvks_finish(const MvksItem<T, R>& it,
             if (i < it.hi) {
                 int b = i >> 3, j = i & 7;
                 const AQ8K* a = X + b;
-                float ad = a->d;
-                int bs = *(const int*)(a->bsums + 2 * j);
-                int4 q0 = ((const int4*)(a->qs + 8 * j))[0], q1 = ((const int4*)(a->qs + 8 * j))[1];
+                float ad = __ldg(&a->d);
+                int bs = __ldg((const int*)(a->bsums + 2 * j));
+                int4 q0 = __ldg((const int4*)(a->qs + 8 * j)), q1 = __ldg((const int4*)(a->qs + 8 * j) + 1);
                 int aq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
                 int b0s = (int)(short)(bs & 0xffff), b1s = bs >> 16;
 #pragma unroll
@@ -905,7 +909,7 @@ __device__ __forceinline__ void mvks_p(const u8* W0, const u8* W1, const u8* W2,
     }
 }
 #define MVKS_P(T, NAME) \
-    extern "C" __global__ void NAME##_p(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvks_p<T, 2>(W, W, W, X, Y, Y, Y, rows, 0, 0, nb, split); } \
+    extern "C" __global__ void NAME##_p(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvks_p<T, 2>(W, nullptr, nullptr, X, Y, nullptr, nullptr, rows, 0, 0, nb, split); } \
     extern "C" __global__ void NAME##_x3_p(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mvks_p<T, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 MVKS_P(112, mv_q4_ks)
 MVKS_P(114, mv_q6_ks)

@@ -69,8 +69,8 @@ impl CudaBackend {
         self.repack.store(on, Ordering::Relaxed);
     }
 
-    /// Persistent split-row Q4_0 one-token products with `n` blocks per SM (0: off, the
-    /// default; `VELA_CUDA_MV_PERSIST=n`).
+    /// Persistent split-row (Q4_0, Q4_K, Q6_K) one-token products with `n` blocks per SM (0:
+    /// off, the default; `VELA_CUDA_MV_PERSIST=n`).
     pub fn set_mv_persist(&self, n: u32) {
         self.flush_recording();
         self.mv_persist.store(n, Ordering::Relaxed);
