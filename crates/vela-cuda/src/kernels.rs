@@ -381,7 +381,8 @@ mod tests {
                 // (MV_ENTRY / MV_RESUME in kernels/matvec.cu, checked below).
                 assert!(
                     body.starts_with("PDL_ENTRY();")
-                        || (src.contains("#define MV_ENTRY()") && body.starts_with("MV_ENTRY();")),
+                        || (src.contains("#define MV_ENTRY()") && body.starts_with("MV_ENTRY();"))
+                        || (src.contains("#define FD_ENTRY()") && body.starts_with("FD_ENTRY();")),
                     "{name}: kernel {head}... does not start with PDL_ENTRY()"
                 );
                 n += 1;
@@ -400,5 +401,21 @@ mod tests {
             let end = at + mv[at..].find("\n}\n").expect("end of function");
             assert_eq!(mv[at..end].matches("MV_RESUME();").count(), 1, "{f}");
         }
+        // The tensor-core decode attention (FD_ENTRY) reaches FD_RESUME once, before any read
+        // of the cache or the queries (only its positions and the L2 prefetch come earlier).
+        let fd = GROUPS
+            .iter()
+            .map(|(_, s)| *s)
+            .find(|s| s.contains("#define FD_ENTRY()"))
+            .expect("the flash source");
+        let at = fd
+            .find("__device__ void flash_decode(")
+            .expect("flash_decode");
+        let end = at + fd[at..].find("\n}\n").expect("end of flash_decode");
+        let body = &fd[at..end];
+        assert_eq!(body.matches("FD_RESUME();").count(), 1);
+        let resume = body.find("FD_RESUME();").unwrap();
+        assert!(body.find("fd_issue<D>(").unwrap() > resume);
+        assert!(body.find("q + ((size_t)t").unwrap() > resume);
     }
 }
