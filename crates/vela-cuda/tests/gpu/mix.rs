@@ -1,6 +1,8 @@
 //! One-token products of different weight types in one launch (`mv_mix*_x3`, default;
 //! `VELA_CUDA_MIXED_X3=0` off) and the Q/K/V biases added by them (`mv_mix*_x3b`, default;
-//! `VELA_CUDA_BIAS_FUSE=0` off): the same bits as separate products and `add_bias`.
+//! `VELA_CUDA_BIAS_FUSE=0` off): the same bits as separate products and `add_bias`. And the
+//! persistent split-row products (`mv_*_p`, opt-in `VELA_CUDA_MV_PERSIST`): the same bits as the
+//! normal launches.
 
 use super::*;
 
