@@ -523,6 +523,43 @@ __device__ __forceinline__ void mvks_load(uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)
         }
     }
 }
+// One round of mvks: sub-blocks it0, it0 + 32, ... (MVKS_U(R) of them, those < hi) of the R rows,
+// whose weights are in (qv, hd), into acc (NC: the activations through the read-only path; used
+// by mvks and by the persistent mvks_finish).
+template <int T, int R, bool NC = false>
+__device__ __forceinline__ void mvks_round(const uint4 (&qv)[MVKS_U(R)][R],
+                                           const uint4 (&hd)[MVKS_U(R)][R],
+                                           const AQ8K* __restrict__ X, int it0, int hi,
+                                           float (&acc)[R]) {
+#pragma unroll
+    for (int u = 0; u < MVKS_U(R); u++) {
+        int it = it0 + 32 * u;
+        if (it < hi) {
+            int b = it >> 3, j = it & 7;
+            const AQ8K* a = X + b;
+            float ad = NC ? __ldg(&a->d) : a->d;
+            int bs = NC ? __ldg((const int*)(a->bsums + 2 * j)) : *(const int*)(a->bsums + 2 * j);
+            const int4* aq4 = (const int4*)(a->qs + 8 * j);
+            int4 q0 = NC ? __ldg(aq4) : aq4[0], q1 = NC ? __ldg(aq4 + 1) : aq4[1];
+            int aq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+            int b0s = (int)(short)(bs & 0xffff), b1s = bs >> 16;
+#pragma unroll
+            for (int q = 0; q < R; q++) {
+                int w[8], sc[2], mn[2];
+                float d, dmin;
+                decode_ks<T>(qv[u][q], hd[u][q], j, w, sc, mn, d, dmin);
+                int i0 = 0, i1 = 0;
+#pragma unroll
+                for (int k = 0; k < 4; k++) i0 = dp4a(w[k], aq[k], i0);
+#pragma unroll
+                for (int k = 4; k < 8; k++) i1 = dp4a(w[k], aq[k], i1);
+                int isum = sc[0] * i0 + sc[1] * i1;
+                int corr = mn[0] * b0s + mn[1] * b1s;
+                acc[q] += (ad * d) * (float)isum - (ad * dmin) * (float)corr;
+            }
+        }
+    }
+}
 template <int T, int R, bool BIAS = false>
 __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __restrict__ X,
                                      float* __restrict__ Y, int rows, int nb, int blk, int split,
@@ -543,33 +580,7 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
     mvks_load<T, R>(qv, hd, wr, nb, lo + lane, hi);
     MV_RESUME();
     for (int it0 = lo + lane; it0 < hi; it0 += 32 * MVKS_U(R)) {
-#pragma unroll
-        for (int u = 0; u < MVKS_U(R); u++) {
-            int it = it0 + 32 * u;
-            if (it < hi) {
-                int b = it >> 3, j = it & 7;
-                const AQ8K* a = X + b;
-                float ad = a->d;
-                int bs = *(const int*)(a->bsums + 2 * j);
-                int4 q0 = ((const int4*)(a->qs + 8 * j))[0], q1 = ((const int4*)(a->qs + 8 * j))[1];
-                int aq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-                int b0s = (int)(short)(bs & 0xffff), b1s = bs >> 16;
-#pragma unroll
-                for (int q = 0; q < R; q++) {
-                    int w[8], sc[2], mn[2];
-                    float d, dmin;
-                    decode_ks<T>(qv[u][q], hd[u][q], j, w, sc, mn, d, dmin);
-                    int i0 = 0, i1 = 0;
-#pragma unroll
-                    for (int k = 0; k < 4; k++) i0 = dp4a(w[k], aq[k], i0);
-#pragma unroll
-                    for (int k = 4; k < 8; k++) i1 = dp4a(w[k], aq[k], i1);
-                    int isum = sc[0] * i0 + sc[1] * i1;
-                    int corr = mn[0] * b0s + mn[1] * b1s;
-                    acc[q] += (ad * d) * (float)isum - (ad * dmin) * (float)corr;
-                }
-            }
-        }
+        mvks_round<T, R>(qv, hd, X, it0, hi, acc);
         mvks_load<T, R>(qv, hd, wr, nb, it0 + 32 * MVKS_U(R), hi);
     }
     mv_store<R, false, BIAS>(acc, acc, Y, r0, rows, part, split, B);
@@ -703,10 +714,11 @@ MV_MIX(AQ8K, mv_mixk)
 // of mv3: W0's, then W1's, then W2's); each warp issues the loads of its next item before it
 // computes the current one, so two items' weights are in flight per warp. The per-warp arithmetic
 // and order are mvs's (same lanes, rounds, warp sums and part order): the same bits.
-// (mvs_finish / mvks_finish repeat mvs's / mvks's loops on purpose while this is an experiment:
-// having mvs and mvks call them changes the PTX of every default split-row kernel (extra item
-// selects, other load scheduling), which is not re-measured yet. The A/B decides: if the
-// persistent kernels win they replace mvs / mvks, else they go.)
+// (The k-quant rounds are shared with mvks (mvks_round; the default kernels' SASS unchanged).
+// mvs_finish repeats mvs's round on purpose while this is an experiment: sharing it, with or
+// without a restrict-qualified helper, changed the SASS of the default mv_q4_0s_r2 /
+// mv_q4_0s_x3_r2 (the measured 8B Q4_0 kernels), which is not re-measured yet. The A/B decides:
+// if the persistent kernels win they replace mvs / mvks, else they go.)
 template <int R>
 struct MvsItem {
     const uint4* wq[R];
@@ -845,33 +857,7 @@ __device__ __forceinline__ void mvks_finish(const MvksItem<T, R>& it,
 #pragma unroll
     for (int q = 0; q < R; q++) acc[q] = 0.0f;
     for (int it0 = it.lo + lane; it0 < it.hi; it0 += 32 * MVKS_U(R)) {
-#pragma unroll
-        for (int u = 0; u < MVKS_U(R); u++) {
-            int i = it0 + 32 * u;
-            if (i < it.hi) {
-                int b = i >> 3, j = i & 7;
-                const AQ8K* a = X + b;
-                float ad = __ldg(&a->d);
-                int bs = __ldg((const int*)(a->bsums + 2 * j));
-                int4 q0 = __ldg((const int4*)(a->qs + 8 * j)), q1 = __ldg((const int4*)(a->qs + 8 * j) + 1);
-                int aq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-                int b0s = (int)(short)(bs & 0xffff), b1s = bs >> 16;
-#pragma unroll
-                for (int q = 0; q < R; q++) {
-                    int w[8], sc[2], mn[2];
-                    float d, dmin;
-                    decode_ks<T>(qv[u][q], hd[u][q], j, w, sc, mn, d, dmin);
-                    int i0 = 0, i1 = 0;
-#pragma unroll
-                    for (int k = 0; k < 4; k++) i0 = dp4a(w[k], aq[k], i0);
-#pragma unroll
-                    for (int k = 4; k < 8; k++) i1 = dp4a(w[k], aq[k], i1);
-                    int isum = sc[0] * i0 + sc[1] * i1;
-                    int corr = mn[0] * b0s + mn[1] * b1s;
-                    acc[q] += (ad * d) * (float)isum - (ad * dmin) * (float)corr;
-                }
-            }
-        }
+        mvks_round<T, R, true>(qv, hd, X, it0, it.hi, acc);
         mvks_load<T, R>(qv, hd, it.wr, nb, it0 + 32 * MVKS_U(R), it.hi);
     }
     mv_store<R, false>(acc, acc, it.Y, it.r0, it.rows, it.part, split);
