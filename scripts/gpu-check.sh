@@ -70,7 +70,7 @@ if [ "$stage" = ops ] || [ "$stage" = all ]; then
   # mixed-type products with biases
   run gemm::prefill_attention_kernels_match_cpu kernels2::split_rows_equal_gguf_layout \
       kernels2::fused_rope_store_matches_cpu attn::fused_attention_matmul_equals_unfused \
-      mix::mixed_x3_and_bias_equal_separate_products mix::persistent_split_rows_equal_normal
+      mix::mixed_x3_and_bias_equal_separate_products
   run --exact gemm::prefill_attention_timing       # us per prefill attention layer, flash vs not
   run --exact gemm::gemm_speed                     # cuBLAS vs integer prefill products, crossover
   run --exact sample::device_top_k_timing          # us per top-k call vs reading the row back

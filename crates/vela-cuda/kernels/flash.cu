@@ -290,33 +290,6 @@ __device__ __forceinline__ int fd_parts(int p, int window, int S, int target, in
     return (n_tiles + per - 1) / per;
 }
 
-// FD_L2PF (A/B, VELA_CUDA_DEFINES): each block asks L2 for its whole key range (K and V rows of
-// its KV head) before it waits for the previous kernel, so the DRAM reads of its ~4 tiles start
-// at once instead of one tile ahead of the arithmetic (the 8B at 8K depth reads its KV cache at
-// ~1.6 TB/s: ramp-up and tail of short per-block pipelines). Constant rows and the row the
-// previous kernel is writing alike: L2 is the point of coherence, so a prefetch cannot go stale.
-// The kernels start with FD_ENTRY() and flash_decode reaches FD_RESUME() once (as MV_ENTRY /
-// MV_RESUME in matvec.cu); without FD_L2PF the wait stays at the entry.
-#ifdef FD_L2PF
-#define FD_ENTRY() do {} while (0)
-#define FD_RESUME() PDL_ENTRY()
-#else
-#define FD_ENTRY() PDL_ENTRY()
-#define FD_RESUME() do {} while (0)
-#endif
-template <int D>
-__device__ __forceinline__ void fd_prefetch(const u16* kc, const u16* vc, int lo, int hi, int g,
-                                            int n_head_kv, int capacity) {
-    for (int j = lo + threadIdx.x; j <= hi; j += blockDim.x) {
-        size_t off = ((size_t)(j % capacity) * n_head_kv + g) * D;
-#pragma unroll
-        for (int b = 0; b < D * 2; b += 128) {
-            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)(kc + off) + b));
-            asm volatile("prefetch.global.L2 [%0];" ::"l"((const char*)(vc + off) + b));
-        }
-    }
-}
-
 // Copy keys j0 .. j0 + FD_KEYS - 1 (those <= hi) of KV head g into the K and V tiles ks, vs.
 template <int D>
 __device__ __forceinline__ void fd_issue(u16* ks, u16* vs, const u16* kc, const u16* vc, int j0,
@@ -359,18 +332,9 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
     int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
     int gid = lane >> 2, tig = lane & 3;
     int G = n_head / n_head_kv;
-    // (The positions are uploaded before the step's first kernel: readable before the wait.)
     int p = (int)pos[t];
     int first, per;
     int S_eff = fd_parts(p, window, S, target, min_tiles, first, per);
-#ifdef FD_L2PF
-    if (s < S_eff) {
-        int l0 = first + FD_KEYS * per * s;
-        fd_prefetch<D>((const u16*)kc, (const u16*)vc, l0, min(p, l0 + FD_KEYS * per - 1), g,
-                       n_head_kv, capacity);
-    }
-#endif
-    FD_RESUME();
     if (s >= S_eff) return;
     int lo = first + FD_KEYS * per * s, hi = min(p, lo + FD_KEYS * per - 1);
     int n_tiles = (hi - lo + FD_KEYS) / FD_KEYS;
@@ -552,7 +516,7 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
 }
 
 #define FLASH_DECODE(KT, D, NAME)                                                                  \
-    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, float* out, void* aq, int aq_kind, u32* tickets, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap, int target, int min_tiles) { FD_ENTRY(); \
+    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, float* out, void* aq, int aq_kind, u32* tickets, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap, int target, int min_tiles) { PDL_ENTRY(); \
         flash_decode<KT, D>(q, kc, vc, pos, part, out, aq, aq_kind, tickets, n_head, n_head_kv, capacity, window, scale, softcap, target, min_tiles); }
 FLASH_DECODE(1, 64, flash_decode_f16_d64)
 FLASH_DECODE(1, 128, flash_decode_f16_d128)

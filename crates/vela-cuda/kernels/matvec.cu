@@ -31,13 +31,9 @@
 // Sub-blocks in flight per lane and row with two rows per warp.
 #define MVU_K_R2 2
 
-// NC: through the read-only (non-coherent) path (the persistent kernels, where the compiler
-// cannot prove that the previous item's Y stores do not alias X).
-template <bool NC = false>
 __device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& sum, int qs[8]) {
-    float4 h = NC ? __ldg((const float4*)a) : *(const float4*)a;
-    int4 q0 = NC ? __ldg((const int4*)a + 1) : ((const int4*)a)[1];
-    int4 q1 = NC ? __ldg((const int4*)a + 2) : ((const int4*)a)[2];
+    float4 h = *(const float4*)a;
+    int4 q0 = ((const int4*)a)[1], q1 = ((const int4*)a)[2];
     d = h.x;
     s = h.y;
     sum = __float_as_int(h.z);
@@ -523,43 +519,6 @@ __device__ __forceinline__ void mvks_load(uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)
         }
     }
 }
-// One round of mvks: sub-blocks it0, it0 + 32, ... (MVKS_U(R) of them, those < hi) of the R rows,
-// whose weights are in (qv, hd), into acc (NC: the activations through the read-only path; used
-// by mvks and by the persistent mvks_finish).
-template <int T, int R, bool NC = false>
-__device__ __forceinline__ void mvks_round(const uint4 (&qv)[MVKS_U(R)][R],
-                                           const uint4 (&hd)[MVKS_U(R)][R],
-                                           const AQ8K* __restrict__ X, int it0, int hi,
-                                           float (&acc)[R]) {
-#pragma unroll
-    for (int u = 0; u < MVKS_U(R); u++) {
-        int it = it0 + 32 * u;
-        if (it < hi) {
-            int b = it >> 3, j = it & 7;
-            const AQ8K* a = X + b;
-            float ad = NC ? __ldg(&a->d) : a->d;
-            int bs = NC ? __ldg((const int*)(a->bsums + 2 * j)) : *(const int*)(a->bsums + 2 * j);
-            const int4* aq4 = (const int4*)(a->qs + 8 * j);
-            int4 q0 = NC ? __ldg(aq4) : aq4[0], q1 = NC ? __ldg(aq4 + 1) : aq4[1];
-            int aq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-            int b0s = (int)(short)(bs & 0xffff), b1s = bs >> 16;
-#pragma unroll
-            for (int q = 0; q < R; q++) {
-                int w[8], sc[2], mn[2];
-                float d, dmin;
-                decode_ks<T>(qv[u][q], hd[u][q], j, w, sc, mn, d, dmin);
-                int i0 = 0, i1 = 0;
-#pragma unroll
-                for (int k = 0; k < 4; k++) i0 = dp4a(w[k], aq[k], i0);
-#pragma unroll
-                for (int k = 4; k < 8; k++) i1 = dp4a(w[k], aq[k], i1);
-                int isum = sc[0] * i0 + sc[1] * i1;
-                int corr = mn[0] * b0s + mn[1] * b1s;
-                acc[q] += (ad * d) * (float)isum - (ad * dmin) * (float)corr;
-            }
-        }
-    }
-}
 template <int T, int R, bool BIAS = false>
 __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __restrict__ X,
                                      float* __restrict__ Y, int rows, int nb, int blk, int split,
@@ -580,7 +539,33 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
     mvks_load<T, R>(qv, hd, wr, nb, lo + lane, hi);
     MV_RESUME();
     for (int it0 = lo + lane; it0 < hi; it0 += 32 * MVKS_U(R)) {
-        mvks_round<T, R>(qv, hd, X, it0, hi, acc);
+#pragma unroll
+        for (int u = 0; u < MVKS_U(R); u++) {
+            int it = it0 + 32 * u;
+            if (it < hi) {
+                int b = it >> 3, j = it & 7;
+                const AQ8K* a = X + b;
+                float ad = a->d;
+                int bs = *(const int*)(a->bsums + 2 * j);
+                int4 q0 = ((const int4*)(a->qs + 8 * j))[0], q1 = ((const int4*)(a->qs + 8 * j))[1];
+                int aq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+                int b0s = (int)(short)(bs & 0xffff), b1s = bs >> 16;
+#pragma unroll
+                for (int q = 0; q < R; q++) {
+                    int w[8], sc[2], mn[2];
+                    float d, dmin;
+                    decode_ks<T>(qv[u][q], hd[u][q], j, w, sc, mn, d, dmin);
+                    int i0 = 0, i1 = 0;
+#pragma unroll
+                    for (int k = 0; k < 4; k++) i0 = dp4a(w[k], aq[k], i0);
+#pragma unroll
+                    for (int k = 4; k < 8; k++) i1 = dp4a(w[k], aq[k], i1);
+                    int isum = sc[0] * i0 + sc[1] * i1;
+                    int corr = mn[0] * b0s + mn[1] * b1s;
+                    acc[q] += (ad * d) * (float)isum - (ad * dmin) * (float)corr;
+                }
+            }
+        }
         mvks_load<T, R>(qv, hd, wr, nb, it0 + 32 * MVKS_U(R), hi);
     }
     mv_store<R, false, BIAS>(acc, acc, Y, r0, rows, part, split, B);
@@ -704,198 +689,3 @@ __device__ __forceinline__ void mv_mix3(const u8* W0, const u8* W1, const u8* W2
     extern "C" __global__ void NAME##_x3b(const u8* W0, const u8* W1, const u8* W2, const A* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split, int t0, int t1, int t2, const float* B0, const float* B1, const float* B2) { MV_ENTRY(); mv_mix3<A, true>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split, t0, t1, t2, B0, B1, B2); }
 MV_MIX(AQ8, mv_mix32)
 MV_MIX(AQ8K, mv_mixk)
-
-// ---- persistent split-row products (Q4_0, Q4_K, Q6_K; opt-in: VELA_CUDA_MV_PERSIST) ----
-//
-// The normal launch runs one block per item (WARPS * R / split rows) and each warp issues one
-// round of weight loads, waits, computes and exits; between a block's exit and the next block's
-// first loads its SM slot moves no bytes, and the last wave runs part-empty. Here the grid is a
-// fixed number of blocks per SM and block b takes items b, b + gridDim.x, ... (the item numbering
-// of mv3: W0's, then W1's, then W2's); each warp issues the loads of its next item before it
-// computes the current one, so two items' weights are in flight per warp. The per-warp arithmetic
-// and order are mvs's (same lanes, rounds, warp sums and part order): the same bits.
-// (The k-quant rounds are shared with mvks (mvks_round; the default kernels' SASS unchanged).
-// mvs_finish repeats mvs's round on purpose while this is an experiment: sharing it, with or
-// without a restrict-qualified helper, changed the SASS of the default mv_q4_0s_r2 /
-// mv_q4_0s_x3_r2 (the measured 8B Q4_0 kernels), which is not re-measured yet. The A/B decides:
-// if the persistent kernels win they replace mvs / mvks, else they go.)
-template <int R>
-struct MvsItem {
-    const uint4* wq[R];
-    const u16* wd[R];
-    float* Y;
-    int rows, r0, part, lo, hi;
-};
-template <int R>
-__device__ __forceinline__ void mvs_item(MvsItem<R>& it, const u8* W0, const u8* W1, const u8* W2,
-                                         float* Y0, float* Y1, float* Y2, int n0, int n1, int n2,
-                                         int nb, int split, int item) {
-    int rpb = WARPS * R / split;
-    int b0 = (n0 + rpb - 1) / rpb, b1 = (n1 + rpb - 1) / rpb;
-    const u8* W = W0;
-    it.Y = Y0;
-    it.rows = n0;
-    if (item >= b0 + b1) {
-        W = W2; it.Y = Y2; it.rows = n2; item -= b0 + b1;
-    } else if (item >= b0) {
-        W = W1; it.Y = Y1; it.rows = n1; item -= b0;
-    }
-    mv_part<1>(item, R, split, nb, it.r0, it.part, it.lo, it.hi);
-#pragma unroll
-    for (int q = 0; q < R; q++) {
-        const u8* wr = W + (size_t)min(it.r0 + q, it.rows - 1) * nb * 18;
-        it.wq[q] = (const uint4*)wr;
-        it.wd[q] = (const u16*)(wr + 16 * (size_t)nb);
-    }
-    if (it.r0 >= it.rows) it.hi = it.lo;
-}
-// The rest of one item whose first round (qv, dv) is loaded: mvs's loop and store. With a K
-// split the block synchronizes again after the store, before `red` is reused by the next item.
-template <int R>
-__device__ __forceinline__ void mvs_finish(const MvsItem<R>& it, uint4 (&qv)[MVS_U][R],
-                                           u16 (&dv)[MVS_U][R], const AQ8* __restrict__ X,
-                                           int split) {
-    int lane = threadIdx.x & 31;
-    float acc[R];
-#pragma unroll
-    for (int q = 0; q < R; q++) acc[q] = 0.0f;
-    for (int b0 = it.lo + lane; b0 < it.hi; b0 += 32 * MVS_U) {
-#pragma unroll
-        for (int u = 0; u < MVS_U; u++) {
-            int b = b0 + 32 * u;
-            if (b < it.hi) {
-                int aq[8], asum;
-                float ad, as;
-                load_aq8<true>(X + b, ad, as, asum, aq);
-#pragma unroll
-                for (int q = 0; q < R; q++) {
-                    u32 w4[4] = {qv[u][q].x, qv[u][q].y, qv[u][q].z, qv[u][q].w};
-                    int isum = 0;
-#pragma unroll
-                    for (int k = 0; k < 4; k++) {
-                        isum = dp4a((int)(w4[k] & 0x0F0F0F0Fu), aq[k], isum);
-                        isum = dp4a((int)((w4[k] >> 4) & 0x0F0F0F0Fu), aq[4 + k], isum);
-                    }
-                    isum -= 8 * asum;
-                    acc[q] += (float)isum * (h2f(dv[u][q]) * ad);
-                }
-            }
-        }
-        mvs_load<R>(qv, dv, it.wq, it.wd, b0 + 32 * MVS_U, it.hi);
-    }
-    mv_store<R, false>(acc, acc, it.Y, it.r0, it.rows, it.part, split);
-    if (split > 1) __syncthreads();
-}
-template <int R>
-__device__ __forceinline__ void mvs_p(const u8* W0, const u8* W1, const u8* W2,
-                                      const AQ8* __restrict__ X, float* Y0, float* Y1, float* Y2,
-                                      int n0, int n1, int n2, int nb, int split) {
-    int lane = threadIdx.x & 31;
-    int rpb = WARPS * R / split;
-    int total = (n0 + rpb - 1) / rpb + (n1 + rpb - 1) / rpb + (n2 + rpb - 1) / rpb;
-    MvsItem<R> a, b;
-    uint4 qa[MVS_U][R], qb[MVS_U][R];
-    u16 da[MVS_U][R], db[MVS_U][R];
-    int item = blockIdx.x;
-    if (item < total) {
-        mvs_item<R>(a, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, item);
-        mvs_load<R>(qa, da, a.wq, a.wd, a.lo + lane, a.hi);
-    }
-    MV_RESUME();
-    // (item is the same for the whole block, so every warp runs the same stores and barriers.)
-    while (item < total) {
-        int next = item + gridDim.x;
-        if (next < total) {
-            mvs_item<R>(b, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, next);
-            mvs_load<R>(qb, db, b.wq, b.wd, b.lo + lane, b.hi);
-        }
-        mvs_finish<R>(a, qa, da, X, split);
-        if (next >= total) break;
-        item = next + gridDim.x;
-        if (item < total) {
-            mvs_item<R>(a, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, item);
-            mvs_load<R>(qa, da, a.wq, a.wd, a.lo + lane, a.hi);
-        }
-        mvs_finish<R>(b, qb, db, X, split);
-    }
-}
-extern "C" __global__ void mv_q4_0s_p(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvs_p<2>(W, nullptr, nullptr, X, Y, nullptr, nullptr, rows, 0, 0, nb, split); }
-extern "C" __global__ void mv_q4_0s_x3_p(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mvs_p<2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
-
-// The same for the split-row k-quants (Q4_K, Q6_K: mvks's arithmetic and order).
-template <int T, int R>
-struct MvksItem {
-    const u8* wr[R];
-    float* Y;
-    int rows, r0, part, lo, hi;
-};
-template <int T, int R>
-__device__ __forceinline__ void mvks_item(MvksItem<T, R>& it, const u8* W0, const u8* W1,
-                                          const u8* W2, float* Y0, float* Y1, float* Y2, int n0,
-                                          int n1, int n2, int nb, int split, int item) {
-    int rpb = WARPS * R / split;
-    int b0 = (n0 + rpb - 1) / rpb, b1 = (n1 + rpb - 1) / rpb;
-    const u8* W = W0;
-    it.Y = Y0;
-    it.rows = n0;
-    if (item >= b0 + b1) {
-        W = W2; it.Y = Y2; it.rows = n2; item -= b0 + b1;
-    } else if (item >= b0) {
-        W = W1; it.Y = Y1; it.rows = n1; item -= b0;
-    }
-    mv_part<1>(item, R, split, nb * 8, it.r0, it.part, it.lo, it.hi);
-#pragma unroll
-    for (int q = 0; q < R; q++) it.wr[q] = W + (size_t)min(it.r0 + q, it.rows - 1) * nb * BK<T>::BYTES;
-    if (it.r0 >= it.rows) it.hi = it.lo;
-}
-template <int T, int R>
-__device__ __forceinline__ void mvks_finish(const MvksItem<T, R>& it,
-                                            uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)[MVKS_U(R)][R],
-                                            const AQ8K* __restrict__ X, int nb, int split) {
-    int lane = threadIdx.x & 31;
-    float acc[R];
-#pragma unroll
-    for (int q = 0; q < R; q++) acc[q] = 0.0f;
-    for (int it0 = it.lo + lane; it0 < it.hi; it0 += 32 * MVKS_U(R)) {
-        mvks_round<T, R, true>(qv, hd, X, it0, it.hi, acc);
-        mvks_load<T, R>(qv, hd, it.wr, nb, it0 + 32 * MVKS_U(R), it.hi);
-    }
-    mv_store<R, false>(acc, acc, it.Y, it.r0, it.rows, it.part, split);
-    if (split > 1) __syncthreads();
-}
-template <int T, int R>
-__device__ __forceinline__ void mvks_p(const u8* W0, const u8* W1, const u8* W2,
-                                       const AQ8K* __restrict__ X, float* Y0, float* Y1,
-                                       float* Y2, int n0, int n1, int n2, int nb, int split) {
-    int lane = threadIdx.x & 31;
-    int rpb = WARPS * R / split;
-    int total = (n0 + rpb - 1) / rpb + (n1 + rpb - 1) / rpb + (n2 + rpb - 1) / rpb;
-    MvksItem<T, R> a, b;
-    uint4 qa[MVKS_U(R)][R], ha[MVKS_U(R)][R], qb[MVKS_U(R)][R], hb[MVKS_U(R)][R];
-    int item = blockIdx.x;
-    if (item < total) {
-        mvks_item<T, R>(a, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, item);
-        mvks_load<T, R>(qa, ha, a.wr, nb, a.lo + lane, a.hi);
-    }
-    MV_RESUME();
-    while (item < total) {
-        int next = item + gridDim.x;
-        if (next < total) {
-            mvks_item<T, R>(b, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, next);
-            mvks_load<T, R>(qb, hb, b.wr, nb, b.lo + lane, b.hi);
-        }
-        mvks_finish<T, R>(a, qa, ha, X, nb, split);
-        if (next >= total) break;
-        item = next + gridDim.x;
-        if (item < total) {
-            mvks_item<T, R>(a, W0, W1, W2, Y0, Y1, Y2, n0, n1, n2, nb, split, item);
-            mvks_load<T, R>(qa, ha, a.wr, nb, a.lo + lane, a.hi);
-        }
-        mvks_finish<T, R>(b, qb, hb, X, nb, split);
-    }
-}
-#define MVKS_P(T, NAME) \
-    extern "C" __global__ void NAME##_p(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvks_p<T, 2>(W, nullptr, nullptr, X, Y, nullptr, nullptr, rows, 0, 0, nb, split); } \
-    extern "C" __global__ void NAME##_x3_p(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mvks_p<T, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
-MVKS_P(112, mv_q4_ks)
-MVKS_P(114, mv_q6_ks)

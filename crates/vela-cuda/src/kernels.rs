@@ -38,12 +38,6 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
     (
         "quant",
         &[
-            "mv_q4_0s_p",
-            "mv_q4_0s_x3_p",
-            "mv_q4_ks_p",
-            "mv_q4_ks_x3_p",
-            "mv_q6_ks_p",
-            "mv_q6_ks_x3_p",
             "mv_mix32_x3",
             "mv_mix32_x3b",
             "mv_mixk_x3",
@@ -381,41 +375,23 @@ mod tests {
                 // (MV_ENTRY / MV_RESUME in kernels/matvec.cu, checked below).
                 assert!(
                     body.starts_with("PDL_ENTRY();")
-                        || (src.contains("#define MV_ENTRY()") && body.starts_with("MV_ENTRY();"))
-                        || (src.contains("#define FD_ENTRY()") && body.starts_with("FD_ENTRY();")),
+                        || (src.contains("#define MV_ENTRY()") && body.starts_with("MV_ENTRY();")),
                     "{name}: kernel {head}... does not start with PDL_ENTRY()"
                 );
                 n += 1;
             }
         }
         assert!(n > 40, "only {n} kernels found");
-        // Every product the matvec kernels call (mv32, mvs, mvk, mvks, mvs_p, mvks_p) reaches
-        // MV_RESUME once.
+        // Every product the matvec kernels call (mv32, mvs, mvk, mvks) reaches MV_RESUME once.
         let mv = GROUPS
             .iter()
             .map(|(_, s)| *s)
             .find(|s| s.contains("#define MV_ENTRY()"))
             .expect("the matvec source");
-        for f in ["mv32(", "mvs(", "mvk(", "mvks(", "mvs_p(", "mvks_p("] {
+        for f in ["mv32(", "mvs(", "mvk(", "mvks("] {
             let at = mv.find(&format!("void {f}")).expect(f);
             let end = at + mv[at..].find("\n}\n").expect("end of function");
             assert_eq!(mv[at..end].matches("MV_RESUME();").count(), 1, "{f}");
         }
-        // The tensor-core decode attention (FD_ENTRY) reaches FD_RESUME once, before any read
-        // of the cache or the queries (only its positions and the L2 prefetch come earlier).
-        let fd = GROUPS
-            .iter()
-            .map(|(_, s)| *s)
-            .find(|s| s.contains("#define FD_ENTRY()"))
-            .expect("the flash source");
-        let at = fd
-            .find("__device__ void flash_decode(")
-            .expect("flash_decode");
-        let end = at + fd[at..].find("\n}\n").expect("end of flash_decode");
-        let body = &fd[at..end];
-        assert_eq!(body.matches("FD_RESUME();").count(), 1);
-        let resume = body.find("FD_RESUME();").unwrap();
-        assert!(body.find("fd_issue<D>(").unwrap() > resume);
-        assert!(body.find("q + ((size_t)t").unwrap() > resume);
     }
 }

@@ -214,13 +214,6 @@ pub struct CudaBackend {
     /// Rows per warp of the one-token matvec (`mv_rows` in matmul.rs): 0 one, 1 auto (default),
     /// 2 two (`VELA_CUDA_MV_ROWS=1|auto|2`).
     mv_rows_mode: std::sync::atomic::AtomicU32,
-    /// Persistent split-row one-token products (`mv_{q4_0s,q4_ks,q6_ks}_p` and `_x3_p`): this
-    /// many blocks per SM, 0 off (default; `VELA_CUDA_MV_PERSIST=N`, opt-in, matmul.rs).
-    mv_persist: std::sync::atomic::AtomicU32,
-    /// Streaming multiprocessors of the device.
-    sms: u32,
-    /// Resident blocks per SM of each persistent product kernel (`*_p`; the driver's occupancy).
-    persist_occ: HashMap<&'static str, u32>,
     /// Split-K decode attention parts, second version (default; `VELA_CUDA_ATTN_PART=1` off).
     attn_part_v2: AtomicBool,
     /// Programmatic dependent launch (sm_90+, default on; `VELA_CUDA_PDL=0` off; graph.rs).
@@ -344,21 +337,6 @@ impl CudaBackend {
         let argmax_cand = stream.alloc_zeros::<f32>(2)?;
         let attn_part = stream.alloc_zeros::<f32>(1)?;
         let fdec = attn::FlashDecode::new(&ctx, &stream)?;
-        let sms = ctx
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| anyhow!("querying the SM count: {e:?}"))?
-            .max(1) as u32;
-        // Resident blocks per SM of the persistent products (their grids stay within one wave).
-        let persist_occ = funcs
-            .iter()
-            .filter(|(n, _)| n.starts_with("mv_") && n.ends_with("_p"))
-            .map(|(n, f)| {
-                let occ = f
-                    .occupancy_max_active_blocks_per_multiprocessor(32 * MM_WARPS, 0, None)
-                    .unwrap_or(1);
-                (*n, occ.max(1))
-            })
-            .collect();
         let env = |k: &str| std::env::var(k).unwrap_or_default();
         let (nm, nn) = nvrtc.version()?;
         Ok(CudaBackend {
@@ -404,11 +382,6 @@ impl CudaBackend {
                     _ => 1,
                 },
             ),
-            mv_persist: std::sync::atomic::AtomicU32::new(
-                env("VELA_CUDA_MV_PERSIST").parse().unwrap_or(0),
-            ),
-            sms,
-            persist_occ,
             attn_part_v2: AtomicBool::new(env("VELA_CUDA_ATTN_PART") != "1"),
             pdl: AtomicBool::new(arch >= 90 && env("VELA_CUDA_PDL") != "0"),
             repack: AtomicBool::new(env("VELA_CUDA_REPACK") != "0"),

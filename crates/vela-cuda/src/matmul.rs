@@ -87,10 +87,7 @@ impl CudaBackend {
                     (_, true) => format!("mv_{suffix}_u2"),
                     _ => format!("mv_{suffix}"),
                 };
-                match self.persist_grid(suffix, false, r, grid.0) {
-                    Some((p, g)) => self.launch(&p, (g, 1, 1), 32 * MM_WARPS, &args),
-                    None => self.launch(&name, grid, 32 * MM_WARPS, &args),
-                }
+                self.launch(&name, grid, 32 * MM_WARPS, &args);
                 continue;
             }
             let tt = if n == 1 { 1 } else { 8 };
@@ -356,29 +353,8 @@ impl CudaBackend {
             }
             None => format!("mv_{suffix}_x3{}", if r == 2 { "_r2" } else { "" }),
         };
-        match self
-            .persist_grid(suffix, true, r, blocks)
-            .filter(|_| codes.is_none())
-        {
-            Some((p, g)) => self.launch(&p, (g, 1, 1), 32 * MM_WARPS, &args),
-            None => self.launch(&name, (blocks, 1, 1), 32 * MM_WARPS, &args),
-        }
+        self.launch(&name, (blocks, 1, 1), 32 * MM_WARPS, &args);
         true
-    }
-
-    /// The persistent split-row kernel (`mv_{q4_0s,q4_ks,q6_ks}_p` or `_x3_p`, two rows per warp)
-    /// and its grid for a product of `items` blocks, when they are switched on
-    /// (`VELA_CUDA_MV_PERSIST` blocks per SM, at most as many as are resident at once) and take
-    /// it.
-    fn persist_grid(&self, suffix: &str, x3: bool, r: u32, items: u32) -> Option<(String, u32)> {
-        let per_sm = self.mv_persist.load(Ordering::Relaxed);
-        if per_sm == 0 || r != 2 || !matches!(suffix, "q4_0s" | "q4_ks" | "q6_ks") {
-            return None;
-        }
-        let name = format!("mv_{suffix}{}_p", if x3 { "_x3" } else { "" });
-        let occ = self.persist_occ.get(name.as_str()).copied().unwrap_or(1);
-        let grid = items.min(per_sm.min(occ).saturating_mul(self.sms)).max(1);
-        Some((name, grid))
     }
 
     /// See `Backend::act_mul_matmul`: one `act_q8*` launch computes the gated activation and

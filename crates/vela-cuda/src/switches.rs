@@ -69,13 +69,6 @@ impl CudaBackend {
         self.repack.store(on, Ordering::Relaxed);
     }
 
-    /// Persistent split-row (Q4_0, Q4_K, Q6_K) one-token products with `n` blocks per SM (0:
-    /// off, the default; `VELA_CUDA_MV_PERSIST=n`).
-    pub fn set_mv_persist(&self, n: u32) {
-        self.flush_recording();
-        self.mv_persist.store(n, Ordering::Relaxed);
-    }
-
     /// One-token products of different weight types (sharing the activation kind) in one
     /// `mv_mix*_x3` launch on or off (default on; `VELA_CUDA_MIXED_X3=0` off).
     pub fn set_mixed_x3(&self, on: bool) {

@@ -1,8 +1,6 @@
 //! One-token products of different weight types in one launch (`mv_mix*_x3`, default;
 //! `VELA_CUDA_MIXED_X3=0` off) and the Q/K/V biases added by them (`mv_mix*_x3b`, default;
-//! `VELA_CUDA_BIAS_FUSE=0` off): the same bits as separate products and `add_bias`. And the
-//! persistent split-row products (`mv_*_p`, opt-in `VELA_CUDA_MV_PERSIST`): the same bits as the
-//! normal launches.
+//! `VELA_CUDA_BIAS_FUSE=0` off): the same bits as separate products and `add_bias`.
 
 use super::*;
 
@@ -105,104 +103,4 @@ fn mixed_x3_and_bias_equal_separate_products() {
             }
         }
     }
-}
-
-/// The persistent split-row products (`mv_{q4_0s,q4_ks,q6_ks}_p` and `_x3_p`, opt-in
-/// `VELA_CUDA_MV_PERSIST`) against the normal launches: the same bits with 1, 2 and 3 blocks per
-/// SM, K splits of 1, 2 and 4 warps per row (the shared-memory part sums, reused from item to
-/// item), rows that do not fill the last item (also before a weight boundary of an x3 launch),
-/// and more items than blocks (each block then runs several, alternating its two register sets).
-#[test]
-fn persistent_split_rows_equal_normal() {
-    let Some(g) = gpu() else { return };
-    let cpu = CpuBackend::new(0);
-    let mut rng = Rng(0x0308_0001);
-    // Two rows per warp everywhere (the persistent kernels' only form).
-    g.set_mv_rows_mode(2);
-    for ty in [GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q6_K] {
-        // (Split rows: Q4_0 rows of a multiple of 256, Q6_K of 2,048.)
-        let small = if ty == GgmlType::Q6_K { 2048 } else { 1024 };
-        let singles = [
-            (2052usize, 4096usize),
-            (1000, small),
-            (333, 14336),
-            (8200, 2048),
-        ];
-        let singles: Vec<_> = singles
-            .iter()
-            .map(|&(rows, cols)| {
-                let (w, _) = upload_random(&g, &cpu, ty, rows, cols, &mut rng);
-                assert!(
-                    w.is_split_rows(),
-                    "{} {rows}x{cols} not in split rows",
-                    ty.name()
-                );
-                (w, up(&g, &rng.vec(cols)), rows, cols)
-            })
-            .collect();
-        // Two and three products in one launch (Q/K/V and gate/up shapes).
-        let multis = [
-            (vec![2044usize, 508, 508], 4096usize),
-            (vec![1000, 124, 124], small),
-            (vec![3000, 3000], 4096),
-        ];
-        let multis: Vec<_> = multis
-            .iter()
-            .map(|(rows, cols)| {
-                let ws: Vec<_> = rows
-                    .iter()
-                    .map(|&r| upload_random(&g, &cpu, ty, r, *cols, &mut rng).0)
-                    .collect();
-                (ws, up(&g, &rng.vec(*cols)), rows.clone(), *cols)
-            })
-            .collect();
-        for split in [1u32, 2, 4] {
-            g.set_mv_split(split);
-            for (w, x, rows, cols) in &singles {
-                let mut outs = Vec::new();
-                for per_sm in [0u32, 1, 2, 3] {
-                    g.set_mv_persist(per_sm);
-                    let mut y = g.alloc(*rows);
-                    g.matmul(w, x, 1, &mut y);
-                    outs.push(down(&g, &y, *rows));
-                }
-                for (i, o) in outs.iter().enumerate().skip(1) {
-                    let what = format!(
-                        "persistent {} {rows}x{cols} split {split}, {i} blocks per SM",
-                        ty.name()
-                    );
-                    check(&what, o, &outs[0], 0.0);
-                }
-            }
-            for (ws, x, rows, cols) in &multis {
-                let mut outs = Vec::new();
-                for per_sm in [0u32, 1, 3] {
-                    g.set_mv_persist(per_sm);
-                    let mut ys: Vec<_> = rows.iter().map(|&r| g.alloc(r)).collect();
-                    {
-                        let wr: Vec<&vela_cuda::CudaWeight> = ws.iter().collect();
-                        let mut yr: Vec<&mut vela_cuda::CudaBuf> = ys.iter_mut().collect();
-                        g.matmul_many(&wr, x, 1, &mut yr);
-                    }
-                    let y: Vec<Vec<f32>> =
-                        ys.iter().zip(rows).map(|(y, &r)| down(&g, y, r)).collect();
-                    outs.push(y);
-                }
-                for (i, per_sm) in [(1, 1), (2, 3)] {
-                    for (j, r) in rows.iter().enumerate() {
-                        let what = format!(
-                            "persistent {} x{} {r}x{cols} product {j} split {split}, {per_sm} per SM",
-                            ty.name(),
-                            rows.len()
-                        );
-                        check(&what, &outs[i][j], &outs[0][j], 0.0);
-                    }
-                }
-            }
-        }
-    }
-    // (Back to the defaults.)
-    g.set_mv_persist(0);
-    g.set_mv_split(0);
-    g.set_mv_rows_mode(1);
 }
