@@ -62,10 +62,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     // spins up threads, loads a GPU's prefill kernels) and two decode steps (capture the GPU's
     // decode-step graph).
     session.eval(&rand_tokens(a.n_prompt.max(8).min(session.ubatch())))?;
-    let mut tok = rand_tokens(1)[0];
-    for _ in 0..2 {
-        tok = session.eval_argmax(&[tok])?;
-    }
+    vela_engine::generate::greedy_steps(&mut session, rand_tokens(1)[0], 3)?;
     session.reset();
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     for _ in 0..a.reps {
@@ -81,12 +78,11 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             if a.depth > 0 {
                 session.eval(&rand_tokens(a.depth))?;
             }
-            let mut tok = rand_tokens(1)[0];
+            let tok = rand_tokens(1)[0];
             let t = Instant::now();
-            for _ in 0..a.n_gen {
-                // Greedy on the backend (a GPU copies back one id, not the vocabulary).
-                tok = session.eval_argmax(&[tok])?;
-            }
+            // Greedy on the backend (a GPU copies back one id, not the vocabulary), each step
+            // launched before the previous id is read back, as `vela run` decodes greedily.
+            vela_engine::generate::greedy_steps(&mut session, tok, a.n_gen)?;
             tg.push(a.n_gen as f64 / t.elapsed().as_secs_f64());
         }
     }

@@ -367,6 +367,27 @@ pub trait Backend: Send + Sync {
     }
     /// Run what was recorded since [`Backend::decode_step_begin`].
     fn decode_step_end(&self) {}
+    /// Pipelined greedy decoding: start recording a one-token step at `pos` whose token is the
+    /// id the last [`Backend::argmax_start`] (made in the step at `pos - 1`) left on the device,
+    /// before the host has read it back; the step's ops get [`DEVICE_TOKEN`] as the token id.
+    /// Returns false (and starts nothing) when the backend cannot: no recording, no such id on
+    /// the device, or pipelining switched off. The default never can.
+    fn decode_step_begin_chained(&self, _pos: u32) -> bool {
+        false
+    }
+    /// The argmax of the one logits row `x` of `width` elements ([`Backend::argmax_rows`]'s
+    /// semantics) without waiting for it: ends the step being recorded, keeps the id on the
+    /// device for a [`Backend::decode_step_begin_chained`] step and starts copying it back.
+    /// Returns the ticket to pass to [`Backend::argmax_finish`] (at most
+    /// [`ARGMAX_TICKETS`] may be outstanding), or `None` when the backend does not pipeline
+    /// (the default): then nothing was launched and the step is still being recorded.
+    fn argmax_start(&self, _x: &Self::Buf, _width: usize) -> Option<u64> {
+        None
+    }
+    /// The id of an [`Backend::argmax_start`] ticket (waits until it is on the host).
+    fn argmax_finish(&self, ticket: u64) -> Result<u32> {
+        anyhow::bail!("argmax ticket {ticket}: this backend does not pipeline decode steps")
+    }
     /// Index of the largest element of each of the `n_rows` rows of `width` elements: the lowest
     /// index among equal maxima, NaNs skipped (a row of NaNs gives 0). A GPU computes it on the
     /// device and copies back only the indices.
@@ -393,6 +414,13 @@ pub trait Backend: Send + Sync {
             .collect()
     }
 }
+
+/// The token id a [`Backend::decode_step_begin_chained`] step passes to its ops: the step's token
+/// is on the device (never a vocabulary id).
+pub const DEVICE_TOKEN: u32 = u32::MAX;
+
+/// Most [`Backend::argmax_start`] tickets that may be outstanding at once.
+pub const ARGMAX_TICKETS: u64 = 4;
 
 /// Index of the largest element: the lowest index among equal maxima, NaNs skipped (all NaN or
 /// empty: 0). The semantics of [`Backend::argmax_rows`] on every backend.

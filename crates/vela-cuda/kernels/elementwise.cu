@@ -197,6 +197,23 @@ extern "C" __global__ void argmax_final(const float* __restrict__ cv, const int*
     if (threadIdx.x == 0) out[blockIdx.x] = bi == 0x7fffffff ? 0u : (u32)bi;
 }
 
+// argmax_final of one row that also hands the id to the next decode step: io[0] = the id (its
+// token), io[1] += 1 (its position; graph.rs, pipelined greedy decoding).
+extern "C" __global__ void argmax_final_io(const float* __restrict__ cv, const int* __restrict__ ci,
+                                           int n_cand, u32* __restrict__ out, u32* io) {
+    PDL_ENTRY();
+    float best = NEG_INF;
+    int bi = 0x7fffffff;
+    for (int c = threadIdx.x; c < n_cand; c += blockDim.x) argmax_merge(best, bi, cv[c], ci[c]);
+    argmax_block(best, bi);
+    if (threadIdx.x == 0) {
+        u32 id = bi == 0x7fffffff ? 0u : (u32)bi;
+        out[0] = id;
+        io[0] = id;
+        io[1] += 1;
+    }
+}
+
 // RoPE of q and k plus the KV-cache store of the rotated k and of v, one launch: block (t, 0)
 // rotates q's row t, block (t, 1) rotates k's row t and stores it, block (t, 2) stores v's row t
 // (slot = position % capacity; f16 caches round to nearest even like kv_store).

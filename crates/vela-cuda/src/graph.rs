@@ -52,6 +52,20 @@ pub(crate) struct Recorder {
     pub began: Option<std::time::Instant>,
     pub replay_host_ns: u64,
     pub replay_launches: u64,
+    /// The position whose token the last recorded `argmax_start` left in `io` (with the
+    /// position itself): a `step_begin_chained` at exactly this position may read both from
+    /// there. Cleared by every upload into `io`.
+    pub chain: Option<u32>,
+}
+
+impl Recorder {
+    fn start(&mut self, token: u32, pos: u32, began: std::time::Instant) {
+        self.active = true;
+        self.token = token;
+        self.pos = pos;
+        self.began = Some(began);
+        self.ops.clear();
+    }
 }
 
 // SAFETY: the graphs are only launched from the backend under its recorder mutex; CUDA graph
@@ -162,12 +176,37 @@ impl CudaBackend {
         }
         drop(io);
         let mut r = self.recorder();
-        r.active = true;
-        r.token = token;
-        r.pos = pos;
-        r.began = Some(began);
-        r.ops.clear();
+        r.chain = None;
+        r.start(token, pos, began);
         true
+    }
+
+    /// Start recording a step at `pos` whose token the previous recorded `argmax_start` left in
+    /// `io` (`vela_compute::DEVICE_TOKEN` stands for it); false when there is none for `pos`.
+    pub(crate) fn step_begin_chained(&self, pos: u32) -> bool {
+        if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        let began = std::time::Instant::now();
+        self.flush_recording();
+        let mut r = self.recorder();
+        if r.chain != Some(pos) {
+            return false;
+        }
+        r.chain = None;
+        r.start(vela_compute::DEVICE_TOKEN, pos, began);
+        true
+    }
+
+    /// The position of the step being recorded, if one is.
+    pub(crate) fn recording_pos(&self) -> Option<u32> {
+        let r = self.recorder();
+        r.active.then_some(r.pos)
+    }
+
+    /// See [`Recorder::chain`].
+    pub(crate) fn set_chain(&self, pos: Option<u32>) {
+        self.recorder().chain = pos;
     }
 
     /// Run what was recorded since [`Self::step_begin`] (no-op when nothing is recorded).

@@ -206,6 +206,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "copy_f32",
             "argmax_part",
             "argmax_final",
+            "argmax_final_io",
         ],
     ),
     (

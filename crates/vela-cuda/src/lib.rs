@@ -10,6 +10,7 @@
 //! it and use exact integer block dot products, RMSNorm sums squares in f64, RoPE builds its
 //! angles by repeated f32 multiplication with the same host-computed ratio.
 
+mod argmax;
 mod attn;
 mod cublas;
 mod gemm;
@@ -187,6 +188,8 @@ pub struct CudaBackend {
     /// Device output of `argmax_rows` and its per-chunk candidates (values, then indices); also
     /// the row records and part candidates of the device top-k (sample.rs), under the same lock.
     argmax_out: Mutex<(CudaSlice<u32>, CudaSlice<f32>)>,
+    /// Pipelined greedy decoding's host slots (argmax.rs).
+    pipe: Mutex<argmax::Pipe>,
     upload: upload::Upload,
     /// cuBLAS prefill (gemm.rs): smallest batch (`VELA_CUDA_GEMM_MIN`, 0 = off) and state.
     gemm_min: AtomicUsize,
@@ -365,6 +368,7 @@ impl CudaBackend {
             io_ptr,
             rope_factors: Mutex::new(Vec::new()),
             argmax_out: Mutex::new((argmax_out, argmax_cand)),
+            pipe: Mutex::new(argmax::Pipe::new()),
             upload: upload::Upload::default(),
             gemm_min: AtomicUsize::new(
                 env("VELA_CUDA_GEMM_MIN")
@@ -678,7 +682,11 @@ impl Backend for CudaBackend {
     }
 
     fn get_rows(&self, w: &CudaWeight, ids: &[u32], scale: f32, out: &mut CudaBuf) -> Result<()> {
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= w.rows) {
+        // A recorded decode step reads its token from the device `io` buffer (a chained step's
+        // token, `DEVICE_TOKEN`, is an argmax over the vocabulary, in range).
+        let recorded = self.recorded_token(ids);
+        let on_device = recorded.is_some() && ids == [vela_compute::DEVICE_TOKEN];
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= w.rows && !on_device) {
             bail!(
                 "token id {id} is out of range (vocabulary has {} entries)",
                 w.rows
@@ -691,8 +699,7 @@ impl Backend for CudaBackend {
             bail!("get_rows: output buffer too small");
         }
         let (suffix, _) = w.info();
-        // A recorded decode step reads its token from the device `io` buffer.
-        let d_ids = match self.recorded_token(ids) {
+        let d_ids = match recorded {
             Some(p) => (p, None),
             None => {
                 let d = self.stream.clone_htod(ids)?;
@@ -965,50 +972,19 @@ impl Backend for CudaBackend {
     }
 
     fn argmax_rows(&self, x: &CudaBuf, n_rows: usize, width: usize) -> Vec<u32> {
-        if n_rows == 0 || width == 0 {
-            return vec![0; n_rows];
-        }
-        assert!(x.len() >= n_rows * width, "argmax_rows: buffer too small");
-        let mut guard = self.argmax_out.lock().unwrap_or_else(|e| e.into_inner());
-        let (out, cand) = &mut *guard;
-        if out.len() < n_rows {
-            *out = self
-                .stream
-                .alloc_zeros::<u32>(n_rows.next_power_of_two())
-                .expect("CUDA alloc of argmax output");
-        }
-        // ARGMAX_CHUNK (elementwise.cu) elements per candidate.
-        let chunks = width.div_ceil(1024);
-        let n_cand = n_rows * chunks;
-        if cand.len() < 2 * n_cand {
-            *cand = self
-                .stream
-                .alloc_zeros::<f32>((2 * n_cand).next_power_of_two())
-                .expect("CUDA alloc of argmax candidates");
-        }
-        let (cv, ci) = (self.ptr(&*cand), self.ptr(&*cand) + 4 * n_cand as u64);
-        let args = [
-            Arg::P(self.ptr(x)),
-            Arg::I(width as i32),
-            Arg::P(cv),
-            Arg::P(ci),
-        ];
-        self.launch("argmax_part", (chunks as u32, n_rows as u32, 1), 256, &args);
-        let args = [
-            Arg::P(cv),
-            Arg::P(ci),
-            Arg::I(chunks as i32),
-            Arg::P(self.ptr(&*out)),
-        ];
-        let threads = (chunks.div_ceil(32) * 32).clamp(32, 1024) as u32;
-        self.launch("argmax_final", (n_rows as u32, 1, 1), threads, &args);
-        self.flush_recording();
-        let mut ids = vec![0u32; n_rows];
-        self.stream
-            .memcpy_dtoh(&out.slice(0..n_rows), &mut ids)
-            .expect("CUDA download of argmax");
-        self.stream.synchronize().expect("CUDA synchronize");
-        ids
+        self.argmax_rows_device(x, n_rows, width)
+    }
+
+    fn decode_step_begin_chained(&self, pos: u32) -> bool {
+        self.pipe.lock().unwrap_or_else(|e| e.into_inner()).on && self.step_begin_chained(pos)
+    }
+
+    fn argmax_start(&self, x: &CudaBuf, width: usize) -> Option<u64> {
+        self.argmax_start_device(x, width)
+    }
+
+    fn argmax_finish(&self, ticket: u64) -> Result<u32> {
+        self.argmax_finish_device(ticket)
     }
 
     fn top_k_rows(

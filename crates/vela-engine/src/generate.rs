@@ -2,7 +2,7 @@
 //! stop condition or the token limit.
 
 use crate::sampler::Sampler;
-use crate::session::Session;
+use crate::session::{PendingArgmax, Session, StepInput};
 use anyhow::{bail, Result};
 
 /// The most candidates sampled generation asks the backend to select per step (the CUDA
@@ -55,10 +55,9 @@ pub fn generate(
         sampler.accept(t);
     }
     if sampler.cfg.is_plain_greedy() {
-        // Only the token ids come back from the backend (device argmax on a GPU).
-        return decode(session, prompt, opts, on_token, &mut |s, toks| {
-            s.eval_argmax(toks)
-        });
+        // Only the token ids come back from the backend (device argmax on a GPU), and each step
+        // is launched before the previous token is read back.
+        return decode_greedy(session, prompt, opts, on_token);
     }
     if let Some(k) = sampler.device_top_k(SAMPLE_TOP_K_CAP) {
         // Only the k best tokens and the row's statistics come back from the backend (selected
@@ -103,4 +102,83 @@ fn decode(
         }
         tok = next(session, &[tok])?;
     }
+}
+
+/// [`decode`] for plain greedy decoding, pipelined ([`Session::argmax_start`]): the step of the
+/// next token is started before the current token is read back and handled, whenever the limits
+/// leave room for it. If the current token ends generation, that step is dropped
+/// ([`Session::argmax_discard`]). The tokens, the reasons and the session's tokens are the same
+/// as [`decode`]'s with `eval_argmax`.
+fn decode_greedy(
+    session: &mut Session,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, FinishReason)> {
+    let mut tok = session.eval_argmax(prompt)?;
+    let mut out = Vec::new();
+    // The step whose input is `tok`, started before `tok` was known.
+    let mut ahead: Option<PendingArgmax> = None;
+    loop {
+        let reason = if (opts.is_eog)(tok) {
+            Some(FinishReason::Stop)
+        } else {
+            out.push(tok);
+            if !on_token(tok) {
+                Some(FinishReason::Cancelled)
+            } else if ahead.is_none()
+                && (out.len() >= opts.max_tokens || session.n_past() + 1 >= session.n_ctx())
+            {
+                // (A started step was started only if these limits leave room for it.)
+                Some(FinishReason::Length)
+            } else {
+                None
+            }
+        };
+        if let Some(r) = reason {
+            if let Some(a) = ahead {
+                session.argmax_discard(a);
+            }
+            return Ok((out, r));
+        }
+        let mut cur = match ahead.take() {
+            Some(a) => a,
+            None => session.argmax_start(StepInput::Token(tok))?,
+        };
+        // The step after `cur`, whose token `cur` computes: needed unless that token ends
+        // generation, so started now, while the device still runs `cur`.
+        if out.len() + 1 < opts.max_tokens && session.n_past() + 1 < session.n_ctx() {
+            match session.argmax_start(StepInput::After(&mut cur)) {
+                Ok(a) => ahead = Some(a),
+                Err(e) => {
+                    let _ = session.argmax_finish(cur);
+                    return Err(e);
+                }
+            }
+        }
+        tok = match session.argmax_finish(cur) {
+            Ok(t) => t,
+            Err(e) => {
+                if let Some(a) = ahead {
+                    session.argmax_discard(a);
+                }
+                return Err(e);
+            }
+        };
+    }
+}
+
+/// Evaluate `first` and then each greedy result, `n` steps in all, pipelined like
+/// [`generate`]'s greedy decoding (no end token or other stop); returns the last step's result
+/// (not evaluated). What `vela bench` times as text generation.
+pub fn greedy_steps(session: &mut Session, first: u32, n: usize) -> Result<u32> {
+    if n == 0 {
+        return Ok(first);
+    }
+    let mut cur = session.argmax_start(StepInput::Token(first))?;
+    for _ in 1..n {
+        let next = session.argmax_start(StepInput::After(&mut cur))?;
+        session.argmax_finish(std::mem::replace(&mut cur, next))?;
+    }
+    session.argmax_finish(cur)
 }

@@ -9,4 +9,4 @@ pub mod speculative;
 
 pub use generate::{generate, FinishReason, GenerateOptions};
 pub use sampler::{Sampler, SamplerConfig};
-pub use session::{Checkpoint, EvalOutcome, Session, SessionOptions};
+pub use session::{Checkpoint, EvalOutcome, PendingArgmax, Session, SessionOptions, StepInput};

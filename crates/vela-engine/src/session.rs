@@ -1,7 +1,7 @@
 //! A sequence being evaluated: its KV cache, the tokens in it, chunked prefill and
 //! checkpoint/restore (the prefix cache and speculative decoding build on these).
 
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use std::any::Any;
 use std::sync::Arc;
 use vela_compute::{KvType, TopK};
@@ -29,6 +29,34 @@ impl Default for SessionOptions {
 
 /// What [`Session::eval_with`] reports after each chunk; returning `false` cancels.
 pub type Progress<'a> = &'a mut dyn FnMut(usize, usize) -> bool;
+
+/// The token of a step whose input is still being computed ([`Session::argmax_start`]).
+const PLACEHOLDER: u32 = vela_compute::DEVICE_TOKEN;
+
+/// The input of [`Session::argmax_start`].
+pub enum StepInput<'a> {
+    /// A token known on the host.
+    Token(u32),
+    /// The result of this step, started right before and not finished yet.
+    After(&'a mut PendingArgmax),
+}
+
+/// A greedy step started by [`Session::argmax_start`]: finish it with
+/// [`Session::argmax_finish`] or drop it with [`Session::argmax_discard`].
+#[derive(Debug)]
+pub struct PendingArgmax {
+    /// Position of its input token.
+    pos: usize,
+    result: StepResult,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum StepResult {
+    /// Computed already (a backend that does not pipeline).
+    Ready(u32),
+    /// On the way back from the device.
+    Ticket(u64),
+}
 
 /// A saved point of a session that can be restored after more tokens were evaluated.
 pub struct Checkpoint {
@@ -208,7 +236,100 @@ impl Session {
         Ok(out)
     }
 
+    /// Pipelined greedy decoding: evaluate one more token and start its argmax without waiting
+    /// for it. `input` is the token, or the unfinished step whose result it is: a GPU backend
+    /// then runs this step on the id its previous step left on the device, so the host records
+    /// and launches this step while the GPU still runs the previous one. On a backend that cannot,
+    /// the step runs plainly here (the result is ready). Pass the result to
+    /// [`Session::argmax_finish`] (or drop the step with [`Session::argmax_discard`]); until the
+    /// input's step is finished the session holds a placeholder for its token.
+    pub fn argmax_start(&mut self, input: StepInput) -> Result<PendingArgmax> {
+        self.check_room(1)?;
+        let pos = self.tokens.len();
+        let mut prev = match input {
+            StepInput::Token(t) => Err(t),
+            StepInput::After(prev) => Ok(prev),
+        };
+        let mut token = match &prev {
+            Err(t) => Some(*t),
+            Ok(prev) => {
+                if prev.pos + 1 != pos {
+                    bail!(
+                        "argmax_start: the step before is at {}, not {}",
+                        prev.pos,
+                        pos - 1
+                    );
+                }
+                match prev.result {
+                    StepResult::Ready(t) => Some(t),
+                    StepResult::Ticket(_) => None,
+                }
+            }
+        };
+        let mut started = self.state.argmax_start(token, pos as u32);
+        if let (Ok(None), None, Ok(prev)) = (&started, token, &mut prev) {
+            // The backend cannot chain here: wait for the previous token, then start normally.
+            let t = self.finish_result(prev.result)?;
+            prev.result = StepResult::Ready(t);
+            token = Some(t);
+            started = self.state.argmax_start(token, pos as u32);
+        }
+        let result = match started? {
+            Some(ticket) => StepResult::Ticket(ticket),
+            None => {
+                let t = token.expect("a plain step has its token");
+                let ids = self.state.forward_argmax(&[t], &[pos as u32], 0)?;
+                StepResult::Ready(
+                    ids.last()
+                        .copied()
+                        .ok_or_else(|| anyhow!("no logits row"))?,
+                )
+            }
+        };
+        self.tokens.push(token.unwrap_or(PLACEHOLDER));
+        Ok(PendingArgmax { pos, result })
+    }
+
+    /// The token of a step started by [`Session::argmax_start`] (waits for it). The step after
+    /// it, if started, gets it as its input token.
+    pub fn argmax_finish(&mut self, step: PendingArgmax) -> Result<u32> {
+        let t = match self.finish_result(step.result) {
+            Ok(t) => t,
+            Err(e) => {
+                // Drop every step whose token is unknown.
+                if let Some(i) = self.tokens.iter().position(|&t| t == PLACEHOLDER) {
+                    self.tokens.truncate(i);
+                }
+                return Err(e);
+            }
+        };
+        if let Some(x) = self.tokens.get_mut(step.pos + 1) {
+            if *x == PLACEHOLDER {
+                *x = t;
+            }
+        }
+        Ok(t)
+    }
+
+    /// Drop the last started step (its input token leaves the session; whatever it wrote into
+    /// the cache is beyond the session's tokens, as after [`Session::truncate`] by one).
+    pub fn argmax_discard(&mut self, step: PendingArgmax) {
+        if step.pos < self.tokens.len() {
+            self.tokens.truncate(step.pos);
+        }
+    }
+
+    fn finish_result(&mut self, r: StepResult) -> Result<u32> {
+        match r {
+            StepResult::Ready(t) => Ok(t),
+            StepResult::Ticket(ticket) => self.state.argmax_finish(ticket),
+        }
+    }
+
     fn check_room(&self, n: usize) -> Result<()> {
+        if self.tokens.last() == Some(&PLACEHOLDER) {
+            bail!("a pipelined decode step's token is not known yet (argmax_finish first)");
+        }
         if self.tokens.len() + n > self.state.n_ctx() {
             bail!(
                 "context overflow: {} tokens in the cache + {n} new > context size {}",

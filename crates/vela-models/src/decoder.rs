@@ -383,15 +383,66 @@ impl<B: Backend> DecoderModel<B> {
         let n = tokens.len();
         crate::decoder::check_batch(n, positions, st.max_batch, st.n_ctx, logits_from)?;
         let be = &*self.backend;
-        let c = &self.cfg;
-        let d = c.n_embd;
         let step = n == 1 && logits_from == 0 && be.decode_step_begin(tokens[0], positions[0]);
-        if let Err(e) = be.get_rows(&self.embd, tokens, c.embed_scale, &mut st.x) {
-            if step {
-                be.decode_step_end();
-            }
+        let rows = self.layers(st, tokens, positions, logits_from);
+        if step {
+            be.decode_step_end();
+        }
+        rows
+    }
+
+    /// Pipelined greedy decoding: run the one-token step of `token` at `pos` (`None`: the token
+    /// the previous step's [`Self::argmax_start`] left on the device, not yet read back) as one
+    /// recorded step with its argmax, without waiting for it. Returns the ticket for
+    /// [`Self::argmax_finish`], or `None` when the backend cannot (nothing was run; use
+    /// [`Self::forward_argmax`]).
+    pub fn argmax_start(
+        &self,
+        st: &mut ForwardState<B>,
+        token: Option<u32>,
+        pos: u32,
+    ) -> Result<Option<u64>> {
+        crate::decoder::check_batch(1, &[pos], st.max_batch, st.n_ctx, 0)?;
+        let be = &*self.backend;
+        let began = match token {
+            Some(t) => be.decode_step_begin(t, pos),
+            None => be.decode_step_begin_chained(pos),
+        };
+        if !began {
+            return Ok(None);
+        }
+        let id = token.unwrap_or(vela_compute::DEVICE_TOKEN);
+        if let Err(e) = self.layers(st, &[id], &[pos], 0) {
+            be.decode_step_end();
             return Err(e);
         }
+        match be.argmax_start(&st.logits, self.cfg.n_vocab) {
+            Some(t) => Ok(Some(t)),
+            None => {
+                be.decode_step_end();
+                bail!("the backend recorded a decode step but cannot start its argmax")
+            }
+        }
+    }
+
+    /// The token of an [`Self::argmax_start`] ticket (waits for its step).
+    pub fn argmax_finish(&self, ticket: u64) -> Result<u32> {
+        self.backend.argmax_finish(ticket)
+    }
+
+    /// The forward pass between a step's begin and end (see [`Self::run`]).
+    fn layers(
+        &self,
+        st: &mut ForwardState<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<usize> {
+        let n = tokens.len();
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let d = c.n_embd;
+        be.get_rows(&self.embd, tokens, c.embed_scale, &mut st.x)?;
         for (il, l) in self.layers.iter().enumerate() {
             let lc = &c.layers[il];
             // The previous layer's FFN output is added here, fused with the norm (and, on a
@@ -467,9 +518,6 @@ impl<B: Backend> DecoderModel<B> {
             if let Some(cap) = c.final_softcap {
                 be.softcap(&mut st.logits, rows * c.n_vocab, cap);
             }
-        }
-        if step {
-            be.decode_step_end();
         }
         Ok(rows)
     }

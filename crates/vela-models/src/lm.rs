@@ -96,6 +96,20 @@ pub trait ModelState: Send {
             })
             .collect())
     }
+    /// Pipelined greedy decoding: run the one-token step of `token` at `pos` (`None`: the token
+    /// the previous step's `argmax_start` produced, still on the device) and start its argmax
+    /// without waiting. Returns the ticket for [`ModelState::argmax_finish`], or `None` when
+    /// this model or backend cannot (nothing was run: use [`ModelState::forward_argmax`]).
+    fn argmax_start(&mut self, token: Option<u32>, pos: u32) -> Result<Option<u64>> {
+        let _ = (token, pos);
+        Ok(None)
+    }
+    /// The token of an [`ModelState::argmax_start`] ticket (waits for its step).
+    fn argmax_finish(&mut self, ticket: u64) -> Result<u32> {
+        Err(anyhow!(
+            "argmax ticket {ticket}: this model state does not pipeline"
+        ))
+    }
     fn n_ctx(&self) -> usize;
     fn max_batch(&self) -> usize;
     /// Save what later writes could overwrite in a cache holding positions `0..n_past`.
@@ -134,10 +148,20 @@ fn restore_kv<B: Backend + 'static>(
 /// `ModelState` for a `{ model: Arc<M>, state: S }` sequence type whose state has `kv`, `n_ctx`
 /// and `max_batch` and whose model has `backend`, `forward`, `forward_argmax` and
 /// `forward_top_k` (each taking `&mut state` first); `$with_kv`
-/// builds a state around a copied cache (for `fork`).
+/// builds a state around a copied cache (for `fork`); with `pipelined`, the model also has
+/// `argmax_start` / `argmax_finish` (pipelined greedy decoding).
 macro_rules! impl_model_state {
-    ($seq:ident, $with_kv:expr) => {
+    ($seq:ident, $with_kv:expr $(, $pipelined:ident)?) => {
         impl<B: Backend + 'static> ModelState for $seq<B> {
+            $(
+            fn argmax_start(&mut self, token: Option<u32>, pos: u32) -> Result<Option<u64>> {
+                let _ = stringify!($pipelined);
+                self.model.argmax_start(&mut self.state, token, pos)
+            }
+            fn argmax_finish(&mut self, ticket: u64) -> Result<u32> {
+                self.model.argmax_finish(ticket)
+            }
+            )?
             fn forward_argmax(
                 &mut self,
                 tokens: &[u32],
@@ -265,9 +289,13 @@ impl<B: Backend + 'static> LanguageModel for DecoderModel<B> {
     }
 }
 
-impl_model_state!(DecoderSeq, |seq: &DecoderSeq<B>, kv| seq
-    .model
-    .state_with_kv(kv, seq.state.n_ctx, seq.state.max_batch));
+impl_model_state!(
+    DecoderSeq,
+    |seq: &DecoderSeq<B>, kv| seq
+        .model
+        .state_with_kv(kv, seq.state.n_ctx, seq.state.max_batch),
+    pipelined
+);
 
 impl<B: Backend + 'static> LanguageModel for Gemma4Model<B> {
     fn arch(&self) -> &str {

@@ -217,6 +217,78 @@ fn graph_decode_matches_plain() {
     );
 }
 
+/// Pipelined greedy decoding (`argmax_start` chained on the id left on the device, two steps in
+/// flight) gives the same 96 tokens as plain `forward_argmax` steps, and every chained step runs
+/// as a graph replay; with pipelining off a chained start is refused and nothing runs.
+#[test]
+fn pipelined_greedy_matches_plain() {
+    let Some(g) = gpu() else { return };
+    let Some(path) = model_path() else {
+        eprintln!("SKIP pipelined_greedy_matches_plain: no model");
+        return;
+    };
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let g = Arc::new(g);
+    let m = vela_models::load(g.clone(), file).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| 500 + 7 * i).collect();
+    let mut sa = m.new_state(1024, 64, KvType::F16).unwrap();
+    let mut sb = m.new_state(1024, 64, KvType::F16).unwrap();
+    let first = argmax(&prefill(&m, &mut sa, &prompt, 64)) as u32;
+    assert_eq!(first, argmax(&prefill(&m, &mut sb, &prompt, 64)) as u32);
+    let n = 96;
+    // Plain: one step after another, each id read back before the next step is recorded.
+    let mut want = vec![first];
+    for i in 0..n {
+        let pos = [(prompt.len() + i) as u32];
+        let t = *want.last().unwrap();
+        want.push(m.forward_argmax(&mut sb, &[t], &pos, 0).unwrap()[0]);
+    }
+    // Pipelined: the step of position p + 1 is started before p's id is read back.
+    let before = g.graph_stats();
+    let p0 = prompt.len() as u32;
+    let mut got = vec![first];
+    let mut cur = m
+        .argmax_start(&mut sa, Some(first), p0)
+        .unwrap()
+        .expect("a ticket");
+    let mut chained = 0;
+    for i in 1..n as u32 {
+        let next = m.argmax_start(&mut sa, None, p0 + i).unwrap();
+        chained += next.is_some() as usize;
+        got.push(m.argmax_finish(cur).unwrap());
+        cur = match next {
+            Some(t) => t,
+            None => break,
+        };
+    }
+    got.push(m.argmax_finish(cur).unwrap());
+    let replays = g.graph_stats().replays - before.replays;
+    // Off: a chained start is refused (nothing recorded or run).
+    g.set_pipeline(false);
+    let t = m
+        .argmax_start(&mut sa, Some(got[n]), p0 + n as u32)
+        .unwrap()
+        .expect("a ticket");
+    let last = m.argmax_finish(t).unwrap();
+    let refused = m
+        .argmax_start(&mut sa, None, p0 + n as u32 + 1)
+        .unwrap()
+        .is_none();
+    g.set_pipeline(true);
+    let want_last = m
+        .forward_argmax(&mut sb, &[want[n]], &[p0 + n as u32], 0)
+        .unwrap()[0];
+    let same = got.iter().zip(&want).filter(|(a, b)| a == b).count();
+    let ok =
+        got == want && chained == n - 1 && replays >= n as u64 - 2 && refused && last == want_last;
+    eprintln!(
+        "RESULT | pipelined greedy vs plain, {n} tokens | {same}/{} equal, {chained} chained starts, {replays} replays, chained start refused when off: {refused} | | {} |",
+        want.len(),
+        if ok { "ok" } else { "FAIL" }
+    );
+    assert!(ok, "pipelined greedy decoding differs from plain steps");
+}
+
 /// Decode speed of SmolLM2 (F16 KV, 256 single-token steps after a 512-token prompt) per
 /// configuration: old/new matvec, graphs off/on, host/device argmax; plus prefill of 512.
 #[test]
