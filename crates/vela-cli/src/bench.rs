@@ -27,6 +27,11 @@ pub struct BenchArgs {
     /// Tokens already in the cache before tg is measured (tg at depth).
     #[arg(short = 'd', long = "depth", default_value_t = 0)]
     pub depth: usize,
+    /// tg sampling temperature: 0 (default) greedy on the device, as llama-bench's fixed tokens
+    /// cost; above 0 the default sampler (top-k 40, top-p 0.95, min-p 0.05) draws every token,
+    /// as `vela run` and the server do.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
     #[arg(long)]
     pub json: bool,
 }
@@ -80,9 +85,24 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             }
             let tok = rand_tokens(1)[0];
             let t = Instant::now();
-            // Greedy on the backend (a GPU copies back one id, not the vocabulary), each step
-            // launched before the previous id is read back, as `vela run` decodes greedily.
-            vela_engine::generate::greedy_steps(&mut session, tok, a.n_gen)?;
+            if a.temperature > 0.0 {
+                // Sampled like `vela run` (never stopping at an end token).
+                let cfg = vela_engine::SamplerConfig {
+                    temperature: a.temperature,
+                    ..Default::default()
+                };
+                let mut sampler = vela_engine::Sampler::new(cfg);
+                let opts = vela_engine::GenerateOptions {
+                    max_tokens: a.n_gen,
+                    is_eog: &|_| false,
+                };
+                vela_engine::generate(&mut session, &mut sampler, &[tok], &opts, &mut |_| true)?;
+            } else {
+                // Greedy on the backend (a GPU copies back one id, not the vocabulary), each
+                // step launched before the previous id is read back, as `vela run` decodes
+                // greedily.
+                vela_engine::generate::greedy_steps(&mut session, tok, a.n_gen)?;
+            }
             tg.push(a.n_gen as f64 / t.elapsed().as_secs_f64());
         }
     }
@@ -126,7 +146,15 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             } else {
                 String::new()
             };
-            println!("| {name} | {be} | tg{}{d} | {tgm:.2} ± {tgs:.2} |", a.n_gen);
+            let t = if a.temperature > 0.0 {
+                format!(" T={}", a.temperature)
+            } else {
+                String::new()
+            };
+            println!(
+                "| {name} | {be} | tg{}{d}{t} | {tgm:.2} ± {tgs:.2} |",
+                a.n_gen
+            );
             println!(
                 "weights read per token: {:.1} MiB → {gbps:.2} GB/s achieved at tg",
                 wb as f64 / (1 << 20) as f64

@@ -367,6 +367,24 @@ pub trait Backend: Send + Sync {
     }
     /// Run what was recorded since [`Backend::decode_step_begin`].
     fn decode_step_end(&self) {}
+    /// Start recording the one-token step at `pos` of the sequence `key` (nonzero, unique per
+    /// sequence state) before its token is known: the ops get [`DEVICE_TOKEN`] as the token id,
+    /// and [`Backend::decode_step_park`] ends the recording without running anything; a later
+    /// [`Backend::decode_step_launch`] runs it. The host records the next step while the device
+    /// still computes the one whose logits pick its token. False (nothing started) when the
+    /// backend cannot; the default never can.
+    fn decode_step_prepare(&self, _pos: u32, _key: u64) -> bool {
+        false
+    }
+    /// End a [`Backend::decode_step_prepare`] recording; its ops wait for
+    /// [`Backend::decode_step_launch`] (any other step's recording drops them).
+    fn decode_step_park(&self) {}
+    /// Run the parked step if it is the one of `pos` in sequence `key`, with `token`: then the
+    /// step's ops need not be issued again. False (nothing run, the parked step dropped)
+    /// otherwise.
+    fn decode_step_launch(&self, _token: u32, _pos: u32, _key: u64) -> bool {
+        false
+    }
     /// Pipelined greedy decoding: start recording a one-token step at `pos` whose token is the
     /// id the last [`Backend::argmax_start`] (made in the step at `pos - 1`) left on the device,
     /// before the host has read it back; the step's ops get [`DEVICE_TOKEN`] as the token id.

@@ -162,6 +162,7 @@ impl CudaBackend {
 
     /// Pipelined greedy decoding on or off (default on; `VELA_CUDA_PIPELINE=0` off).
     pub fn set_pipeline(&self, on: bool) {
+        self.drop_parked();
         self.flush_recording();
         self.set_chain(None);
         self.pipe.lock().unwrap_or_else(|e| e.into_inner()).on = on;

@@ -234,6 +234,7 @@ impl CudaBackend {
     /// Fewest keys (of the longest query row) for the tensor-core decode attention; shorter
     /// rows take the second split-K version (default `VELA_CUDA_FD_MIN_KEYS`, else 1536).
     pub fn set_flash_decode_min_keys(&self, n: usize) {
+        self.drop_parked();
         self.flush_recording();
         self.fdec.min_keys.store(n, Ordering::Relaxed);
     }

@@ -34,17 +34,20 @@ pub(crate) struct GemmState {
 impl CudaBackend {
     /// Turn the cuBLAS prefill path off (`0`) or set its smallest batch.
     pub fn set_gemm_min(&self, n: usize) {
+        self.drop_parked();
         self.gemm_min.store(n, Ordering::Relaxed);
     }
 
     /// Dequantize for cuBLAS with one thread per 32-element block (`deqhb_*`, true) or per 8
     /// elements (`deqh_*`, the default).
     pub fn set_deqh_block(&self, on: bool) {
+        self.drop_parked();
         self.deqh_block.store(on, Ordering::Relaxed);
     }
 
     /// Dequantize at most `elems` weight elements per cuBLAS call (tests; default 64 Mi).
     pub fn set_gemm_chunk_elems(&self, elems: usize) {
+        self.drop_parked();
         self.gemm.lock().unwrap_or_else(|e| e.into_inner()).chunk = Some(elems.max(1));
     }
 

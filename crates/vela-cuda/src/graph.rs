@@ -56,10 +56,18 @@ pub(crate) struct Recorder {
     /// position itself): a `step_begin_chained` at exactly this position may read both from
     /// there. Cleared by every upload into `io`.
     pub chain: Option<u32>,
+    /// The sequence (`key`) of the step being recorded, and a recorded step not launched yet:
+    /// (position, key, launches), see `step_prepare`.
+    pub key: u64,
+    pub parked: Option<(u32, u64, Vec<Launch>)>,
+    /// Steps launched from a parked recording.
+    pub prepared: u64,
 }
 
 impl Recorder {
     fn start(&mut self, token: u32, pos: u32, began: std::time::Instant) {
+        self.parked = None;
+        self.key = 0;
         self.active = true;
         self.token = token;
         self.pos = pos;
@@ -87,6 +95,8 @@ pub struct GraphStats {
     pub replay_host_ns: u64,
     /// Kernel launches recorded by the replayed steps.
     pub replay_launches: u64,
+    /// Steps launched from a recording made ahead (`Backend::decode_step_prepare`).
+    pub prepared: u64,
 }
 
 impl CudaBackend {
@@ -96,6 +106,7 @@ impl CudaBackend {
 
     /// Enable or disable decode-step graphs (default: on unless `VELA_CUDA_GRAPH=0`).
     pub fn set_graphs(&self, on: bool) {
+        self.drop_parked();
         self.flush_recording();
         self.graphs_on
             .store(on, std::sync::atomic::Ordering::Relaxed);
@@ -110,6 +121,7 @@ impl CudaBackend {
             plain: r.plain,
             replay_host_ns: r.replay_host_ns,
             replay_launches: r.replay_launches,
+            prepared: r.prepared,
         }
     }
 
@@ -198,6 +210,69 @@ impl CudaBackend {
         true
     }
 
+    /// Record a one-token step at `pos` of sequence `key` whose token is not known yet (it
+    /// reads it from `io`, `vela_compute::DEVICE_TOKEN` stands for it), to be launched later by
+    /// `step_launch` once the token is known; `step_park` ends the recording. The host records
+    /// the next step while the GPU still runs this one (and the top-k/sampling that picks the
+    /// token), so only the upload and the graph launch remain between the token and the step.
+    pub(crate) fn step_prepare(&self, pos: u32, key: u64) -> bool {
+        if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed)
+            || !self.prepare_on.load(std::sync::atomic::Ordering::Relaxed)
+        {
+            return false;
+        }
+        let began = std::time::Instant::now();
+        self.flush_recording();
+        let mut r = self.recorder();
+        r.start(vela_compute::DEVICE_TOKEN, pos, began);
+        r.key = key;
+        true
+    }
+
+    /// End the recording `step_prepare` began: its launches wait for `step_launch`.
+    pub(crate) fn step_park(&self) {
+        let mut r = self.recorder();
+        if !r.active {
+            return;
+        }
+        r.active = false;
+        r.began = None;
+        let ops = std::mem::take(&mut r.ops);
+        r.parked = Some((r.pos, r.key, ops));
+    }
+
+    /// Launch the parked step if it is the one of `pos` in sequence `key`, with `token`
+    /// (uploaded into `io` with the position); false (and the parked step dropped) otherwise.
+    pub(crate) fn step_launch(&self, token: u32, pos: u32, key: u64) -> bool {
+        if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed) {
+            return false;
+        }
+        let began = std::time::Instant::now();
+        self.flush_recording();
+        let mut r = self.recorder();
+        let ops = match r.parked.take() {
+            Some((p, k, ops)) if p == pos && k == key && key != 0 => ops,
+            _ => return false,
+        };
+        let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = self.stream.memcpy_htod(&[token, pos], &mut *io) {
+            panic!("CUDA upload of the decode step's token and position: {e:?}");
+        }
+        drop(io);
+        r.chain = None;
+        r.token = token;
+        r.pos = pos;
+        r.began = Some(began);
+        r.prepared += 1;
+        self.run_ops(&mut r, ops);
+        true
+    }
+
+    /// Drop a parked step (a switch changed what its launches would be).
+    pub(crate) fn drop_parked(&self) {
+        self.recorder().parked = None;
+    }
+
     /// The position of the step being recorded, if one is.
     pub(crate) fn recording_pos(&self) -> Option<u32> {
         let r = self.recorder();
@@ -217,6 +292,11 @@ impl CudaBackend {
         }
         r.active = false;
         let ops = std::mem::take(&mut r.ops);
+        self.run_ops(&mut r, ops);
+    }
+
+    /// Replay the cached graph of `ops`, or capture one (or run them plainly).
+    fn run_ops(&self, r: &mut Recorder, ops: Vec<Launch>) {
         if ops.is_empty() {
             return;
         }

@@ -190,6 +190,9 @@ pub struct CudaBackend {
     argmax_out: Mutex<(CudaSlice<u32>, CudaSlice<f32>)>,
     /// Pipelined greedy decoding's host slots (argmax.rs).
     pipe: Mutex<argmax::Pipe>,
+    /// Record the next decode step while the GPU runs this one (`Backend::decode_step_prepare`;
+    /// default on, `VELA_CUDA_PREPARE=0` off; graph.rs).
+    prepare_on: AtomicBool,
     upload: upload::Upload,
     /// cuBLAS prefill (gemm.rs): smallest batch (`VELA_CUDA_GEMM_MIN`, 0 = off) and state.
     gemm_min: AtomicUsize,
@@ -369,6 +372,7 @@ impl CudaBackend {
             rope_factors: Mutex::new(Vec::new()),
             argmax_out: Mutex::new((argmax_out, argmax_cand)),
             pipe: Mutex::new(argmax::Pipe::new()),
+            prepare_on: AtomicBool::new(env("VELA_CUDA_PREPARE") != "0"),
             upload: upload::Upload::default(),
             gemm_min: AtomicUsize::new(
                 env("VELA_CUDA_GEMM_MIN")
@@ -975,6 +979,18 @@ impl Backend for CudaBackend {
         self.argmax_rows_device(x, n_rows, width)
     }
 
+    fn decode_step_prepare(&self, pos: u32, key: u64) -> bool {
+        self.step_prepare(pos, key)
+    }
+
+    fn decode_step_park(&self) {
+        self.step_park()
+    }
+
+    fn decode_step_launch(&self, token: u32, pos: u32, key: u64) -> bool {
+        self.step_launch(token, pos, key)
+    }
+
     fn decode_step_begin_chained(&self, pos: u32) -> bool {
         self.pipe.lock().unwrap_or_else(|e| e.into_inner()).on && self.step_begin_chained(pos)
     }
@@ -1008,11 +1024,12 @@ impl Drop for CudaBackend {
             let g = self.graph_stats();
             let per = |x: u64| x as f64 / g.replays.max(1) as f64;
             eprintln!(
-                "vela-cuda: decode graphs: {} replays, {} captures, {} plain steps; host {:.1} us \
-                 per replayed step ({:.0} launches)",
+                "vela-cuda: decode graphs: {} replays, {} captures, {} plain steps, {} recorded \
+                 ahead; host {:.1} us per replayed step ({:.0} launches)",
                 g.replays,
                 g.captures,
                 g.plain,
+                g.prepared,
                 per(g.replay_host_ns) / 1e3,
                 per(g.replay_launches)
             );

@@ -529,12 +529,14 @@ impl CudaBackend {
     /// Rows per warp of the one-token matvec: 0 always one, 1 two from `MV_ROWS2_MIN` rows
     /// (default), 2 always two (tests).
     pub fn set_mv_rows_mode(&self, mode: u32) {
+        self.drop_parked();
         self.flush_recording();
         self.mv_rows_mode.store(mode.min(2), Ordering::Relaxed);
     }
 
     /// See [`CudaBackend::mv_split`]: 0 = auto, else 1, 2 or 4 warps per row.
     pub fn set_mv_split(&self, mode: u32) {
+        self.drop_parked();
         self.mv_split_mode.store(mode, Ordering::Relaxed);
     }
 }

@@ -52,6 +52,7 @@ impl CudaBackend {
     /// Turn per-kernel timing on or off (for tests that time plain launches;
     /// `VELA_CUDA_PROFILE=1` turns it on at creation, and only then are decode graphs off).
     pub fn set_profiling(&self, on: bool) {
+        self.drop_parked();
         self.profiling.store(on, Ordering::Relaxed);
     }
 

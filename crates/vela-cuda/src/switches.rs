@@ -8,44 +8,52 @@ use std::sync::atomic::Ordering;
 impl CudaBackend {
     /// Exact matmul mode on or off for this backend (default: `VELA_MATMUL=f32`).
     pub fn set_exact_matmul(&self, on: bool) {
+        self.drop_parked();
         self.flush_recording();
         self.exact.store(on, Ordering::Relaxed);
     }
 
     /// New (`mv_*`) or old (`mm_*_t1`) one-token matvec kernels (default: `VELA_CUDA_MATVEC`).
     pub fn set_matvec_new(&self, on: bool) {
+        self.drop_parked();
         self.matvec_new.store(on, Ordering::Relaxed);
     }
 
     /// k-quant one-token products with 2 (true) or 4 sub-blocks in flight per lane.
     pub fn set_mvk_u2(&self, on: bool) {
+        self.drop_parked();
         self.mvk_u2.store(on, Ordering::Relaxed);
     }
 
     /// Fused pre-norm input / q+k RoPE on or off (default: on unless `VELA_CUDA_FUSE=0`).
     pub fn set_fusion(&self, on: bool) {
+        self.drop_parked();
         self.fuse.store(on, Ordering::Relaxed);
     }
 
     /// Split-K decode attention on or off (default: on unless `VELA_CUDA_ATTN=old`).
     pub fn set_split_attention(&self, on: bool) {
+        self.drop_parked();
         self.split_attn.store(on, Ordering::Relaxed);
     }
 
     /// The second-version norm and RoPE+store decode kernels (true, default) or the first.
     pub fn set_small_kernels_v2(&self, on: bool) {
+        self.drop_parked();
         self.flush_recording();
         self.small_v2.store(on, Ordering::Relaxed);
     }
 
     /// The second-version split-K attention parts (true, default) or the first.
     pub fn set_attention_parts_v2(&self, on: bool) {
+        self.drop_parked();
         self.flush_recording();
         self.attn_part_v2.store(on, Ordering::Relaxed);
     }
 
     /// Programmatic dependent launch on or off (only takes effect on sm_90 and newer).
     pub fn set_pdl(&self, on: bool) {
+        self.drop_parked();
         self.flush_recording();
         self.pdl.store(on && self.arch >= 90, Ordering::Relaxed);
     }
@@ -53,12 +61,14 @@ impl CudaBackend {
     /// Split-K decode attention on the tensor cores (`flash_decode_*`, where it applies) on or
     /// off.
     pub fn set_flash_decode(&self, on: bool) {
+        self.drop_parked();
         self.flush_recording();
         self.fdec.on.store(on, Ordering::Relaxed);
     }
 
     /// Split-K decode attention parts of the third version (one block per KV head) on or off.
     pub fn set_attention_parts_v3(&self, on: bool) {
+        self.drop_parked();
         self.flush_recording();
         self.attn_part3.store(on, Ordering::Relaxed);
     }
@@ -66,12 +76,14 @@ impl CudaBackend {
     /// Repack Q4_0/Q4_K/Q6_K weights uploaded from now on into split rows (default: on unless
     /// `VELA_CUDA_REPACK=0`).
     pub fn set_repack(&self, on: bool) {
+        self.drop_parked();
         self.repack.store(on, Ordering::Relaxed);
     }
 
     /// One-token products of different weight types (sharing the activation kind) in one
     /// `mv_mix*_x3` launch on or off (default on; `VELA_CUDA_MIXED_X3=0` off).
     pub fn set_mixed_x3(&self, on: bool) {
+        self.drop_parked();
         self.flush_recording();
         self.mixed_x3.store(on, Ordering::Relaxed);
     }
@@ -79,6 +91,7 @@ impl CudaBackend {
     /// Q/K/V biases added by the one-token products (`mv_mix*_x3b`) on or off (default
     /// on; `VELA_CUDA_BIAS_FUSE=0` off).
     pub fn set_bias_fuse(&self, on: bool) {
+        self.drop_parked();
         self.flush_recording();
         self.bias_fuse.store(on, Ordering::Relaxed);
     }
@@ -87,6 +100,14 @@ impl CudaBackend {
     /// (default); 1 four warps per row for big batches, else 32; 2 always the 32-warp kernel
     /// (see attn.rs).
     pub fn set_prefill_attention(&self, mode: u32) {
+        self.drop_parked();
         self.attn_prefill.store(mode, Ordering::Relaxed);
+    }
+
+    /// Record the next decode step while the GPU runs this one (default on;
+    /// `VELA_CUDA_PREPARE=0` off).
+    pub fn set_prepare(&self, on: bool) {
+        self.drop_parked();
+        self.prepare_on.store(on, Ordering::Relaxed);
     }
 }

@@ -111,7 +111,14 @@ pub struct ForwardState<B: Backend> {
     g: B::Buf,
     u: B::Buf,
     logits: B::Buf,
+    /// Unique per state (the key of its prepared decode steps, `Backend::decode_step_prepare`).
+    id: u64,
+    /// Record the next position's step while the device runs this one (single-token steps).
+    pub prepare_ahead: bool,
 }
+
+/// Source of [`ForwardState`] ids (0 is never used).
+static NEXT_STATE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 fn weight<B: Backend>(
     be: &B,
@@ -313,6 +320,8 @@ impl<B: Backend> DecoderModel<B> {
             g: be.alloc(nb * c.n_ff),
             u: be.alloc(nb * c.n_ff),
             logits: be.alloc(nb * c.n_vocab),
+            id: NEXT_STATE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            prepare_ahead: true,
         }
     }
 
@@ -383,12 +392,33 @@ impl<B: Backend> DecoderModel<B> {
         let n = tokens.len();
         crate::decoder::check_batch(n, positions, st.max_batch, st.n_ctx, logits_from)?;
         let be = &*self.backend;
-        let step = n == 1 && logits_from == 0 && be.decode_step_begin(tokens[0], positions[0]);
-        let rows = self.layers(st, tokens, positions, logits_from);
-        if step {
-            be.decode_step_end();
+        let one = n == 1 && logits_from == 0;
+        // A step recorded ahead (below) by the previous call: launched, nothing to issue. (An
+        // out-of-range token takes the normal path, whose embedding lookup rejects it.)
+        let in_range = tokens
+            .first()
+            .is_some_and(|&t| (t as usize) < self.cfg.n_vocab);
+        if !(one && in_range && be.decode_step_launch(tokens[0], positions[0], st.id)) {
+            let step = one && be.decode_step_begin(tokens[0], positions[0]);
+            let rows = self.layers(st, tokens, positions, logits_from);
+            if step {
+                be.decode_step_end();
+            }
+            rows?;
         }
-        rows
+        // The step of the next position, recorded while the device runs this one (launched by
+        // the next call if it is that step; the logits of this one are read before).
+        let next = positions[0] + 1;
+        if one
+            && st.prepare_ahead
+            && (next as usize) < st.n_ctx
+            && be.decode_step_prepare(next, st.id)
+        {
+            let r = self.layers(st, &[vela_compute::DEVICE_TOKEN], &[next], 0);
+            be.decode_step_park();
+            r?;
+        }
+        Ok(n - logits_from)
     }
 
     /// Pipelined greedy decoding: run the one-token step of `token` at `pos` (`None`: the token

@@ -409,7 +409,11 @@ fn generate(
             None => sampler.device_top_k(vela_engine::generate::SAMPLE_TOP_K_CAP),
             Some(_) => None,
         };
+        // Plain greedy without logprobs: only the argmax comes back (computed on the device by
+        // a GPU), not the logits row.
+        let device_argmax = job.logprobs.is_none() && sampler.cfg.is_plain_greedy();
         let mut top = None;
+        let mut next_id: Option<u32> = None;
         loop {
             if cancel.is_cancelled() || out.is_closed() {
                 cancel.cancel();
@@ -417,11 +421,15 @@ fn generate(
                 return Ok(());
             }
             let raw = job.logprobs.map(|_| logits.clone());
-            let t = match top.take() {
-                Some(sel) => sampler
+            let t = match (next_id.take(), top.take()) {
+                (Some(id), _) => {
+                    sampler.accept(id);
+                    id
+                }
+                (None, Some(sel)) => sampler
                     .sample_top_k(&sel)
                     .expect("the top-k selection was checked to suffice"),
-                None => sampler.sample(&mut logits),
+                (None, None) => sampler.sample(&mut logits),
             };
             if first {
                 metrics.ttft.observe(job.received.elapsed().as_secs_f64());
@@ -450,6 +458,7 @@ fn generate(
             }
             step_start = Instant::now();
             match device_k {
+                _ if device_argmax => next_id = Some(session.eval_argmax(&[t])?),
                 Some(k) => {
                     let (sel, row) =
                         session.eval_top_k(&[t], k, &|sel| !sampler.top_k_suffices(sel))?;

@@ -289,6 +289,76 @@ fn pipelined_greedy_matches_plain() {
     assert!(ok, "pipelined greedy decoding differs from plain steps");
 }
 
+/// Single-token steps recorded ahead (`decode_step_prepare`, launched by the next step) give
+/// bit-identical logits to steps recorded when they run: 40 consecutive steps of one state, then
+/// 24 steps alternating with another state (which drops the recording made ahead each time).
+#[test]
+fn prepared_steps_match_plain() {
+    let Some(g) = gpu() else { return };
+    let Some(path) = model_path() else {
+        eprintln!("SKIP prepared_steps_match_plain: no model");
+        return;
+    };
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let g = Arc::new(g);
+    let m = vela_models::load(g.clone(), file).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| 500 + 7 * i).collect();
+    let mut sa = m.new_state(1024, 64, KvType::F16).unwrap();
+    let mut sb = m.new_state(1024, 64, KvType::F16).unwrap();
+    sb.prepare_ahead = false;
+    let la = prefill(&m, &mut sa, &prompt, 64);
+    assert_eq!(
+        la,
+        prefill(&m, &mut sb, &prompt, 64),
+        "prefill not deterministic"
+    );
+    let before = g.graph_stats();
+    let step = |s: &mut vela_models::ForwardState<CudaBackend>, t: u32, p: usize| {
+        m.forward(s, &[t], &[p as u32], 0).unwrap()
+    };
+    let (mut ta, mut tb) = (argmax(&la) as u32, argmax(&la) as u32);
+    let (mut a_logits, mut b_logits) = (Vec::new(), Vec::new());
+    let n = 64;
+    for i in 0..40 {
+        let a = step(&mut sa, ta, prompt.len() + i);
+        ta = argmax(&a) as u32;
+        a_logits.push(a);
+    }
+    for i in 0..40 {
+        let b = step(&mut sb, tb, prompt.len() + i);
+        tb = argmax(&b) as u32;
+        b_logits.push(b);
+    }
+    let mid = g.graph_stats().prepared - before.prepared;
+    for i in 40..n {
+        let a = step(&mut sa, ta, prompt.len() + i);
+        ta = argmax(&a) as u32;
+        a_logits.push(a);
+        let b = step(&mut sb, tb, prompt.len() + i);
+        tb = argmax(&b) as u32;
+        b_logits.push(b);
+    }
+    let prepared = g.graph_stats().prepared - before.prepared;
+    let n_diff = a_logits
+        .iter()
+        .flatten()
+        .zip(b_logits.iter().flatten())
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count();
+    // 39 of the first 40 steps launch the step recorded by the one before; none of the
+    // alternating ones do (the other state's step drops it).
+    let ok = n_diff == 0 && mid == 39 && prepared == mid;
+    eprintln!(
+        "RESULT | steps recorded ahead vs recorded when run, {n} tokens | {n_diff} differing logits, {mid} of the first 40 steps and {} of the alternating ones recorded ahead | | {} |",
+        prepared - mid,
+        if ok { "ok" } else { "FAIL" }
+    );
+    assert!(
+        ok,
+        "steps recorded ahead differ or were not used as expected"
+    );
+}
+
 /// Decode speed of SmolLM2 (F16 KV, 256 single-token steps after a 512-token prompt) per
 /// configuration: old/new matvec, graphs off/on, host/device argmax; plus prefill of 512.
 #[test]
