@@ -141,7 +141,7 @@ impl ModelState for FakeState {
         self.next_ticket += 1;
         self.tickets.insert(ticket, next);
         self.tickets
-            .retain(|&k, _| k + ARGMAX_TICKETS >= ticket + 1);
+            .retain(|&k, _| k + ARGMAX_TICKETS > ticket);
         Ok(Some(ticket))
     }
     fn argmax_finish(&mut self, ticket: u64) -> Result<u32> {
