@@ -33,7 +33,8 @@
 #       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
-#   SUITE_AB0 their tg128 at depth 0.
+#   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
+#   per switch.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
 stage=${1:?stage: pack|regroup|recv|test|bench|pack-quick|quick}
@@ -204,6 +205,20 @@ bench)
     [ -n "$synths" ] && env ${sw//\// } timeout 120 "${B[@]}" --models "$synths" -p 0 -n 128 \
       --out $OUT/bench-tg-$(echo $sw | tr '=,/' '___').md 2>>"$log" | grep "tg128" | sed "s|^|$sw |"
   done
+  # SUITE_SAMPLED="SWITCH=value ...": vela's sampled decode (tg128 at temperature 0.8 with the
+  # default sampler; llama-bench has no sampling) of every real model and the synth 8B Q4_0,
+  # without and with each switch, 3 interleaved rounds of 3 reps each.
+  if [ -n "${SUITE_SAMPLED:-}" ]; then
+    for r in 1 2 3; do
+      for m in $VELA_CACHE/models/*.gguf /tmp/synth/llama3-8b-q4_0.gguf; do
+        for sw in base $SUITE_SAMPLED; do
+          res=$(env $([ $sw = base ] || echo ${sw//\// }) timeout 60 /tmp/vela bench --model "$m" --device cuda \
+            -p 0 -n 128 -r 3 --temperature 0.8 2>/dev/null | grep -o 'tg128 T=0.8 | [0-9.]* ± [0-9.]*')
+          echo "| $r | $(basename "$m" .gguf) | $sw | $res |"
+        done
+      done
+    done | tee $OUT/bench-sampled.md
+  fi
   # Weight bytes read per decoded token (the roofline's numerator without the KV cache).
   for m in $VELA_CACHE/models/*.gguf /tmp/synth/*.gguf; do
     /tmp/vela bench --model "$m" --device cuda -p 0 -n 4 -r 1 --json 2>/dev/null |
