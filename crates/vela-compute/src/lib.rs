@@ -379,6 +379,8 @@ pub trait Backend: Send + Sync {
     /// End a [`Backend::decode_step_prepare`] recording; its ops wait for
     /// [`Backend::decode_step_launch`] (any other step's recording drops them).
     fn decode_step_park(&self) {}
+    /// Drop a [`Backend::decode_step_prepare`] recording (or a parked step) without running it.
+    fn decode_step_discard(&self) {}
     /// Run the parked step if it is the one of `pos` in sequence `key`, with `token`: then the
     /// step's ops need not be issued again. False (nothing run, the parked step dropped)
     /// otherwise.

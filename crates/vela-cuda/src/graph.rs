@@ -273,6 +273,17 @@ impl CudaBackend {
         self.recorder().parked = None;
     }
 
+    /// Drop a `step_prepare` recording in progress, or a parked step, without running it.
+    pub(crate) fn step_discard(&self) {
+        let mut r = self.recorder();
+        if r.active && r.key != 0 {
+            r.active = false;
+            r.began = None;
+            r.ops.clear();
+        }
+        r.parked = None;
+    }
+
     /// The position of the step being recorded, if one is.
     pub(crate) fn recording_pos(&self) -> Option<u32> {
         let r = self.recorder();

@@ -987,6 +987,10 @@ impl Backend for CudaBackend {
         self.step_park()
     }
 
+    fn decode_step_discard(&self) {
+        self.step_discard()
+    }
+
     fn decode_step_launch(&self, token: u32, pos: u32, key: u64) -> bool {
         self.step_launch(token, pos, key)
     }

@@ -140,8 +140,7 @@ impl ModelState for FakeState {
         let ticket = self.next_ticket;
         self.next_ticket += 1;
         self.tickets.insert(ticket, next);
-        self.tickets
-            .retain(|&k, _| k + ARGMAX_TICKETS > ticket);
+        self.tickets.retain(|&k, _| k + ARGMAX_TICKETS > ticket);
         Ok(Some(ticket))
     }
     fn argmax_finish(&mut self, ticket: u64) -> Result<u32> {

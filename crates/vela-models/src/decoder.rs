@@ -407,16 +407,18 @@ impl<B: Backend> DecoderModel<B> {
             rows?;
         }
         // The step of the next position, recorded while the device runs this one (launched by
-        // the next call if it is that step; the logits of this one are read before).
+        // the next call if it is that step; the logits of this one are read before). It does
+        // not affect this step: if recording it fails, it is dropped.
         let next = positions[0] + 1;
         if one
             && st.prepare_ahead
             && (next as usize) < st.n_ctx
             && be.decode_step_prepare(next, st.id)
         {
-            let r = self.layers(st, &[vela_compute::DEVICE_TOKEN], &[next], 0);
-            be.decode_step_park();
-            r?;
+            match self.layers(st, &[vela_compute::DEVICE_TOKEN], &[next], 0) {
+                Ok(_) => be.decode_step_park(),
+                Err(_) => be.decode_step_discard(),
+            }
         }
         Ok(n - logits_from)
     }
