@@ -335,7 +335,19 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
     int p = (int)pos[t];
     int first, per;
     int S_eff = fd_parts(p, window, S, target, min_tiles, first, per);
+#ifdef FD_SPLIT_COMBINE
+    // (Opt-in: attention_combine merges all S parts in a launch of its own, so a part past
+    // S_eff leaves an empty record: no keys, weight 0.)
+    if (s >= S_eff) {
+        for (int i = tid; i < G * (D + 2); i += blockDim.x) {
+            int r = i / (D + 2), d = i % (D + 2);
+            part[(((size_t)t * n_head + g * G + r) * S + s) * (D + 2) + d] = d == D ? NEG_INF : 0.0f;
+        }
+        return;
+    }
+#else
     if (s >= S_eff) return;
+#endif
     int lo = first + FD_KEYS * per * s, hi = min(p, lo + FD_KEYS * per - 1);
     int n_tiles = (hi - lo + FD_KEYS) / FD_KEYS;
     const u16* kc16 = (const u16*)kc;
@@ -439,7 +451,11 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
     }
     float* res = (float*)stg + 16 * FD_MAX_PARTS;  // [16][D] merged rows (after the weights)
     float* inv = res + 16 * D;                      // [16] 1 / L
+#ifdef FD_SPLIT_COMBINE
+    if (false) {
+#else
     if (S_eff == 1) {
+#endif
         // The only part: normalize here (no partials, no ticket).
         if (tid < G) {
             float M = NEG_INF, L = 0.0f;
@@ -468,6 +484,9 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
             po[D + 1] = L;
         }
     }
+#ifdef FD_SPLIT_COMBINE
+    return;
+#endif
     // The last block of (t, g) to get here merges the parts.
     __threadfence();
     __syncthreads();

@@ -42,6 +42,9 @@ pub(crate) struct FlashDecode {
     /// `attention_combine` also quantizes for the next product (Q8; default,
     /// `VELA_CUDA_COMBINE_Q8=0` off).
     combine_q8: bool,
+    /// The parts are merged by `attention_combine` in a launch of its own instead of by the
+    /// last block of each KV head (opt-in kernel variant, `VELA_CUDA_DEFINES=FD_SPLIT_COMBINE`).
+    split_combine: bool,
 }
 
 impl FlashDecode {
@@ -64,6 +67,7 @@ impl FlashDecode {
             min_tiles: num("VELA_CUDA_FD_MIN_TILES", 4).max(1),
             min_keys: AtomicUsize::new(num("VELA_CUDA_FD_MIN_KEYS", 1536)),
             combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
+            split_combine: crate::kernels::has_define("FD_SPLIT_COMBINE"),
         })
     }
 }
@@ -295,8 +299,12 @@ impl CudaBackend {
                 .div_ceil(FD_KEYS)
                 .min(target)
                 .clamp(1, FD_MAX_PARTS);
+            // Opt-in (`VELA_CUDA_DEFINES=FD_SPLIT_COMBINE`): the parts are merged by
+            // attention_combine in a launch of its own, which also quantizes for Q8 products.
+            let split = self.fdec.split_combine;
+            let quant_in = quant;
             // Quantize the output too when each KV head's G heads cover whole activation blocks.
-            let quant = quant.and_then(|(k, a)| match k {
+            let quant = quant.filter(|_| !split).and_then(|(k, a)| match k {
                 ActKind::Q8 => Some((1, a)),
                 ActKind::Q8K if (group * hd).is_multiple_of(256) => Some((2, a)),
                 _ => None,
@@ -324,6 +332,10 @@ impl CudaBackend {
             let name = format!("flash_decode_{}_d{hd}", kv_suffix(kv.ty));
             let grid = (p.n_head_kv as u32, n_tok as u32, parts as u32);
             self.launch(&name, grid, 128, &args);
+            if split {
+                let q8 = self.combine_q8(quant_in, hd);
+                return self.combine_parts(pt, out, n_tok, p.n_head, hd, parts, q8);
+            }
             return quant.is_some();
         }
         let v3 = self.attn_part3.load(Ordering::Relaxed)
@@ -391,29 +403,8 @@ impl CudaBackend {
             };
             let grid = (grid.0 as u32, grid.1 as u32, grid.2 as u32);
             self.launch(&name, grid, block, &args);
-            // Q8 activations for the next product from the combine too (whole blocks per head).
-            let q8 = quant
-                .filter(|(k, _)| *k == ActKind::Q8 && p.head_dim_v.is_multiple_of(32))
-                .filter(|_| self.fdec.combine_q8);
-            let args = [
-                Arg::P(pt),
-                Arg::P(self.ptr(out)),
-                Arg::I(p.n_head as i32),
-                Arg::I(p.head_dim_v as i32),
-                Arg::I(parts as i32),
-                Arg::P(q8.map_or(0, |q| q.1)),
-            ];
-            // Four groups of parts (two above 256) × the value dimension rounded up to a warp
-            // (at most 1,024 threads).
-            let hdv32 = (p.head_dim_v.div_ceil(32) * 32).max(32);
-            let block = ((1024 / hdv32).min(4) * hdv32) as u32;
-            self.launch(
-                "attention_combine",
-                (p.n_head as u32, n_tok as u32, 1),
-                block,
-                &args,
-            );
-            return q8.is_some();
+            let q8 = self.combine_q8(quant, p.head_dim_v);
+            return self.combine_parts(pt, out, n_tok, p.n_head, p.head_dim_v, parts, q8);
         }
         let mode = self.attn_prefill.load(Ordering::Relaxed);
         if mode == 0 && self.flash_applies(kv.ty, p, positions) {
@@ -510,4 +501,50 @@ fn split_keys() -> Option<usize> {
             .unwrap_or(256)
     });
     (k > 0).then_some(k)
+}
+
+impl CudaBackend {
+    /// Where `attention_combine` may also quantize its output for the next product: Q8
+    /// activations, whole 32-element blocks per head, and the switch on (`VELA_CUDA_COMBINE_Q8`).
+    fn combine_q8(&self, quant: Option<(ActKind, u64)>, hdv: usize) -> Option<u64> {
+        quant
+            .filter(|(k, _)| *k == ActKind::Q8 && hdv.is_multiple_of(32))
+            .filter(|_| self.fdec.combine_q8)
+            .map(|q| q.1)
+    }
+
+    /// Merge `parts` split-K partial results per (token, head) (`attention_part2`'s layout at
+    /// `pt`) into `out` with `attention_combine`; with `q8`, also quantized there (returns
+    /// whether it was).
+    #[allow(clippy::too_many_arguments)]
+    fn combine_parts(
+        &self,
+        pt: u64,
+        out: &mut CudaBuf,
+        n_tok: usize,
+        n_head: usize,
+        hdv: usize,
+        parts: usize,
+        q8: Option<u64>,
+    ) -> bool {
+        let args = [
+            Arg::P(pt),
+            Arg::P(self.ptr(out)),
+            Arg::I(n_head as i32),
+            Arg::I(hdv as i32),
+            Arg::I(parts as i32),
+            Arg::P(q8.unwrap_or(0)),
+        ];
+        // Four groups of parts (two above 256) × the value dimension rounded up to a warp
+        // (at most 1,024 threads).
+        let hdv32 = (hdv.div_ceil(32) * 32).max(32);
+        let block = ((1024 / hdv32).min(4) * hdv32) as u32;
+        self.launch(
+            "attention_combine",
+            (n_head as u32, n_tok as u32, 1),
+            block,
+            &args,
+        );
+        q8.is_some()
+    }
 }

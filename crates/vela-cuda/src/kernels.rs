@@ -264,16 +264,17 @@ pub fn dyn_smem(name: &str) -> u32 {
         return 0;
     }
     static STAGES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let stages = *STAGES.get_or_init(|| {
-        let defs = std::env::var("VELA_CUDA_DEFINES").unwrap_or_default();
-        if defs.split(',').any(|d| d.trim() == "FD_ONE_STAGE") {
-            1
-        } else {
-            2
-        }
-    });
+    let stages = *STAGES.get_or_init(|| if has_define("FD_ONE_STAGE") { 1 } else { 2 });
     let d: u32 = if name.ends_with("_d64") { 64 } else { 128 };
     (16 + stages * 2 * 64) * (d + 8) * 2
+}
+
+/// Whether the developer switch `VELA_CUDA_DEFINES` (see [`source`]) defines `name`.
+pub fn has_define(name: &str) -> bool {
+    std::env::var("VELA_CUDA_DEFINES")
+        .unwrap_or_default()
+        .split(',')
+        .any(|d| d.trim() == name)
 }
 
 /// The full source NVRTC compiles for a group: `#define NAME 1` for each name in the developer
