@@ -59,8 +59,13 @@ def kernels(lib, rev):
         # An entry runs from `.visible .entry NAME(` to the next `.globl` or module-level item.
         for m in re.finditer(r"\.visible \.entry (\w+)\((.*?)\n\}\n", text, re.S):
             body = [l.strip() for l in m.group(0).splitlines() if l.strip() and not l.strip().startswith("//")]
-            # Function-scoped shared variables carry their function's mangled name.
-            out[f"{g}/{m.group(1)}"] = [re.sub(r"_ZZ\w+?E\d+(\w+)", r"SHARED_\1", l) for l in body]
+            # Function-scoped shared variables carry their function's mangled name, and local
+            # (stack) depots the function's index in the module (which a kernel added before
+            # it shifts).
+            body = [re.sub(r"_ZZ\w+?E\d+(\w+)", r"SHARED_\1", l) for l in body]
+            body = [re.sub(r"__local_depot\d+", "__local_depot", l) for l in body]
+            # Branch labels carry the function's index too ($L__BB<function>_<block>).
+            out[f"{g}/{m.group(1)}"] = [re.sub(r"\$L__BB\d+_(\d+)", r"$L__BB_\1", l) for l in body]
     return out
 
 
