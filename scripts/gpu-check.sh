@@ -94,6 +94,7 @@ if [ "$stage" = model ] || [ "$stage" = all ]; then
   run --exact model::graph_decode_matches_plain      # CUDA graph decode == plain, bit-exact
   run --exact model::pipelined_greedy_matches_plain   # chained greedy steps == plain steps
   run --exact model::prepared_steps_match_plain      # steps recorded ahead == recorded when run
+  run --exact model::pipelining_guards               # chained/recorded-ahead steps refused where unsafe
   run --exact model::smollm2_decode_speed            # tok/s per configuration
 fi
 if [ "$stage" = bench ]; then

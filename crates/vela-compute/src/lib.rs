@@ -358,11 +358,12 @@ pub trait Backend: Send + Sync {
         }
     }
     // --- decode-step recording and device-side argmax (default: plain ops, host argmax) ---
-    /// Announce a single-token decode step (`token` at position `pos`) whose ops follow. A
-    /// backend may record them and run the whole step at once (CUDA graphs); the ops keep their
-    /// meaning. Returns whether it records: then [`Backend::decode_step_end`] must follow the
-    /// step's last op. The default (CPU) records nothing.
-    fn decode_step_begin(&self, _token: u32, _pos: u32) -> bool {
+    /// Announce a single-token decode step (`token` at position `pos` of the sequence `key`:
+    /// nonzero and unique per sequence state, or 0 for none) whose ops follow. A backend may
+    /// record them and run the whole step at once (CUDA graphs); the ops keep their meaning.
+    /// Returns whether it records: then [`Backend::decode_step_end`] must follow the step's last
+    /// op. The default (CPU) records nothing.
+    fn decode_step_begin(&self, _token: u32, _pos: u32, _key: u64) -> bool {
         false
     }
     /// Run what was recorded since [`Backend::decode_step_begin`].
@@ -387,12 +388,13 @@ pub trait Backend: Send + Sync {
     fn decode_step_launch(&self, _token: u32, _pos: u32, _key: u64) -> bool {
         false
     }
-    /// Pipelined greedy decoding: start recording a one-token step at `pos` whose token is the
-    /// id the last [`Backend::argmax_start`] (made in the step at `pos - 1`) left on the device,
-    /// before the host has read it back; the step's ops get [`DEVICE_TOKEN`] as the token id.
+    /// Pipelined greedy decoding: start recording a one-token step at `pos` of sequence `key`
+    /// whose token is the id the last [`Backend::argmax_start`] (made in this sequence's step at
+    /// `pos - 1`) left on the device, before the host has read it back; the step's ops get
+    /// [`DEVICE_TOKEN`] as the token id.
     /// Returns false (and starts nothing) when the backend cannot: no recording, no such id on
     /// the device, or pipelining switched off. The default never can.
-    fn decode_step_begin_chained(&self, _pos: u32) -> bool {
+    fn decode_step_begin_chained(&self, _pos: u32, _key: u64) -> bool {
         false
     }
     /// The argmax of the one logits row `x` of `width` elements ([`Backend::argmax_rows`]'s

@@ -127,7 +127,10 @@ impl CudaBackend {
         }
         // The id goes to the next step only when this argmax is part of a recorded step (whose
         // position is known); otherwise `io` is not the next step's.
-        let chain = self.recording_pos().map(|p| p + 1);
+        let chain = self
+            .recording_pos()
+            .filter(|&(_, key)| key != 0)
+            .map(|(p, key)| (p + 1, key));
         let guard = self.launch_argmax(x, 1, width, true);
         self.flush_recording();
         let ticket = pipe.next;

@@ -474,6 +474,7 @@ impl CudaBackend {
                 .stream
                 .alloc_zeros::<f32>(len.next_power_of_two())
                 .expect("CUDA alloc of attention partials");
+            self.scratch_moved();
         }
         self.ptr(&*part)
     }

@@ -58,6 +58,13 @@ impl CudaBackend {
 
     /// Whether a product of `n` tokens with these weights goes to cuBLAS (loading it on first
     /// use; a load failure is reported once and the integer kernels are used from then on).
+    /// Whether a one-token product may go to cuBLAS (`VELA_CUDA_GEMM_MIN=1`), which runs
+    /// outside any recording (no step can be recorded ahead then).
+    pub(crate) fn one_token_gemm(&self) -> bool {
+        let min = self.gemm_min.load(Ordering::Relaxed);
+        min != 0 && min <= 1
+    }
+
     pub(crate) fn use_gemm(&self, n: usize, ws: &[&CudaWeight]) -> bool {
         let min = self.gemm_min.load(Ordering::Relaxed);
         if min == 0 || n < min || self.exact.load(Ordering::Relaxed) {

@@ -52,14 +52,20 @@ pub(crate) struct Recorder {
     pub began: Option<std::time::Instant>,
     pub replay_host_ns: u64,
     pub replay_launches: u64,
-    /// The position whose token the last recorded `argmax_start` left in `io` (with the
-    /// position itself): a `step_begin_chained` at exactly this position may read both from
-    /// there. Cleared by every upload into `io`.
-    pub chain: Option<u32>,
+    /// The position and sequence key whose token the last recorded `argmax_start` left in `io`
+    /// (with the position itself): a `step_begin_chained` of exactly this sequence and position
+    /// may read both from there. Cleared by every upload into `io`.
+    pub chain: Option<(u32, u64)>,
     /// The sequence (`key`) of the step being recorded, and a recorded step not launched yet:
     /// (position, key, launches), see `step_prepare`.
     pub key: u64,
     pub parked: Option<(u32, u64, Vec<Launch>)>,
+    /// A `step_prepare` recording was flushed (something in the step cannot be recorded): its
+    /// remaining launches are dropped, not run, until `step_park` / `step_discard`.
+    pub prepare_aborted: bool,
+    /// The active recording is a `step_prepare` one, and the scratch generation it began in.
+    pub preparing: bool,
+    pub park_gen: u64,
     /// Steps launched from a parked recording.
     pub prepared: u64,
 }
@@ -68,6 +74,8 @@ impl Recorder {
     fn start(&mut self, token: u32, pos: u32, began: std::time::Instant) {
         self.parked = None;
         self.key = 0;
+        self.preparing = false;
+        self.prepare_aborted = false;
         self.active = true;
         self.token = token;
         self.pos = pos;
@@ -138,6 +146,9 @@ impl CudaBackend {
                 });
                 return;
             }
+            if r.prepare_aborted {
+                return;
+            }
         }
         let t = self.prof_begin();
         if let Err(e) = self.launch_now(name, grid, block, args) {
@@ -176,8 +187,11 @@ impl CudaBackend {
     }
 
     /// Start recording a one-token step (see the module docs); false when graphs are off.
-    pub(crate) fn step_begin(&self, token: u32, pos: u32) -> bool {
-        if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed) {
+    pub(crate) fn step_begin(&self, token: u32, pos: u32, key: u64) -> bool {
+        // (`DEVICE_TOKEN` is never a host token: unrecorded, the embedding lookup rejects it.)
+        if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed)
+            || token == vela_compute::DEVICE_TOKEN
+        {
             return false;
         }
         let began = std::time::Instant::now();
@@ -190,23 +204,25 @@ impl CudaBackend {
         let mut r = self.recorder();
         r.chain = None;
         r.start(token, pos, began);
+        r.key = key;
         true
     }
 
     /// Start recording a step at `pos` whose token the previous recorded `argmax_start` left in
     /// `io` (`vela_compute::DEVICE_TOKEN` stands for it); false when there is none for `pos`.
-    pub(crate) fn step_begin_chained(&self, pos: u32) -> bool {
+    pub(crate) fn step_begin_chained(&self, pos: u32, key: u64) -> bool {
         if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed) {
             return false;
         }
         let began = std::time::Instant::now();
         self.flush_recording();
         let mut r = self.recorder();
-        if r.chain != Some(pos) {
+        if r.chain != Some((pos, key)) || key == 0 {
             return false;
         }
         r.chain = None;
         r.start(vela_compute::DEVICE_TOKEN, pos, began);
+        r.key = key;
         true
     }
 
@@ -218,6 +234,8 @@ impl CudaBackend {
     pub(crate) fn step_prepare(&self, pos: u32, key: u64) -> bool {
         if !self.graphs_on.load(std::sync::atomic::Ordering::Relaxed)
             || !self.prepare_on.load(std::sync::atomic::Ordering::Relaxed)
+            || key == 0
+            || self.one_token_gemm()
         {
             return false;
         }
@@ -226,15 +244,19 @@ impl CudaBackend {
         let mut r = self.recorder();
         r.start(vela_compute::DEVICE_TOKEN, pos, began);
         r.key = key;
+        r.preparing = true;
+        r.park_gen = self.scratch_gen.load(std::sync::atomic::Ordering::Relaxed);
         true
     }
 
     /// End the recording `step_prepare` began: its launches wait for `step_launch`.
     pub(crate) fn step_park(&self) {
         let mut r = self.recorder();
-        if !r.active {
+        r.prepare_aborted = false;
+        if !r.active || !r.preparing {
             return;
         }
+        r.preparing = false;
         r.active = false;
         r.began = None;
         let ops = std::mem::take(&mut r.ops);
@@ -250,8 +272,10 @@ impl CudaBackend {
         let began = std::time::Instant::now();
         self.flush_recording();
         let mut r = self.recorder();
+        // (A scratch buffer reallocated since the recording: its launches point at freed memory.)
+        let gen = self.scratch_gen.load(std::sync::atomic::Ordering::Relaxed);
         let ops = match r.parked.take() {
-            Some((p, k, ops)) if p == pos && k == key && key != 0 => ops,
+            Some((p, k, ops)) if p == pos && k == key && key != 0 && r.park_gen == gen => ops,
             _ => return false,
         };
         let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
@@ -276,23 +300,33 @@ impl CudaBackend {
     /// Drop a `step_prepare` recording in progress, or a parked step, without running it.
     pub(crate) fn step_discard(&self) {
         let mut r = self.recorder();
-        if r.active && r.key != 0 {
+        if r.active && r.preparing {
             r.active = false;
             r.began = None;
             r.ops.clear();
         }
+        r.preparing = false;
+        r.prepare_aborted = false;
         r.parked = None;
+        r.chain = None;
     }
 
-    /// The position of the step being recorded, if one is.
-    pub(crate) fn recording_pos(&self) -> Option<u32> {
+    /// A scratch buffer that recorded launches point at was reallocated (the old one is freed
+    /// in stream order): parked steps recorded before must not run.
+    pub(crate) fn scratch_moved(&self) {
+        self.scratch_gen
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// The position and sequence key of the step being recorded, if one is.
+    pub(crate) fn recording_pos(&self) -> Option<(u32, u64)> {
         let r = self.recorder();
-        r.active.then_some(r.pos)
+        r.active.then_some((r.pos, r.key))
     }
 
     /// See [`Recorder::chain`].
-    pub(crate) fn set_chain(&self, pos: Option<u32>) {
-        self.recorder().chain = pos;
+    pub(crate) fn set_chain(&self, chain: Option<(u32, u64)>) {
+        self.recorder().chain = chain;
     }
 
     /// Run what was recorded since [`Self::step_begin`] (no-op when nothing is recorded).
@@ -303,6 +337,14 @@ impl CudaBackend {
         }
         r.active = false;
         let ops = std::mem::take(&mut r.ops);
+        if r.preparing {
+            // A step recorded ahead cannot run now (`io` holds this step's token): drop it and
+            // whatever it would still launch.
+            r.preparing = false;
+            r.prepare_aborted = true;
+            r.began = None;
+            return;
+        }
         self.run_ops(&mut r, ops);
     }
 

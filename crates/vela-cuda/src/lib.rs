@@ -24,6 +24,7 @@ pub mod sample;
 mod switches;
 mod upload;
 
+pub use gemm::DEFAULT_GEMM_MIN;
 pub use graph::GraphStats;
 pub use kv::{CudaKv, CudaKvSnapshot};
 
@@ -193,6 +194,8 @@ pub struct CudaBackend {
     /// Record the next decode step while the GPU runs this one (`Backend::decode_step_prepare`;
     /// default on, `VELA_CUDA_PREPARE=0` off; graph.rs).
     prepare_on: AtomicBool,
+    /// Bumped whenever a scratch buffer that recorded launches point at is reallocated.
+    scratch_gen: std::sync::atomic::AtomicU64,
     upload: upload::Upload,
     /// cuBLAS prefill (gemm.rs): smallest batch (`VELA_CUDA_GEMM_MIN`, 0 = off) and state.
     gemm_min: AtomicUsize,
@@ -373,6 +376,7 @@ impl CudaBackend {
             argmax_out: Mutex::new((argmax_out, argmax_cand)),
             pipe: Mutex::new(argmax::Pipe::new()),
             prepare_on: AtomicBool::new(env("VELA_CUDA_PREPARE") != "0"),
+            scratch_gen: std::sync::atomic::AtomicU64::new(0),
             upload: upload::Upload::default(),
             gemm_min: AtomicUsize::new(
                 env("VELA_CUDA_GEMM_MIN")
@@ -967,8 +971,8 @@ impl Backend for CudaBackend {
         self.launch_1d("copy_f32", n, &args);
     }
 
-    fn decode_step_begin(&self, token: u32, pos: u32) -> bool {
-        self.step_begin(token, pos)
+    fn decode_step_begin(&self, token: u32, pos: u32, key: u64) -> bool {
+        self.step_begin(token, pos, key)
     }
 
     fn decode_step_end(&self) {
@@ -995,8 +999,8 @@ impl Backend for CudaBackend {
         self.step_launch(token, pos, key)
     }
 
-    fn decode_step_begin_chained(&self, pos: u32) -> bool {
-        self.pipe.lock().unwrap_or_else(|e| e.into_inner()).on && self.step_begin_chained(pos)
+    fn decode_step_begin_chained(&self, pos: u32, key: u64) -> bool {
+        self.pipe.lock().unwrap_or_else(|e| e.into_inner()).on && self.step_begin_chained(pos, key)
     }
 
     fn argmax_start(&self, x: &CudaBuf, width: usize) -> Option<u64> {

@@ -125,6 +125,7 @@ impl CudaBackend {
                 .stream
                 .alloc_zeros::<u8>((n_blocks * bb).next_power_of_two())
                 .expect("CUDA alloc of activation scratch");
+            self.scratch_moved();
         }
         let ap = self.ptr(&sc.act);
         let args = [Arg::P(self.ptr(x)), Arg::P(ap), Arg::I(n_blocks as i32)];
@@ -468,6 +469,7 @@ impl CudaBackend {
                 .stream
                 .alloc_zeros::<u8>(bytes.next_power_of_two())
                 .expect("CUDA alloc of activation scratch");
+            self.scratch_moved();
         }
         self.ptr(&sc.act)
     }

@@ -296,10 +296,8 @@ impl Session {
         let t = match self.finish_result(step.result) {
             Ok(t) => t,
             Err(e) => {
-                // Drop every step whose token is unknown.
-                if let Some(i) = self.tokens.iter().position(|&t| t == PLACEHOLDER) {
-                    self.tokens.truncate(i);
-                }
+                // The step did not complete: drop its input and every step after it.
+                self.tokens.truncate(step.pos.min(self.tokens.len()));
                 return Err(e);
             }
         };
@@ -367,6 +365,9 @@ impl Session {
     /// sliding-window layers only if at most `ubatch` tokens are dropped (the ring keeps that
     /// much slack beyond the window), otherwise use [`Session::checkpoint`].
     pub fn truncate(&mut self, n: usize) -> Result<()> {
+        if self.tokens[..n.min(self.tokens.len())].contains(&PLACEHOLDER) {
+            bail!("a pipelined decode step's token is not known yet (argmax_finish first)");
+        }
         if n >= self.tokens.len() {
             return Ok(());
         }
@@ -389,6 +390,9 @@ impl Session {
 
     /// An independent copy of this session (same tokens, copied cache).
     pub fn fork(&self) -> Result<Self> {
+        if self.tokens.contains(&PLACEHOLDER) {
+            bail!("a pipelined decode step's token is not known yet (argmax_finish first)");
+        }
         Ok(Session {
             model: self.model.clone(),
             state: self.state.fork()?,

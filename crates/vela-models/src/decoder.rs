@@ -393,13 +393,18 @@ impl<B: Backend> DecoderModel<B> {
         crate::decoder::check_batch(n, positions, st.max_batch, st.n_ctx, logits_from)?;
         let be = &*self.backend;
         let one = n == 1 && logits_from == 0;
+        if !one {
+            // A batch may reallocate buffers a step recorded ahead points at, and leaves no
+            // device token to chain on.
+            be.decode_step_discard();
+        }
         // A step recorded ahead (below) by the previous call: launched, nothing to issue. (An
         // out-of-range token takes the normal path, whose embedding lookup rejects it.)
         let in_range = tokens
             .first()
             .is_some_and(|&t| (t as usize) < self.cfg.n_vocab);
         if !(one && in_range && be.decode_step_launch(tokens[0], positions[0], st.id)) {
-            let step = one && be.decode_step_begin(tokens[0], positions[0]);
+            let step = one && be.decode_step_begin(tokens[0], positions[0], st.id);
             let rows = self.layers(st, tokens, positions, logits_from);
             if step {
                 be.decode_step_end();
@@ -437,8 +442,8 @@ impl<B: Backend> DecoderModel<B> {
         crate::decoder::check_batch(1, &[pos], st.max_batch, st.n_ctx, 0)?;
         let be = &*self.backend;
         let began = match token {
-            Some(t) => be.decode_step_begin(t, pos),
-            None => be.decode_step_begin_chained(pos),
+            Some(t) => be.decode_step_begin(t, pos, st.id),
+            None => be.decode_step_begin_chained(pos, st.id),
         };
         if !began {
             return Ok(None);

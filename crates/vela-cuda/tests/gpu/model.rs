@@ -359,6 +359,80 @@ fn prepared_steps_match_plain() {
     );
 }
 
+/// The guards of chained and recorded-ahead steps: a chained start on another state's device
+/// token is refused; with one-token products on cuBLAS (`set_gemm_min(1)`, not recordable) no
+/// step is recorded ahead and the logits stay those of plain steps; a batch between two steps
+/// drops the step recorded ahead (it may have moved the buffers that step points at).
+#[test]
+fn pipelining_guards() {
+    let Some(g) = gpu() else { return };
+    let Some(path) = model_path() else {
+        eprintln!("SKIP pipelining_guards: no model");
+        return;
+    };
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let g = Arc::new(g);
+    let m = vela_models::load(g.clone(), file).unwrap();
+    let prompt: Vec<u32> = (0..40).map(|i| 500 + 7 * i).collect();
+    let p0 = prompt.len() as u32;
+    let mut sa = m.new_state(1024, 64, KvType::F16).unwrap();
+    let mut sb = m.new_state(1024, 64, KvType::F16).unwrap();
+    let t = argmax(&prefill(&m, &mut sa, &prompt, 64)) as u32;
+    prefill(&m, &mut sb, &prompt, 64);
+    // (a) A's step, then B's: A's chained start would read B's id.
+    let ta = m
+        .argmax_start(&mut sa, Some(t), p0)
+        .unwrap()
+        .expect("a ticket");
+    let tb = m
+        .argmax_start(&mut sb, Some(t), p0)
+        .unwrap()
+        .expect("a ticket");
+    let refused_other = m.argmax_start(&mut sa, None, p0 + 1).unwrap().is_none();
+    let (ia, ib) = (m.argmax_finish(ta).unwrap(), m.argmax_finish(tb).unwrap());
+    // (b) cuBLAS for one-token products: nothing recorded ahead, logits as without it.
+    let mut sc = m.new_state(1024, 64, KvType::F16).unwrap();
+    let mut sd = m.new_state(1024, 64, KvType::F16).unwrap();
+    sd.prepare_ahead = false;
+    prefill(&m, &mut sc, &prompt, 64);
+    prefill(&m, &mut sd, &prompt, 64);
+    let before = g.graph_stats().prepared;
+    g.set_gemm_min(1);
+    let (mut tc, mut td) = (t, t);
+    let mut max_diff = 0f32;
+    for i in 0..8 {
+        let lc = m.forward(&mut sc, &[tc], &[p0 + i], 0).unwrap();
+        let ld = m.forward(&mut sd, &[td], &[p0 + i], 0).unwrap();
+        max_diff = lc
+            .iter()
+            .zip(&ld)
+            .fold(max_diff, |d, (x, y)| d.max((x - y).abs()));
+        tc = argmax(&lc) as u32;
+        td = argmax(&ld) as u32;
+    }
+    let ahead_gemm = g.graph_stats().prepared - before;
+    g.set_gemm_min(
+        std::env::var("VELA_CUDA_GEMM_MIN")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(vela_cuda::DEFAULT_GEMM_MIN),
+    );
+    // (c) A 2-token batch after a step: the next step is not launched from the recording.
+    let mut se = m.new_state(1024, 64, KvType::F16).unwrap();
+    prefill(&m, &mut se, &prompt, 64);
+    let before = g.graph_stats().prepared;
+    m.forward(&mut se, &[t], &[p0], 0).unwrap();
+    m.forward(&mut se, &[t, t], &[p0 + 1, p0 + 2], 1).unwrap();
+    m.forward(&mut se, &[t], &[p0 + 3], 0).unwrap();
+    let ahead_batch = g.graph_stats().prepared - before;
+    let ok = refused_other && ia == ib && ahead_gemm == 0 && max_diff == 0.0 && ahead_batch == 0;
+    eprintln!(
+        "RESULT | pipelining guards | chained start on another state's id refused: {refused_other}; cuBLAS one-token steps: {ahead_gemm} recorded ahead, max diff {max_diff:.2e}; after a batch: {ahead_batch} recorded ahead | | {} |",
+        if ok { "ok" } else { "FAIL" }
+    );
+    assert!(ok, "a pipelining guard failed");
+}
+
 /// Decode speed of SmolLM2 (F16 KV, 256 single-token steps after a 512-token prompt) per
 /// configuration: old/new matvec, graphs off/on, host/device argmax; plus prefill of 512.
 #[test]
