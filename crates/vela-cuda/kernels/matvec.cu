@@ -244,7 +244,10 @@ __device__ __forceinline__ void mvs_load(uint4 (&qv)[MVS_U][R], u16 (&dv)[MVS_U]
         }
     }
 }
-template <int R, bool BIAS = false>
+// DB (opt-in, `VELA_CUDA_DEFINES=MVS_DB`, single-weight two-row launches only: the o and down
+// products): the next round's loads are issued before the current round is computed, into a
+// second register set, so two rounds are in flight per lane (same arithmetic and order).
+template <int R, bool BIAS = false, bool DB = false>
 __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restrict__ X,
                                     float* __restrict__ Y, int rows, int nb, int blk, int split,
                                     const float* B = nullptr) {
@@ -269,6 +272,9 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
     mvs_load<R>(qv, dv, wq, wd, lo + lane, hi);
     MV_RESUME();
     for (int b0 = lo + lane; b0 < hi; b0 += 32 * MVS_U) {
+        uint4 nq[MVS_U][R];
+        u16 nd[MVS_U][R];
+        if constexpr (DB) mvs_load<R>(nq, nd, wq, wd, b0 + 32 * MVS_U, hi);
 #pragma unroll
         for (int u = 0; u < MVS_U; u++) {
             int b = b0 + 32 * u;
@@ -290,7 +296,17 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
                 }
             }
         }
-        mvs_load<R>(qv, dv, wq, wd, b0 + 32 * MVS_U, hi);
+        if constexpr (DB) {
+#pragma unroll
+            for (int u = 0; u < MVS_U; u++)
+#pragma unroll
+                for (int q = 0; q < R; q++) {
+                    qv[u][q] = nq[u][q];
+                    dv[u][q] = nd[u][q];
+                }
+        } else {
+            mvs_load<R>(qv, dv, wq, wd, b0 + 32 * MVS_U, hi);
+        }
     }
     mv_store<R, false, BIAS>(acc, acc, Y, r0, rows, part, split, B);
 }
@@ -585,10 +601,15 @@ __device__ __forceinline__ void mvk1(const u8* W, const AQ8K* X, float* Y, int r
 }
 
 // One product of a 32-element type: split-row Q4_0 (mvs) or GGUF's layout (mv32).
-template <int T, int R, bool BIAS = false>
+#ifdef MVS_DB
+#define MVS_DB_ON true
+#else
+#define MVS_DB_ON false
+#endif
+template <int T, int R, bool BIAS = false, bool DB = false>
 __device__ __forceinline__ void mv1(const u8* W, const AQ8* X, float* Y, int rows, int nb, int blk,
                                     int split, const float* B = nullptr) {
-    if constexpr (T == 102) mvs<R, BIAS>(W, X, Y, rows, nb, blk, split, B);
+    if constexpr (T == 102) mvs<R, BIAS, DB>(W, X, Y, rows, nb, blk, split, B);
     else mv32<T, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
 }
 
@@ -617,7 +638,7 @@ __device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, co
 #define MV32(T, NAME)                                                                              \
     extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv1<T, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
-    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv1<T, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
+    extern "C" __global__ void NAME##_r2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv1<T, 2, false, MVS_DB_ON>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 #define MVK(T, NAME)                                                                               \
     extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, MVU_K, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \

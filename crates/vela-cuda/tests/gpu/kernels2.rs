@@ -860,6 +860,7 @@ fn split_rows_equal_gguf_layout() {
     let mut rng = Rng(0x0400_5711);
     for (ty, rows, cols) in [
         (GgmlType::Q4_0, 300usize, 1024usize),
+        (GgmlType::Q4_0, 70, 14336),
         (GgmlType::Q4_K, 300, 768),
         (GgmlType::Q4_K, 70, 4096),
         (GgmlType::Q6_K, 300, 2048),
@@ -908,6 +909,18 @@ fn split_rows_equal_gguf_layout() {
                 );
             }
         }
+        // Single products with two rows per warp (the o and down launches of an 8B; the
+        // `MVS_DB` variant changes these).
+        g.set_mv_rows_mode(2);
+        let x = up(&g, &rng.vec(cols));
+        let (mut ya, mut yb) = (g.alloc(rows), g.alloc(rows));
+        g.matmul(&plain, &x, 1, &mut ya);
+        g.matmul(&split, &x, 1, &mut yb);
+        assert_eq!(
+            down(&g, &ya, rows),
+            down(&g, &yb, rows),
+            "{tag}: single product, two rows per warp"
+        );
         g.set_mv_rows_mode(1);
         let ids = [0u32, 7, rows as u32 - 1];
         let (mut ea, mut eb) = (g.alloc(3 * cols), g.alloc(3 * cols));
