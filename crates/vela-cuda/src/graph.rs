@@ -196,11 +196,7 @@ impl CudaBackend {
         }
         let began = std::time::Instant::now();
         self.flush_recording();
-        let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = self.stream.memcpy_htod(&[token, pos], &mut *io) {
-            panic!("CUDA upload of the decode step's token and position: {e:?}");
-        }
-        drop(io);
+        self.upload_io(token, pos);
         let mut r = self.recorder();
         r.chain = None;
         r.start(token, pos, began);
@@ -278,11 +274,7 @@ impl CudaBackend {
             Some((p, k, ops)) if p == pos && k == key && key != 0 && r.park_gen == gen => ops,
             _ => return false,
         };
-        let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
-        if let Err(e) = self.stream.memcpy_htod(&[token, pos], &mut *io) {
-            panic!("CUDA upload of the decode step's token and position: {e:?}");
-        }
-        drop(io);
+        self.upload_io(token, pos);
         r.chain = None;
         r.token = token;
         r.pos = pos;
@@ -290,6 +282,14 @@ impl CudaBackend {
         r.prepared += 1;
         self.run_ops(&mut r, ops);
         true
+    }
+
+    /// The step's token and position into the device `io` buffer (stream-ordered).
+    fn upload_io(&self, token: u32, pos: u32) {
+        let mut io = self.io.lock().unwrap_or_else(|e| e.into_inner());
+        if let Err(e) = self.stream.memcpy_htod(&[token, pos], &mut *io) {
+            panic!("CUDA upload of the decode step's token and position: {e:?}");
+        }
     }
 
     /// Drop a parked step (a switch changed what its launches would be).

@@ -169,16 +169,33 @@ fn smollm2_exact_gpu_matches_cpu() {
     compare_with_cpu(true, true);
 }
 
+/// The GPU, the model on it and the 40-token prompt of the decode-step tests (`None`, with a
+/// SKIP line, without a GPU or a model).
+fn decode_setup(
+    test: &str,
+) -> Option<(
+    Arc<CudaBackend>,
+    vela_models::DecoderModel<CudaBackend>,
+    Vec<u32>,
+)> {
+    let g = gpu()?;
+    let Some(path) = model_path() else {
+        eprintln!("SKIP {test}: no model");
+        return None;
+    };
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let g = Arc::new(g);
+    let m = vela_models::load(g.clone(), file).unwrap();
+    Some((g, m, (0..40).map(|i| 500 + 7 * i).collect()))
+}
+
 /// Decode steps recorded and replayed as CUDA graphs give bit-identical logits to plain
 /// launches over 64 tokens (same backend, two states fed the same tokens).
 #[test]
 fn graph_decode_matches_plain() {
-    let Some(g) = gpu() else { return };
-    let Some(path) = model_path() else { return };
-    let file = Arc::new(GgufFile::open(&path).unwrap());
-    let g = Arc::new(g);
-    let m = vela_models::load(g.clone(), file).unwrap();
-    let prompt: Vec<u32> = (0..40).map(|i| 500 + 7 * i).collect();
+    let Some((g, m, prompt)) = decode_setup("graph_decode_matches_plain") else {
+        return;
+    };
     let mut sa = m.new_state(1024, 64, KvType::F16).unwrap();
     let mut sb = m.new_state(1024, 64, KvType::F16).unwrap();
     let la = prefill(&m, &mut sa, &prompt, 64);
@@ -222,15 +239,9 @@ fn graph_decode_matches_plain() {
 /// as a graph replay; with pipelining off a chained start is refused and nothing runs.
 #[test]
 fn pipelined_greedy_matches_plain() {
-    let Some(g) = gpu() else { return };
-    let Some(path) = model_path() else {
-        eprintln!("SKIP pipelined_greedy_matches_plain: no model");
+    let Some((g, m, prompt)) = decode_setup("pipelined_greedy_matches_plain") else {
         return;
     };
-    let file = Arc::new(GgufFile::open(&path).unwrap());
-    let g = Arc::new(g);
-    let m = vela_models::load(g.clone(), file).unwrap();
-    let prompt: Vec<u32> = (0..40).map(|i| 500 + 7 * i).collect();
     let mut sa = m.new_state(1024, 64, KvType::F16).unwrap();
     let mut sb = m.new_state(1024, 64, KvType::F16).unwrap();
     let first = argmax(&prefill(&m, &mut sa, &prompt, 64)) as u32;
@@ -294,15 +305,9 @@ fn pipelined_greedy_matches_plain() {
 /// 24 steps alternating with another state (which drops the recording made ahead each time).
 #[test]
 fn prepared_steps_match_plain() {
-    let Some(g) = gpu() else { return };
-    let Some(path) = model_path() else {
-        eprintln!("SKIP prepared_steps_match_plain: no model");
+    let Some((g, m, prompt)) = decode_setup("prepared_steps_match_plain") else {
         return;
     };
-    let file = Arc::new(GgufFile::open(&path).unwrap());
-    let g = Arc::new(g);
-    let m = vela_models::load(g.clone(), file).unwrap();
-    let prompt: Vec<u32> = (0..40).map(|i| 500 + 7 * i).collect();
     let mut sa = m.new_state(1024, 64, KvType::F16).unwrap();
     let mut sb = m.new_state(1024, 64, KvType::F16).unwrap();
     sb.prepare_ahead = false;
@@ -365,15 +370,9 @@ fn prepared_steps_match_plain() {
 /// drops the step recorded ahead (it may have moved the buffers that step points at).
 #[test]
 fn pipelining_guards() {
-    let Some(g) = gpu() else { return };
-    let Some(path) = model_path() else {
-        eprintln!("SKIP pipelining_guards: no model");
+    let Some((g, m, prompt)) = decode_setup("pipelining_guards") else {
         return;
     };
-    let file = Arc::new(GgufFile::open(&path).unwrap());
-    let g = Arc::new(g);
-    let m = vela_models::load(g.clone(), file).unwrap();
-    let prompt: Vec<u32> = (0..40).map(|i| 500 + 7 * i).collect();
     let p0 = prompt.len() as u32;
     let mut sa = m.new_state(1024, 64, KvType::F16).unwrap();
     let mut sb = m.new_state(1024, 64, KvType::F16).unwrap();
