@@ -238,7 +238,7 @@ FLASH(2, 64, 64, flash_bf16_d64)
 FLASH(2, 128, 64, flash_bf16_d128)
 FLASH(2, 256, 32, flash_bf16_d256)
 
-// ---- tensor-core split-K decode attention with the combine fused (the default decode attention
+// ---- tensor-core split-K decode attention (the default decode attention
 // for f16/bf16 caches outside exact mode; VELA_CUDA_ATTN_PART=2|3 selects the older kernels) ----
 //
 // Grid (n_head_kv, n_tok, S), FA_WARPS warps per block. The keys a token at position p sees are
@@ -252,11 +252,15 @@ FLASH(2, 256, 32, flash_bf16_d256)
 // tile arrives); warp w takes keys 16w .. 16w + 15 of each tile: S = Q K^T (2 mma n-tiles),
 // scale, softcap, an online softmax per row over its keys, O += P V. The four warps' (m, l, O)
 // are merged through shared memory in warp order and the block writes the G rows' unnormalized
-// partials in attention_part2's layout. The block that finishes last (a ticket per (token, KV
-// head), reset by that block for the next launch) merges the S_eff partials like
-// attention_combine into out[t][h][..] and, when aq_kind is 1 (Q8) or 2 (Q8_K), also quantizes
-// the G heads' outputs (contiguous in the row) for the next product exactly like quantize_q8 /
-// quantize_q8k. Shared memory is dynamic (fd_smem_bytes in src/kernels.rs). Needs sm_80+, an
+// partials in attention_part2's layout, and attention_combine merges them in a launch of its own
+// (and quantizes for a Q8 product). Opt-in (`VELA_CUDA_DEFINES=FD_FUSED_COMBINE`, the default
+// until session 10): the block that finishes last (a ticket per (token, KV head), reset by that
+// block for the next launch) merges the S_eff partials like attention_combine into out[t][h][..]
+// and, when aq_kind is 1 (Q8) or 2 (Q8_K), also quantizes the G heads' outputs (contiguous in
+// the row) for the next product exactly like quantize_q8 / quantize_q8k. At 8K keys that merge
+// was the kernel's tail (the SMs active 59 % of its cycles in ncu): Llama-3-8B Q4_0 tg128 at
+// depth 8,192 on the H200 407 t/s with the separate combine vs 382 fused (two calls, 3 rounds
+// each). Shared memory is dynamic (fd_smem_bytes in src/kernels.rs). Needs sm_80+, an
 // f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16, S <= 128, and for aq_kind 2
 // G * D % 256 == 0 (the host checks). Q and P are rounded to the cache type (as in flash_prefill);
 // not used in exact mode.
@@ -335,9 +339,9 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
     int p = (int)pos[t];
     int first, per;
     int S_eff = fd_parts(p, window, S, target, min_tiles, first, per);
-#ifdef FD_SPLIT_COMBINE
-    // (Opt-in: attention_combine merges all S parts in a launch of its own, so a part past
-    // S_eff leaves an empty record: no keys, weight 0.)
+#ifndef FD_FUSED_COMBINE
+    // attention_combine merges all S parts in a launch of its own, so a part past S_eff leaves
+    // an empty record (no keys, weight 0).
     if (s >= S_eff) {
         for (int i = tid; i < G * (D + 2); i += blockDim.x) {
             int r = i / (D + 2), d = i % (D + 2);
@@ -451,7 +455,7 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
     }
     float* res = (float*)stg + 16 * FD_MAX_PARTS;  // [16][D] merged rows (after the weights)
     float* inv = res + 16 * D;                      // [16] 1 / L
-#ifdef FD_SPLIT_COMBINE
+#ifndef FD_FUSED_COMBINE
     if (false) {
 #else
     if (S_eff == 1) {
@@ -484,7 +488,7 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
             po[D + 1] = L;
         }
     }
-#ifdef FD_SPLIT_COMBINE
+#ifndef FD_FUSED_COMBINE
     return;
 #endif
     // The last block of (t, g) to get here merges the parts.

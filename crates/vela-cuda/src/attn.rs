@@ -42,8 +42,9 @@ pub(crate) struct FlashDecode {
     /// `attention_combine` also quantizes for the next product (Q8; default,
     /// `VELA_CUDA_COMBINE_Q8=0` off).
     combine_q8: bool,
-    /// The parts are merged by `attention_combine` in a launch of its own instead of by the
-    /// last block of each KV head (opt-in kernel variant, `VELA_CUDA_DEFINES=FD_SPLIT_COMBINE`).
+    /// The parts are merged by `attention_combine` in a launch of its own (default) instead of
+    /// by the last block of each KV head (opt-in kernel variant,
+    /// `VELA_CUDA_DEFINES=FD_FUSED_COMBINE`).
     split_combine: bool,
 }
 
@@ -67,7 +68,7 @@ impl FlashDecode {
             min_tiles: num("VELA_CUDA_FD_MIN_TILES", 4).max(1),
             min_keys: AtomicUsize::new(num("VELA_CUDA_FD_MIN_KEYS", 1536)),
             combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
-            split_combine: crate::kernels::has_define("FD_SPLIT_COMBINE"),
+            split_combine: !crate::kernels::has_define("FD_FUSED_COMBINE"),
         })
     }
 }
@@ -299,8 +300,8 @@ impl CudaBackend {
                 .div_ceil(FD_KEYS)
                 .min(target)
                 .clamp(1, FD_MAX_PARTS);
-            // Opt-in (`VELA_CUDA_DEFINES=FD_SPLIT_COMBINE`): the parts are merged by
-            // attention_combine in a launch of its own, which also quantizes for Q8 products.
+            // The parts are merged by attention_combine in a launch of its own, which also
+            // quantizes for Q8 products (`VELA_CUDA_DEFINES=FD_FUSED_COMBINE`: by the kernel).
             let split = self.fdec.split_combine;
             let quant_in = quant;
             // Quantize the output too when each KV head's G heads cover whole activation blocks.

@@ -909,8 +909,8 @@ fn split_rows_equal_gguf_layout() {
                 );
             }
         }
-        // Single products with two rows per warp (the o and down launches of an 8B; the
-        // `MVS_DB` variant changes these).
+        // Single products with two rows per warp (the o and down launches of an 8B; two rounds
+        // of loads in flight per lane in the split-row Q4_0 kernel).
         g.set_mv_rows_mode(2);
         let x = up(&g, &rng.vec(cols));
         let (mut ya, mut yb) = (g.alloc(rows), g.alloc(rows));
