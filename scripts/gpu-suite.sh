@@ -34,8 +34,9 @@
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
 #   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
-#   per switch; SUITE_TG_AB="SWITCH=value ..." vela alone, the synth models' greedy tg128 at depths 0
-#   and 8192 (SUITE_TG_AB_DEPTHS) without and with each switch, interleaved.
+#   per switch; SUITE_TG_AB="SWITCH=value ..." vela alone, greedy tg128 at depths 0 and 8192
+#   (SUITE_TG_AB_DEPTHS) of the models matching SUITE_TG_AB_MODELS (default: the synth ones)
+#   without and with each switch, interleaved.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
 stage=${1:?stage: pack|regroup|recv|test|bench|pack-quick|quick}
@@ -206,12 +207,13 @@ bench)
     [ -n "$synths" ] && env ${sw//\// } timeout 120 "${B[@]}" --models "$synths" -p 0 -n 128 \
       --out $OUT/bench-tg-$(echo $sw | tr '=,/' '___').md 2>>"$log" | grep "tg128" | sed "s|^|$sw |"
   done
-  # SUITE_TG_AB="SWITCH=value ...": vela alone, the synth models' greedy tg128 at depths
-  # SUITE_TG_AB_DEPTHS (default "0 8192") without and with each switch, 3 interleaved rounds of
-  # 3 reps each (SUITE_TG_AB_MODELS: a pattern of the synth files to run, e.g. "q4_k_m").
+  # SUITE_TG_AB="SWITCH=value ...": vela alone, greedy tg128 at depths SUITE_TG_AB_DEPTHS
+  # (default "0 8192") without and with each switch, 3 interleaved rounds of 3 reps each, of the
+  # models whose paths match SUITE_TG_AB_MODELS (default "synth": the synth models; e.g.
+  # "qwen|gemma" for real ones).
   if [ -n "${SUITE_TG_AB:-}" ]; then
     for r in 1 2 3; do
-      for m in $(echo ${synths//,/ } | tr ' ' '\n' | grep -E "${SUITE_TG_AB_MODELS:-.}"); do
+      for m in $( (ls $VELA_CACHE/models/*.gguf; echo ${synths//,/ } | tr ' ' '\n') | grep -E "${SUITE_TG_AB_MODELS:-synth}"); do
         for d in ${SUITE_TG_AB_DEPTHS:-0 8192}; do
           for sw in base $SUITE_TG_AB; do
             res=$(env $([ $sw = base ] || echo ${sw//\// }) timeout 60 /tmp/vela bench --model "$m" --device cuda \

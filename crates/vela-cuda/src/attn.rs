@@ -46,6 +46,9 @@ pub(crate) struct FlashDecode {
     /// by the last block of each KV head (opt-in kernel variant,
     /// `VELA_CUDA_DEFINES=FD_FUSED_COMBINE`).
     split_combine: bool,
+    /// The grid's parts: one per 64-key tile of capacity (`VELA_CUDA_FD_GRID=tiles`; before
+    /// session 10) instead of one per `min_tiles` tiles.
+    grid_per_tile: bool,
 }
 
 impl FlashDecode {
@@ -69,6 +72,7 @@ impl FlashDecode {
             min_keys: AtomicUsize::new(num("VELA_CUDA_FD_MIN_KEYS", 1536)),
             combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
             split_combine: !crate::kernels::has_define("FD_FUSED_COMBINE"),
+            grid_per_tile: std::env::var("VELA_CUDA_FD_GRID").is_ok_and(|v| v == "tiles"),
         })
     }
 }
@@ -291,15 +295,20 @@ impl CudaBackend {
             && self.tensor_core_attention(kv.ty, p, &[64, 128])
             && keys_seen(positions, window) >= self.fdec.min_keys.load(Ordering::Relaxed)
         {
-            // Parts: at most one per 64-key tile of capacity, and as many as make
-            // `fdec.blocks` blocks; the kernel uses fewer when the position has fewer tiles.
+            // Parts: as many as make `fdec.blocks` blocks, but no more than the capacity's
+            // tiles give at `min_tiles` per part (the kernel uses fewer when the position has
+            // fewer tiles; parts past those write empty records that attention_combine reads:
+            // with one part per tile of capacity, Qwen2.5-0.5B at 8K launched 128 parts for
+            // 32 non-empty ones). Same parts on the device either way (fd_parts);
+            // `VELA_CUDA_FD_GRID=tiles`: one per tile of capacity (before session 10).
             let target = (self.fdec.blocks / (p.n_head_kv * n_tok)).max(1);
-            let parts = l
-                .spec
-                .capacity
-                .div_ceil(FD_KEYS)
-                .min(target)
-                .clamp(1, FD_MAX_PARTS);
+            let cap_tiles = l.spec.capacity.div_ceil(FD_KEYS);
+            let most = if self.fdec.grid_per_tile {
+                cap_tiles
+            } else {
+                cap_tiles.div_ceil(self.fdec.min_tiles)
+            };
+            let parts = most.min(target).clamp(1, FD_MAX_PARTS);
             // The parts are merged by attention_combine in a launch of its own, which also
             // quantizes for Q8 products (`VELA_CUDA_DEFINES=FD_FUSED_COMBINE`: by the kernel).
             let split = self.fdec.split_combine;
