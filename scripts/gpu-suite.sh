@@ -42,7 +42,7 @@ set -uo pipefail
 stage=${1:?stage: pack|regroup|recv|test|bench|pack-quick|quick}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
-S=target/gpu-data/suite
+S=${SUITE_DIR:-target/gpu-data/suite}
 stash=/tmp/stash
 OUT=${OUT:-/tmp/vela-gpu-suite}
 export VELA_CACHE=${VELA_CACHE_GPU:-/tmp/vela-cache}
