@@ -37,6 +37,8 @@
 #   per switch; SUITE_TG_AB="SWITCH=value ..." vela alone, greedy tg128 at depths 0 and 8192
 #   (SUITE_TG_AB_DEPTHS) of the models matching SUITE_TG_AB_MODELS (default: the synth ones)
 #   without and with each switch, interleaved.
+#   SUITE_DIR: the pack's directory (default target/gpu-data/suite), for a smaller pack made by
+#   copying a subset of its files there and running regroup with SUITE_DIR set (here and there).
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
 stage=${1:?stage: pack|regroup|recv|test|bench|pack-quick|quick}
