@@ -42,10 +42,18 @@ pub(crate) struct FlashDecode {
     /// `attention_combine` also quantizes for the next product (Q8; default,
     /// `VELA_CUDA_COMBINE_Q8=0` off).
     combine_q8: bool,
+    /// `attention_combine_q8k` merges and quantizes for Q8_K products (`VELA_CUDA_COMBINE_Q8K=1`,
+    /// opt-in until measured; `set_combine_q8k`).
+    pub(crate) combine_q8k: AtomicBool,
     /// The parts are merged by `attention_combine` in a launch of its own (default) instead of
     /// by the last block of each KV head (opt-in kernel variant,
     /// `VELA_CUDA_DEFINES=FD_FUSED_COMBINE`).
     split_combine: bool,
+    /// Fewest blocks (KV heads × tokens × non-empty parts) for which the tensor-core kernel also
+    /// runs from 1,024 keys, below `min_keys` (`VELA_CUDA_FD_MIN_BLOCKS`, default 0: off).
+    /// Llama-3-8B Q4_0 at depth 1,024 (32 blocks) on the H200: 452.7 vs 422.8 t/s with the
+    /// kernel from 1,024 keys; Qwen2.5-0.5B (2 KV heads, 8 blocks) 1,191 vs 1,286.
+    min_blocks: usize,
     /// The grid's parts: one per 64-key tile of capacity (`VELA_CUDA_FD_GRID=tiles`; before
     /// session 10) instead of one per `min_tiles` tiles.
     grid_per_tile: bool,
@@ -71,7 +79,9 @@ impl FlashDecode {
             min_tiles: num("VELA_CUDA_FD_MIN_TILES", 4).max(1),
             min_keys: AtomicUsize::new(num("VELA_CUDA_FD_MIN_KEYS", 1536)),
             combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
+            combine_q8k: AtomicBool::new(num("VELA_CUDA_COMBINE_Q8K", 0) != 0),
             split_combine: !crate::kernels::has_define("FD_FUSED_COMBINE"),
+            min_blocks: num("VELA_CUDA_FD_MIN_BLOCKS", 0),
             grid_per_tile: std::env::var("VELA_CUDA_FD_GRID").is_ok_and(|v| v == "tiles"),
         })
     }
@@ -286,29 +296,37 @@ impl CudaBackend {
         // of capacity, up to 128 parts.
         let group = p.n_head / p.n_head_kv.max(1);
         let hd = p.head_dim_k;
-        // Default for decode where it applies: tensor-core split-K with the combine fused.
+        // Parts of the tensor-core decode attention: as many as make `fdec.blocks` blocks, but no
+        // more than the capacity's tiles give at `min_tiles` per part (the kernel uses fewer when
+        // the position has fewer tiles; parts past those write empty records that
+        // attention_combine reads: with one part per tile of capacity, Qwen2.5-0.5B at 8K
+        // launched 128 parts for 32 non-empty ones). Same parts on the device either way
+        // (fd_parts); `VELA_CUDA_FD_GRID=tiles`: one per tile of capacity (before session 10).
+        let target = (self.fdec.blocks / (p.n_head_kv.max(1) * n_tok)).max(1);
+        let cap_tiles = l.spec.capacity.div_ceil(FD_KEYS);
+        let most = if self.fdec.grid_per_tile {
+            cap_tiles
+        } else {
+            cap_tiles.div_ceil(self.fdec.min_tiles)
+        };
+        let parts = most.min(target).clamp(1, FD_MAX_PARTS);
+        // From `min_keys` keys; with `VELA_CUDA_FD_MIN_BLOCKS` = B > 0 also from 1,024 keys when
+        // it runs at least B blocks (models with many KV heads).
+        let keys = keys_seen(positions, window);
+        let min_blocks = self.fdec.min_blocks;
+        let wide = min_blocks > 0
+            && keys >= 1024
+            && p.n_head_kv * n_tok * fd_parts_for(keys, parts.min(target), self.fdec.min_tiles)
+                >= min_blocks;
+        // Default for decode where it applies: tensor-core split-K.
         if self.fdec.on.load(Ordering::Relaxed)
             && self.split_attn.load(Ordering::Relaxed)
             && n_tok <= SPLIT_MAX_ROWS
             && group <= 16
             && p.n_head_kv * n_tok <= FD_TICKETS
             && self.tensor_core_attention(kv.ty, p, &[64, 128])
-            && keys_seen(positions, window) >= self.fdec.min_keys.load(Ordering::Relaxed)
+            && (keys >= self.fdec.min_keys.load(Ordering::Relaxed) || wide)
         {
-            // Parts: as many as make `fdec.blocks` blocks, but no more than the capacity's
-            // tiles give at `min_tiles` per part (the kernel uses fewer when the position has
-            // fewer tiles; parts past those write empty records that attention_combine reads:
-            // with one part per tile of capacity, Qwen2.5-0.5B at 8K launched 128 parts for
-            // 32 non-empty ones). Same parts on the device either way (fd_parts);
-            // `VELA_CUDA_FD_GRID=tiles`: one per tile of capacity (before session 10).
-            let target = (self.fdec.blocks / (p.n_head_kv * n_tok)).max(1);
-            let cap_tiles = l.spec.capacity.div_ceil(FD_KEYS);
-            let most = if self.fdec.grid_per_tile {
-                cap_tiles
-            } else {
-                cap_tiles.div_ceil(self.fdec.min_tiles)
-            };
-            let parts = most.min(target).clamp(1, FD_MAX_PARTS);
             // The parts are merged by attention_combine in a launch of its own, which also
             // quantizes for Q8 products (`VELA_CUDA_DEFINES=FD_FUSED_COMBINE`: by the kernel).
             let split = self.fdec.split_combine;
@@ -343,8 +361,8 @@ impl CudaBackend {
             let grid = (p.n_head_kv as u32, n_tok as u32, parts as u32);
             self.launch(&name, grid, 128, &args);
             if split {
-                let q8 = self.combine_q8(quant_in, hd);
-                return self.combine_parts(pt, out, n_tok, p.n_head, hd, parts, q8);
+                let cq = self.combine_quant(quant_in, p.n_head, hd);
+                return self.combine_parts(pt, out, n_tok, p.n_head, hd, parts, cq);
             }
             return quant.is_some();
         }
@@ -413,8 +431,8 @@ impl CudaBackend {
             };
             let grid = (grid.0 as u32, grid.1 as u32, grid.2 as u32);
             self.launch(&name, grid, block, &args);
-            let q8 = self.combine_q8(quant, p.head_dim_v);
-            return self.combine_parts(pt, out, n_tok, p.n_head, p.head_dim_v, parts, q8);
+            let cq = self.combine_quant(quant, p.n_head, p.head_dim_v);
+            return self.combine_parts(pt, out, n_tok, p.n_head, p.head_dim_v, parts, cq);
         }
         let mode = self.attn_prefill.load(Ordering::Relaxed);
         if mode == 0 && self.flash_applies(kv.ty, p, positions) {
@@ -490,6 +508,14 @@ impl CudaBackend {
     }
 }
 
+/// Non-empty parts the tensor-core decode attention cuts `keys` keys into when the grid allows
+/// `most` (flash.cu's `fd_parts`): tiles of `FD_KEYS`, each part at least `min_tiles` of them.
+fn fd_parts_for(keys: usize, most: usize, min_tiles: usize) -> usize {
+    let n_tiles = keys.div_ceil(FD_KEYS);
+    let per = n_tiles.div_ceil(most.max(1)).max(min_tiles.max(1));
+    n_tiles.div_ceil(per)
+}
+
 /// Keys the longest of the query rows at `positions` attends to (`window`: 0 for none).
 fn keys_seen(positions: &[u32], window: usize) -> usize {
     let n = positions.iter().max().map_or(0, |&p| p as usize + 1);
@@ -515,18 +541,31 @@ fn split_keys() -> Option<usize> {
 }
 
 impl CudaBackend {
-    /// Where `attention_combine` may also quantize its output for the next product: Q8
-    /// activations, whole 32-element blocks per head, and the switch on (`VELA_CUDA_COMBINE_Q8`).
-    fn combine_q8(&self, quant: Option<(ActKind, u64)>, hdv: usize) -> Option<u64> {
-        quant
-            .filter(|(k, _)| *k == ActKind::Q8 && hdv.is_multiple_of(32))
-            .filter(|_| self.fdec.combine_q8)
-            .map(|q| q.1)
+    /// Where the combine may also quantize its output for the next product: Q8 activations with
+    /// whole 32-element blocks per head and the switch on (`VELA_CUDA_COMBINE_Q8`, default), or
+    /// Q8_K activations with heads that tile 256-element blocks (`attention_combine_q8k`;
+    /// `VELA_CUDA_COMBINE_Q8K=1`, opt-in).
+    fn combine_quant(
+        &self,
+        quant: Option<(ActKind, u64)>,
+        n_head: usize,
+        hdv: usize,
+    ) -> Option<(ActKind, u64)> {
+        quant.filter(|&(k, _)| match k {
+            ActKind::Q8 => hdv.is_multiple_of(32) && self.fdec.combine_q8,
+            ActKind::Q8K => {
+                self.fdec.combine_q8k.load(Ordering::Relaxed)
+                    && hdv >= 32
+                    && 256 % hdv == 0
+                    && (n_head * hdv).is_multiple_of(256)
+            }
+            ActKind::Float => false,
+        })
     }
 
     /// Merge `parts` split-K partial results per (token, head) (`attention_part2`'s layout at
-    /// `pt`) into `out` with `attention_combine`; with `q8`, also quantized there (returns
-    /// whether it was).
+    /// `pt`) into `out` with `attention_combine`; with `quant` (from [`Self::combine_quant`]),
+    /// also quantized there (returns whether it was).
     #[allow(clippy::too_many_arguments)]
     fn combine_parts(
         &self,
@@ -536,7 +575,7 @@ impl CudaBackend {
         n_head: usize,
         hdv: usize,
         parts: usize,
-        q8: Option<u64>,
+        quant: Option<(ActKind, u64)>,
     ) -> bool {
         let args = [
             Arg::P(pt),
@@ -544,8 +583,14 @@ impl CudaBackend {
             Arg::I(n_head as i32),
             Arg::I(hdv as i32),
             Arg::I(parts as i32),
-            Arg::P(q8.unwrap_or(0)),
+            Arg::P(quant.map_or(0, |q| q.1)),
         ];
+        if matches!(quant, Some((ActKind::Q8K, _))) {
+            // One block of 256 threads per Q8_K block of the row.
+            let grid = ((n_head * hdv / 256) as u32, n_tok as u32, 1);
+            self.launch("attention_combine_q8k", grid, 256, &args);
+            return true;
+        }
         // Four groups of parts (two above 256) × the value dimension rounded up to a warp
         // (at most 1,024 threads).
         let hdv32 = (hdv.div_ceil(32) * 32).max(32);
@@ -556,6 +601,41 @@ impl CudaBackend {
             block,
             &args,
         );
-        q8.is_some()
+        quant.is_some()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fd_parts_for;
+
+    /// The host's count of non-empty tensor-core decode parts follows flash.cu's `fd_parts`
+    /// (n_tiles = (p - first + 64) / 64 for keys = p - first + 1; most = min(S, target)).
+    #[test]
+    fn fd_parts_for_matches_the_kernel() {
+        let kernel = |keys: usize, most: usize, min_tiles: usize| {
+            let (p, first) = (keys as i64 - 1, 0i64);
+            let n_tiles = (p - first + 64) / 64;
+            let most = most.max(1) as i64;
+            let per = ((n_tiles + most - 1) / most).max(min_tiles as i64);
+            ((n_tiles + per - 1) / per) as usize
+        };
+        for keys in [
+            1usize, 63, 64, 65, 896, 897, 960, 1024, 1025, 1536, 4095, 8192, 8321,
+        ] {
+            for most in [1usize, 2, 5, 16, 33, 128] {
+                for min_tiles in [1usize, 2, 4, 8] {
+                    assert_eq!(
+                        fd_parts_for(keys, most, min_tiles),
+                        kernel(keys, most, min_tiles),
+                        "keys {keys}, most {most}, min_tiles {min_tiles}"
+                    );
+                }
+            }
+        }
+        // Llama-3-8B (8 KV heads, 33 parts) at 1,024 keys: 4 parts, 32 blocks; Qwen2.5-0.5B
+        // (2 KV heads) at 1,024: 4 parts, 8 blocks.
+        assert_eq!(fd_parts_for(1025, 33, 4), 5);
+        assert_eq!(fd_parts_for(1024, 33, 4), 4);
     }
 }

@@ -1,6 +1,6 @@
 //! The fused decode attention against the unfused ops: `flash_decode_*` (split-K on the tensor
-//! cores, the combine in the last block, the output quantized for the next product) and the
-//! second split-K version whose `attention_combine` quantizes the output.
+//! cores) and the second split-K version, each merged by `attention_combine`, which quantizes the
+//! output for a Q8 product (and with `set_combine_q8k`, `attention_combine_q8k` for a Q8_K one).
 
 use super::*;
 
@@ -8,19 +8,24 @@ use super::*;
 /// `attention` then `matmul` bit for bit, for Q8 (Q4_0) and Q8_K (Q4_K) products, head dims 64
 /// and 128, 1 and 3 query rows, short and long contexts (one part and many), a sliding window
 /// that wraps its ring, F16 and BF16 caches, with the tensor-core kernel at every length and
-/// with the second version at every length; and the attention stays within the kernel's bound of
-/// the CPU.
+/// with the second version at every length, with and without the Q8_K combine; and the attention
+/// stays within the kernel's bound of the CPU.
 #[test]
 fn fused_attention_matmul_equals_unfused() {
     let Some(g) = gpu() else { return };
-    for flash in [true, false] {
-        g.set_flash_decode_min_keys(if flash { 0 } else { usize::MAX });
-        fused_attention_matmul_case(&g, flash);
+    // (Q8_K products: the combine quantizes with `attention_combine_q8k` when switched on.)
+    for q8k in [false, true] {
+        g.set_combine_q8k(q8k);
+        for flash in [true, false] {
+            g.set_flash_decode_min_keys(if flash { 0 } else { usize::MAX });
+            fused_attention_matmul_case(&g, flash, q8k);
+        }
     }
+    g.set_combine_q8k(false);
     g.set_flash_decode_min_keys(1536);
 }
 
-fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
+fn fused_attention_matmul_case(g: &CudaBackend, flash: bool, q8k: bool) {
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(0xfd);
     for (ty, hd, nh, nkv, wty) in [
@@ -74,8 +79,9 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
                 cpu.attention(&up(&cpu, &q), &kc, 0, &pos, &p, &mut ac);
                 let tag =
                     format!(
-                    "fused attention+matmul {} {ty:?} hd={hd} G={} {} window={window:?} pos {}+{n}",
+                    "fused attention+matmul {}{} {ty:?} hd={hd} G={} {} window={window:?} pos {}+{n}",
                     if flash { "tensor-core" } else { "second version" },
+                    if q8k { " (Q8_K combine)" } else { "" },
                     nh / nkv,
                     wty.name(),
                     pos[0]
