@@ -1,7 +1,11 @@
-//! Weight-upload progress: an `indicatif` bar on a terminal, one summary line otherwise.
+//! Weight upload (`upload_weight_impl`) and its progress: an `indicatif` bar on a terminal, one
+//! summary line otherwise.
 
+use crate::{split_repack, supported, Arg, CudaBackend, CudaWeight, WEIGHT_PAD};
+use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
+use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -57,5 +61,79 @@ impl Upload {
             b.finish_and_clear();
         }
         Some((st.done, st.t0.elapsed().as_secs_f64()))
+    }
+}
+
+impl CudaBackend {
+    /// Upload one weight matrix (repacked into split rows where that applies).
+    pub(crate) fn upload_weight_impl(&self, w: &vela_compute::HostWeight) -> Result<CudaWeight> {
+        if !supported(w.ty) {
+            bail!(
+                "tensor '{}' has type {} which the CUDA backend cannot multiply",
+                w.name,
+                w.ty
+            );
+        }
+        let bs = w.ty.block_size();
+        if !w.cols.is_multiple_of(bs) {
+            bail!(
+                "tensor '{}': {} columns are not a multiple of {bs}",
+                w.name,
+                w.cols
+            );
+        }
+        let row_bytes =
+            w.ty.row_bytes(w.cols as u64)
+                .ok_or_else(|| anyhow!("tensor '{}': bad row size", w.name))? as usize;
+        let bytes = w.bytes();
+        if bytes.len() < row_bytes * w.rows {
+            bail!("tensor '{}' data is shorter than its shape", w.name);
+        }
+        // WEIGHT_PAD zero bytes after the data: the staged matvec kernels read whole 16-byte
+        // words, up to 15 bytes past the end of a row.
+        let n = row_bytes * w.rows;
+        let mut data = self
+            .stream
+            .alloc_zeros::<u8>(n + WEIGHT_PAD)
+            .with_context(|| format!("allocating tensor '{}'", w.name))?;
+        let repack = split_repack(w.ty, w.cols).filter(|_| self.repack.load(Ordering::Relaxed));
+        let split = repack.is_some();
+        if let Some((kernel, per_row)) = repack {
+            // Upload as is, then repack on the device into split rows.
+            let mut raw = self
+                .stream
+                .alloc_zeros::<u8>(n)
+                .with_context(|| format!("allocating tensor '{}'", w.name))?;
+            self.stream
+                .memcpy_htod(&bytes[..n], &mut raw)
+                .with_context(|| format!("uploading tensor '{}'", w.name))?;
+            let threads = w.rows * per_row;
+            let args = [
+                Arg::P(self.ptr(&raw)),
+                Arg::P(self.ptr(&data)),
+                Arg::I(w.rows as i32),
+                Arg::I((w.cols / w.ty.block_size()) as i32),
+            ];
+            self.launch_now(kernel, (threads.div_ceil(256) as u32, 1, 1), 256, &args)
+                .with_context(|| format!("repacking tensor '{}'", w.name))?;
+            // The matvecs load their first weights before waiting for the previous kernel
+            // (MV_RESUME in kernels/matvec.cu): no kernel launched later may overlap this one.
+            self.stream
+                .synchronize()
+                .with_context(|| format!("repacking tensor '{}'", w.name))?;
+        } else {
+            self.stream
+                .memcpy_htod(&bytes[..n], &mut data.slice_mut(0..n))
+                .with_context(|| format!("uploading tensor '{}'", w.name))?;
+        }
+        self.upload.add(n as u64);
+        Ok(CudaWeight {
+            data,
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            row_bytes,
+            split,
+        })
     }
 }
