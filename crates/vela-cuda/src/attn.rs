@@ -24,7 +24,7 @@ const FD_KEYS: usize = 64;
 /// Tickets of the tensor-core decode attention: one per (token, KV head) of a launch.
 const FD_TICKETS: usize = 1024;
 
-/// State of the tensor-core decode attention with the combine fused (`flash_decode_*`).
+/// State of the tensor-core split-K decode attention (`flash_decode_*`).
 pub(crate) struct FlashDecode {
     /// On where it applies (default; `VELA_CUDA_ATTN_PART=1|2|3` selects the older kernels).
     pub(crate) on: AtomicBool,
@@ -251,7 +251,8 @@ impl CudaBackend {
     }
 
     /// Fewest keys (of the longest query row) for the tensor-core decode attention; shorter
-    /// rows take the second split-K version (default `VELA_CUDA_FD_MIN_KEYS`, else 1536).
+    /// rows take the second split-K version (default `VELA_CUDA_FD_MIN_KEYS`, else 1536), except
+    /// from 1,024 keys when `VELA_CUDA_FD_MIN_BLOCKS` is set and met.
     pub fn set_flash_decode_min_keys(&self, n: usize) {
         self.drop_parked();
         self.flush_recording();
@@ -260,7 +261,8 @@ impl CudaBackend {
 
     /// Attention of the query rows over the cache layer into `out`. `quant` = (activation kind,
     /// device address): also quantize `out` there for the next product where the decode kernels
-    /// can (the tensor-core kernel: Q8 and Q8_K; `attention_combine`: Q8); returns whether they did.
+    /// can (`attention_combine`: Q8, and Q8_K with `VELA_CUDA_COMBINE_Q8K=1`; the tensor-core
+    /// kernel with `FD_FUSED_COMBINE`: Q8 and Q8_K); returns whether they did.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_impl(
         &self,

@@ -205,7 +205,7 @@ pub struct CudaBackend {
     gemm: Mutex<gemm::GemmState>,
     /// Warps per row of the one-token matvec (`VELA_CUDA_MV_SPLIT`, see `mv_split`).
     mv_split_mode: std::sync::atomic::AtomicU32,
-    /// Split-K decode attention on the tensor cores with the combine fused (`flash_decode_*`,
+    /// Split-K decode attention on the tensor cores (`flash_decode_*`,
     /// default where it applies; `VELA_CUDA_ATTN_PART=1|2|3` off; attn.rs).
     fdec: attn::FlashDecode,
     /// Split-K decode attention parts, third version: one block per KV head

@@ -420,8 +420,8 @@ impl CudaBackend {
         );
     }
 
-    /// See `Backend::attention_matmul`: the decode attention (`flash_decode_*` for Q8/Q8_K,
-    /// `attention_combine` for Q8) also writes the activations `w` takes, when they have the
+    /// See `Backend::attention_matmul`: the decode attention (`attention_combine` for Q8, and
+    /// Q8_K where `attention_impl` says) also writes the activations `w` takes, when they have the
     /// attention's width (fusion on, not exact, no cuBLAS); otherwise `matmul` quantizes them.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_matmul_impl(

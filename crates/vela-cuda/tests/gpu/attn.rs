@@ -13,14 +13,33 @@ use super::*;
 #[test]
 fn fused_attention_matmul_equals_unfused() {
     let Some(g) = gpu() else { return };
-    // (Q8_K products: the combine quantizes with `attention_combine_q8k` when switched on.)
+    // (Q8_K products: the combine quantizes with `attention_combine_q8k` when switched on; the
+    // launches are counted so that a silent fallback to `quantize_q8k` fails the test.)
+    g.set_profiling(true);
     for q8k in [false, true] {
         g.set_combine_q8k(q8k);
         for flash in [true, false] {
             g.set_flash_decode_min_keys(if flash { 0 } else { usize::MAX });
+            g.profile_take();
             fused_attention_matmul_case(&g, flash, q8k);
+            let launches = g
+                .profile_take()
+                .get("attention_combine_q8k")
+                .map_or(0, |v| v.1);
+            let ok = (launches > 0) == q8k;
+            eprintln!(
+                "RESULT | fused attention+matmul, {}, Q8_K combine {}: attention_combine_q8k launches | {launches} | | {} |",
+                if flash { "tensor-core" } else { "second version" },
+                if q8k { "on" } else { "off" },
+                if ok { "ok" } else { "FAIL" }
+            );
+            assert!(
+                ok,
+                "attention_combine_q8k launches: {launches} (switch {q8k})"
+            );
         }
     }
+    g.set_profiling(false);
     g.set_combine_q8k(false);
     g.set_flash_decode_min_keys(1536);
 }
