@@ -12,6 +12,7 @@
 #                                         #    and brought back, target/gpu-data/lb/lb.partNN);
 #                                         #    prints the carry groups (each <= 64 MiB)
 #   here:   scripts/gpu-suite.sh regroup  # after a rebuild: fresh binaries into the pack, new groups
+#   here:   scripts/gpu-suite.sh pack-small  # after regroup: a 4-call pack with SmolLM2 only
 #   there:  scripts/gpu-suite.sh recv     # once per carry group: files -> /tmp/stash
 #   there:  scripts/gpu-suite.sh test     # assemble + sha256-check the models, then
 #       1. device bandwidth (crates/vela-cuda/bench/bandwidth.cu, nvcc) — the roofline's denominator
@@ -41,7 +42,7 @@
 #   copying a subset of its files there and running regroup with SUITE_DIR set (here and there).
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|recv|test|bench|pack-quick|quick}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -116,6 +117,22 @@ pack)
     split -b 56M -d "$src/models/$m.gguf" "$S/m-$m.part"
   done
   groups
+  ;;
+pack-small)
+  # A smaller pack (4 carry calls instead of 17) from the full one after `regroup`: the binaries,
+  # parity fixtures, CPU references, tokenizer sources, llama.cpp bundle and only the models of
+  # SMALL_MODELS (default SmolLM2) -> target/gpu-data/suite-s. There, every stage with
+  # SUITE_DIR=target/gpu-data/suite-s, SUITE_MODELS / SUITE_KEYS set to the same models, and
+  # SUITE_SYNTH adding "qwen2.5-0.5b:q4_k_m" for the 0.5B geometry.
+  small=${SMALL_MODELS:-SmolLM2-135M-Instruct.Q4_1}
+  D=target/gpu-data/suite-s
+  rm -rf $D && mkdir -p $D
+  for f in vela gpu-test parity.tar.gz cpuref.tar ggml-vocab-llama-bpe.gguf ggml-vocab-qwen2.gguf; do
+    cp target/gpu-data/suite/$f $D/
+  done
+  cp target/gpu-data/suite/lb.part* $D/
+  for m in $small; do cp target/gpu-data/suite/m-$m.* $D/; done
+  S=$D groups
   ;;
 regroup)
   # After a rebuild: the fresh vela and GPU test binaries into an existing pack, new carry groups.
