@@ -38,8 +38,8 @@
 #   per switch; SUITE_TG_AB="SWITCH=value ..." vela alone, greedy tg128 at depths 0 and 8192
 #   (SUITE_TG_AB_DEPTHS) of the models matching SUITE_TG_AB_MODELS (default: the synth ones)
 #   without and with each switch, interleaved.
-#   SUITE_DIR: the pack's directory (default target/gpu-data/suite), for a smaller pack made by
-#   copying a subset of its files there and running regroup with SUITE_DIR set (here and there).
+#   SUITE_DIR: the pack's directory (default target/gpu-data/suite; target/gpu-data/suite-s for
+#   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
 stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick}
@@ -93,6 +93,14 @@ print(f"{len(bins)} carry groups:")
 for size, fs in bins:
     print(f"  {size / 2**20:5.1f} MiB: {' '.join(fs)}")
 EOF
+}
+
+# vela's tg128 of one model ("SWITCH=value" or base; more switches joined by '/'), the rest of
+# the arguments passed to `vela bench`: prints "tg128 ... | mean ± std".
+vela_tg() {
+  local sw=$1 m=$2; shift 2
+  env $([ "$sw" = base ] || echo ${sw//\// }) timeout 60 /tmp/vela bench --model "$m" --device cuda \
+    -p 0 -n 128 -r 3 "$@" 2>/dev/null | grep -o 'tg128[^|]*| [0-9.]* ± [0-9.]*'
 }
 
 case $stage in
@@ -235,9 +243,7 @@ bench)
       for m in $( (ls $VELA_CACHE/models/*.gguf; echo ${synths//,/ } | tr ' ' '\n') | grep -E "${SUITE_TG_AB_MODELS:-synth}"); do
         for d in ${SUITE_TG_AB_DEPTHS:-0 8192}; do
           for sw in base $SUITE_TG_AB; do
-            res=$(env $([ $sw = base ] || echo ${sw//\// }) timeout 60 /tmp/vela bench --model "$m" --device cuda \
-              -p 0 -n 128 -r 3 --depth $d 2>/dev/null | grep -o 'tg128[^|]*| [0-9.]* ± [0-9.]*')
-            echo "| $r | $(basename "$m" .gguf) | $d | $sw | $res |"
+            echo "| $r | $(basename "$m" .gguf) | $d | $sw | $(vela_tg $sw "$m" --depth $d) |"
           done
         done
       done
@@ -250,9 +256,7 @@ bench)
     for r in 1 2 3; do
       for m in $VELA_CACHE/models/*.gguf /tmp/synth/llama3-8b-q4_0.gguf; do
         for sw in base $SUITE_SAMPLED; do
-          res=$(env $([ $sw = base ] || echo ${sw//\// }) timeout 60 /tmp/vela bench --model "$m" --device cuda \
-            -p 0 -n 128 -r 3 --temperature 0.8 2>/dev/null | grep -o 'tg128 T=0.8 | [0-9.]* ± [0-9.]*')
-          echo "| $r | $(basename "$m" .gguf) | $sw | $res |"
+          echo "| $r | $(basename "$m" .gguf) | $sw | $(vela_tg $sw "$m" --temperature 0.8) |"
         done
       done
     done | tee $OUT/bench-sampled.md
@@ -284,10 +288,8 @@ quick)
   Q=target/gpu-data/quick
   mkdir -p "$OUT" "$VELA_CACHE/vocab" "$VELA_CACHE/llama.cpp-cuda"
   t0=$(date +%s)
-  xz -dc $Q/vela.xz >/tmp/vela && xz -dc $Q/gpu-test.xz >/tmp/gpu-test && chmod +x /tmp/vela /tmp/gpu-test
-  for v in llama-bpe qwen2; do xz -dc $Q/vocab-$v.gguf.xz >"$VELA_CACHE/vocab/ggml-vocab-$v.gguf"; done
+  QUICK_DIR=$Q source scripts/gpu-quick-env.sh
   tar xJf $Q/lb.tar.xz -C /tmp && ln -sfn /tmp/llama-bench-cuda "$VELA_CACHE/llama.cpp-cuda/bin"
-  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   # QUICK_MODELS: name:geometry:type, synthesized here (8B: ~20 s each).
   models=${QUICK_MODELS:-l8:llama3-8b:q4_0 q05:qwen2.5-0.5b:q4_k_m}
   ( for m in $models; do IFS=: read -r n a t <<<"$m"

@@ -318,8 +318,7 @@ impl CudaBackend {
         let min_blocks = self.fdec.min_blocks;
         let wide = min_blocks > 0
             && keys >= 1024
-            && p.n_head_kv * n_tok * fd_parts_for(keys, parts.min(target), self.fdec.min_tiles)
-                >= min_blocks;
+            && p.n_head_kv * n_tok * fd_parts_for(keys, parts, self.fdec.min_tiles) >= min_blocks;
         // Default for decode where it applies: tensor-core split-K.
         if self.fdec.on.load(Ordering::Relaxed)
             && self.split_attn.load(Ordering::Relaxed)
