@@ -630,9 +630,7 @@ PART3(2, 8, attention_part3_bf16_g8)
 
 // The weights of a split-K merge, computed by one warp: lane l takes parts l, l + 32, ... (< S <=
 // COMBINE_MAX) of pr (stride hdv + 2: m at hdv, l at hdv + 1), writes w_s = exp(m_s - M) (0 for an
-// empty part) to wts[s] and returns 1 / L, L = sum of l_s w_s (every lane). CG: load through L2
-// only (parts written by other blocks of the same grid).
-template <bool CG>
+// empty part) to wts[s] and returns 1 / L, L = sum of l_s w_s (every lane).
 __device__ __forceinline__ float part_weights(const float* __restrict__ pr, int hdv, int S, float* wts) {
     int l0 = threadIdx.x & 31;
     float ms[COMBINE_MAX / 32], ls[COMBINE_MAX / 32];
@@ -641,8 +639,8 @@ __device__ __forceinline__ float part_weights(const float* __restrict__ pr, int 
     for (int k = 0; k < COMBINE_MAX / 32; k++) {
         int s = l0 + 32 * k;
         const float* ps = pr + (size_t)s * (hdv + 2) + hdv;
-        ms[k] = s < S ? (CG ? __ldcg(ps) : ps[0]) : NEG_INF;
-        ls[k] = s < S ? (CG ? __ldcg(ps + 1) : ps[1]) : 0.0f;
+        ms[k] = s < S ? ps[0] : NEG_INF;
+        ls[k] = s < S ? ps[1] : 0.0f;
         mx = fmaxf(mx, ms[k]);
     }
     float M = warp_max(mx);
@@ -656,49 +654,6 @@ __device__ __forceinline__ float part_weights(const float* __restrict__ pr, int 
     return 1.0f / warp_sum(lw);
 }
 
-// attention_combine for a Q8_K product (`VELA_CUDA_COMBINE_Q8K=1`, opt-in): block (b, t) merges
-// the 256 / hdv heads b * 256 / hdv .. that make up Q8_K block b of token t's row (hdv in 32, 64,
-// 128, 256; n_head * hdv % 256 == 0; 256 threads) and quantizes it like quantize_q8k. Each output
-// is attention_combine's (the same weights, and the same four interleaved groups of parts added
-// in order), so out and the Q8_K blocks equal attention_combine + quantize_q8k bit for bit.
-extern "C" __global__ void attention_combine_q8k(const float* __restrict__ part,
-                                                 float* __restrict__ out, int n_head, int hdv,
-                                                 int S, AQ8K* __restrict__ aq) {
-    PDL_ENTRY();
-    __shared__ float wts[8][COMBINE_MAX];
-    __shared__ float inv_l[8];
-    __shared__ float vals[256];
-    int b = blockIdx.x, t = blockIdx.y;
-    int H = 256 / hdv, warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    size_t row = (size_t)t * n_head + (size_t)b * H;  // first head of the block
-    if (warp < H) {
-        float il = part_weights<false>(part + (row + warp) * S * (hdv + 2), hdv, S, wts[warp]);
-        if (lane == 0) inv_l[warp] = il;
-    }
-    __syncthreads();
-    int hh = threadIdx.x / hdv, d = threadIdx.x % hdv;
-    const float* pr = part + (row + hh) * S * (hdv + 2);
-    // attention_combine's G = 4 groups: group gi sums parts gi, gi + 4, ...; then added in order.
-    float sum = 0.0f;
-#pragma unroll
-    for (int gi = 0; gi < 4; gi++) {
-        float v = 0.0f;
-#pragma unroll 8
-        for (int s = gi; s < S; s += 4) v += pr[(size_t)s * (hdv + 2) + d] * wts[hh][s];
-        sum = gi == 0 ? v : sum + v;
-    }
-    float r = sum * inv_l[hh];
-    out[row * hdv + threadIdx.x] = r;
-    vals[threadIdx.x] = r;
-    __syncthreads();
-    if (warp == 0) {
-        float v8[8];
-#pragma unroll
-        for (int k = 0; k < 8; k++) v8[k] = vals[8 * lane + k];
-        q8k_block(v8, aq + row * hdv / 256, lane);
-    }
-}
-
 extern "C" __global__ void attention_combine(const float* __restrict__ part, float* __restrict__ out,
                                              int n_head, int hdv, int S, AQ8* __restrict__ aq) {
     PDL_ENTRY();
@@ -708,7 +663,7 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, flo
     int h = blockIdx.x, t = blockIdx.y;
     const float* pr = part + ((size_t)t * n_head + h) * S * (hdv + 2);
     if (threadIdx.x < 32) {
-        float il = part_weights<false>(pr, hdv, S, wts);
+        float il = part_weights(pr, hdv, S, wts);
         if (threadIdx.x == 0) inv_l = il;
     }
     __syncthreads();

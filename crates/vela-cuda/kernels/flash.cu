@@ -253,24 +253,22 @@ FLASH(2, 256, 32, flash_bf16_d256)
 // scale, softcap, an online softmax per row over its keys, O += P V. The four warps' (m, l, O)
 // are merged through shared memory in warp order and the block writes the G rows' unnormalized
 // partials in attention_part2's layout, and attention_combine merges them in a launch of its own
-// (and quantizes for a Q8 product). Opt-in (`VELA_CUDA_DEFINES=FD_FUSED_COMBINE`, the default
-// until session 10): the block that finishes last (a ticket per (token, KV head), reset by that
-// block for the next launch) merges the S_eff partials like attention_combine into out[t][h][..]
-// and, when aq_kind is 1 (Q8) or 2 (Q8_K), also quantizes the G heads' outputs (contiguous in
-// the row) for the next product exactly like quantize_q8 / quantize_q8k. At 8K keys that merge
-// was the kernel's tail (the SMs active 59 % of its cycles in ncu): Llama-3-8B Q4_0 tg128 at
-// depth 8,192 on the H200 407 t/s with the separate combine vs 382 fused (two calls, 3 rounds
-// each). Shared memory is dynamic (fd_smem_bytes in src/kernels.rs). Needs sm_80+, an
-// f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16, S <= 128, and for aq_kind 2
-// G * D % 256 == 0 (the host checks). Q and P are rounded to the cache type (as in flash_prefill);
-// not used in exact mode.
+// (and quantizes for a Q8 product). Until session 10 the block that finished last (a ticket per
+// (token, KV head)) merged the parts and quantized for the next product (Q8 and Q8_K); at 8K keys
+// that merge was the kernel's tail (the SMs active 59 % of its cycles in ncu): Llama-3-8B Q4_0
+// tg128 at depth 8,192 on the H200 407 t/s with the separate combine vs 382 fused, and the
+// Q4_K_M 8B 358–360 vs 343–344 (session 11); removed. The entries' parameters out, aq, aq_kind
+// and tickets are left from it, unused (the host passes 0). Shared memory is dynamic (dyn_smem
+// in src/kernels.rs). Needs sm_80+, an f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16,
+// S <= 128 (the host checks). Q and P are rounded to the cache type (as in flash_prefill); not
+// used in exact mode.
 #define FD_KEYS 64
 #ifdef FD_ONE_STAGE
 #define FD_STAGES 1
 #else
 #define FD_STAGES 2
 #endif
-#define FD_MAX_PARTS 128  // (= COMBINE_MAX: the merge uses part_weights)
+#define FD_MAX_PARTS 128  // (= COMBINE_MAX: attention_combine merges them)
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(smem_addr(smem)), "l"(gmem),
@@ -318,20 +316,16 @@ __device__ __forceinline__ void fd_issue(u16* ks, u16* vs, const u16* kc, const 
 template <int KT, int D>
 __device__ void flash_decode(const float* __restrict__ q, const void* __restrict__ kc,
                              const void* __restrict__ vc, const u32* __restrict__ pos,
-                             float* __restrict__ part, float* __restrict__ out, void* __restrict__ aq,
-                             int aq_kind, u32* __restrict__ tickets, int n_head, int n_head_kv,
-                             int capacity, int window, float scale, float softcap, int target,
-                             int min_tiles) {
+                             float* __restrict__ part, int n_head, int n_head_kv, int capacity,
+                             int window, float scale, float softcap, int target, int min_tiles) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
     constexpr int LD = D + 8;
     constexpr int TILE = FD_KEYS * LD;  // elements of one K (or V) tile
-    static_assert(FD_STAGES * 2 * TILE * 2 >= (16 * FD_MAX_PARTS + 16 * D + 16) * 4,
-                  "the merge buffers fit in the tiles");
+    static_assert(FD_STAGES * 2 * TILE * 2 >= 16 * D * 4, "the warps' merge buffer fits in the tiles");
     extern __shared__ __align__(16) u16 fd_smem[];
     u16* qsm = fd_smem;           // [16][LD] Q rows
     u16* stg = fd_smem + 16 * LD; // stage i: K tile at stg + 2 i TILE, V tile after it
     __shared__ float wm[FA_WARPS][16], wl[FA_WARPS][16];
-    __shared__ int s_last;
     int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
     int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
     int gid = lane >> 2, tig = lane & 3;
@@ -339,7 +333,6 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
     int p = (int)pos[t];
     int first, per;
     int S_eff = fd_parts(p, window, S, target, min_tiles, first, per);
-#ifndef FD_FUSED_COMBINE
     // attention_combine merges all S parts in a launch of its own, so a part past S_eff leaves
     // an empty record (no keys, weight 0).
     if (s >= S_eff) {
@@ -349,9 +342,6 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
         }
         return;
     }
-#else
-    if (s >= S_eff) return;
-#endif
     int lo = first + FD_KEYS * per * s, hi = min(p, lo + FD_KEYS * per - 1);
     int n_tiles = (hi - lo + FD_KEYS) / FD_KEYS;
     const u16* kc16 = (const u16*)kc;
@@ -453,28 +443,6 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
         }
         __syncthreads();
     }
-    float* res = (float*)stg + 16 * FD_MAX_PARTS;  // [16][D] merged rows (after the weights)
-    float* inv = res + 16 * D;                      // [16] 1 / L
-#ifndef FD_FUSED_COMBINE
-    if (false) {
-#else
-    if (S_eff == 1) {
-#endif
-        // The only part: normalize here (no partials, no ticket).
-        if (tid < G) {
-            float M = NEG_INF, L = 0.0f;
-            for (int w = 0; w < FA_WARPS; w++) M = fmaxf(M, wm[w][tid]);
-            for (int w = 0; w < FA_WARPS; w++)
-                L += wm[w][tid] == NEG_INF ? 0.0f : wl[w][tid] * expf(wm[w][tid] - M);
-            inv[tid] = 1.0f / L;
-        }
-        __syncthreads();
-        for (int i = tid; i < G * D; i += blockDim.x) {
-            float v = ob[i] * inv[i / D];
-            out[((size_t)t * n_head + g * G) * D + i] = v;
-            res[i] = v;
-        }
-    } else {
     for (int i = tid; i < G * D; i += blockDim.x) {
         int r = i / D, d = i % D;
         float* po = part + (((size_t)t * n_head + g * G + r) * S + s) * (D + 2);
@@ -488,59 +456,12 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
             po[D + 1] = L;
         }
     }
-#ifndef FD_FUSED_COMBINE
-    return;
-#endif
-    // The last block of (t, g) to get here merges the parts.
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) {
-        u32* tk = tickets + (size_t)t * n_head_kv + g;
-        bool last = atomicAdd(tk, 1u) == (u32)(S_eff - 1);
-        if (last) *tk = 0u;  // every block of this launch has taken its ticket
-        s_last = last;
-    }
-    __syncthreads();
-    if (!s_last) return;
-    __threadfence();
-    float* wts = (float*)stg;  // [16][FD_MAX_PARTS] part weights exp(m_s - M)
-    for (int r = warp; r < G; r += FA_WARPS) {
-        const float* pr = part + ((size_t)t * n_head + g * G + r) * S * (D + 2);
-        float il = part_weights<true>(pr, D, S_eff, wts + r * FD_MAX_PARTS);
-        if (lane == 0) inv[r] = il;
-    }
-    __syncthreads();
-    for (int i = tid; i < G * D; i += blockDim.x) {
-        int r = i / D, d = i % D;
-        const float* pr = part + ((size_t)t * n_head + g * G + r) * S * (D + 2) + d;
-        float v = 0.0f;
-#pragma unroll 8
-        for (int si = 0; si < S_eff; si++) v += __ldcg(pr + (size_t)si * (D + 2)) * wts[r * FD_MAX_PARTS + si];
-        v *= inv[r];
-        out[((size_t)t * n_head + g * G + r) * D + d] = v;
-        res[i] = v;
-    }
-    }
-    if (aq_kind == 0) return;
-    __syncthreads();
-    // The G heads' outputs are elements e0 .. e0 + G D - 1 of the activation rows.
-    size_t e0 = ((size_t)t * n_head + (size_t)g * G) * D;
-    if (aq_kind == 1) {
-        for (int b = warp; b < G * D / 32; b += FA_WARPS) q8_block(res[32 * b + lane], (AQ8*)aq + e0 / 32 + b, lane);
-    } else {
-        for (int b = warp; b < G * D / 256; b += FA_WARPS) {
-            float v[8];
-#pragma unroll
-            for (int k = 0; k < 8; k++) v[k] = res[256 * b + 8 * lane + k];
-            q8k_block(v, (AQ8K*)aq + e0 / 256 + b, lane);
-        }
-    }
 #endif
 }
 
 #define FLASH_DECODE(KT, D, NAME)                                                                  \
-    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, float* out, void* aq, int aq_kind, u32* tickets, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap, int target, int min_tiles) { PDL_ENTRY(); \
-        flash_decode<KT, D>(q, kc, vc, pos, part, out, aq, aq_kind, tickets, n_head, n_head_kv, capacity, window, scale, softcap, target, min_tiles); }
+    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap, int target, int min_tiles) { PDL_ENTRY(); \
+        flash_decode<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap, target, min_tiles); }
 FLASH_DECODE(1, 64, flash_decode_f16_d64)
 FLASH_DECODE(1, 128, flash_decode_f16_d128)
 FLASH_DECODE(2, 64, flash_decode_bf16_d64)

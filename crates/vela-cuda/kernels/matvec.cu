@@ -537,7 +537,9 @@ __device__ __forceinline__ void mvks_load(uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)
         }
     }
 }
-template <int T, int R, bool BIAS = false, bool DB = false>
+// (Two rounds in flight, as mvs with DB, measured slower on Llama-3-8B Q4_K_M: tg128 398 vs 436
+// t/s; removed.)
+template <int T, int R, bool BIAS = false>
 __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __restrict__ X,
                                      float* __restrict__ Y, int rows, int nb, int blk, int split,
                                      const float* B = nullptr) {
@@ -557,8 +559,6 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
     mvks_load<T, R>(qv, hd, wr, nb, lo + lane, hi);
     MV_RESUME();
     for (int it0 = lo + lane; it0 < hi; it0 += 32 * MVKS_U(R)) {
-        uint4 nq[MVKS_U(R)][R], nh[MVKS_U(R)][R];
-        if constexpr (DB) mvks_load<T, R>(nq, nh, wr, nb, it0 + 32 * MVKS_U(R), hi);
 #pragma unroll
         for (int u = 0; u < MVKS_U(R); u++) {
             int it = it0 + 32 * u;
@@ -586,36 +586,18 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
                 }
             }
         }
-        if constexpr (DB) {
-#pragma unroll
-            for (int u = 0; u < MVKS_U(R); u++)
-#pragma unroll
-                for (int q = 0; q < R; q++) {
-                    qv[u][q] = nq[u][q];
-                    hd[u][q] = nh[u][q];
-                }
-        } else {
-            mvks_load<T, R>(qv, hd, wr, nb, it0 + 32 * MVKS_U(R), hi);
-        }
+        mvks_load<T, R>(qv, hd, wr, nb, it0 + 32 * MVKS_U(R), hi);
     }
     mv_store<R, false, BIAS>(acc, acc, Y, r0, rows, part, split, B);
 }
 
-// MVKS_DB (opt-in, `VELA_CUDA_DEFINES=MVKS_DB`): mvks keeps two rounds of loads in flight per
-// lane, as mvs with DB (same arithmetic and order; Qwen2.5-0.5B-geometry Q4_K_M tg128: 1,374 t/s
-// with and without).
-#ifdef MVKS_DB
-#define MVKS_DB_ON true
-#else
-#define MVKS_DB_ON false
-#endif
 // One k-quant product: split rows through mvks (unless MVKS_OFF), else mvk.
 template <int T, int MVU, int R, bool BIAS = false>
 __device__ __forceinline__ void mvk1(const u8* W, const AQ8K* X, float* Y, int rows, int nb,
                                      int blk, int split, const float* B = nullptr) {
 #ifndef MVKS_OFF
     if constexpr (T == 112 || T == 114) {
-        mvks<T, R, BIAS, MVKS_DB_ON>(W, X, Y, rows, nb, blk, split, B);
+        mvks<T, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
         return;
     }
 #endif

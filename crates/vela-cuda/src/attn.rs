@@ -4,7 +4,7 @@
 use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaKv};
 use crate::{ATT_MAXD, ATT_MAXD_BIG, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
 use anyhow::Result;
-use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream};
+use cudarc::driver::{sys, CudaContext};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 
@@ -21,15 +21,10 @@ const FD_MAX_PARTS: usize = 128;
 /// Keys per tile of the tensor-core decode attention (`FD_KEYS` in flash.cu).
 const FD_KEYS: usize = 64;
 
-/// Tickets of the tensor-core decode attention: one per (token, KV head) of a launch.
-const FD_TICKETS: usize = 1024;
-
 /// State of the tensor-core split-K decode attention (`flash_decode_*`).
 pub(crate) struct FlashDecode {
     /// On where it applies (default; `VELA_CUDA_ATTN_PART=1|2|3` selects the older kernels).
     pub(crate) on: AtomicBool,
-    /// Zeroed; the last block of each (token, KV head) resets its ticket.
-    tickets: CudaSlice<u32>,
     /// Blocks the parts aim for per launch: `VELA_CUDA_FD_WAVES` (default 2) per SM.
     blocks: usize,
     /// Fewest 64-key tiles per part (`VELA_CUDA_FD_MIN_TILES`, default 4).
@@ -42,17 +37,13 @@ pub(crate) struct FlashDecode {
     /// `attention_combine` also quantizes for the next product (Q8; default,
     /// `VELA_CUDA_COMBINE_Q8=0` off).
     combine_q8: bool,
-    /// `attention_combine_q8k` merges and quantizes for Q8_K products (`VELA_CUDA_COMBINE_Q8K=1`,
-    /// opt-in until measured; `set_combine_q8k`).
-    pub(crate) combine_q8k: AtomicBool,
-    /// The parts are merged by `attention_combine` in a launch of its own (default) instead of
-    /// by the last block of each KV head (opt-in kernel variant,
-    /// `VELA_CUDA_DEFINES=FD_FUSED_COMBINE`).
-    split_combine: bool,
     /// Fewest blocks (KV heads × tokens × non-empty parts) for which the tensor-core kernel also
-    /// runs from 1,024 keys, below `min_keys` (`VELA_CUDA_FD_MIN_BLOCKS`, default 0: off).
+    /// runs from 1,024 keys, below `min_keys` (`VELA_CUDA_FD_MIN_BLOCKS`, default 32; 0: off).
     /// Llama-3-8B Q4_0 at depth 1,024 (32 blocks) on the H200: 452.7 vs 422.8 t/s with the
-    /// kernel from 1,024 keys; Qwen2.5-0.5B (2 KV heads, 8 blocks) 1,191 vs 1,286.
+    /// kernel from 1,024 keys; Qwen2.5-0.5B (2 KV heads, 8 blocks) 1,191 vs 1,286, hence the
+    /// block count. With 32 (session 11, two calls, 3 rounds each): Llama-3-8B Q4_0 at depth
+    /// 1,024 448.0 / 447.3 / 452.8 vs 418.7 / 417.8 / 418.5 t/s, at 1,400 450.5 / 447.8 / 447.7
+    /// vs 399.5 / 400.3 / 399.4; Qwen2.5-0.5B unchanged (1,220 vs 1,217 at 1,400).
     min_blocks: usize,
     /// The grid's parts: one per 64-key tile of capacity (`VELA_CUDA_FD_GRID=tiles`; before
     /// session 10) instead of one per `min_tiles` tiles.
@@ -60,7 +51,7 @@ pub(crate) struct FlashDecode {
 }
 
 impl FlashDecode {
-    pub(crate) fn new(ctx: &Arc<CudaContext>, stream: &Arc<CudaStream>) -> Result<Self> {
+    pub(crate) fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
         let sms = ctx
             .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| anyhow::anyhow!("querying the SM count: {e:?}"))?;
@@ -74,14 +65,11 @@ impl FlashDecode {
         let part = std::env::var("VELA_CUDA_ATTN_PART").unwrap_or_default();
         Ok(FlashDecode {
             on: AtomicBool::new(!matches!(part.as_str(), "1" | "2" | "3")),
-            tickets: stream.alloc_zeros::<u32>(FD_TICKETS)?,
             blocks: waves.max(1) * sms.max(1) as usize,
             min_tiles: num("VELA_CUDA_FD_MIN_TILES", 4).max(1),
             min_keys: AtomicUsize::new(num("VELA_CUDA_FD_MIN_KEYS", 1536)),
             combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
-            combine_q8k: AtomicBool::new(num("VELA_CUDA_COMBINE_Q8K", 0) != 0),
-            split_combine: !crate::kernels::has_define("FD_FUSED_COMBINE"),
-            min_blocks: num("VELA_CUDA_FD_MIN_BLOCKS", 0),
+            min_blocks: num("VELA_CUDA_FD_MIN_BLOCKS", 32),
             grid_per_tile: std::env::var("VELA_CUDA_FD_GRID").is_ok_and(|v| v == "tiles"),
         })
     }
@@ -252,7 +240,7 @@ impl CudaBackend {
 
     /// Fewest keys (of the longest query row) for the tensor-core decode attention; shorter
     /// rows take the second split-K version (default `VELA_CUDA_FD_MIN_KEYS`, else 1536), except
-    /// from 1,024 keys when `VELA_CUDA_FD_MIN_BLOCKS` is set and met.
+    /// from 1,024 keys when the kernel runs at least `VELA_CUDA_FD_MIN_BLOCKS` blocks (default 32).
     pub fn set_flash_decode_min_keys(&self, n: usize) {
         self.drop_parked();
         self.flush_recording();
@@ -261,8 +249,7 @@ impl CudaBackend {
 
     /// Attention of the query rows over the cache layer into `out`. `quant` = (activation kind,
     /// device address): also quantize `out` there for the next product where the decode kernels
-    /// can (`attention_combine`: Q8, and Q8_K with `VELA_CUDA_COMBINE_Q8K=1`; the tensor-core
-    /// kernel with `FD_FUSED_COMBINE`: Q8 and Q8_K); returns whether they did.
+    /// can (`attention_combine`: Q8); returns whether they did.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_impl(
         &self,
@@ -312,8 +299,8 @@ impl CudaBackend {
             cap_tiles.div_ceil(self.fdec.min_tiles)
         };
         let parts = most.min(target).clamp(1, FD_MAX_PARTS);
-        // From `min_keys` keys; with `VELA_CUDA_FD_MIN_BLOCKS` = B > 0 also from 1,024 keys when
-        // it runs at least B blocks (models with many KV heads).
+        // From `min_keys` keys; also from 1,024 keys when it runs at least
+        // `VELA_CUDA_FD_MIN_BLOCKS` blocks (default 32: models with many KV heads; 0: never).
         let keys = keys_seen(positions, window);
         let min_blocks = self.fdec.min_blocks;
         let wide = min_blocks > 0
@@ -324,20 +311,11 @@ impl CudaBackend {
             && self.split_attn.load(Ordering::Relaxed)
             && n_tok <= SPLIT_MAX_ROWS
             && group <= 16
-            && p.n_head_kv * n_tok <= FD_TICKETS
             && self.tensor_core_attention(kv.ty, p, &[64, 128])
             && (keys >= self.fdec.min_keys.load(Ordering::Relaxed) || wide)
         {
             // The parts are merged by attention_combine in a launch of its own, which also
-            // quantizes for Q8 products (`VELA_CUDA_DEFINES=FD_FUSED_COMBINE`: by the kernel).
-            let split = self.fdec.split_combine;
-            let quant_in = quant;
-            // Quantize the output too when each KV head's G heads cover whole activation blocks.
-            let quant = quant.filter(|_| !split).and_then(|(k, a)| match k {
-                ActKind::Q8 => Some((1, a)),
-                ActKind::Q8K if (group * hd).is_multiple_of(256) => Some((2, a)),
-                _ => None,
-            });
+            // quantizes for Q8 products.
             let pt = self.attn_partials(n_tok * p.n_head * parts * (hd + 2));
             let args = [
                 Arg::P(self.ptr(q)),
@@ -345,10 +323,6 @@ impl CudaBackend {
                 Arg::P(self.ptr(&l.v)),
                 Arg::P(pp),
                 Arg::P(pt),
-                Arg::P(self.ptr(out)),
-                Arg::P(quant.map_or(0, |q| q.1)),
-                Arg::I(quant.map_or(0, |q| q.0)),
-                Arg::P(self.ptr(&self.fdec.tickets)),
                 Arg::I(p.n_head as i32),
                 Arg::I(p.n_head_kv as i32),
                 Arg::I(l.spec.capacity as i32),
@@ -361,11 +335,8 @@ impl CudaBackend {
             let name = format!("flash_decode_{}_d{hd}", kv_suffix(kv.ty));
             let grid = (p.n_head_kv as u32, n_tok as u32, parts as u32);
             self.launch(&name, grid, 128, &args);
-            if split {
-                let cq = self.combine_quant(quant_in, p.n_head, hd);
-                return self.combine_parts(pt, out, n_tok, p.n_head, hd, parts, cq);
-            }
-            return quant.is_some();
+            let cq = self.combine_quant(quant, hd);
+            return self.combine_parts(pt, out, n_tok, p.n_head, hd, parts, cq);
         }
         let v3 = self.attn_part3.load(Ordering::Relaxed)
             && p.n_head_kv > 0
@@ -432,7 +403,7 @@ impl CudaBackend {
             };
             let grid = (grid.0 as u32, grid.1 as u32, grid.2 as u32);
             self.launch(&name, grid, block, &args);
-            let cq = self.combine_quant(quant, p.n_head, p.head_dim_v);
+            let cq = self.combine_quant(quant, p.head_dim_v);
             return self.combine_parts(pt, out, n_tok, p.n_head, p.head_dim_v, parts, cq);
         }
         let mode = self.attn_prefill.load(Ordering::Relaxed);
@@ -543,24 +514,12 @@ fn split_keys() -> Option<usize> {
 
 impl CudaBackend {
     /// Where the combine may also quantize its output for the next product: Q8 activations with
-    /// whole 32-element blocks per head and the switch on (`VELA_CUDA_COMBINE_Q8`, default), or
-    /// Q8_K activations with heads that tile 256-element blocks (`attention_combine_q8k`;
-    /// `VELA_CUDA_COMBINE_Q8K=1`, opt-in).
-    fn combine_quant(
-        &self,
-        quant: Option<(ActKind, u64)>,
-        n_head: usize,
-        hdv: usize,
-    ) -> Option<(ActKind, u64)> {
-        quant.filter(|&(k, _)| match k {
-            ActKind::Q8 => hdv.is_multiple_of(32) && self.fdec.combine_q8,
-            ActKind::Q8K => {
-                self.fdec.combine_q8k.load(Ordering::Relaxed)
-                    && hdv >= 32
-                    && 256 % hdv == 0
-                    && (n_head * hdv).is_multiple_of(256)
-            }
-            ActKind::Float => false,
+    /// whole 32-element blocks per head and the switch on (`VELA_CUDA_COMBINE_Q8`, default).
+    /// (Q8_K products get a `quantize_q8k` launch: `attention_combine_q8k`, which merged and
+    /// quantized them, measured slower on the 8B Q4_K_M in session 11 and was removed.)
+    fn combine_quant(&self, quant: Option<(ActKind, u64)>, hdv: usize) -> Option<(ActKind, u64)> {
+        quant.filter(|&(k, _)| {
+            matches!(k, ActKind::Q8) && hdv.is_multiple_of(32) && self.fdec.combine_q8
         })
     }
 
@@ -586,12 +545,6 @@ impl CudaBackend {
             Arg::I(parts as i32),
             Arg::P(quant.map_or(0, |q| q.1)),
         ];
-        if matches!(quant, Some((ActKind::Q8K, _))) {
-            // One block of 256 threads per Q8_K block of the row.
-            let grid = ((n_head * hdv / 256) as u32, n_tok as u32, 1);
-            self.launch("attention_combine_q8k", grid, 256, &args);
-            return true;
-        }
         // Four groups of parts (two above 256) × the value dimension rounded up to a warp
         // (at most 1,024 threads).
         let hdv32 = (hdv.div_ceil(32) * 32).max(32);

@@ -228,7 +228,6 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "attention_part2_bf16",
             "attention_part_bf16",
             "attention_combine",
-            "attention_combine_q8k",
             "attention_part3_f32_g4",
             "attention_part3_f16_g4",
             "attention_part3_bf16_g4",

@@ -345,7 +345,7 @@ impl CudaBackend {
         let argmax_out = stream.alloc_zeros::<u32>(1)?;
         let argmax_cand = stream.alloc_zeros::<f32>(2)?;
         let attn_part = stream.alloc_zeros::<f32>(1)?;
-        let fdec = attn::FlashDecode::new(&ctx, &stream)?;
+        let fdec = attn::FlashDecode::new(&ctx)?;
         let env = |k: &str| std::env::var(k).unwrap_or_default();
         let (nm, nn) = nvrtc.version()?;
         Ok(CudaBackend {

@@ -66,13 +66,6 @@ impl CudaBackend {
         self.fdec.on.store(on, Ordering::Relaxed);
     }
 
-    /// The split-K combine also quantizes for Q8_K products (`attention_combine_q8k`).
-    pub fn set_combine_q8k(&self, on: bool) {
-        self.drop_parked();
-        self.flush_recording();
-        self.fdec.combine_q8k.store(on, Ordering::Relaxed);
-    }
-
     /// Split-K decode attention parts of the third version (one block per KV head) on or off.
     pub fn set_attention_parts_v3(&self, on: bool) {
         self.drop_parked();
