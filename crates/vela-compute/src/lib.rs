@@ -294,6 +294,33 @@ pub trait Backend: Send + Sync {
         self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
         self.kv_store(kv, layer, k, v, positions);
     }
+    /// [`Backend::rope_qk_store`] after RMS-normalizing every q and k head (`head_dim`
+    /// elements; Qwen3's and Gemma's QK norm) with `norms` = (q weights, k weights, eps):
+    /// [`Backend::rms_norm_inplace`] twice, then the RoPE and the store, in one call that a
+    /// backend may fuse.
+    #[allow(clippy::too_many_arguments)]
+    fn norm_rope_qk_store(
+        &self,
+        q: &mut Self::Buf,
+        k: &mut Self::Buf,
+        v: &Self::Buf,
+        kv: &mut Self::Kv,
+        layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+        norms: (&Self::Vector, &Self::Vector, f32),
+    ) {
+        let n = positions.len();
+        let (qn, kn, eps) = norms;
+        self.rms_norm_inplace(q, qn, n * n_head, head_dim, eps);
+        self.rms_norm_inplace(k, kn, n * n_head_kv, head_dim, eps);
+        self.rope_qk_store(
+            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p,
+        );
+    }
     /// [`Backend::attention`] into `a`, then `y = a · wᵀ` ([`Backend::matmul`]): the attention
     /// output and its projection, one call that a backend may fuse.
     #[allow(clippy::too_many_arguments)]
@@ -356,6 +383,28 @@ pub trait Backend: Send + Sync {
                 self.add_bias(y, b, n_rows);
             }
         }
+    }
+    /// [`Backend::norm_matmul_many`] whose residual is first RMS-normalized with `post`
+    /// (Gemma's post-attention and post-FFN norms): `x += rms_norm(residual) * post`, then the
+    /// pre-norm and the products, in one call that a backend may fuse. `residual`'s content
+    /// afterwards is unspecified (this default normalizes it in place).
+    #[allow(clippy::too_many_arguments)]
+    fn post_norm_matmul_many(
+        &self,
+        x: &mut Self::Buf,
+        residual: &mut Self::Buf,
+        post: &Self::Vector,
+        w: &Self::Vector,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+        h: &mut Self::Buf,
+        ws: &[&Self::Weight],
+        biases: &[Option<&Self::Vector>],
+        ys: &mut [&mut Self::Buf],
+    ) {
+        self.rms_norm_inplace(residual, post, n_rows, width, eps);
+        self.norm_matmul_many(x, Some(residual), w, n_rows, width, eps, h, ws, biases, ys);
     }
     // --- decode-step recording and device-side argmax (default: plain ops, host argmax) ---
     /// Announce a single-token decode step (`token` at position `pos` of the sequence `key`:

@@ -254,12 +254,16 @@ ROPE_STORE(rope_store, 2, rope_store_bf16)
 // (y < n_head), or rotates k head y - n_head and stores it (and its unrotated tail) in the cache,
 // or stores v head y - n_head - n_head_kv. Thread i takes pair i (a serial loop when the head has
 // more pairs than threads); angles computed as in rope_row, so the results are identical.
-template <int KT>
+// NORM (`rope_norm_store_heads_*`): each q and k head is first RMS-normalized in place with qn / kn
+// (Qwen3's and Gemma's QK norm) exactly like rms_norm on head rows (launched with 256 threads like
+// rms_norm, so the double sums are grouped the same way): two launches fewer per layer.
+template <int KT, bool NORM = false>
 __device__ void rope_store_heads(float* q, float* k, const float* __restrict__ v,
                                  const u32* __restrict__ pos, void* kc, void* vc, int n_head,
                                  int n_head_kv, int head_dim, int n_rot, float theta_scale,
                                  float freq_scale, const float* __restrict__ ff, int neox, int wk,
-                                 int wv, int capacity) {
+                                 int wv, int capacity, const float* __restrict__ qn = nullptr,
+                                 const float* __restrict__ kn = nullptr, float eps = 0.0f) {
     int t = blockIdx.x, y = blockIdx.y;
     u32 p = pos[t];
     size_t slot = p % (u32)capacity;
@@ -277,6 +281,19 @@ __device__ void rope_store_heads(float* q, float* k, const float* __restrict__ v
     int hh = is_k ? y - n_head : y;
     float* hx = is_k ? k + ((size_t)t * n_head_kv + hh) * head_dim : q + ((size_t)t * n_head + hh) * head_dim;
     size_t dst = slot * wk + (size_t)hh * head_dim;
+    if constexpr (NORM) {
+        const float* nw = is_k ? kn : qn;
+        double s = 0.0;
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
+            float x = hx[i];
+            s += (double)(x * x);
+        }
+        float mean = (float)(block_sum_d(s) / (double)head_dim);
+        float scale = 1.0f / sqrtf(mean + eps);
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) hx[i] = (hx[i] * scale) * nw[i];
+        // (The rotation below reads elements other threads normalized.)
+        __syncthreads();
+    }
     int half_rot = n_rot / 2;
     for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
         float theta = (float)p;
@@ -310,3 +327,9 @@ __device__ void rope_store_heads(float* q, float* k, const float* __restrict__ v
 ROPE_STORE(rope_store_heads, 0, rope_store_heads_f32)
 ROPE_STORE(rope_store_heads, 1, rope_store_heads_f16)
 ROPE_STORE(rope_store_heads, 2, rope_store_heads_bf16)
+#define ROPE_NORM_STORE(KT, NAME)                                                                    \
+    extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity, const float* qn, const float* kn, float eps) { PDL_ENTRY(); \
+        rope_store_heads<KT, true>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity, qn, kn, eps); }
+ROPE_NORM_STORE(0, rope_norm_store_heads_f32)
+ROPE_NORM_STORE(1, rope_norm_store_heads_f16)
+ROPE_NORM_STORE(2, rope_norm_store_heads_bf16)

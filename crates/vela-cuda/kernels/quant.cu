@@ -89,10 +89,19 @@ NORM_Q(norm_quant, 1, norm_q8k)
 // runs on the registers: a Q8 block of 32 is 4 lanes (K = 0), a Q8_K block of 256 one warp
 // (K = 1, lane l holding elements 8l..8l+7 as q8k_block expects). The single-block loop version
 // above took ~8 us per call on Llama-3-8B decode (ncu, H200), two calls per layer.
-template <int K>
+// POST (`norm_q8*_post_regs`, res required): res is first RMS-normalized with pw like rms_norm
+// (Gemma's post-attention and post-FFN norms; res itself is left as it was), so
+// x += rms_norm(res) * pw: one launch fewer per norm. The products are rounded as rms_norm
+// stores them (no contraction into the add); the sum of squares is added in this kernel's order
+// (double, like rms_norm's, so a different order changes the float mean only when the double sums
+// round differently: bit-equal in `mix::post_norm_matmul_equals_unfused` and in sampled output).
+// Gemma 3 270M geometry tg128 on the H200: 1,594 t/s vs 1,510 with the sum emulating rms_norm's
+// order through shared memory and 1,395 without the fold (session 11, two calls).
+template <int K, bool POST = false>
 __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__ res,
                                 const float* __restrict__ w, float* __restrict__ h,
-                                u8* __restrict__ act, int width, float eps) {
+                                u8* __restrict__ act, int width, float eps,
+                                const float* __restrict__ pw = nullptr) {
     int t = threadIdx.x;
     bool on = 8 * t < width;  // width is a multiple of 32: all 8 elements are in the row
     float* xr = x + (size_t)blockIdx.x * width;
@@ -107,7 +116,7 @@ __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__
         v[4] = x1.x; v[5] = x1.y; v[6] = x1.z; v[7] = x1.w;
         wv[0] = w0.x; wv[1] = w0.y; wv[2] = w0.z; wv[3] = w0.w;
         wv[4] = w1.x; wv[5] = w1.y; wv[6] = w1.z; wv[7] = w1.w;
-        if (res) {
+        if (res && !POST) {
             const float4* rr = (const float4*)(res + (size_t)blockIdx.x * width);
             float4 r0 = rr[2 * t], r1 = rr[2 * t + 1];
             v[0] += r0.x; v[1] += r0.y; v[2] += r0.z; v[3] += r0.w;
@@ -115,6 +124,35 @@ __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__
             ((float4*)xr)[2 * t] = make_float4(v[0], v[1], v[2], v[3]);
             ((float4*)xr)[2 * t + 1] = make_float4(v[4], v[5], v[6], v[7]);
         }
+    }
+    if constexpr (POST) {
+        const float* rrow = res + (size_t)blockIdx.x * width;
+        float r[8];
+        double sr = 0.0;
+#pragma unroll
+        for (int e = 0; e < 8; e++) r[e] = 0.0f;
+        if (on) {
+            float4 r0 = ((const float4*)rrow)[2 * t], r1 = ((const float4*)rrow)[2 * t + 1];
+            r[0] = r0.x; r[1] = r0.y; r[2] = r0.z; r[3] = r0.w;
+            r[4] = r1.x; r[5] = r1.y; r[6] = r1.z; r[7] = r1.w;
+#pragma unroll
+            for (int e = 0; e < 8; e++) sr += (double)(r[e] * r[e]);
+        }
+        float rmean = (float)(block_sum_d(sr) / (double)width);
+        // (block_sum_d's shared slots are used again below.)
+        __syncthreads();
+        float rscale = 1.0f / sqrtf(rmean + eps);
+        if (on) {
+            float4 p0 = ((const float4*)pw)[2 * t], p1 = ((const float4*)pw)[2 * t + 1];
+            float pv[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
+            // Rounded products, as rms_norm stores them (no contraction into the add).
+#pragma unroll
+            for (int e = 0; e < 8; e++) v[e] = __fadd_rn(v[e], __fmul_rn(__fmul_rn(r[e], rscale), pv[e]));
+            ((float4*)xr)[2 * t] = make_float4(v[0], v[1], v[2], v[3]);
+            ((float4*)xr)[2 * t + 1] = make_float4(v[4], v[5], v[6], v[7]);
+        }
+    }
+    if (on) {
 #pragma unroll
         for (int e = 0; e < 8; e++) s += (double)(v[e] * v[e]);
     }
@@ -166,6 +204,11 @@ __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__
 
 NORM_Q(norm_quant_regs, 0, norm_q8_regs)
 NORM_Q(norm_quant_regs, 1, norm_q8k_regs)
+#define NORM_Q_POST(K, NAME)                                                                        \
+    extern "C" __global__ void NAME(float* x, const float* res, const float* pw, const float* w, float* h, u8* act, int width, float eps) { PDL_ENTRY(); \
+        norm_quant_regs<K, true>(x, res, w, h, act, width, eps, pw); }
+NORM_Q_POST(0, norm_q8_post_regs)
+NORM_Q_POST(1, norm_q8k_post_regs)
 
 // ---- 32-element weight blocks ----
 

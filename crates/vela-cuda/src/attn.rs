@@ -4,7 +4,7 @@
 use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaKv};
 use crate::{ATT_MAXD, ATT_MAXD_BIG, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
 use anyhow::Result;
-use cudarc::driver::{sys, CudaContext};
+use cudarc::driver::{sys, CudaContext, CudaSlice};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::Arc;
 
@@ -193,8 +193,22 @@ impl CudaBackend {
         head_dim: usize,
         positions: &[u32],
         p: &RopeParams,
+        norms: Option<(&CudaSlice<f32>, &CudaSlice<f32>, f32)>,
     ) {
         let l = &kv.layers[layer];
+        let heads_kernel = self.fuse.load(Ordering::Relaxed)
+            && p.n_rot != 0
+            && l.spec.head_dim_k == head_dim
+            && self.small_v2.load(Ordering::Relaxed);
+        let fold = heads_kernel && self.norm_fold.load(Ordering::Relaxed);
+        if let Some((qn, kn, eps)) = norms.filter(|_| !fold) {
+            let n = positions.len();
+            self.rms_norm_inplace(q, qn, n * n_head, head_dim, eps);
+            self.rms_norm_inplace(k, kn, n * n_head_kv, head_dim, eps);
+            return self.rope_qk_store_impl(
+                q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, None,
+            );
+        }
         if !self.fuse.load(Ordering::Relaxed) || p.n_rot == 0 || l.spec.head_dim_k != head_dim {
             self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
             self.kv_store(kv, layer, k, v, positions);
@@ -208,7 +222,7 @@ impl CudaBackend {
         let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
         let mut sc = self.scratch();
         let pp = self.positions(&mut sc, positions);
-        let args = [
+        let mut args = vec![
             Arg::P(self.ptr(q)),
             Arg::P(self.ptr(k)),
             Arg::P(self.ptr(v)),
@@ -228,10 +242,16 @@ impl CudaBackend {
             Arg::I(l.spec.capacity as i32),
         ];
         if self.small_v2.load(Ordering::Relaxed) {
-            // One block per q, k and v head (`rope_store_heads`), a thread per rotated pair.
+            // One block per q, k and v head (`rope_store_heads`), a thread per rotated pair;
+            // with QK norms `rope_norm_store_heads` (256 threads, like rms_norm).
             let heads = (n_head + 2 * n_head_kv) as u32;
-            let threads = (p.n_rot / 2).clamp(32, 256).next_multiple_of(32) as u32;
-            let name = name.replace("rope_store", "rope_store_heads");
+            let mut threads = (p.n_rot / 2).clamp(32, 256).next_multiple_of(32) as u32;
+            let mut name = name.replace("rope_store", "rope_store_heads");
+            if let Some((qn, kn, eps)) = norms {
+                args.extend([Arg::P(self.ptr(qn)), Arg::P(self.ptr(kn)), Arg::F(eps)]);
+                threads = 256;
+                name = name.replace("rope_store", "rope_norm_store");
+            }
             self.launch(&name, (positions.len() as u32, heads, 1), threads, &args);
         } else {
             self.launch(&name, (positions.len() as u32, 3, 1), 256, &args);

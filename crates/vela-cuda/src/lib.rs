@@ -174,6 +174,8 @@ pub struct CudaBackend {
     mvk_u2: AtomicBool,
     /// Fused pre-norm input and q/k RoPE (`VELA_CUDA_FUSE`, default on).
     fuse: AtomicBool,
+    /// QK norm and post norms folded into neighbouring kernels (`VELA_CUDA_NORM_FOLD=0` off).
+    norm_fold: AtomicBool,
     /// Split-K attention for up to `SPLIT_MAX_ROWS` query rows (`VELA_CUDA_ATTN=old`: off).
     split_attn: AtomicBool,
     /// Partial results of the split-K attention.
@@ -364,6 +366,7 @@ impl CudaBackend {
             matvec_new: AtomicBool::new(env("VELA_CUDA_MATVEC") != "old"),
             mvk_u2: AtomicBool::new(env("VELA_CUDA_MVK_U2") == "1"),
             fuse: AtomicBool::new(env("VELA_CUDA_FUSE") != "0"),
+            norm_fold: AtomicBool::new(env("VELA_CUDA_NORM_FOLD") != "0"),
             split_attn: AtomicBool::new(env("VELA_CUDA_ATTN") != "old"),
             attn_part: Mutex::new(attn_part),
             graphs_on: AtomicBool::new(
@@ -623,45 +626,7 @@ impl Backend for CudaBackend {
     }
 
     fn get_rows(&self, w: &CudaWeight, ids: &[u32], scale: f32, out: &mut CudaBuf) -> Result<()> {
-        // A recorded decode step reads its token from the device `io` buffer (a chained step's
-        // token, `DEVICE_TOKEN`, is an argmax over the vocabulary, in range).
-        let recorded = self.recorded_token(ids);
-        let on_device = recorded.is_some() && ids == [vela_compute::DEVICE_TOKEN];
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= w.rows && !on_device) {
-            bail!(
-                "token id {id} is out of range (vocabulary has {} entries)",
-                w.rows
-            );
-        }
-        if ids.is_empty() {
-            return Ok(());
-        }
-        if out.len() < ids.len() * w.cols {
-            bail!("get_rows: output buffer too small");
-        }
-        let (suffix, _) = w.info();
-        let d_ids = match recorded {
-            Some(p) => (p, None),
-            None => {
-                let d = self.stream.clone_htod(ids)?;
-                (self.ptr(&d), Some(d))
-            }
-        };
-        let args = [
-            Arg::P(self.ptr(&w.data)),
-            Arg::P(d_ids.0),
-            Arg::I(w.cols as i32),
-            Arg::L(w.row_bytes as i64),
-            Arg::F(scale),
-            Arg::P(self.ptr(out)),
-        ];
-        self.launch(
-            &format!("get_rows_{suffix}"),
-            (ids.len() as u32, 1, 1),
-            256,
-            &args,
-        );
-        Ok(())
+        self.get_rows_impl(w, ids, scale, out)
     }
 
     fn matmul(&self, w: &CudaWeight, x: &CudaBuf, n: usize, y: &mut CudaBuf) {
@@ -687,7 +652,24 @@ impl Backend for CudaBackend {
         biases: &[Option<&CudaSlice<f32>>],
         ys: &mut [&mut CudaBuf],
     ) {
-        self.norm_matmul_impl(x, residual, w, n_rows, width, eps, h, ws, ys, biases);
+        self.norm_matmul_impl(x, residual, None, w, n_rows, width, eps, h, ws, ys, biases);
+    }
+
+    fn post_norm_matmul_many(
+        &self,
+        x: &mut CudaBuf,
+        residual: &mut CudaBuf,
+        post: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+        h: &mut CudaBuf,
+        ws: &[&CudaWeight],
+        biases: &[Option<&CudaSlice<f32>>],
+        ys: &mut [&mut CudaBuf],
+    ) {
+        self.post_norm_matmul_impl(x, residual, post, w, n_rows, width, eps, h, ws, ys, biases);
     }
 
     fn add_bias(&self, x: &mut CudaBuf, b: &CudaSlice<f32>, n: usize) {
@@ -785,7 +767,36 @@ impl Backend for CudaBackend {
         p: &RopeParams,
     ) {
         self.rope_qk_store_impl(
-            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p,
+            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, None,
+        );
+    }
+
+    fn norm_rope_qk_store(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        kv: &mut CudaKv,
+        layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+        norms: (&CudaSlice<f32>, &CudaSlice<f32>, f32),
+    ) {
+        self.rope_qk_store_impl(
+            q,
+            k,
+            v,
+            kv,
+            layer,
+            n_head,
+            n_head_kv,
+            head_dim,
+            positions,
+            p,
+            Some(norms),
         );
     }
 

@@ -163,6 +163,7 @@ impl CudaBackend {
         &self,
         x: &mut CudaBuf,
         residual: Option<&CudaBuf>,
+        post: Option<&CudaSlice<f32>>,
         w: &CudaSlice<f32>,
         n_rows: usize,
         width: usize,
@@ -173,16 +174,12 @@ impl CudaBackend {
         biases: &[Option<&CudaSlice<f32>>],
     ) {
         use vela_compute::Backend;
-        let kind = ws.first().map(|w| w.info().1);
-        let fusable = self.fuse.load(Ordering::Relaxed)
-            && !self.exact.load(Ordering::Relaxed)
-            && n_rows > 0
-            && matches!(kind, Some(ActKind::Q8 | ActKind::Q8K))
-            && ws
-                .iter()
-                .all(|w| w.cols == width && Some(w.info().1) == kind)
-            && !self.use_gemm(n_rows, ws);
-        let Some(kind) = kind.filter(|_| fusable) else {
+        let kind = self.norm_fusable(ws, n_rows, width);
+        let Some(kind) = kind else {
+            assert!(
+                post.is_none(),
+                "norm_matmul_impl: post norm without the fused kernel"
+            );
             if let Some(r) = residual {
                 self.add(x, r, n_rows * width);
             }
@@ -202,7 +199,7 @@ impl CudaBackend {
         };
         let mut sc = self.scratch();
         let ap = self.act_scratch(&mut sc, n_rows * width / bs * bb);
-        let args = [
+        let mut args = vec![
             Arg::P(self.ptr(&*x)),
             Arg::P(residual.map(|r| self.ptr(r)).unwrap_or(0)),
             Arg::P(self.ptr(w)),
@@ -214,10 +211,26 @@ impl CudaBackend {
         // Default: the row in registers, 8 elements per thread (`norm_q8*_regs`; needs 16-byte
         // aligned rows). Else (`VELA_CUDA_SMALL=old`, or rows wider than 8192) one thread per
         // element up to 1024 with loops beyond.
-        let aligned = [&args[0], &args[1], &args[2], &args[3], &args[4]]
-            .iter()
-            .all(|a| matches!(a, Arg::P(p) if p % 16 == 0));
-        if self.small_v2.load(Ordering::Relaxed) && width <= 8192 && aligned {
+        if let Some(pw) = post {
+            // `norm_q8*_post_regs` (the caller checked `norm_regs_ok`): res, pw, w, ...
+            args.insert(2, Arg::P(self.ptr(pw)));
+            let threads = (width / 8).next_multiple_of(32) as u32;
+            self.launch(
+                &format!("{name}_post_regs"),
+                (n_rows as u32, 1, 1),
+                threads,
+                &args,
+            );
+        } else if self.norm_regs_ok(
+            width,
+            &[
+                self.ptr(&*x),
+                args_ptr(&args[1]),
+                self.ptr(w),
+                self.ptr(&*h),
+                ap,
+            ],
+        ) {
             let threads = (width / 8).next_multiple_of(32) as u32;
             self.launch(
                 &format!("{name}_regs"),
@@ -242,6 +255,66 @@ impl CudaBackend {
             return;
         }
         self.matmul_many_impl(ws, h, n_rows, ys, pre);
+    }
+
+    /// The activation kind of the fused `norm_q8*` path of `norm_matmul_impl` for these
+    /// products, if it applies: fusion on, not exact, every weight quantized with the same
+    /// activation kind and `width` columns, no cuBLAS.
+    fn norm_fusable(&self, ws: &[&CudaWeight], n_rows: usize, width: usize) -> Option<ActKind> {
+        let kind = ws.first().map(|w| w.info().1)?;
+        let ok = self.fuse.load(Ordering::Relaxed)
+            && !self.exact.load(Ordering::Relaxed)
+            && n_rows > 0
+            && matches!(kind, ActKind::Q8 | ActKind::Q8K)
+            && ws.iter().all(|w| w.cols == width && w.info().1 == kind)
+            && !self.use_gemm(n_rows, ws);
+        ok.then_some(kind)
+    }
+
+    /// The row-in-registers norm kernels (`norm_q8*_regs`) apply: second-version small
+    /// kernels, rows of at most 8,192 elements and 16-byte aligned device addresses.
+    fn norm_regs_ok(&self, width: usize, ptrs: &[u64]) -> bool {
+        self.small_v2.load(Ordering::Relaxed) && width <= 8192 && ptrs.iter().all(|p| p % 16 == 0)
+    }
+
+    /// See `Backend::post_norm_matmul_many`: with the fused row-in-registers norm one
+    /// `norm_q8*_post_regs` launch normalizes the residual, adds it and runs the pre-norm
+    /// (`residual` is left as it was); otherwise `rms_norm_inplace` on the residual, then
+    /// `norm_matmul_impl`.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn post_norm_matmul_impl(
+        &self,
+        x: &mut CudaBuf,
+        residual: &mut CudaBuf,
+        post: &CudaSlice<f32>,
+        w: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+        eps: f32,
+        h: &mut CudaBuf,
+        ws: &[&CudaWeight],
+        ys: &mut [&mut CudaBuf],
+        biases: &[Option<&CudaSlice<f32>>],
+    ) {
+        use vela_compute::Backend;
+        let ptrs = [
+            self.ptr(&*x),
+            self.ptr(&*residual),
+            self.ptr(post),
+            self.ptr(w),
+            self.ptr(&*h),
+        ];
+        if self.norm_fold.load(Ordering::Relaxed)
+            && self.norm_fusable(ws, n_rows, width).is_some()
+            && self.norm_regs_ok(width, &ptrs)
+        {
+            let r = Some(&*residual);
+            self.norm_matmul_impl(x, r, Some(post), w, n_rows, width, eps, h, ws, ys, biases);
+        } else {
+            self.rms_norm_inplace(residual, post, n_rows, width, eps);
+            let r = Some(&*residual);
+            self.norm_matmul_impl(x, r, None, w, n_rows, width, eps, h, ws, ys, biases);
+        }
     }
 
     /// `ys[i] += biases[i]` on each of the `n` rows where a bias is given.
@@ -554,5 +627,13 @@ fn mix_code(w: &CudaWeight) -> Option<i32> {
         (GgmlType::Q4_K, true) => Some(112),
         (GgmlType::Q6_K, true) => Some(114),
         _ => None,
+    }
+}
+
+/// The device address of a pointer argument (0 for other kinds).
+fn args_ptr(a: &Arg) -> u64 {
+    match a {
+        Arg::P(p) => *p,
+        _ => 0,
     }
 }

@@ -31,6 +31,14 @@ impl CudaBackend {
         self.fuse.store(on, Ordering::Relaxed);
     }
 
+    /// QK norm folded into RoPE + store and post norms into the next pre-norm (default: on
+    /// unless `VELA_CUDA_NORM_FOLD=0`).
+    pub fn set_norm_fold(&self, on: bool) {
+        self.drop_parked();
+        self.flush_recording();
+        self.norm_fold.store(on, Ordering::Relaxed);
+    }
+
     /// Split-K decode attention on or off (default: on unless `VELA_CUDA_ATTN=old`).
     pub fn set_split_attention(&self, on: bool) {
         self.drop_parked();

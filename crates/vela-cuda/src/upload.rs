@@ -1,7 +1,7 @@
 //! Weight upload (`upload_weight_impl`) and its progress: an `indicatif` bar on a terminal, one
-//! summary line otherwise.
+//! summary line otherwise; and the embedding gather of uploaded weights (`get_rows_impl`).
 
-use crate::{split_repack, supported, Arg, CudaBackend, CudaWeight, WEIGHT_PAD};
+use crate::{split_repack, supported, Arg, CudaBackend, CudaBuf, CudaWeight, WEIGHT_PAD};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
@@ -135,5 +135,57 @@ impl CudaBackend {
             row_bytes,
             split,
         })
+    }
+}
+
+impl CudaBackend {
+    /// See `Backend::get_rows`: the embedding rows of `ids` (dequantized, times `scale`) into
+    /// `out`.
+    pub(crate) fn get_rows_impl(
+        &self,
+        w: &CudaWeight,
+        ids: &[u32],
+        scale: f32,
+        out: &mut CudaBuf,
+    ) -> Result<()> {
+        // A recorded decode step reads its token from the device `io` buffer (a chained step's
+        // token, `DEVICE_TOKEN`, is an argmax over the vocabulary, in range).
+        let recorded = self.recorded_token(ids);
+        let on_device = recorded.is_some() && ids == [vela_compute::DEVICE_TOKEN];
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= w.rows && !on_device) {
+            bail!(
+                "token id {id} is out of range (vocabulary has {} entries)",
+                w.rows
+            );
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        if out.len() < ids.len() * w.cols {
+            bail!("get_rows: output buffer too small");
+        }
+        let (suffix, _) = w.info();
+        let d_ids = match recorded {
+            Some(p) => (p, None),
+            None => {
+                let d = self.stream.clone_htod(ids)?;
+                (self.ptr(&d), Some(d))
+            }
+        };
+        let args = [
+            Arg::P(self.ptr(&w.data)),
+            Arg::P(d_ids.0),
+            Arg::I(w.cols as i32),
+            Arg::L(w.row_bytes as i64),
+            Arg::F(scale),
+            Arg::P(self.ptr(out)),
+        ];
+        self.launch(
+            &format!("get_rows_{suffix}"),
+            (ids.len() as u32, 1, 1),
+            256,
+            &args,
+        );
+        Ok(())
     }
 }

@@ -482,37 +482,70 @@ impl<B: Backend> DecoderModel<B> {
         be.get_rows(&self.embd, tokens, c.embed_scale, &mut st.x)?;
         for (il, l) in self.layers.iter().enumerate() {
             let lc = &c.layers[il];
-            // The previous layer's FFN output is added here, fused with the norm (and, on a
-            // GPU, with the activation quantization of the Q/K/V products); then the biases
-            // (Qwen2), which a backend may add in the products.
-            be.norm_matmul_many(
-                &mut st.x,
-                (il > 0).then_some(&st.o),
-                &l.attn_norm,
-                n,
-                d,
-                c.rms_eps,
-                &mut st.h,
-                &[&l.wq, &l.wk, &l.wv],
-                &[l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref()],
-                &mut [&mut st.q, &mut st.k, &mut st.v],
-            );
-            if let (Some(qn), Some(kn)) = (&l.q_norm, &l.k_norm) {
-                be.rms_norm_inplace(&mut st.q, qn, n * c.n_head, c.head_dim_k, c.rms_eps);
-                be.rms_norm_inplace(&mut st.k, kn, n * c.n_head_kv, c.head_dim_k, c.rms_eps);
+            // The previous layer's FFN output is added here (after its post-FFN norm, Gemma),
+            // fused with the norm (and, on a GPU, with the activation quantization of the Q/K/V
+            // products); then the biases (Qwen2), which a backend may add in the products.
+            let biases = [l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref()];
+            let mut qkv = [&mut st.q, &mut st.k, &mut st.v];
+            let prev_post = il
+                .checked_sub(1)
+                .map(|p| self.layers[p].post_ffn_norm.as_ref());
+            match prev_post {
+                Some(Some(pn)) => be.post_norm_matmul_many(
+                    &mut st.x,
+                    &mut st.o,
+                    pn,
+                    &l.attn_norm,
+                    n,
+                    d,
+                    c.rms_eps,
+                    &mut st.h,
+                    &[&l.wq, &l.wk, &l.wv],
+                    &biases,
+                    &mut qkv,
+                ),
+                _ => be.norm_matmul_many(
+                    &mut st.x,
+                    (il > 0).then_some(&st.o),
+                    &l.attn_norm,
+                    n,
+                    d,
+                    c.rms_eps,
+                    &mut st.h,
+                    &[&l.wq, &l.wk, &l.wv],
+                    &biases,
+                    &mut qkv,
+                ),
             }
-            be.rope_qk_store(
-                &mut st.q,
-                &mut st.k,
-                &st.v,
-                &mut st.kv,
-                il,
-                c.n_head,
-                c.n_head_kv,
-                c.head_dim_k,
-                positions,
-                &lc.rope,
-            );
+            let (q, k) = (&mut st.q, &mut st.k);
+            let (heads, dim) = (c.n_head, c.head_dim_k);
+            match (&l.q_norm, &l.k_norm) {
+                (Some(qn), Some(kn)) => be.norm_rope_qk_store(
+                    q,
+                    k,
+                    &st.v,
+                    &mut st.kv,
+                    il,
+                    heads,
+                    c.n_head_kv,
+                    dim,
+                    positions,
+                    &lc.rope,
+                    (qn, kn, c.rms_eps),
+                ),
+                _ => be.rope_qk_store(
+                    q,
+                    k,
+                    &st.v,
+                    &mut st.kv,
+                    il,
+                    heads,
+                    c.n_head_kv,
+                    dim,
+                    positions,
+                    &lc.rope,
+                ),
+            }
             let ap = AttnParams {
                 n_head: c.n_head,
                 n_head_kv: c.n_head_kv,
@@ -525,25 +558,41 @@ impl<B: Backend> DecoderModel<B> {
             be.attention_matmul(
                 &st.q, &st.kv, il, positions, &ap, &mut st.a, &l.wo, &mut st.o,
             );
-            if let Some(pn) = &l.post_attn_norm {
-                be.rms_norm_inplace(&mut st.o, pn, n, d, c.rms_eps);
+            // The attention output is added to x here (after its post-attention norm, Gemma).
+            let mut gu = [&mut st.g, &mut st.u];
+            match &l.post_attn_norm {
+                Some(pn) => be.post_norm_matmul_many(
+                    &mut st.x,
+                    &mut st.o,
+                    pn,
+                    &l.ffn_norm,
+                    n,
+                    d,
+                    c.rms_eps,
+                    &mut st.h,
+                    &[&l.w_gate, &l.w_up],
+                    &[],
+                    &mut gu,
+                ),
+                None => be.norm_matmul_many(
+                    &mut st.x,
+                    Some(&st.o),
+                    &l.ffn_norm,
+                    n,
+                    d,
+                    c.rms_eps,
+                    &mut st.h,
+                    &[&l.w_gate, &l.w_up],
+                    &[],
+                    &mut gu,
+                ),
             }
-            be.norm_matmul_many(
-                &mut st.x,
-                Some(&st.o),
-                &l.ffn_norm,
-                n,
-                d,
-                c.rms_eps,
-                &mut st.h,
-                &[&l.w_gate, &l.w_up],
-                &[],
-                &mut [&mut st.g, &mut st.u],
-            );
             be.act_mul_matmul(&mut st.g, &st.u, n, c.n_ff, c.act, &l.w_down, &mut st.o);
-            if let Some(pn) = &l.post_ffn_norm {
-                be.rms_norm_inplace(&mut st.o, pn, n, d, c.rms_eps);
-            }
+        }
+        // The last layer's post-FFN norm (the others' are applied where the next layer adds
+        // the output).
+        if let Some(pn) = self.layers.last().and_then(|l| l.post_ffn_norm.as_ref()) {
+            be.rms_norm_inplace(&mut st.o, pn, n, d, c.rms_eps);
         }
         // The last layer's FFN output (the others were added by the next layer's first op).
         be.add(&mut st.x, &st.o, n * d);

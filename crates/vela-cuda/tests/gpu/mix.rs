@@ -1,6 +1,8 @@
 //! One-token products of different weight types in one launch (`mv_mix*_x3`, default;
 //! `VELA_CUDA_MIXED_X3=0` off) and the Q/K/V biases added by them (`mv_mix*_x3b`, default;
-//! `VELA_CUDA_BIAS_FUSE=0` off): the same bits as separate products and `add_bias`.
+//! `VELA_CUDA_BIAS_FUSE=0` off): the same bits as separate products and `add_bias`. Also the
+//! norms folded into neighbouring kernels (QK norm into RoPE + store, the post norms into the
+//! next pre-norm): the same bits as the separate `rms_norm` launches.
 
 use super::*;
 
@@ -103,4 +105,189 @@ fn mixed_x3_and_bias_equal_separate_products() {
             }
         }
     }
+}
+
+/// QK norm folded into RoPE + KV store (`rope_norm_store_heads_*`, `Backend::norm_rope_qk_store`):
+/// the same q, k and cache (read back through `attention`) as `rms_norm_inplace` twice then
+/// `rope_qk_store`, at Gemma 3's head dim 256 (n_rot 256, NEOX) and Qwen3's 128 (normal style),
+/// for one and several tokens.
+#[test]
+fn qk_norm_rope_store_equals_unfused() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng(0x9e70);
+    for (hd, nh, nkv, neox) in [(256usize, 4usize, 1usize, true), (128, 16, 8, false)] {
+        let spec = KvLayerSpec {
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            capacity: 64,
+            window: None,
+        };
+        let rope = RopeParams {
+            n_rot: hd,
+            freq_base: 10000.0,
+            freq_scale: 1.0,
+            neox,
+            freq_factors: None,
+        };
+        let (qn, kn) = (up(&g, &rng.vec(hd)), up(&g, &rng.vec(hd)));
+        let p = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window: None,
+            softcap: None,
+        };
+        let mut kvs = [
+            g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap(),
+            g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap(),
+        ];
+        let mut p0 = 0u32;
+        for n in [7usize, 1, 1, 3] {
+            let pos: Vec<u32> = (p0..p0 + n as u32).collect();
+            p0 += n as u32;
+            // Scaled inputs (the norm must matter).
+            let q0: Vec<f32> = rng.vec(n * nh * hd).iter().map(|x| 3.0 * x).collect();
+            let k0: Vec<f32> = rng.vec(n * nkv * hd).iter().map(|x| 0.2 * x).collect();
+            let v0 = rng.vec(n * nkv * hd);
+            let v = up(&g, &v0);
+            let mut outs = Vec::new();
+            for (i, kv) in kvs.iter_mut().enumerate() {
+                let (mut q, mut k) = (up(&g, &q0), up(&g, &k0));
+                g.set_profiling(true);
+                g.profile_take();
+                if i == 0 {
+                    g.rms_norm_inplace(&mut q, &qn, n * nh, hd, 1e-6);
+                    g.rms_norm_inplace(&mut k, &kn, n * nkv, hd, 1e-6);
+                    g.rope_qk_store(&mut q, &mut k, &v, kv, 0, nh, nkv, hd, &pos, &rope);
+                } else {
+                    let norms = (&qn, &kn, 1e-6);
+                    g.norm_rope_qk_store(
+                        &mut q, &mut k, &v, kv, 0, nh, nkv, hd, &pos, &rope, norms,
+                    );
+                }
+                // The fused call launches no rms_norm (a silent fallback would pass unnoticed).
+                let launches = rms_norm_launches(&g);
+                let want = if i == 0 { 2 } else { 0 };
+                assert_eq!(
+                    launches, want,
+                    "QK norm hd={hd}: {launches} rms_norm launches"
+                );
+                let mut a = g.alloc(n * nh * hd);
+                g.attention(&q, kv, 0, &pos, &p, &mut a);
+                outs.push([
+                    down(&g, &q, n * nh * hd),
+                    down(&g, &k, n * nkv * hd),
+                    down(&g, &a, n * nh * hd),
+                ]);
+            }
+            for (j, what) in ["q", "k", "attention over the cache"].iter().enumerate() {
+                check(
+                    &format!("QK norm + RoPE + store hd={hd} n={n} {what} == unfused"),
+                    &outs[1][j],
+                    &outs[0][j],
+                    0.0,
+                );
+            }
+        }
+    }
+}
+
+/// The post-attention / post-FFN norm folded into the next pre-norm (`norm_q8*_post_regs`,
+/// `Backend::post_norm_matmul_many`): the same residual stream and products as
+/// `rms_norm_inplace` on the residual then `norm_matmul_many`, at Gemma 3 270M's width 640 (Q8
+/// activations) and 1,024 with Q8_K activations, one and two rows.
+#[test]
+fn post_norm_matmul_equals_unfused() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0x9057);
+    for (ty, width, rows) in [
+        (GgmlType::Q8_0, 640usize, 1024usize),
+        (GgmlType::Q5_0, 640, 256),
+        (GgmlType::Q4_K, 1024, 512),
+    ] {
+        let ws: Vec<_> = (0..2)
+            .map(|_| upload_random(&g, &cpu, ty, rows, width, &mut rng).0)
+            .collect();
+        let (post, norm) = (up(&g, &rng.vec(width)), up(&g, &rng.vec(width)));
+        for n in [1usize, 2] {
+            let x0 = rng.vec(n * width);
+            let r0: Vec<f32> = rng.vec(n * width).iter().map(|x| 5.0 * x).collect();
+            let mut outs = Vec::new();
+            for fused in [false, true] {
+                let (mut x, mut r, mut h) = (up(&g, &x0), up(&g, &r0), g.alloc(n * width));
+                let mut ys = [g.alloc(n * rows), g.alloc(n * rows)];
+                let wr = [&ws[0], &ws[1]];
+                let [y0, y1] = &mut ys;
+                g.set_profiling(true);
+                g.profile_take();
+                if fused {
+                    g.post_norm_matmul_many(
+                        &mut x,
+                        &mut r,
+                        &post,
+                        &norm,
+                        n,
+                        width,
+                        1e-6,
+                        &mut h,
+                        &wr,
+                        &[],
+                        &mut [y0, y1],
+                    );
+                } else {
+                    g.rms_norm_inplace(&mut r, &post, n, width, 1e-6);
+                    g.norm_matmul_many(
+                        &mut x,
+                        Some(&r),
+                        &norm,
+                        n,
+                        width,
+                        1e-6,
+                        &mut h,
+                        &wr,
+                        &[],
+                        &mut [y0, y1],
+                    );
+                }
+                let launches = rms_norm_launches(&g);
+                let want = usize::from(!fused);
+                assert_eq!(launches, want, "post norm: {launches} rms_norm launches");
+                outs.push([
+                    down(&g, &x, n * width),
+                    down(&g, &ys[0], n * rows),
+                    down(&g, &ys[1], n * rows),
+                ]);
+            }
+            for (j, what) in ["residual stream", "product 0", "product 1"]
+                .iter()
+                .enumerate()
+            {
+                check(
+                    &format!(
+                        "post norm {} {width}x{rows} n={n} {what} == unfused",
+                        ty.name()
+                    ),
+                    &outs[1][j],
+                    &outs[0][j],
+                    0.0,
+                );
+            }
+        }
+    }
+}
+
+/// `rms_norm` launches since profiling was switched on (then switched off).
+fn rms_norm_launches(g: &CudaBackend) -> usize {
+    let n = g
+        .profile_take()
+        .iter()
+        .filter(|(k, _)| k.as_str() == "rms_norm")
+        .map(|(_, v)| v.1 as usize)
+        .sum();
+    g.set_profiling(false);
+    n
 }
