@@ -39,8 +39,22 @@ enum Cmd {
     Synth(synth::SynthArgs),
 }
 
+/// A closed stdout (`vela run ... | head`) ends the process quietly, like other command-line
+/// tools, instead of a panic in the next `println!` (Rust ignores SIGPIPE, so every write would
+/// fail with EPIPE). Not for `serve`: its sockets must see EPIPE as an error, not a signal.
+fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: at the start of main, before any thread exists; SIG_DFL is a valid disposition.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() {
     let cli = Cli::parse();
+    if !matches!(cli.cmd, Cmd::Serve(_)) {
+        default_sigpipe();
+    }
     let r = match cli.cmd {
         Cmd::Run(a) => run::run(a),
         Cmd::Chat(a) => run::chat(a),

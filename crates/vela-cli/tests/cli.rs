@@ -499,3 +499,40 @@ fn lookup_greedy_equals_plain() {
         "{err}"
     );
 }
+
+/// `vela run ... | head -c 0`: the reader is gone; vela must end without a panic (it used to
+/// panic in the newline printed after the text: "failed printing to stdout").
+#[cfg(unix)]
+#[test]
+fn closed_stdout_ends_quietly() {
+    let Some(m) = smol() else { return };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
+        .args([
+            "run",
+            "--model",
+            m.to_str().unwrap(),
+            "--prompt",
+            "Once upon a time",
+        ])
+        .args([
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "0",
+            "--device",
+            "cpu",
+        ])
+        .env("VELA_OFFLINE", "1")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close the pipe before vela writes anything (while it loads the model), so its first
+    // write fails whatever the pipe's buffer size.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked"), "panic: {err}");
+    // Killed by SIGPIPE (no status code) or a clean exit, never the panic's 101.
+    assert_ne!(out.status.code(), Some(101), "stderr: {err}");
+}
