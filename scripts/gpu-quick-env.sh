@@ -9,5 +9,5 @@ export VELA_CACHE=${VELA_CACHE:-/tmp/vela-cache}
 mkdir -p "$VELA_CACHE/vocab"
 xz -dc $Q/vela.xz >/tmp/vela && chmod +x /tmp/vela
 if [ -f $Q/gpu-test.xz ]; then xz -dc $Q/gpu-test.xz >/tmp/gpu-test && chmod +x /tmp/gpu-test; fi
-for v in llama-bpe qwen2; do xz -dc $Q/vocab-$v.gguf.xz >"$VELA_CACHE/vocab/ggml-vocab-$v.gguf"; done
+for f in $Q/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-${v}.gguf"; done
 export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)

@@ -111,8 +111,8 @@ pack)
   bin=$(ls -t target/release/deps/gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
   cp "$bin" $S/gpu-test
   tar czf $S/parity.tar.gz -C "$src/golden" parity
-  cp "$src/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" $S/
-  cp "$src/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-qwen2.gguf" $S/
+  # Tokenizer sources of `vela synth` (llama3-8b, qwen2.5, and the GPU tests' gemma4-tiny).
+  for v in llama-bpe qwen2 gemma-4; do cp "$src/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" $S/; done
   cp target/gpu-data/lb/lb.part* $S/ 2>/dev/null || echo "no llama-bench bundle in target/gpu-data/lb"
   # The CPU side of scripts/gpu-vs-cpu.py, computed here (14 min on 2 cores, 30 MB) so the GPU
   # machine only runs the GPU side (VELA_SUITE_CPUREF=0 skips it; the test stage then runs both).
@@ -135,7 +135,7 @@ pack-small)
   small=${SMALL_MODELS:-SmolLM2-135M-Instruct.Q4_1}
   D=target/gpu-data/suite-s
   rm -rf $D && mkdir -p $D
-  for f in vela gpu-test parity.tar.gz cpuref.tar ggml-vocab-llama-bpe.gguf ggml-vocab-qwen2.gguf; do
+  for f in vela gpu-test parity.tar.gz cpuref.tar ggml-vocab-llama-bpe.gguf ggml-vocab-qwen2.gguf ggml-vocab-gemma-4.gguf; do
     cp target/gpu-data/suite/$f $D/
   done
   cp target/gpu-data/suite/lb.part* $D/
@@ -143,8 +143,12 @@ pack-small)
   S=$D groups
   ;;
 regroup)
-  # After a rebuild: the fresh vela and GPU test binaries into an existing pack, new carry groups.
+  # After a rebuild: the fresh vela and GPU test binaries (and any tokenizer source the pack
+  # lacks) into an existing pack, new carry groups.
   cp target/release/vela $S/vela
+  for v in llama-bpe qwen2 gemma-4; do
+    [ -f $S/ggml-vocab-$v.gguf ] || cp "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" $S/
+  done
   bin=$(ls -t target/release/deps/gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
   cp "$bin" $S/gpu-test
   groups
@@ -275,7 +279,7 @@ pack-quick)
   xz -T2 -6 -c target/release/vela >$Q/vela.xz
   bin=$(ls -t target/release/deps/gpu-* 2>/dev/null | grep -v '\.d$' | head -1)
   xz -T2 -6 -c "$bin" >$Q/gpu-test.xz
-  for v in llama-bpe qwen2; do
+  for v in llama-bpe qwen2 gemma-4; do
     xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" >$Q/vocab-$v.gguf.xz
   done
   cat target/gpu-data/lb/lb.part* >$Q/lb.tar.xz

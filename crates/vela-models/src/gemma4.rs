@@ -299,23 +299,58 @@ impl<B: Backend> Gemma4Model<B> {
         let b = &mut st.bufs;
         for (il, (l, lc)) in self.layers.iter().zip(&c.layers).enumerate() {
             let hd = lc.head_dim;
+            // Input norm and projections in one call a backend may fuse (on a GPU the norm
+            // also quantizes for the products); K and V only in layers with their own cache.
             {
-                let [x, h] = pick2(b, X, H);
-                be.rms_norm(x, &l.input_norm, n, d, c.rms_eps, h);
+                let [x, h, q, k, v] = b.get_disjoint_mut([X, H, Q, K, V]).expect("buffers");
+                match &l.kv {
+                    Some(OwnKv { wk, wv, .. }) => {
+                        let wv = wv.as_ref().unwrap_or(wk);
+                        let ws = [&l.wq, wk, wv];
+                        be.norm_matmul_many(
+                            x,
+                            None,
+                            &l.input_norm,
+                            n,
+                            d,
+                            c.rms_eps,
+                            h,
+                            &ws,
+                            &[],
+                            &mut [q, k, v],
+                        );
+                    }
+                    None => be.norm_matmul_many(
+                        x,
+                        None,
+                        &l.input_norm,
+                        n,
+                        d,
+                        c.rms_eps,
+                        h,
+                        &[&l.wq],
+                        &[],
+                        &mut [q],
+                    ),
+                }
             }
-            {
-                let [h, q] = pick2(b, H, Q);
-                be.matmul(&l.wq, h, n, q);
-            }
-            be.rms_norm_inplace(&mut b[Q], &l.q_norm, n * c.n_head, hd, c.rms_eps);
-            be.rope(&mut b[Q], c.n_head, hd, positions, &lc.rope);
-            if let Some(OwnKv { wk, wv, k_norm }) = &l.kv {
-                let [h, k, v] = pick3(b, H, K, V);
-                be.matmul_many(&[wk, wv.as_ref().unwrap_or(wk)], h, n, &mut [k, v]);
-                be.rms_norm_inplace(k, k_norm, n * lc.n_head_kv, hd, c.rms_eps);
-                be.rms_norm_inplace(v, &l.ones, n * lc.n_head_kv, hd, c.rms_eps);
-                be.rope(k, lc.n_head_kv, hd, positions, &lc.rope);
-                be.kv_store(&mut st.kv, il, k, v, positions);
+            match &l.kv {
+                Some(OwnKv { k_norm, .. }) => {
+                    // V's norm (no weights) first; then the q and k norms, their RoPE and the
+                    // cache store in one call a backend may fuse.
+                    let [q, k, v] = pick3(b, Q, K, V);
+                    be.rms_norm_inplace(v, &l.ones, n * lc.n_head_kv, hd, c.rms_eps);
+                    let norms = (&l.q_norm, k_norm, c.rms_eps);
+                    let (heads, kv_heads) = (c.n_head, lc.n_head_kv);
+                    let kv = &mut st.kv;
+                    be.norm_rope_qk_store(
+                        q, k, v, kv, il, heads, kv_heads, hd, positions, &lc.rope, norms,
+                    );
+                }
+                None => {
+                    be.rms_norm_inplace(&mut b[Q], &l.q_norm, n * c.n_head, hd, c.rms_eps);
+                    be.rope(&mut b[Q], c.n_head, hd, positions, &lc.rope);
+                }
             }
             let ap = AttnParams {
                 n_head: c.n_head,
@@ -331,23 +366,28 @@ impl<B: Backend> Gemma4Model<B> {
                 let layer = lc.kv_from.unwrap_or(il);
                 be.attention_matmul(q, &st.kv, layer, positions, &ap, a, &l.wo, o);
             }
-            be.rms_norm_inplace(&mut b[O], &l.post_attn_norm, n, d, c.rms_eps);
+            // x += post_attn_norm(o), the pre-FFN norm and the gate/up products in one call.
             {
-                let [x, o] = pick2(b, X, O);
-                be.add(x, o, n * d);
+                let [x, o, h, g, u] = b.get_disjoint_mut([X, O, H, G, U]).expect("buffers");
+                let (post, pre) = (&l.post_attn_norm, &l.pre_ffn_norm);
+                let ws = [&l.w_gate, &l.w_up];
+                be.post_norm_matmul_many(
+                    x,
+                    o,
+                    post,
+                    pre,
+                    n,
+                    d,
+                    c.rms_eps,
+                    h,
+                    &ws,
+                    &[],
+                    &mut [g, u],
+                );
             }
             {
-                let [x, h] = pick2(b, X, H);
-                be.rms_norm(x, &l.pre_ffn_norm, n, d, c.rms_eps, h);
-            }
-            {
-                let [h, g, u] = pick3(b, H, G, U);
-                be.matmul_many(&[&l.w_gate, &l.w_up], h, n, &mut [g, u]);
-                be.act_mul(g, u, n * lc.n_ff, Activation::GeluTanh);
-            }
-            {
-                let [g, o] = pick2(b, G, O);
-                be.matmul(&l.w_down, g, n, o);
+                let [g, u, o] = pick3(b, G, U, O);
+                be.act_mul_matmul(g, u, n, lc.n_ff, Activation::GeluTanh, &l.w_down, o);
             }
             if let (Some(m), Some(mc)) = (&l.moe, &c.moe) {
                 be.rms_norm_inplace(&mut b[O], &m.post_norm_1, n, d, c.rms_eps);

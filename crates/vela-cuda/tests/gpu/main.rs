@@ -402,6 +402,7 @@ fn attention_and_kv_match_cpu() {
 
 mod attn;
 mod gemm;
+mod gemma4;
 mod kernels2;
 mod mix;
 mod model;

@@ -50,13 +50,13 @@ fn prompts(file: &GgufFile) -> Vec<Vec<u32>> {
     ]
 }
 
-fn argmax(v: &[f32]) -> usize {
+pub(crate) fn argmax(v: &[f32]) -> usize {
     v.iter()
         .enumerate()
         .fold(0, |b, (i, &x)| if x > v[b] { i } else { b })
 }
 
-fn top_k(v: &[f32], k: usize) -> Vec<usize> {
+pub(crate) fn top_k(v: &[f32], k: usize) -> Vec<usize> {
     let mut idx: Vec<usize> = (0..v.len()).collect();
     idx.sort_by(|&a, &b| v[b].total_cmp(&v[a]));
     let mut t = idx[..k].to_vec();
