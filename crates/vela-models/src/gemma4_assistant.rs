@@ -670,13 +670,21 @@ impl<B: Backend> Gemma4Assistant<B> {
         let mask_pos = [pos as u32 - 1];
         for (l, lc) in self.layers.iter().zip(&c.layers) {
             let hd = lc.head_dim;
+            // Input norm and Q in one call a backend may fuse (GPU: the norm also quantizes).
             {
-                let [x, h] = pick2(b, X, H);
-                be.rms_norm(x, &l.input_norm, 1, d, c.rms_eps, h);
-            }
-            {
-                let [h, q] = pick2(b, H, Q);
-                be.matmul(&l.wq, h, 1, q);
+                let [x, h, q] = pick3(b, X, H, Q);
+                be.norm_matmul_many(
+                    x,
+                    None,
+                    &l.input_norm,
+                    1,
+                    d,
+                    c.rms_eps,
+                    h,
+                    &[&l.wq],
+                    &[],
+                    &mut [q],
+                );
             }
             be.rms_norm_inplace(&mut b[Q], &l.q_norm, c.n_head, hd, c.rms_eps);
             be.rope(&mut b[Q], c.n_head, hd, &rope_pos, &lc.rope);
@@ -702,23 +710,29 @@ impl<B: Backend> Gemma4Assistant<B> {
                 let [q, a, o] = pick3(b, Q, A, O);
                 be.attention_matmul(q, target_kv, layer, &mask_pos, &ap, a, &l.wo, o);
             }
-            be.rms_norm_inplace(&mut b[O], &l.post_attn_norm, 1, d, c.rms_eps);
+            // x += post_attn_norm(o), the pre-FFN norm and gate/up in one call; then the
+            // activation and the down product.
             {
-                let [x, o] = pick2(b, X, O);
-                be.add(x, o, d);
+                let [x, o, h, g, u] = b.get_disjoint_mut([X, O, H, G, U]).expect("buffers");
+                let (post, pre) = (&l.post_attn_norm, &l.pre_ffn_norm);
+                let ws = [&l.w_gate, &l.w_up];
+                be.post_norm_matmul_many(
+                    x,
+                    o,
+                    post,
+                    pre,
+                    1,
+                    d,
+                    c.rms_eps,
+                    h,
+                    &ws,
+                    &[],
+                    &mut [g, u],
+                );
             }
             {
-                let [x, h] = pick2(b, X, H);
-                be.rms_norm(x, &l.pre_ffn_norm, 1, d, c.rms_eps, h);
-            }
-            {
-                let [h, g, u] = pick3(b, H, G, U);
-                be.matmul_many(&[&l.w_gate, &l.w_up], h, 1, &mut [g, u]);
-                be.act_mul(g, u, lc.n_ff, Activation::GeluTanh);
-            }
-            {
-                let [g, o] = pick2(b, G, O);
-                be.matmul(&l.w_down, g, 1, o);
+                let [g, u, o] = pick3(b, G, U, O);
+                be.act_mul_matmul(g, u, 1, lc.n_ff, Activation::GeluTanh, &l.w_down, o);
             }
             be.rms_norm_inplace(&mut b[O], &l.post_ffn_norm, 1, d, c.rms_eps);
             {
