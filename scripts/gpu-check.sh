@@ -71,6 +71,10 @@ if [ "$stage" = ops ] || [ "$stage" = all ]; then
   run gemm::prefill_attention_kernels_match_cpu kernels2::split_rows_equal_gguf_layout \
       kernels2::fused_rope_store_matches_cpu attn::fused_attention_matmul_equals_unfused \
       mix::mixed_x3_and_bias_equal_separate_products
+  # session 11: norms folded into RoPE + store and into the next pre-norm; Gemma 4 (synth
+  # gemma4-tiny, needs ggml-vocab-gemma-4.gguf in $VELA_CACHE/vocab) exact vs CPU and folded vs not
+  run mix::qk_norm_rope_store_equals_unfused mix::post_norm_matmul_equals_unfused \
+      gemma4::gemma4_exact_gpu_matches_cpu gemma4::gemma4_norm_fold_equals_unfolded
   run --exact gemm::prefill_attention_timing       # us per prefill attention layer, flash vs not
   run --exact gemm::gemm_speed                     # cuBLAS vs integer prefill products, crossover
   run --exact sample::device_top_k_timing          # us per top-k call vs reading the row back

@@ -8,17 +8,19 @@
 use super::*;
 use vela_models::LanguageModel;
 
-/// The synth model (written once per test process), or None (with a message) without its
-/// tokenizer source.
+/// The synth model (written once per test process, also when tests run in parallel), or None
+/// (with a message) without its tokenizer source.
 fn tiny() -> Option<std::path::PathBuf> {
     use vela_models::synth::{find_tokenizer, geometry, synth_with, QuantScheme, SynthOptions};
-    let g = geometry("gemma4-tiny").unwrap();
-    if let Err(e) = find_tokenizer(g.tokenizer) {
-        eprintln!("SKIP (gemma4-tiny): {e:#}");
-        return None;
-    }
-    let p = std::env::temp_dir().join(format!("vela-gpu-gemma4-tiny-{}.gguf", std::process::id()));
-    if !p.is_file() {
+    static PATH: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    PATH.get_or_init(|| {
+        let g = geometry("gemma4-tiny").unwrap();
+        if let Err(e) = find_tokenizer(g.tokenizer) {
+            eprintln!("SKIP (gemma4-tiny): {e:#}");
+            return None;
+        }
+        let name = format!("vela-gpu-gemma4-tiny-{}.gguf", std::process::id());
+        let p = std::env::temp_dir().join(name);
         let scheme = QuantScheme::Mostly(GgmlType::Q8_0);
         synth_with(
             "gemma4-tiny",
@@ -29,8 +31,9 @@ fn tiny() -> Option<std::path::PathBuf> {
             &mut |_, _| {},
         )
         .unwrap();
-    }
-    Some(p)
+        Some(p)
+    })
+    .clone()
 }
 
 /// Prompt tokens (ids below the real vocabulary's 262,144 rows), past the 64-key window.
