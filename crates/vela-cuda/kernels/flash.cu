@@ -257,9 +257,8 @@ FLASH(2, 256, 32, flash_bf16_d256)
 // (token, KV head)) merged the parts and quantized for the next product (Q8 and Q8_K); at 8K keys
 // that merge was the kernel's tail (the SMs active 59 % of its cycles in ncu): Llama-3-8B Q4_0
 // tg128 at depth 8,192 on the H200 407 t/s with the separate combine vs 382 fused, and the
-// Q4_K_M 8B 358–360 vs 343–344 (session 11); removed. The entries' parameters out, aq, aq_kind
-// and tickets are left from it, unused (the host passes 0). Shared memory is dynamic (dyn_smem
-// in src/kernels.rs). Needs sm_80+, an f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16,
+// Q4_K_M 8B 358–360 vs 343–344 (session 11); removed. Shared memory is dynamic (dyn_smem in
+// src/kernels.rs). Needs sm_80+, an f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16,
 // S <= 128 (the host checks). Q and P are rounded to the cache type (as in flash_prefill); not
 // used in exact mode.
 #define FD_KEYS 64

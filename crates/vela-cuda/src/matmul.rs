@@ -199,9 +199,10 @@ impl CudaBackend {
         };
         let mut sc = self.scratch();
         let ap = self.act_scratch(&mut sc, n_rows * width / bs * bb);
+        let rp = residual.map_or(0, |r| self.ptr(r));
         let mut args = vec![
             Arg::P(self.ptr(&*x)),
-            Arg::P(residual.map(|r| self.ptr(r)).unwrap_or(0)),
+            Arg::P(rp),
             Arg::P(self.ptr(w)),
             Arg::P(self.ptr(&*h)),
             Arg::P(ap),
@@ -221,16 +222,7 @@ impl CudaBackend {
                 threads,
                 &args,
             );
-        } else if self.norm_regs_ok(
-            width,
-            &[
-                self.ptr(&*x),
-                args_ptr(&args[1]),
-                self.ptr(w),
-                self.ptr(&*h),
-                ap,
-            ],
-        ) {
+        } else if self.norm_regs_ok(width, &[self.ptr(&*x), rp, self.ptr(w), self.ptr(&*h), ap]) {
             let threads = (width / 8).next_multiple_of(32) as u32;
             self.launch(
                 &format!("{name}_regs"),
@@ -627,13 +619,5 @@ fn mix_code(w: &CudaWeight) -> Option<i32> {
         (GgmlType::Q4_K, true) => Some(112),
         (GgmlType::Q6_K, true) => Some(114),
         _ => None,
-    }
-}
-
-/// The device address of a pointer argument (0 for other kinds).
-fn args_ptr(a: &Arg) -> u64 {
-    match a {
-        Arg::P(p) => *p,
-        _ => 0,
     }
 }
