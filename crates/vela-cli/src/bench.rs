@@ -52,7 +52,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     }
     let mut margs = a.model.clone();
     if margs.ctx == 0 {
-        margs.ctx = (a.depth + a.n_prompt.max(1) + a.n_gen + 1).max(256);
+        // (At least 3 decode positions: the warm-up's steps follow a full-length prompt.)
+        margs.ctx = (a.depth + a.n_prompt.max(1) + a.n_gen.max(3) + 1).max(256);
     }
     let l = common::load(&margs)?;
     let n_vocab = l.model.n_vocab() as u64;

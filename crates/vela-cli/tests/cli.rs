@@ -457,6 +457,25 @@ fn synth_is_deterministic_and_runs() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // A prefill-only bench (no decode tests) still has room for its warm-up decode steps.
+    let out = vela(&[
+        "bench",
+        "-m",
+        a.to_str().unwrap(),
+        "-p",
+        "300",
+        "-n",
+        "0",
+        "-r",
+        "2",
+        "--device",
+        "cpu",
+    ]);
+    assert!(
+        out.status.success() && String::from_utf8_lossy(&out.stdout).contains("pp300"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     fails_with(
         &vela(&["synth", "--arch", "nope", "-o", a.to_str().unwrap()]),
         "nope",

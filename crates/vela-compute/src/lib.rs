@@ -295,15 +295,16 @@ pub trait Backend: Send + Sync {
         self.kv_store(kv, layer, k, v, positions);
     }
     /// [`Backend::rope_qk_store`] after RMS-normalizing every q and k head (`head_dim`
-    /// elements; Qwen3's and Gemma's QK norm) with `norms` = (q weights, k weights, eps):
-    /// [`Backend::rms_norm_inplace`] twice, then the RoPE and the store, in one call that a
-    /// backend may fuse.
+    /// elements; Qwen3's and Gemma's QK norm) with `norms` = (q weights, k weights, eps), and
+    /// every v head with `v_norm` where given (Gemma 4's V norm, weights all ones):
+    /// [`Backend::rms_norm_inplace`] two or three times, then the RoPE and the store, in one
+    /// call that a backend may fuse.
     #[allow(clippy::too_many_arguments)]
     fn norm_rope_qk_store(
         &self,
         q: &mut Self::Buf,
         k: &mut Self::Buf,
-        v: &Self::Buf,
+        v: &mut Self::Buf,
         kv: &mut Self::Kv,
         layer: usize,
         n_head: usize,
@@ -312,9 +313,13 @@ pub trait Backend: Send + Sync {
         positions: &[u32],
         p: &RopeParams,
         norms: (&Self::Vector, &Self::Vector, f32),
+        v_norm: Option<&Self::Vector>,
     ) {
         let n = positions.len();
         let (qn, kn, eps) = norms;
+        if let Some(vn) = v_norm {
+            self.rms_norm_inplace(v, vn, n * n_head_kv, head_dim, eps);
+        }
         self.rms_norm_inplace(q, qn, n * n_head, head_dim, eps);
         self.rms_norm_inplace(k, kn, n * n_head_kv, head_dim, eps);
         self.rope_qk_store(
@@ -385,15 +390,17 @@ pub trait Backend: Send + Sync {
         }
     }
     /// [`Backend::norm_matmul_many`] whose residual is first RMS-normalized with `post`
-    /// (Gemma's post-attention and post-FFN norms): `x += rms_norm(residual) * post`, then the
-    /// pre-norm and the products, in one call that a backend may fuse. `residual`'s content
-    /// afterwards is unspecified (this default normalizes it in place).
+    /// (Gemma's post-attention and post-FFN norms): `x += rms_norm(residual) * post`, then
+    /// `x *= x_scale` unless it is 1 (Gemma 4's layer scalar), then the pre-norm and the
+    /// products, in one call that a backend may fuse. `residual`'s content afterwards is
+    /// unspecified (this default normalizes it in place).
     #[allow(clippy::too_many_arguments)]
     fn post_norm_matmul_many(
         &self,
         x: &mut Self::Buf,
         residual: &mut Self::Buf,
         post: &Self::Vector,
+        x_scale: f32,
         w: &Self::Vector,
         n_rows: usize,
         width: usize,
@@ -404,7 +411,13 @@ pub trait Backend: Send + Sync {
         ys: &mut [&mut Self::Buf],
     ) {
         self.rms_norm_inplace(residual, post, n_rows, width, eps);
-        self.norm_matmul_many(x, Some(residual), w, n_rows, width, eps, h, ws, biases, ys);
+        if x_scale == 1.0 {
+            self.norm_matmul_many(x, Some(residual), w, n_rows, width, eps, h, ws, biases, ys);
+        } else {
+            self.add(x, residual, n_rows * width);
+            self.scale(x, n_rows * width, x_scale);
+            self.norm_matmul_many(x, None, w, n_rows, width, eps, h, ws, biases, ys);
+        }
     }
     // --- decode-step recording and device-side argmax (default: plain ops, host argmax) ---
     /// Announce a single-token decode step (`token` at position `pos` of the sequence `key`:

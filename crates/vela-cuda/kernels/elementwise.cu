@@ -244,7 +244,7 @@ __device__ void rope_store(float* q, float* k, const float* __restrict__ v,
 // The extern wrappers of rope_store and rope_store_heads (below), one per cache type.
 #define ROPE_STORE(FN, KT, NAME)                                                                     \
     extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity) { PDL_ENTRY(); \
-        FN<KT>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); }
+        FN<KT>(q, k, (float*)v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); }
 ROPE_STORE(rope_store, 0, rope_store_f32)
 ROPE_STORE(rope_store, 1, rope_store_f16)
 ROPE_STORE(rope_store, 2, rope_store_bf16)
@@ -256,23 +256,40 @@ ROPE_STORE(rope_store, 2, rope_store_bf16)
 // more pairs than threads); angles computed as in rope_row, so the results are identical.
 // NORM (`rope_norm_store_heads_*`): each q and k head is first RMS-normalized in place with qn / kn
 // (Qwen3's and Gemma's QK norm) exactly like rms_norm on head rows (launched with 256 threads like
-// rms_norm, so the double sums are grouped the same way): two launches fewer per layer.
+// rms_norm, so the double sums are grouped the same way): two launches fewer per layer; with vn
+// (Gemma 4) each v head too, before it is stored: three.
 template <int KT, bool NORM = false>
-__device__ void rope_store_heads(float* q, float* k, const float* __restrict__ v,
+__device__ void rope_store_heads(float* q, float* k, float* __restrict__ v,
                                  const u32* __restrict__ pos, void* kc, void* vc, int n_head,
                                  int n_head_kv, int head_dim, int n_rot, float theta_scale,
                                  float freq_scale, const float* __restrict__ ff, int neox, int wk,
                                  int wv, int capacity, const float* __restrict__ qn = nullptr,
-                                 const float* __restrict__ kn = nullptr, float eps = 0.0f) {
+                                 const float* __restrict__ kn = nullptr,
+                                 const float* __restrict__ vn = nullptr, float eps = 0.0f) {
     int t = blockIdx.x, y = blockIdx.y;
     u32 p = pos[t];
     size_t slot = p % (u32)capacity;
     if (y >= n_head + n_head_kv) {
         int hv = y - n_head - n_head_kv, hdv = wv / n_head_kv;
-        const float* src = v + (size_t)t * wv + (size_t)hv * hdv;
+        float* src = v + (size_t)t * wv + (size_t)hv * hdv;
         size_t dst = slot * wv + (size_t)hv * hdv;
+        float scale = 1.0f;
+        if (NORM && vn) {
+            // Gemma 4's V norm, as rms_norm computes it (v is normalized in place too).
+            double s = 0.0;
+            for (int i = threadIdx.x; i < hdv; i += blockDim.x) {
+                float x = src[i];
+                s += (double)(x * x);
+            }
+            float mean = (float)(block_sum_d(s) / (double)hdv);
+            scale = 1.0f / sqrtf(mean + eps);
+        }
         for (int i = threadIdx.x; i < hdv; i += blockDim.x) {
             float x = src[i];
+            if (NORM && vn) {
+                x = (x * scale) * vn[i];
+                src[i] = x;
+            }
             if (KT != 0) ((u16*)vc)[dst + i] = f2kv<KT>(x); else ((float*)vc)[dst + i] = x;
         }
         return;
@@ -328,8 +345,31 @@ ROPE_STORE(rope_store_heads, 0, rope_store_heads_f32)
 ROPE_STORE(rope_store_heads, 1, rope_store_heads_f16)
 ROPE_STORE(rope_store_heads, 2, rope_store_heads_bf16)
 #define ROPE_NORM_STORE(KT, NAME)                                                                    \
-    extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity, const float* qn, const float* kn, float eps) { PDL_ENTRY(); \
-        rope_store_heads<KT, true>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity, qn, kn, eps); }
+    extern "C" __global__ void NAME(float* q, float* k, float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity, const float* qn, const float* kn, const float* vn, float eps) { PDL_ENTRY(); \
+        rope_store_heads<KT, true>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity, qn, kn, vn, eps); }
 ROPE_NORM_STORE(0, rope_norm_store_heads_f32)
 ROPE_NORM_STORE(1, rope_norm_store_heads_f16)
 ROPE_NORM_STORE(2, rope_norm_store_heads_bf16)
+
+// ---- measurement kernels of `CudaBackend::sync_cost` (src/sync_cost.rs) ----
+// `phases` grid barriers; in phase p every block writes p + 1 to its flag, waits at the barrier
+// and reads the next block's flag, which must be p + 1 or (when that block is already past the
+// barrier) p + 2; anything smaller counts as an error in err[0].
+extern "C" __global__ void grid_barrier_test(unsigned* bar, unsigned* flags, unsigned* err,
+                                             int phases) {
+    PDL_ENTRY();
+    unsigned nb = gridDim.x, b = blockIdx.x;
+    for (int p = 0; p < phases; p++) {
+        if (threadIdx.x == 0) ((volatile unsigned*)flags)[b] = (unsigned)p + 1;
+        grid_barrier(bar, nb);
+        if (threadIdx.x == 0) {
+            unsigned v = ((volatile unsigned*)flags)[(b + 1) % nb];
+            if (v < (unsigned)p + 1) atomicAdd(err, 1u);
+        }
+    }
+}
+// One link of a chain of dependent launches: waits for the previous kernel, adds 1 to x[block].
+extern "C" __global__ void launch_chain_link(unsigned* x) {
+    PDL_ENTRY();
+    if (threadIdx.x == 0) x[blockIdx.x] += 1;
+}

@@ -91,7 +91,7 @@ NORM_Q(norm_quant, 1, norm_q8k)
 // above took ~8 us per call on Llama-3-8B decode (ncu, H200), two calls per layer.
 // POST (`norm_q8*_post_regs`, res required): res is first RMS-normalized with pw like rms_norm
 // (Gemma's post-attention and post-FFN norms; res itself is left as it was), so
-// x += rms_norm(res) * pw: one launch fewer per norm. The products are rounded as rms_norm
+// x = (x + rms_norm(res) * pw) * xs: one launch fewer per norm (two with Gemma 4's layer scalar). The products are rounded as rms_norm
 // stores them (no contraction into the add); the sum of squares is added in this kernel's order
 // (double, like rms_norm's, so a different order changes the float mean only when the double sums
 // round differently: bit-equal in `mix::post_norm_matmul_equals_unfused` and in sampled output).
@@ -101,7 +101,7 @@ template <int K, bool POST = false>
 __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__ res,
                                 const float* __restrict__ w, float* __restrict__ h,
                                 u8* __restrict__ act, int width, float eps,
-                                const float* __restrict__ pw = nullptr) {
+                                const float* __restrict__ pw = nullptr, float xs = 1.0f) {
     int t = threadIdx.x;
     bool on = 8 * t < width;  // width is a multiple of 32: all 8 elements are in the row
     float* xr = x + (size_t)blockIdx.x * width;
@@ -145,9 +145,11 @@ __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__
         if (on) {
             float4 p0 = ((const float4*)pw)[2 * t], p1 = ((const float4*)pw)[2 * t + 1];
             float pv[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
-            // Rounded products, as rms_norm stores them (no contraction into the add).
+            // Rounded products, as rms_norm stores them (no contraction into the add); then
+            // x *= xs as `scale` does (Gemma 4's layer scalar; exact when xs is 1).
 #pragma unroll
-            for (int e = 0; e < 8; e++) v[e] = __fadd_rn(v[e], __fmul_rn(__fmul_rn(r[e], rscale), pv[e]));
+            for (int e = 0; e < 8; e++)
+                v[e] = __fmul_rn(__fadd_rn(v[e], __fmul_rn(__fmul_rn(r[e], rscale), pv[e])), xs);
             ((float4*)xr)[2 * t] = make_float4(v[0], v[1], v[2], v[3]);
             ((float4*)xr)[2 * t + 1] = make_float4(v[4], v[5], v[6], v[7]);
         }
@@ -205,8 +207,8 @@ __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__
 NORM_Q(norm_quant_regs, 0, norm_q8_regs)
 NORM_Q(norm_quant_regs, 1, norm_q8k_regs)
 #define NORM_Q_POST(K, NAME)                                                                        \
-    extern "C" __global__ void NAME(float* x, const float* res, const float* pw, const float* w, float* h, u8* act, int width, float eps) { PDL_ENTRY(); \
-        norm_quant_regs<K, true>(x, res, w, h, act, width, eps, pw); }
+    extern "C" __global__ void NAME(float* x, const float* res, const float* pw, const float* w, float* h, u8* act, int width, float eps, float xs) { PDL_ENTRY(); \
+        norm_quant_regs<K, true>(x, res, w, h, act, width, eps, pw, xs); }
 NORM_Q_POST(0, norm_q8_post_regs)
 NORM_Q_POST(1, norm_q8k_post_regs)
 

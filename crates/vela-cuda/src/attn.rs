@@ -85,6 +85,14 @@ const FLASH_MIN_ROWS: usize = 16;
 /// Fewest (head, token) blocks for the 4-warp prefill attention kernels.
 const ATT_W4_MIN_BLOCKS: usize = 2048;
 use crate::kv::kv_suffix;
+
+/// The norms of `norm_rope_qk_store_impl`: q weights, k weights, v weights (Gemma 4) or none, eps.
+pub(crate) type RopeNorms<'a> = (
+    &'a CudaSlice<f32>,
+    &'a CudaSlice<f32>,
+    Option<&'a CudaSlice<f32>>,
+    f32,
+);
 use std::sync::atomic::Ordering;
 use vela_compute::{AttnParams, Backend, KvType, RopeParams};
 
@@ -193,22 +201,75 @@ impl CudaBackend {
         head_dim: usize,
         positions: &[u32],
         p: &RopeParams,
-        norms: Option<(&CudaSlice<f32>, &CudaSlice<f32>, f32)>,
+    ) {
+        self.rope_store_launch(
+            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, None,
+        );
+    }
+
+    /// `Backend::norm_rope_qk_store`; `norms` = (q weights, k weights, v weights or none, eps).
+    /// With the fold on and the per-head kernel applicable, one `rope_norm_store_heads_*`
+    /// launch (the norms computed as `rms_norm` computes them); otherwise the unfused ops.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn norm_rope_qk_store_impl(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &mut CudaBuf,
+        kv: &mut CudaKv,
+        layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+        norms: RopeNorms<'_>,
     ) {
         let l = &kv.layers[layer];
-        let heads_kernel = self.fuse.load(Ordering::Relaxed)
+        let (qn, kn, vn, eps) = norms;
+        let fold = self.fuse.load(Ordering::Relaxed)
             && p.n_rot != 0
             && l.spec.head_dim_k == head_dim
-            && self.small_v2.load(Ordering::Relaxed);
-        let fold = heads_kernel && self.norm_fold.load(Ordering::Relaxed);
-        if let Some((qn, kn, eps)) = norms.filter(|_| !fold) {
-            let n = positions.len();
-            self.rms_norm_inplace(q, qn, n * n_head, head_dim, eps);
-            self.rms_norm_inplace(k, kn, n * n_head_kv, head_dim, eps);
-            return self.rope_qk_store_impl(
-                q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, None,
+            && (vn.is_none() || l.spec.head_dim_v == head_dim)
+            && self.small_v2.load(Ordering::Relaxed)
+            && self.norm_fold.load(Ordering::Relaxed);
+        if fold {
+            let norms = Some(norms);
+            let v = &*v;
+            self.rope_store_launch(
+                q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, norms,
             );
+            return;
         }
+        let n = positions.len();
+        if let Some(vn) = vn {
+            self.rms_norm_inplace(v, vn, n * n_head_kv, head_dim, eps);
+        }
+        self.rms_norm_inplace(q, qn, n * n_head, head_dim, eps);
+        self.rms_norm_inplace(k, kn, n * n_head_kv, head_dim, eps);
+        self.rope_store_launch(
+            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, None,
+        );
+    }
+
+    /// RoPE on q and k and the store of k and v (with `norms`: the fused norms too, see
+    /// `norm_rope_qk_store_impl`, which checked that the per-head kernel applies).
+    #[allow(clippy::too_many_arguments)]
+    fn rope_store_launch(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &CudaBuf,
+        kv: &mut CudaKv,
+        layer: usize,
+        n_head: usize,
+        n_head_kv: usize,
+        head_dim: usize,
+        positions: &[u32],
+        p: &RopeParams,
+        norms: Option<RopeNorms<'_>>,
+    ) {
+        let l = &kv.layers[layer];
         if !self.fuse.load(Ordering::Relaxed) || p.n_rot == 0 || l.spec.head_dim_k != head_dim {
             self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
             self.kv_store(kv, layer, k, v, positions);
@@ -247,8 +308,14 @@ impl CudaBackend {
             let heads = (n_head + 2 * n_head_kv) as u32;
             let mut threads = (p.n_rot / 2).clamp(32, 256).next_multiple_of(32) as u32;
             let mut name = name.replace("rope_store", "rope_store_heads");
-            if let Some((qn, kn, eps)) = norms {
-                args.extend([Arg::P(self.ptr(qn)), Arg::P(self.ptr(kn)), Arg::F(eps)]);
+            if let Some((qn, kn, vn, eps)) = norms {
+                let vp = vn.map_or(0, |vn| self.ptr(vn));
+                args.extend([
+                    Arg::P(self.ptr(qn)),
+                    Arg::P(self.ptr(kn)),
+                    Arg::P(vp),
+                    Arg::F(eps),
+                ]);
                 threads = 256;
                 name = name.replace("rope_store", "rope_norm_store");
             }

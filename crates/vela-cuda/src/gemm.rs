@@ -140,8 +140,14 @@ impl CudaBackend {
                 xcols = w.cols;
             }
             let xh = self.ptr(g.xh.as_ref().expect("allocated above"));
-            // The weight in row chunks of at most CHUNK_ELEMS f16 values.
-            let chunk = (g.chunk.unwrap_or(CHUNK_ELEMS) / w.cols).max(1).min(w.rows);
+            // The weight in row chunks of at most CHUNK_ELEMS f16 values, a multiple of 128
+            // rows when there are several (each chunk's output columns then start 512-byte
+            // aligned: at Gemma 4 31B's FFN, 12,483-row chunks left the second one's output
+            // 4-byte aligned, and cuBLAS took slower kernels).
+            let mut chunk = (g.chunk.unwrap_or(CHUNK_ELEMS) / w.cols).max(1).min(w.rows);
+            if chunk < w.rows && chunk >= 128 {
+                chunk -= chunk % 128;
+            }
             let need = chunk * w.cols;
             if g.wh.as_ref().is_none_or(|b| b.len() < need) {
                 g.wh = Some(self.stream.alloc_zeros::<u16>(need)?);

@@ -459,7 +459,7 @@ impl CudaBackend {
     }
 
     /// Stream-capture `ops` into an instantiated graph (nothing runs yet).
-    fn capture(&self, ops: &[Launch]) -> Result<CudaGraph> {
+    pub(crate) fn capture(&self, ops: &[Launch]) -> Result<CudaGraph> {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| anyhow!("begin capture: {e:?}"))?;

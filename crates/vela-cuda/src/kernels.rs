@@ -191,6 +191,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
         "elementwise",
         &[
             "rms_norm",
+            "grid_barrier_test",
+            "launch_chain_link",
             "rope",
             "rope_qk",
             "rope_store_f32",

@@ -21,7 +21,9 @@ mod matmul;
 pub mod nvrtc;
 mod profile;
 pub mod sample;
+pub use sync_cost::SyncCost;
 mod switches;
+mod sync_cost;
 mod upload;
 
 pub use gemm::DEFAULT_GEMM_MIN;
@@ -660,6 +662,7 @@ impl Backend for CudaBackend {
         x: &mut CudaBuf,
         residual: &mut CudaBuf,
         post: &CudaSlice<f32>,
+        x_scale: f32,
         w: &CudaSlice<f32>,
         n_rows: usize,
         width: usize,
@@ -669,6 +672,7 @@ impl Backend for CudaBackend {
         biases: &[Option<&CudaSlice<f32>>],
         ys: &mut [&mut CudaBuf],
     ) {
+        let post = (post, x_scale);
         self.post_norm_matmul_impl(x, residual, post, w, n_rows, width, eps, h, ws, ys, biases);
     }
 
@@ -767,7 +771,7 @@ impl Backend for CudaBackend {
         p: &RopeParams,
     ) {
         self.rope_qk_store_impl(
-            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, None,
+            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p,
         );
     }
 
@@ -775,7 +779,7 @@ impl Backend for CudaBackend {
         &self,
         q: &mut CudaBuf,
         k: &mut CudaBuf,
-        v: &CudaBuf,
+        v: &mut CudaBuf,
         kv: &mut CudaKv,
         layer: usize,
         n_head: usize,
@@ -784,8 +788,10 @@ impl Backend for CudaBackend {
         positions: &[u32],
         p: &RopeParams,
         norms: (&CudaSlice<f32>, &CudaSlice<f32>, f32),
+        v_norm: Option<&CudaSlice<f32>>,
     ) {
-        self.rope_qk_store_impl(
+        let (qn, kn, eps) = norms;
+        self.norm_rope_qk_store_impl(
             q,
             k,
             v,
@@ -796,7 +802,7 @@ impl Backend for CudaBackend {
             head_dim,
             positions,
             p,
-            Some(norms),
+            (qn, kn, v_norm, eps),
         );
     }
 

@@ -163,7 +163,7 @@ impl CudaBackend {
         &self,
         x: &mut CudaBuf,
         residual: Option<&CudaBuf>,
-        post: Option<&CudaSlice<f32>>,
+        post: Option<(&CudaSlice<f32>, f32)>,
         w: &CudaSlice<f32>,
         n_rows: usize,
         width: usize,
@@ -212,9 +212,10 @@ impl CudaBackend {
         // Default: the row in registers, 8 elements per thread (`norm_q8*_regs`; needs 16-byte
         // aligned rows). Else (`VELA_CUDA_SMALL=old`, or rows wider than 8192) one thread per
         // element up to 1024 with loops beyond.
-        if let Some(pw) = post {
-            // `norm_q8*_post_regs` (the caller checked `norm_regs_ok`): res, pw, w, ...
+        if let Some((pw, xs)) = post {
+            // `norm_q8*_post_regs` (the caller checked `norm_regs_ok`): res, pw, w, ..., xs
             args.insert(2, Arg::P(self.ptr(pw)));
+            args.push(Arg::F(xs));
             let threads = (width / 8).next_multiple_of(32) as u32;
             self.launch(
                 &format!("{name}_post_regs"),
@@ -270,15 +271,15 @@ impl CudaBackend {
     }
 
     /// See `Backend::post_norm_matmul_many`: with the fused row-in-registers norm one
-    /// `norm_q8*_post_regs` launch normalizes the residual, adds it and runs the pre-norm
-    /// (`residual` is left as it was); otherwise `rms_norm_inplace` on the residual, then
+    /// `norm_q8*_post_regs` launch normalizes the residual, adds it (then scales x by
+    /// `post.1`) and runs the pre-norm (`residual` is left as it was); otherwise `rms_norm_inplace` on the residual, then
     /// `norm_matmul_impl`.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn post_norm_matmul_impl(
         &self,
         x: &mut CudaBuf,
         residual: &mut CudaBuf,
-        post: &CudaSlice<f32>,
+        post: (&CudaSlice<f32>, f32),
         w: &CudaSlice<f32>,
         n_rows: usize,
         width: usize,
@@ -292,7 +293,7 @@ impl CudaBackend {
         let ptrs = [
             self.ptr(&*x),
             self.ptr(&*residual),
-            self.ptr(post),
+            self.ptr(post.0),
             self.ptr(w),
             self.ptr(&*h),
         ];
@@ -303,9 +304,16 @@ impl CudaBackend {
             let r = Some(&*residual);
             self.norm_matmul_impl(x, r, Some(post), w, n_rows, width, eps, h, ws, ys, biases);
         } else {
-            self.rms_norm_inplace(residual, post, n_rows, width, eps);
-            let r = Some(&*residual);
-            self.norm_matmul_impl(x, r, None, w, n_rows, width, eps, h, ws, ys, biases);
+            let (pw, xs) = post;
+            self.rms_norm_inplace(residual, pw, n_rows, width, eps);
+            if xs == 1.0 {
+                let r = Some(&*residual);
+                self.norm_matmul_impl(x, r, None, w, n_rows, width, eps, h, ws, ys, biases);
+            } else {
+                self.add(x, residual, n_rows * width);
+                self.scale(x, n_rows * width, xs);
+                self.norm_matmul_impl(x, None, None, w, n_rows, width, eps, h, ws, ys, biases);
+            }
         }
     }
 

@@ -495,6 +495,7 @@ impl<B: Backend> DecoderModel<B> {
                     &mut st.x,
                     &mut st.o,
                     pn,
+                    1.0,
                     &l.attn_norm,
                     n,
                     d,
@@ -523,7 +524,7 @@ impl<B: Backend> DecoderModel<B> {
                 (Some(qn), Some(kn)) => be.norm_rope_qk_store(
                     q,
                     k,
-                    &st.v,
+                    &mut st.v,
                     &mut st.kv,
                     il,
                     heads,
@@ -532,6 +533,7 @@ impl<B: Backend> DecoderModel<B> {
                     positions,
                     &lc.rope,
                     (qn, kn, c.rms_eps),
+                    None,
                 ),
                 _ => be.rope_qk_store(
                     q,
@@ -565,6 +567,7 @@ impl<B: Backend> DecoderModel<B> {
                     &mut st.x,
                     &mut st.o,
                     pn,
+                    1.0,
                     &l.ffn_norm,
                     n,
                     d,

@@ -297,54 +297,52 @@ impl<B: Backend> Gemma4Model<B> {
         be.get_rows(&self.embd, tokens, (d as f32).sqrt(), &mut st.bufs[X])?;
         self.per_layer_inputs(st, tokens)?;
         let b = &mut st.bufs;
+        // The layer whose post-FFN norm, residual add and layer scalar the next layer's input
+        // norm applies (one call a backend may fuse; the last layer's are applied after it).
+        let mut pending: Option<&Layer<B>> = None;
         for (il, (l, lc)) in self.layers.iter().zip(&c.layers).enumerate() {
             let hd = lc.head_dim;
             // Input norm and projections in one call a backend may fuse (on a GPU the norm
             // also quantizes for the products); K and V only in layers with their own cache.
             {
-                let [x, h, q, k, v] = b.get_disjoint_mut([X, H, Q, K, V]).expect("buffers");
-                match &l.kv {
+                let [x, o, h, q, k, v] = b.get_disjoint_mut([X, O, H, Q, K, V]).expect("buffers");
+                let (ws, mut ys) = match &l.kv {
                     Some(OwnKv { wk, wv, .. }) => {
                         let wv = wv.as_ref().unwrap_or(wk);
-                        let ws = [&l.wq, wk, wv];
-                        be.norm_matmul_many(
-                            x,
-                            None,
-                            &l.input_norm,
-                            n,
-                            d,
-                            c.rms_eps,
-                            h,
-                            &ws,
-                            &[],
-                            &mut [q, k, v],
-                        );
+                        (vec![&l.wq, wk, wv], vec![q, k, v])
                     }
-                    None => be.norm_matmul_many(
+                    None => (vec![&l.wq], vec![q]),
+                };
+                let (norm, eps) = (&l.input_norm, c.rms_eps);
+                match pending.take() {
+                    Some(p) => be.post_norm_matmul_many(
                         x,
-                        None,
-                        &l.input_norm,
+                        o,
+                        &p.post_ffn_norm,
+                        p.scalar,
+                        norm,
                         n,
                         d,
-                        c.rms_eps,
+                        eps,
                         h,
-                        &[&l.wq],
+                        &ws,
                         &[],
-                        &mut [q],
+                        &mut ys,
                     ),
+                    None => be.norm_matmul_many(x, None, norm, n, d, eps, h, &ws, &[], &mut ys),
                 }
             }
             match &l.kv {
                 Some(OwnKv { k_norm, .. }) => {
-                    // V's norm (no weights) first; then the q and k norms, their RoPE and the
-                    // cache store in one call a backend may fuse.
+                    // The q, k and v norms (v's without weights), the RoPE and the cache store
+                    // in one call a backend may fuse.
                     let [q, k, v] = pick3(b, Q, K, V);
-                    be.rms_norm_inplace(v, &l.ones, n * lc.n_head_kv, hd, c.rms_eps);
                     let norms = (&l.q_norm, k_norm, c.rms_eps);
                     let (heads, kv_heads) = (c.n_head, lc.n_head_kv);
                     let kv = &mut st.kv;
+                    let (rope, vn) = (&lc.rope, Some(&l.ones));
                     be.norm_rope_qk_store(
-                        q, k, v, kv, il, heads, kv_heads, hd, positions, &lc.rope, norms,
+                        q, k, v, kv, il, heads, kv_heads, hd, positions, rope, norms, vn,
                     );
                 }
                 None => {
@@ -375,6 +373,7 @@ impl<B: Backend> Gemma4Model<B> {
                     x,
                     o,
                     post,
+                    1.0,
                     pre,
                     n,
                     d,
@@ -392,6 +391,10 @@ impl<B: Backend> Gemma4Model<B> {
             if let (Some(m), Some(mc)) = (&l.moe, &c.moe) {
                 be.rms_norm_inplace(&mut b[O], &m.post_norm_1, n, d, c.rms_eps);
                 m.forward(be, b, mc, n, d, c.rms_eps, (X, H, O));
+            }
+            if l.ple.is_none() && il + 1 < self.layers.len() {
+                pending = Some(l);
+                continue;
             }
             be.rms_norm_inplace(&mut b[O], &l.post_ffn_norm, n, d, c.rms_eps);
             {

@@ -720,6 +720,7 @@ impl<B: Backend> Gemma4Assistant<B> {
                     x,
                     o,
                     post,
+                    1.0,
                     pre,
                     1,
                     d,

@@ -277,6 +277,32 @@ static GEOMETRIES: &[Geometry] = &[
         partial_rotary_full: 0.25,
         ..BASE
     },
+    // Gemma 4 12B (dense; 40 sliding + 8 full layers; shape from the seeds' notes, gem.md 2.1)
+    Geometry {
+        name: "gemma4-12b",
+        source: "google/gemma-4-12B-it",
+        family: Family::Gemma4,
+        n_layer: 48,
+        n_embd: 3840,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 256,
+        n_ff: 15360,
+        n_vocab: 262144,
+        n_ctx: 262144,
+        rope_base: 1e6,
+        rms_eps: 1e-6,
+        tied: true,
+        tokenizer: "ggml-vocab-gemma-4.gguf",
+        sliding_window: 1024,
+        swa_period: 6,
+        final_softcap: Some(30.0),
+        head_dim_full: 512,
+        n_head_kv_full: 1,
+        k_eq_v: true,
+        partial_rotary_full: 0.25,
+        ..BASE
+    },
     // google/gemma-4-31B-it (dense; 50 sliding + 10 full layers)
     Geometry {
         name: "gemma4-31b",

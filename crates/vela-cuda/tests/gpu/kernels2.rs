@@ -934,3 +934,17 @@ fn split_rows_equal_gguf_layout() {
         eprintln!("RESULT | {tag} equal GGUF layout (matvec, x3, small batch, cuBLAS, exact, get_rows) | | | ok |");
     }
 }
+
+/// The grid barrier of persistent kernels: no block passes early (`grid_barrier_test` counts
+/// early reads), and what one barrier costs against one dependent launch in a replayed graph.
+#[test]
+fn grid_barrier_and_launch_cost() {
+    let Some(g) = gpu() else { return };
+    for (per_sm, threads) in [(1u32, 256u32), (2, 256), (4, 256), (1, 1024)] {
+        let c = g.sync_cost(per_sm, threads, 200, 5).unwrap();
+        eprintln!(
+            "RESULT | sync cost {} blocks x {} threads | barrier {:.2} us | dependent launch {:.2} us | info |",
+            c.blocks, c.threads, c.barrier_us, c.launch_us
+        );
+    }
+}

@@ -110,7 +110,7 @@ fn mixed_x3_and_bias_equal_separate_products() {
 /// QK norm folded into RoPE + KV store (`rope_norm_store_heads_*`, `Backend::norm_rope_qk_store`):
 /// the same q, k and cache (read back through `attention`) as `rms_norm_inplace` twice then
 /// `rope_qk_store`, at Gemma 3's head dim 256 (n_rot 256, NEOX) and Qwen3's 128 (normal style),
-/// for one and several tokens.
+/// for one and several tokens; with a v norm too (Gemma 4) in the later steps.
 #[test]
 fn qk_norm_rope_store_equals_unfused() {
     let Some(g) = gpu() else { return };
@@ -131,6 +131,7 @@ fn qk_norm_rope_store_equals_unfused() {
             freq_factors: None,
         };
         let (qn, kn) = (up(&g, &rng.vec(hd)), up(&g, &rng.vec(hd)));
+        let ones = up(&g, &vec![1.0; hd]);
         let p = AttnParams {
             n_head: nh,
             n_head_kv: nkv,
@@ -151,26 +152,35 @@ fn qk_norm_rope_store_equals_unfused() {
             // Scaled inputs (the norm must matter).
             let q0: Vec<f32> = rng.vec(n * nh * hd).iter().map(|x| 3.0 * x).collect();
             let k0: Vec<f32> = rng.vec(n * nkv * hd).iter().map(|x| 0.2 * x).collect();
-            let v0 = rng.vec(n * nkv * hd);
-            let v = up(&g, &v0);
+            let v0: Vec<f32> = rng.vec(n * nkv * hd).iter().map(|x| 4.0 * x).collect();
+            // Gemma 4 also normalizes v (weights all ones) in the same call: in the second half
+            // of the steps.
+            let v_norm = (p0 > 8).then_some(&ones);
             let mut outs = Vec::new();
             for (i, kv) in kvs.iter_mut().enumerate() {
-                let (mut q, mut k) = (up(&g, &q0), up(&g, &k0));
+                let (mut q, mut k, mut v) = (up(&g, &q0), up(&g, &k0), up(&g, &v0));
                 g.set_profiling(true);
                 g.profile_take();
                 if i == 0 {
+                    if let Some(vn) = v_norm {
+                        g.rms_norm_inplace(&mut v, vn, n * nkv, hd, 1e-6);
+                    }
                     g.rms_norm_inplace(&mut q, &qn, n * nh, hd, 1e-6);
                     g.rms_norm_inplace(&mut k, &kn, n * nkv, hd, 1e-6);
                     g.rope_qk_store(&mut q, &mut k, &v, kv, 0, nh, nkv, hd, &pos, &rope);
                 } else {
                     let norms = (&qn, &kn, 1e-6);
                     g.norm_rope_qk_store(
-                        &mut q, &mut k, &v, kv, 0, nh, nkv, hd, &pos, &rope, norms,
+                        &mut q, &mut k, &mut v, kv, 0, nh, nkv, hd, &pos, &rope, norms, v_norm,
                     );
                 }
                 // The fused call launches no rms_norm (a silent fallback would pass unnoticed).
                 let launches = rms_norm_launches(&g);
-                let want = if i == 0 { 2 } else { 0 };
+                let want = if i == 0 {
+                    2 + usize::from(v_norm.is_some())
+                } else {
+                    0
+                };
                 assert_eq!(
                     launches, want,
                     "QK norm hd={hd}: {launches} rms_norm launches"
@@ -180,12 +190,17 @@ fn qk_norm_rope_store_equals_unfused() {
                 outs.push([
                     down(&g, &q, n * nh * hd),
                     down(&g, &k, n * nkv * hd),
+                    down(&g, &v, n * nkv * hd),
                     down(&g, &a, n * nh * hd),
                 ]);
             }
-            for (j, what) in ["q", "k", "attention over the cache"].iter().enumerate() {
+            let vn = if v_norm.is_some() { " +v norm" } else { "" };
+            for (j, what) in ["q", "k", "v", "attention over the cache"]
+                .iter()
+                .enumerate()
+            {
                 check(
-                    &format!("QK norm + RoPE + store hd={hd} n={n} {what} == unfused"),
+                    &format!("QK norm{vn} + RoPE + store hd={hd} n={n} {what} == unfused"),
                     &outs[1][j],
                     &outs[0][j],
                     0.0,
@@ -213,7 +228,7 @@ fn post_norm_matmul_equals_unfused() {
             .map(|_| upload_random(&g, &cpu, ty, rows, width, &mut rng).0)
             .collect();
         let (post, norm) = (up(&g, &rng.vec(width)), up(&g, &rng.vec(width)));
-        for n in [1usize, 2] {
+        for (n, xs) in [(1usize, 1.0f32), (2, 1.0), (1, 0.75)] {
             let x0 = rng.vec(n * width);
             let r0: Vec<f32> = rng.vec(n * width).iter().map(|x| 5.0 * x).collect();
             let mut outs = Vec::new();
@@ -229,6 +244,7 @@ fn post_norm_matmul_equals_unfused() {
                         &mut x,
                         &mut r,
                         &post,
+                        xs,
                         &norm,
                         n,
                         width,
@@ -240,9 +256,14 @@ fn post_norm_matmul_equals_unfused() {
                     );
                 } else {
                     g.rms_norm_inplace(&mut r, &post, n, width, 1e-6);
+                    // Gemma 4's layer scalar: x = (x + r) * xs, as the model did unfused.
+                    if xs != 1.0 {
+                        g.add(&mut x, &r, n * width);
+                        g.scale(&mut x, n * width, xs);
+                    }
                     g.norm_matmul_many(
                         &mut x,
-                        Some(&r),
+                        (xs == 1.0).then_some(&r),
                         &norm,
                         n,
                         width,
@@ -268,7 +289,7 @@ fn post_norm_matmul_equals_unfused() {
             {
                 check(
                     &format!(
-                        "post norm {} {width}x{rows} n={n} {what} == unfused",
+                        "post norm {} {width}x{rows} n={n} scale {xs} {what} == unfused",
                         ty.name()
                     ),
                     &outs[1][j],
