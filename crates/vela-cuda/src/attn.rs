@@ -434,23 +434,12 @@ impl CudaBackend {
             && hd.is_multiple_of(16)
             && 128 % (hd / 8) == 0;
         let per_kv_head = v3;
-        let by_capacity = if per_kv_head {
-            l.spec.capacity / 64
-        } else {
-            split_keys().map_or(0, |k| l.spec.capacity / k)
-        };
-        let blocks_per_part = if per_kv_head { p.n_head_kv } else { p.n_head } * n_tok;
-        let parts = (264 / blocks_per_part.max(1))
-            .max(by_capacity)
-            .clamp(
-                1,
-                if per_kv_head {
-                    SPLIT_MAX_PARTS_V3
-                } else {
-                    SPLIT_MAX_PARTS
-                },
-            )
-            .min(l.spec.capacity.div_ceil(32));
+        let parts = split_parts(
+            per_kv_head,
+            d512,
+            if per_kv_head { p.n_head_kv } else { p.n_head } * n_tok,
+            l.spec.capacity,
+        );
         let split_ok = n_tok <= SPLIT_MAX_ROWS && parts > 1 && p.head_dim_k.is_multiple_of(4);
         let d512_split = p.head_dim_v.is_multiple_of(8) && 128 % (p.head_dim_v / 8) == 0;
         if self.split_attn.load(Ordering::Relaxed) && split_ok && (!d512 || d512_split) {
@@ -585,17 +574,54 @@ fn keys_seen(positions: &[u32], window: usize) -> usize {
     }
 }
 
-/// Cache capacity per split-K part (`VELA_CUDA_SPLIT_KEYS`, default 256; 0: parts from the
-/// grid size alone). Llama-3-8B Q4_0 tg128 at 8K depth on the H200: 73 t/s with parts from the
-/// grid size alone (8), 153 with one part per 256 keys (32).
-fn split_keys() -> Option<usize> {
-    static K: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let k = *K.get_or_init(|| {
+/// Split-K parts of the non-tensor-core decode attention: enough (head, token, part) blocks for
+/// two waves over ~132 SMs, at least one part per [`split_keys`] keys of `capacity` (third
+/// version: per 64), at most [`split_max_parts`] (third version: 128) and one per 32 keys.
+fn split_parts(per_kv_head: bool, d512: bool, blocks_per_part: usize, capacity: usize) -> usize {
+    let by_capacity = if per_kv_head {
+        capacity / 64
+    } else {
+        split_keys(d512).map_or(0, |k| capacity / k)
+    };
+    let most = if per_kv_head {
+        SPLIT_MAX_PARTS_V3
+    } else {
+        split_max_parts(d512)
+    };
+    (264 / blocks_per_part.max(1))
+        .max(by_capacity)
+        .clamp(1, most)
+        .min(capacity.div_ceil(32))
+}
+
+/// Most parts of the second version: `VELA_CUDA_SPLIT_MAX_PARTS` (at most
+/// [`SPLIT_MAX_PARTS_V3`], which `attention_combine` also takes), else [`SPLIT_MAX_PARTS`], or
+/// [`SPLIT_MAX_PARTS_V3`] for head dims above 256 (Gemma 4's full layers, see [`split_keys`]).
+fn split_max_parts(d512: bool) -> usize {
+    static K: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let env = *K.get_or_init(|| {
+        std::env::var("VELA_CUDA_SPLIT_MAX_PARTS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    });
+    let d = if d512 { SPLIT_MAX_PARTS_V3 } else { SPLIT_MAX_PARTS };
+    env.unwrap_or(d).clamp(1, SPLIT_MAX_PARTS_V3)
+}
+
+/// Cache capacity per split-K part (`VELA_CUDA_SPLIT_KEYS`, default 256, or 128 for head dims
+/// above 256; 0: parts from the grid size alone). Llama-3-8B Q4_0 tg128 at 8K depth on the H200:
+/// 73 t/s with parts from the grid size alone (8), 153 with one part per 256 keys (32). Gemma 4
+/// 12B geometry (synth, Q4_0) tg128 at 8K depth: 199.4–201.1 t/s with one part per 128 keys and
+/// up to 128 parts (66 per full-attention layer) against 189.4–191.0 with 33 (two calls,
+/// session 12).
+fn split_keys(d512: bool) -> Option<usize> {
+    static K: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    let env = *K.get_or_init(|| {
         std::env::var("VELA_CUDA_SPLIT_KEYS")
             .ok()
             .and_then(|v| v.parse().ok())
-            .unwrap_or(256)
     });
+    let k = env.unwrap_or(if d512 { 128 } else { 256 });
     (k > 0).then_some(k)
 }
 
@@ -648,7 +674,27 @@ impl CudaBackend {
 
 #[cfg(test)]
 mod tests {
-    use super::fd_parts_for;
+    use super::{fd_parts_for, split_parts};
+
+    /// The non-tensor-core decode attention's parts: one per 256 keys of capacity up to 32, one
+    /// per 128 keys up to 128 with head dims above 256 (measured on Gemma 4 12B at 8K).
+    #[test]
+    fn split_parts_by_capacity() {
+        if std::env::var_os("VELA_CUDA_SPLIT_KEYS").is_some()
+            || std::env::var_os("VELA_CUDA_SPLIT_MAX_PARTS").is_some()
+        {
+            return;
+        }
+        // Gemma 4 12B full layers (16 query heads, one token) at 8K depth + 128: 8,448 keys.
+        assert_eq!(split_parts(false, false, 16, 8448), 32);
+        assert_eq!(split_parts(false, true, 16, 8448), 66);
+        assert_eq!(split_parts(false, true, 16, 32768), 128);
+        // Short caches: the grid term (264 / 16 blocks) and one part per 32 keys.
+        assert_eq!(split_parts(false, true, 16, 1024), 16);
+        assert_eq!(split_parts(false, true, 16, 256), 8);
+        // Third version: one per 64 keys, up to 128.
+        assert_eq!(split_parts(true, false, 8, 8448), 128);
+    }
 
     /// The host's count of non-empty tensor-core decode parts follows flash.cu's `fd_parts`
     /// (n_tiles = (p - first + 64) / 64 for keys = p - first + 1; most = min(S, target)).

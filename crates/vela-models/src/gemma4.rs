@@ -86,6 +86,9 @@ pub struct Gemma4Model<B: Backend> {
     /// `(embed_tokens_per_layer, per_layer_model_projection, per_layer_projection_norm)`.
     ple: Option<(B::Weight, B::Weight, B::Vector)>,
     layers: Vec<Layer<B>>,
+    /// Weight bytes one decoded token reads (the products and the output head; experts at
+    /// their active share).
+    pub weight_bytes_per_token: u64,
 }
 
 /// Per-sequence state: KV cache and scratch buffers for up to `max_batch` tokens.

@@ -314,7 +314,7 @@ impl<B: Backend + 'static> LanguageModel for Gemma4Model<B> {
         self.cfg.layers.iter().any(|l| l.kind == LayerKind::Sliding)
     }
     fn weight_bytes_per_token(&self) -> u64 {
-        0
+        self.weight_bytes_per_token
     }
     fn kv_bytes_estimate(&self, n_ctx: usize, max_batch: usize, kv: KvType) -> u64 {
         layout_bytes(&self.kv_layout(n_ctx, max_batch), kv)

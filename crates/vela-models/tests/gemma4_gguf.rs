@@ -294,3 +294,26 @@ fn gguf_matches_llama_cpp_on_the_same_file() {
         }
     }
 }
+
+/// The decode roofline's numerator: a dense fixture reads every matrix once per token (the tied
+/// embedding once, as the output head; its row lookup is not counted).
+#[test]
+fn weight_bytes_per_token_counts_every_matrix_once() {
+    use vela_models::lm::LanguageModel;
+    for name in ["dense_keqv", "realdims_12b"] {
+        let Some(dir) = fixture(name) else { continue };
+        let Some(path) = testdata::require(dir.join("model-q8_0.gguf")) else {
+            continue;
+        };
+        let g = GgufFile::open(&path).unwrap();
+        let want: u64 = g
+            .tensors
+            .iter()
+            .filter(|t| t.dims.len() >= 2)
+            .map(|t| t.size)
+            .sum();
+        assert!(g.tensor("output.weight").is_none(), "{name}: tied");
+        let m = gguf_model(&path);
+        assert_eq!(m.weight_bytes_per_token(), want, "{name}");
+    }
+}

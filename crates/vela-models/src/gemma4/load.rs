@@ -148,6 +148,9 @@ struct Loader<'a, B: Backend> {
     g: Arc<GgufFile>,
     /// The image uses llama.cpp's GGUF tensor names (`blk.N.attn_q.weight`), not HF's.
     gguf_names: bool,
+    /// Bytes of the matrices `weight` has loaded (the decode roofline's numerator; `load`
+    /// takes the lookup tables back out and adds the experts a token reads).
+    read: std::cell::Cell<u64>,
 }
 
 /// llama.cpp's name for an HF Gemma 4 text tensor name without its `model.` prefix
@@ -240,6 +243,8 @@ impl<B: Backend> Loader<'_, B> {
         let name = &self.name(hf);
         let w =
             HostWeight::from_gguf(&self.g, name).ok_or_else(|| anyhow!("missing tensor {name}"))?;
+        let size = self.g.tensor(name).map_or(0, |t| t.size);
+        self.read.set(self.read.get() + size);
         if w.rows != rows || w.cols != cols {
             bail!(
                 "tensor {name} has shape [{}, {}], expected [{rows}, {cols}]",
@@ -347,9 +352,12 @@ impl<B: Backend> Gemma4Model<B> {
             be: &*backend,
             g: g.clone(),
             gguf_names,
+            read: std::cell::Cell::new(0),
         };
         let (d, nh, p) = (cfg.n_embd, cfg.n_head, cfg.ple_dim);
         let embd = ld.weight("embed_tokens.weight", cfg.n_vocab, d)?;
+        // (A token reads one row of each embedding table: not counted.)
+        ld.read.set(0);
         let lm_head = if !cfg.tie_embeddings && ld.has("lm_head.weight") {
             ld.weight("lm_head.weight", cfg.n_vocab, d)?
         } else {
@@ -357,8 +365,11 @@ impl<B: Backend> Gemma4Model<B> {
         };
         let ple = if p > 0 {
             let lp = cfg.n_layer * p;
+            let before = ld.read.get();
+            let table = ld.weight("embed_tokens_per_layer.weight", cfg.ple_vocab, lp)?;
+            ld.read.set(before);
             Some((
-                ld.weight("embed_tokens_per_layer.weight", cfg.ple_vocab, lp)?,
+                table,
                 ld.weight("per_layer_model_projection.weight", lp, d)?,
                 ld.vector("per_layer_projection_norm.weight", p)?,
             ))
@@ -415,6 +426,20 @@ impl<B: Backend> Gemma4Model<B> {
             });
         }
         let norm = ld.vector("norm.weight", d)?;
+        // Each token reads top_k of every MoE layer's experts (their bytes: the image's).
+        let mut weight_bytes_per_token = ld.read.get();
+        if let (Some(mc), Some(img)) = (&cfg.moe, &experts) {
+            for il in 0..cfg.n_layer {
+                let mut all = 0;
+                for e in 0..mc.n_expert {
+                    for part in ["gate", "up", "down"] {
+                        let t = img.tensor(&moe::expert_name(il, e, part));
+                        all += t.map_or(0, |t| t.size);
+                    }
+                }
+                weight_bytes_per_token += all * mc.top_k as u64 / mc.n_expert.max(1) as u64;
+            }
+        }
         Ok(Gemma4Model {
             backend,
             cfg,
@@ -423,6 +448,7 @@ impl<B: Backend> Gemma4Model<B> {
             norm,
             ple,
             layers,
+            weight_bytes_per_token,
         })
     }
 }
