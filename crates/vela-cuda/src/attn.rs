@@ -604,7 +604,11 @@ fn split_max_parts(d512: bool) -> usize {
             .ok()
             .and_then(|v| v.parse::<usize>().ok())
     });
-    let d = if d512 { SPLIT_MAX_PARTS_V3 } else { SPLIT_MAX_PARTS };
+    let d = if d512 {
+        SPLIT_MAX_PARTS_V3
+    } else {
+        SPLIT_MAX_PARTS
+    };
     env.unwrap_or(d).clamp(1, SPLIT_MAX_PARTS_V3)
 }
 
