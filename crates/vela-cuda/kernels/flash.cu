@@ -465,3 +465,33 @@ FLASH_DECODE(1, 64, flash_decode_f16_d64)
 FLASH_DECODE(1, 128, flash_decode_f16_d128)
 FLASH_DECODE(2, 64, flash_decode_bf16_d64)
 FLASH_DECODE(2, 128, flash_decode_bf16_d128)
+
+// ---- prefill attention through cuBLAS for head dims the flash kernel cannot hold (512) ----
+// Row softmax between the two batched products of `attention_gemm` (src/attn_gemm.rs): row
+// r = j * n_tok + t of S holds query row t's kmax f32 scores against key slots 0 .. kmax - 1 (no
+// ring wrap: the host checks that every position is below the capacity). Keys above pos[t] or
+// before its window get weight 0; the others exp(score - max) / sum, as f16 (the flash kernel also
+// rounds P to 16 bits before P V). Scores are scaled and soft-capped like fa_score.
+extern "C" __global__ void attn_softmax_f16(const float* __restrict__ S, u16* __restrict__ P,
+                                            const u32* __restrict__ pos, int n_tok, int kmax,
+                                            int window, float scale, float softcap) {
+    PDL_ENTRY();
+    __shared__ float red[32];
+    int r = blockIdx.x, t = r % n_tok;
+    int p = (int)pos[t];
+    int lo = window > 0 ? max(0, p - window + 1) : 0;
+    int hi = min(p, kmax - 1);
+    const float* s = S + (size_t)r * kmax;
+    u16* o = P + (size_t)r * kmax;
+    float m = NEG_INF;
+    for (int k = lo + threadIdx.x; k <= hi; k += blockDim.x) m = fmaxf(m, fa_score(s[k], scale, softcap));
+    m = block_reduce_f(m, true, red);
+    float sum = 0.0f;
+    for (int k = lo + threadIdx.x; k <= hi; k += blockDim.x) sum += expf(fa_score(s[k], scale, softcap) - m);
+    sum = block_reduce_f(sum, false, red);
+    float inv = sum > 0.0f ? 1.0f / sum : 0.0f;
+    for (int k = threadIdx.x; k < kmax; k += blockDim.x) {
+        float w = (k >= lo && k <= hi) ? expf(fa_score(s[k], scale, softcap) - m) * inv : 0.0f;
+        o[k] = f2h(w);
+    }
+}

@@ -504,6 +504,17 @@ impl CudaBackend {
             self.launch(&name, grid, 128, &args);
             return false;
         }
+        if mode == 0 && d512 && self.attention_gemm_applies(kv.ty, p, positions, l.spec.capacity) {
+            // Head dims above 256 (Gemma 4's full layers): two tensor-core products through
+            // cuBLAS and a row softmax (attn_gemm.rs). On failure the plain kernel below
+            // recomputes the whole output.
+            match self.attention_gemm(q, l, pp, positions, p, window, out) {
+                Ok(()) => return false,
+                Err(e) => {
+                    eprintln!("vela-cuda: cuBLAS attention failed, using the plain kernel: {e:#}")
+                }
+            }
+        }
         let args = [
             Arg::P(self.ptr(q)),
             Arg::P(self.ptr(&l.k)),

@@ -47,6 +47,42 @@ type GemmEx = unsafe extern "C" fn(
     c_int,
 ) -> Status;
 
+type GemmStridedBatchedEx = unsafe extern "C" fn(
+    Handle,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    c_int,
+    *const c_void,
+    *const c_void,
+    c_int,
+    c_int,
+    i64,
+    *const c_void,
+    c_int,
+    c_int,
+    i64,
+    *const c_void,
+    *mut c_void,
+    c_int,
+    c_int,
+    i64,
+    c_int,
+    c_int,
+    c_int,
+) -> Status;
+
+/// One operand of [`Cublas::gemm_batched_f16`] (column-major, cuBLAS's view): device address,
+/// transposed or not, leading dimension and the element stride between batch entries.
+#[derive(Clone, Copy, Debug)]
+pub struct Operand {
+    pub ptr: u64,
+    pub trans: bool,
+    pub ld: usize,
+    pub stride: usize,
+}
+
 /// A loaded cuBLAS with one handle bound to the backend's stream.
 pub struct Cublas {
     _lib: libloading::Library,
@@ -54,6 +90,7 @@ pub struct Cublas {
     pub path: String,
     handle: Handle,
     gemm_ex: GemmEx,
+    gemm_batched: GemmStridedBatchedEx,
     destroy: unsafe extern "C" fn(Handle) -> Status,
 }
 
@@ -119,6 +156,7 @@ impl Cublas {
             sym!("cublasSetStream_v2");
         let destroy: unsafe extern "C" fn(Handle) -> Status = sym!("cublasDestroy_v2");
         let gemm_ex: GemmEx = sym!("cublasGemmEx");
+        let gemm_batched: GemmStridedBatchedEx = sym!("cublasGemmStridedBatchedEx");
         let mut handle: Handle = std::ptr::null_mut();
         // SAFETY: valid out-pointer.
         let r = unsafe { create(&mut handle) };
@@ -137,6 +175,7 @@ impl Cublas {
             path,
             handle,
             gemm_ex,
+            gemm_batched,
             destroy,
         })
     }
@@ -184,6 +223,61 @@ impl Cublas {
         };
         if r != 0 {
             bail!("cublasGemmEx({rows}x{n}x{cols}) failed with status {r}");
+        }
+        Ok(())
+    }
+}
+
+impl Cublas {
+    /// `C_i = op(A_i) · op(B_i)` for `batch` entries, column-major (cuBLAS's convention): op(A)
+    /// is m × k, op(B) k × n, C m × n with leading dimension `c.1` and batch stride `c.2`; A and
+    /// B f16, C f32 (`c_f16`: f16), f32 accumulation. Device addresses; enqueued on the handle's
+    /// stream.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gemm_batched_f16(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: Operand,
+        b: Operand,
+        c: (u64, usize, usize),
+        c_f16: bool,
+        batch: usize,
+    ) -> Result<()> {
+        let dim = |v: usize| c_int::try_from(v).map_err(|_| anyhow!("GEMM dimension {v} too big"));
+        let op = |t: bool| if t { OP_T } else { OP_N };
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        // SAFETY: the addresses are live device buffers of the sizes the caller checked.
+        let r = unsafe {
+            (self.gemm_batched)(
+                self.handle,
+                op(a.trans),
+                op(b.trans),
+                dim(m)?,
+                dim(n)?,
+                dim(k)?,
+                &alpha as *const f32 as *const c_void,
+                a.ptr as *const c_void,
+                R_16F,
+                dim(a.ld)?,
+                a.stride as i64,
+                b.ptr as *const c_void,
+                R_16F,
+                dim(b.ld)?,
+                b.stride as i64,
+                &beta as *const f32 as *const c_void,
+                c.0 as *mut c_void,
+                if c_f16 { R_16F } else { R_32F },
+                dim(c.1)?,
+                c.2 as i64,
+                dim(batch)?,
+                COMPUTE_32F,
+                GEMM_DEFAULT,
+            )
+        };
+        if r != 0 {
+            bail!("cublasGemmStridedBatchedEx({m}x{n}x{k}, {batch}) failed with status {r}");
         }
         Ok(())
     }

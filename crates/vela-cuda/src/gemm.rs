@@ -24,9 +24,11 @@ const CHUNK_ELEMS: usize = 64 << 20;
 #[derive(Default)]
 pub(crate) struct GemmState {
     /// `None` until first use; then the handle or the reason it is unavailable.
-    cublas: Option<std::result::Result<Cublas, String>>,
+    pub(crate) cublas: Option<std::result::Result<Cublas, String>>,
     wh: Option<CudaSlice<u16>>,
     xh: Option<CudaSlice<u16>>,
+    /// Scratch of the cuBLAS prefill attention (attn_gemm.rs).
+    pub(crate) att: Option<CudaSlice<u8>>,
     /// Override of [`CHUNK_ELEMS`] (tests).
     chunk: Option<usize>,
 }

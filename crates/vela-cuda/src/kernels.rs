@@ -247,6 +247,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "attention_part2_f16_d512",
             "attention_bf16_w4_d512",
             "attention_part2_bf16_d512",
+            "attn_softmax_f16",
             "flash_f16_d64",
             "flash_f16_d128",
             "flash_bf16_d64",

@@ -12,6 +12,7 @@
 
 mod argmax;
 mod attn;
+mod attn_gemm;
 mod cublas;
 mod gemm;
 mod graph;
@@ -215,6 +216,9 @@ pub struct CudaBackend {
     /// Split-K decode attention parts, third version: one block per KV head
     /// (`VELA_CUDA_ATTN_PART=3`; off by default).
     attn_part3: AtomicBool,
+    /// Prefill attention with head dims above 256 through cuBLAS (attn_gemm.rs; default on,
+    /// `VELA_CUDA_ATTN_GEMM=0` off).
+    attn_gemm: AtomicBool,
     /// Repack Q4_0/Q4_K/Q6_K weights into split rows at upload (default; `VELA_CUDA_REPACK=0`
     /// off).
     repack: AtomicBool,
@@ -402,6 +406,7 @@ impl CudaBackend {
             attn_part_v2: AtomicBool::new(env("VELA_CUDA_ATTN_PART") != "1"),
             pdl: AtomicBool::new(arch >= 90 && env("VELA_CUDA_PDL") != "0"),
             repack: AtomicBool::new(env("VELA_CUDA_REPACK") != "0"),
+            attn_gemm: AtomicBool::new(env("VELA_CUDA_ATTN_GEMM") != "0"),
             attn_part3: AtomicBool::new(env("VELA_CUDA_ATTN_PART") == "3"),
             fdec,
             attn_prefill: std::sync::atomic::AtomicU32::new(

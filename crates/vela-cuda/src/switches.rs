@@ -81,6 +81,13 @@ impl CudaBackend {
         self.attn_part3.store(on, Ordering::Relaxed);
     }
 
+    /// Prefill attention with head dims above 256 through cuBLAS (default: on unless
+    /// `VELA_CUDA_ATTN_GEMM=0`).
+    pub fn set_attention_gemm(&self, on: bool) {
+        self.drop_parked();
+        self.attn_gemm.store(on, Ordering::Relaxed);
+    }
+
     /// Repack Q4_0/Q4_K/Q6_K weights uploaded from now on into split rows (default: on unless
     /// `VELA_CUDA_REPACK=0`).
     pub fn set_repack(&self, on: bool) {

@@ -149,7 +149,8 @@ fn prefill_attention_kernels_match_cpu() {
     let (nh, nkv) = (8usize, 2usize);
     // Mode 0 (default): flash attention for f16/bf16 with hd 64/128/256 (Q and P rounded to the
     // cache type: a looser bound), else as mode 1; mode 1 the 4-warp kernel, 2 the 32-warp one.
-    // hd 512: the `_d512` 4-warp kernel (Gemma 4's full layers), whatever the mode.
+    // hd 512: mode 0 with an f16 cache and no ring wrap the cuBLAS products (attn_gemm.rs),
+    // else the `_d512` 4-warp kernel (Gemma 4's full layers).
     for (ty, hd) in [
         (KvType::F16, 64usize),
         (KvType::F32, 64),
@@ -195,7 +196,9 @@ fn prefill_attention_kernels_match_cpu() {
                     let (mut og, mut oc) = (g.alloc(n * nh * hd), cpu.alloc(n * nh * hd));
                     g.attention(&up(&g, &q), &kg, 0, &pos, &p, &mut og);
                     cpu.attention(&up(&cpu, &q), &kc, 0, &pos, &p, &mut oc);
-                    let flash = mode == 0 && ty != KvType::F32 && hd <= 256;
+                    // (hd 512, f16, no ring wrap: cuBLAS products, Q and P rounded like flash.)
+                    let gemm = ty == KvType::F16 && hd == 512 && window.is_none();
+                    let flash = mode == 0 && ty != KvType::F32 && (hd <= 256 || gemm);
                     let tol = match (ty, flash) {
                         (KvType::F32, _) => 1e-5,
                         (KvType::F16, true) => 5e-3,
@@ -274,4 +277,122 @@ fn prefill_attention_timing() {
         eprintln!("RESULT | {line} | | info |");
     }
     g.set_prefill_attention(0);
+}
+
+/// Head dim 512 (Gemma 4's full layers) through cuBLAS (`attention_gemm`: QKᵀ, row softmax, PV)
+/// against the plain `_d512` kernel: 16 query heads on 2 KV heads, chunks of 300 and 260 rows
+/// after each other, with and without a sliding window and a softcap (no ring wrap); the cuBLAS
+/// path must have run (its softmax kernel launched). Then the time of both on a Gemma 4 12B full
+/// layer (16 heads, 1 KV head) at 512 and 2,048 rows (reported).
+#[test]
+fn prefill_attention_d512_gemm_matches_plain() {
+    let Some(g) = gpu() else { return };
+    if !g.gemm_available() {
+        eprintln!("SKIP prefill_attention_d512_gemm_matches_plain: no cuBLAS");
+        return;
+    }
+    let (nh, nkv, hd) = (16usize, 2usize, 512usize);
+    for (window, softcap) in [(None, None), (Some(100usize), Some(30.0f32))] {
+        let spec = KvLayerSpec {
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            capacity: 1024,
+            window,
+        };
+        let mut kv = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
+        let p = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            scale: 1.0,
+            window,
+            softcap,
+        };
+        let mut rng = Rng(512);
+        let mut p0 = 0;
+        for n in [300usize, 260] {
+            let pos: Vec<u32> = (p0..p0 + n).map(|p| p as u32).collect();
+            let (k, v, q) = (
+                rng.vec(n * nkv * hd),
+                rng.vec(n * nkv * hd),
+                rng.vec(n * nh * hd)
+                    .iter()
+                    .map(|x| 0.05 * x)
+                    .collect::<Vec<_>>(),
+            );
+            g.kv_store(&mut kv, 0, &up(&g, &k), &up(&g, &v), &pos);
+            let qg = up(&g, &q);
+            let mut outs = Vec::new();
+            for on in [true, false] {
+                g.set_attention_gemm(on);
+                g.set_profiling(true);
+                g.profile_take();
+                let mut o = g.alloc(n * nh * hd);
+                g.attention(&qg, &kv, 0, &pos, &p, &mut o);
+                let softmax = g
+                    .profile_take()
+                    .get("attn_softmax_f16")
+                    .map_or(0, |v| v.1 as usize);
+                g.set_profiling(false);
+                assert_eq!(softmax, if on { nkv } else { 0 }, "cuBLAS path taken: {on}");
+                outs.push(down(&g, &o, n * nh * hd));
+            }
+            check(
+                &format!("prefill attention hd=512 cuBLAS vs plain window={window:?} pos {p0}+{n}"),
+                &outs[0],
+                &outs[1],
+                5e-3,
+            );
+            p0 += n;
+        }
+    }
+    g.set_attention_gemm(true);
+    let (nh, nkv) = (16usize, 1usize);
+    for n in [512usize, 2048] {
+        let spec = KvLayerSpec {
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            capacity: n,
+            window: None,
+        };
+        let mut kv = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
+        let mut rng = Rng(12);
+        let pos: Vec<u32> = (0..n as u32).collect();
+        let (k, v, q) = (
+            rng.vec(n * nkv * hd),
+            rng.vec(n * nkv * hd),
+            rng.vec(n * nh * hd),
+        );
+        g.kv_store(&mut kv, 0, &up(&g, &k), &up(&g, &v), &pos);
+        let p = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window: None,
+            softcap: None,
+        };
+        let qg = up(&g, &q);
+        let mut o = g.alloc(n * nh * hd);
+        let mut line = format!("prefill attention Gemma 4 12B full layer n={n} (us)");
+        for on in [true, false] {
+            g.set_attention_gemm(on);
+            g.attention(&qg, &kv, 0, &pos, &p, &mut o);
+            g.synchronize().unwrap();
+            let reps = 5;
+            let t = Instant::now();
+            for _ in 0..reps {
+                g.attention(&qg, &kv, 0, &pos, &p, &mut o);
+            }
+            g.synchronize().unwrap();
+            let us = t.elapsed().as_secs_f64() / reps as f64 * 1e6;
+            line += &format!(" | {} {us:.1}", if on { "cublas" } else { "plain" });
+        }
+        eprintln!("RESULT | {line} | | info |");
+    }
+    g.set_attention_gemm(true);
 }
