@@ -89,33 +89,31 @@ impl CudaBackend {
         let blocks = n2.div_ceil(256).min(65_535) as u32;
         let args = [Arg::P(self.ptr(q)), Arg::P(qh), Arg::L(n2 as i64)];
         self.launch("to_f16", (blocks, 1, 1), 256, &args);
-        let (kb, vb) = (self.ptr(&l.k), self.ptr(&l.v));
-        let ldkv = p.n_head_kv * hd;
-        let ldq = p.n_head * hd;
+        let (kb, vb, ob) = (self.ptr(&l.k), self.ptr(&l.v), self.ptr(&*out));
+        let d = Dims {
+            n_tok,
+            n_head: p.n_head,
+            n_kv: p.n_head_kv,
+            hd,
+            kmax,
+        };
+        // Operand offsets are in elements: f16 for K, V, Q and P, f32 for S and the output.
+        let at = |base: u64, o: Operand, bytes: u64| Operand {
+            ptr: base + o.ptr * bytes,
+            ..o
+        };
         for kvh in 0..p.n_head_kv {
-            let k_op = Operand {
-                ptr: kb + (kvh * hd * 2) as u64,
-                trans: true,
-                ld: ldkv,
-                stride: 0,
-            };
-            let q_op = Operand {
-                ptr: qh + (kvh * group * hd * 2) as u64,
-                trans: false,
-                ld: ldq,
-                stride: hd,
-            };
-            // Column-major: Sᵀ_j (kmax × n_tok) = K_g (kmax × hd) · Q_jᵀ (hd × n_tok).
+            let c = qk_call(&d, kvh);
             let t = self.prof_begin();
             cublas.gemm_batched_f16(
-                kmax,
-                n_tok,
-                hd,
-                k_op,
-                q_op,
-                (sp, kmax, n_tok * kmax),
+                c.m,
+                c.n,
+                c.k,
+                at(kb, c.a, 2),
+                at(qh, c.b, 2),
+                (sp + c.c.0 * 4, c.c.1, c.c.2),
                 false,
-                group,
+                c.batch,
             )?;
             self.prof_end("cublas_attn_qk", t);
             let args = [
@@ -134,24 +132,181 @@ impl CudaBackend {
                 256,
                 &args,
             );
-            let v_op = Operand {
-                ptr: vb + (kvh * hd * 2) as u64,
-                trans: false,
-                ld: ldkv,
-                stride: 0,
-            };
-            let p_op = Operand {
-                ptr: ph,
-                trans: false,
-                ld: kmax,
-                stride: n_tok * kmax,
-            };
-            // Column-major: O_jᵀ (hd × n_tok, rows of the output) = V_gᵀ (hd × kmax) · P_jᵀ.
-            let o = self.ptr(&*out) + (kvh * group * hd * 4) as u64;
+            let c = pv_call(&d, kvh);
             let t = self.prof_begin();
-            cublas.gemm_batched_f16(hd, n_tok, kmax, v_op, p_op, (o, ldq, hd), false, group)?;
+            cublas.gemm_batched_f16(
+                c.m,
+                c.n,
+                c.k,
+                at(vb, c.a, 2),
+                at(ph, c.b, 2),
+                (ob + c.c.0 * 4, c.c.1, c.c.2),
+                false,
+                c.batch,
+            )?;
             self.prof_end("cublas_attn_pv", t);
         }
         Ok(())
+    }
+}
+
+/// The shapes of one `attention_gemm` call.
+struct Dims {
+    n_tok: usize,
+    n_head: usize,
+    n_kv: usize,
+    hd: usize,
+    kmax: usize,
+}
+
+/// One strided-batched product (column-major, cuBLAS's view) with operand addresses as element
+/// offsets into their buffers: A into K or V, B into Q or P, C (offset, ld, batch stride) into
+/// S or the output.
+struct Call {
+    m: usize,
+    n: usize,
+    k: usize,
+    a: Operand,
+    b: Operand,
+    c: (u64, usize, usize),
+    batch: usize,
+}
+
+/// S_j = Q_j · K_gᵀ for the query heads j of KV head `kvh`. K: `[slot][n_kv][hd]`; Q:
+/// `[t][n_head][hd]`; S: `[j][t][kmax]`. Column-major: Sᵀ_j (kmax × n_tok, ld kmax) = K_g
+/// (stored hd × kmax, ld n_kv·hd, transposed) · Q_jᵀ (stored hd × n_tok, ld n_head·hd).
+fn qk_call(d: &Dims, kvh: usize) -> Call {
+    let group = d.n_head / d.n_kv;
+    Call {
+        m: d.kmax,
+        n: d.n_tok,
+        k: d.hd,
+        a: Operand {
+            ptr: (kvh * d.hd) as u64,
+            trans: true,
+            ld: d.n_kv * d.hd,
+            stride: 0,
+        },
+        b: Operand {
+            ptr: (kvh * group * d.hd) as u64,
+            trans: false,
+            ld: d.n_head * d.hd,
+            stride: d.hd,
+        },
+        c: (0, d.kmax, d.n_tok * d.kmax),
+        batch: group,
+    }
+}
+
+/// O_j = P_j · V_g into the output rows of the query heads j of KV head `kvh`. V: `[slot][n_kv]
+/// [hd]`; P: `[j][t][kmax]`; O: `[t][n_head][hd]`. Column-major: O_jᵀ (hd × n_tok, ld n_head·hd)
+/// = V_gᵀ (stored hd × kmax, ld n_kv·hd) · P_jᵀ (stored kmax × n_tok, ld kmax).
+fn pv_call(d: &Dims, kvh: usize) -> Call {
+    let group = d.n_head / d.n_kv;
+    Call {
+        m: d.hd,
+        n: d.n_tok,
+        k: d.kmax,
+        a: Operand {
+            ptr: (kvh * d.hd) as u64,
+            trans: false,
+            ld: d.n_kv * d.hd,
+            stride: 0,
+        },
+        b: Operand {
+            ptr: 0,
+            trans: false,
+            ld: d.kmax,
+            stride: d.n_tok * d.kmax,
+        },
+        c: ((kvh * group * d.hd) as u64, d.n_head * d.hd, d.hd),
+        batch: group,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The operand plan checked on the host: cuBLAS's strided-batched GEMM semantics
+    //! (column-major, op, leading dimensions, batch strides) applied to host arrays, with the
+    //! softmax kernel's semantics in between, must give plain causal attention.
+    use super::*;
+
+    /// cuBLAS `C_i = op(A_i) op(B_i)` on host slices (element offsets as in `Call`).
+    fn gemm(c: &Call, a: &[f32], b: &[f32], out: &mut [f32]) {
+        let at = |o: &Operand, buf: &[f32], bi: usize, row: usize, col: usize| {
+            // Element (row, col) of op(X): X stored column-major with leading dimension ld.
+            let (r, cc) = if o.trans { (col, row) } else { (row, col) };
+            buf[o.ptr as usize + bi * o.stride + r + cc * o.ld]
+        };
+        for bi in 0..c.batch {
+            for i in 0..c.m {
+                for j in 0..c.n {
+                    let mut s = 0.0f32;
+                    for k in 0..c.k {
+                        s += at(&c.a, a, bi, i, k) * at(&c.b, b, bi, k, j);
+                    }
+                    out[c.c.0 as usize + bi * c.c.2 + i + j * c.c.1] = s;
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn operand_plan_computes_causal_attention() {
+        let (n_tok, n_head, n_kv, hd, p0) = (5usize, 4usize, 2usize, 8usize, 3usize);
+        let group = n_head / n_kv;
+        let kmax = (p0 + n_tok).next_multiple_of(8);
+        let cap = kmax + 4;
+        let val = |i: usize, salt: usize| ((i * 7919 + salt * 104_729) % 97) as f32 / 48.0 - 1.0;
+        let kc: Vec<f32> = (0..cap * n_kv * hd).map(|i| val(i, 1)).collect();
+        let vc: Vec<f32> = (0..cap * n_kv * hd).map(|i| val(i, 2)).collect();
+        let q: Vec<f32> = (0..n_tok * n_head * hd).map(|i| val(i, 3)).collect();
+        let d = Dims {
+            n_tok,
+            n_head,
+            n_kv,
+            hd,
+            kmax,
+        };
+        let mut out = vec![0.0f32; n_tok * n_head * hd];
+        for kvh in 0..n_kv {
+            let mut s = vec![0.0f32; group * n_tok * kmax];
+            gemm(&qk_call(&d, kvh), &kc, &q, &mut s);
+            // attn_softmax_f16's semantics (scale 1, no softcap, causal).
+            let mut pm = vec![0.0f32; s.len()];
+            for r in 0..group * n_tok {
+                let pos = p0 + r % n_tok;
+                let row = &s[r * kmax..][..kmax];
+                let m = row[..=pos].iter().cloned().fold(f32::MIN, f32::max);
+                let sum: f32 = row[..=pos].iter().map(|x| (x - m).exp()).sum();
+                for k in 0..=pos {
+                    pm[r * kmax + k] = (row[k] - m).exp() / sum;
+                }
+            }
+            gemm(&pv_call(&d, kvh), &vc, &pm, &mut out);
+        }
+        // Plain attention: head h on KV head h / group, keys 0..=pos.
+        for t in 0..n_tok {
+            for h in 0..n_head {
+                let (g, pos) = (h / group, p0 + t);
+                let qr = &q[(t * n_head + h) * hd..][..hd];
+                let sc: Vec<f32> = (0..=pos)
+                    .map(|k| (0..hd).map(|e| qr[e] * kc[(k * n_kv + g) * hd + e]).sum())
+                    .collect();
+                let m = sc.iter().cloned().fold(f32::MIN, f32::max);
+                let w: Vec<f32> = sc.iter().map(|x| (x - m).exp()).collect();
+                let z: f32 = w.iter().sum();
+                for e in 0..hd {
+                    let want: f32 = (0..=pos)
+                        .map(|k| w[k] / z * vc[(k * n_kv + g) * hd + e])
+                        .sum();
+                    let got = out[(t * n_head + h) * hd + e];
+                    assert!(
+                        (got - want).abs() < 1e-5,
+                        "t {t} h {h} e {e}: {got} vs {want}"
+                    );
+                }
+            }
+        }
     }
 }

@@ -99,18 +99,6 @@ fn split_suffix(ty: GgmlType) -> Option<&'static str> {
     }
 }
 
-/// Whether rows of `cols` elements of type `ty` can be held in split rows (16-byte aligned rows
-/// where the layout needs them), and the repack kernel's name and threads per row (one per
-/// 32-element (sub-)block).
-fn split_repack(ty: GgmlType, cols: usize) -> Option<(&'static str, usize)> {
-    match ty {
-        GgmlType::Q4_0 if (cols / 32).is_multiple_of(8) => Some(("repack_q4_0", cols / 32)),
-        GgmlType::Q4_K => Some(("repack_q4_k", cols / 32)),
-        GgmlType::Q6_K if (cols / 256).is_multiple_of(8) => Some(("repack_q6_k", cols / 32)),
-        _ => None,
-    }
-}
-
 /// Whether the CUDA backend can multiply (and embed from) weights of type `ty`.
 pub fn supported(ty: GgmlType) -> bool {
     type_info(ty).is_some()

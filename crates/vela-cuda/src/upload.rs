@@ -1,13 +1,14 @@
 //! Weight upload (`upload_weight_impl`) and its progress: an `indicatif` bar on a terminal, one
 //! summary line otherwise; and the embedding gather of uploaded weights (`get_rows_impl`).
 
-use crate::{split_repack, supported, Arg, CudaBackend, CudaBuf, CudaWeight, WEIGHT_PAD};
+use crate::{supported, Arg, CudaBackend, CudaBuf, CudaWeight, WEIGHT_PAD};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Instant;
+use vela_formats::quant::GgmlType;
 
 struct State {
     bar: Option<ProgressBar>,
@@ -187,5 +188,17 @@ impl CudaBackend {
             &args,
         );
         Ok(())
+    }
+}
+
+/// Whether rows of `cols` elements of type `ty` can be held in split rows (16-byte aligned rows
+/// where the layout needs them), and the repack kernel's name and threads per row (one per
+/// 32-element (sub-)block).
+pub(crate) fn split_repack(ty: GgmlType, cols: usize) -> Option<(&'static str, usize)> {
+    match ty {
+        GgmlType::Q4_0 if (cols / 32).is_multiple_of(8) => Some(("repack_q4_0", cols / 32)),
+        GgmlType::Q4_K => Some(("repack_q4_k", cols / 32)),
+        GgmlType::Q6_K if (cols / 256).is_multiple_of(8) => Some(("repack_q6_k", cols / 32)),
+        _ => None,
     }
 }
