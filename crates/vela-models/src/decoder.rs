@@ -90,7 +90,8 @@ pub struct DecoderModel<B: Backend> {
     pub gguf: Arc<GgufFile>,
     embd: B::Weight,
     output_norm: B::Vector,
-    output: B::Weight,
+    /// The output head; `None` when it is the token embedding (tied: uploaded once).
+    output: Option<B::Weight>,
     layers: Vec<Layer<B>>,
     /// Bytes of weights read per decoded token (for bandwidth reports).
     pub weight_bytes_per_token: u64,
@@ -179,7 +180,10 @@ impl<B: Backend> DecoderModel<B> {
         } else {
             "token_embd.weight"
         };
-        let output = weight(be, &g, out_name, cfg.n_vocab, d)?;
+        let output = match out_name {
+            "output.weight" => Some(weight(be, &g, out_name, cfg.n_vocab, d)?),
+            _ => None,
+        };
         let mut bytes = g.tensor(out_name).unwrap().size;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for il in 0..cfg.n_layer {
@@ -603,7 +607,8 @@ impl<B: Backend> DecoderModel<B> {
         if rows > 0 {
             be.copy_rows(&st.x, logits_from, rows, d, &mut st.o);
             be.rms_norm(&st.o, &self.output_norm, rows, d, c.rms_eps, &mut st.h);
-            be.matmul(&self.output, &st.h, rows, &mut st.logits);
+            let head = self.output.as_ref().unwrap_or(&self.embd);
+            be.matmul(head, &st.h, rows, &mut st.logits);
             if let Some(cap) = c.final_softcap {
                 be.softcap(&mut st.logits, rows * c.n_vocab, cap);
             }

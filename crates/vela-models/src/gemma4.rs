@@ -81,7 +81,8 @@ pub struct Gemma4Model<B: Backend> {
     pub backend: Arc<B>,
     pub cfg: Gemma4Config,
     embd: B::Weight,
-    lm_head: B::Weight,
+    /// The output head; `None` when it is the token embedding (tied: uploaded once).
+    lm_head: Option<B::Weight>,
     norm: B::Vector,
     /// `(embed_tokens_per_layer, per_layer_model_projection, per_layer_projection_norm)`.
     ple: Option<(B::Weight, B::Weight, B::Vector)>,
@@ -437,7 +438,7 @@ impl<B: Backend> Gemma4Model<B> {
         }
         {
             let [h, lg] = pick2(b, H, LOGITS);
-            be.matmul(&self.lm_head, h, rows, lg);
+            be.matmul(self.lm_head.as_ref().unwrap_or(&self.embd), h, rows, lg);
         }
         if let Some(cap) = c.final_softcap {
             be.softcap(&mut b[LOGITS], rows * c.n_vocab, cap);

@@ -358,10 +358,13 @@ impl<B: Backend> Gemma4Model<B> {
         let embd = ld.weight("embed_tokens.weight", cfg.n_vocab, d)?;
         // (A token reads one row of each embedding table: not counted.)
         ld.read.set(0);
+        // (Tied: the embedding is also the output head, uploaded once and counted once.)
         let lm_head = if !cfg.tie_embeddings && ld.has("lm_head.weight") {
-            ld.weight("lm_head.weight", cfg.n_vocab, d)?
+            Some(ld.weight("lm_head.weight", cfg.n_vocab, d)?)
         } else {
-            ld.weight("embed_tokens.weight", cfg.n_vocab, d)?
+            let t = ld.g.tensor(&ld.name("embed_tokens.weight"));
+            ld.read.set(ld.read.get() + t.map_or(0, |t| t.size));
+            None
         };
         let ple = if p > 0 {
             let lp = cfg.n_layer * p;
