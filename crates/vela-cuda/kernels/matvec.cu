@@ -472,7 +472,7 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
 #pragma unroll
     for (int q = 0; q < R; q++) {
         acc[q] = 0.0f;
-        wr[q] = W + (size_t)min(r0 + q, rows - 1) * nb * BK<T>::BYTES;
+        wr[q] = W + (size_t)min(r0 + q, rows - 1) * row_stride<T>(nb);
     }
     if (r0 >= rows) hi = lo;
     // (Loads weights and activations in the same round: no weight loads before the wait.)
@@ -551,7 +551,7 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
 #pragma unroll
     for (int q = 0; q < R; q++) {
         acc[q] = 0.0f;
-        wr[q] = W + (size_t)min(r0 + q, rows - 1) * nb * BK<T>::BYTES;
+        wr[q] = W + (size_t)min(r0 + q, rows - 1) * row_stride<T>(nb);
     }
     if (r0 >= rows) hi = lo;
     // As in mvs: each round's loads at the end of the previous one (the first before MV_RESUME).

@@ -359,9 +359,17 @@ template <> struct BK<14> { enum { BYTES = 210 }; };
 //   Q6_K: the 8 nb 16-byte low-bit words, the 8 nb 8-byte high-bit words (word h, h = m / 16:
 //         bits 2k..2k+1 of byte i hold the high 2 bits of element 16h + 4k + i), the nb 16-byte
 //         scale arrays, then the nb f16 scales d.
-// The same size as GGUF's row; Q6_K needs nb % 8 == 0 (16-byte aligned rows).
+// The same size as GGUF's row, except that Q6_K rows are padded to a multiple of 16 bytes
+// (210 nb is one only when nb is a multiple of 8; Qwen2.5-0.5B's 4,864-wide ffn_down has 19
+// blocks per row), so that every row starts 16-byte aligned: row_stride.
 template <> struct BK<112> { enum { BYTES = 144 }; };
 template <> struct BK<114> { enum { BYTES = 210 }; };
+// Bytes from one row of nb blocks of type T to the next, as uploaded (the host's row_bytes).
+template <int T>
+__device__ __forceinline__ size_t row_stride(int nb) {
+    size_t b = (size_t)nb * BK<T>::BYTES;
+    return T == 114 ? (b + 15) & ~(size_t)15 : b;
+}
 template <int T>
 __device__ constexpr bool is_kquant() {
     return T == 12 || T == 13 || T == 14 || T == 112 || T == 114;
@@ -437,7 +445,7 @@ __device__ void repack_k(const u8* __restrict__ src, u8* __restrict__ dst, int r
     size_t r = i / ((size_t)nb * 8);
     int b = (int)(i / 8 % nb), j = (int)(i % 8);
     const u8* blk = src + (i / 8) * BK<T>::BYTES;
-    u8* row = dst + r * nb * BK<T>::BYTES;
+    u8* row = dst + r * row_stride<T == 14 ? 114 : 112>(nb);
     u32 lo[4] = {0, 0, 0, 0}, hw[2] = {0, 0};
 #pragma unroll 4
     for (int m = 0; m < 32; m++) {
@@ -471,7 +479,7 @@ __device__ void mmk(const u8* __restrict__ W, const AQ8K* __restrict__ X, float*
     float acc[TT];
 #pragma unroll
     for (int t = 0; t < TT; t++) acc[t] = 0.0f;
-    const u8* wr = W + (size_t)r * nb * BK<T>::BYTES;
+    const u8* wr = W + (size_t)r * row_stride<T>(nb);
     for (int it = lane; it < nb * 8; it += 32) {
         int b = it >> 3, j = it & 7;
         int w[8], sc[2], mn[2];

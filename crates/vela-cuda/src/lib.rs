@@ -105,9 +105,10 @@ pub fn supported(ty: GgmlType) -> bool {
 }
 
 /// A weight matrix uploaded once, in its GGUF block layout, or for Q4_0 (rows of a multiple of
-/// 256 elements), Q4_K and Q6_K (rows of a multiple of 2,048) in split rows (`split`: the 4-bit
+/// 256 elements), Q4_K and Q6_K (rows padded to 16 bytes) in split rows (`split`: the 4-bit
 /// quants of each 32-element (sub-)block in one aligned 16-byte word, the scales after them; the
-/// same row size; see `repack_q4_0` and `BK<112>` in kernels/quant.cu).
+/// same row size but for Q6_K's padding; see `repack_q4_0` and `BK<112>` in kernels/quant.cu).
+/// `row_bytes` is the stride between rows as uploaded.
 pub struct CudaWeight {
     data: CudaSlice<u8>,
     ty: GgmlType,

@@ -90,15 +90,21 @@ impl CudaBackend {
         if bytes.len() < row_bytes * w.rows {
             bail!("tensor '{}' data is shorter than its shape", w.name);
         }
-        // WEIGHT_PAD zero bytes after the data: the staged matvec kernels read whole 16-byte
-        // words, up to 15 bytes past the end of a row.
         let n = row_bytes * w.rows;
-        let mut data = self
-            .stream
-            .alloc_zeros::<u8>(n + WEIGHT_PAD)
-            .with_context(|| format!("allocating tensor '{}'", w.name))?;
         let repack = split_repack(w.ty, w.cols).filter(|_| self.repack.load(Ordering::Relaxed));
         let split = repack.is_some();
+        // Split Q6_K rows are padded to 16 bytes (`row_stride` in kernels/quant.cu).
+        let stride = if split && w.ty == GgmlType::Q6_K {
+            row_bytes.next_multiple_of(16)
+        } else {
+            row_bytes
+        };
+        // WEIGHT_PAD zero bytes after the data: the staged matvec kernels read whole 16-byte
+        // words, up to 15 bytes past the end of a row.
+        let mut data = self
+            .stream
+            .alloc_zeros::<u8>(stride * w.rows + WEIGHT_PAD)
+            .with_context(|| format!("allocating tensor '{}'", w.name))?;
         if let Some((kernel, per_row)) = repack {
             // Upload as is, then repack on the device into split rows.
             let mut raw = self
@@ -133,7 +139,7 @@ impl CudaBackend {
             ty: w.ty,
             rows: w.rows,
             cols: w.cols,
-            row_bytes,
+            row_bytes: stride,
             split,
         })
     }
@@ -191,14 +197,14 @@ impl CudaBackend {
     }
 }
 
-/// Whether rows of `cols` elements of type `ty` can be held in split rows (16-byte aligned rows
-/// where the layout needs them), and the repack kernel's name and threads per row (one per
-/// 32-element (sub-)block).
+/// Whether rows of `cols` elements of type `ty` can be held in split rows (Q4_0: rows of a
+/// multiple of 8 blocks, 16-byte aligned; Q6_K rows are padded to 16 bytes), and the repack
+/// kernel's name and threads per row (one per 32-element (sub-)block).
 pub(crate) fn split_repack(ty: GgmlType, cols: usize) -> Option<(&'static str, usize)> {
     match ty {
         GgmlType::Q4_0 if (cols / 32).is_multiple_of(8) => Some(("repack_q4_0", cols / 32)),
         GgmlType::Q4_K => Some(("repack_q4_k", cols / 32)),
-        GgmlType::Q6_K if (cols / 256).is_multiple_of(8) => Some(("repack_q6_k", cols / 32)),
+        GgmlType::Q6_K => Some(("repack_q6_k", cols / 32)),
         _ => None,
     }
 }

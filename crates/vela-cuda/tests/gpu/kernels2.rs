@@ -864,6 +864,9 @@ fn split_rows_equal_gguf_layout() {
         (GgmlType::Q4_K, 300, 768),
         (GgmlType::Q4_K, 70, 4096),
         (GgmlType::Q6_K, 300, 2048),
+        // Rows padded to 16 bytes: 19 blocks (Qwen2.5-0.5B's ffn_down), 15 (Gemma 4 12B's head).
+        (GgmlType::Q6_K, 37, 4864),
+        (GgmlType::Q6_K, 45, 3840),
     ] {
         let tag = format!("{} split rows {rows}x{cols}", ty.name());
         let data = random_weight(ty, rows, cols, &mut rng);
