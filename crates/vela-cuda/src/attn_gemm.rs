@@ -12,7 +12,7 @@
 //! `attention_*_w4_d512` kernel took 23.7 ms per 512-query chunk of a Gemma 4 12B full layer at
 //! 8K keys on the H200 (session 12); this path does the same work as two tensor-core products.
 //! Numerics as the flash kernel: Q and P rounded to 16 bits, f32 accumulation; not used in exact
-//! mode. `VELA_CUDA_ATTN_GEMM=0` turns it off.
+//! mode. Opt-in until it has been measured on a GPU: `VELA_CUDA_ATTN_GEMM=1`.
 
 use crate::cublas::Operand;
 use crate::kv::KvLayer;

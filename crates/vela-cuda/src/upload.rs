@@ -91,7 +91,9 @@ impl CudaBackend {
             bail!("tensor '{}' data is shorter than its shape", w.name);
         }
         let n = row_bytes * w.rows;
-        let repack = split_repack(w.ty, w.cols).filter(|_| self.repack.load(Ordering::Relaxed));
+        let pad = self.q6k_pad.load(Ordering::Relaxed);
+        let repack =
+            split_repack(w.ty, w.cols, pad).filter(|_| self.repack.load(Ordering::Relaxed));
         let split = repack.is_some();
         // Split Q6_K rows are padded to 16 bytes (`row_stride` in kernels/quant.cu).
         let stride = if split && w.ty == GgmlType::Q6_K {
@@ -197,14 +199,15 @@ impl CudaBackend {
     }
 }
 
-/// Whether rows of `cols` elements of type `ty` can be held in split rows (Q4_0: rows of a
-/// multiple of 8 blocks, 16-byte aligned; Q6_K rows are padded to 16 bytes), and the repack
-/// kernel's name and threads per row (one per 32-element (sub-)block).
-pub(crate) fn split_repack(ty: GgmlType, cols: usize) -> Option<(&'static str, usize)> {
+/// Whether rows of `cols` elements of type `ty` can be held in split rows (Q4_0 and Q6_K: rows
+/// of a multiple of 8 blocks, 16-byte aligned; with `pad` (`VELA_CUDA_Q6K_PAD=1`, until measured
+/// on a GPU) Q6_K rows of any length, padded to 16 bytes), and the repack kernel's name and
+/// threads per row (one per 32-element (sub-)block).
+pub(crate) fn split_repack(ty: GgmlType, cols: usize, pad: bool) -> Option<(&'static str, usize)> {
     match ty {
         GgmlType::Q4_0 if (cols / 32).is_multiple_of(8) => Some(("repack_q4_0", cols / 32)),
         GgmlType::Q4_K => Some(("repack_q4_k", cols / 32)),
-        GgmlType::Q6_K => Some(("repack_q6_k", cols / 32)),
+        GgmlType::Q6_K if pad || (cols / 256).is_multiple_of(8) => Some(("repack_q6_k", cols / 32)),
         _ => None,
     }
 }

@@ -149,8 +149,8 @@ fn prefill_attention_kernels_match_cpu() {
     let (nh, nkv) = (8usize, 2usize);
     // Mode 0 (default): flash attention for f16/bf16 with hd 64/128/256 (Q and P rounded to the
     // cache type: a looser bound), else as mode 1; mode 1 the 4-warp kernel, 2 the 32-warp one.
-    // hd 512: mode 0 with an f16 cache and no ring wrap the cuBLAS products (attn_gemm.rs),
-    // else the `_d512` 4-warp kernel (Gemma 4's full layers).
+    // hd 512: mode 0 with an f16 cache and no ring wrap the cuBLAS products (attn_gemm.rs, switched
+    // on here), else the `_d512` 4-warp kernel (Gemma 4's full layers).
     for (ty, hd) in [
         (KvType::F16, 64usize),
         (KvType::F32, 64),
@@ -164,6 +164,7 @@ fn prefill_attention_kernels_match_cpu() {
         for (window, softcap) in [(None, None), (Some(100usize), Some(30.0f32))] {
             for mode in [0u32, 1, 2] {
                 g.set_prefill_attention(mode);
+                g.set_attention_gemm(true);
                 let mut rng = Rng(4040 + mode as u64);
                 let spec = KvLayerSpec {
                     n_head_kv: nkv,
@@ -219,6 +220,7 @@ fn prefill_attention_kernels_match_cpu() {
         }
     }
     g.set_prefill_attention(0);
+    g.set_attention_gemm(false);
 }
 
 /// Prefill attention time for one Llama-3-8B layer (32 heads, 8 KV heads, hd 128, f16 cache)
@@ -348,7 +350,6 @@ fn prefill_attention_d512_gemm_matches_plain() {
             p0 += n;
         }
     }
-    g.set_attention_gemm(true);
     let (nh, nkv) = (16usize, 1usize);
     for n in [512usize, 2048] {
         let spec = KvLayerSpec {
@@ -394,5 +395,5 @@ fn prefill_attention_d512_gemm_matches_plain() {
         }
         eprintln!("RESULT | {line} | | info |");
     }
-    g.set_attention_gemm(true);
+    g.set_attention_gemm(false);
 }

@@ -875,7 +875,9 @@ fn split_rows_equal_gguf_layout() {
         g.set_repack(false);
         let plain = g.upload_weight(&hw).unwrap();
         g.set_repack(true);
+        g.set_q6k_pad(true);
         let split = g.upload_weight(&hw).unwrap();
+        g.set_q6k_pad(false);
         assert!(split.is_split_rows() && !plain.is_split_rows(), "{tag}");
         for n in [1usize, 3, 40] {
             for exact in [false, true] {
