@@ -76,9 +76,10 @@ if [ "$stage" = ops ] || [ "$stage" = all ]; then
   run mix::qk_norm_rope_store_equals_unfused mix::post_norm_matmul_equals_unfused \
       gemma4::gemma4_exact_gpu_matches_cpu gemma4::gemma4_norm_fold_equals_unfolded
   # session 12: grid barrier vs dependent launch (reported); head dim 512 prefill attention
-  # through cuBLAS against the plain kernel (and its time on a Gemma 4 12B full layer)
+  # through cuBLAS against the plain kernel
   run kernels2::grid_barrier_and_launch_cost gemm::prefill_attention_d512_gemm_matches_plain
-  run --exact gemm::prefill_attention_timing       # us per prefill attention layer, flash vs not
+  run --exact gemm::prefill_attention_timing       # us per prefill attention layer (8B: flash vs
+                                                   # not; Gemma 4 hd 512: cuBLAS vs plain)
   run --exact gemm::gemm_speed                     # cuBLAS vs integer prefill products, crossover
   run --exact sample::device_top_k_timing          # us per top-k call vs reading the row back
   run --exact kernels2::matvec_bandwidth           # GB/s old vs new on 8B-sized matrices

@@ -188,25 +188,6 @@ impl CudaBackend {
         self.launch("rope_qk", (positions.len() as u32, 2, 1), 256, &args);
     }
 
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn rope_qk_store_impl(
-        &self,
-        q: &mut CudaBuf,
-        k: &mut CudaBuf,
-        v: &CudaBuf,
-        kv: &mut CudaKv,
-        layer: usize,
-        n_head: usize,
-        n_head_kv: usize,
-        head_dim: usize,
-        positions: &[u32],
-        p: &RopeParams,
-    ) {
-        self.rope_store_launch(
-            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, None,
-        );
-    }
-
     /// `Backend::norm_rope_qk_store`; `norms` = (q weights, k weights, v weights or none, eps).
     /// With the fold on and the per-head kernel applicable, one `rope_norm_store_heads_*`
     /// launch (the norms computed as `rms_norm` computes them); otherwise the unfused ops.
@@ -233,29 +214,25 @@ impl CudaBackend {
             && (vn.is_none() || l.spec.head_dim_v == head_dim)
             && self.small_v2.load(Ordering::Relaxed)
             && self.norm_fold.load(Ordering::Relaxed);
-        if fold {
-            let norms = Some(norms);
-            let v = &*v;
-            self.rope_store_launch(
-                q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, norms,
-            );
-            return;
+        if !fold {
+            let n = positions.len();
+            if let Some(vn) = vn {
+                self.rms_norm_inplace(v, vn, n * n_head_kv, head_dim, eps);
+            }
+            self.rms_norm_inplace(q, qn, n * n_head, head_dim, eps);
+            self.rms_norm_inplace(k, kn, n * n_head_kv, head_dim, eps);
         }
-        let n = positions.len();
-        if let Some(vn) = vn {
-            self.rms_norm_inplace(v, vn, n * n_head_kv, head_dim, eps);
-        }
-        self.rms_norm_inplace(q, qn, n * n_head, head_dim, eps);
-        self.rms_norm_inplace(k, kn, n * n_head_kv, head_dim, eps);
-        self.rope_store_launch(
-            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, None,
+        let norms = fold.then_some(norms);
+        self.rope_qk_store_impl(
+            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, norms,
         );
     }
 
-    /// RoPE on q and k and the store of k and v (with `norms`: the fused norms too, see
-    /// `norm_rope_qk_store_impl`, which checked that the per-head kernel applies).
+    /// `Backend::rope_qk_store`: RoPE on q and k and the store of k and v (with `norms`: the
+    /// fused norms too, see `norm_rope_qk_store_impl`, which checked that the per-head kernel
+    /// applies).
     #[allow(clippy::too_many_arguments)]
-    fn rope_store_launch(
+    pub(crate) fn rope_qk_store_impl(
         &self,
         q: &mut CudaBuf,
         k: &mut CudaBuf,

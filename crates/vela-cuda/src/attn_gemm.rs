@@ -17,7 +17,7 @@
 use crate::cublas::Operand;
 use crate::kv::KvLayer;
 use crate::{Arg, CudaBackend, CudaBuf};
-use anyhow::{anyhow, Result};
+use anyhow::Result;
 use std::sync::atomic::Ordering;
 use vela_compute::{AttnParams, KvType};
 
@@ -70,12 +70,7 @@ impl CudaBackend {
         let (nq, ns) = (n_tok * p.n_head * hd, group * n_tok * kmax);
         let mut g = self.gemm.lock().unwrap_or_else(|e| e.into_inner());
         let g = &mut *g;
-        let Some(Ok(cublas)) = &g.cublas else {
-            return Err(anyhow!("cuBLAS not loaded"));
-        };
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| anyhow!("binding the CUDA context: {e:?}"))?;
+        let cublas = self.cublas_bound(&g.cublas)?;
         // Scratch: Q in f16, then S (f32) and P (f16) of one KV head's group, 16-byte aligned.
         let (qb, sb, pb) = (nq * 2, ns * 4, ns * 2);
         let need = qb.next_multiple_of(256) + sb.next_multiple_of(256) + pb;
@@ -97,25 +92,22 @@ impl CudaBackend {
             hd,
             kmax,
         };
-        // Operand offsets are in elements: f16 for K, V, Q and P, f32 for S and the output.
-        let at = |base: u64, o: Operand, bytes: u64| Operand {
-            ptr: base + o.ptr * bytes,
-            ..o
+        // One planned product: operand offsets are in elements (f16 for K, V, Q and P; f32 for S
+        // and the output), added to the buffers' addresses.
+        let run = |c: Call, a: u64, b: u64, out: u64, name: &str| -> Result<()> {
+            let at = |base: u64, o: Operand| Operand {
+                ptr: base + 2 * o.ptr,
+                ..o
+            };
+            let t = self.prof_begin();
+            let (oc, ld, stride) = c.c;
+            let out = (out + 4 * oc, ld, stride);
+            cublas.gemm_batched_f16(c.m, c.n, c.k, at(a, c.a), at(b, c.b), out, c.batch)?;
+            self.prof_end(name, t);
+            Ok(())
         };
         for kvh in 0..p.n_head_kv {
-            let c = qk_call(&d, kvh);
-            let t = self.prof_begin();
-            cublas.gemm_batched_f16(
-                c.m,
-                c.n,
-                c.k,
-                at(kb, c.a, 2),
-                at(qh, c.b, 2),
-                (sp + c.c.0 * 4, c.c.1, c.c.2),
-                false,
-                c.batch,
-            )?;
-            self.prof_end("cublas_attn_qk", t);
+            run(qk_call(&d, kvh), kb, qh, sp, "cublas_attn_qk")?;
             let args = [
                 Arg::P(sp),
                 Arg::P(ph),
@@ -126,25 +118,9 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
-            self.launch(
-                "attn_softmax_f16",
-                ((group * n_tok) as u32, 1, 1),
-                256,
-                &args,
-            );
-            let c = pv_call(&d, kvh);
-            let t = self.prof_begin();
-            cublas.gemm_batched_f16(
-                c.m,
-                c.n,
-                c.k,
-                at(vb, c.a, 2),
-                at(ph, c.b, 2),
-                (ob + c.c.0 * 4, c.c.1, c.c.2),
-                false,
-                c.batch,
-            )?;
-            self.prof_end("cublas_attn_pv", t);
+            let blocks = (group * n_tok) as u32;
+            self.launch("attn_softmax_f16", (blocks, 1, 1), 256, &args);
+            run(pv_call(&d, kvh), vb, ph, ob, "cublas_attn_pv")?;
         }
         Ok(())
     }

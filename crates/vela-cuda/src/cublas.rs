@@ -231,8 +231,7 @@ impl Cublas {
 impl Cublas {
     /// `C_i = op(A_i) · op(B_i)` for `batch` entries, column-major (cuBLAS's convention): op(A)
     /// is m × k, op(B) k × n, C m × n with leading dimension `c.1` and batch stride `c.2`; A and
-    /// B f16, C f32 (`c_f16`: f16), f32 accumulation. Device addresses; enqueued on the handle's
-    /// stream.
+    /// B f16, C f32, f32 accumulation. Device addresses; enqueued on the handle's stream.
     #[allow(clippy::too_many_arguments)]
     pub fn gemm_batched_f16(
         &self,
@@ -242,7 +241,6 @@ impl Cublas {
         a: Operand,
         b: Operand,
         c: (u64, usize, usize),
-        c_f16: bool,
         batch: usize,
     ) -> Result<()> {
         let dim = |v: usize| c_int::try_from(v).map_err(|_| anyhow!("GEMM dimension {v} too big"));
@@ -268,7 +266,7 @@ impl Cublas {
                 b.stride as i64,
                 &beta as *const f32 as *const c_void,
                 c.0 as *mut c_void,
-                if c_f16 { R_16F } else { R_32F },
+                R_32F,
                 dim(c.1)?,
                 c.2 as i64,
                 dim(batch)?,

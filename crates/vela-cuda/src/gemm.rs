@@ -105,6 +105,21 @@ impl CudaBackend {
         matches!(g.cublas, Some(Ok(_)))
     }
 
+    /// The cuBLAS loaded into `slot` (`GemmState::cublas`), with the backend's context bound to
+    /// this thread.
+    pub(crate) fn cublas_bound<'a>(
+        &self,
+        slot: &'a Option<std::result::Result<Cublas, String>>,
+    ) -> Result<&'a Cublas> {
+        let Some(Ok(cublas)) = slot else {
+            return Err(anyhow!("cuBLAS not loaded"));
+        };
+        self.ctx
+            .bind_to_thread()
+            .map_err(|e| anyhow!("binding the CUDA context: {e:?}"))?;
+        Ok(cublas)
+    }
+
     /// `ys[i] = x · ws[i]ᵀ` for `n` tokens with cuBLAS (see the module docs).
     pub(crate) fn matmul_gemm(
         &self,
@@ -116,12 +131,7 @@ impl CudaBackend {
         self.flush_recording();
         let mut g = self.gemm.lock().unwrap_or_else(|e| e.into_inner());
         let g = &mut *g;
-        let Some(Ok(cublas)) = &g.cublas else {
-            return Err(anyhow!("cuBLAS not loaded"));
-        };
-        self.ctx
-            .bind_to_thread()
-            .map_err(|e| anyhow!("binding the CUDA context: {e:?}"))?;
+        let cublas = self.cublas_bound(&g.cublas)?;
         let mut xcols = usize::MAX;
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
             if w.rows == 0 {

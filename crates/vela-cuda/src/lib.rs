@@ -768,9 +768,8 @@ impl Backend for CudaBackend {
         positions: &[u32],
         p: &RopeParams,
     ) {
-        self.rope_qk_store_impl(
-            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p,
-        );
+        let (n_kv, hd) = (n_head_kv, head_dim);
+        self.rope_qk_store_impl(q, k, v, kv, layer, n_head, n_kv, hd, positions, p, None);
     }
 
     fn norm_rope_qk_store(

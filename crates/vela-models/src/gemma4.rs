@@ -310,15 +310,8 @@ impl<B: Backend> Gemma4Model<B> {
             // also quantizes for the products); K and V only in layers with their own cache.
             {
                 let [x, o, h, q, k, v] = b.get_disjoint_mut([X, O, H, Q, K, V]).expect("buffers");
-                let (ws, mut ys) = match &l.kv {
-                    Some(OwnKv { wk, wv, .. }) => {
-                        let wv = wv.as_ref().unwrap_or(wk);
-                        (vec![&l.wq, wk, wv], vec![q, k, v])
-                    }
-                    None => (vec![&l.wq], vec![q]),
-                };
-                let (norm, eps) = (&l.input_norm, c.rms_eps);
-                match pending.take() {
+                let (norm, eps, prev) = (&l.input_norm, c.rms_eps, pending.take());
+                let mut input = |ws: &[&B::Weight], ys: &mut [&mut B::Buf]| match prev {
                     Some(p) => be.post_norm_matmul_many(
                         x,
                         o,
@@ -329,11 +322,18 @@ impl<B: Backend> Gemma4Model<B> {
                         d,
                         eps,
                         h,
-                        &ws,
+                        ws,
                         &[],
-                        &mut ys,
+                        ys,
                     ),
-                    None => be.norm_matmul_many(x, None, norm, n, d, eps, h, &ws, &[], &mut ys),
+                    None => be.norm_matmul_many(x, None, norm, n, d, eps, h, ws, &[], ys),
+                };
+                match &l.kv {
+                    Some(OwnKv { wk, wv, .. }) => {
+                        let wv = wv.as_ref().unwrap_or(wk);
+                        input(&[&l.wq, wk, wv], &mut [q, k, v]);
+                    }
+                    None => input(&[&l.wq], &mut [q]),
                 }
             }
             match &l.kv {

@@ -223,62 +223,85 @@ fn prefill_attention_kernels_match_cpu() {
     g.set_attention_gemm(false);
 }
 
-/// Prefill attention time for one Llama-3-8B layer (32 heads, 8 KV heads, hd 128, f16 cache)
-/// at 512 and 2048 tokens: flash (mode 0) against the 4-warp kernel (mode 1). Reported.
+/// Prefill attention time for one Llama-3-8B layer (32 heads, 8 KV heads, hd 128, f16 cache):
+/// flash (mode 0) against the 4-warp kernel (mode 1); and for one Gemma 4 12B full layer (16
+/// heads, 1 KV head, hd 512): cuBLAS (`attention_gemm`) against the plain kernel. At 512 and
+/// 2,048 tokens; reported.
 #[test]
 fn prefill_attention_timing() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(77);
-    let (nh, nkv, hd) = (32usize, 8usize, 128usize);
-    for n in [512usize, 2048] {
-        let spec = KvLayerSpec {
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            capacity: n,
-            window: None,
-        };
-        let mut kg = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
-        let pos: Vec<u32> = (0..n as u32).collect();
-        let (k, v, q) = (
-            rng.vec(n * nkv * hd),
-            rng.vec(n * nkv * hd),
-            rng.vec(n * nh * hd),
-        );
-        g.kv_store(&mut kg, 0, &up(&g, &k), &up(&g, &v), &pos);
-        let p = AttnParams {
-            n_head: nh,
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
-        let qg = up(&g, &q);
-        let mut og = g.alloc(n * nh * hd);
-        let mut line = format!("prefill attention 8B layer n={n} (us)");
-        for mode in [0u32, 1] {
-            g.set_prefill_attention(mode);
-            g.attention(&qg, &kg, 0, &pos, &p, &mut og);
-            g.synchronize().unwrap();
-            let reps = 10;
-            let t = Instant::now();
-            for _ in 0..reps {
-                g.attention(&qg, &kg, 0, &pos, &p, &mut og);
-            }
-            g.synchronize().unwrap();
-            let us = t.elapsed().as_secs_f64() / reps as f64 * 1e6;
-            let flop = 4.0 * (nh * hd) as f64 * (n * (n + 1) / 2) as f64;
-            line += &format!(
-                " | {} {us:.1} ({:.1} TFLOP/s)",
-                ["flash", "w4"][mode as usize],
-                flop / us / 1e6
+    type Variant = (&'static str, fn(&CudaBackend));
+    let cases: [(&str, usize, usize, usize, [Variant; 2]); 2] = [
+        (
+            "8B layer",
+            32,
+            8,
+            128,
+            [
+                ("flash", |g| g.set_prefill_attention(0)),
+                ("w4", |g| g.set_prefill_attention(1)),
+            ],
+        ),
+        (
+            "Gemma 4 12B full layer",
+            16,
+            1,
+            512,
+            [
+                ("cublas", |g| g.set_attention_gemm(true)),
+                ("plain", |g| g.set_attention_gemm(false)),
+            ],
+        ),
+    ];
+    for (what, nh, nkv, hd, variants) in cases {
+        for n in [512usize, 2048] {
+            let spec = KvLayerSpec {
+                n_head_kv: nkv,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                capacity: n,
+                window: None,
+            };
+            let mut kg = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
+            let pos: Vec<u32> = (0..n as u32).collect();
+            let (k, v, q) = (
+                rng.vec(n * nkv * hd),
+                rng.vec(n * nkv * hd),
+                rng.vec(n * nh * hd),
             );
+            g.kv_store(&mut kg, 0, &up(&g, &k), &up(&g, &v), &pos);
+            let p = AttnParams {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window: None,
+                softcap: None,
+            };
+            let qg = up(&g, &q);
+            let mut og = g.alloc(n * nh * hd);
+            let mut line = format!("prefill attention {what} n={n} (us)");
+            for (name, set) in variants {
+                set(&g);
+                g.attention(&qg, &kg, 0, &pos, &p, &mut og);
+                g.synchronize().unwrap();
+                let reps = 10;
+                let t = Instant::now();
+                for _ in 0..reps {
+                    g.attention(&qg, &kg, 0, &pos, &p, &mut og);
+                }
+                g.synchronize().unwrap();
+                let us = t.elapsed().as_secs_f64() / reps as f64 * 1e6;
+                let flop = 4.0 * (nh * hd) as f64 * (n * (n + 1) / 2) as f64;
+                line += &format!(" | {name} {us:.1} ({:.1} TFLOP/s)", flop / us / 1e6);
+            }
+            eprintln!("RESULT | {line} | | info |");
         }
-        eprintln!("RESULT | {line} | | info |");
     }
     g.set_prefill_attention(0);
+    g.set_attention_gemm(false);
 }
 
 /// Head dim 512 (Gemma 4's full layers) through cuBLAS (`attention_gemm`: QKᵀ, row softmax, PV)
@@ -349,51 +372,6 @@ fn prefill_attention_d512_gemm_matches_plain() {
             );
             p0 += n;
         }
-    }
-    let (nh, nkv) = (16usize, 1usize);
-    for n in [512usize, 2048] {
-        let spec = KvLayerSpec {
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            capacity: n,
-            window: None,
-        };
-        let mut kv = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
-        let mut rng = Rng(12);
-        let pos: Vec<u32> = (0..n as u32).collect();
-        let (k, v, q) = (
-            rng.vec(n * nkv * hd),
-            rng.vec(n * nkv * hd),
-            rng.vec(n * nh * hd),
-        );
-        g.kv_store(&mut kv, 0, &up(&g, &k), &up(&g, &v), &pos);
-        let p = AttnParams {
-            n_head: nh,
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
-        let qg = up(&g, &q);
-        let mut o = g.alloc(n * nh * hd);
-        let mut line = format!("prefill attention Gemma 4 12B full layer n={n} (us)");
-        for on in [true, false] {
-            g.set_attention_gemm(on);
-            g.attention(&qg, &kv, 0, &pos, &p, &mut o);
-            g.synchronize().unwrap();
-            let reps = 5;
-            let t = Instant::now();
-            for _ in 0..reps {
-                g.attention(&qg, &kv, 0, &pos, &p, &mut o);
-            }
-            g.synchronize().unwrap();
-            let us = t.elapsed().as_secs_f64() / reps as f64 * 1e6;
-            line += &format!(" | {} {us:.1}", if on { "cublas" } else { "plain" });
-        }
-        eprintln!("RESULT | {line} | | info |");
     }
     g.set_attention_gemm(false);
 }
