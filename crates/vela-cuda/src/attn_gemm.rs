@@ -12,7 +12,8 @@
 //! `attention_*_w4_d512` kernel took 23.7 ms per 512-query chunk of a Gemma 4 12B full layer at
 //! 8K keys on the H200 (session 12); this path does the same work as two tensor-core products.
 //! Numerics as the flash kernel: Q and P rounded to 16 bits, f32 accumulation; not used in exact
-//! mode. Opt-in until it has been measured on a GPU: `VELA_CUDA_ATTN_GEMM=1`.
+//! mode. Default on (`VELA_CUDA_ATTN_GEMM=0` off): `g12` pp8192 10,086 vs 2,053 t/s with the
+//! plain kernel, pp2048 10,642 vs 5,043 (H200, session 13).
 
 use crate::cublas::Operand;
 use crate::kv::KvLayer;

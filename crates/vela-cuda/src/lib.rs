@@ -205,11 +205,11 @@ pub struct CudaBackend {
     /// Split-K decode attention parts, third version: one block per KV head
     /// (`VELA_CUDA_ATTN_PART=3`; off by default).
     attn_part3: AtomicBool,
-    /// Prefill attention with head dims above 256 through cuBLAS (attn_gemm.rs; opt-in until
-    /// measured on a GPU: `VELA_CUDA_ATTN_GEMM=1`).
+    /// Prefill attention with head dims above 256 through cuBLAS (attn_gemm.rs; default on,
+    /// `VELA_CUDA_ATTN_GEMM=0` off).
     attn_gemm: AtomicBool,
-    /// Q6_K rows of any length in split rows, padded to 16 bytes (opt-in until measured on a
-    /// GPU: `VELA_CUDA_Q6K_PAD=1`).
+    /// Q6_K rows of any length in split rows, padded to 16 bytes (default on,
+    /// `VELA_CUDA_Q6K_PAD=0` off).
     q6k_pad: AtomicBool,
     /// Repack Q4_0/Q4_K/Q6_K weights into split rows at upload (default; `VELA_CUDA_REPACK=0`
     /// off).
@@ -398,8 +398,8 @@ impl CudaBackend {
             attn_part_v2: AtomicBool::new(env("VELA_CUDA_ATTN_PART") != "1"),
             pdl: AtomicBool::new(arch >= 90 && env("VELA_CUDA_PDL") != "0"),
             repack: AtomicBool::new(env("VELA_CUDA_REPACK") != "0"),
-            attn_gemm: AtomicBool::new(env("VELA_CUDA_ATTN_GEMM") == "1"),
-            q6k_pad: AtomicBool::new(env("VELA_CUDA_Q6K_PAD") == "1"),
+            attn_gemm: AtomicBool::new(env("VELA_CUDA_ATTN_GEMM") != "0"),
+            q6k_pad: AtomicBool::new(env("VELA_CUDA_Q6K_PAD") != "0"),
             attn_part3: AtomicBool::new(env("VELA_CUDA_ATTN_PART") == "3"),
             fdec,
             attn_prefill: std::sync::atomic::AtomicU32::new(

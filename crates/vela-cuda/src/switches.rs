@@ -81,15 +81,15 @@ impl CudaBackend {
         self.attn_part3.store(on, Ordering::Relaxed);
     }
 
-    /// Prefill attention with head dims above 256 through cuBLAS (default: off unless
-    /// `VELA_CUDA_ATTN_GEMM=1`).
+    /// Prefill attention with head dims above 256 through cuBLAS (default: on unless
+    /// `VELA_CUDA_ATTN_GEMM=0`).
     pub fn set_attention_gemm(&self, on: bool) {
         self.drop_parked();
         self.attn_gemm.store(on, Ordering::Relaxed);
     }
 
     /// Q6_K weights uploaded from now on go into split rows whatever their length (padded to 16
-    /// bytes; default: off unless `VELA_CUDA_Q6K_PAD=1`).
+    /// bytes; default: on unless `VELA_CUDA_Q6K_PAD=0`).
     pub fn set_q6k_pad(&self, on: bool) {
         self.q6k_pad.store(on, Ordering::Relaxed);
     }

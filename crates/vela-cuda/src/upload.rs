@@ -200,8 +200,8 @@ impl CudaBackend {
 }
 
 /// Whether rows of `cols` elements of type `ty` can be held in split rows (Q4_0 and Q6_K: rows
-/// of a multiple of 8 blocks, 16-byte aligned; with `pad` (`VELA_CUDA_Q6K_PAD=1`, until measured
-/// on a GPU) Q6_K rows of any length, padded to 16 bytes), and the repack kernel's name and
+/// of a multiple of 8 blocks, 16-byte aligned; with `pad` (default; `VELA_CUDA_Q6K_PAD=0` off)
+/// Q6_K rows of any length, padded to 16 bytes), and the repack kernel's name and
 /// threads per row (one per 32-element (sub-)block).
 pub(crate) fn split_repack(ty: GgmlType, cols: usize, pad: bool) -> Option<(&'static str, usize)> {
     match ty {

@@ -249,8 +249,14 @@ fn prefill_attention_timing() {
             1,
             512,
             [
-                ("cublas", |g| g.set_attention_gemm(true)),
-                ("plain", |g| g.set_attention_gemm(false)),
+                ("cublas", |g| {
+                    g.set_prefill_attention(0);
+                    g.set_attention_gemm(true)
+                }),
+                ("plain", |g| {
+                    g.set_prefill_attention(0);
+                    g.set_attention_gemm(false)
+                }),
             ],
         ),
     ];
