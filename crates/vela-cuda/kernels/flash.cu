@@ -258,7 +258,7 @@ FLASH(2, 256, 32, flash_bf16_d256)
 // that merge was the kernel's tail (the SMs active 59 % of its cycles in ncu): Llama-3-8B Q4_0
 // tg128 at depth 8,192 on the H200 407 t/s with the separate combine vs 382 fused, and the
 // Q4_K_M 8B 358–360 vs 343–344 (session 11); removed. Shared memory is dynamic (dyn_smem in
-// src/kernels.rs). Needs sm_80+, an f16/bf16 cache, hdk == hdv == D (64 or 128), G <= 16,
+// src/kernels.rs). Needs sm_80+, an f16/bf16 cache, hdk == hdv == D (64, 128; 256 opt-in), G <= 16,
 // S <= 128 (the host checks). Q and P are rounded to the cache type (as in flash_prefill); not
 // used in exact mode.
 #define FD_KEYS 64
@@ -354,10 +354,15 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
         *(uint2*)&qsm[r * LD + c] = make_uint2(fa_pack<KT>(v.x, v.y), fa_pack<KT>(v.z, v.w));
     }
     __syncthreads();
-    u32 qf[D / 16][4];
+    // Q's A fragments in registers up to D = 128; at 256 (O alone takes 128 registers) they are
+    // read from shared memory at each step (255 registers and 176 bytes of spills otherwise).
+    constexpr bool QREG = D <= 128;
+    u32 qf[QREG ? D / 16 : 1][4];
+    if constexpr (QREG) {
 #pragma unroll
-    for (int kk = 0; kk < D / 16; kk++)
-        ldsm_x4(qf[kk], &qsm[(lane & 15) * LD + 16 * kk + 8 * (lane >> 4)]);
+        for (int kk = 0; kk < D / 16; kk++)
+            ldsm_x4(qf[kk], &qsm[(lane & 15) * LD + 16 * kk + 8 * (lane >> 4)]);
+    }
     float o[D / 8][4];
 #pragma unroll
     for (int n = 0; n < D / 8; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -381,10 +386,15 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
         for (int n = 0; n < 2; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
 #pragma unroll
         for (int kk = 0; kk < D / 16; kk++) {
-            u32 b[4];
+            u32 b[4], qa[4];
+            if constexpr (QREG) {
+                qa[0] = qf[kk][0]; qa[1] = qf[kk][1]; qa[2] = qf[kk][2]; qa[3] = qf[kk][3];
+            } else {
+                ldsm_x4(qa, &qsm[(lane & 15) * LD + 16 * kk + 8 * (lane >> 4)]);
+            }
             ldsm_x4(b, &ks[(16 * warp + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk + 8 * ((lane >> 3) & 1)]);
-            mma16816<KT>(sc[0], qf[kk], b[0], b[1]);
-            mma16816<KT>(sc[1], qf[kk], b[2], b[3]);
+            mma16816<KT>(sc[0], qa, b[0], b[1]);
+            mma16816<KT>(sc[1], qa, b[2], b[3]);
         }
         float xa = NEG_INF, xb = NEG_INF;
 #pragma unroll
@@ -465,6 +475,208 @@ FLASH_DECODE(1, 64, flash_decode_f16_d64)
 FLASH_DECODE(1, 128, flash_decode_f16_d128)
 FLASH_DECODE(2, 64, flash_decode_bf16_d64)
 FLASH_DECODE(2, 128, flash_decode_bf16_d128)
+// Head dim 256 (Gemma 3 and Gemma 4's sliding layers; opt-in, VELA_CUDA_FD_D256=1, until
+// measured on a GPU): the same kernel, Q fragments from shared memory (O takes 128 registers);
+// 140 KB of dynamic shared memory with two stages (one block per SM).
+FLASH_DECODE(1, 256, flash_decode_f16_d256)
+FLASH_DECODE(2, 256, flash_decode_bf16_d256)
+
+// ---- tensor-core decode attention for head dim 512 (Gemma 4's full layers; opt-in) ----
+//
+// flash_decode holds a warp's O for all D columns in registers (D / 2 floats per thread), which
+// does not fit at D = 512. Here the block shares one online softmax: per 64-key tile, warp w
+// computes S for keys 16w .. 16w + 15 over all of D (Q fragments read from shared memory per
+// 16-column step), the row maxima go through shared memory so that every warp takes the same
+// running maximum, P (rounded to the cache type) goes to shared memory, and warp w accumulates
+// O's columns 128w .. 128w + 127 for all 64 keys (64 floats per thread). One K/V stage: the next
+// tile's K is issued once every warp has its S, its V once P V is done. Same part records as
+// flash_decode (merged by attention_combine); same launch (grid KV heads x tokens x parts).
+// Dynamic shared memory: Q 16 x 520, K and V 64 x 520, P 16 x 72 elements (152,064 bytes).
+// VELA_CUDA_FD_D512=1 until measured on a GPU.
+#define FD5_D 512
+#define FD5_LD (FD5_D + 8)
+#define FD5_PLD (FD_KEYS + 8)
+
+// Keys j0 .. j0 + FD_KEYS - 1 (those <= hi) of KV head g of one cache tensor into tile dst.
+__device__ __forceinline__ void fd5_issue(u16* dst, const u16* src, int j0, int hi, int g,
+                                          int n_head_kv, int capacity) {
+    constexpr int PER = FD_KEYS * FD5_D / 8 / (32 * FA_WARPS);
+#pragma unroll 4
+    for (int k = 0; k < PER; k++) {
+        int i = threadIdx.x + k * 32 * FA_WARPS;
+        int r = i / (FD5_D / 8), c = 8 * (i % (FD5_D / 8)), j = j0 + r;
+        bool ok = j <= hi;
+        size_t off = ok ? ((size_t)(j % capacity) * n_head_kv + g) * FD5_D + c : 0;
+        cp_async16(&dst[r * FD5_LD + c], src + off, ok);
+    }
+    cp_async_commit();
+}
+
+template <int KT>
+__device__ void flash_decode_d512(const float* __restrict__ q, const void* __restrict__ kc,
+                                  const void* __restrict__ vc, const u32* __restrict__ pos,
+                                  float* __restrict__ part, int n_head, int n_head_kv,
+                                  int capacity, int window, float scale, float softcap,
+                                  int target, int min_tiles) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    constexpr int D = FD5_D, LD = FD5_LD;
+    extern __shared__ __align__(16) u16 fd_smem[];
+    u16* qsm = fd_smem;             // [16][LD]
+    u16* ks = qsm + 16 * LD;        // [FD_KEYS][LD]
+    u16* vs = ks + FD_KEYS * LD;    // [FD_KEYS][LD]
+    u16* ps = vs + FD_KEYS * LD;    // [16][FD5_PLD]
+    __shared__ float rmax[FA_WARPS][16], rsum[FA_WARPS][16];
+    int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
+    int gid = lane >> 2, tig = lane & 3;
+    int G = n_head / n_head_kv;
+    int p = (int)pos[t];
+    int first, per;
+    int S_eff = fd_parts(p, window, S, target, min_tiles, first, per);
+    if (s >= S_eff) {
+        for (int i = tid; i < G * (D + 2); i += blockDim.x) {
+            int r = i / (D + 2), d = i % (D + 2);
+            part[(((size_t)t * n_head + g * G + r) * S + s) * (D + 2) + d] = d == D ? NEG_INF : 0.0f;
+        }
+        return;
+    }
+    int lo = first + FD_KEYS * per * s, hi = min(p, lo + FD_KEYS * per - 1);
+    int n_tiles = (hi - lo + FD_KEYS) / FD_KEYS;
+    const u16* kc16 = (const u16*)kc;
+    const u16* vc16 = (const u16*)vc;
+    fd5_issue(ks, kc16, lo, hi, g, n_head_kv, capacity);
+    fd5_issue(vs, vc16, lo, hi, g, n_head_kv, capacity);
+    for (int i = tid; i < 16 * D / 4; i += blockDim.x) {
+        int r = i / (D / 4), c = 4 * (i % (D / 4));
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < G) v = *(const float4*)(q + ((size_t)t * n_head + g * G + r) * D + c);
+        *(uint2*)&qsm[r * LD + c] = make_uint2(fa_pack<KT>(v.x, v.y), fa_pack<KT>(v.z, v.w));
+    }
+    // O columns 128 warp .. + 127: 16 n-tiles of 8.
+    float o[16][4];
+#pragma unroll
+    for (int n = 0; n < 16; n++) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float ma = NEG_INF, mb = NEG_INF, la = 0.0f, lb = 0.0f;
+    for (int it = 0; it < n_tiles; it++) {
+        cp_async_wait<0>();
+        __syncthreads();
+        int j0 = lo + it * FD_KEYS;
+        float sc[2][4];
+#pragma unroll
+        for (int n = 0; n < 2; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll 4
+        for (int kk = 0; kk < D / 16; kk++) {
+            u32 a[4], b[4];
+            ldsm_x4(a, &qsm[(lane & 15) * LD + 16 * kk + 8 * (lane >> 4)]);
+            ldsm_x4(b, &ks[(16 * warp + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk + 8 * ((lane >> 3) & 1)]);
+            mma16816<KT>(sc[0], a, b[0], b[1]);
+            mma16816<KT>(sc[1], a, b[2], b[3]);
+        }
+        float xa = NEG_INF, xb = NEG_INF;
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                int j = j0 + 16 * warp + 8 * n + 2 * tig + (e & 1);
+                float v = fa_score(sc[n][e], scale, softcap);
+                v = j <= hi ? v : NEG_INF;
+                sc[n][e] = v;
+                if (e < 2) xa = fmaxf(xa, v); else xb = fmaxf(xb, v);
+            }
+        }
+        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
+        xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
+        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
+        xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 2));
+        if (tig == 0) {
+            rmax[warp][gid] = xa;
+            rmax[warp][gid + 8] = xb;
+        }
+        __syncthreads();  // every warp has its S and its maxima: the K tile is free
+        if (it + 1 < n_tiles) fd5_issue(ks, kc16, j0 + FD_KEYS, hi, g, n_head_kv, capacity);
+        float ta = NEG_INF, tb = NEG_INF;
+#pragma unroll
+        for (int w = 0; w < FA_WARPS; w++) {
+            ta = fmaxf(ta, rmax[w][gid]);
+            tb = fmaxf(tb, rmax[w][gid + 8]);
+        }
+        // As fa_softmax, with the block's maxima: the same in every warp.
+        float na = fmaxf(ma, ta), nb = fmaxf(mb, tb);
+        float ref_a = na == NEG_INF ? 0.0f : na, ref_b = nb == NEG_INF ? 0.0f : nb;
+        float ca = expf(ma - ref_a), cb = expf(mb - ref_b);
+        ma = na;
+        mb = nb;
+        float sa = 0.0f, sb = 0.0f;
+#pragma unroll
+        for (int n = 0; n < 2; n++) {
+            sc[n][0] = expf(sc[n][0] - ref_a);
+            sc[n][1] = expf(sc[n][1] - ref_a);
+            sc[n][2] = expf(sc[n][2] - ref_b);
+            sc[n][3] = expf(sc[n][3] - ref_b);
+            sa += sc[n][0] + sc[n][1];
+            sb += sc[n][2] + sc[n][3];
+            int c = 16 * warp + 8 * n + 2 * tig;
+            *(u32*)&ps[gid * FD5_PLD + c] = fa_pack<KT>(sc[n][0], sc[n][1]);
+            *(u32*)&ps[(gid + 8) * FD5_PLD + c] = fa_pack<KT>(sc[n][2], sc[n][3]);
+        }
+        la = la * ca + sa;
+        lb = lb * cb + sb;
+#pragma unroll
+        for (int n = 0; n < 16; n++) {
+            o[n][0] *= ca;
+            o[n][1] *= ca;
+            o[n][2] *= cb;
+            o[n][3] *= cb;
+        }
+        __syncthreads();  // P complete
+#pragma unroll
+        for (int c = 0; c < FD_KEYS / 16; c++) {
+            u32 a[4];
+            ldsm_x4(a, &ps[(lane & 15) * FD5_PLD + 16 * c + 8 * (lane >> 4)]);
+#pragma unroll
+            for (int n = 0; n < 16; n += 2) {
+                u32 b[4];
+                ldsm_x4_t(b, &vs[(16 * c + (lane & 7) + 8 * ((lane >> 3) & 1)) * LD + 128 * warp + 8 * n + 8 * (lane >> 4)]);
+                mma16816<KT>(o[n], a, b[0], b[1]);
+                mma16816<KT>(o[n + 1], a, b[2], b[3]);
+            }
+        }
+        __syncthreads();  // every warp is done with V and P
+        if (it + 1 < n_tiles) fd5_issue(vs, vc16, j0 + FD_KEYS, hi, g, n_head_kv, capacity);
+    }
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    if (tig == 0) {
+        rsum[warp][gid] = la;
+        rsum[warp][gid + 8] = lb;
+    }
+    __syncthreads();
+    // Records: O's columns of this warp (unnormalized, weights exp(s - M)), then M and the sum.
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        int r = gid + 8 * h;
+        if (r >= G) continue;
+        float* po = part + (((size_t)t * n_head + g * G + r) * S + s) * (D + 2);
+#pragma unroll
+        for (int n = 0; n < 16; n++)
+            *(float2*)&po[128 * warp + 8 * n + 2 * tig] = make_float2(o[n][2 * h], o[n][2 * h + 1]);
+        if (warp == 0 && tig == 0) {
+            float L = 0.0f;
+            for (int w = 0; w < FA_WARPS; w++) L += rsum[w][r];
+            po[D] = h == 0 ? ma : mb;
+            po[D + 1] = L;
+        }
+    }
+#endif
+}
+
+#define FLASH_DECODE_D512(KT, NAME)                                                                \
+    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap, int target, int min_tiles) { PDL_ENTRY(); \
+        flash_decode_d512<KT>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap, target, min_tiles); }
+FLASH_DECODE_D512(1, flash_decode_f16_d512)
+FLASH_DECODE_D512(2, flash_decode_bf16_d512)
 
 // ---- prefill attention through cuBLAS for head dims the flash kernel cannot hold (512) ----
 // Row softmax between the two batched products of `attention_gemm` (src/attn_gemm.rs): row

@@ -48,6 +48,12 @@ pub(crate) struct FlashDecode {
     /// The grid's parts: one per 64-key tile of capacity (`VELA_CUDA_FD_GRID=tiles`; before
     /// session 10) instead of one per `min_tiles` tiles.
     grid_per_tile: bool,
+    /// Head dim 256 too (`flash_decode_*_d256`; opt-in until measured on a GPU:
+    /// `VELA_CUDA_FD_D256=1`, `set_flash_decode_d256`).
+    pub(crate) d256: AtomicBool,
+    /// Head dim 512 too (`flash_decode_*_d512`, Gemma 4's full layers; opt-in until measured:
+    /// `VELA_CUDA_FD_D512=1`, `set_flash_decode_d512`).
+    pub(crate) d512: AtomicBool,
 }
 
 impl FlashDecode {
@@ -71,6 +77,8 @@ impl FlashDecode {
             combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
             min_blocks: num("VELA_CUDA_FD_MIN_BLOCKS", 32),
             grid_per_tile: std::env::var("VELA_CUDA_FD_GRID").is_ok_and(|v| v == "tiles"),
+            d256: AtomicBool::new(num("VELA_CUDA_FD_D256", 0) == 1),
+            d512: AtomicBool::new(num("VELA_CUDA_FD_D512", 0) == 1),
         })
     }
 }
@@ -108,6 +116,19 @@ impl CudaBackend {
             && p.n_head.is_multiple_of(p.n_head_kv)
             && p.head_dim_k == p.head_dim_v
             && dims.contains(&p.head_dim_k)
+    }
+
+    /// Head dims of the tensor-core decode attention (`flash_decode_*`).
+    fn flash_decode_dims(&self) -> &'static [usize] {
+        match (
+            self.fdec.d256.load(Ordering::Relaxed),
+            self.fdec.d512.load(Ordering::Relaxed),
+        ) {
+            (false, false) => &[64, 128],
+            (true, false) => &[64, 128, 256],
+            (false, true) => &[64, 128, 512],
+            (true, true) => &[64, 128, 256, 512],
+        }
     }
 
     /// The flash prefill kernels apply: head dims 64, 128 or 256, at least `FLASH_MIN_ROWS`
@@ -311,6 +332,22 @@ impl CudaBackend {
         self.fdec.min_keys.store(n, Ordering::Relaxed);
     }
 
+    /// The tensor-core decode attention also for head dim 256 (default: off unless
+    /// `VELA_CUDA_FD_D256=1`).
+    pub fn set_flash_decode_d256(&self, on: bool) {
+        self.drop_parked();
+        self.flush_recording();
+        self.fdec.d256.store(on, Ordering::Relaxed);
+    }
+
+    /// The tensor-core decode attention also for head dim 512 (default: off unless
+    /// `VELA_CUDA_FD_D512=1`).
+    pub fn set_flash_decode_d512(&self, on: bool) {
+        self.drop_parked();
+        self.flush_recording();
+        self.fdec.d512.store(on, Ordering::Relaxed);
+    }
+
     /// Attention of the query rows over the cache layer into `out`. `quant` = (activation kind,
     /// device address): also quantize `out` there for the next product where the decode kernels
     /// can (`attention_combine`: Q8); returns whether they did.
@@ -375,7 +412,7 @@ impl CudaBackend {
             && self.split_attn.load(Ordering::Relaxed)
             && n_tok <= SPLIT_MAX_ROWS
             && group <= 16
-            && self.tensor_core_attention(kv.ty, p, &[64, 128])
+            && self.tensor_core_attention(kv.ty, p, self.flash_decode_dims())
             && (keys >= self.fdec.min_keys.load(Ordering::Relaxed) || wide)
         {
             // The parts are merged by attention_combine in a launch of its own, which also

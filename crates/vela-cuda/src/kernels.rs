@@ -258,6 +258,10 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "flash_decode_f16_d128",
             "flash_decode_bf16_d64",
             "flash_decode_bf16_d128",
+            "flash_decode_f16_d256",
+            "flash_decode_bf16_d256",
+            "flash_decode_f16_d512",
+            "flash_decode_bf16_d512",
         ],
     ),
     ("sample", &["topk_rows", "topk_part", "topk_merge"]),
@@ -266,14 +270,20 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
 /// Dynamic shared memory of a kernel in bytes (0: static only). The tensor-core decode attention
 /// (`flash_decode_*`, flash.cu) holds the 16 Q rows and `FD_STAGES` = 2 (1 with the define
 /// `FD_ONE_STAGE`) K and V tiles of `FD_KEYS` = 64 rows, each row padded by 8 elements:
-/// (16 + stages * 2 * 64) * (D + 8) * 2 bytes.
+/// (16 + stages * 2 * 64) * (D + 8) * 2 bytes (head dim 512: its own layout, one stage).
 pub fn dyn_smem(name: &str) -> u32 {
     if !name.starts_with("flash_decode_") {
         return 0;
     }
     static STAGES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
     let stages = *STAGES.get_or_init(|| if has_define("FD_ONE_STAGE") { 1 } else { 2 });
-    let d: u32 = if name.ends_with("_d64") { 64 } else { 128 };
+    let d: u32 = match name.rsplit_once("_d") {
+        Some((_, "64")) => 64,
+        Some((_, "256")) => 256,
+        // `flash_decode_d512`: Q, one K and V stage, and the P tile of 16 x 72.
+        Some((_, "512")) => return (16 + 2 * 64) * (512 + 8) * 2 + 16 * 72 * 2,
+        _ => 128,
+    };
     (16 + stages * 2 * 64) * (d + 8) * 2
 }
 
@@ -357,6 +367,21 @@ mod tests {
         assert_ne!(a, fnv1a(&[b"src", b"90", b"13.0"]));
         assert_ne!(fnv1a(&[b"ab", b"c"]), fnv1a(&[b"a", b"bc"]));
         assert_eq!(a, fnv1a(&[b"src", b"90", b"12.9"]));
+    }
+
+    /// The decode attention's dynamic shared memory per head dim (two stages; 512: one stage
+    /// and the P tile), within the H200's 227 KiB per block.
+    #[test]
+    fn flash_decode_shared_memory() {
+        if has_define("FD_ONE_STAGE") {
+            return;
+        }
+        assert_eq!(dyn_smem("flash_decode_f16_d64"), (16 + 256) * 72 * 2);
+        assert_eq!(dyn_smem("flash_decode_bf16_d128"), (16 + 256) * 136 * 2);
+        assert_eq!(dyn_smem("flash_decode_f16_d256"), 143_616);
+        assert_eq!(dyn_smem("flash_decode_bf16_d512"), 152_064);
+        assert_eq!(dyn_smem("attention_combine"), 0);
+        assert!(dyn_smem("flash_decode_f16_d512") <= 227 << 10);
     }
 
     #[test]

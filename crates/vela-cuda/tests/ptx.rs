@@ -4,6 +4,7 @@
 //! `vela_cuda::nvrtc::candidates`). Without it the test is skipped with a message, unless
 //! `VELA_REQUIRE_DATA=1`, in which case a missing NVRTC fails. `pip install
 //! nvidia-cuda-nvrtc-cu12` provides it: `VELA_NVRTC_LIB=<site-packages>/nvidia/cuda_nvrtc/lib/libnvrtc.so.12`.
+//! `VELA_PTX_DUMP=<dir>` also writes each group's PTX there.
 
 use vela_cuda::kernels::{source, GROUPS};
 use vela_cuda::nvrtc::{Nvrtc, Target};
@@ -56,6 +57,13 @@ fn every_kernel_group_compiles_to_ptx() {
                     );
                 }
                 eprintln!("{name}: {} bytes of PTX", ptx.len());
+                // `VELA_PTX_DUMP=<dir>`: the PTX of each group as <dir>/<group>.ptx (to read
+                // registers and spills with `ptxas -arch=sm_90 -v`, e.g. from PyPI's
+                // nvidia-cuda-nvcc-cu12).
+                if let Some(dir) = std::env::var_os("VELA_PTX_DUMP") {
+                    let path = std::path::Path::new(&dir).join(format!("{name}.ptx"));
+                    std::fs::write(&path, &ptx).unwrap();
+                }
             }
             Err(e) => failures.push(format!("{e:#}")),
         }

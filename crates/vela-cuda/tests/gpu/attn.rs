@@ -5,8 +5,8 @@
 use super::*;
 
 /// `attention_matmul` (the attention quantizing its output for the projection) equals
-/// `attention` then `matmul` bit for bit, for Q8 (Q4_0) and Q8_K (Q4_K) products, head dims 64
-/// and 128 (and 256 and 32, second version only), 1 and 3 query rows, short and long contexts
+/// `attention` then `matmul` bit for bit, for Q8 (Q4_0) and Q8_K (Q4_K) products, head dims 64,
+/// 128, 256 and 512 (and 32, second version only), 1 and 3 query rows, short and long contexts
 /// (one part and many), a sliding window that wraps its ring, F16 and BF16 caches, with the
 /// tensor-core kernel at every length and with the second version at every length; and the
 /// attention stays within the kernel's bound of the CPU.
@@ -15,9 +15,13 @@ fn fused_attention_matmul_equals_unfused() {
     let Some(g) = gpu() else { return };
     for flash in [true, false] {
         g.set_flash_decode_min_keys(if flash { 0 } else { usize::MAX });
+        g.set_flash_decode_d256(flash);
+        g.set_flash_decode_d512(flash);
         fused_attention_matmul_case(&g, flash);
     }
     g.set_flash_decode_min_keys(1536);
+    g.set_flash_decode_d256(false);
+    g.set_flash_decode_d512(false);
 }
 
 fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
@@ -30,8 +34,15 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
         (KvType::F16, 64, 9, 3, GgmlType::Q8_0),
         (KvType::F16, 64, 16, 4, GgmlType::Q4_K),
         (KvType::F16, 64, 12, 4, GgmlType::Q4_K),
-        // (Second version only: one head per Q8_K block, and eight.)
+        // Head dim 256 (tensor cores switched on with `set_flash_decode_d256`): Gemma 3 270M's
+        // 4 heads over 1 KV head, Gemma 4 12B's sliding layers' 16 over 8; then (second version
+        // only) eight heads per Q8_K block.
         (KvType::F16, 256, 4, 1, GgmlType::Q4_K),
+        (KvType::Bf16, 256, 16, 8, GgmlType::Q4_0),
+        // Head dim 512 (`set_flash_decode_d512`): Gemma 4's full layers, 16 heads over 1 KV
+        // head; and 4 over 2 in BF16.
+        (KvType::F16, 512, 16, 1, GgmlType::Q4_0),
+        (KvType::Bf16, 512, 4, 2, GgmlType::Q4_K),
         (KvType::F16, 32, 16, 4, GgmlType::Q4_K),
     ] {
         let width = nh * hd;
@@ -71,13 +82,24 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
                 let (mut a1, mut a2, mut ac) =
                     (g.alloc(n * width), g.alloc(n * width), cpu.alloc(n * width));
                 let (mut y1, mut y2) = (g.alloc(n * 96), g.alloc(n * 96));
+                // (The tensor-core kernels have head dims 64, 128, 256 and 512; others take
+                // the second version at every length.)
+                let tc = flash && matches!(hd, 64 | 128 | 256 | 512);
+                g.set_profiling(true);
+                g.profile_take();
                 g.attention_matmul(&qg, &kg, 0, &pos, &p, &mut a1, &wg, &mut y1);
+                let ran = g
+                    .profile_take()
+                    .iter()
+                    .any(|(k, _)| k.starts_with("flash_decode_"));
+                g.set_profiling(false);
+                assert_eq!(
+                    ran, tc,
+                    "hd={hd} flash={flash}: tensor-core kernel ran: {ran}"
+                );
                 g.attention(&qg, &kg, 0, &pos, &p, &mut a2);
                 g.matmul(&wg, &a2, n, &mut y2);
                 cpu.attention(&up(&cpu, &q), &kc, 0, &pos, &p, &mut ac);
-                // (The tensor-core kernel has head dims 64 and 128; others take the second
-                // version at every length.)
-                let tc = flash && matches!(hd, 64 | 128);
                 let tag = format!(
                     "fused attention+matmul {} {ty:?} hd={hd} G={} {} window={window:?} pos {}+{n}",
                     if tc { "tensor-core" } else { "second version" },
