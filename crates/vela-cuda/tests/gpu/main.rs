@@ -404,6 +404,7 @@ mod attn;
 mod gemm;
 mod gemma4;
 mod kernels2;
+mod matvec;
 mod mix;
 mod model;
 mod sample;
