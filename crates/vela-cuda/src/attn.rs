@@ -54,6 +54,15 @@ pub(crate) struct FlashDecode {
     /// Head dim 512 too (`flash_decode_*_d512`, Gemma 4's full layers; opt-in until measured:
     /// `VELA_CUDA_FD_D512=1`, `set_flash_decode_d512`).
     pub(crate) d512: AtomicBool,
+    /// The device's opt-in shared memory per block holds the head-dim-256 / 512 kernels' (140 /
+    /// 149 KiB; an H200 has 227, an sm_86/89 GPU 99): else they never run.
+    fits: [bool; 2],
+}
+
+/// The device's opt-in shared memory per block in bytes (0 if the query fails).
+pub(crate) fn smem_optin(ctx: &Arc<CudaContext>) -> usize {
+    let a = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN;
+    ctx.attribute(a).map_or(0, |v| v.max(0) as usize)
 }
 
 impl FlashDecode {
@@ -79,6 +88,8 @@ impl FlashDecode {
             grid_per_tile: std::env::var("VELA_CUDA_FD_GRID").is_ok_and(|v| v == "tiles"),
             d256: AtomicBool::new(num("VELA_CUDA_FD_D256", 0) == 1),
             d512: AtomicBool::new(num("VELA_CUDA_FD_D512", 0) == 1),
+            fits: ["flash_decode_f16_d256", "flash_decode_f16_d512"]
+                .map(|k| smem_optin(ctx) >= crate::kernels::dyn_smem(k) as usize),
         })
     }
 }
@@ -121,8 +132,8 @@ impl CudaBackend {
     /// Head dims of the tensor-core decode attention (`flash_decode_*`).
     fn flash_decode_dims(&self) -> &'static [usize] {
         match (
-            self.fdec.d256.load(Ordering::Relaxed),
-            self.fdec.d512.load(Ordering::Relaxed),
+            self.fdec.d256.load(Ordering::Relaxed) && self.fdec.fits[0],
+            self.fdec.d512.load(Ordering::Relaxed) && self.fdec.fits[1],
         ) {
             (false, false) => &[64, 128],
             (true, false) => &[64, 128, 256],

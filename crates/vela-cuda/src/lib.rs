@@ -315,10 +315,12 @@ impl CudaBackend {
                 let f = module
                     .load_function(n)
                     .with_context(|| format!("kernel {n} missing from the {group} module"))?;
-                // (The tensor-core kernels needing it run on sm_80+ only; older GPUs, whose
-                // opt-in limit may be lower, never launch them.)
+                // (The tensor-core kernels needing it run on sm_80+ only, and only where the
+                // opt-in limit holds them (`FlashDecode::fits` for head dims 256 and 512).)
                 let smem = kernels::dyn_smem(n);
-                if smem > 48 << 10 && arch >= 80 {
+                // (An opt-in limit of 0: the query failed; tried as before.)
+                let optin = |o: usize| o == 0 || smem as usize <= o;
+                if smem > 48 << 10 && arch >= 80 && optin(attn::smem_optin(&ctx)) {
                     f.set_attribute(
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         smem as i32,
