@@ -129,8 +129,9 @@ impl CudaBackend {
             && dims.contains(&p.head_dim_k)
     }
 
-    /// Head dims of the tensor-core decode attention (`flash_decode_*`).
-    fn flash_decode_dims(&self) -> &'static [usize] {
+    /// Head dims the tensor-core decode attention (`flash_decode_*`) takes now: 64 and 128, and
+    /// 256 / 512 when switched on and the device's shared memory holds their kernels.
+    pub fn flash_decode_dims(&self) -> &'static [usize] {
         match (
             self.fdec.d256.load(Ordering::Relaxed) && self.fdec.fits[0],
             self.fdec.d512.load(Ordering::Relaxed) && self.fdec.fits[1],

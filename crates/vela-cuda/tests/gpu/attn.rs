@@ -17,6 +17,9 @@ fn fused_attention_matmul_equals_unfused() {
         g.set_flash_decode_min_keys(if flash { 0 } else { usize::MAX });
         g.set_flash_decode_d256(flash);
         g.set_flash_decode_d512(flash);
+        // (An sm_86/89 GPU's shared memory does not hold the 256 / 512 kernels.)
+        let dims = g.flash_decode_dims();
+        eprintln!("tensor-core decode attention head dims: {dims:?}");
         fused_attention_matmul_case(&g, flash);
     }
     g.set_flash_decode_min_keys(1536);
@@ -84,7 +87,7 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
                 let (mut y1, mut y2) = (g.alloc(n * 96), g.alloc(n * 96));
                 // (The tensor-core kernels have head dims 64, 128, 256 and 512; others take
                 // the second version at every length.)
-                let tc = flash && matches!(hd, 64 | 128 | 256 | 512);
+                let tc = flash && g.flash_decode_dims().contains(&hd);
                 g.set_profiling(true);
                 g.profile_take();
                 g.attention_matmul(&qg, &kg, 0, &pos, &p, &mut a1, &wg, &mut y1);
