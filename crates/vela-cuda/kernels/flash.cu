@@ -291,25 +291,87 @@ __device__ __forceinline__ int fd_parts(int p, int window, int S, int target, in
     return (n_tiles + per - 1) / per;
 }
 
-// Copy keys j0 .. j0 + FD_KEYS - 1 (those <= hi) of KV head g into the K and V tiles ks, vs.
+// 16-byte piece i of a tile of keys j0 .. j0 + FD_KEYS - 1 of KV head g: its place in the tile
+// (row stride D + 8) and in the cache; false past hi (the copy then zero-fills).
+template <int D>
+__device__ __forceinline__ bool fd_piece(int i, int j0, int hi, int g, int n_head_kv,
+                                         int capacity, int& at, size_t& off) {
+    int r = i / (D / 8), c = 8 * (i % (D / 8)), j = j0 + r;
+    bool ok = j <= hi;
+    at = r * (D + 8) + c;
+    off = ok ? ((size_t)(j % capacity) * n_head_kv + g) * D + c : 0;
+    return ok;
+}
+
+// Pieces of a K (or V) tile per thread.
+template <int D>
+constexpr int fd_per() {
+    static_assert((FD_KEYS * D / 8) % (32 * FA_WARPS) == 0, "tile pieces divide over the block");
+    return FD_KEYS * D / 8 / (32 * FA_WARPS);
+}
+
+// Copy keys j0 .. j0 + FD_KEYS - 1 (those <= hi) of KV head g into the K and V tiles ks, vs
+// (one commit group).
 template <int D>
 __device__ __forceinline__ void fd_issue(u16* ks, u16* vs, const u16* kc, const u16* vc, int j0,
                                          int hi, int g, int n_head_kv, int capacity) {
-    constexpr int LD = D + 8;
-    constexpr int CHUNKS = FD_KEYS * D / 8;        // 16-byte pieces of a K (or V) tile
-    constexpr int PER = CHUNKS / (32 * FA_WARPS);  // per thread
-    static_assert(PER * 32 * FA_WARPS == CHUNKS, "tile pieces divide over the block");
-    int tid = threadIdx.x;
 #pragma unroll
-    for (int k = 0; k < PER; k++) {
-        int i = tid + k * 32 * FA_WARPS;
-        int r = i / (D / 8), c = 8 * (i % (D / 8)), j = j0 + r;
-        bool ok = j <= hi;
-        size_t off = ok ? ((size_t)(j % capacity) * n_head_kv + g) * D + c : 0;
-        cp_async16(&ks[r * LD + c], kc + off, ok);
-        cp_async16(&vs[r * LD + c], vc + off, ok);
+    for (int k = 0; k < fd_per<D>(); k++) {
+        int at;
+        size_t off;
+        bool ok = fd_piece<D>(threadIdx.x + k * 32 * FA_WARPS, j0, hi, g, n_head_kv, capacity, at, off);
+        cp_async16(&ks[at], kc + off, ok);
+        cp_async16(&vs[at], vc + off, ok);
     }
     cp_async_commit();
+}
+
+// The same for one cache tensor into tile dst (its own commit group).
+template <int D>
+__device__ __forceinline__ void fd_issue_one(u16* dst, const u16* src, int j0, int hi, int g,
+                                             int n_head_kv, int capacity) {
+#pragma unroll 8
+    for (int k = 0; k < fd_per<D>(); k++) {
+        int at;
+        size_t off;
+        bool ok = fd_piece<D>(threadIdx.x + k * 32 * FA_WARPS, j0, hi, g, n_head_kv, capacity, at, off);
+        cp_async16(&dst[at], src + off, ok);
+    }
+    cp_async_commit();
+}
+
+// Keys lo..=hi of part s of S of token t (KV head g, G query heads); false for a part past the
+// position's non-empty ones, whose record it writes empty (no keys, weight 0): attention_combine
+// merges all S parts in a launch of its own.
+template <int D>
+__device__ __forceinline__ bool fd_part_keys(const u32* __restrict__ pos, float* __restrict__ part, int n_head, int G,
+                                             int g, int t, int s, int S, int window, int target,
+                                             int min_tiles, int& lo, int& hi) {
+    int p = (int)pos[t];
+    int first, per;
+    if (s >= fd_parts(p, window, S, target, min_tiles, first, per)) {
+        for (int i = threadIdx.x; i < G * (D + 2); i += blockDim.x) {
+            int r = i / (D + 2), d = i % (D + 2);
+            part[(((size_t)t * n_head + g * G + r) * S + s) * (D + 2) + d] = d == D ? NEG_INF : 0.0f;
+        }
+        return false;
+    }
+    lo = first + FD_KEYS * per * s;
+    hi = min(p, lo + FD_KEYS * per - 1);
+    return true;
+}
+
+// The G query rows of KV head g's group (rows G..15 zero) into qsm (row stride D + 8), rounded
+// to the cache type.
+template <int KT, int D>
+__device__ __forceinline__ void fd_load_q(u16* __restrict__ qsm, const float* __restrict__ q, int t, int n_head, int g,
+                                          int G) {
+    for (int i = threadIdx.x; i < 16 * D / 4; i += blockDim.x) {
+        int r = i / (D / 4), c = 4 * (i % (D / 4));
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (r < G) v = *(const float4*)(q + ((size_t)t * n_head + g * G + r) * D + c);
+        *(uint2*)&qsm[r * (D + 8) + c] = make_uint2(fa_pack<KT>(v.x, v.y), fa_pack<KT>(v.z, v.w));
+    }
 }
 
 template <int KT, int D>
@@ -329,30 +391,15 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
     int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
     int gid = lane >> 2, tig = lane & 3;
     int G = n_head / n_head_kv;
-    int p = (int)pos[t];
-    int first, per;
-    int S_eff = fd_parts(p, window, S, target, min_tiles, first, per);
-    // attention_combine merges all S parts in a launch of its own, so a part past S_eff leaves
-    // an empty record (no keys, weight 0).
-    if (s >= S_eff) {
-        for (int i = tid; i < G * (D + 2); i += blockDim.x) {
-            int r = i / (D + 2), d = i % (D + 2);
-            part[(((size_t)t * n_head + g * G + r) * S + s) * (D + 2) + d] = d == D ? NEG_INF : 0.0f;
-        }
+    int lo, hi;
+    if (!fd_part_keys<D>(pos, part, n_head, G, g, t, s, S, window, target, min_tiles, lo, hi))
         return;
-    }
-    int lo = first + FD_KEYS * per * s, hi = min(p, lo + FD_KEYS * per - 1);
     int n_tiles = (hi - lo + FD_KEYS) / FD_KEYS;
     const u16* kc16 = (const u16*)kc;
     const u16* vc16 = (const u16*)vc;
     fd_issue<D>(stg, stg + TILE, kc16, vc16, lo, hi, g, n_head_kv, capacity);
-    // Q rows (the G heads of the group; rows G..15 zero) -> shared -> A fragments.
-    for (int i = tid; i < 16 * D / 4; i += blockDim.x) {
-        int r = i / (D / 4), c = 4 * (i % (D / 4));
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < G) v = *(const float4*)(q + ((size_t)t * n_head + g * G + r) * D + c);
-        *(uint2*)&qsm[r * LD + c] = make_uint2(fa_pack<KT>(v.x, v.y), fa_pack<KT>(v.z, v.w));
-    }
+    // Q rows -> shared -> A fragments.
+    fd_load_q<KT, D>(qsm, q, t, n_head, g, G);
     __syncthreads();
     // Q's A fragments in registers up to D = 128; at 256 (O alone takes 128 registers) they are
     // read from shared memory at each step (255 registers and 176 bytes of spills otherwise).
@@ -497,21 +544,6 @@ FLASH_DECODE(2, 256, flash_decode_bf16_d256)
 #define FD5_LD (FD5_D + 8)
 #define FD5_PLD (FD_KEYS + 8)
 
-// Keys j0 .. j0 + FD_KEYS - 1 (those <= hi) of KV head g of one cache tensor into tile dst.
-__device__ __forceinline__ void fd5_issue(u16* dst, const u16* src, int j0, int hi, int g,
-                                          int n_head_kv, int capacity) {
-    constexpr int PER = FD_KEYS * FD5_D / 8 / (32 * FA_WARPS);
-#pragma unroll 4
-    for (int k = 0; k < PER; k++) {
-        int i = threadIdx.x + k * 32 * FA_WARPS;
-        int r = i / (FD5_D / 8), c = 8 * (i % (FD5_D / 8)), j = j0 + r;
-        bool ok = j <= hi;
-        size_t off = ok ? ((size_t)(j % capacity) * n_head_kv + g) * FD5_D + c : 0;
-        cp_async16(&dst[r * FD5_LD + c], src + off, ok);
-    }
-    cp_async_commit();
-}
-
 template <int KT>
 __device__ void flash_decode_d512(const float* __restrict__ q, const void* __restrict__ kc,
                                   const void* __restrict__ vc, const u32* __restrict__ pos,
@@ -530,28 +562,14 @@ __device__ void flash_decode_d512(const float* __restrict__ q, const void* __res
     int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
     int gid = lane >> 2, tig = lane & 3;
     int G = n_head / n_head_kv;
-    int p = (int)pos[t];
-    int first, per;
-    int S_eff = fd_parts(p, window, S, target, min_tiles, first, per);
-    if (s >= S_eff) {
-        for (int i = tid; i < G * (D + 2); i += blockDim.x) {
-            int r = i / (D + 2), d = i % (D + 2);
-            part[(((size_t)t * n_head + g * G + r) * S + s) * (D + 2) + d] = d == D ? NEG_INF : 0.0f;
-        }
+    int lo, hi;
+    if (!fd_part_keys<D>(pos, part, n_head, G, g, t, s, S, window, target, min_tiles, lo, hi))
         return;
-    }
-    int lo = first + FD_KEYS * per * s, hi = min(p, lo + FD_KEYS * per - 1);
     int n_tiles = (hi - lo + FD_KEYS) / FD_KEYS;
     const u16* kc16 = (const u16*)kc;
     const u16* vc16 = (const u16*)vc;
-    fd5_issue(ks, kc16, lo, hi, g, n_head_kv, capacity);
-    fd5_issue(vs, vc16, lo, hi, g, n_head_kv, capacity);
-    for (int i = tid; i < 16 * D / 4; i += blockDim.x) {
-        int r = i / (D / 4), c = 4 * (i % (D / 4));
-        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (r < G) v = *(const float4*)(q + ((size_t)t * n_head + g * G + r) * D + c);
-        *(uint2*)&qsm[r * LD + c] = make_uint2(fa_pack<KT>(v.x, v.y), fa_pack<KT>(v.z, v.w));
-    }
+    fd_issue<D>(ks, vs, kc16, vc16, lo, hi, g, n_head_kv, capacity);
+    fd_load_q<KT, D>(qsm, q, t, n_head, g, G);
     // O columns 128 warp .. + 127: 16 n-tiles of 8.
     float o[16][4];
 #pragma unroll
@@ -593,7 +611,7 @@ __device__ void flash_decode_d512(const float* __restrict__ q, const void* __res
             rmax[warp][gid + 8] = xb;
         }
         __syncthreads();  // every warp has its S and its maxima: the K tile is free
-        if (it + 1 < n_tiles) fd5_issue(ks, kc16, j0 + FD_KEYS, hi, g, n_head_kv, capacity);
+        if (it + 1 < n_tiles) fd_issue_one<D>(ks, kc16, j0 + FD_KEYS, hi, g, n_head_kv, capacity);
         float ta = NEG_INF, tb = NEG_INF;
 #pragma unroll
         for (int w = 0; w < FA_WARPS; w++) {
@@ -642,7 +660,7 @@ __device__ void flash_decode_d512(const float* __restrict__ q, const void* __res
             }
         }
         __syncthreads();  // every warp is done with V and P
-        if (it + 1 < n_tiles) fd5_issue(vs, vc16, j0 + FD_KEYS, hi, g, n_head_kv, capacity);
+        if (it + 1 < n_tiles) fd_issue_one<D>(vs, vc16, j0 + FD_KEYS, hi, g, n_head_kv, capacity);
     }
     la += __shfl_xor_sync(0xffffffffu, la, 1);
     la += __shfl_xor_sync(0xffffffffu, la, 2);

@@ -88,8 +88,11 @@ impl FlashDecode {
             grid_per_tile: std::env::var("VELA_CUDA_FD_GRID").is_ok_and(|v| v == "tiles"),
             d256: AtomicBool::new(num("VELA_CUDA_FD_D256", 0) == 1),
             d512: AtomicBool::new(num("VELA_CUDA_FD_D512", 0) == 1),
-            fits: ["flash_decode_f16_d256", "flash_decode_f16_d512"]
-                .map(|k| smem_optin(ctx) >= crate::kernels::dyn_smem(k) as usize),
+            fits: {
+                let optin = smem_optin(ctx);
+                ["flash_decode_f16_d256", "flash_decode_f16_d512"]
+                    .map(|k| optin >= crate::kernels::dyn_smem(k) as usize)
+            },
         })
     }
 }
