@@ -48,11 +48,15 @@ pub(crate) struct FlashDecode {
     /// The grid's parts: one per 64-key tile of capacity (`VELA_CUDA_FD_GRID=tiles`; before
     /// session 10) instead of one per `min_tiles` tiles.
     grid_per_tile: bool,
-    /// Head dim 256 too (`flash_decode_*_d256`; opt-in until measured on a GPU:
-    /// `VELA_CUDA_FD_D256=1`, `set_flash_decode_d256`).
+    /// Head dim 256 too (`flash_decode_*_d256`; opt-in, `VELA_CUDA_FD_D256=1`,
+    /// `set_flash_decode_d256`): Gemma 4 12B's sliding layers (1,024 keys, two query heads per
+    /// KV head) decode slower with it, tg128 at 8K 199.1 / 200.6 vs 203.6 / 204.0 t/s (session
+    /// 14).
     pub(crate) d256: AtomicBool,
-    /// Head dim 512 too (`flash_decode_*_d512`, Gemma 4's full layers; opt-in until measured:
-    /// `VELA_CUDA_FD_D512=1`, `set_flash_decode_d512`).
+    /// Head dim 512 too (`flash_decode_*_d512`, Gemma 4's full layers; default on,
+    /// `VELA_CUDA_FD_D512=0` / `set_flash_decode_d512` turn it off). Gemma 4 12B Q4_0 tg128 at
+    /// 8K: 230.0 / 230.2 / 229.4 / 227.6 vs 203.6 / 204.0 / 204.3 / 202.8 t/s; 31B 110.3 /
+    /// 108.0 vs 93.4 / 94.0 (session 14, two calls).
     pub(crate) d512: AtomicBool,
     /// The device's opt-in shared memory per block holds the head-dim-256 / 512 kernels' (140 /
     /// 149 KiB; an H200 has 227, an sm_86/89 GPU 99): else they never run.
@@ -87,7 +91,7 @@ impl FlashDecode {
             min_blocks: num("VELA_CUDA_FD_MIN_BLOCKS", 32),
             grid_per_tile: std::env::var("VELA_CUDA_FD_GRID").is_ok_and(|v| v == "tiles"),
             d256: AtomicBool::new(num("VELA_CUDA_FD_D256", 0) == 1),
-            d512: AtomicBool::new(num("VELA_CUDA_FD_D512", 0) == 1),
+            d512: AtomicBool::new(num("VELA_CUDA_FD_D512", 1) == 1),
             fits: {
                 let optin = smem_optin(ctx);
                 ["flash_decode_f16_d256", "flash_decode_f16_d512"]
@@ -355,8 +359,8 @@ impl CudaBackend {
         self.fdec.d256.store(on, Ordering::Relaxed);
     }
 
-    /// The tensor-core decode attention also for head dim 512 (default: off unless
-    /// `VELA_CUDA_FD_D512=1`).
+    /// The tensor-core decode attention also for head dim 512 (default: on unless
+    /// `VELA_CUDA_FD_D512=0`).
     pub fn set_flash_decode_d512(&self, on: bool) {
         self.drop_parked();
         self.flush_recording();

@@ -14,10 +14,12 @@
 //! because of graphs. `VELA_CUDA_GRAPH=0` (or [`CudaBackend::set_graphs`]) turns recording off:
 //! ops launch immediately as without this module.
 
-use crate::{Arg, CudaBackend};
+use crate::{kernels, Arg, CudaBackend};
 use anyhow::{anyhow, Result};
 use cudarc::driver::sys;
 use cudarc::driver::CudaGraph;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
+use std::sync::atomic::Ordering;
 
 /// Most captured graphs kept (one per live sequence state, typically).
 const MAX_GRAPHS: usize = 8;
@@ -29,6 +31,9 @@ pub(crate) struct Launch {
     pub grid: (u32, u32, u32),
     pub block: u32,
     pub args: Vec<Arg>,
+    /// Device ranges (address, bytes) of the weights a product launch reads (empty for other
+    /// kernels): what the L2 prefetch asks for (l2pf.rs).
+    pub weights: Vec<(u64, u64)>,
 }
 
 /// Recording state of the current decode step and the cache of captured graphs.
@@ -68,6 +73,10 @@ pub(crate) struct Recorder {
     pub park_gen: u64,
     /// Steps launched from a parked recording.
     pub prepared: u64,
+    /// L2 prefetch of each product's weights in captured steps (l2pf.rs): most bytes per
+    /// product (0: off), and the side stream that runs it.
+    pub l2pf: u64,
+    pub side: Option<std::sync::Arc<cudarc::driver::CudaStream>>,
 }
 
 impl Recorder {
@@ -135,6 +144,18 @@ impl CudaBackend {
 
     /// Queue a launch: recorded while a step is being recorded, else launched now.
     pub(crate) fn launch(&self, name: &str, grid: (u32, u32, u32), block: u32, args: &[Arg]) {
+        self.launch_w(name, grid, block, args, Vec::new());
+    }
+
+    /// [`Self::launch`] of a product that reads `weights` (address, bytes).
+    pub(crate) fn launch_w(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+        weights: Vec<(u64, u64)>,
+    ) {
         {
             let mut r = self.recorder();
             if r.active {
@@ -143,6 +164,7 @@ impl CudaBackend {
                     grid,
                     block,
                     args: args.to_vec(),
+                    weights,
                 });
                 return;
             }
@@ -373,7 +395,8 @@ impl CudaBackend {
             r.cache.push(entry);
             return;
         }
-        let graph = match self.capture(&ops) {
+        let pf = self.l2pf_side(r);
+        let graph = match self.capture(&ops, pf.as_deref().map(|s| (s, r.l2pf))) {
             Ok(g) => g.launch().is_ok().then_some(g),
             Err(e) => {
                 if std::env::var_os("VELA_CUDA_DEBUG").is_some() {
@@ -400,6 +423,47 @@ impl CudaBackend {
                 panic!("{e:#}");
             }
         }
+    }
+
+    /// Launch a kernel now (not recorded).
+    pub(crate) fn launch_now(
+        &self,
+        name: &str,
+        grid: (u32, u32, u32),
+        block: u32,
+        args: &[Arg],
+    ) -> Result<()> {
+        let f = self
+            .funcs
+            .get(name)
+            .ok_or_else(|| anyhow!("CUDA kernel {name} is not loaded"))?;
+        if self.skip.iter().any(|p| name.starts_with(p.as_str())) {
+            return Ok(());
+        }
+        if self.pdl.load(Ordering::Relaxed) {
+            return self
+                .launch_pdl(f, grid, block, kernels::dyn_smem(name), args)
+                .map_err(|e| anyhow!("CUDA launch of {name} failed: {e:?}"));
+        }
+        let mut b = self.stream.launch_builder(f);
+        for a in args {
+            match a {
+                Arg::P(x) => b.arg(x),
+                Arg::I(x) => b.arg(x),
+                Arg::L(x) => b.arg(x),
+                Arg::F(x) => b.arg(x),
+            };
+        }
+        let cfg = LaunchConfig {
+            grid_dim: grid,
+            block_dim: (block, 1, 1),
+            shared_mem_bytes: kernels::dyn_smem(name),
+        };
+        // SAFETY: every kernel's parameter list matches `args` (see kernels/*.cu), and the
+        // callers size the grids to the buffers they pass.
+        unsafe { b.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| anyhow!("CUDA launch of {name} failed: {e:?}"))
     }
 
     /// Launch `f` with programmatic stream serialization (PDL): its blocks may start while the
@@ -458,17 +522,30 @@ impl CudaBackend {
         .result()
     }
 
-    /// Stream-capture `ops` into an instantiated graph (nothing runs yet).
-    pub(crate) fn capture(&self, ops: &[Launch]) -> Result<CudaGraph> {
+    /// Stream-capture `ops` into an instantiated graph (nothing runs yet); with `pf` (side
+    /// stream, most bytes) each product's weights are prefetched into L2 from a side branch
+    /// (l2pf.rs).
+    pub(crate) fn capture(
+        &self,
+        ops: &[Launch],
+        pf: Option<(&cudarc::driver::CudaStream, u64)>,
+    ) -> Result<CudaGraph> {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
             .map_err(|e| anyhow!("begin capture: {e:?}"))?;
         let mut res = Ok(());
-        for op in ops {
+        let mut events = Vec::new();
+        for (i, op) in ops.iter().enumerate() {
             res = self.launch_now(&op.name, op.grid, op.block, &op.args);
+            if let (Ok(()), Some((side, most))) = (&res, pf) {
+                res = self.l2pf_fork(ops, i, side, most, &mut events);
+            }
             if res.is_err() {
                 break;
             }
+        }
+        if let (Ok(()), Some((side, _))) = (&res, pf) {
+            res = self.l2pf_join(side, &mut events);
         }
         // End the capture in every case, so the stream leaves capture mode.
         let g = self

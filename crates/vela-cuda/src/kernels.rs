@@ -194,6 +194,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "rms_norm",
             "grid_barrier_test",
             "launch_chain_link",
+            "prefetch_l2",
             "rope",
             "rope_qk",
             "rope_store_f32",

@@ -18,6 +18,7 @@ mod gemm;
 mod graph;
 pub mod kernels;
 mod kv;
+mod l2pf;
 mod matmul;
 pub mod nvrtc;
 mod profile;
@@ -33,12 +34,9 @@ pub use kv::{CudaKv, CudaKvSnapshot};
 
 use anyhow::{anyhow, bail, Context, Result};
 use cudarc::driver::sys::{self, CUresult};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError, LaunchConfig,
-    PushKernelArg,
-};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DriverError};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use vela_compute::{Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams};
 use vela_formats::quant::GgmlType;
@@ -374,7 +372,7 @@ impl CudaBackend {
             graphs_on: AtomicBool::new(
                 env("VELA_CUDA_GRAPH") != "0" && env("VELA_CUDA_PROFILE") != "1",
             ),
-            rec: Mutex::new(graph::Recorder::default()),
+            rec: Mutex::new(graph::Recorder::new()),
             io: Mutex::new(io),
             io_ptr,
             rope_factors: Mutex::new(Vec::new()),
@@ -457,47 +455,6 @@ impl CudaBackend {
     fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
         let (p, _sync) = s.device_ptr(&self.stream);
         p
-    }
-
-    /// Launch a kernel now (not recorded).
-    fn launch_now(
-        &self,
-        name: &str,
-        grid: (u32, u32, u32),
-        block: u32,
-        args: &[Arg],
-    ) -> Result<()> {
-        let f = self
-            .funcs
-            .get(name)
-            .ok_or_else(|| anyhow!("CUDA kernel {name} is not loaded"))?;
-        if self.skip.iter().any(|p| name.starts_with(p.as_str())) {
-            return Ok(());
-        }
-        if self.pdl.load(Ordering::Relaxed) {
-            return self
-                .launch_pdl(f, grid, block, kernels::dyn_smem(name), args)
-                .map_err(|e| anyhow!("CUDA launch of {name} failed: {e:?}"));
-        }
-        let mut b = self.stream.launch_builder(f);
-        for a in args {
-            match a {
-                Arg::P(x) => b.arg(x),
-                Arg::I(x) => b.arg(x),
-                Arg::L(x) => b.arg(x),
-                Arg::F(x) => b.arg(x),
-            };
-        }
-        let cfg = LaunchConfig {
-            grid_dim: grid,
-            block_dim: (block, 1, 1),
-            shared_mem_bytes: kernels::dyn_smem(name),
-        };
-        // SAFETY: every kernel's parameter list matches `args` (see kernels/*.cu), and the
-        // callers size the grids to the buffers they pass.
-        unsafe { b.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| anyhow!("CUDA launch of {name} failed: {e:?}"))
     }
 
     /// 1-D launch over `n` elements.

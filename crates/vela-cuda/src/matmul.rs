@@ -92,7 +92,8 @@ impl CudaBackend {
                     (_, true) => format!("mv_{suffix}_u2"),
                     _ => format!("mv_{suffix}"),
                 };
-                self.launch(&name, grid, 32 * MM_WARPS, &args);
+                let wr = vec![(self.ptr(&w.data), w.data.len() as u64)];
+                self.launch_w(&name, grid, 32 * MM_WARPS, &args, wr);
                 continue;
             }
             let tt = if n == 1 { 1 } else { 8 };
@@ -432,7 +433,8 @@ impl CudaBackend {
             }
             None => format!("mv_{suffix}_x3{}", if r == 2 { "_r2" } else { "" }),
         };
-        self.launch(&name, (blocks, 1, 1), 32 * MM_WARPS, &args);
+        let wr = ws.iter().map(|w| (self.ptr(&w.data), w.data.len() as u64));
+        self.launch_w(&name, (blocks, 1, 1), 32 * MM_WARPS, &args, wr.collect());
         true
     }
 

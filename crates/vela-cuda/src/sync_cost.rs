@@ -83,9 +83,10 @@ impl CudaBackend {
                 grid: (blocks, 1, 1),
                 block: threads,
                 args: vec![Arg::P(px)],
+                weights: Vec::new(),
             })
             .collect();
-        let graph = self.capture(&ops)?;
+        let graph = self.capture(&ops, None)?;
         let mut best = f64::MAX;
         for _ in 0..reps {
             self.synchronize()?;

@@ -190,7 +190,9 @@ fn decode_setup(
 }
 
 /// Decode steps recorded and replayed as CUDA graphs give bit-identical logits to plain
-/// launches over 64 tokens (same backend, two states fed the same tokens).
+/// launches over 64 tokens (same backend, two states fed the same tokens). The graphs carry the
+/// L2 prefetch side branch (l2pf.rs, on by default), which plain launches never have; a capture
+/// that failed because of it would run plainly and fail the replay count.
 #[test]
 fn graph_decode_matches_plain() {
     let Some((g, m, prompt)) = decode_setup("graph_decode_matches_plain") else {

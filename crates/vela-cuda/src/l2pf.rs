@@ -1,0 +1,128 @@
+//! L2 prefetch of the decode products' weights (default 4 MiB per product; `VELA_CUDA_L2PF=<MiB>`,
+//! 0: off).
+//!
+//! In a decode step the memory system idles while the short dependent kernels between two
+//! products run (norms, RoPE + store, attention, its combine, the activation), and each product
+//! holds fewer bytes in flight than the bandwidth needs at its start. A captured step
+//! (graph.rs) therefore gets a side branch at every product: once product `i` finishes, a
+//! `prefetch_l2` kernel on a second stream asks L2 for the first `most` bytes of the next
+//! product's weights, while the main stream runs the kernels in between. The prefetch only moves
+//! cache lines (it reads and writes nothing a kernel sees), so results are unchanged; the side
+//! stream joins the main one at the end of the step. Uncaptured launches never prefetch.
+//!
+//! Measured on the H200 (session 14, tg128, two calls each; `docs/cuda.md`, fifteenth slice):
+//! Llama-3-8B Q4_0 4 MiB 537.3 / 537.8 / 537.4 / 539.3 / 540.1 / 540.2 vs 517.4 / 521.2 / 520.8
+//! / 519.6 / 521.4 / 521.1 t/s without (+3.5 %); Qwen2.5-0.5B Q4_K_M 4 MiB 1,456 / 1,456 /
+//! 1,459 / 1,458 vs 1,426 / 1,427 / 1,426 / 1,428 (+2.2 %; 2 MiB +3 %); Gemma 4 12B unchanged.
+//! More is slower (8B: 8 MiB 531.7, 16 MiB 502.3, 48 MiB 460.0), and so are prefetching past the
+//! next product (8B 16 MiB 506.9; 0.5B 4 MiB 1,293), a budget per kernel in the gap (8B 533.1)
+//! and bulk prefetch (`cp.async.bulk.prefetch.L2` from one-warp blocks: 8B 4 MiB 508.7, 16 MiB
+//! 314.2).
+
+use crate::graph::{Launch, Recorder};
+use crate::CudaBackend;
+use anyhow::{anyhow, Result};
+use cudarc::driver::{CudaEvent, CudaStream, LaunchConfig, PushKernelArg};
+use std::sync::Arc;
+
+/// `prefetch_l2`'s grid: blocks of 256 threads, one per `PF_BYTES_PER_BLOCK` (8 lines of 128
+/// bytes per thread) up to `PF_MAX_BLOCKS`.
+const PF_BYTES_PER_BLOCK: u64 = 256 * 128 * 8;
+const PF_MAX_BLOCKS: u64 = 64;
+
+impl Recorder {
+    /// A recorder with the prefetch budget of `VELA_CUDA_L2PF` (MiB; default 4, 0: off).
+    pub(crate) fn new() -> Self {
+        let mib = std::env::var("VELA_CUDA_L2PF")
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(4);
+        Recorder {
+            l2pf: mib << 20,
+            ..Default::default()
+        }
+    }
+}
+
+impl CudaBackend {
+    /// Prefetch at most `mib` MiB of each product's weights in captured decode steps (0: off).
+    /// Graphs captured before are dropped.
+    pub fn set_l2_prefetch(&self, mib: u64) {
+        self.drop_parked();
+        self.flush_recording();
+        let mut r = self.rec.lock().unwrap_or_else(|e| e.into_inner());
+        r.l2pf = mib << 20;
+        r.cache.clear();
+    }
+
+    /// The side stream of the prefetch, when it is on (created on first use; `None` if that
+    /// fails, and the step is captured without prefetch).
+    pub(crate) fn l2pf_side(&self, r: &mut Recorder) -> Option<Arc<CudaStream>> {
+        if r.l2pf == 0 {
+            return None;
+        }
+        if r.side.is_none() {
+            r.side = self.ctx.new_stream().ok();
+        }
+        r.side.clone()
+    }
+
+    /// After capturing `ops[i]`: if it is a product, fork `side` from the main stream and
+    /// prefetch the next product's weights there (at most `most` bytes, in weight order).
+    pub(crate) fn l2pf_fork(
+        &self,
+        ops: &[Launch],
+        i: usize,
+        side: &CudaStream,
+        most: u64,
+        events: &mut Vec<CudaEvent>,
+    ) -> Result<()> {
+        if ops[i].weights.is_empty() {
+            return Ok(());
+        }
+        let Some(next) = ops[i + 1..].iter().find(|o| !o.weights.is_empty()) else {
+            return Ok(());
+        };
+        let f = self
+            .funcs
+            .get("prefetch_l2")
+            .ok_or_else(|| anyhow!("CUDA kernel prefetch_l2 is not loaded"))?;
+        let ev = self.stream.record_event(None)?;
+        side.wait(&ev)?;
+        events.push(ev);
+        let mut left = most;
+        for &(p, bytes) in &next.weights {
+            let n = bytes.min(left);
+            if n == 0 {
+                break;
+            }
+            left -= n;
+            let n = n as i64;
+            let blocks = (n as u64)
+                .div_ceil(PF_BYTES_PER_BLOCK)
+                .clamp(1, PF_MAX_BLOCKS);
+            let cfg = LaunchConfig {
+                grid_dim: (blocks as u32, 1, 1),
+                block_dim: (256, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let mut b = side.launch_builder(f);
+            b.arg(&p).arg(&n);
+            // SAFETY: prefetch_l2(const char*, long long) only issues L2 prefetch hints for
+            // [p, p + n), a range inside the weight allocation the product reads.
+            unsafe { b.launch(cfg) }.map_err(|e| anyhow!("prefetch_l2 launch: {e:?}"))?;
+        }
+        Ok(())
+    }
+
+    /// Join the side stream into the main one before the capture ends (if it was forked).
+    pub(crate) fn l2pf_join(&self, side: &CudaStream, events: &mut Vec<CudaEvent>) -> Result<()> {
+        if events.is_empty() {
+            return Ok(());
+        }
+        let ev = side.record_event(None)?;
+        self.stream.wait(&ev)?;
+        events.push(ev);
+        Ok(())
+    }
+}
