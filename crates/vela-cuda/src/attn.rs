@@ -49,9 +49,10 @@ pub(crate) struct FlashDecode {
     /// session 10) instead of one per `min_tiles` tiles.
     grid_per_tile: bool,
     /// Head dim 256 too (`flash_decode_*_d256`; opt-in, `VELA_CUDA_FD_D256=1`,
-    /// `set_flash_decode_d256`): Gemma 4 12B's sliding layers (1,024 keys, two query heads per
-    /// KV head) decode slower with it, tg128 at 8K 199.1 / 200.6 vs 203.6 / 204.0 t/s (session
-    /// 14).
+    /// `set_flash_decode_d256`), from `min_keys` keys only. Session 14: the real Gemma 3 270M
+    /// (one KV head) tg128 at 8K 1,428.0 / 1,423.7 / 1,427.6 vs 1,274.5 / 1,274.9 / 1,274.0 t/s
+    /// (one call); Gemma 4 12B's sliding layers (1,024 keys, taken through `min_blocks` then)
+    /// slower: 199.1 / 200.6 vs 203.6 / 204.0 at 8K, hence the key floor.
     pub(crate) d256: AtomicBool,
     /// Head dim 512 too (`flash_decode_*_d512`, Gemma 4's full layers; default on,
     /// `VELA_CUDA_FD_D512=0` / `set_flash_decode_d512` turn it off). Gemma 4 12B Q4_0 tg128 at
@@ -423,7 +424,10 @@ impl CudaBackend {
         // `VELA_CUDA_FD_MIN_BLOCKS` blocks (default 32: models with many KV heads; 0: never).
         let keys = keys_seen(positions, window);
         let min_blocks = self.fdec.min_blocks;
+        // Not for head dim 256: Gemma 4 12B's sliding layers (1,024 keys, 8 KV heads, two query
+        // heads each) decode slower on it than on the second version (session 14).
         let wide = min_blocks > 0
+            && hd != 256
             && keys >= 1024
             && p.n_head_kv * n_tok * fd_parts_for(keys, parts, self.fdec.min_tiles) >= min_blocks;
         // Default for decode where it applies: tensor-core split-K.

@@ -424,13 +424,14 @@ fn split_attention_long_context_matches_cpu() {
                     &oc,
                     tol,
                 );
-                // Tensor-core flash decoding (F16/BF16, hd 64/128; Q and P rounded to the cache
-                // type, so the bound of the flash prefill test); other shapes fall back.
+                // Tensor-core flash decoding (F16/BF16, the head dims of flash_decode_dims; Q and
+                // P rounded to the cache type, so the bound of the flash prefill test); other
+                // shapes fall back.
                 let mut o4 = g.alloc(n * nh * hd);
                 g.set_flash_decode(true);
                 g.attention(&qg, &kg, 0, &pos, &p, &mut o4);
                 g.set_flash_decode(false);
-                let fd = ty != KvType::F32 && (hd == 64 || hd == 128);
+                let fd = ty != KvType::F32 && g.flash_decode_dims().contains(&hd);
                 let tol4 = match (ty, fd) {
                     (KvType::F16, true) => 5e-3,
                     (KvType::Bf16, true) => 4e-2,
