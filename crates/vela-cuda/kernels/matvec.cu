@@ -249,13 +249,10 @@ __device__ __forceinline__ void mvs_load(uint4 (&qv)[MVS_U][R], u16 (&dv)[MVS_U]
 // rounds are in flight per lane (same arithmetic and order; 116 instead of 72 registers).
 // Llama-3-8B Q4_0 tg128 on the H200: 515.6 vs 504.9 t/s (two calls, 3 rounds each); with DB in
 // the Q/K/V and gate/up launches too (x3, 120 registers): 512.9, so those keep one round.
-// XS (`mv_q4_0s_r2s`, opt-in: VELA_CUDA_MV_XSMEM=1): once the first weights are in flight and
-// the previous kernel is done, the block copies the row's activation blocks (at most MVS_XS_MAX)
-// into shared memory, so that each round reads them from there instead of through L1/L2 while
-// the next round's weights are in flight. For the 8B's down product (448 blocks per row; 2.1
-// TB/s alone in session 13's profile). Same arithmetic and order: bit-equal.
-#define MVS_XS_MAX 512
-template <int R, bool BIAS = false, bool DB = false, bool XS = false>
+// (Staging the row's activation blocks in shared memory once the first weights are in flight,
+// `mv_q4_0s_r2s`: Llama-3-8B Q4_0 tg128 518.1 / 518.2 vs 517.7 / 519.9 t/s, noise; removed in
+// session 14.)
+template <int R, bool BIAS = false, bool DB = false>
 __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restrict__ X,
                                     float* __restrict__ Y, int rows, int nb, int blk, int split,
                                     const float* B = nullptr) {
@@ -279,14 +276,6 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
     u16 dv[MVS_U][R];
     mvs_load<R>(qv, dv, wq, wd, lo + lane, hi);
     MV_RESUME();
-    if constexpr (XS) {
-        __shared__ __align__(16) AQ8 xs[MVS_XS_MAX];
-        const uint4* src = (const uint4*)X;
-        uint4* dst = (uint4*)xs;
-        for (int i = threadIdx.x; i < nb * 3; i += blockDim.x) dst[i] = src[i];
-        __syncthreads();
-        X = xs;
-    }
     for (int b0 = lo + lane; b0 < hi; b0 += 32 * MVS_U) {
         uint4 nq[MVS_U][R];
         u16 nd[MVS_U][R];
@@ -661,7 +650,6 @@ __device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, co
     extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8K, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 MV32(2, mv_q4_0)
 MV32(102, mv_q4_0s)
-extern "C" __global__ void mv_q4_0s_r2s(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvs<2, false, true, true>(W, X, Y, rows, nb, blockIdx.x, split); }
 MV32(3, mv_q4_1)
 MV32(6, mv_q5_0)
 MV32(7, mv_q5_1)

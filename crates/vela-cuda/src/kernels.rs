@@ -131,7 +131,6 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mv_q6_ks_x3",
             "mv_q4_0_r2",
             "mv_q4_0s_r2",
-            "mv_q4_0s_r2s",
             "mv_q4_1_r2",
             "mv_q5_0_r2",
             "mv_q5_1_r2",

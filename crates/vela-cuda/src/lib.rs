@@ -212,8 +212,6 @@ pub struct CudaBackend {
     /// Repack Q4_0/Q4_K/Q6_K weights into split rows at upload (default; `VELA_CUDA_REPACK=0`
     /// off).
     repack: AtomicBool,
-    /// `mv_q4_0s_r2s`: o/down activations staged in shared memory (opt-in, `VELA_CUDA_MV_XSMEM=1`).
-    mv_xsmem: AtomicBool,
     /// Prefill attention kernel (`VELA_CUDA_ATTN_PREFILL` = flash | w4 | w32 → 0 | 1 | 2,
     /// attn.rs).
     attn_prefill: std::sync::atomic::AtomicU32,
@@ -400,7 +398,6 @@ impl CudaBackend {
             attn_part_v2: AtomicBool::new(env("VELA_CUDA_ATTN_PART") != "1"),
             pdl: AtomicBool::new(arch >= 90 && env("VELA_CUDA_PDL") != "0"),
             repack: AtomicBool::new(env("VELA_CUDA_REPACK") != "0"),
-            mv_xsmem: AtomicBool::new(env("VELA_CUDA_MV_XSMEM") == "1"),
             attn_gemm: AtomicBool::new(env("VELA_CUDA_ATTN_GEMM") != "0"),
             q6k_pad: AtomicBool::new(env("VELA_CUDA_Q6K_PAD") != "0"),
             attn_part3: AtomicBool::new(env("VELA_CUDA_ATTN_PART") == "3"),

@@ -82,12 +82,7 @@ impl CudaBackend {
                     Arg::I(split as i32),
                 ];
                 let u2 = kind == ActKind::Q8K && self.mvk_u2.load(Ordering::Relaxed);
-                let xs = suffix == "q4_0s"
-                    && split == 1
-                    && nb <= MVS_XS_MAX
-                    && self.mv_xsmem.load(Ordering::Relaxed);
                 let name = match (r, u2) {
-                    (2, _) if xs => "mv_q4_0s_r2s".to_string(),
                     (2, _) => format!("mv_{suffix}_r2"),
                     (_, true) => format!("mv_{suffix}_u2"),
                     _ => format!("mv_{suffix}"),
@@ -569,9 +564,6 @@ pub(crate) fn check_product(w: &CudaWeight, x: &CudaBuf, y: &CudaBuf, n: usize) 
     );
 }
 
-/// Most activation blocks `mv_q4_0s_r2s` stages in shared memory (`MVS_XS_MAX` in matvec.cu).
-const MVS_XS_MAX: usize = 512;
-
 /// Fewest rows of a one-token product (all weights of an `_x3` launch together) that take two
 /// rows per warp: 2,048 rows make 256 blocks, about two per SM of an H200.
 const MV_ROWS2_MIN: usize = 2048;
@@ -617,14 +609,6 @@ impl CudaBackend {
         self.drop_parked();
         self.flush_recording();
         self.mv_rows_mode.store(mode.min(2), Ordering::Relaxed);
-    }
-
-    /// The shared-memory activations of `mv_q4_0s_r2s` on or off (default: off unless
-    /// `VELA_CUDA_MV_XSMEM=1`).
-    pub fn set_mv_xsmem(&self, on: bool) {
-        self.drop_parked();
-        self.flush_recording();
-        self.mv_xsmem.store(on, Ordering::Relaxed);
     }
 
     /// See [`CudaBackend::mv_split`]: 0 = auto, else 1, 2 or 4 warps per row.

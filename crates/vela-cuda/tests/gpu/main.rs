@@ -404,7 +404,6 @@ mod attn;
 mod gemm;
 mod gemma4;
 mod kernels2;
-mod matvec;
 mod mix;
 mod model;
 mod sample;
