@@ -68,7 +68,7 @@ impl CudaBackend {
     }
 
     /// After capturing `ops[i]`: if it is a product, fork `side` from the main stream and
-    /// prefetch the next product's weights there (at most `most` bytes, in weight order).
+    /// prefetch there what [`prefetch_plan`] gives.
     pub(crate) fn l2pf_fork(
         &self,
         ops: &[Launch],
@@ -77,12 +77,10 @@ impl CudaBackend {
         most: u64,
         events: &mut Vec<CudaEvent>,
     ) -> Result<()> {
-        if ops[i].weights.is_empty() {
+        let plan = prefetch_plan(ops, i, most);
+        if plan.is_empty() {
             return Ok(());
         }
-        let Some(next) = ops[i + 1..].iter().find(|o| !o.weights.is_empty()) else {
-            return Ok(());
-        };
         let f = self
             .funcs
             .get("prefetch_l2")
@@ -90,22 +88,13 @@ impl CudaBackend {
         let ev = self.stream.record_event(None)?;
         side.wait(&ev)?;
         events.push(ev);
-        let mut left = most;
-        for &(p, bytes) in &next.weights {
-            let n = bytes.min(left);
-            if n == 0 {
-                break;
-            }
-            left -= n;
-            let n = n as i64;
-            let blocks = (n as u64)
-                .div_ceil(PF_BYTES_PER_BLOCK)
-                .clamp(1, PF_MAX_BLOCKS);
+        for (p, n, blocks) in plan {
             let cfg = LaunchConfig {
-                grid_dim: (blocks as u32, 1, 1),
+                grid_dim: (blocks, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
+            let n = n as i64;
             let mut b = side.launch_builder(f);
             b.arg(&p).arg(&n);
             // SAFETY: prefetch_l2(const char*, long long) only issues L2 prefetch hints for
@@ -124,5 +113,80 @@ impl CudaBackend {
         self.stream.wait(&ev)?;
         events.push(ev);
         Ok(())
+    }
+}
+
+/// The `prefetch_l2` launches (address, bytes, blocks) after `ops[i]`: none unless `ops[i]` is a
+/// product (has weights) and a later product exists; else the first `most` bytes of the next
+/// product's weights, in the order of its weights.
+pub(crate) fn prefetch_plan(ops: &[Launch], i: usize, most: u64) -> Vec<(u64, u64, u32)> {
+    if ops[i].weights.is_empty() {
+        return Vec::new();
+    }
+    let Some(next) = ops[i + 1..].iter().find(|o| !o.weights.is_empty()) else {
+        return Vec::new();
+    };
+    let mut left = most;
+    let mut plan = Vec::new();
+    for &(p, bytes) in &next.weights {
+        let n = bytes.min(left);
+        if n == 0 {
+            break;
+        }
+        left -= n;
+        let blocks = n.div_ceil(PF_BYTES_PER_BLOCK).clamp(1, PF_MAX_BLOCKS) as u32;
+        plan.push((p, n, blocks));
+    }
+    plan
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(name: &str, weights: &[(u64, u64)]) -> Launch {
+        Launch {
+            name: name.into(),
+            grid: (1, 1, 1),
+            block: 128,
+            args: Vec::new(),
+            weights: weights.to_vec(),
+        }
+    }
+
+    #[test]
+    fn prefetch_plan_takes_the_next_product_up_to_the_budget() {
+        const M: u64 = 1 << 20;
+        let ops = [
+            op("norm_q8_regs", &[]),
+            op(
+                "mv_q4_0s_x3_r2",
+                &[(0x1000, 3 * M), (0x9000, M), (0xa000, M)],
+            ),
+            op("rope_store", &[]),
+            op("attention_part2_f16", &[]),
+            op("mv_q4_0s_r2", &[(0x20000, 20 * M)]),
+            op("argmax", &[]),
+        ];
+        // Not a product, or no product after it: nothing.
+        assert!(prefetch_plan(&ops, 0, 4 * M).is_empty());
+        assert!(prefetch_plan(&ops, 2, 4 * M).is_empty());
+        assert!(prefetch_plan(&ops, 4, 4 * M).is_empty());
+        // Q/K/V -> o (past the short kernels), cut at the budget; one block per 256 KiB.
+        assert_eq!(prefetch_plan(&ops, 1, 4 * M), vec![(0x20000, 4 * M, 16)]);
+        // The grid stops at PF_MAX_BLOCKS.
+        assert_eq!(
+            prefetch_plan(&ops, 1, 64 * M),
+            vec![(0x20000, 20 * M, PF_MAX_BLOCKS as u32)]
+        );
+        // Several weights of one launch: in order, until the budget is spent.
+        let ops2 = [op("mv_q4_0s_r2", &[(0x1, M)]), ops[1].clone()];
+        assert_eq!(
+            prefetch_plan(&ops2, 0, 4 * M),
+            vec![(0x1000, 3 * M, 12), (0x9000, M, 4)]
+        );
+        assert_eq!(prefetch_plan(&ops2, 0, M / 2), vec![(0x1000, M / 2, 2)]);
+        // A tiny range still gets one block.
+        assert_eq!(prefetch_plan(&ops2, 0, 100), vec![(0x1000, 100, 1)]);
     }
 }
