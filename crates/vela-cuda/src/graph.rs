@@ -73,9 +73,9 @@ pub(crate) struct Recorder {
     pub park_gen: u64,
     /// Steps launched from a parked recording.
     pub prepared: u64,
-    /// L2 prefetch of each product's weights in captured steps (l2pf.rs): most bytes per
-    /// product (0: off), and the side stream that runs it.
-    pub l2pf: u64,
+    /// L2 prefetch of each product's weights in captured steps (l2pf.rs): its budget, and the
+    /// side stream that runs it.
+    pub l2pf: crate::l2pf::PfBudget,
     pub side: Option<std::sync::Arc<cudarc::driver::CudaStream>>,
 }
 
@@ -528,7 +528,7 @@ impl CudaBackend {
     pub(crate) fn capture(
         &self,
         ops: &[Launch],
-        pf: Option<(&cudarc::driver::CudaStream, u64)>,
+        pf: Option<(&cudarc::driver::CudaStream, crate::l2pf::PfBudget)>,
     ) -> Result<CudaGraph> {
         self.stream
             .begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
@@ -537,8 +537,8 @@ impl CudaBackend {
         let mut events = Vec::new();
         for (i, op) in ops.iter().enumerate() {
             res = self.launch_now(&op.name, op.grid, op.block, &op.args);
-            if let (Ok(()), Some((side, most))) = (&res, pf) {
-                res = self.l2pf_fork(ops, i, side, most, &mut events);
+            if let (Ok(()), Some((side, budget))) = (&res, pf) {
+                res = self.l2pf_fork(ops, i, side, budget, &mut events);
             }
             if res.is_err() {
                 break;

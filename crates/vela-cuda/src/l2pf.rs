@@ -30,15 +30,30 @@ use std::sync::Arc;
 const PF_BYTES_PER_BLOCK: u64 = 256 * 128 * 8;
 const PF_MAX_BLOCKS: u64 = 64;
 
+/// What each product's prefetch asks for: at most `most` bytes (0: no prefetch) of the next
+/// product's weights, and only when they total at least `min` bytes.
+#[derive(Clone, Copy, Default, Debug, PartialEq)]
+pub(crate) struct PfBudget {
+    pub most: u64,
+    pub min: u64,
+}
+
 impl Recorder {
-    /// A recorder with the prefetch budget of `VELA_CUDA_L2PF` (MiB; default 4, 0: off).
+    /// A recorder with the prefetch budget of `VELA_CUDA_L2PF` (MiB; default 4, 0: off) and
+    /// `VELA_CUDA_L2PF_MIN` (KiB; default 0: every product; not measured yet, for the small
+    /// models whose products are all far below the budget).
     pub(crate) fn new() -> Self {
-        let mib = std::env::var("VELA_CUDA_L2PF")
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or(4);
+        let num = |k: &str, d: u64| {
+            std::env::var(k)
+                .ok()
+                .and_then(|v| v.parse::<u64>().ok())
+                .unwrap_or(d)
+        };
         Recorder {
-            l2pf: mib << 20,
+            l2pf: PfBudget {
+                most: num("VELA_CUDA_L2PF", 4) << 20,
+                min: num("VELA_CUDA_L2PF_MIN", 0) << 10,
+            },
             ..Default::default()
         }
     }
@@ -51,14 +66,14 @@ impl CudaBackend {
         self.drop_parked();
         self.flush_recording();
         let mut r = self.rec.lock().unwrap_or_else(|e| e.into_inner());
-        r.l2pf = mib << 20;
+        r.l2pf.most = mib << 20;
         r.cache.clear();
     }
 
     /// The side stream of the prefetch, when it is on (created on first use; `None` if that
     /// fails, and the step is captured without prefetch).
     pub(crate) fn l2pf_side(&self, r: &mut Recorder) -> Option<Arc<CudaStream>> {
-        if r.l2pf == 0 {
+        if r.l2pf.most == 0 {
             return None;
         }
         if r.side.is_none() {
@@ -74,10 +89,10 @@ impl CudaBackend {
         ops: &[Launch],
         i: usize,
         side: &CudaStream,
-        most: u64,
+        budget: PfBudget,
         events: &mut Vec<CudaEvent>,
     ) -> Result<()> {
-        let plan = prefetch_plan(ops, i, most);
+        let plan = prefetch_plan(ops, i, budget);
         if plan.is_empty() {
             return Ok(());
         }
@@ -117,16 +132,19 @@ impl CudaBackend {
 }
 
 /// The `prefetch_l2` launches (address, bytes, blocks) after `ops[i]`: none unless `ops[i]` is a
-/// product (has weights) and a later product exists; else the first `most` bytes of the next
-/// product's weights, in the order of its weights.
-pub(crate) fn prefetch_plan(ops: &[Launch], i: usize, most: u64) -> Vec<(u64, u64, u32)> {
+/// product (has weights) and a later product exists whose weights total at least `budget.min`;
+/// else the first `budget.most` bytes of the next product's weights, in the order of its weights.
+pub(crate) fn prefetch_plan(ops: &[Launch], i: usize, budget: PfBudget) -> Vec<(u64, u64, u32)> {
     if ops[i].weights.is_empty() {
         return Vec::new();
     }
     let Some(next) = ops[i + 1..].iter().find(|o| !o.weights.is_empty()) else {
         return Vec::new();
     };
-    let mut left = most;
+    if next.weights.iter().map(|w| w.1).sum::<u64>() < budget.min {
+        return Vec::new();
+    }
+    let mut left = budget.most;
     let mut plan = Vec::new();
     for &(p, bytes) in &next.weights {
         let n = bytes.min(left);
@@ -154,6 +172,10 @@ mod tests {
         }
     }
 
+    fn b(most: u64) -> PfBudget {
+        PfBudget { most, min: 0 }
+    }
+
     #[test]
     fn prefetch_plan_takes_the_next_product_up_to_the_budget() {
         const M: u64 = 1 << 20;
@@ -169,24 +191,28 @@ mod tests {
             op("argmax", &[]),
         ];
         // Not a product, or no product after it: nothing.
-        assert!(prefetch_plan(&ops, 0, 4 * M).is_empty());
-        assert!(prefetch_plan(&ops, 2, 4 * M).is_empty());
-        assert!(prefetch_plan(&ops, 4, 4 * M).is_empty());
+        assert!(prefetch_plan(&ops, 0, b(4 * M)).is_empty());
+        assert!(prefetch_plan(&ops, 2, b(4 * M)).is_empty());
+        assert!(prefetch_plan(&ops, 4, b(4 * M)).is_empty());
         // Q/K/V -> o (past the short kernels), cut at the budget; one block per 256 KiB.
-        assert_eq!(prefetch_plan(&ops, 1, 4 * M), vec![(0x20000, 4 * M, 16)]);
+        assert_eq!(prefetch_plan(&ops, 1, b(4 * M)), vec![(0x20000, 4 * M, 16)]);
         // The grid stops at PF_MAX_BLOCKS.
         assert_eq!(
-            prefetch_plan(&ops, 1, 64 * M),
+            prefetch_plan(&ops, 1, b(64 * M)),
             vec![(0x20000, 20 * M, PF_MAX_BLOCKS as u32)]
         );
         // Several weights of one launch: in order, until the budget is spent.
         let ops2 = [op("mv_q4_0s_r2", &[(0x1, M)]), ops[1].clone()];
         assert_eq!(
-            prefetch_plan(&ops2, 0, 4 * M),
+            prefetch_plan(&ops2, 0, b(4 * M)),
             vec![(0x1000, 3 * M, 12), (0x9000, M, 4)]
         );
-        assert_eq!(prefetch_plan(&ops2, 0, M / 2), vec![(0x1000, M / 2, 2)]);
+        assert_eq!(prefetch_plan(&ops2, 0, b(M / 2)), vec![(0x1000, M / 2, 2)]);
         // A tiny range still gets one block.
-        assert_eq!(prefetch_plan(&ops2, 0, 100), vec![(0x1000, 100, 1)]);
+        assert_eq!(prefetch_plan(&ops2, 0, b(100)), vec![(0x1000, 100, 1)]);
+        // `min`: only next products whose weights total at least that much (5 MiB here).
+        let at = |min| prefetch_plan(&ops2, 0, PfBudget { most: M, min });
+        assert_eq!(at(5 * M), vec![(0x1000, M, 4)]);
+        assert!(at(5 * M + 1).is_empty());
     }
 }
