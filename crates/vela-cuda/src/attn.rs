@@ -505,6 +505,29 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
+            // Opt-in: the second version's last block per (head, token) merges the parts
+            // (`attention_part2t_*`, bit-equal to attention_combine) instead of a launch.
+            let parts_max = 128; // COMBINE_MAX in attention.cu
+            if self.tail_combine.load(Ordering::Relaxed)
+                && v2
+                && !v3
+                && !d512
+                && p.head_dim_v <= 256
+                && parts <= parts_max
+            {
+                let cq = self.combine_quant(quant, p.head_dim_v);
+                let cnt = self.attn_counters(n_tok * p.n_head);
+                let mut args = args.to_vec();
+                args.extend([
+                    Arg::P(self.ptr(out)),
+                    Arg::P(cq.map_or(0, |q| q.1)),
+                    Arg::P(cnt),
+                ]);
+                let name = format!("attention_part2t_{}", kv_suffix(kv.ty));
+                let grid = (p.n_head as u32, n_tok as u32, parts as u32);
+                self.launch(&name, grid, 32 * SPLIT_WARPS, &args);
+                return cq.is_some();
+            }
             // All part kernels take the same arguments; the third version runs one block per KV
             // head.
             let (name, grid, block) = if v3 {
@@ -601,6 +624,19 @@ impl CudaBackend {
             self.scratch_moved();
         }
         self.ptr(&*part)
+    }
+
+    /// Zeroed counters of the tail combine (at least `len`); the kernels leave them at zero.
+    fn attn_counters(&self, len: usize) -> u64 {
+        let mut cnt = self.attn_cnt.lock().unwrap_or_else(|e| e.into_inner());
+        if cnt.len() < len {
+            *cnt = self
+                .stream
+                .alloc_zeros::<u32>(len.next_power_of_two())
+                .expect("CUDA alloc of attention counters");
+            self.scratch_moved();
+        }
+        self.ptr(&*cnt)
     }
 }
 

@@ -59,6 +59,14 @@ impl CudaBackend {
         self.attn_part_v2.store(on, Ordering::Relaxed);
     }
 
+    /// The split-K attention's parts merged by their last block (`attention_part2t_*`) instead
+    /// of an `attention_combine` launch (default: off unless `VELA_CUDA_TAIL_COMBINE=1`).
+    pub fn set_tail_combine(&self, on: bool) {
+        self.drop_parked();
+        self.flush_recording();
+        self.tail_combine.store(on, Ordering::Relaxed);
+    }
+
     /// Programmatic dependent launch on or off (only takes effect on sm_90 and newer).
     pub fn set_pdl(&self, on: bool) {
         self.drop_parked();

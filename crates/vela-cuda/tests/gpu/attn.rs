@@ -130,3 +130,97 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
         }
     }
 }
+
+/// The tail combine (`set_tail_combine`: the second split-K version's last block per head merges
+/// the parts) equals the separate `attention_combine` launch bit for bit: attention output and
+/// the product of its Q8 (Q4_0) or Q8_K (Q4_K) activations, head dims 64, 128 and 256, F32 /
+/// F16 / BF16 caches, 1 and 3 query rows, one part and several, a sliding window; the kernel that
+/// ran is checked, and a second call checks that the counters were left at zero.
+#[test]
+fn tail_combine_equals_separate() {
+    let Some(g) = gpu() else { return };
+    g.set_flash_decode_min_keys(usize::MAX);
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0x7a11);
+    for (ty, hd, nh, nkv, wty) in [
+        (KvType::F16, 128usize, 32usize, 8usize, GgmlType::Q4_0),
+        (KvType::Bf16, 64, 14, 2, GgmlType::Q4_0),
+        (KvType::F16, 64, 14, 2, GgmlType::Q4_K),
+        (KvType::F32, 64, 9, 3, GgmlType::Q8_0),
+        (KvType::F16, 256, 4, 1, GgmlType::Q4_K),
+        (KvType::Bf16, 256, 8, 2, GgmlType::Q4_0),
+    ] {
+        let width = nh * hd;
+        let (wg, _) = upload_random(&g, &cpu, wty, 64, width, &mut rng);
+        for window in [None, Some(300usize)] {
+            let spec = KvLayerSpec {
+                n_head_kv: nkv,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                capacity: window.map_or(2048, |w| w + 512),
+                window,
+            };
+            let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+            let p = AttnParams {
+                n_head: nh,
+                n_head_kv: nkv,
+                head_dim_k: hd,
+                head_dim_v: hd,
+                scale: 1.0 / (hd as f32).sqrt(),
+                window,
+                softcap: None,
+            };
+            let mut p0 = 0usize;
+            for n in [20usize, 1, 3, 700, 1, 3] {
+                let pos: Vec<u32> = (p0..p0 + n).map(|x| x as u32).collect();
+                p0 += n;
+                let (k, v) = (rng.vec(n * nkv * hd), rng.vec(n * nkv * hd));
+                g.kv_store(&mut kg, 0, &up(&g, &k), &up(&g, &v), &pos);
+                if n > 4 {
+                    continue;
+                }
+                let qg = up(&g, &rng.vec(n * width));
+                let mut outs = Vec::new();
+                for tail in [false, true, true] {
+                    g.set_tail_combine(tail);
+                    let (mut a, mut y) = (g.alloc(n * width), g.alloc(n * 64));
+                    g.set_profiling(true);
+                    g.profile_take();
+                    g.attention_matmul(&qg, &kg, 0, &pos, &p, &mut a, &wg, &mut y);
+                    let names: Vec<String> = g.profile_take().into_keys().collect();
+                    g.set_profiling(false);
+                    let ran_tail = names.iter().any(|k| k.starts_with("attention_part2t_"));
+                    let ran_combine = names.iter().any(|k| k == "attention_combine");
+                    // (The capacity gives every case several parts.)
+                    assert!(
+                        ran_tail == tail && ran_combine != tail,
+                        "hd={hd} tail={tail}: kernels {names:?}"
+                    );
+                    outs.push((down(&g, &a, n * width), down(&g, &y, n * 64)));
+                }
+                g.set_tail_combine(false);
+                let tag = format!(
+                    "tail combine {ty:?} hd={hd} G={} {} window={window:?} pos {}+{n}",
+                    nh / nkv,
+                    wty.name(),
+                    pos[0]
+                );
+                for (i, o) in outs.iter().enumerate().skip(1) {
+                    check(
+                        &format!("{tag} attention == separate ({i})"),
+                        &o.0,
+                        &outs[0].0,
+                        0.0,
+                    );
+                    check(
+                        &format!("{tag} product == separate ({i})"),
+                        &o.1,
+                        &outs[0].1,
+                        0.0,
+                    );
+                }
+            }
+        }
+    }
+    g.set_flash_decode_min_keys(1536);
+}
