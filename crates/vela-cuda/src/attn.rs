@@ -6,7 +6,7 @@ use crate::{ATT_MAXD, ATT_MAXD_BIG, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
 use anyhow::Result;
 use cudarc::driver::{sys, CudaContext, CudaSlice};
 use std::sync::atomic::{AtomicBool, AtomicUsize};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 /// Most split-K parts of the first two versions (one `attention_part*` block per query head).
 const SPLIT_MAX_PARTS: usize = 32;
@@ -615,28 +615,31 @@ impl CudaBackend {
 
     /// Device address of the split-K partials buffer, grown to at least `len` floats.
     fn attn_partials(&self, len: usize) -> u64 {
-        let mut part = self.attn_part.lock().unwrap_or_else(|e| e.into_inner());
-        if part.len() < len {
-            *part = self
-                .stream
-                .alloc_zeros::<f32>(len.next_power_of_two())
-                .expect("CUDA alloc of attention partials");
-            self.scratch_moved();
-        }
-        self.ptr(&*part)
+        self.grown_zeroed(&self.attn_part, len, "attention partials")
     }
 
     /// Zeroed counters of the tail combine (at least `len`); the kernels leave them at zero.
     fn attn_counters(&self, len: usize) -> u64 {
-        let mut cnt = self.attn_cnt.lock().unwrap_or_else(|e| e.into_inner());
-        if cnt.len() < len {
-            *cnt = self
+        self.grown_zeroed(&self.attn_cnt, len, "attention counters")
+    }
+
+    /// Device address of the buffer in `m`, replaced by a zeroed one of at least `len` elements
+    /// (a power of two) when shorter; recorded steps that used the old one are dropped.
+    fn grown_zeroed<T: cudarc::driver::DeviceRepr + cudarc::driver::ValidAsZeroBits>(
+        &self,
+        m: &Mutex<CudaSlice<T>>,
+        len: usize,
+        what: &str,
+    ) -> u64 {
+        let mut buf = m.lock().unwrap_or_else(|e| e.into_inner());
+        if buf.len() < len {
+            *buf = self
                 .stream
-                .alloc_zeros::<u32>(len.next_power_of_two())
-                .expect("CUDA alloc of attention counters");
+                .alloc_zeros::<T>(len.next_power_of_two())
+                .unwrap_or_else(|e| panic!("CUDA alloc of {what}: {e:?}"));
             self.scratch_moved();
         }
-        self.ptr(&*cnt)
+        self.ptr(&*buf)
     }
 }
 

@@ -50,36 +50,17 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
     ] {
         let width = nh * hd;
         let (wg, _) = upload_random(g, &cpu, wty, 96, width, &mut rng);
-        for window in [None, Some(300usize)] {
-            let spec = KvLayerSpec {
-                n_head_kv: nkv,
-                head_dim_k: hd,
-                head_dim_v: hd,
-                // (A batch never exceeds the ring: slots written twice in one batch race.)
-                capacity: window.map_or(2048, |w| w + 512),
-                window,
-            };
-            let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
-            let mut kc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
-            let p = AttnParams {
-                n_head: nh,
-                n_head_kv: nkv,
-                head_dim_k: hd,
-                head_dim_v: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                window,
-                softcap: None,
-            };
-            let mut p0 = 0usize;
-            for n in [40usize, 1, 3, 500, 400, 1, 3] {
-                let pos: Vec<u32> = (p0..p0 + n).map(|x| x as u32).collect();
-                p0 += n;
-                let (k, v) = (rng.vec(n * nkv * hd), rng.vec(n * nkv * hd));
-                g.kv_store(&mut kg, 0, &up(g, &k), &up(g, &v), &pos);
-                cpu.kv_store(&mut kc, 0, &up(&cpu, &k), &up(&cpu, &v), &pos);
-                if n > 4 {
-                    continue;
-                }
+        let steps = [40usize, 1, 3, 500, 400, 1, 3];
+        let shape = (ty, hd, nh, nkv);
+        walk_cache(
+            g,
+            Some(&cpu),
+            shape,
+            &steps,
+            &mut rng,
+            |rng, pos, p, kg, kc| {
+                let (n, window) = (pos.len(), p.window);
+                let kc = kc.expect("CPU cache");
                 let q = rng.vec(n * width);
                 let qg = up(g, &q);
                 let (mut a1, mut a2, mut ac) =
@@ -90,7 +71,7 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
                 let tc = flash && g.flash_decode_dims().contains(&hd);
                 g.set_profiling(true);
                 g.profile_take();
-                g.attention_matmul(&qg, &kg, 0, &pos, &p, &mut a1, &wg, &mut y1);
+                g.attention_matmul(&qg, kg, 0, pos, p, &mut a1, &wg, &mut y1);
                 let ran = g
                     .profile_take()
                     .iter()
@@ -100,9 +81,9 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
                     ran, tc,
                     "hd={hd} flash={flash}: tensor-core kernel ran: {ran}"
                 );
-                g.attention(&qg, &kg, 0, &pos, &p, &mut a2);
+                g.attention(&qg, kg, 0, pos, p, &mut a2);
                 g.matmul(&wg, &a2, n, &mut y2);
-                cpu.attention(&up(&cpu, &q), &kc, 0, &pos, &p, &mut ac);
+                cpu.attention(&up(&cpu, &q), kc, 0, pos, p, &mut ac);
                 let tag = format!(
                     "fused attention+matmul {} {ty:?} hd={hd} G={} {} window={window:?} pos {}+{n}",
                     if tc { "tensor-core" } else { "second version" },
@@ -126,6 +107,60 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
                     _ => 4e-2,
                 };
                 check(&format!("{tag} attention vs CPU"), &a1, &ac, tol);
+            },
+        );
+    }
+}
+
+/// A decode cache of `shape` (cache type, head dim, heads, KV heads) walked twice, without and
+/// with a 300-key window (capacity 2,048 / window + 512; a batch never exceeds the ring: slots
+/// written twice in one batch race): each step of `steps` stores that many random K/V rows (into
+/// the CPU cache too when `cpu` is given) and, for steps of at most 4 rows, calls
+/// `f(rng, positions, params, GPU cache, CPU cache)`.
+fn walk_cache(
+    g: &CudaBackend,
+    cpu: Option<&CpuBackend>,
+    (ty, hd, nh, nkv): (KvType, usize, usize, usize),
+    steps: &[usize],
+    rng: &mut Rng,
+    mut f: impl FnMut(
+        &mut Rng,
+        &[u32],
+        &AttnParams,
+        &vela_cuda::CudaKv,
+        Option<&<CpuBackend as Backend>::Kv>,
+    ),
+) {
+    for window in [None, Some(300usize)] {
+        let spec = KvLayerSpec {
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            capacity: window.map_or(2048, |w| w + 512),
+            window,
+        };
+        let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
+        let mut kc = cpu.map(|c| c.new_kv(std::slice::from_ref(&spec), ty).unwrap());
+        let p = AttnParams {
+            n_head: nh,
+            n_head_kv: nkv,
+            head_dim_k: hd,
+            head_dim_v: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+            window,
+            softcap: None,
+        };
+        let mut p0 = 0usize;
+        for &n in steps {
+            let pos: Vec<u32> = (p0..p0 + n).map(|x| x as u32).collect();
+            p0 += n;
+            let (k, v) = (rng.vec(n * nkv * hd), rng.vec(n * nkv * hd));
+            g.kv_store(&mut kg, 0, &up(g, &k), &up(g, &v), &pos);
+            if let (Some(c), Some(kc)) = (cpu, kc.as_mut()) {
+                c.kv_store(kc, 0, &up(c, &k), &up(c, &v), &pos);
+            }
+            if n <= 4 {
+                f(rng, &pos, &p, &kg, kc.as_ref());
             }
         }
     }
@@ -152,33 +187,15 @@ fn tail_combine_equals_separate() {
     ] {
         let width = nh * hd;
         let (wg, _) = upload_random(&g, &cpu, wty, 64, width, &mut rng);
-        for window in [None, Some(300usize)] {
-            let spec = KvLayerSpec {
-                n_head_kv: nkv,
-                head_dim_k: hd,
-                head_dim_v: hd,
-                capacity: window.map_or(2048, |w| w + 512),
-                window,
-            };
-            let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
-            let p = AttnParams {
-                n_head: nh,
-                n_head_kv: nkv,
-                head_dim_k: hd,
-                head_dim_v: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                window,
-                softcap: None,
-            };
-            let mut p0 = 0usize;
-            for n in [20usize, 1, 3, 700, 1, 3] {
-                let pos: Vec<u32> = (p0..p0 + n).map(|x| x as u32).collect();
-                p0 += n;
-                let (k, v) = (rng.vec(n * nkv * hd), rng.vec(n * nkv * hd));
-                g.kv_store(&mut kg, 0, &up(&g, &k), &up(&g, &v), &pos);
-                if n > 4 {
-                    continue;
-                }
+        let shape = (ty, hd, nh, nkv);
+        walk_cache(
+            &g,
+            None,
+            shape,
+            &[20, 1, 3, 700, 1, 3],
+            &mut rng,
+            |rng, pos, p, kg, _| {
+                let (n, window) = (pos.len(), p.window);
                 let qg = up(&g, &rng.vec(n * width));
                 let mut outs = Vec::new();
                 for tail in [false, true, true] {
@@ -186,7 +203,7 @@ fn tail_combine_equals_separate() {
                     let (mut a, mut y) = (g.alloc(n * width), g.alloc(n * 64));
                     g.set_profiling(true);
                     g.profile_take();
-                    g.attention_matmul(&qg, &kg, 0, &pos, &p, &mut a, &wg, &mut y);
+                    g.attention_matmul(&qg, kg, 0, pos, p, &mut a, &wg, &mut y);
                     let names: Vec<String> = g.profile_take().into_keys().collect();
                     g.set_profiling(false);
                     let ran_tail = names.iter().any(|k| k.starts_with("attention_part2t_"));
@@ -219,8 +236,8 @@ fn tail_combine_equals_separate() {
                         0.0,
                     );
                 }
-            }
-        }
+            },
+        );
     }
     g.set_flash_decode_min_keys(1536);
 }
