@@ -692,33 +692,7 @@ __device__ void tail_norm(const float* y, float* x, const float* __restrict__ w,
         }
         if (k == 0) {
             // As norm_quant_regs (K = 0): lanes 4g..4g+3 hold Q8 block g of the virtual warp.
-            float amax = 0.0f;
-#pragma unroll
-            for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(hv[e]));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-            amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-            float d = amax / 127.0f;
-            float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-            int q[8], sum = 0;
-#pragma unroll
-            for (int e = 0; e < 8; e++) {
-                q[e] = __float2int_rn(hv[e] * id);
-                sum += q[e];
-            }
-            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-            sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-            if (on) {
-                AQ8* o = (AQ8*)act + t / 4;
-                int sub = t & 3;
-                o->qs[2 * sub] = (q[0] & 255) | ((q[1] & 255) << 8) | ((q[2] & 255) << 16) | ((u32)(q[3] & 255) << 24);
-                o->qs[2 * sub + 1] = (q[4] & 255) | ((q[5] & 255) << 8) | ((q[6] & 255) << 16) | ((u32)(q[7] & 255) << 24);
-                if (sub == 0) {
-                    o->d = round_f16(d);
-                    o->s = round_f16(d * (float)sum);
-                    o->sum = sum;
-                    o->pad = 0;
-                }
-            }
+            q8_lanes8(hv, (AQ8*)act + t / 4, t & 3, on);
         } else if (on) {
             q8k_block(hv, (AQ8K*)act + vw, lane);
         }

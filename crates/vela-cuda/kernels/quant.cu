@@ -83,6 +83,38 @@ __device__ void norm_quant(float* __restrict__ x, const float* __restrict__ res,
 NORM_Q(norm_quant, 0, norm_q8)
 NORM_Q(norm_quant, 1, norm_q8k)
 
+// Q8 blocks of 32 from 8 elements per lane, lanes 4g..4g+3 holding block g of the warp (sub =
+// lane & 3; inactive lanes hold zeros in whole groups and write nothing); o: the lane's block.
+// (norm_q8_regs and the tail norm in matvec.cu.)
+__device__ __forceinline__ void q8_lanes8(const float (&hv)[8], AQ8* __restrict__ o, int sub,
+                                          bool on) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(hv[e]));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
+    float d = amax / 127.0f;
+    float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    int q[8], sum = 0;
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+        q[e] = __float2int_rn(hv[e] * id);
+        sum += q[e];
+    }
+    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    if (on) {
+        o->qs[2 * sub] = (q[0] & 255) | ((q[1] & 255) << 8) | ((q[2] & 255) << 16) | ((u32)(q[3] & 255) << 24);
+        o->qs[2 * sub + 1] = (q[4] & 255) | ((q[5] & 255) << 8) | ((q[6] & 255) << 16) | ((u32)(q[7] & 255) << 24);
+        if (sub == 0) {
+            o->d = round_f16(d);
+            o->s = round_f16(d * (float)sum);
+            o->sum = sum;
+            o->pad = 0;
+        }
+    }
+}
+
 // The same with the row in registers (the default for width <= 8192): thread t holds elements
 // 8t..8t+7 (blockDim = width / 8 rounded up to a warp; all pointers 16-byte aligned), so x, res
 // and w are read with 16-byte loads in one round trip, nothing is re-read, and the quantization
@@ -170,34 +202,7 @@ __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__
     }
     int lane = t & 31;
     if constexpr (K == 0) {
-        // Lanes 4g..4g+3 hold Q8 block g of the warp (inactive lanes: whole groups of zeros).
-        float amax = 0.0f;
-#pragma unroll
-        for (int e = 0; e < 8; e++) amax = fmaxf(amax, fabsf(hv[e]));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        float d = amax / 127.0f;
-        float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-        int q[8], sum = 0;
-#pragma unroll
-        for (int e = 0; e < 8; e++) {
-            q[e] = __float2int_rn(hv[e] * id);
-            sum += q[e];
-        }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        if (on) {
-            AQ8* o = (AQ8*)act + (size_t)blockIdx.x * (width / 32) + t / 4;
-            int sub = t & 3;
-            o->qs[2 * sub] = (q[0] & 255) | ((q[1] & 255) << 8) | ((q[2] & 255) << 16) | ((u32)(q[3] & 255) << 24);
-            o->qs[2 * sub + 1] = (q[4] & 255) | ((q[5] & 255) << 8) | ((q[6] & 255) << 16) | ((u32)(q[7] & 255) << 24);
-            if (sub == 0) {
-                o->d = round_f16(d);
-                o->s = round_f16(d * (float)sum);
-                o->sum = sum;
-                o->pad = 0;
-            }
-        }
+        q8_lanes8(hv, (AQ8*)act + (size_t)blockIdx.x * (width / 32) + t / 4, t & 3, on);
     } else {
         // width is a multiple of 256: every warp is whole and holds one Q8_K block.
         if (on) q8k_block(hv, (AQ8K*)act + (size_t)blockIdx.x * (width / 256) + t / 32, lane);
