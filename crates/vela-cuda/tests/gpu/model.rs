@@ -198,30 +198,7 @@ fn graph_decode_matches_plain() {
     let Some((g, m, prompt)) = decode_setup("graph_decode_matches_plain") else {
         return;
     };
-    let mut sa = m.new_state(1024, 64, KvType::F16).unwrap();
-    let mut sb = m.new_state(1024, 64, KvType::F16).unwrap();
-    let la = prefill(&m, &mut sa, &prompt, 64);
-    let lb = prefill(&m, &mut sb, &prompt, 64);
-    assert_eq!(la, lb, "prefill not deterministic");
-    let before = g.graph_stats();
-    let mut tok = argmax(&la) as u32;
-    let (mut max_diff, mut n_diff) = (0f32, 0usize);
-    for i in 0..64 {
-        let pos = [(prompt.len() + i) as u32];
-        g.set_graphs(true);
-        let a = m.forward(&mut sa, &[tok], &pos, 0).unwrap();
-        g.set_graphs(false);
-        let b = m.forward(&mut sb, &[tok], &pos, 0).unwrap();
-        g.set_graphs(true);
-        for (x, y) in a.iter().zip(&b) {
-            if x.to_bits() != y.to_bits() {
-                n_diff += 1;
-                max_diff = max_diff.max((x - y).abs());
-            }
-        }
-        tok = argmax(&a) as u32;
-    }
-    let after = g.graph_stats();
+    let (before, after, n_diff, max_diff) = graph_vs_plain(&g, &m, &prompt, 64, &|_| {});
     let replays = after.replays - before.replays;
     let ok = n_diff == 0 && replays >= 60;
     eprintln!(
@@ -236,6 +213,45 @@ fn graph_decode_matches_plain() {
     );
 }
 
+/// Prefill `prompt` into two states, then `steps` decode steps fed the same tokens: state a
+/// recorded and replayed as graphs with `graph_mode(true)` applied, state b launched plainly
+/// with `graph_mode(false)`. Returns the graph statistics before and after, and the number of
+/// logits that differ bit-wise (and the largest difference).
+fn graph_vs_plain(
+    g: &CudaBackend,
+    m: &vela_models::DecoderModel<CudaBackend>,
+    prompt: &[u32],
+    steps: usize,
+    graph_mode: &dyn Fn(bool),
+) -> (vela_cuda::GraphStats, vela_cuda::GraphStats, usize, f32) {
+    let mut sa = m.new_state(1024, 64, KvType::F16).unwrap();
+    let mut sb = m.new_state(1024, 64, KvType::F16).unwrap();
+    let la = prefill(m, &mut sa, prompt, 64);
+    let lb = prefill(m, &mut sb, prompt, 64);
+    assert_eq!(la, lb, "prefill not deterministic");
+    let before = g.graph_stats();
+    let mut tok = argmax(&la) as u32;
+    let (mut max_diff, mut n_diff) = (0f32, 0usize);
+    for i in 0..steps {
+        let pos = [(prompt.len() + i) as u32];
+        graph_mode(true);
+        g.set_graphs(true);
+        let a = m.forward(&mut sa, &[tok], &pos, 0).unwrap();
+        graph_mode(false);
+        g.set_graphs(false);
+        let b = m.forward(&mut sb, &[tok], &pos, 0).unwrap();
+        g.set_graphs(true);
+        for (x, y) in a.iter().zip(&b) {
+            if x.to_bits() != y.to_bits() {
+                n_diff += 1;
+                max_diff = max_diff.max((x - y).abs());
+            }
+        }
+        tok = argmax(&a) as u32;
+    }
+    (before, g.graph_stats(), n_diff, max_diff)
+}
+
 /// The tail fusions (`set_tail_norm`: the pre-norm after the o and down products done by their
 /// last block while a step is recorded; `set_tail_combine`: the split-K attention's parts merged
 /// by their last block) give bit-identical logits to plain launches without them over 48
@@ -245,33 +261,12 @@ fn tail_fusions_match_plain() {
     let Some((g, m, prompt)) = decode_setup("tail_fusions_match_plain") else {
         return;
     };
-    let mut sa = m.new_state(1024, 64, KvType::F16).unwrap();
-    let mut sb = m.new_state(1024, 64, KvType::F16).unwrap();
-    let la = prefill(&m, &mut sa, &prompt, 64);
-    let lb = prefill(&m, &mut sb, &prompt, 64);
-    assert_eq!(la, lb, "prefill not deterministic");
-    let before = g.graph_stats();
-    let mut tok = argmax(&la) as u32;
-    let mut n_diff = 0usize;
-    for i in 0..48 {
-        let pos = [(prompt.len() + i) as u32];
-        g.set_tail_norm(true);
-        g.set_tail_combine(true);
-        g.set_graphs(true);
-        let a = m.forward(&mut sa, &[tok], &pos, 0).unwrap();
-        g.set_tail_norm(false);
-        g.set_tail_combine(false);
-        g.set_graphs(false);
-        let b = m.forward(&mut sb, &[tok], &pos, 0).unwrap();
-        n_diff += a
-            .iter()
-            .zip(&b)
-            .filter(|(x, y)| x.to_bits() != y.to_bits())
-            .count();
-        tok = argmax(&a) as u32;
-    }
-    g.set_graphs(true);
-    let after = g.graph_stats();
+    let tails = |on: bool| {
+        g.set_tail_norm(on);
+        g.set_tail_combine(on);
+    };
+    let (before, after, n_diff, max_diff) = graph_vs_plain(&g, &m, &prompt, 48, &tails);
+    tails(false);
     let replays = after.replays - before.replays;
     let folded = after.tail_norms - before.tail_norms;
     // (Gemma's pre-norms take the post-norm kernel, which has no tail version.)
@@ -280,7 +275,7 @@ fn tail_fusions_match_plain() {
         .is_some_and(|f| f.architecture().is_ok_and(|a| a.starts_with("gemma")));
     let ok = n_diff == 0 && replays >= 40 && (folded > 0 || gemma);
     eprintln!(
-        "RESULT | tail norm + tail combine vs plain, 48 tokens | {n_diff} differing logits, {replays} replays, {folded} norms folded | | {} |",
+        "RESULT | tail norm + tail combine vs plain, 48 tokens | {n_diff} differing logits (max {max_diff:.2e}), {replays} replays, {folded} norms folded | | {} |",
         if ok { "ok" } else { "FAIL" }
     );
     assert!(
