@@ -74,6 +74,14 @@ __device__ __forceinline__ float fa_score(float s, float scale, float softcap) {
 // a row, s replaced by exp(s - max), the running maxima ma/mb and
 // per-thread partial sums la/lb updated, and the NO output tiles o rescaled. A row with no key so
 // far keeps max -inf and uses 0 as the reference (all its weights 0).
+// Row sums of an accumulator's two rows over the 4 lanes (tig) that hold them.
+__device__ __forceinline__ void quad_sums(float& la, float& lb) {
+    la += __shfl_xor_sync(0xffffffffu, la, 1);
+    la += __shfl_xor_sync(0xffffffffu, la, 2);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
+    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+}
+
 template <int NT, int NO>
 __device__ __forceinline__ void fa_softmax(float s[NT][4], float xa, float xb, float& ma,
                                            float& mb, float& la, float& lb, float o[NO][4]) {
@@ -214,10 +222,7 @@ __device__ void flash_prefill(const float* __restrict__ q, const void* __restric
 #pragma unroll
         for (int c = 0; c < BK / 16; c++) fa_pv<KT, D>(s[2 * c], s[2 * c + 1], vs, 16 * c, o);
     }
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    quad_sums(la, lb);
     float ia = la > 0.0f ? 1.0f / la : 0.0f, ib = lb > 0.0f ? 1.0f / lb : 0.0f;
 #pragma unroll
     for (int n = 0; n < D / 8; n++) {
@@ -374,6 +379,45 @@ __device__ __forceinline__ void fd_load_q(u16* __restrict__ qsm, const float* __
     }
 }
 
+// One tile's scores for the warp's 16 keys (16 warp .. + 15, two n-tiles of 8) against the 16 Q
+// rows: S = Q K^T (Q's A fragments from qf with QREG, else from qsm; K from ks; the k loop
+// unrolled UNR times), scaled and soft-capped, keys past hi masked to -inf, and each thread's
+// maxima of its two rows (xa, xb; not yet reduced over the quad).
+template <int KT, int D, bool QREG, int UNR, int NQ>
+__device__ __forceinline__ void fd_scores(float (&sc)[2][4], float& xa, float& xb,
+                                          const u32 (&qf)[NQ][4], const u16* qsm, const u16* ks,
+                                          int lane, int warp, int tig, int j0, int hi, float scale,
+                                          float softcap) {
+    constexpr int LD = D + 8;
+#pragma unroll
+    for (int n = 0; n < 2; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
+#pragma unroll UNR
+    for (int kk = 0; kk < D / 16; kk++) {
+        u32 b[4], qa[4];
+        if constexpr (QREG) {
+            qa[0] = qf[kk][0]; qa[1] = qf[kk][1]; qa[2] = qf[kk][2]; qa[3] = qf[kk][3];
+        } else {
+            ldsm_x4(qa, &qsm[(lane & 15) * LD + 16 * kk + 8 * (lane >> 4)]);
+        }
+        ldsm_x4(b, &ks[(16 * warp + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk + 8 * ((lane >> 3) & 1)]);
+        mma16816<KT>(sc[0], qa, b[0], b[1]);
+        mma16816<KT>(sc[1], qa, b[2], b[3]);
+    }
+    xa = NEG_INF;
+    xb = NEG_INF;
+#pragma unroll
+    for (int n = 0; n < 2; n++) {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            int j = j0 + 16 * warp + 8 * n + 2 * tig + (e & 1);
+            float v = fa_score(sc[n][e], scale, softcap);
+            v = j <= hi ? v : NEG_INF;
+            sc[n][e] = v;
+            if (e < 2) xa = fmaxf(xa, v); else xb = fmaxf(xb, v);
+        }
+    }
+}
+
 template <int KT, int D>
 __device__ void flash_decode(const float* __restrict__ q, const void* __restrict__ kc,
                              const void* __restrict__ vc, const u32* __restrict__ pos,
@@ -428,33 +472,8 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
         const u16* vs = ks + TILE;
         int j0 = lo + it * FD_KEYS;
         // S = Q K^T for keys 16 warp .. + 15 of the tile (two n-tiles of 8 keys).
-        float sc[2][4];
-#pragma unroll
-        for (int n = 0; n < 2; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll
-        for (int kk = 0; kk < D / 16; kk++) {
-            u32 b[4], qa[4];
-            if constexpr (QREG) {
-                qa[0] = qf[kk][0]; qa[1] = qf[kk][1]; qa[2] = qf[kk][2]; qa[3] = qf[kk][3];
-            } else {
-                ldsm_x4(qa, &qsm[(lane & 15) * LD + 16 * kk + 8 * (lane >> 4)]);
-            }
-            ldsm_x4(b, &ks[(16 * warp + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk + 8 * ((lane >> 3) & 1)]);
-            mma16816<KT>(sc[0], qa, b[0], b[1]);
-            mma16816<KT>(sc[1], qa, b[2], b[3]);
-        }
-        float xa = NEG_INF, xb = NEG_INF;
-#pragma unroll
-        for (int n = 0; n < 2; n++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int j = j0 + 16 * warp + 8 * n + 2 * tig + (e & 1);
-                float v = fa_score(sc[n][e], scale, softcap);
-                v = j <= hi ? v : NEG_INF;
-                sc[n][e] = v;
-                if (e < 2) xa = fmaxf(xa, v); else xb = fmaxf(xb, v);
-            }
-        }
+        float sc[2][4], xa, xb;
+        fd_scores<KT, D, QREG, D / 16>(sc, xa, xb, qf, qsm, ks, lane, warp, tig, j0, hi, scale, softcap);
         // (A warp whose keys of this tile are all past the part's end keeps max -inf.)
         fa_softmax<2, D / 8>(sc, xa, xb, ma, mb, la, lb, o);
         fa_pv<KT, D>(sc[0], sc[1], vs, 16 * warp, o);
@@ -463,10 +482,7 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
             fd_issue<D>(stg, stg + TILE, kc16, vc16, lo + (it + 1) * FD_KEYS, hi, g, n_head_kv, capacity);
     }
     // Merge the warps: row maxima and sums, then O in warp order through shared memory.
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    quad_sums(la, lb);
     if (tig == 0) {
         wm[warp][gid] = ma;
         wm[warp][gid + 8] = mb;
@@ -579,29 +595,9 @@ __device__ void flash_decode_d512(const float* __restrict__ q, const void* __res
         cp_async_wait<0>();
         __syncthreads();
         int j0 = lo + it * FD_KEYS;
-        float sc[2][4];
-#pragma unroll
-        for (int n = 0; n < 2; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.0f;
-#pragma unroll 4
-        for (int kk = 0; kk < D / 16; kk++) {
-            u32 a[4], b[4];
-            ldsm_x4(a, &qsm[(lane & 15) * LD + 16 * kk + 8 * (lane >> 4)]);
-            ldsm_x4(b, &ks[(16 * warp + (lane & 7) + 8 * (lane >> 4)) * LD + 16 * kk + 8 * ((lane >> 3) & 1)]);
-            mma16816<KT>(sc[0], a, b[0], b[1]);
-            mma16816<KT>(sc[1], a, b[2], b[3]);
-        }
-        float xa = NEG_INF, xb = NEG_INF;
-#pragma unroll
-        for (int n = 0; n < 2; n++) {
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                int j = j0 + 16 * warp + 8 * n + 2 * tig + (e & 1);
-                float v = fa_score(sc[n][e], scale, softcap);
-                v = j <= hi ? v : NEG_INF;
-                sc[n][e] = v;
-                if (e < 2) xa = fmaxf(xa, v); else xb = fmaxf(xb, v);
-            }
-        }
+        float sc[2][4], xa, xb;
+        const u32 nq[1][4] = {};
+        fd_scores<KT, D, false, 4>(sc, xa, xb, nq, qsm, ks, lane, warp, tig, j0, hi, scale, softcap);
         xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 1));
         xa = fmaxf(xa, __shfl_xor_sync(0xffffffffu, xa, 2));
         xb = fmaxf(xb, __shfl_xor_sync(0xffffffffu, xb, 1));
@@ -662,10 +658,7 @@ __device__ void flash_decode_d512(const float* __restrict__ q, const void* __res
         __syncthreads();  // every warp is done with V and P
         if (it + 1 < n_tiles) fd_issue_one<D>(vs, vc16, j0 + FD_KEYS, hi, g, n_head_kv, capacity);
     }
-    la += __shfl_xor_sync(0xffffffffu, la, 1);
-    la += __shfl_xor_sync(0xffffffffu, la, 2);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 1);
-    lb += __shfl_xor_sync(0xffffffffu, lb, 2);
+    quad_sums(la, lb);
     if (tig == 0) {
         rsum[warp][gid] = la;
         rsum[warp][gid + 8] = lb;

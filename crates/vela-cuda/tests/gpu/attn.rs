@@ -132,24 +132,10 @@ fn walk_cache(
     ),
 ) {
     for window in [None, Some(300usize)] {
-        let spec = KvLayerSpec {
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            capacity: window.map_or(2048, |w| w + 512),
-            window,
-        };
+        let spec = kv_spec(nkv, hd, window.map_or(2048, |w| w + 512), window);
         let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
         let mut kc = cpu.map(|c| c.new_kv(std::slice::from_ref(&spec), ty).unwrap());
-        let p = AttnParams {
-            n_head: nh,
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window,
-            softcap: None,
-        };
+        let p = attn_params(nh, nkv, hd, 1.0 / (hd as f32).sqrt(), window, None);
         let mut p0 = 0usize;
         for &n in steps {
             let pos: Vec<u32> = (p0..p0 + n).map(|x| x as u32).collect();

@@ -166,24 +166,10 @@ fn prefill_attention_kernels_match_cpu() {
                 g.set_prefill_attention(mode);
                 g.set_attention_gemm(true);
                 let mut rng = Rng(4040 + mode as u64);
-                let spec = KvLayerSpec {
-                    n_head_kv: nkv,
-                    head_dim_k: hd,
-                    head_dim_v: hd,
-                    capacity: window.map_or(1024, |w| w + 300),
-                    window,
-                };
+                let spec = kv_spec(nkv, hd, window.map_or(1024, |w| w + 300), window);
                 let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
                 let mut kc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
-                let p = AttnParams {
-                    n_head: nh,
-                    n_head_kv: nkv,
-                    head_dim_k: hd,
-                    head_dim_v: hd,
-                    scale: 0.125,
-                    window,
-                    softcap,
-                };
+                let p = attn_params(nh, nkv, hd, 0.125, window, softcap);
                 let mut p0 = 0;
                 for n in [300usize, 260] {
                     let pos: Vec<u32> = (p0..p0 + n).map(|p| p as u32).collect();
@@ -262,13 +248,7 @@ fn prefill_attention_timing() {
     ];
     for (what, nh, nkv, hd, variants) in cases {
         for n in [512usize, 2048] {
-            let spec = KvLayerSpec {
-                n_head_kv: nkv,
-                head_dim_k: hd,
-                head_dim_v: hd,
-                capacity: n,
-                window: None,
-            };
+            let spec = kv_spec(nkv, hd, n, None);
             let mut kg = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
             let pos: Vec<u32> = (0..n as u32).collect();
             let (k, v, q) = (
@@ -277,15 +257,7 @@ fn prefill_attention_timing() {
                 rng.vec(n * nh * hd),
             );
             g.kv_store(&mut kg, 0, &up(&g, &k), &up(&g, &v), &pos);
-            let p = AttnParams {
-                n_head: nh,
-                n_head_kv: nkv,
-                head_dim_k: hd,
-                head_dim_v: hd,
-                scale: 1.0 / (hd as f32).sqrt(),
-                window: None,
-                softcap: None,
-            };
+            let p = attn_params(nh, nkv, hd, 1.0 / (hd as f32).sqrt(), None, None);
             let qg = up(&g, &q);
             let mut og = g.alloc(n * nh * hd);
             let mut line = format!("prefill attention {what} n={n} (us)");
@@ -324,23 +296,9 @@ fn prefill_attention_d512_gemm_matches_plain() {
     }
     let (nh, nkv, hd) = (16usize, 2usize, 512usize);
     for (window, softcap) in [(None, None), (Some(100usize), Some(30.0f32))] {
-        let spec = KvLayerSpec {
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            capacity: 1024,
-            window,
-        };
+        let spec = kv_spec(nkv, hd, 1024, window);
         let mut kv = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
-        let p = AttnParams {
-            n_head: nh,
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            scale: 1.0,
-            window,
-            softcap,
-        };
+        let p = attn_params(nh, nkv, hd, 1.0, window, softcap);
         let mut rng = Rng(512);
         let mut p0 = 0;
         for n in [300usize, 260] {

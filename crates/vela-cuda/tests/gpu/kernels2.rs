@@ -348,24 +348,10 @@ fn split_attention_long_context_matches_cpu() {
                 Some(w) => w + 512,
                 None => 4096,
             };
-            let spec = KvLayerSpec {
-                n_head_kv: nkv,
-                head_dim_k: hd,
-                head_dim_v: hd,
-                capacity: cap,
-                window,
-            };
+            let spec = kv_spec(nkv, hd, cap, window);
             let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
             let mut kc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
-            let p = AttnParams {
-                n_head: nh,
-                n_head_kv: nkv,
-                head_dim_k: hd,
-                head_dim_v: hd,
-                scale: 0.125,
-                window,
-                softcap: None,
-            };
+            let p = attn_params(nh, nkv, hd, 0.125, window, None);
             let mut p0 = 0usize;
             for n in [500usize, 500, 500, 1, 1, 3, 1] {
                 let pos: Vec<u32> = (p0..p0 + n).map(|x| x as u32).collect();
@@ -511,23 +497,9 @@ fn fused_decode_ops_match_cpu() {
         neox: true,
         freq_factors: None,
     };
-    let ap = AttnParams {
-        n_head: nh,
-        n_head_kv: nkv,
-        head_dim_k: hd,
-        head_dim_v: hd,
-        scale: 0.125,
-        window: None,
-        softcap: None,
-    };
+    let ap = attn_params(nh, nkv, hd, 0.125, None, None);
     for ty in [KvType::F32, KvType::F16, KvType::Bf16] {
-        let spec = KvLayerSpec {
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            capacity: 64,
-            window: None,
-        };
+        let spec = kv_spec(nkv, hd, 64, None);
         let mut kvg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
         let mut kvc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
         let mut p0 = 0;
@@ -572,27 +544,13 @@ fn filled_f16_cache(
     n_keys: usize,
     capacity: usize,
 ) -> (vela_cuda::CudaKv, AttnParams, vela_cuda::CudaBuf) {
-    let spec = KvLayerSpec {
-        n_head_kv: nkv,
-        head_dim_k: hd,
-        head_dim_v: hd,
-        capacity,
-        window: None,
-    };
+    let spec = kv_spec(nkv, hd, capacity, None);
     let mut kv = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
     let pos: Vec<u32> = (0..n_keys as u32).collect();
     let k = up(g, &rng.vec(n_keys * nkv * hd));
     let v = up(g, &rng.vec(n_keys * nkv * hd));
     g.kv_store(&mut kv, 0, &k, &v, &pos);
-    let p = AttnParams {
-        n_head: nh,
-        n_head_kv: nkv,
-        head_dim_k: hd,
-        head_dim_v: hd,
-        scale: 1.0 / (hd as f32).sqrt(),
-        window: None,
-        softcap: None,
-    };
+    let p = attn_params(nh, nkv, hd, 1.0 / (hd as f32).sqrt(), None, None);
     (kv, p, up(g, &rng.vec(nh * hd)))
 }
 
@@ -775,13 +733,7 @@ fn fused_rope_store_matches_cpu() {
             (256, 256, true, false),
         ] {
             for ty in [KvType::F16, KvType::F32, KvType::Bf16] {
-                let spec = KvLayerSpec {
-                    n_head_kv: nkv,
-                    head_dim_k: hd,
-                    head_dim_v: hd,
-                    capacity: 64,
-                    window: Some(32),
-                };
+                let spec = kv_spec(nkv, hd, 64, Some(32));
                 let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
                 let mut kc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
                 let p = RopeParams {
@@ -793,15 +745,7 @@ fn fused_rope_store_matches_cpu() {
                         std::sync::Arc::new((0..n_rot / 2).map(|i| 1.0 + i as f32 * 0.25).collect())
                     }),
                 };
-                let ap = AttnParams {
-                    n_head: nh,
-                    n_head_kv: nkv,
-                    head_dim_k: hd,
-                    head_dim_v: hd,
-                    scale: 0.1,
-                    window: Some(32),
-                    softcap: None,
-                };
+                let ap = attn_params(nh, nkv, hd, 0.1, Some(32), None);
                 // 40 tokens, then single decode steps past the 64-slot ring.
                 let mut p0 = 0u32;
                 for n in [40usize, 1, 1, 30, 1] {

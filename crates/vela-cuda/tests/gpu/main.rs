@@ -13,6 +13,42 @@ use vela_cuda::CudaBackend;
 use vela_formats::gguf::GgufFile;
 use vela_formats::quant::GgmlType;
 
+/// A cache layer of `n_head_kv` heads of `head_dim` (keys and values).
+fn kv_spec(
+    n_head_kv: usize,
+    head_dim: usize,
+    capacity: usize,
+    window: Option<usize>,
+) -> KvLayerSpec {
+    KvLayerSpec {
+        n_head_kv,
+        head_dim_k: head_dim,
+        head_dim_v: head_dim,
+        capacity,
+        window,
+    }
+}
+
+/// Attention parameters with keys and values of `head_dim`.
+fn attn_params(
+    n_head: usize,
+    n_head_kv: usize,
+    head_dim: usize,
+    scale: f32,
+    window: Option<usize>,
+    softcap: Option<f32>,
+) -> AttnParams {
+    AttnParams {
+        n_head,
+        n_head_kv,
+        head_dim_k: head_dim,
+        head_dim_v: head_dim,
+        scale,
+        window,
+        softcap,
+    }
+}
+
 fn gpu() -> Option<CudaBackend> {
     match CudaBackend::new(0) {
         Ok(b) => {
@@ -323,25 +359,11 @@ fn attention_case<G: Backend, C: Backend>(
         Some(w) => w + batch,
         None => 64,
     };
-    let spec = KvLayerSpec {
-        n_head_kv: nkv,
-        head_dim_k: hd,
-        head_dim_v: hd,
-        capacity: cap,
-        window,
-    };
+    let spec = kv_spec(nkv, hd, cap, window);
     let specs = [spec.clone(), spec];
     let mut kg = g.new_kv(&specs, ty).unwrap();
     let mut kc = cpu.new_kv(&specs, ty).unwrap();
-    let p = AttnParams {
-        n_head: nh,
-        n_head_kv: nkv,
-        head_dim_k: hd,
-        head_dim_v: hd,
-        scale: 0.125,
-        window,
-        softcap,
-    };
+    let p = attn_params(nh, nkv, hd, 0.125, window, softcap);
     let tag = format!("attention {ty:?} window={window:?} softcap={softcap:?}");
     let step =
         |g_kv: &mut G::Kv, c_kv: &mut C::Kv, p0: usize, n: usize, rng: &mut Rng, what: &str| {

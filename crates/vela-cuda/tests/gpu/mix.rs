@@ -116,13 +116,7 @@ fn qk_norm_rope_store_equals_unfused() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(0x9e70);
     for (hd, nh, nkv, neox) in [(256usize, 4usize, 1usize, true), (128, 16, 8, false)] {
-        let spec = KvLayerSpec {
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            capacity: 64,
-            window: None,
-        };
+        let spec = kv_spec(nkv, hd, 64, None);
         let rope = RopeParams {
             n_rot: hd,
             freq_base: 10000.0,
@@ -132,15 +126,7 @@ fn qk_norm_rope_store_equals_unfused() {
         };
         let (qn, kn) = (up(&g, &rng.vec(hd)), up(&g, &rng.vec(hd)));
         let ones = up(&g, &vec![1.0; hd]);
-        let p = AttnParams {
-            n_head: nh,
-            n_head_kv: nkv,
-            head_dim_k: hd,
-            head_dim_v: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-            window: None,
-            softcap: None,
-        };
+        let p = attn_params(nh, nkv, hd, 1.0 / (hd as f32).sqrt(), None, None);
         let mut kvs = [
             g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap(),
             g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap(),
