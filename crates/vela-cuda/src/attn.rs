@@ -15,7 +15,8 @@ const SPLIT_MAX_PARTS: usize = 32;
 /// at most 128).
 const SPLIT_MAX_PARTS_V3: usize = 128;
 
-/// Most parts of the tensor-core decode attention (`FD_MAX_PARTS` in flash.cu).
+/// Most parts of the tensor-core decode attention (`FD_MAX_PARTS` in flash.cu), which is also
+/// the most `attention_combine` and the tail combine merge (`COMBINE_MAX` in attention.cu).
 const FD_MAX_PARTS: usize = 128;
 
 /// Keys per tile of the tensor-core decode attention (`FD_KEYS` in flash.cu).
@@ -507,13 +508,12 @@ impl CudaBackend {
             ];
             // Opt-in: the second version's last block per (head, token) merges the parts
             // (`attention_part2t_*`, bit-equal to attention_combine) instead of a launch.
-            let parts_max = 128; // COMBINE_MAX in attention.cu
             if self.tail_combine.load(Ordering::Relaxed)
                 && v2
                 && !v3
                 && !d512
                 && p.head_dim_v <= 256
-                && parts <= parts_max
+                && parts <= FD_MAX_PARTS
             {
                 let cq = self.combine_quant(quant, p.head_dim_v);
                 let cnt = self.attn_counters(n_tok * p.n_head);
