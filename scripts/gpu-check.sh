@@ -78,8 +78,6 @@ if [ "$stage" = ops ] || [ "$stage" = all ]; then
   # session 12: grid barrier vs dependent launch (reported); head dim 512 prefill attention
   # through cuBLAS against the plain kernel
   run kernels2::grid_barrier_and_launch_cost gemm::prefill_attention_d512_gemm_matches_plain
-  # session 14 (opt-in until measured): the tail combine against attention_combine
-  run attn::tail_combine_equals_separate
   run --exact gemm::prefill_attention_timing       # us per prefill attention layer (8B: flash vs
                                                    # not; Gemma 4 hd 512: cuBLAS vs plain)
   run --exact gemm::gemm_speed                     # cuBLAS vs integer prefill products, crossover
@@ -104,7 +102,6 @@ if [ "$stage" = model ] || [ "$stage" = all ]; then
   run --exact model::graph_decode_matches_plain      # CUDA graph decode == plain, bit-exact
   run --exact model::pipelined_greedy_matches_plain   # chained greedy steps == plain steps
   run --exact model::prepared_steps_match_plain      # steps recorded ahead == recorded when run
-  run --exact model::tail_fusions_match_plain        # tail norm + tail combine (opt-in) == plain
   run --exact model::pipelining_guards               # chained/recorded-ahead steps refused where unsafe
   run --exact model::smollm2_decode_speed            # tok/s per configuration
 fi

@@ -631,9 +631,6 @@ PART3(2, 8, attention_part3_bf16_g8)
 // The weights of a split-K merge, computed by one warp: lane l takes parts l, l + 32, ... (< S <=
 // COMBINE_MAX) of pr (stride hdv + 2: m at hdv, l at hdv + 1), writes w_s = exp(m_s - M) (0 for an
 // empty part) to wts[s] and returns 1 / L, L = sum of l_s w_s (every lane).
-// CG: the parts were written by other blocks of the running kernel (the tail combine below), so
-// they are read through L2 (`ld.global.cg`), never from a stale L1 or the read-only path.
-template <bool CG = false>
 __device__ __forceinline__ float part_weights(const float* __restrict__ pr, int hdv, int S, float* wts) {
     int l0 = threadIdx.x & 31;
     float ms[COMBINE_MAX / 32], ls[COMBINE_MAX / 32];
@@ -642,8 +639,8 @@ __device__ __forceinline__ float part_weights(const float* __restrict__ pr, int 
     for (int k = 0; k < COMBINE_MAX / 32; k++) {
         int s = l0 + 32 * k;
         const float* ps = pr + (size_t)s * (hdv + 2) + hdv;
-        ms[k] = s < S ? (CG ? __ldcg(ps) : ps[0]) : NEG_INF;
-        ls[k] = s < S ? (CG ? __ldcg(ps + 1) : ps[1]) : 0.0f;
+        ms[k] = s < S ? ps[0] : NEG_INF;
+        ls[k] = s < S ? ps[1] : 0.0f;
         mx = fmaxf(mx, ms[k]);
     }
     float M = warp_max(mx);
@@ -688,77 +685,3 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, flo
         if (aq) q8_block(sum * inv_l, aq + (((size_t)t * n_head + h) * hdv + d) / 32, d & 31);
     }
 }
-
-// ---- tail combine (opt-in: VELA_CUDA_TAIL_COMBINE=1; `attention_part2t_*`) ----
-//
-// attention_part2 whose last block per (head, token) also merges that head's parts, instead of an
-// attention_combine launch after it: every block writes its part record, fences, and counts
-// itself in cnt[t * n_head + h]; the block that counts S runs attention_combine's merge for the
-// head (and resets the counter for the next launch). The merge takes attention_combine's
-// (group gi, dimension d) slots in turn with its G and the same loops, so every sum is formed in
-// the same order: bit-equal to the separate launch. One dependent launch fewer per attention
-// layer. Head dims up to ATT_MAXD; S <= COMBINE_MAX (the host checks). Launch bounds with one
-// block per SM: without it ptxas (CUDA 12.9, sm_90) kept the F16 instance at 40 registers with
-// spills; with it 96-108 registers and none.
-// The merge of the tail combine, run by the last block of (head h, token t).
-__device__ __forceinline__ void tail_merge(const float* pr, float* __restrict__ out,
-                                        AQ8* __restrict__ aq, int n_head, int hdv, int S, int h,
-                                        int t) {
-    __shared__ float wts[COMBINE_MAX];
-    __shared__ float inv_l;
-    __shared__ float red[4 * ATT_MAXD];
-    if (threadIdx.x < 32) {
-        float il = part_weights<true>(pr, hdv, S, wts);
-        if (threadIdx.x == 0) inv_l = il;
-    }
-    __syncthreads();
-    // attention_combine's block: G groups of hdv rounded up to a warp.
-    int hdv32 = (hdv + 31) & ~31;
-    int G = min(1024 / hdv32, 4);
-    for (int i = threadIdx.x; i < G * hdv32; i += blockDim.x) {
-        int gi = i / hdv32, d = i % hdv32;
-        float v = 0.0f;
-        if (d < hdv) {
-#pragma unroll 8
-            for (int s = gi; s < S; s += G) v += __ldcg(pr + (size_t)s * (hdv + 2) + d) * wts[s];
-        }
-        red[gi * hdv32 + d] = v;
-    }
-    __syncthreads();
-    // Whole warps per 32 dimensions, as the first group's warps of attention_combine.
-    for (int d = threadIdx.x; d < hdv32; d += blockDim.x) {
-        if (d < hdv) {
-            float* o = out + ((size_t)t * n_head + h) * hdv;
-            float sum = red[d];
-            for (int g2 = 1; g2 < G; g2++) sum += red[g2 * hdv32 + d];
-            o[d] = sum * inv_l;
-            if (aq) q8_block(sum * inv_l, aq + (((size_t)t * n_head + h) * hdv + d) / 32, d & 31);
-        }
-    }
-}
-template <int KT>
-__device__ void attention_part2_tail(const float* __restrict__ q, const void* __restrict__ kc,
-                                     const void* __restrict__ vc, const u32* __restrict__ pos,
-                                     float* part, int n_head, int n_head_kv, int hdk, int hdv,
-                                     int capacity, int window, float scale, float softcap,
-                                     float* __restrict__ out, AQ8* __restrict__ aq, unsigned* cnt) {
-    __shared__ bool last;
-    attention_part2<KT, ATT_MAXD>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity,
-                                  window, scale, softcap);
-    int h = blockIdx.x, t = blockIdx.y, S = gridDim.z;
-    unsigned* c = cnt + (size_t)t * n_head + h;
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(c, 1u) == (unsigned)S - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    tail_merge(part + ((size_t)t * n_head + h) * S * (hdv + 2), out, aq, n_head, hdv, S, h, t);
-    if (threadIdx.x == 0) *c = 0u;
-}
-#define PART2T(KT, NAME)                                                                           \
-    extern "C" __launch_bounds__(32 * SPLIT_WARPS, 1) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap, float* out, AQ8* aq, unsigned* cnt) { PDL_ENTRY(); \
-        attention_part2_tail<KT>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap, out, aq, cnt); }
-PART2T(0, attention_part2t_f32)
-PART2T(1, attention_part2t_f16)
-PART2T(2, attention_part2t_bf16)

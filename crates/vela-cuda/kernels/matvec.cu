@@ -615,97 +615,6 @@ __device__ __forceinline__ void mv1(const u8* W, const AQ8* X, float* Y, int row
     else mv32<T, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
 }
 
-// ---- tail norm (opt-in: VELA_CUDA_TAIL_NORM=1; `mv_*_n`, `mv_*_r2n`) ----
-//
-// A single-weight product (the o and down projections) whose output y is the residual of the
-// next pre-norm: instead of a norm_q8*_regs launch after it, the product's last block does that
-// kernel's work (x += y, h = x / rms(x) * w, the activation blocks for the next product): every
-// block fences and counts itself in *cnt after storing its rows; the block that counts gridDim.x
-// resets the counter and runs norm_quant_regs's arithmetic with its "virtual threads" of 8
-// elements (that kernel's blockDim = width / 8 rounded up to a warp; real warp w takes virtual
-// warps w, w + 4, ...), the same double sums through the same warp_sum_d trees and the same
-// quantization groups: bit-equal to the separate launch. y, written by other blocks of this
-// kernel, is read through L2 (`__ldcg`). k: 0 Q8 blocks, 1 Q8_K blocks (width % 256 == 0).
-// Widths up to 8192 (norm_q8*_regs's limit; the host checks), one row.
-__device__ __forceinline__ void tn_load(const float* x, const float* y, int t, float (&v)[8]) {
-    float4 x0 = ((const float4*)x)[2 * t], x1 = ((const float4*)x)[2 * t + 1];
-    float4 r0 = __ldcg((const float4*)y + 2 * t), r1 = __ldcg((const float4*)y + 2 * t + 1);
-    v[0] = x0.x; v[1] = x0.y; v[2] = x0.z; v[3] = x0.w;
-    v[4] = x1.x; v[5] = x1.y; v[6] = x1.z; v[7] = x1.w;
-    v[0] += r0.x; v[1] += r0.y; v[2] += r0.z; v[3] += r0.w;
-    v[4] += r1.x; v[5] += r1.y; v[6] += r1.z; v[7] += r1.w;
-}
-__device__ void tail_norm(const float* y, float* x, const float* __restrict__ w,
-                          float* __restrict__ h, u8* __restrict__ act, int width, float eps, int k,
-                          unsigned* cnt) {
-    __shared__ bool last;
-    __shared__ double part[32];
-    __threadfence();
-    __syncthreads();
-    if (threadIdx.x == 0) last = atomicAdd(cnt, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
-    int nvw = (width / 8 + 31) / 32;
-    for (int vw = warp; vw < nvw; vw += nw) {
-        int t = vw * 32 + lane;
-        double s = 0.0;
-        if (8 * t < width) {
-            float v[8];
-            tn_load(x, y, t, v);
-#pragma unroll
-            for (int e = 0; e < 8; e++) s += (double)(v[e] * v[e]);
-        }
-        s = warp_sum_d(s);
-        if (lane == 0) part[vw] = s;
-    }
-    __syncthreads();
-    // block_sum_d's second stage over norm_q8_regs's warps.
-    if (warp == 0) {
-        double t = lane < nvw ? part[lane] : 0.0;
-        t = warp_sum_d(t);
-        if (lane == 0) part[0] = t;
-    }
-    __syncthreads();
-    float mean = (float)(part[0] / (double)width);
-    float scale = 1.0f / sqrtf(mean + eps);
-    for (int vw = warp; vw < nvw; vw += nw) {
-        int t = vw * 32 + lane;
-        bool on = 8 * t < width;
-        float v[8], wv[8], hv[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) v[e] = wv[e] = 0.0f;
-        if (on) {
-            tn_load(x, y, t, v);
-            float4 w0 = ((const float4*)w)[2 * t], w1 = ((const float4*)w)[2 * t + 1];
-            wv[0] = w0.x; wv[1] = w0.y; wv[2] = w0.z; wv[3] = w0.w;
-            wv[4] = w1.x; wv[5] = w1.y; wv[6] = w1.z; wv[7] = w1.w;
-            ((float4*)x)[2 * t] = make_float4(v[0], v[1], v[2], v[3]);
-            ((float4*)x)[2 * t + 1] = make_float4(v[4], v[5], v[6], v[7]);
-        }
-#pragma unroll
-        for (int e = 0; e < 8; e++) hv[e] = (v[e] * scale) * wv[e];
-        if (on) {
-            ((float4*)h)[2 * t] = make_float4(hv[0], hv[1], hv[2], hv[3]);
-            ((float4*)h)[2 * t + 1] = make_float4(hv[4], hv[5], hv[6], hv[7]);
-        }
-        if (k == 0) {
-            // As norm_quant_regs (K = 0): lanes 4g..4g+3 hold Q8 block g of the virtual warp.
-            q8_lanes8(hv, (AQ8*)act + t / 4, t & 3, on);
-        } else if (on) {
-            q8k_block(hv, (AQ8K*)act + vw, lane);
-        }
-    }
-    if (threadIdx.x == 0) *cnt = 0u;
-}
-#define MV_TN_ARGS float* nx, const float* nw, float* nh, u8* nact, int width, float eps, int nk, unsigned* cnt
-#define MV_TN(NAME, A, FN, ...)                                                                    \
-    extern "C" __global__ void NAME(const u8* W, const A* X, float* Y, int rows, int nb, int split, MV_TN_ARGS) { MV_ENTRY(); \
-        FN<__VA_ARGS__>(W, X, Y, rows, nb, blockIdx.x, split); tail_norm(Y, nx, nw, nh, nact, width, eps, nk, cnt); }
-#define MV_TN32(T, NAME) MV_TN(NAME##_n, AQ8, mv1, T, 1) MV_TN(NAME##_r2n, AQ8, mv1, T, 2, false, true)
-#define MV_TNK(T, NAME) MV_TN(NAME##_n, AQ8K, mvk1, T, MVU_K, 1) MV_TN(NAME##_r2n, AQ8K, mvk1, T, MVU_K_R2, 2)
-
 // Up to three one-token products of the same type sharing the activations (Q/K/V, gate/up) in
 // one launch: the first ceil(r0 / rows per block) blocks compute W0, the next ceil(r1 / ...) W1,
 // the rest W2 (r2 may be 0). R rows per warp as in mv32/mvk.
@@ -751,17 +660,6 @@ MVK(14, mv_q6_k)
 MVK(112, mv_q4_ks)
 MVK(114, mv_q6_ks)
 // The tail-norm versions of every single-weight product (one and two rows per warp).
-MV_TN32(2, mv_q4_0)
-MV_TN32(102, mv_q4_0s)
-MV_TN32(3, mv_q4_1)
-MV_TN32(6, mv_q5_0)
-MV_TN32(7, mv_q5_1)
-MV_TN32(8, mv_q8_0)
-MV_TNK(12, mv_q4_k)
-MV_TNK(13, mv_q5_k)
-MV_TNK(14, mv_q6_k)
-MV_TNK(112, mv_q4_ks)
-MV_TNK(114, mv_q6_ks)
 
 // ---- two or three one-token products of different weight types in one launch (opt-in) ----
 //

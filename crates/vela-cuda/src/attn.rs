@@ -506,28 +506,6 @@ impl CudaBackend {
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
             ];
-            // Opt-in: the second version's last block per (head, token) merges the parts
-            // (`attention_part2t_*`, bit-equal to attention_combine) instead of a launch.
-            if self.tail_combine.load(Ordering::Relaxed)
-                && v2
-                && !v3
-                && !d512
-                && p.head_dim_v <= 256
-                && parts <= FD_MAX_PARTS
-            {
-                let cq = self.combine_quant(quant, p.head_dim_v);
-                let cnt = self.attn_counters(n_tok * p.n_head);
-                let mut args = args.to_vec();
-                args.extend([
-                    Arg::P(self.ptr(out)),
-                    Arg::P(cq.map_or(0, |q| q.1)),
-                    Arg::P(cnt),
-                ]);
-                let name = format!("attention_part2t_{}", kv_suffix(kv.ty));
-                let grid = (p.n_head as u32, n_tok as u32, parts as u32);
-                self.launch(&name, grid, 32 * SPLIT_WARPS, &args);
-                return cq.is_some();
-            }
             // All part kernels take the same arguments; the third version runs one block per KV
             // head.
             let (name, grid, block) = if v3 {
@@ -616,11 +594,6 @@ impl CudaBackend {
     /// Device address of the split-K partials buffer, grown to at least `len` floats.
     fn attn_partials(&self, len: usize) -> u64 {
         self.grown_zeroed(&self.attn_part, len, "attention partials")
-    }
-
-    /// Zeroed counters of the tail combine (at least `len`); the kernels leave them at zero.
-    fn attn_counters(&self, len: usize) -> u64 {
-        self.grown_zeroed(&self.attn_cnt, len, "attention counters")
     }
 
     /// Device address of the buffer in `m`, replaced by a zeroed one of at least `len` elements

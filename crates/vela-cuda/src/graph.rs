@@ -76,8 +76,6 @@ pub(crate) struct Recorder {
     /// L2 prefetch of each product's weights in captured steps (l2pf.rs): its budget, and the
     /// side stream that runs it.
     pub l2pf: crate::l2pf::PfBudget,
-    /// Norms folded by the tail norm (GraphStats::tail_norms).
-    pub tail_norms: u64,
     pub side: Option<std::sync::Arc<cudarc::driver::CudaStream>>,
 }
 
@@ -116,12 +114,10 @@ pub struct GraphStats {
     pub replay_launches: u64,
     /// Steps launched from a recording made ahead (`Backend::decode_step_prepare`).
     pub prepared: u64,
-    /// Pre-norms folded into the product before them while recording (tailnorm.rs).
-    pub tail_norms: u64,
 }
 
 impl CudaBackend {
-    pub(crate) fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
+    fn recorder(&self) -> std::sync::MutexGuard<'_, Recorder> {
         self.rec.lock().unwrap_or_else(|e| e.into_inner())
     }
 
@@ -142,7 +138,6 @@ impl CudaBackend {
             plain: r.plain,
             replay_host_ns: r.replay_host_ns,
             replay_launches: r.replay_launches,
-            tail_norms: r.tail_norms,
             prepared: r.prepared,
         }
     }

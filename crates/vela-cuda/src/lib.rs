@@ -23,7 +23,6 @@ mod matmul;
 pub mod nvrtc;
 mod profile;
 pub mod sample;
-mod tailnorm;
 pub use sync_cost::SyncCost;
 mod switches;
 mod sync_cost;
@@ -171,13 +170,6 @@ pub struct CudaBackend {
     split_attn: AtomicBool,
     /// Partial results of the split-K attention.
     attn_part: Mutex<CudaSlice<f32>>,
-    /// The tail combine (`attention_part2t_*`, opt-in `VELA_CUDA_TAIL_COMBINE=1`) and its
-    /// per-(token, head) counters.
-    tail_combine: AtomicBool,
-    attn_cnt: Mutex<CudaSlice<u32>>,
-    /// The tail norm (tailnorm.rs, opt-in `VELA_CUDA_TAIL_NORM=1`) and its block counter.
-    tail_norm: AtomicBool,
-    norm_cnt: CudaSlice<u32>,
     /// Decode-step graphs (`VELA_CUDA_GRAPH`, default on).
     graphs_on: AtomicBool,
     rec: Mutex<graph::Recorder>,
@@ -353,8 +345,6 @@ impl CudaBackend {
         let argmax_out = stream.alloc_zeros::<u32>(1)?;
         let argmax_cand = stream.alloc_zeros::<f32>(2)?;
         let attn_part = stream.alloc_zeros::<f32>(1)?;
-        let attn_cnt = stream.alloc_zeros::<u32>(1)?;
-        let norm_cnt = stream.alloc_zeros::<u32>(1)?;
         let fdec = attn::FlashDecode::new(&ctx)?;
         let env = |k: &str| std::env::var(k).unwrap_or_default();
         let (nm, nn) = nvrtc.version()?;
@@ -377,10 +367,6 @@ impl CudaBackend {
             norm_fold: AtomicBool::new(env("VELA_CUDA_NORM_FOLD") != "0"),
             split_attn: AtomicBool::new(env("VELA_CUDA_ATTN") != "old"),
             attn_part: Mutex::new(attn_part),
-            tail_combine: AtomicBool::new(env("VELA_CUDA_TAIL_COMBINE") == "1"),
-            attn_cnt: Mutex::new(attn_cnt),
-            tail_norm: AtomicBool::new(env("VELA_CUDA_TAIL_NORM") == "1"),
-            norm_cnt,
             graphs_on: AtomicBool::new(
                 env("VELA_CUDA_GRAPH") != "0" && env("VELA_CUDA_PROFILE") != "1",
             ),

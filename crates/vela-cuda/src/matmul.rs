@@ -225,17 +225,13 @@ impl CudaBackend {
                 &args,
             );
         } else if self.norm_regs_ok(width, &[self.ptr(&*x), rp, self.ptr(w), self.ptr(&*h), ap]) {
-            // (Opt-in: done by the last block of the product that wrote the residual.)
-            let tail = n_rows == 1 && rp != 0 && self.tail_norm_fuse(rp, &args, kind, width);
             let threads = (width / 8).next_multiple_of(32) as u32;
-            if !tail {
-                self.launch(
-                    &format!("{name}_regs"),
-                    (n_rows as u32, 1, 1),
-                    threads,
-                    &args,
-                );
-            }
+            self.launch(
+                &format!("{name}_regs"),
+                (n_rows as u32, 1, 1),
+                threads,
+                &args,
+            );
         } else {
             let threads = width.clamp(32, 1024) as u32;
             self.launch(name, (n_rows as u32, 1, 1), threads, &args);

@@ -59,23 +59,6 @@ impl CudaBackend {
         self.attn_part_v2.store(on, Ordering::Relaxed);
     }
 
-    /// The split-K attention's parts merged by their last block (`attention_part2t_*`) instead
-    /// of an `attention_combine` launch (default: off unless `VELA_CUDA_TAIL_COMBINE=1`).
-    pub fn set_tail_combine(&self, on: bool) {
-        self.drop_parked();
-        self.flush_recording();
-        self.tail_combine.store(on, Ordering::Relaxed);
-    }
-
-    /// The one-row pre-norm after an o/down product done by that product's last block
-    /// (tailnorm.rs) instead of a `norm_q8*_regs` launch (default: off unless
-    /// `VELA_CUDA_TAIL_NORM=1`; recorded decode steps only).
-    pub fn set_tail_norm(&self, on: bool) {
-        self.drop_parked();
-        self.flush_recording();
-        self.tail_norm.store(on, Ordering::Relaxed);
-    }
-
     /// Programmatic dependent launch on or off (only takes effect on sm_90 and newer).
     pub fn set_pdl(&self, on: bool) {
         self.drop_parked();
