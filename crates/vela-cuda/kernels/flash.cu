@@ -263,8 +263,8 @@ FLASH(2, 256, 32, flash_bf16_d256)
 // that merge was the kernel's tail (the SMs active 59 % of its cycles in ncu): Llama-3-8B Q4_0
 // tg128 at depth 8,192 on the H200 407 t/s with the separate combine vs 382 fused, and the
 // Q4_K_M 8B 358–360 vs 343–344 (session 11); removed. Shared memory is dynamic (dyn_smem in
-// src/kernels.rs). Needs sm_80+, an f16/bf16 cache, hdk == hdv == D (64, 128; 256 opt-in), G <= 16,
-// S <= 128 (the host checks). Q and P are rounded to the cache type (as in flash_prefill); not
+// src/kernels.rs). Needs sm_80+, an f16/bf16 cache, hdk == hdv == D (64, 128, 256; 512 has its
+// own kernel below), G <= 16, S <= 128 (the host checks). Q and P are rounded to the cache type (as in flash_prefill); not
 // used in exact mode.
 #define FD_KEYS 64
 #ifdef FD_ONE_STAGE
@@ -544,7 +544,7 @@ FLASH_DECODE(2, 128, flash_decode_bf16_d128)
 FLASH_DECODE(1, 256, flash_decode_f16_d256)
 FLASH_DECODE(2, 256, flash_decode_bf16_d256)
 
-// ---- tensor-core decode attention for head dim 512 (Gemma 4's full layers; opt-in) ----
+// ---- tensor-core decode attention for head dim 512 (Gemma 4's full layers) ----
 //
 // flash_decode holds a warp's O for all D columns in registers (D / 2 floats per thread), which
 // does not fit at D = 512. Here the block shares one online softmax: per 64-key tile, warp w
@@ -555,7 +555,7 @@ FLASH_DECODE(2, 256, flash_decode_bf16_d256)
 // tile's K is issued once every warp has its S, its V once P V is done. Same part records as
 // flash_decode (merged by attention_combine); same launch (grid KV heads x tokens x parts).
 // Dynamic shared memory: Q 16 x 520, K and V 64 x 520, P 16 x 72 elements (152,064 bytes).
-// VELA_CUDA_FD_D512=1 until measured on a GPU.
+// Default since session 14 (VELA_CUDA_FD_D512=0 turns it off; measured in src/attn.rs).
 #define FD5_D 512
 #define FD5_LD (FD5_D + 8)
 #define FD5_PLD (FD_KEYS + 8)

@@ -49,11 +49,12 @@ pub(crate) struct FlashDecode {
     /// The grid's parts: one per 64-key tile of capacity (`VELA_CUDA_FD_GRID=tiles`; before
     /// session 10) instead of one per `min_tiles` tiles.
     grid_per_tile: bool,
-    /// Head dim 256 too (`flash_decode_*_d256`; opt-in, `VELA_CUDA_FD_D256=1`,
-    /// `set_flash_decode_d256`), from `min_keys` keys only. Session 14: the real Gemma 3 270M
-    /// (one KV head) tg128 at 8K 1,428.0 / 1,423.7 / 1,427.6 vs 1,274.5 / 1,274.9 / 1,274.0 t/s
-    /// (one call); Gemma 4 12B's sliding layers (1,024 keys, taken through `min_blocks` then)
-    /// slower: 199.1 / 200.6 vs 203.6 / 204.0 at 8K, hence the key floor.
+    /// Head dim 256 too (`flash_decode_*_d256`; default on, `VELA_CUDA_FD_D256=0` /
+    /// `set_flash_decode_d256` turn it off), from `min_keys` keys only. The real Gemma 3 270M
+    /// (one KV head) tg128 at 8K: 1,428.0 / 1,423.7 / 1,427.6 vs 1,274.5 / 1,274.9 / 1,274.0 t/s
+    /// (session 14), 1,430.2 / 1,427.6 / 1,429.4 vs 1,277.1 / 1,277.0 / 1,277.3 (session 15);
+    /// Gemma 4 12B's sliding layers (1,024 keys, taken through `min_blocks` then) were slower
+    /// (199.1 / 200.6 vs 203.6 / 204.0 at 8K), hence the key floor: with it 230.7 vs 230.1.
     pub(crate) d256: AtomicBool,
     /// Head dim 512 too (`flash_decode_*_d512`, Gemma 4's full layers; default on,
     /// `VELA_CUDA_FD_D512=0` / `set_flash_decode_d512` turn it off). Gemma 4 12B Q4_0 tg128 at
@@ -92,7 +93,7 @@ impl FlashDecode {
             combine_q8: num("VELA_CUDA_COMBINE_Q8", 1) != 0,
             min_blocks: num("VELA_CUDA_FD_MIN_BLOCKS", 32),
             grid_per_tile: std::env::var("VELA_CUDA_FD_GRID").is_ok_and(|v| v == "tiles"),
-            d256: AtomicBool::new(num("VELA_CUDA_FD_D256", 0) == 1),
+            d256: AtomicBool::new(num("VELA_CUDA_FD_D256", 1) == 1),
             d512: AtomicBool::new(num("VELA_CUDA_FD_D512", 1) == 1),
             fits: {
                 let optin = smem_optin(ctx);
@@ -353,8 +354,8 @@ impl CudaBackend {
         self.fdec.min_keys.store(n, Ordering::Relaxed);
     }
 
-    /// The tensor-core decode attention also for head dim 256 (default: off unless
-    /// `VELA_CUDA_FD_D256=1`).
+    /// The tensor-core decode attention also for head dim 256 (default: on unless
+    /// `VELA_CUDA_FD_D256=0`).
     pub fn set_flash_decode_d256(&self, on: bool) {
         self.drop_parked();
         self.flush_recording();

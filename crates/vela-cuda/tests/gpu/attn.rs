@@ -22,9 +22,10 @@ fn fused_attention_matmul_equals_unfused() {
         eprintln!("tensor-core decode attention head dims: {dims:?}");
         fused_attention_matmul_case(&g, flash);
     }
+    // (The defaults.)
     g.set_flash_decode_min_keys(1536);
-    g.set_flash_decode_d256(false);
-    g.set_flash_decode_d512(false);
+    g.set_flash_decode_d256(true);
+    g.set_flash_decode_d512(true);
 }
 
 fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
