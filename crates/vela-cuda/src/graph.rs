@@ -395,7 +395,9 @@ impl CudaBackend {
             r.cache.push(entry);
             return;
         }
-        let pf = self.l2pf_side(r);
+        let pf = crate::l2pf::step_prefetches(&ops, r.l2pf)
+            .then(|| self.l2pf_side(r))
+            .flatten();
         let graph = match self.capture(&ops, pf.as_deref().map(|s| (s, r.l2pf))) {
             Ok(g) => g.launch().is_ok().then_some(g),
             Err(e) => {

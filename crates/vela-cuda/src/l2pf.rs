@@ -31,12 +31,21 @@ const PF_BYTES_PER_BLOCK: u64 = 256 * 128 * 8;
 const PF_MAX_BLOCKS: u64 = 64;
 
 /// What each product's prefetch asks for: at most `most` bytes (0: no prefetch) of the next
-/// product's weights, and only when they total at least `min` bytes.
+/// product's weights, and only when they total at least `min` bytes; steps whose products read
+/// less than `step_min` bytes in all get no prefetch (see [`step_prefetches`]).
 #[derive(Clone, Copy, Default, Debug, PartialEq)]
 pub(crate) struct PfBudget {
     pub most: u64,
     pub min: u64,
+    pub step_min: u64,
 }
+
+/// Default of `PfBudget::step_min` (`VELA_CUDA_L2PF_STEP_MIN`, MiB): SmolLM2-135M (about 90 MB
+/// of weights per token) decodes faster without the side branch: tg128 1,668 / 1,673 / 1,671
+/// with it vs 1,719 / 1,716 / 1,721 without (real model, suite of session 15, 3 rounds; the
+/// synth geometry 1,674 / 1,675 vs 1,707 / 1,704), while Qwen2.5-0.5B (about 390 MB) gains
+/// (1,457 / 1,456 / 1,453 vs 1,415 / 1,417 / 1,414) and Gemma 3 270M is unchanged.
+const STEP_MIN_MIB: u64 = 128;
 
 impl Recorder {
     /// A recorder with the prefetch budget of `VELA_CUDA_L2PF` (MiB; default 4, 0: off) and
@@ -53,6 +62,7 @@ impl Recorder {
             l2pf: PfBudget {
                 most: num("VELA_CUDA_L2PF", 4) << 20,
                 min: num("VELA_CUDA_L2PF_MIN", 0) << 10,
+                step_min: num("VELA_CUDA_L2PF_STEP_MIN", STEP_MIN_MIB) << 20,
             },
             ..Default::default()
         }
@@ -131,6 +141,13 @@ impl CudaBackend {
     }
 }
 
+/// Whether a step of `ops` gets the prefetch: its launches' weights total at least
+/// `budget.step_min` bytes.
+pub(crate) fn step_prefetches(ops: &[Launch], budget: PfBudget) -> bool {
+    let total: u64 = ops.iter().flat_map(|o| o.weights.iter().map(|w| w.1)).sum();
+    total >= budget.step_min
+}
+
 /// The `prefetch_l2` launches (address, bytes, blocks) after `ops[i]`: none unless `ops[i]` is a
 /// product (has weights) and a later product exists whose weights total at least `budget.min`;
 /// else the first `budget.most` bytes of the next product's weights, in the order of its weights.
@@ -173,7 +190,10 @@ mod tests {
     }
 
     fn b(most: u64) -> PfBudget {
-        PfBudget { most, min: 0 }
+        PfBudget {
+            most,
+            ..Default::default()
+        }
     }
 
     #[test]
@@ -211,8 +231,12 @@ mod tests {
         // A tiny range still gets one block.
         assert_eq!(prefetch_plan(&ops2, 0, b(100)), vec![(0x1000, 100, 1)]);
         // `min`: only next products whose weights total at least that much (5 MiB here).
-        let at = |min| prefetch_plan(&ops2, 0, PfBudget { most: M, min });
+        let at = |min| prefetch_plan(&ops2, 0, PfBudget { min, ..b(M) });
         assert_eq!(at(5 * M), vec![(0x1000, M, 4)]);
         assert!(at(5 * M + 1).is_empty());
+        // `step_min`: the step's weights (25 MiB here) decide whether it prefetches at all.
+        let step = |step_min| step_prefetches(&ops, PfBudget { step_min, ..b(M) });
+        assert!(step(0) && step(25 * M));
+        assert!(!step(25 * M + 1));
     }
 }
