@@ -373,6 +373,52 @@ extern "C" __global__ void launch_chain_link(unsigned* x) {
     PDL_ENTRY();
     if (threadIdx.x == 0) x[blockIdx.x] += 1;
 }
+// The same chain with counter edges: link k (k >= 2) lets the next link launch at its entry and
+// then waits until every block of link k - 1 has counted itself in cnt[k - 1] (a release add
+// after its write; an acquire load here), instead of griddepcontrol.wait's whole-grid
+// completion. Link 1 waits as every kernel does (after flag_chain_reset), then lets the next
+// launch. The next link launches only once every block of this one has started, so the blocks
+// waited on are resident: no deadlock. Block b checks that x[b] holds k - 1 (mod n) before adding
+// 1 (else err[0] += 1). sm_70+ (acquire/release); the host measures on sm_90 only.
+__device__ __forceinline__ unsigned ld_acquire_u32(const unsigned* p) {
+    unsigned v;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+#else
+    v = *(const volatile unsigned*)p;
+    __threadfence();
+#endif
+    return v;
+}
+__device__ __forceinline__ void red_release_add_u32(unsigned* p, unsigned v) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 700
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+#else
+    __threadfence();
+    atomicAdd(p, v);
+#endif
+}
+extern "C" __global__ void flag_chain_reset(unsigned* cnt, int n) {
+    PDL_ENTRY();
+    for (int i = threadIdx.x; i <= n; i += blockDim.x) cnt[i] = 0u;
+}
+extern "C" __global__ void flag_chain_link(unsigned* x, unsigned* cnt, int k, int n, unsigned* err) {
+    if (k == 1) {
+        PDL_ENTRY();
+    } else {
+        pdl_trigger();
+        if (threadIdx.x == 0)
+            while (ld_acquire_u32(cnt + k - 1) < gridDim.x) {
+            }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) {
+        unsigned v = x[blockIdx.x];
+        if (v % (unsigned)n != (unsigned)(k - 1)) atomicAdd(err, 1u);
+        x[blockIdx.x] = v + 1;
+        red_release_add_u32(cnt + k, 1u);
+    }
+}
 // L2 prefetch hint for `bytes` bytes from p, one 128-byte line per thread and step, the front
 // first (l2pf.rs: a side branch of a captured decode step asks for the next product's weights
 // while the short kernels before it run). Reads and writes nothing. (A bulk version,

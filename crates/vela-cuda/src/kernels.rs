@@ -193,6 +193,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "rms_norm",
             "grid_barrier_test",
             "launch_chain_link",
+            "flag_chain_reset",
+            "flag_chain_link",
             "prefetch_l2",
             "rope",
             "rope_qk",

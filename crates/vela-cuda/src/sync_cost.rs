@@ -1,6 +1,8 @@
 //! Measurement for the persistent-kernel design (docs/cuda.md): what one grid-wide barrier
 //! (`grid_barrier` in kernels/common.cu) costs inside a resident grid, against one dependent
-//! launch in a captured graph with programmatic dependent launch, the way decode steps run.
+//! launch in a captured graph with programmatic dependent launch, the way decode steps run, and
+//! against one counter edge (`flag_chain_link`: the next kernel launched early waits on a counter
+//! the previous one's blocks release, not on the whole grid's completion).
 
 use crate::graph::Launch;
 use crate::{Arg, CudaBackend};
@@ -18,6 +20,9 @@ pub struct SyncCost {
     pub barrier_us: f64,
     /// One dependent launch of the same grid in a replayed graph of n launches.
     pub launch_us: f64,
+    /// One launch of the same grid in a replayed graph of n + 1 launches chained by counter
+    /// edges (one reset launch, then n links).
+    pub flag_us: f64,
 }
 
 impl CudaBackend {
@@ -77,16 +82,60 @@ impl CudaBackend {
         if e[0] != 0 {
             bail!("grid barrier let {} block reads through early", e[0]);
         }
+        let link = |name: &str, grid: u32, args: Vec<Arg>| Launch {
+            name: name.into(),
+            grid: (grid, 1, 1),
+            block: threads,
+            args,
+            weights: Vec::new(),
+        };
         let ops: Vec<Launch> = (0..n)
-            .map(|_| Launch {
-                name: "launch_chain_link".into(),
-                grid: (blocks, 1, 1),
-                block: threads,
-                args: vec![Arg::P(px)],
-                weights: Vec::new(),
-            })
+            .map(|_| link("launch_chain_link", blocks, vec![Arg::P(px)]))
             .collect();
-        let graph = self.capture(&ops, None)?;
+        let launch = self.graph_time(&ops, reps)?;
+        self.check_counts(&x, blocks, reps * n, "launch chain")?;
+        // Counter edges: a reset, then n links on their own x.
+        let cnt = s.alloc_zeros::<u32>(n as usize + 1).context("alloc")?;
+        let x2 = s.alloc_zeros::<u32>(blocks as usize).context("alloc")?;
+        let (pc, px2) = (self.ptr(&cnt), self.ptr(&x2));
+        let mut ops = vec![link(
+            "flag_chain_reset",
+            1,
+            vec![Arg::P(pc), Arg::I(n as i32)],
+        )];
+        for k in 1..=n {
+            let args = vec![
+                Arg::P(px2),
+                Arg::P(pc),
+                Arg::I(k as i32),
+                Arg::I(n as i32),
+                Arg::P(pe),
+            ];
+            ops.push(link("flag_chain_link", blocks, args));
+        }
+        let flag = self.graph_time(&ops, reps)?;
+        s.memcpy_dtoh(&err, &mut e).context("read back")?;
+        if e[0] != 0 {
+            bail!(
+                "counter chain: {} block(s) ran before their predecessor",
+                e[0]
+            );
+        }
+        self.check_counts(&x2, blocks, reps * n, "counter chain")?;
+        Ok(SyncCost {
+            blocks,
+            threads,
+            barrier_us: (t2 - t1) / n as f64 * 1e6,
+            launch_us: launch / n as f64 * 1e6,
+            flag_us: flag / (n + 1) as f64 * 1e6,
+        })
+    }
+}
+
+impl CudaBackend {
+    /// Best wall time of `reps` replays of the graph of `ops` (captured once).
+    fn graph_time(&self, ops: &[Launch], reps: u32) -> Result<f64> {
+        let graph = self.capture(ops, None)?;
         let mut best = f64::MAX;
         for _ in 0..reps {
             self.synchronize()?;
@@ -95,20 +144,25 @@ impl CudaBackend {
             self.synchronize()?;
             best = best.min(t.elapsed().as_secs_f64());
         }
+        Ok(best)
+    }
+
+    /// Every block's count in `x` equals `want`.
+    fn check_counts(
+        &self,
+        x: &cudarc::driver::CudaSlice<u32>,
+        blocks: u32,
+        want: u32,
+        what: &str,
+    ) -> Result<()> {
         let mut xs = vec![0u32; blocks as usize];
-        s.memcpy_dtoh(&x, &mut xs).context("read back")?;
-        if xs.iter().any(|&v| v != reps * n) {
+        self.stream.memcpy_dtoh(x, &mut xs).context("read back")?;
+        if xs.iter().any(|&v| v != want) {
             bail!(
-                "launch chain: a block counted {:?}, expected {}",
-                xs.iter().min(),
-                reps * n
+                "{what}: a block counted {:?}, expected {want}",
+                xs.iter().min()
             );
         }
-        Ok(SyncCost {
-            blocks,
-            threads,
-            barrier_us: (t2 - t1) / n as f64 * 1e6,
-            launch_us: best / n as f64 * 1e6,
-        })
+        Ok(())
     }
 }

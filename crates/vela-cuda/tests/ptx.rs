@@ -1,4 +1,7 @@
-//! Compiles every kernel group to PTX for `compute_90` with NVRTC alone (no GPU, no driver).
+//! Compiles every kernel group to PTX with NVRTC alone (no GPU, no driver): for `compute_90`
+//! (the H200), and for the oldest architecture the backend accepts (`compute_61`: dp4a) and
+//! `compute_80`, so every architecture guard (tensor cores, cp.async, PDL, acquire/release)
+//! compiles on both sides. (`VELA_PTX_ARCHS=90,...` picks others.)
 //!
 //! NVRTC is located like the backend does (`VELA_NVRTC_LIB`, then standard names, see
 //! `vela_cuda::nvrtc::candidates`). Without it the test is skipped with a message, unless
@@ -24,13 +27,20 @@ fn every_kernel_group_compiles_to_ptx() {
     let (ma, mi) = nvrtc.version().unwrap();
     eprintln!("NVRTC {ma}.{mi} from {}", nvrtc.path);
     let mut failures = Vec::new();
-    for (name, src) in GROUPS {
-        match nvrtc.compile(&source(src), &format!("{name}.cu"), Target::Ptx(90)) {
+    let archs: Vec<u32> = std::env::var("VELA_PTX_ARCHS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|a| a.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![90, 80, 61]);
+    for (arch, (name, src)) in archs
+        .iter()
+        .flat_map(|&a| GROUPS.iter().map(move |g| (a, g)))
+    {
+        match nvrtc.compile(&source(src), &format!("{name}.cu"), Target::Ptx(arch)) {
             Ok(ptx) => {
                 let text = String::from_utf8_lossy(&ptx);
                 assert!(
-                    text.contains(".target sm_90"),
-                    "{name}: unexpected PTX target"
+                    text.contains(&format!(".target sm_{arch}")),
+                    "{name}: unexpected PTX target (wanted sm_{arch})"
                 );
                 // Every extern "C" kernel of the source must be in the PTX.
                 for line in src.lines() {
@@ -56,16 +66,16 @@ fn every_kernel_group_compiles_to_ptx() {
                         "{name}: kernel {k} missing"
                     );
                 }
-                eprintln!("{name}: {} bytes of PTX", ptx.len());
-                // `VELA_PTX_DUMP=<dir>`: the PTX of each group as <dir>/<group>.ptx (to read
-                // registers and spills with `ptxas -arch=sm_90 -v`, e.g. from PyPI's
+                eprintln!("{name}: {} bytes of PTX for sm_{arch}", ptx.len());
+                // `VELA_PTX_DUMP=<dir>`: the sm_90 PTX of each group as <dir>/<group>.ptx (to
+                // read registers and spills with `ptxas -arch=sm_90 -v`, e.g. from PyPI's
                 // nvidia-cuda-nvcc-cu12).
-                if let Some(dir) = std::env::var_os("VELA_PTX_DUMP") {
+                if let Some(dir) = std::env::var_os("VELA_PTX_DUMP").filter(|_| arch == 90) {
                     let path = std::path::Path::new(&dir).join(format!("{name}.ptx"));
                     std::fs::write(&path, &ptx).unwrap();
                 }
             }
-            Err(e) => failures.push(format!("{e:#}")),
+            Err(e) => failures.push(format!("sm_{arch}: {e:#}")),
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));

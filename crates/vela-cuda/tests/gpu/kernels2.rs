@@ -886,15 +886,16 @@ fn split_rows_equal_gguf_layout() {
 }
 
 /// The grid barrier of persistent kernels: no block passes early (`grid_barrier_test` counts
-/// early reads), and what one barrier costs against one dependent launch in a replayed graph.
+/// early reads), and what one barrier costs against one dependent launch in a replayed graph and
+/// one counter edge (`flag_chain_link`; no link may run before its predecessor, which it checks).
 #[test]
 fn grid_barrier_and_launch_cost() {
     let Some(g) = gpu() else { return };
     for (per_sm, threads) in [(1u32, 256u32), (2, 256), (4, 256), (1, 1024)] {
         let c = g.sync_cost(per_sm, threads, 200, 5).unwrap();
         eprintln!(
-            "RESULT | sync cost {} blocks x {} threads | barrier {:.2} us | dependent launch {:.2} us | info |",
-            c.blocks, c.threads, c.barrier_us, c.launch_us
+            "RESULT | sync cost {} blocks x {} threads | barrier {:.2} us | dependent launch {:.2} us | counter edge {:.2} us | info |",
+            c.blocks, c.threads, c.barrier_us, c.launch_us, c.flag_us
         );
     }
 }
