@@ -538,9 +538,10 @@ FLASH_DECODE(1, 64, flash_decode_f16_d64)
 FLASH_DECODE(1, 128, flash_decode_f16_d128)
 FLASH_DECODE(2, 64, flash_decode_bf16_d64)
 FLASH_DECODE(2, 128, flash_decode_bf16_d128)
-// Head dim 256 (Gemma 3 and Gemma 4's sliding layers; opt-in, VELA_CUDA_FD_D256=1, until
-// measured on a GPU): the same kernel, Q fragments from shared memory (O takes 128 registers);
-// 140 KB of dynamic shared memory with two stages (one block per SM).
+// Head dim 256 (Gemma 3 and Gemma 4's sliding layers; default since session 15, from
+// min_keys keys; VELA_CUDA_FD_D256=0 turns it off): the same kernel, Q fragments from shared
+// memory (O takes 128 registers); 140 KB of dynamic shared memory with two stages (one block
+// per SM).
 FLASH_DECODE(1, 256, flash_decode_f16_d256)
 FLASH_DECODE(2, 256, flash_decode_bf16_d256)
 
