@@ -130,9 +130,7 @@ impl CudaBackend {
             flag_us: flag / (n + 1) as f64 * 1e6,
         })
     }
-}
 
-impl CudaBackend {
     /// Best wall time of `reps` replays of the graph of `ops` (captured once).
     fn graph_time(&self, ops: &[Launch], reps: u32) -> Result<f64> {
         let graph = self.capture(ops, None)?;
