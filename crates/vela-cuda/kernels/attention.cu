@@ -210,14 +210,29 @@ ATTN(2, 4, ATT_MAXD_BIG, attention_bf16_w4_d512)
 // captured graph stays valid at every position. Needs hdk % 4 == 0.
 #define SPLIT_WARPS 4
 
+// Keys per chunk of the split-K parts (split_chunk in attn.rs follows): 16 for head dim 256, else
+// 32. At short contexts the parts' latency grows with their keys, most at head dim 256 (four
+// keys in flight per round of attention_part2's V loop). Gemma 3 270M geometry tg128 on the
+// H200: 1,666.3 / 1,665.4 t/s vs 1,608.6 / 1,608.0 with 32, at 8K 1,469.1 vs 1,405.0 (8 keys:
+// 1,669.7 / 1,669.3); Qwen2.5-0.5B (head dim 64) 1,426.6 / 1,427.1 with 16 vs 1,444.5 / 1,445.0
+// (session 16, call 7); repeated in call 8: 1,680.2 / 1,683.1 vs 1,624.5 / 1,625.8, at 8K 1,493.1
+// vs 1,434.1. 64 keys for head dim 64 (call 10): Qwen2.5-0.5B 1,432.5 / 1,434.4 vs 1,484.9 /
+// 1,485.3, SmolLM2 1,662.5 / 1,662.9 vs 1,722.9 / 1,720.1.
+// (VELA_CUDA_DEFINES=SPLIT_CHUNK32 with VELA_CUDA_SPLIT_CHUNK=32: 32 for every head dim, for A/B.)
+#ifdef SPLIT_CHUNK32
+__device__ __forceinline__ int split_chunk(int) { return 32; }
+#else
+__device__ __forceinline__ int split_chunk(int hdk) { return hdk == 256 ? 16 : 32; }
+#endif
 // Part s of S of the keys a query at position p sees (window > 0: the last `window`): keys
-// lo..=hi, whole chunks of 32 keys split as evenly as possible (lo > hi: an empty part).
-__device__ __forceinline__ void split_part_range(int p, int window, int s, int S, int& lo, int& hi) {
+// lo..=hi, whole chunks of `ch` keys split as evenly as possible (lo > hi: an empty part).
+__device__ __forceinline__ void split_part_range(int p, int window, int s, int S, int ch, int& lo,
+                                                 int& hi) {
     int first = window > 0 ? max(0, p + 1 - window) : 0;
-    int n_chunks = (p - first + 1 + 31) / 32;
+    int n_chunks = (p - first + ch) / ch;
     int per = (n_chunks + S - 1) / S;
-    lo = first + 32 * per * s;
-    hi = min(p, lo + 32 * per - 1);
+    lo = first + ch * per * s;
+    hi = min(p, lo + ch * per - 1);
 }
 
 template <int KT>
@@ -238,7 +253,7 @@ __device__ void attention_part(const float* __restrict__ q, const void* __restri
     for (int i = tid; i < hdk; i += blockDim.x) qs[i] = qr[i];
     __syncthreads();
     int lo, hi;
-    split_part_range(p, window, s, S, lo, hi);
+    split_part_range(p, window, s, S, split_chunk(hdk), lo, hi);
     // Running max and sum of the part, held (identically) by every lane of warp 0.
     float m = NEG_INF, l = 0.0f;
     float acc[ATT_MAXD / 32];
@@ -367,7 +382,7 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
     for (int i = tid; i < hdk; i += blockDim.x) qs[i] = qr[i];
     __syncthreads();
     int lo, hi;
-    split_part_range(p, window, s, S, lo, hi);
+    split_part_range(p, window, s, S, split_chunk(hdk), lo, hi);
     int quarter = hdk / 4;
     int kq = tid >> 2, qq = tid & 3;
     int dchunks = hdv / 8, groups = blockDim.x / dchunks;
@@ -504,7 +519,7 @@ __device__ void attention_part3(const float* __restrict__ q, const void* __restr
     }
     __syncthreads();
     int lo, hi;
-    split_part_range(p, window, s, S, lo, hi);
+    split_part_range(p, window, s, S, split_chunk(hd), lo, hi);
     int half = hd / 2, kj = tid >> 1, hh = tid & 1;
     int dchunks = hd / 8, groups = blockDim.x / dchunks;
     int kg = tid / dchunks, dc = tid % dchunks;

@@ -478,6 +478,7 @@ impl CudaBackend {
             d512,
             if per_kv_head { p.n_head_kv } else { p.n_head } * n_tok,
             l.spec.capacity,
+            p.head_dim_k,
         );
         let split_ok = n_tok <= SPLIT_MAX_ROWS && parts > 1 && p.head_dim_k.is_multiple_of(4);
         let d512_split = p.head_dim_v.is_multiple_of(8) && 128 % (p.head_dim_v / 8) == 0;
@@ -637,8 +638,15 @@ fn keys_seen(positions: &[u32], window: usize) -> usize {
 
 /// Split-K parts of the non-tensor-core decode attention: enough (head, token, part) blocks for
 /// two waves over ~132 SMs, at least one part per [`split_keys`] keys of `capacity` (third
-/// version: per 64), at most [`split_max_parts`] (third version: 128) and one per 32 keys.
-fn split_parts(per_kv_head: bool, d512: bool, blocks_per_part: usize, capacity: usize) -> usize {
+/// version: per 64), at most [`split_max_parts`] (third version: 128) and one per chunk of
+/// [`split_chunk`] keys (head dim `hd`).
+fn split_parts(
+    per_kv_head: bool,
+    d512: bool,
+    blocks_per_part: usize,
+    capacity: usize,
+    hd: usize,
+) -> usize {
     let by_capacity = if per_kv_head {
         capacity / 64
     } else {
@@ -652,7 +660,20 @@ fn split_parts(per_kv_head: bool, d512: bool, blocks_per_part: usize, capacity: 
     (264 / blocks_per_part.max(1))
         .max(by_capacity)
         .clamp(1, most)
-        .min(capacity.div_ceil(32))
+        .min(capacity.div_ceil(split_chunk(hd)))
+}
+
+/// Keys per chunk of the split-K parts for head dim `hd` (`split_chunk` in attention.cu;
+/// `VELA_CUDA_SPLIT_CHUNK=32` with `VELA_CUDA_DEFINES=SPLIT_CHUNK32`: 32 for all, for A/B).
+fn split_chunk(hd: usize) -> usize {
+    static ALL32: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    let all32 =
+        *ALL32.get_or_init(|| std::env::var("VELA_CUDA_SPLIT_CHUNK").as_deref() == Ok("32"));
+    if hd == 256 && !all32 {
+        16
+    } else {
+        32
+    }
 }
 
 /// Most parts of the second version: `VELA_CUDA_SPLIT_MAX_PARTS` (at most
@@ -751,14 +772,17 @@ mod tests {
             return;
         }
         // Gemma 4 12B full layers (16 query heads, one token) at 8K depth + 128: 8,448 keys.
-        assert_eq!(split_parts(false, false, 16, 8448), 32);
-        assert_eq!(split_parts(false, true, 16, 8448), 66);
-        assert_eq!(split_parts(false, true, 16, 32768), 128);
+        assert_eq!(split_parts(false, false, 16, 8448, 128), 32);
+        assert_eq!(split_parts(false, true, 16, 8448, 512), 66);
+        assert_eq!(split_parts(false, true, 16, 32768, 512), 128);
         // Short caches: the grid term (264 / 16 blocks) and one part per 32 keys.
-        assert_eq!(split_parts(false, true, 16, 1024), 16);
-        assert_eq!(split_parts(false, true, 16, 256), 8);
+        assert_eq!(split_parts(false, true, 16, 1024, 512), 16);
+        assert_eq!(split_parts(false, true, 16, 256, 512), 8);
+        // Head dim 256 parts by chunks of 16 keys: twice as many in a short cache.
+        assert_eq!(split_parts(false, false, 8, 256, 256), 16);
+        assert_eq!(split_parts(false, false, 8, 256, 64), 8);
         // Third version: one per 64 keys, up to 128.
-        assert_eq!(split_parts(true, false, 8, 8448), 128);
+        assert_eq!(split_parts(true, false, 8, 8448, 128), 128);
     }
 
     /// The host's count of non-empty tensor-core decode parts follows flash.cu's `fd_parts`
