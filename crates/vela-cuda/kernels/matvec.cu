@@ -219,6 +219,93 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
     mv_store<R, true, BIAS>(acc, accm, Y, r0, rows, part, split, B);
 }
 
+// Narrow rows (a whole row in one MV_SEG segment: nb <= 64, e.g. the Q8_0 LM heads of
+// SmolLM2 (18 blocks), Gemma 3 270M (20) and Qwen2.5-0.5B (28)): mv32 gives each warp one
+// group of R rows, so a warp lives for one round trip and its block for little more. Here each
+// warp takes G consecutive groups of R rows and loads group g + 1's weights (into tmp) before it
+// computes group g from the stage, so a load is always in flight; the lane's activation blocks
+// are loaded once for all groups. Per row the same lanes, blocks and order as mv32, so the
+// results equal mv32's (`mv_*_r2`).
+template <int T, int R, int G>
+__device__ __forceinline__ void mv32_narrow(const u8* __restrict__ W, const AQ8* __restrict__ X,
+                                            float* __restrict__ Y, int rows, int nb, int blk) {
+    constexpr int BYTES = B32<T>::BYTES;
+    constexpr int N16 = (MV_SEG * BYTES + 15) / 16 + 1;
+    __shared__ uint4 stage[WARPS][R][N16];
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int g0 = (blk * WARPS + warp) * G;
+    int skew[R];
+    const uint4* base[R];
+    auto rows_of = [&](int g) {
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            const u8* wr = W + (size_t)min((g0 + g) * R + q, rows - 1) * nb * BYTES;
+            skew[q] = (int)((size_t)wr & 15);
+            base[q] = (const uint4*)(wr - skew[q]);
+        }
+    };
+    uint4 tmp[R][(N16 + 31) / 32];
+    rows_of(0);
+    if (g0 * R < rows) mv32_load<T, R, N16>(tmp, base, skew, 0, nb, lane, g0 * R, rows);
+    MV_RESUME();
+    int aq[2][8], asum[2];
+    float ad[2], as[2];
+#pragma unroll
+    for (int u = 0; u < 2; u++) {
+        int lb = lane + 32 * u;
+        if (lb < nb) load_aq8(X + lb, ad[u], as[u], asum[u], aq[u]);
+    }
+    for (int g = 0; g < G; g++) {
+        int r0 = (g0 + g) * R;
+        if (r0 >= rows) break;
+        int sk[R];
+#pragma unroll
+        for (int q = 0; q < R; q++) {
+            sk[q] = skew[q];
+            int n16 = (skew[q] + nb * BYTES + 15) / 16;
+#pragma unroll
+            for (int k = 0; k < (N16 + 31) / 32; k++) {
+                int i = lane + 32 * k;
+                if (i < n16 && r0 + q < rows) stage[warp][q][i] = tmp[q][k];
+            }
+        }
+        __syncwarp();
+        if (g + 1 < G && r0 + R < rows) {
+            rows_of(g + 1);
+            mv32_load<T, R, N16>(tmp, base, skew, 0, nb, lane, r0 + R, rows);
+        }
+        float acc[R], accm[R];
+#pragma unroll
+        for (int q = 0; q < R; q++) acc[q] = accm[q] = 0.0f;
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            int lb = lane + 32 * u;
+            if (lb < nb) {
+#pragma unroll
+                for (int q = 0; q < R; q++) {
+                    if (r0 + q < rows) {
+                        int w[8];
+                        float d, m;
+                        decode32<T>((const u8*)stage[warp][q] + sk[q] + lb * BYTES, w, d, m);
+                        int isum = 0;
+#pragma unroll
+                        for (int k = 0; k < 8; k++) isum = dp4a(w[k], aq[u][k], isum);
+                        isum -= B32<T>::OFF * asum[u];
+                        acc[q] += (float)isum * (d * ad[u]);
+                        if (B32<T>::MIN) accm[q] += m * as[u];
+                    }
+                }
+            }
+        }
+        mv_store<R, true>(acc, accm, Y, r0, rows, 0, 1);
+        // The next group overwrites the stage.
+        __syncwarp();
+    }
+}
+// (2 and 8 groups measured the same on the H200, session 16 call 10: Gemma 3 270M geometry
+// tg128 1,752.8 / 1,751.8 and 1,757.7 / 1,755.4 vs 1,756.9 / 1,760.5 with 4.)
+#define MV32_NARROW_G 4
+
 // Split-row Q4_0 (type 102, see decode32_at in quant.cu): no staging. Lane l takes blocks l,
 // l + 32, ... of the warp's R rows (rows and K split as in mv32), issuing the 16-byte quant and
 // 2-byte scale loads of MVS_U blocks per row before using any of them; every warp-wide quant load
@@ -654,6 +741,11 @@ MV32(3, mv_q4_1)
 MV32(6, mv_q5_0)
 MV32(7, mv_q5_1)
 MV32(8, mv_q8_0)
+// Narrow rows, two rows per warp, MV32_NARROW_G groups per warp (`mv_q8_0_r2n`, default;
+// VELA_CUDA_MV_NARROW=0 off; matmul.rs). tg128 on the H200 against mv_q8_0_r2 (session 16, call
+// 8): Gemma 3 270M geometry 1,765.1 / 1,765.9 vs 1,680.2 / 1,683.1 t/s, Qwen2.5-0.5B 1,493.0 /
+// 1,490.8 vs 1,454.8 / 1,456.1, SmolLM2 1,736.7 / 1,739.6 vs 1,725.6 / 1,726.6.
+extern "C" __global__ void mv_q8_0_r2n(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv32_narrow<8, 2, MV32_NARROW_G>(W, X, Y, rows, nb, blockIdx.x); }
 MVK(12, mv_q4_k)
 MVK(13, mv_q5_k)
 MVK(14, mv_q6_k)

@@ -151,6 +151,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mv_q6_k_x3_r2",
             "mv_q4_ks_x3_r2",
             "mv_q6_ks_x3_r2",
+            "mv_q8_0_r2n",
             "act_q8_silu",
             "act_q8_gelu",
             "act_q8k_silu",
@@ -429,7 +430,7 @@ mod tests {
             .map(|(_, s)| *s)
             .find(|s| s.contains("#define MV_ENTRY()"))
             .expect("the matvec source");
-        for f in ["mv32(", "mvs(", "mvk(", "mvks("] {
+        for f in ["mv32(", "mv32_narrow(", "mvs(", "mvk(", "mvks("] {
             let at = mv.find(&format!("void {f}")).expect(f);
             let end = at + mv[at..].find("\n}\n").expect("end of function");
             assert_eq!(mv[at..end].matches("MV_RESUME();").count(), 1, "{f}");

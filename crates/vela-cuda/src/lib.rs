@@ -237,6 +237,9 @@ pub struct CudaBackend {
     mixed_x3: AtomicBool,
     /// Q/K/V biases added by the products (`mv_*_x3b`; default; `VELA_CUDA_BIAS_FUSE=0` off).
     bias_fuse: AtomicBool,
+    /// Several row pairs per warp for narrow Q8_0 rows (`mv_q8_0_r2n`: the small models' LM
+    /// heads; default; `VELA_CUDA_MV_NARROW=0` off; matmul.rs).
+    mv_narrow: AtomicBool,
 }
 
 /// RoPE frequency factors: the host vector (kept alive as the cache key) and its device copy.
@@ -425,6 +428,7 @@ impl CudaBackend {
                 .collect(),
             mixed_x3: AtomicBool::new(env("VELA_CUDA_MIXED_X3") != "0"),
             bias_fuse: AtomicBool::new(env("VELA_CUDA_BIAS_FUSE") != "0"),
+            mv_narrow: AtomicBool::new(env("VELA_CUDA_MV_NARROW") != "0"),
         })
     }
 

@@ -4,6 +4,10 @@
 
 use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaWeight, Scratch};
 use crate::{AQ8K_BYTES, AQ8_BYTES, MM_WARPS};
+
+/// Row groups per warp of `mv_q8_0_r2n` (`MV32_NARROW_G` in kernels/matvec.cu).
+const MV_NARROW_G: u32 = 4;
+
 use cudarc::driver::CudaSlice;
 use std::sync::atomic::Ordering;
 
@@ -72,7 +76,17 @@ impl CudaBackend {
             if n == 1 && kind != ActKind::Float && self.matvec_new.load(Ordering::Relaxed) {
                 let split = self.mv_split(w.cols);
                 let r = self.mv_rows(w.rows);
-                let grid = ((w.rows as u32).div_ceil(MM_WARPS * r / split), 1, 1);
+                let mut grid = ((w.rows as u32).div_ceil(MM_WARPS * r / split), 1, 1);
+                // Narrow Q8_0 rows (the small models' LM heads): several row pairs per warp
+                // (`mv_q8_0_r2n`, default; set_mv_narrow).
+                let narrow = suffix == "q8_0"
+                    && r == 2
+                    && split == 1
+                    && nb <= 64
+                    && self.mv_narrow.load(Ordering::Relaxed);
+                if narrow {
+                    grid.0 = (w.rows as u32).div_ceil(MM_WARPS * 2 * MV_NARROW_G);
+                }
                 let args = [
                     Arg::P(self.ptr(&w.data)),
                     Arg::P(xp),
@@ -83,6 +97,7 @@ impl CudaBackend {
                 ];
                 let u2 = kind == ActKind::Q8K && self.mvk_u2.load(Ordering::Relaxed);
                 let name = match (r, u2) {
+                    _ if narrow => "mv_q8_0_r2n".to_string(),
                     (2, _) => format!("mv_{suffix}_r2"),
                     (_, true) => format!("mv_{suffix}_u2"),
                     _ => format!("mv_{suffix}"),

@@ -39,6 +39,14 @@ impl CudaBackend {
         self.norm_fold.store(on, Ordering::Relaxed);
     }
 
+    /// Several row pairs per warp for narrow Q8_0 rows (`mv_q8_0_r2n`; default: on unless
+    /// `VELA_CUDA_MV_NARROW=0`).
+    pub fn set_mv_narrow(&self, on: bool) {
+        self.drop_parked();
+        self.flush_recording();
+        self.mv_narrow.store(on, Ordering::Relaxed);
+    }
+
     /// Split-K decode attention on or off (default: on unless `VELA_CUDA_ATTN=old`).
     pub fn set_split_attention(&self, on: bool) {
         self.drop_parked();

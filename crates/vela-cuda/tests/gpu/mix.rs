@@ -298,3 +298,51 @@ fn rms_norm_launches(g: &CudaBackend) -> usize {
     g.set_profiling(false);
     n
 }
+
+/// Narrow Q8_0 rows (`mv_q8_0_r2n`, several row pairs per warp; the small models' LM heads):
+/// the same bits as `mv_q8_0_r2`, at the three real models' head widths (576, 640, 896), the
+/// widest row it takes (64 blocks) and row counts that leave partial groups; a 65-block row
+/// takes the two-row kernel either way.
+#[test]
+fn narrow_q8_0_rows_equal_two_row_kernel() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0x4a11);
+    g.set_mv_rows_mode(2);
+    for (rows, cols) in [
+        (20_003usize, 640usize),
+        (4_099, 576),
+        (3_001, 896),
+        (1_000, 2048),
+        (77, 896),
+        (513, 2080),
+    ] {
+        let (w, _) = upload_random(&g, &cpu, GgmlType::Q8_0, rows, cols, &mut rng);
+        let x = up(&g, &rng.vec(cols));
+        let mut outs = Vec::new();
+        for narrow in [false, true] {
+            g.set_mv_narrow(narrow);
+            g.set_profiling(true);
+            g.profile_take();
+            let mut y = g.alloc(rows);
+            g.matmul(&w, &x, 1, &mut y);
+            let launches = g.profile_take();
+            g.set_profiling(false);
+            let ran = launches.contains_key("mv_q8_0_r2n");
+            assert_eq!(
+                ran,
+                narrow && cols <= 2048,
+                "{rows}x{cols} narrow {narrow}: {launches:?}"
+            );
+            outs.push(down(&g, &y, rows));
+        }
+        check(
+            &format!("narrow Q8_0 {rows}x{cols} == two-row kernel"),
+            &outs[1],
+            &outs[0],
+            0.0,
+        );
+    }
+    g.set_mv_narrow(true);
+    g.set_mv_rows_mode(1);
+}
