@@ -12,12 +12,29 @@ CACHE=${VELA_CACHE:-$HOME/.cache/vela}
 SRC=$CACHE/src/llama_cpp_python-0.3.36
 OUTDIR=$CACHE/llama.cpp-$FLAVOR
 mkdir -p "$CACHE/dl" "$CACHE/src"
-if [ ! -f "$CACHE/dl/llama_cpp_python-0.3.36.tar.gz" ]; then
-  pip download --no-deps --no-binary :all: --no-build-isolation -d "$CACHE/dl" llama-cpp-python==0.3.36 >&2 ||
+SDIST=$CACHE/dl/llama_cpp_python-0.3.36.tar.gz
+# The sdist straight from PyPI's simple index, checked against the index's sha256 (pip download
+# prepares an sdist's metadata, which needs its build backend: without --no-build-isolation's
+# packages installed that builds cmake from source first, many minutes on 2 cores); pip as the
+# fallback.
+fetch_sdist() {
+  local link url sha
+  link=$(curl -fsSL https://pypi.org/simple/llama-cpp-python/ |
+    grep -o 'https://[^"]*/llama_cpp_python-0\.3\.36\.tar\.gz#sha256=[0-9a-f]*' | head -n1) || return 1
+  [ -n "$link" ] || return 1
+  url=${link%%#*}
+  sha=${link##*sha256=}
+  curl -fsSL -o "$SDIST.tmp" "$url" || return 1
+  echo "$sha  $SDIST.tmp" | sha256sum -c --status || { echo "sha256 mismatch for $url" >&2; rm -f "$SDIST.tmp"; return 1; }
+  mv "$SDIST.tmp" "$SDIST"
+}
+if [ ! -f "$SDIST" ]; then
+  fetch_sdist ||
+    pip download --no-deps --no-binary :all: --no-build-isolation -d "$CACHE/dl" llama-cpp-python==0.3.36 >&2 ||
     pip download --no-deps --no-binary :all: -d "$CACHE/dl" llama-cpp-python==0.3.36 >&2
 fi
 if [ ! -d "$SRC" ]; then
-  tar -xzf "$CACHE/dl/llama_cpp_python-0.3.36.tar.gz" -C "$CACHE/src"
+  tar -xzf "$SDIST" -C "$CACHE/src"
 fi
 ln -sfn "$SRC" "$CACHE/llama-cpp-python"
 command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake >&2; }
