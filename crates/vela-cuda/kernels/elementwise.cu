@@ -419,6 +419,142 @@ extern "C" __global__ void flag_chain_link(unsigned* x, unsigned* cnt, int k, in
         red_release_add_u32(cnt + k, 1u);
     }
 }
+// ---- overlap probe (measurement only: `CudaBackend::overlap_probe` in sync_cost.rs) ----
+// What a persistent decode kernel could reach: one resident grid (one block per SM) runs
+// `layers` decode-shaped layers of five phases, each an all-to-all step of the real layer:
+//   0 Q/K/V (qkv rows of d columns), 1 attention (no weights: the block's slice of the d query
+//   values, local), 2 o (d x d), 3 gate/up (2 ff x d), 4 down (d x ff, input silu(gate) * up).
+// Weights are 4-bit, two per byte (cols / 2 bytes per row, as a Q4_0 block's quants: the low
+// nibbles of 16 bytes are weights 0..15, the high ones 16..31); activations int8 with a per-block
+// scale. A phase starts once every block has released the previous phase's counter (an edge), and
+// every block then reads the whole previous output (the next product needs all of it). Before it
+// waits, a block copies the first `pf` bytes of its rows of the phase's weights into shared memory
+// (cp.async): the weight stream overlaps the edge, which is what the persistent design is for.
+// `err` counts blocks that found a producer's stamp missing after an edge.
+#define OP_MAXC 16384
+#define OP_PF_MAX (96 * 1024)
+__device__ __forceinline__ void op_release(unsigned* c) {
+    __syncthreads();
+    if (threadIdx.x == 0) red_release_add_u32(c, 1u);
+}
+__device__ __forceinline__ void op_wait(const unsigned* c, unsigned n) {
+    if (threadIdx.x == 0)
+        while (ld_acquire_u32(c) < n) {
+        }
+    __syncthreads();
+}
+// Input of a phase into xs (int8) with its scale: in[0..n) (or silu(in[i]) * in[n + i] when act).
+__device__ float op_input(const float* in, int n, bool act, signed char* xs, float* red) {
+    float mx = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = act ? in[i] / (1.0f + __expf(-in[i])) * in[n + i] : in[i];
+        mx = fmaxf(mx, fabsf(v));
+    }
+    mx = warp_max(mx);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = mx;
+    __syncthreads();
+    float m = 0.0f;
+    for (int w = 0; w < (int)blockDim.x / 32; w++) m = fmaxf(m, red[w]);
+    float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+        float v = act ? in[i] / (1.0f + __expf(-in[i])) * in[n + i] : in[i];
+        xs[i] = (signed char)__float2int_rn(v * inv);
+    }
+    __syncthreads();
+    return m / 127.0f;
+}
+// Rows [r0, r1) of a cols-wide product (one warp per row; the first pf bytes of the block's rows
+// are in pfb).
+__device__ void op_rows(const u8* __restrict__ w, int cols, int r0, int r1, const signed char* xs,
+                        float xscale, float* out, const u8* pfb, long long pf) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    long long rb = cols / 2;
+    const int* xi = (const int*)xs;
+    for (int r = r0 + warp; r < r1; r += nw) {
+        int acc = 0;
+        for (int c = lane; c < cols / 32; c += 32) {
+            long long off = (long long)(r - r0) * rb + 16LL * c;
+            uint4 u = off < pf ? *(const uint4*)(pfb + off) : *(const uint4*)(w + (long long)r * rb + 16LL * c);
+            unsigned q[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                acc = dp4a((int)(q[k] & 0x0F0F0F0Fu), xi[8 * c + k], acc);
+                acc = dp4a((int)((q[k] >> 4) & 0x0F0F0F0Fu), xi[8 * c + 4 + k], acc);
+            }
+        }
+        acc = warp_sum_i(acc);
+        if (lane == 0) out[r] = (float)acc * xscale * (1.0f / 64.0f);
+    }
+}
+extern "C" __global__ void overlap_probe(const u8* __restrict__ w, float* act, unsigned* cnt,
+                                         unsigned* stamp, unsigned* err, int layers, int d,
+                                         int qkv, int ff, int pf_max) {
+    PDL_ENTRY();
+    extern __shared__ __align__(16) u8 pfb[];
+    __shared__ __align__(16) signed char xs[OP_MAXC];
+    __shared__ float red[32];
+    // act: x (d) | qkv out (qkv) | attention out (d) | o out (d) | gate/up out (2 ff) | down out (d)
+    float* a_x = act;
+    float* a_qkv = a_x + d;
+    float* a_att = a_qkv + qkv;
+    float* a_o = a_att + d;
+    float* a_gu = a_o + d;
+    float* a_dn = a_gu + 2 * ff;
+    long long rbd = d / 2, rbf = ff / 2;
+    long long layer_bytes = (qkv + d + 2LL * ff) * rbd + d * rbf;
+    unsigned nb = gridDim.x, b = blockIdx.x;
+    for (int l = 0; l < layers; l++) {
+        const u8* wl = w + (long long)l * layer_bytes;
+        for (int p = 0; p < 5; p++) {
+            int g = l * 5 + p;
+            int rows = p == 0 ? qkv : p == 3 ? 2 * ff : d;
+            int cols = p == 4 ? ff : p == 1 ? 0 : d;
+            const u8* wph = p == 0 ? wl
+                          : p == 1 ? nullptr
+                          : p == 2 ? wl + qkv * rbd
+                          : p == 3 ? wl + (qkv + d) * rbd
+                                   : wl + (qkv + d + 2LL * ff) * rbd;
+            int per = (rows + nb - 1) / nb;
+            int r0 = min(rows, (int)b * per), r1 = min(rows, r0 + per);
+            long long pf = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+            if (wph && pf_max > 0) {
+                // The block's rows of this phase, first pf bytes, into shared memory.
+                long long rb = cols / 2;
+                pf = min((long long)pf_max, (long long)(r1 - r0) * rb);
+                const u8* src = wph + (long long)r0 * rb;
+                for (long long o = 16LL * threadIdx.x; o < pf; o += 16LL * blockDim.x) {
+                    unsigned sa = (unsigned)__cvta_generic_to_shared(pfb + o);
+                    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(sa), "l"(src + o) : "memory");
+                }
+                asm volatile("cp.async.commit_group;" ::: "memory");
+            }
+#endif
+            if (g > 0) {
+                op_wait(cnt + g - 1, nb);
+                if (threadIdx.x < nb && ((volatile unsigned*)stamp)[threadIdx.x] < (unsigned)g)
+                    atomicAdd(err, 1u);
+            }
+            if (p == 1) {
+                // Attention stand-in: the block's slice of the d query values (local).
+                int pd = (d + nb - 1) / nb, j0 = min(d, (int)b * pd), j1 = min(d, j0 + pd);
+                for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) a_att[j] = 0.5f * a_qkv[j];
+            } else {
+                const float* in = p == 0 ? (l == 0 ? a_x : a_dn) : p == 2 ? a_att : p == 3 ? a_o : a_gu;
+                float* out = p == 0 ? a_qkv : p == 2 ? a_o : p == 3 ? a_gu : a_dn;
+                float xscale = op_input(in, cols, p == 4, xs, red);
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+                asm volatile("cp.async.wait_all;" ::: "memory");
+#endif
+                __syncthreads();
+                op_rows(wph, cols, r0, r1, xs, xscale, out, pfb, pf);
+            }
+            __syncthreads();
+            if (threadIdx.x == 0) ((volatile unsigned*)stamp)[b] = (unsigned)g + 1;
+            op_release(cnt + g);
+        }
+    }
+}
 // L2 prefetch hint for `bytes` bytes from p, one 128-byte line per thread and step, the front
 // first (l2pf.rs: a side branch of a captured decode step asks for the next product's weights
 // while the short kernels before it run). Reads and writes nothing. (A bulk version,

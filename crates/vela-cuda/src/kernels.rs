@@ -196,6 +196,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "launch_chain_link",
             "flag_chain_reset",
             "flag_chain_link",
+            "overlap_probe",
             "prefetch_l2",
             "rope",
             "rope_qk",
@@ -271,11 +272,18 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
     ("sample", &["topk_rows", "topk_part", "topk_merge"]),
 ];
 
+/// Most weight bytes `overlap_probe` copies ahead per block (`OP_PF_MAX` in elementwise.cu).
+pub const OVERLAP_PF_MAX: u32 = 96 * 1024;
+
 /// Dynamic shared memory of a kernel in bytes (0: static only). The tensor-core decode attention
 /// (`flash_decode_*`, flash.cu) holds the 16 Q rows and `FD_STAGES` = 2 (1 with the define
 /// `FD_ONE_STAGE`) K and V tiles of `FD_KEYS` = 64 rows, each row padded by 8 elements:
 /// (16 + stages * 2 * 64) * (D + 8) * 2 bytes (head dim 512: its own layout, one stage).
 pub fn dyn_smem(name: &str) -> u32 {
+    if name == "overlap_probe" {
+        // The weight prefetch buffer (OP_PF_MAX in elementwise.cu).
+        return OVERLAP_PF_MAX;
+    }
     if !name.starts_with("flash_decode_") {
         return 0;
     }

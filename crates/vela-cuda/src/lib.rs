@@ -23,7 +23,7 @@ mod matmul;
 pub mod nvrtc;
 mod profile;
 pub mod sample;
-pub use sync_cost::SyncCost;
+pub use sync_cost::{OverlapProbe, SyncCost};
 mod switches;
 mod sync_cost;
 mod upload;

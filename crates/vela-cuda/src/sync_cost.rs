@@ -164,3 +164,108 @@ impl CudaBackend {
         Ok(())
     }
 }
+
+/// Result of [`CudaBackend::overlap_probe`].
+#[derive(Clone, Copy, Debug)]
+pub struct OverlapProbe {
+    /// Blocks (one per SM) and threads per block.
+    pub blocks: u32,
+    pub threads: u32,
+    /// Best time per layer in microseconds.
+    pub layer_us: f64,
+    /// Weight bytes per layer.
+    pub layer_bytes: u64,
+}
+
+impl CudaBackend {
+    /// Run `overlap_probe` (kernels/elementwise.cu): `layers` decode-shaped layers of width `d`,
+    /// `qkv` Q/K/V rows and `ff` FFN rows, 4-bit weights, one resident block of `threads` per
+    /// SM, `pf` weight bytes per block and phase copied ahead of each edge (best of `reps`).
+    /// What a persistent decode kernel whose phases meet at counter edges could reach. Fails if
+    /// a block found a producer's stamp missing after an edge.
+    #[allow(clippy::too_many_arguments)]
+    pub fn overlap_probe(
+        &self,
+        d: u32,
+        qkv: u32,
+        ff: u32,
+        layers: u32,
+        threads: u32,
+        pf: u32,
+        reps: u32,
+    ) -> Result<OverlapProbe> {
+        let sms = self
+            .stream
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| anyhow!("querying the SM count: {e:?}"))? as u32;
+        if !d.is_multiple_of(32)
+            || !ff.is_multiple_of(32)
+            || d.max(ff) > 16384
+            || pf > crate::kernels::OVERLAP_PF_MAX
+        {
+            bail!("overlap probe: d {d} / ff {ff} / pf {pf} out of range");
+        }
+        if threads < sms || !threads.is_multiple_of(32) || threads > 1024 {
+            bail!("overlap probe: {threads} threads (a multiple of 32, at least {sms})");
+        }
+        let f = self
+            .funcs
+            .get("overlap_probe")
+            .ok_or_else(|| anyhow!("overlap_probe is not loaded"))?;
+        let smem = crate::kernels::dyn_smem("overlap_probe") as usize;
+        let fit = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+            .map_err(|e| anyhow!("occupancy query: {e:?}"))?;
+        if fit < 1 {
+            bail!("overlap probe: a block of {threads} threads does not fit on an SM");
+        }
+        let (d64, qkv64, ff64) = (d as u64, qkv as u64, ff as u64);
+        let layer_bytes = (qkv64 + d64 + 2 * ff64) * d64 / 2 + d64 * ff64 / 2;
+        let s = &self.stream;
+        let w = s
+            .alloc_zeros::<u8>((layer_bytes * layers as u64) as usize)
+            .context("alloc")?;
+        let act_len = (4 * d + qkv + 2 * ff) as usize;
+        let act_host: Vec<f32> = (0..act_len)
+            .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
+            .collect();
+        let act = s.clone_htod(&act_host).context("upload")?;
+        let mut cnt = s.alloc_zeros::<u32>(5 * layers as usize).context("alloc")?;
+        let mut stamp = s.alloc_zeros::<u32>(sms as usize).context("alloc")?;
+        let err = s.alloc_zeros::<u32>(1).context("alloc")?;
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            s.memset_zeros(&mut cnt).context("memset")?;
+            s.memset_zeros(&mut stamp).context("memset")?;
+            self.synchronize()?;
+            let t = Instant::now();
+            let args = [
+                Arg::P(self.ptr(&w)),
+                Arg::P(self.ptr(&act)),
+                Arg::P(self.ptr(&cnt)),
+                Arg::P(self.ptr(&stamp)),
+                Arg::P(self.ptr(&err)),
+                Arg::I(layers as i32),
+                Arg::I(d as i32),
+                Arg::I(qkv as i32),
+                Arg::I(ff as i32),
+                Arg::I(pf as i32),
+            ];
+            self.launch_now("overlap_probe", (sms, 1, 1), threads, &args)?;
+            self.synchronize()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let mut e = [0u32; 1];
+        s.memcpy_dtoh(&err, &mut e).context("read back")?;
+        if e[0] != 0 {
+            bail!("overlap probe: {} stamp(s) missing after an edge", e[0]);
+        }
+        Ok(OverlapProbe {
+            blocks: sms,
+            threads,
+            layer_us: best / layers as f64 * 1e6,
+            layer_bytes,
+        })
+    }
+}

@@ -428,4 +428,5 @@ mod gemma4;
 mod kernels2;
 mod mix;
 mod model;
+mod probe;
 mod sample;

@@ -1,0 +1,30 @@
+//! The overlap probe (`CudaBackend::overlap_probe`, docs/cuda.md "What is next"): what a
+//! persistent decode kernel whose phases meet at counter edges could reach at the Qwen2.5-0.5B
+//! and Llama-3-8B layer geometries, without and with weights copied ahead of each edge. Timing
+//! only (RESULT lines, compared by hand with the real decode's µs per layer); it fails if a block
+//! ever ran ahead of a producer.
+
+use super::*;
+
+#[test]
+fn overlap_probe_decode_geometries() {
+    let Some(g) = gpu() else { return };
+    for (name, d, qkv, ff, layers) in [
+        ("qwen2.5-0.5b", 896u32, 1152u32, 4864u32, 24u32),
+        ("llama3-8b", 4096, 6144, 14336, 32),
+    ] {
+        for threads in [512u32, 1024] {
+            for pf in [0u32, 32 << 10, 96 << 10] {
+                let r = g.overlap_probe(d, qkv, ff, layers, threads, pf, 5).unwrap();
+                eprintln!(
+                    "RESULT | overlap probe {name} x{layers} | {} blocks x {threads} threads | ahead {} KiB | {:.2} us per layer | {:.0} us per token | {:.0} GB/s | info |",
+                    r.blocks,
+                    pf >> 10,
+                    r.layer_us,
+                    r.layer_us * layers as f64,
+                    r.layer_bytes as f64 / (r.layer_us * 1e3)
+                );
+            }
+        }
+    }
+}
