@@ -36,11 +36,7 @@ impl CudaBackend {
         n: u32,
         reps: u32,
     ) -> Result<SyncCost> {
-        let sms = self
-            .stream
-            .context()
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| anyhow!("querying the SM count: {e:?}"))? as u32;
+        let sms = self.sm_count()?;
         let f = self
             .funcs
             .get("grid_barrier_test")
@@ -131,6 +127,16 @@ impl CudaBackend {
         })
     }
 
+    /// The device's multiprocessor count.
+    fn sm_count(&self) -> Result<u32> {
+        let n = self
+            .stream
+            .context()
+            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| anyhow!("querying the SM count: {e:?}"))?;
+        Ok(n as u32)
+    }
+
     /// Best wall time of `reps` replays of the graph of `ops` (captured once).
     fn graph_time(&self, ops: &[Launch], reps: u32) -> Result<f64> {
         let graph = self.capture(ops, None)?;
@@ -194,11 +200,7 @@ impl CudaBackend {
         pf: u32,
         reps: u32,
     ) -> Result<OverlapProbe> {
-        let sms = self
-            .stream
-            .context()
-            .attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| anyhow!("querying the SM count: {e:?}"))? as u32;
+        let sms = self.sm_count()?;
         if !d.is_multiple_of(32)
             || !ff.is_multiple_of(32)
             || d.max(ff) > 16384
