@@ -430,7 +430,9 @@ extern "C" __global__ void flag_chain_link(unsigned* x, unsigned* cnt, int k, in
 // every block then reads the whole previous output (the next product needs all of it). Before it
 // waits, a block copies the first `pf` bytes of its rows of the phase's weights into shared memory
 // (cp.async): the weight stream overlaps the edge, which is what the persistent design is for.
-// `err` counts blocks that found a producer's stamp missing after an edge.
+// `err` counts blocks that found a producer's stamp missing after an edge. `flags` (for the
+// decomposition): 1 no edges (no waits, no stamp checks: the weight stream and the per-phase work
+// alone; outputs race), 2 no weight rows (the edges and the input reads alone).
 #define OP_MAXC 16384
 #define OP_PF_MAX (96 * 1024)
 __device__ __forceinline__ void op_release(unsigned* c) {
@@ -488,7 +490,7 @@ __device__ void op_rows(const u8* __restrict__ w, int cols, int r0, int r1, cons
 }
 extern "C" __global__ void overlap_probe(const u8* __restrict__ w, float* act, unsigned* cnt,
                                          unsigned* stamp, unsigned* err, int layers, int d,
-                                         int qkv, int ff, int pf_max) {
+                                         int qkv, int ff, int pf_max, int flags) {
     PDL_ENTRY();
     extern __shared__ __align__(16) u8 pfb[];
     __shared__ __align__(16) signed char xs[OP_MAXC];
@@ -518,7 +520,7 @@ extern "C" __global__ void overlap_probe(const u8* __restrict__ w, float* act, u
             int r0 = min(rows, (int)b * per), r1 = min(rows, r0 + per);
             long long pf = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-            if (wph && pf_max > 0) {
+            if (wph && pf_max > 0 && !(flags & 2)) {
                 // The block's rows of this phase, first pf bytes, into shared memory.
                 long long rb = cols / 2;
                 pf = min((long long)pf_max, (long long)(r1 - r0) * rb);
@@ -530,7 +532,7 @@ extern "C" __global__ void overlap_probe(const u8* __restrict__ w, float* act, u
                 asm volatile("cp.async.commit_group;" ::: "memory");
             }
 #endif
-            if (g > 0) {
+            if (g > 0 && !(flags & 1)) {
                 op_wait(cnt + g - 1, nb);
                 if (threadIdx.x < nb && ((volatile unsigned*)stamp)[threadIdx.x] < (unsigned)g)
                     atomicAdd(err, 1u);
@@ -547,7 +549,7 @@ extern "C" __global__ void overlap_probe(const u8* __restrict__ w, float* act, u
                 asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
                 __syncthreads();
-                op_rows(wph, cols, r0, r1, xs, xscale, out, pfb, pf);
+                if (!(flags & 2)) op_rows(wph, cols, r0, r1, xs, xscale, out, pfb, pf);
             }
             __syncthreads();
             if (threadIdx.x == 0) ((volatile unsigned*)stamp)[b] = (unsigned)g + 1;

@@ -187,8 +187,10 @@ impl CudaBackend {
     /// Run `overlap_probe` (kernels/elementwise.cu): `layers` decode-shaped layers of width `d`,
     /// `qkv` Q/K/V rows and `ff` FFN rows, 4-bit weights, one resident block of `threads` per
     /// SM, `pf` weight bytes per block and phase copied ahead of each edge (best of `reps`).
-    /// What a persistent decode kernel whose phases meet at counter edges could reach. Fails if
-    /// a block found a producer's stamp missing after an edge.
+    /// What a persistent decode kernel whose phases meet at counter edges could reach. `flags`
+    /// takes parts out for the decomposition: 1 the edges (the weight stream alone), 2 the weight
+    /// rows (the edges and input reads alone). Fails if a block found a producer's stamp
+    /// missing after an edge.
     #[allow(clippy::too_many_arguments)]
     pub fn overlap_probe(
         &self,
@@ -198,6 +200,7 @@ impl CudaBackend {
         layers: u32,
         threads: u32,
         pf: u32,
+        flags: u32,
         reps: u32,
     ) -> Result<OverlapProbe> {
         let sms = self.sm_count()?;
@@ -253,6 +256,7 @@ impl CudaBackend {
                 Arg::I(qkv as i32),
                 Arg::I(ff as i32),
                 Arg::I(pf as i32),
+                Arg::I(flags as i32),
             ];
             self.launch_now("overlap_probe", (sms, 1, 1), threads, &args)?;
             self.synchronize()?;

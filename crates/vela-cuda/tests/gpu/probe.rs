@@ -1,6 +1,7 @@
 //! The overlap probe (`CudaBackend::overlap_probe`, docs/cuda.md "What is next"): what a
 //! persistent decode kernel whose phases meet at counter edges could reach at the Qwen2.5-0.5B
-//! and Llama-3-8B layer geometries, without and with weights copied ahead of each edge. Timing
+//! and Llama-3-8B layer geometries, without and with weights copied ahead of each edge, and the
+//! decomposition (the weight stream without the edges, the edges without the weights). Timing
 //! only (RESULT lines, compared by hand with the real decode's µs per layer); it fails if a block
 //! ever ran ahead of a producer.
 
@@ -13,18 +14,28 @@ fn overlap_probe_decode_geometries() {
         ("qwen2.5-0.5b", 896u32, 1152u32, 4864u32, 24u32),
         ("llama3-8b", 4096, 6144, 14336, 32),
     ] {
+        // (threads, bytes ahead, flags): the whole layer, then without the edges (the weight
+        // stream alone) and without the weight rows (the edges alone).
+        let mut runs = Vec::new();
         for threads in [512u32, 1024] {
             for pf in [0u32, 32 << 10, 96 << 10] {
-                let r = g.overlap_probe(d, qkv, ff, layers, threads, pf, 5).unwrap();
-                eprintln!(
-                    "RESULT | overlap probe {name} x{layers} | {} blocks x {threads} threads | ahead {} KiB | {:.2} us per layer | {:.0} us per token | {:.0} GB/s | info |",
-                    r.blocks,
-                    pf >> 10,
-                    r.layer_us,
-                    r.layer_us * layers as f64,
-                    r.layer_bytes as f64 / (r.layer_us * 1e3)
-                );
+                runs.push((threads, pf, 0u32));
             }
+        }
+        runs.extend([(1024, 0, 1), (1024, 96 << 10, 1), (1024, 0, 2)]);
+        for (threads, pf, flags) in runs {
+            let r = g
+                .overlap_probe(d, qkv, ff, layers, threads, pf, flags, 5)
+                .unwrap();
+            let what = ["layer", "no edges", "no weights"][flags as usize];
+            eprintln!(
+                "RESULT | overlap probe {name} x{layers} {what} | {} blocks x {threads} threads | ahead {} KiB | {:.2} us per layer | {:.0} us per token | {:.0} GB/s | info |",
+                r.blocks,
+                pf >> 10,
+                r.layer_us,
+                r.layer_us * layers as f64,
+                r.layer_bytes as f64 / (r.layer_us * 1e3)
+            );
         }
     }
 }
