@@ -218,7 +218,7 @@ ATTN(2, 4, ATT_MAXD_BIG, attention_bf16_w4_d512)
 // (session 16, call 7); repeated in call 8: 1,680.2 / 1,683.1 vs 1,624.5 / 1,625.8, at 8K 1,493.1
 // vs 1,434.1. 64 keys for head dim 64 (call 10): Qwen2.5-0.5B 1,432.5 / 1,434.4 vs 1,484.9 /
 // 1,485.3, SmolLM2 1,662.5 / 1,662.9 vs 1,722.9 / 1,720.1.
-// (VELA_CUDA_DEFINES=SPLIT_CHUNK32 with VELA_CUDA_SPLIT_CHUNK=32: 32 for every head dim, for A/B.)
+// (VELA_CUDA_DEFINES=SPLIT_CHUNK32: 32 for every head dim, for A/B; the host follows.)
 #ifdef SPLIT_CHUNK32
 __device__ __forceinline__ int split_chunk(int) { return 32; }
 #else

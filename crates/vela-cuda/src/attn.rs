@@ -663,12 +663,11 @@ fn split_parts(
         .min(capacity.div_ceil(split_chunk(hd)))
 }
 
-/// Keys per chunk of the split-K parts for head dim `hd` (`split_chunk` in attention.cu;
-/// `VELA_CUDA_SPLIT_CHUNK=32` with `VELA_CUDA_DEFINES=SPLIT_CHUNK32`: 32 for all, for A/B).
+/// Keys per chunk of the split-K parts for head dim `hd` (`split_chunk` in attention.cu; the
+/// kernel define `VELA_CUDA_DEFINES=SPLIT_CHUNK32`: 32 for all, for A/B).
 fn split_chunk(hd: usize) -> usize {
     static ALL32: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let all32 =
-        *ALL32.get_or_init(|| std::env::var("VELA_CUDA_SPLIT_CHUNK").as_deref() == Ok("32"));
+    let all32 = *ALL32.get_or_init(|| crate::kernels::has_define("SPLIT_CHUNK32"));
     if hd == 256 && !all32 {
         16
     } else {

@@ -4,12 +4,11 @@
 
 use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaWeight, Scratch};
 use crate::{AQ8K_BYTES, AQ8_BYTES, MM_WARPS};
+use cudarc::driver::CudaSlice;
+use std::sync::atomic::Ordering;
 
 /// Row groups per warp of `mv_q8_0_r2n` (`MV32_NARROW_G` in kernels/matvec.cu).
 const MV_NARROW_G: u32 = 4;
-
-use cudarc::driver::CudaSlice;
-use std::sync::atomic::Ordering;
 
 impl CudaBackend {
     /// `ys[i] = x · ws[i]ᵀ`. The activations are quantized once for all weights that share their

@@ -203,6 +203,10 @@ impl CudaBackend {
         flags: u32,
         reps: u32,
     ) -> Result<OverlapProbe> {
+        if self.arch < 80 {
+            // (cp.async and the 96 KiB of dynamic shared memory.)
+            bail!("overlap probe: needs sm_80 or newer");
+        }
         let sms = self.sm_count()?;
         if !d.is_multiple_of(32)
             || !ff.is_multiple_of(32)

@@ -24,9 +24,10 @@ fn overlap_probe_decode_geometries() {
         }
         runs.extend([(1024, 0, 1), (1024, 96 << 10, 1), (1024, 0, 2)]);
         for (threads, pf, flags) in runs {
-            let r = g
-                .overlap_probe(d, qkv, ff, layers, threads, pf, flags, 5)
-                .unwrap();
+            let r = match g.overlap_probe(d, qkv, ff, layers, threads, pf, flags, 5) {
+                Err(e) if e.to_string().contains("sm_80") => return,
+                r => r.unwrap(),
+            };
             let what = ["layer", "no edges", "no weights"][flags as usize];
             eprintln!(
                 "RESULT | overlap probe {name} x{layers} {what} | {} blocks x {threads} threads | ahead {} KiB | {:.2} us per layer | {:.0} us per token | {:.0} GB/s | info |",
