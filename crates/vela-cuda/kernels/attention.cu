@@ -473,8 +473,53 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
     }
 }
 
+// Before the wait of programmatic dependent launch: ask L2 for the K and V rows of keys lo..hi of
+// KV head g (at most KV_PF_KEYS of them, one prefetch per 32-byte sector), so that the loads
+// after the wait find them there instead of in DRAM (a decode step streams several times L2's
+// size of weights, so the previous step's keys are gone from it). Only keys below every query
+// row's position: the previous kernel (RoPE + KV store) writes this step's keys, at those
+// positions. A hint only (L2 is the point of coherence: a line fetched early cannot be stale),
+// and every address stays inside the cache. esz: bytes per cache element.
+// KV_PF(call): the prefetch call at a kernel's entry, before PDL_ENTRY() (sm_90+: before that,
+// no wait to hide it under; VELA_CUDA_DEFINES=NO_KV_PF: none, for A/B).
+#if defined(NO_KV_PF) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900)
+#define KV_PF(call) do {} while (0)
+#else
+#define KV_PF(call) call
+#endif
+#define KV_PF_KEYS 256
+__device__ __forceinline__ int kv_pf_min_pos(const u32* __restrict__ pos) {
+    int m = (int)pos[0];
+    for (int t = 1; t < (int)gridDim.y; t++) m = min(m, (int)pos[t]);
+    return m;
+}
+__device__ __forceinline__ void kv_prefetch_l2(const void* kc, const void* vc, int esz, int lo, int hi,
+                                               int pmin, int g, int n_head_kv, int hdk, int hdv,
+                                               int capacity) {
+    hi = min(hi, min(pmin - 1, lo + KV_PF_KEYS - 1));
+    int bk = hdk * esz, bv = hdv * esz;
+    int rk = (bk + 31) / 32, rv = (bv + 31) / 32;
+    int items = (hi - lo + 1) * (rk + rv);
+    for (int i = threadIdx.x; i < items; i += blockDim.x) {
+        int j = lo + i / (rk + rv), c = i % (rk + rv);
+        size_t row = (size_t)(j % capacity) * n_head_kv + g;
+        const char* a = c < rk ? (const char*)kc + row * bk + min(32 * c, bk - 1)
+                               : (const char*)vc + row * bv + min(32 * (c - rk), bv - 1);
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    }
+}
+// attention_part2's keys, prefetched (kv_prefetch_l2) before its wait.
+template <int KT>
+__device__ __forceinline__ void part2_prefetch(const void* kc, const void* vc, const u32* pos, int n_head,
+                                               int n_head_kv, int hdk, int hdv, int capacity, int window) {
+    int lo, hi;
+    split_part_range((int)pos[blockIdx.y], window, blockIdx.z, gridDim.z, split_chunk(hdk), lo, hi);
+    kv_prefetch_l2(kc, vc, KT == 0 ? 4 : 2, lo, hi, kv_pf_min_pos(pos), blockIdx.x / (n_head / n_head_kv),
+                   n_head_kv, hdk, hdv, capacity);
+}
+
 #define PART2(KT, D, NAME)                                                                         \
-    extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
+    extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { KV_PF(part2_prefetch<KT>(kc, vc, pos, n_head, n_head_kv, hdk, hdv, capacity, window)); PDL_ENTRY(); \
         attention_part2<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
 PART2(0, ATT_MAXD, attention_part2_f32)
 PART2(1, ATT_MAXD, attention_part2_f16)

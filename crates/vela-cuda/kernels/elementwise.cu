@@ -214,6 +214,17 @@ extern "C" __global__ void argmax_final_io(const float* __restrict__ cv, const i
     }
 }
 
+// Programmatic dependent launch in the RoPE + store kernels: they start with ROPE_ENTRY() and
+// every thread reaches ROPE_RESUME() once, after reading only the position and constants (the
+// angles of rope_store_heads) and before anything the previous kernel writes, like the
+// matvecs' MV_ENTRY / MV_RESUME. VELA_CUDA_DEFINES=ROPE_WAIT_FIRST: wait at entry (A/B).
+#ifdef ROPE_WAIT_FIRST
+#define ROPE_ENTRY() pdl_resume()
+#define ROPE_RESUME() do {} while (0)
+#else
+#define ROPE_ENTRY() do {} while (0)
+#define ROPE_RESUME() pdl_resume()
+#endif
 // RoPE of q and k plus the KV-cache store of the rotated k and of v, one launch: block (t, 0)
 // rotates q's row t, block (t, 1) rotates k's row t and stores it, block (t, 2) stores v's row t
 // (slot = position % capacity; f16 caches round to nearest even like kv_store).
@@ -223,6 +234,7 @@ __device__ void rope_store(float* q, float* k, const float* __restrict__ v,
                            int n_head_kv, int head_dim, int n_rot, float theta_scale,
                            float freq_scale, const float* __restrict__ ff, int neox, int wk, int wv,
                            int capacity) {
+    ROPE_RESUME();
     int t = blockIdx.x;
     size_t slot = pos[t] % (u32)capacity;
     if (blockIdx.y == 0) {
@@ -243,11 +255,22 @@ __device__ void rope_store(float* q, float* k, const float* __restrict__ v,
 }
 // The extern wrappers of rope_store and rope_store_heads (below), one per cache type.
 #define ROPE_STORE(FN, KT, NAME)                                                                     \
-    extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity) { PDL_ENTRY(); \
+    extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity) { ROPE_ENTRY(); \
         FN<KT>(q, k, (float*)v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); }
 ROPE_STORE(rope_store, 0, rope_store_f32)
 ROPE_STORE(rope_store, 1, rope_store_f16)
 ROPE_STORE(rope_store, 2, rope_store_bf16)
+
+// The angle of rotated pair i at position p, as rope_row computes it.
+__device__ __forceinline__ void rope_angle(u32 p, int i, float theta_scale, float freq_scale,
+                                           const float* __restrict__ ff, float& c, float& sn) {
+    float theta = (float)p;
+    for (int j = 0; j < i; j++) theta *= theta_scale;
+    float f = ff ? ff[i] : 1.0f;
+    float a = freq_scale * (theta / f);
+    c = cosf(a);
+    sn = sinf(a);
+}
 
 // RoPE + KV store with one block per head (the default; rope_store above runs three blocks per
 // token, each looping over all heads: ~8 us per Llama-3-8B layer): block (t, y) rotates q head y
@@ -267,8 +290,15 @@ __device__ void rope_store_heads(float* q, float* k, float* __restrict__ v,
                                  const float* __restrict__ kn = nullptr,
                                  const float* __restrict__ vn = nullptr, float eps = 0.0f) {
     int t = blockIdx.x, y = blockIdx.y;
+    // Before the wait: the step's position (written before the step's first kernel) and the
+    // thread's first angle, from constants only.
     u32 p = pos[t];
     size_t slot = p % (u32)capacity;
+    int half_rot = n_rot / 2;
+    float c0 = 1.0f, s0 = 0.0f;
+    if (y < n_head + n_head_kv && (int)threadIdx.x < half_rot)
+        rope_angle(p, threadIdx.x, theta_scale, freq_scale, ff, c0, s0);
+    ROPE_RESUME();
     if (y >= n_head + n_head_kv) {
         int hv = y - n_head - n_head_kv, hdv = wv / n_head_kv;
         float* src = v + (size_t)t * wv + (size_t)hv * hdv;
@@ -311,13 +341,9 @@ __device__ void rope_store_heads(float* q, float* k, float* __restrict__ v,
         // (The rotation below reads elements other threads normalized.)
         __syncthreads();
     }
-    int half_rot = n_rot / 2;
     for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
-        float theta = (float)p;
-        for (int j = 0; j < i; j++) theta *= theta_scale;
-        float f = ff ? ff[i] : 1.0f;
-        float a = freq_scale * (theta / f);
-        float c = cosf(a), sn = sinf(a);
+        float c = c0, sn = s0;
+        if (i != (int)threadIdx.x) rope_angle(p, i, theta_scale, freq_scale, ff, c, sn);
         int ia = neox ? i : 2 * i;
         int ib = neox ? i + half_rot : 2 * i + 1;
         float x0 = hx[ia], x1 = hx[ib];
@@ -345,7 +371,7 @@ ROPE_STORE(rope_store_heads, 0, rope_store_heads_f32)
 ROPE_STORE(rope_store_heads, 1, rope_store_heads_f16)
 ROPE_STORE(rope_store_heads, 2, rope_store_heads_bf16)
 #define ROPE_NORM_STORE(KT, NAME)                                                                    \
-    extern "C" __global__ void NAME(float* q, float* k, float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity, const float* qn, const float* kn, const float* vn, float eps) { PDL_ENTRY(); \
+    extern "C" __global__ void NAME(float* q, float* k, float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity, const float* qn, const float* kn, const float* vn, float eps) { ROPE_ENTRY(); \
         rope_store_heads<KT, true>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity, qn, kn, vn, eps); }
 ROPE_NORM_STORE(0, rope_norm_store_heads_f32)
 ROPE_NORM_STORE(1, rope_norm_store_heads_f16)

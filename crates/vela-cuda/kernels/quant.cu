@@ -30,6 +30,19 @@ extern "C" __global__ void quantize_q8k(const float* __restrict__ x, AQ8K* __res
     q8k_block(v, out + blk, lane);
 }
 
+// Programmatic dependent launch in the pre-norm kernels: they start with NORM_ENTRY() and every
+// thread reaches NORM_RESUME() once; norm_quant_regs loads its norm weights (constants) before
+// it, so their DRAM round trip runs under the previous kernel's tail and only x (just written,
+// in L2) is read after the wait (like the matvecs' MV_ENTRY / MV_RESUME).
+// VELA_CUDA_DEFINES=NORM_WAIT_FIRST: wait at entry (A/B).
+#ifdef NORM_WAIT_FIRST
+#define NORM_ENTRY() pdl_resume()
+#define NORM_RESUME() do {} while (0)
+#else
+#define NORM_ENTRY() do {} while (0)
+#define NORM_RESUME() pdl_resume()
+#endif
+
 // Pre-norm block input in one pass (one block per row): optionally x += res, then
 // h = x / rms(x) * w exactly like rms_norm, and h quantized for the matmuls (Q8 blocks of 32 when
 // K = 0, Q8_K blocks of 256 when K = 1) exactly like quantize_q8 / quantize_q8k. (A variant that
@@ -38,6 +51,7 @@ template <int K>
 __device__ void norm_quant(float* __restrict__ x, const float* __restrict__ res,
                            const float* __restrict__ w, float* __restrict__ h, u8* __restrict__ act,
                            int width, float eps) {
+    NORM_RESUME();
     float* xr = x + (size_t)blockIdx.x * width;
     float* hr = h + (size_t)blockIdx.x * width;
     double s = 0.0;
@@ -78,7 +92,7 @@ __device__ void norm_quant(float* __restrict__ x, const float* __restrict__ res,
 
 // The extern wrappers of norm_quant and norm_quant_regs (below): K = 0 Q8, 1 Q8_K.
 #define NORM_Q(FN, K, NAME)                                                                          \
-    extern "C" __global__ void NAME(float* x, const float* res, const float* w, float* h, u8* act, int width, float eps) { PDL_ENTRY(); \
+    extern "C" __global__ void NAME(float* x, const float* res, const float* w, float* h, u8* act, int width, float eps) { NORM_ENTRY(); \
         FN<K>(x, res, w, h, act, width, eps); }
 NORM_Q(norm_quant, 0, norm_q8)
 NORM_Q(norm_quant, 1, norm_q8k)
@@ -137,17 +151,26 @@ __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__
     int t = threadIdx.x;
     bool on = 8 * t < width;  // width is a multiple of 32: all 8 elements are in the row
     float* xr = x + (size_t)blockIdx.x * width;
-    float v[8], wv[8];
+    float v[8], wv[8], pv[8];
     double s = 0.0;
 #pragma unroll
-    for (int e = 0; e < 8; e++) v[e] = wv[e] = 0.0f;
+    for (int e = 0; e < 8; e++) v[e] = wv[e] = pv[e] = 0.0f;
+    // The norm weights before the wait (constants).
     if (on) {
-        float4 x0 = ((const float4*)xr)[2 * t], x1 = ((const float4*)xr)[2 * t + 1];
         float4 w0 = ((const float4*)w)[2 * t], w1 = ((const float4*)w)[2 * t + 1];
-        v[0] = x0.x; v[1] = x0.y; v[2] = x0.z; v[3] = x0.w;
-        v[4] = x1.x; v[5] = x1.y; v[6] = x1.z; v[7] = x1.w;
         wv[0] = w0.x; wv[1] = w0.y; wv[2] = w0.z; wv[3] = w0.w;
         wv[4] = w1.x; wv[5] = w1.y; wv[6] = w1.z; wv[7] = w1.w;
+        if (POST) {
+            float4 p0 = ((const float4*)pw)[2 * t], p1 = ((const float4*)pw)[2 * t + 1];
+            pv[0] = p0.x; pv[1] = p0.y; pv[2] = p0.z; pv[3] = p0.w;
+            pv[4] = p1.x; pv[5] = p1.y; pv[6] = p1.z; pv[7] = p1.w;
+        }
+    }
+    NORM_RESUME();
+    if (on) {
+        float4 x0 = ((const float4*)xr)[2 * t], x1 = ((const float4*)xr)[2 * t + 1];
+        v[0] = x0.x; v[1] = x0.y; v[2] = x0.z; v[3] = x0.w;
+        v[4] = x1.x; v[5] = x1.y; v[6] = x1.z; v[7] = x1.w;
         if (res && !POST) {
             const float4* rr = (const float4*)(res + (size_t)blockIdx.x * width);
             float4 r0 = rr[2 * t], r1 = rr[2 * t + 1];
@@ -175,8 +198,6 @@ __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__
         __syncthreads();
         float rscale = 1.0f / sqrtf(rmean + eps);
         if (on) {
-            float4 p0 = ((const float4*)pw)[2 * t], p1 = ((const float4*)pw)[2 * t + 1];
-            float pv[8] = {p0.x, p0.y, p0.z, p0.w, p1.x, p1.y, p1.z, p1.w};
             // Rounded products, as rms_norm stores them (no contraction into the add); then
             // x *= xs as `scale` does (Gemma 4's layer scalar; exact when xs is 1).
 #pragma unroll
@@ -212,7 +233,7 @@ __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__
 NORM_Q(norm_quant_regs, 0, norm_q8_regs)
 NORM_Q(norm_quant_regs, 1, norm_q8k_regs)
 #define NORM_Q_POST(K, NAME)                                                                        \
-    extern "C" __global__ void NAME(float* x, const float* res, const float* pw, const float* w, float* h, u8* act, int width, float eps, float xs) { PDL_ENTRY(); \
+    extern "C" __global__ void NAME(float* x, const float* res, const float* pw, const float* w, float* h, u8* act, int width, float eps, float xs) { NORM_ENTRY(); \
         norm_quant_regs<K, true>(x, res, w, h, act, width, eps, pw, xs); }
 NORM_Q_POST(0, norm_q8_post_regs)
 NORM_Q_POST(1, norm_q8k_post_regs)

@@ -405,8 +405,9 @@ mod tests {
 
     /// With programmatic dependent launch a kernel may start before the previous one ends, so
     /// every block of every kernel must pass `griddepcontrol.wait` before it touches shared
-    /// data: each `__global__` body starts with `PDL_ENTRY();`. The one exception is the
-    /// measurement kernel `flag_chain_link` (sync_cost.rs), which waits on its predecessor's
+    /// data: each `__global__` body starts with `PDL_ENTRY();` (after a `KV_PF(...);` L2 hint),
+    /// or with `X_ENTRY();` where the kernel's function calls `X_RESUME();` once after reading
+    /// only constants (weights, positions). The one exception is the measurement kernel `flag_chain_link` (sync_cost.rs), which waits on its predecessor's
     /// counter instead, the thing it measures, and checks that it did.
     #[test]
     fn every_kernel_waits() {
@@ -422,9 +423,24 @@ mod tests {
                 let body = rest[open + 1..].trim_start();
                 // The matvecs wait inside their products, after the first weight loads
                 // (MV_ENTRY / MV_RESUME in kernels/matvec.cu, checked below).
+                // The decode attention's parts first ask L2 for their older keys (KV_PF in
+                // kernels/attention.cu: prefetch hints only, no load whose value is used).
+                let body = match body.strip_prefix("KV_PF(") {
+                    Some(b) => b[b.find("); ").expect("KV_PF(...);") + 3..].trim_start(),
+                    None => body,
+                };
+                // X_ENTRY(); of a group that defines it: MV_ENTRY (the matvecs), NORM_ENTRY (the
+                // pre-norms), ROPE_ENTRY (RoPE + store), each paired with a X_RESUME() that waits.
+                let entry = body.split_once("();").map_or("", |(e, _)| e);
                 assert!(
                     body.starts_with("PDL_ENTRY();")
-                        || (src.contains("#define MV_ENTRY()") && body.starts_with("MV_ENTRY();"))
+                        || (entry.ends_with("_ENTRY")
+                            && !entry.contains(' ')
+                            && src.contains(&format!("#define {entry}() pdl_resume()"))
+                            && src.contains(&format!(
+                                "#define {}() pdl_resume()",
+                                entry.replace("_ENTRY", "_RESUME")
+                            )))
                         || head.starts_with(" flag_chain_link("),
                     "{name}: kernel {head}... does not start with PDL_ENTRY()"
                 );
@@ -432,16 +448,27 @@ mod tests {
             }
         }
         assert!(n > 40, "only {n} kernels found");
-        // Every product the matvec kernels call (mv32, mvs, mvk, mvks) reaches MV_RESUME once.
-        let mv = GROUPS
-            .iter()
-            .map(|(_, s)| *s)
-            .find(|s| s.contains("#define MV_ENTRY()"))
-            .expect("the matvec source");
-        for f in ["mv32(", "mv32_narrow(", "mvs(", "mvk(", "mvks("] {
-            let at = mv.find(&format!("void {f}")).expect(f);
-            let end = at + mv[at..].find("\n}\n").expect("end of function");
-            assert_eq!(mv[at..end].matches("MV_RESUME();").count(), 1, "{f}");
+        // Every function behind an X_ENTRY kernel reaches X_RESUME once: the products the
+        // matvec kernels call, the pre-norms, RoPE + store.
+        for (entry, fns) in [
+            (
+                "MV",
+                &["mv32(", "mv32_narrow(", "mvs(", "mvk(", "mvks("][..],
+            ),
+            ("NORM", &["norm_quant(", "norm_quant_regs("]),
+            ("ROPE", &["rope_store(", "rope_store_heads("]),
+        ] {
+            let src = GROUPS
+                .iter()
+                .map(|(_, s)| *s)
+                .find(|s| s.contains(&format!("#define {entry}_ENTRY()")))
+                .expect(entry);
+            for f in fns {
+                let at = src.find(&format!("void {f}")).expect(f);
+                let end = at + src[at..].find("\n}\n").expect("end of function");
+                let n = src[at..end].matches(&format!("{entry}_RESUME();")).count();
+                assert_eq!(n, 1, "{f}");
+            }
         }
     }
 }
