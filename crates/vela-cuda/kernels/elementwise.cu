@@ -298,6 +298,10 @@ __device__ void rope_store_heads(float* q, float* k, float* __restrict__ v,
     float c0 = 1.0f, s0 = 0.0f;
     if (y < n_head + n_head_kv && (int)threadIdx.x < half_rot)
         rope_angle(p, threadIdx.x, theta_scale, freq_scale, ff, c0, s0);
+    // NORM: the thread's first weight of its head's norm (q, k, or v: Gemma 4).
+    const float* nw = !NORM ? nullptr : y < n_head ? qn : y < n_head + n_head_kv ? kn : vn;
+    int nlen = y < n_head + n_head_kv ? head_dim : wv / n_head_kv;
+    float nw0 = nw && (int)threadIdx.x < nlen ? nw[threadIdx.x] : 0.0f;
     ROPE_RESUME();
     if (y >= n_head + n_head_kv) {
         int hv = y - n_head - n_head_kv, hdv = wv / n_head_kv;
@@ -317,7 +321,7 @@ __device__ void rope_store_heads(float* q, float* k, float* __restrict__ v,
         for (int i = threadIdx.x; i < hdv; i += blockDim.x) {
             float x = src[i];
             if (NORM && vn) {
-                x = (x * scale) * vn[i];
+                x = (x * scale) * (i == (int)threadIdx.x ? nw0 : vn[i]);
                 src[i] = x;
             }
             if (KT != 0) ((u16*)vc)[dst + i] = f2kv<KT>(x); else ((float*)vc)[dst + i] = x;
@@ -329,7 +333,6 @@ __device__ void rope_store_heads(float* q, float* k, float* __restrict__ v,
     float* hx = is_k ? k + ((size_t)t * n_head_kv + hh) * head_dim : q + ((size_t)t * n_head + hh) * head_dim;
     size_t dst = slot * wk + (size_t)hh * head_dim;
     if constexpr (NORM) {
-        const float* nw = is_k ? kn : qn;
         double s = 0.0;
         for (int i = threadIdx.x; i < head_dim; i += blockDim.x) {
             float x = hx[i];
@@ -337,7 +340,8 @@ __device__ void rope_store_heads(float* q, float* k, float* __restrict__ v,
         }
         float mean = (float)(block_sum_d(s) / (double)head_dim);
         float scale = 1.0f / sqrtf(mean + eps);
-        for (int i = threadIdx.x; i < head_dim; i += blockDim.x) hx[i] = (hx[i] * scale) * nw[i];
+        for (int i = threadIdx.x; i < head_dim; i += blockDim.x)
+            hx[i] = (hx[i] * scale) * (i == (int)threadIdx.x ? nw0 : nw[i]);
         // (The rotation below reads elements other threads normalized.)
         __syncthreads();
     }

@@ -99,7 +99,7 @@ NORM_Q(norm_quant, 1, norm_q8k)
 
 // Q8 blocks of 32 from 8 elements per lane, lanes 4g..4g+3 holding block g of the warp (sub =
 // lane & 3; inactive lanes hold zeros in whole groups and write nothing); o: the lane's block.
-// (norm_q8_regs and the tail norm in matvec.cu.)
+// (norm_q8_regs.)
 __device__ __forceinline__ void q8_lanes8(const float (&hv)[8], AQ8* __restrict__ o, int sub,
                                           bool on) {
     float amax = 0.0f;
