@@ -4,7 +4,7 @@
 # tool in pieces of at most 64 MiB per call (the machine stays warm between back-to-back calls).
 #
 #   here:   scripts/gpu-suite.sh pack     # -> target/gpu-data/suite/: the vela binary, the GPU
-#                                         #    test binary, the three real models in 56 MiB parts,
+#                                         #    test binary, the three real models in 48 MiB parts,
 #                                         #    the CPU side of gpu-vs-cpu.py (cpuref.tar),
 #                                         #    the parity fixtures, tokenizer sources for
 #                                         #    `vela synth`, llama.cpp CUDA (a llama-bench bundle
@@ -57,7 +57,7 @@ SYNTH=${SUITE_SYNTH:-llama3-8b:q4_0 llama3-8b:q4_k_m}
 
 # Carry groups: first-fit of the files of $S (largest first) into bins of 64 MiB less what else
 # travels with each call (the working tree's tracked and untracked-not-ignored files, and
-# shared/ if the checkout has one) less 512 KiB -> $S/groups.txt, and $S/manifest.txt ("size
+# shared/ if the checkout has one) less 1 MiB -> $S/groups.txt, and $S/manifest.txt ("size
 # name" of every other file; the test stage checks the stash against it before it starts).
 groups() {
   python3 - "$S" <<'EOF'
@@ -65,10 +65,13 @@ import os, subprocess, sys
 d = sys.argv[1]
 tree = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                       capture_output=True, check=True).stdout.split(b"\0")
-tree_bytes = sum(os.path.getsize(f) for f in tree if f and os.path.isfile(f))
+# Each file counted in whole 4 KiB blocks, as the device tool's limit counts it (with ~700 small
+# files, apparent sizes undercount by ~2 MiB and a 56 MiB group was refused; session 17).
+blk = lambda f: -(-os.path.getsize(f) // 4096) * 4096
+tree_bytes = sum(blk(f) for f in tree if f and os.path.isfile(f))
 for root, _, fs in os.walk("shared"):
-    tree_bytes += sum(os.path.getsize(os.path.join(root, f)) for f in fs)
-limit = (64 << 20) - tree_bytes - (512 << 10)
+    tree_bytes += sum(blk(os.path.join(root, f)) for f in fs)
+limit = (64 << 20) - tree_bytes - (1 << 20)
 print(f"working tree {tree_bytes / 2**20:.1f} MiB: carry groups of at most {limit / 2**20:.1f} MiB")
 skip = {"groups.txt", "manifest.txt"}
 with open(os.path.join(d, "manifest.txt"), "w") as m:
@@ -122,7 +125,7 @@ pack)
   fi
   for m in $MODELS; do
     (cd "$src/models" && sha256sum $m.gguf) >"$S/m-$m.sha256"
-    split -b 56M -d "$src/models/$m.gguf" "$S/m-$m.part"
+    split -b 48M -d "$src/models/$m.gguf" "$S/m-$m.part"
   done
   groups
   ;;
