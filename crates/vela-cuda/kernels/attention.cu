@@ -474,12 +474,19 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
 }
 
 // Before the wait of programmatic dependent launch: ask L2 for the K and V rows of keys lo..hi of
-// KV head g (at most KV_PF_KEYS of them, one prefetch per 32-byte sector), so that the loads
+// KV head g (at most KV_PF_KEYS of them, one prefetch per 128-byte line), so that the loads
 // after the wait find them there instead of in DRAM (a decode step streams several times L2's
 // size of weights, so the previous step's keys are gone from it). Only keys below every query
 // row's position: the previous kernel (RoPE + KV store) writes this step's keys, at those
 // positions. A hint only (L2 is the point of coherence: a line fetched early cannot be stale),
 // and every address stays inside the cache. esz: bytes per cache element.
+// H200, tg128 (session 17, interleaved): Qwen2.5-0.5B / SmolLM2 / Gemma 3 geometries 1,504.5 /
+// 1,761.7 / 1,824.8 t/s vs 1,477.9 / 1,718.5 / 1,753.8 without, at depth 512 1,431.0 / 1,657.5 /
+// 1,761.7 vs 1,387.3 / 1,610.2 / 1,674.6; Llama-3-8B Q4_0 544.7 vs 535.7. The same before
+// flash_decode_*'s wait was slower (8B at 8K: 413.0 / 410.9 vs 423.3 / 423.5): removed. One
+// prefetch per 128-byte line rather than per 32-byte sector: SmolLM2 1,802.8 / 1,802.5 vs
+// 1,785.7 / 1,788.7, Qwen2.5-0.5B at depth 512 1,444.5 / 1,444.9 vs 1,434.9 / 1,432.6, the rest
+// equal (VELA_CUDA_DEFINES=KV_PF_SECTOR32 for A/B).
 // KV_PF(call): the prefetch call at a kernel's entry, before PDL_ENTRY() (sm_90+: before that,
 // no wait to hide it under; VELA_CUDA_DEFINES=NO_KV_PF: none, for A/B).
 #if defined(NO_KV_PF) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900)
@@ -497,14 +504,19 @@ __device__ __forceinline__ void kv_prefetch_l2(const void* kc, const void* vc, i
                                                int pmin, int g, int n_head_kv, int hdk, int hdv,
                                                int capacity) {
     hi = min(hi, min(pmin - 1, lo + KV_PF_KEYS - 1));
+#ifdef KV_PF_SECTOR32
+    constexpr int STEP = 32;  // one prefetch per 32-byte sector (A/B)
+#else
+    constexpr int STEP = 128;
+#endif
     int bk = hdk * esz, bv = hdv * esz;
-    int rk = (bk + 31) / 32, rv = (bv + 31) / 32;
+    int rk = (bk + STEP - 1) / STEP, rv = (bv + STEP - 1) / STEP;
     int items = (hi - lo + 1) * (rk + rv);
     for (int i = threadIdx.x; i < items; i += blockDim.x) {
         int j = lo + i / (rk + rv), c = i % (rk + rv);
         size_t row = (size_t)(j % capacity) * n_head_kv + g;
-        const char* a = c < rk ? (const char*)kc + row * bk + min(32 * c, bk - 1)
-                               : (const char*)vc + row * bv + min(32 * (c - rk), bv - 1);
+        const char* a = c < rk ? (const char*)kc + row * bk + min(STEP * c, bk - 1)
+                               : (const char*)vc + row * bv + min(STEP * (c - rk), bv - 1);
         asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
     }
 }

@@ -218,6 +218,9 @@ extern "C" __global__ void argmax_final_io(const float* __restrict__ cv, const i
 // every thread reaches ROPE_RESUME() once, after reading only the position and constants (the
 // angles of rope_store_heads) and before anything the previous kernel writes, like the
 // matvecs' MV_ENTRY / MV_RESUME. VELA_CUDA_DEFINES=ROPE_WAIT_FIRST: wait at entry (A/B).
+// H200 tg128 (session 17, before the QK-norm weights moved too): Qwen2.5-0.5B / SmolLM2 / Gemma 3
+// geometries 1,517.1 / 1,778.6 / 1,931.1 t/s vs 1,502.3 / 1,751.0 / 1,901.4 (and 1,520.1 /
+// 1,777.5 / 1,932.4 vs 1,503.1 / 1,751.4 / 1,900.3).
 #ifdef ROPE_WAIT_FIRST
 #define ROPE_ENTRY() pdl_resume()
 #define ROPE_RESUME() do {} while (0)

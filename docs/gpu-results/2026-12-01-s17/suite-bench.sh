@@ -4,4 +4,4 @@
 export VELA_CACHE_GPU=$HOME/.cache/vela
 SUITE_SYNTH="llama3-8b:q4_0 llama3-8b:q4_k_m" \
 SUITE_TG_AB="VELA_CUDA_DEFINES=NORM_WAIT_FIRST,ROPE_WAIT_FIRST,NO_KV_PF" \
-SUITE_TG_AB_MODELS="SmolLM2\|gemma-3\|qwen" SUITE_TG_AB_DEPTHS=0 bash scripts/gpu-suite.sh bench
+SUITE_TG_AB_MODELS="SmolLM2|gemma-3|qwen" SUITE_TG_AB_DEPTHS=0 bash scripts/gpu-suite.sh bench
