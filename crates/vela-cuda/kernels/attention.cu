@@ -379,14 +379,14 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
     int g = h / (n_head / n_head_kv);
     int p = (int)pos[t];
     const float* qr = q + ((size_t)t * n_head + h) * hdk;
-    for (int i = tid; i < hdk; i += blockDim.x) qs[i] = qr[i];
-    __syncthreads();
     int lo, hi;
     split_part_range(p, window, s, S, split_chunk(hdk), lo, hi);
     int quarter = hdk / 4;
     int kq = tid >> 2, qq = tid & 3;
     int dchunks = hdv / 8, groups = blockDim.x / dchunks;
     int kg = tid / dchunks, dc = tid % dchunks;
+    for (int i = tid; i < hdk; i += blockDim.x) qs[i] = qr[i];
+    __syncthreads();
     float m = NEG_INF, l = 0.0f;
     float a8[8];
 #pragma unroll
@@ -699,6 +699,11 @@ PART3(2, 8, attention_part3_bf16_g8)
 // the head's output is also quantized to Q8 blocks for the next product, exactly like
 // quantize_q8 (the first group's warps hold 32 consecutive elements each).
 #define COMBINE_MAX 128
+#ifdef COMBINE_PRE0
+#define COMBINE_PRE 0
+#else
+#define COMBINE_PRE 8
+#endif
 
 // The weights of a split-K merge, computed by one warp: lane l takes parts l, l + 32, ... (< S <=
 // COMBINE_MAX) of pr (stride hdv + 2: m at hdv, l at hdv + 1), writes w_s = exp(m_s - M) (0 for an
@@ -734,18 +739,36 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, flo
     __shared__ float red[4 * ATT_MAXD];
     int h = blockIdx.x, t = blockIdx.y;
     const float* pr = part + ((size_t)t * n_head + h) * S * (hdv + 2);
+    int hdv32 = (hdv + 31) & ~31;
+    int G = blockDim.x / hdv32;
+    int d = threadIdx.x % hdv32, gi = threadIdx.x / hdv32;
+    // The thread's first COMBINE_PRE values are loaded together with the weights' (m, l) rather
+    // than after them (the split-K parts: S <= 32, four groups: all of them), one round trip
+    // instead of two; the sums are the same. H200 tg128, 3 rounds (session 17, call 6):
+    // SmolLM2 / Gemma 3 geometries 1,785.7 / 1,783.2 / 1,783.0 and 1,908.2 / 1,901.8 / 1,905.7
+    // t/s vs 1,755.9 / 1,753.4 / 1,753.1 and 1,889.7 / 1,887.8 / 1,890.5 (COMBINE_PRE0);
+    // Qwen2.5-0.5B equal (1,497.5 / 1,498.0 / 1,497.8 vs 1,497.3 / 1,500.2 / 1,500.1). (Loading
+    // attention_part2's first V rows with q as well was not faster: removed.)
+    float pre[COMBINE_PRE > 0 ? COMBINE_PRE : 1];
+#pragma unroll
+    for (int k = 0; k < COMBINE_PRE; k++) {
+        int s = gi + k * G;
+        pre[k] = d < hdv && s < S ? pr[(size_t)s * (hdv + 2) + d] : 0.0f;
+    }
     if (threadIdx.x < 32) {
         float il = part_weights(pr, hdv, S, wts);
         if (threadIdx.x == 0) inv_l = il;
     }
     __syncthreads();
-    int hdv32 = (hdv + 31) & ~31;
-    int G = blockDim.x / hdv32;
-    int d = threadIdx.x % hdv32, gi = threadIdx.x / hdv32;
     float v = 0.0f;
     if (d < hdv) {
+#pragma unroll
+        for (int k = 0; k < COMBINE_PRE; k++) {
+            int s = gi + k * G;
+            if (s < S) v += pre[k] * wts[s];
+        }
 #pragma unroll 8
-        for (int s = gi; s < S; s += G) v += pr[(size_t)s * (hdv + 2) + d] * wts[s];
+        for (int s = gi + COMBINE_PRE * G; s < S; s += G) v += pr[(size_t)s * (hdv + 2) + d] * wts[s];
     }
     red[gi * hdv32 + d] = v;
     __syncthreads();
