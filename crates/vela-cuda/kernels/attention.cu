@@ -540,6 +540,115 @@ PART2(0, ATT_MAXD_BIG, attention_part2_f32_d512)
 PART2(1, ATT_MAXD_BIG, attention_part2_f16_d512)
 PART2(2, ATT_MAXD_BIG, attention_part2_bf16_d512)
 
+// ---- split-K decode attention parts, one warp each (VELA_CUDA_ATTN_WARP=1; prepared in session
+// 17, not yet measured on a GPU) ----
+//
+// Block (h, t, s) of ONE warp runs attention_part2's part s of the keys (same parts, same partial
+// layout, merged by attention_combine), with no __syncthreads: the keys in pieces of 32, lane j
+// taking key j of the piece whole (its D-element K row in 16-byte loads, the dot product against
+// q in shared memory), the piece's softmax statistics by warp shuffles, then every key's V row
+// read by the whole warp (lane l owns the D / 32 consecutive dimensions l D / 32 ..), its weight
+// broadcast by a shuffle. attention_part2 spends ~7 block barriers and three block reductions
+// per piece; at short contexts (a piece or two per part) those, not bytes, are its time
+// (`q05`: 80.7 us per token, 3.4 us per layer). Needs a 16-bit cache and hdk == hdv == D.
+template <int KT, int D>
+__device__ void attention_partw(const float* __restrict__ q, const void* __restrict__ kc,
+                                const void* __restrict__ vc, const u32* __restrict__ pos,
+                                float* __restrict__ part, int n_head, int n_head_kv,
+                                int capacity, int window, float scale, float softcap) {
+    constexpr int DL = D / 32;  // dimensions per lane in the V sum
+    __shared__ __align__(16) float qs[D];
+    int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    int lane = threadIdx.x;
+    int g = h / (n_head / n_head_kv);
+    int p = (int)pos[t];
+    int lo, hi;
+    split_part_range(p, window, s, S, split_chunk(D), lo, hi);
+    const float* qr = q + ((size_t)t * n_head + h) * D;
+#pragma unroll
+    for (int i = 0; i < DL; i++) qs[lane + 32 * i] = qr[lane + 32 * i];
+    __syncwarp();
+    const u16* k16 = (const u16*)kc;
+    const u16* v16 = (const u16*)vc;
+    float m = NEG_INF, l = 0.0f, acc[DL];
+#pragma unroll
+    for (int i = 0; i < DL; i++) acc[i] = 0.0f;
+    for (int b0 = lo; b0 <= hi; b0 += 32) {
+        int j = b0 + lane;
+        bool valid = j <= hi;
+        float sc = NEG_INF;
+        if (valid) {
+            const uint4* kr = (const uint4*)(k16 + ((size_t)(j % capacity) * n_head_kv + g) * D);
+            // Four partial sums (a chain of D dependent FMAs would be ~1,000 cycles at D = 256).
+            float d4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll 8
+            for (int c = 0; c < D / 8; c++) {
+                uint4 u = kr[c];
+                u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    d4[x] += qs[8 * c + 2 * x] * kv2f<KT>((u16)(w[x] & 0xffffu));
+                    d4[x] += qs[8 * c + 2 * x + 1] * kv2f<KT>((u16)(w[x] >> 16));
+                }
+            }
+            sc = ((d4[0] + d4[1]) + (d4[2] + d4[3])) * scale;
+            if (softcap > 0.0f) sc = tanhf(sc / softcap) * softcap;
+        }
+        float mn = fmaxf(m, warp_max(sc));
+        float corr = expf(m - mn);
+        float e = valid ? expf(sc - mn) : 0.0f;
+        l = l * corr + warp_sum(e);
+        m = mn;
+#pragma unroll
+        for (int i = 0; i < DL; i++) acc[i] *= corr;
+        // No branch, so every V load can be issued early: keys past the piece's last (weight 0:
+        // e is 0 in their lanes) read that last key's row again (finite values, cached).
+        int last = min(31, hi - b0);
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+            float ek = __shfl_sync(0xffffffffu, e, k);
+            int key = b0 + min(k, last);
+            const u16* vr = v16 + ((size_t)(key % capacity) * n_head_kv + g) * D + lane * DL;
+            float vv[DL];
+            if constexpr (DL == 2) {
+                u32 u = *(const u32*)vr;
+                vv[0] = kv2f<KT>((u16)(u & 0xffffu));
+                vv[1] = kv2f<KT>((u16)(u >> 16));
+            } else if constexpr (DL == 4) {
+                uint2 u = *(const uint2*)vr;
+                vv[0] = kv2f<KT>((u16)(u.x & 0xffffu)); vv[1] = kv2f<KT>((u16)(u.x >> 16));
+                vv[2] = kv2f<KT>((u16)(u.y & 0xffffu)); vv[3] = kv2f<KT>((u16)(u.y >> 16));
+            } else {
+                uint4 u = *(const uint4*)vr;
+                u32 w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+                for (int x = 0; x < 4; x++) {
+                    vv[2 * x] = kv2f<KT>((u16)(w[x] & 0xffffu));
+                    vv[2 * x + 1] = kv2f<KT>((u16)(w[x] >> 16));
+                }
+            }
+#pragma unroll
+            for (int i = 0; i < DL; i++) acc[i] += ek * vv[i];
+        }
+    }
+    float* o = part + (((size_t)t * n_head + h) * S + s) * (D + 2);
+#pragma unroll
+    for (int i = 0; i < DL; i++) o[lane * DL + i] = acc[i];
+    if (lane == 0) {
+        o[D] = m;
+        o[D + 1] = l;
+    }
+}
+#define PARTW(KT, D, NAME)                                                                         \
+    extern "C" __launch_bounds__(32) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { KV_PF(part2_prefetch<KT>(kc, vc, pos, n_head, n_head_kv, hdk, hdv, capacity, window)); PDL_ENTRY(); \
+        attention_partw<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); }
+PARTW(1, 64, attention_partw_f16_d64)
+PARTW(1, 128, attention_partw_f16_d128)
+PARTW(1, 256, attention_partw_f16_d256)
+PARTW(2, 64, attention_partw_bf16_d64)
+PARTW(2, 128, attention_partw_bf16_d128)
+PARTW(2, 256, attention_partw_bf16_d256)
+
 // ---- split-K decode attention, third version: one block per KV head (VELA_CUDA_ATTN_PART=3) ----
 //
 // Block (g, t, s) of 4 warps runs part s (split_part_range) of the keys for all G = n_head /

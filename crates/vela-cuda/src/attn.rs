@@ -64,6 +64,10 @@ pub(crate) struct FlashDecode {
     /// The device's opt-in shared memory per block holds the head-dim-256 / 512 kernels' (140 /
     /// 149 KiB; an H200 has 227, an sm_86/89 GPU 99): else they never run.
     fits: [bool; 2],
+    /// The second split-K version's parts on one warp each (`attention_partw_*`: 16-bit caches,
+    /// head dims 64 / 128 / 256; `VELA_CUDA_ATTN_WARP=1`, `set_attention_warp_parts`; off by
+    /// default: prepared in session 17, not yet measured on a GPU).
+    pub(crate) warp_parts: AtomicBool,
 }
 
 /// The device's opt-in shared memory per block in bytes (0 if the query fails).
@@ -100,6 +104,7 @@ impl FlashDecode {
                 ["flash_decode_f16_d256", "flash_decode_f16_d512"]
                     .map(|k| optin >= crate::kernels::dyn_smem(k) as usize)
             },
+            warp_parts: AtomicBool::new(num("VELA_CUDA_ATTN_WARP", 0) == 1),
         })
     }
 }
@@ -362,6 +367,14 @@ impl CudaBackend {
         self.fdec.d256.store(on, Ordering::Relaxed);
     }
 
+    /// The second split-K version's parts on one warp each (`attention_partw_*`, default: off
+    /// unless `VELA_CUDA_ATTN_WARP=1`).
+    pub fn set_attention_warp_parts(&self, on: bool) {
+        self.drop_parked();
+        self.flush_recording();
+        self.fdec.warp_parts.store(on, Ordering::Relaxed);
+    }
+
     /// The tensor-core decode attention also for head dim 512 (default: on unless
     /// `VELA_CUDA_FD_D512=0`).
     pub fn set_flash_decode_d512(&self, on: bool) {
@@ -510,10 +523,19 @@ impl CudaBackend {
             ];
             // All part kernels take the same arguments; the third version runs one block per KV
             // head.
+            let warp = v2
+                && !d512
+                && kv.ty != KvType::F32
+                && hd == p.head_dim_v
+                && matches!(hd, 64 | 128 | 256)
+                && self.fdec.warp_parts.load(Ordering::Relaxed);
             let (name, grid, block) = if v3 {
                 let g = if group <= 4 { 4 } else { 8 };
                 let name = format!("attention_part3_{}_g{g}", kv_suffix(kv.ty));
                 (name, (p.n_head_kv, n_tok, parts), 128)
+            } else if warp {
+                let name = format!("attention_partw_{}_d{hd}", kv_suffix(kv.ty));
+                (name, (p.n_head, n_tok, parts), 32)
             } else {
                 (name, (p.n_head, n_tok, parts), 32 * SPLIT_WARPS)
             };

@@ -152,3 +152,68 @@ fn walk_cache(
         }
     }
 }
+
+/// The split-K parts on one warp each (`attention_partw_*`, `VELA_CUDA_ATTN_WARP=1`; prepared in
+/// session 17): within the split-K bound of the CPU and of the four-warp parts (another
+/// summation order), alone and quantizing for a product, at head dims 64, 128 and 256, F16 and
+/// BF16 caches, 1 and 3 query rows, short and long contexts (pieces of 32 keys, partial last
+/// pieces), with and without a window; the warp kernel ran exactly when switched on.
+#[test]
+fn warp_parts_match_cpu_and_block_parts() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0x3a7f);
+    g.set_flash_decode_min_keys(usize::MAX);
+    for (ty, hd, nh, nkv) in [
+        (KvType::F16, 64usize, 14usize, 2usize),
+        (KvType::Bf16, 128, 32, 8),
+        (KvType::F16, 256, 4, 1),
+        (KvType::F16, 64, 9, 3),
+    ] {
+        let width = nh * hd;
+        let (wg, _) = upload_random(&g, &cpu, GgmlType::Q4_0, 64, width, &mut rng);
+        let steps = [40usize, 1, 3, 500, 400, 1, 3];
+        let shape = (ty, hd, nh, nkv);
+        walk_cache(
+            &g,
+            Some(&cpu),
+            shape,
+            &steps,
+            &mut rng,
+            |rng, pos, p, kg, kc| {
+                let n = pos.len();
+                let q = rng.vec(n * width);
+                let qg = up(&g, &q);
+                let mut ac = cpu.alloc(n * width);
+                cpu.attention(&up(&cpu, &q), kc.expect("CPU cache"), 0, pos, p, &mut ac);
+                let ac = down(&cpu, &ac, n * width);
+                let tag = format!(
+                    "{ty:?} hd={hd} {nh}/{nkv} window={:?} pos {}+{n}",
+                    p.window, pos[0]
+                );
+                let mut outs = Vec::new();
+                for warp in [true, false] {
+                    g.set_attention_warp_parts(warp);
+                    let (mut a, mut y) = (g.alloc(n * width), g.alloc(n * 64));
+                    g.set_profiling(true);
+                    g.profile_take();
+                    g.attention_matmul(&qg, kg, 0, pos, p, &mut a, &wg, &mut y);
+                    let launches = g.profile_take();
+                    g.set_profiling(false);
+                    let ran = launches.keys().any(|k| k.starts_with("attention_partw_"));
+                    assert_eq!(ran, warp, "{tag} warp {warp}: {launches:?}");
+                    outs.push(down(&g, &a, n * width));
+                }
+                check(&format!("{tag} warp parts vs CPU"), &outs[0], &ac, 1e-4);
+                check(
+                    &format!("{tag} warp parts vs block parts"),
+                    &outs[0],
+                    &outs[1],
+                    1e-4,
+                );
+            },
+        );
+    }
+    g.set_attention_warp_parts(false);
+    g.set_flash_decode_min_keys(1536);
+}
