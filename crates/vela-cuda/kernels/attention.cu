@@ -379,14 +379,14 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
     int g = h / (n_head / n_head_kv);
     int p = (int)pos[t];
     const float* qr = q + ((size_t)t * n_head + h) * hdk;
+    for (int i = tid; i < hdk; i += blockDim.x) qs[i] = qr[i];
+    __syncthreads();
     int lo, hi;
     split_part_range(p, window, s, S, split_chunk(hdk), lo, hi);
     int quarter = hdk / 4;
     int kq = tid >> 2, qq = tid & 3;
     int dchunks = hdv / 8, groups = blockDim.x / dchunks;
     int kg = tid / dchunks, dc = tid % dchunks;
-    for (int i = tid; i < hdk; i += blockDim.x) qs[i] = qr[i];
-    __syncthreads();
     float m = NEG_INF, l = 0.0f;
     float a8[8];
 #pragma unroll
