@@ -568,7 +568,6 @@ __device__ void attention_partw(const float* __restrict__ q, const void* __restr
 #pragma unroll
     for (int i = 0; i < DL; i++) qs[lane + 32 * i] = qr[lane + 32 * i];
     __syncwarp();
-    const u16* k16 = (const u16*)kc;
     const u16* v16 = (const u16*)vc;
     float m = NEG_INF, l = 0.0f, acc[DL];
 #pragma unroll
@@ -578,18 +577,15 @@ __device__ void attention_partw(const float* __restrict__ q, const void* __restr
         bool valid = j <= hi;
         float sc = NEG_INF;
         if (valid) {
-            const uint4* kr = (const uint4*)(k16 + ((size_t)(j % capacity) * n_head_kv + g) * D);
+            size_t ko = ((size_t)(j % capacity) * n_head_kv + g) * D;
             // Four partial sums (a chain of D dependent FMAs would be ~1,000 cycles at D = 256).
             float d4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll 8
             for (int c = 0; c < D / 8; c++) {
-                uint4 u = kr[c];
-                u32 w[4] = {u.x, u.y, u.z, u.w};
+                float kv[8];
+                kv8<KT>(kc, ko + 8 * c, kv);
 #pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    d4[x] += qs[8 * c + 2 * x] * kv2f<KT>((u16)(w[x] & 0xffffu));
-                    d4[x] += qs[8 * c + 2 * x + 1] * kv2f<KT>((u16)(w[x] >> 16));
-                }
+                for (int x = 0; x < 8; x++) d4[x / 2] += qs[8 * c + x] * kv[x];
             }
             sc = ((d4[0] + d4[1]) + (d4[2] + d4[3])) * scale;
             if (softcap > 0.0f) sc = tanhf(sc / softcap) * softcap;
@@ -619,13 +615,7 @@ __device__ void attention_partw(const float* __restrict__ q, const void* __restr
                 vv[0] = kv2f<KT>((u16)(u.x & 0xffffu)); vv[1] = kv2f<KT>((u16)(u.x >> 16));
                 vv[2] = kv2f<KT>((u16)(u.y & 0xffffu)); vv[3] = kv2f<KT>((u16)(u.y >> 16));
             } else {
-                uint4 u = *(const uint4*)vr;
-                u32 w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-                for (int x = 0; x < 4; x++) {
-                    vv[2 * x] = kv2f<KT>((u16)(w[x] & 0xffffu));
-                    vv[2 * x + 1] = kv2f<KT>((u16)(w[x] >> 16));
-                }
+                kv8<KT>(vr, 0, vv);
             }
 #pragma unroll
             for (int i = 0; i < DL; i++) acc[i] += ek * vv[i];
