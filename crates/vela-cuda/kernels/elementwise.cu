@@ -22,6 +22,16 @@ extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w,
 // table: theta = pos, multiplied i times by theta_scale in f32 (theta_scale is computed on the
 // host so both backends use the same value). ff (may be null) holds per-pair divisors.
 #define ROPE_MAX_PAIRS 256
+// The angle of rotated pair i at position p (cos, sin).
+__device__ __forceinline__ void rope_angle(u32 p, int i, float theta_scale, float freq_scale,
+                                           const float* __restrict__ ff, float& c, float& sn) {
+    float theta = (float)p;
+    for (int j = 0; j < i; j++) theta *= theta_scale;
+    float f = ff ? ff[i] : 1.0f;
+    float a = freq_scale * (theta / f);
+    c = cosf(a);
+    sn = sinf(a);
+}
 __device__ __forceinline__ void rope_row(float* x, const u32* __restrict__ pos, int t, int n_head,
                                          int head_dim, int n_rot, float theta_scale,
                                          float freq_scale, const float* __restrict__ ff, int neox) {
@@ -32,14 +42,8 @@ __device__ __forceinline__ void rope_row(float* x, const u32* __restrict__ pos, 
     __shared__ float cs[2][ROPE_MAX_PAIRS];
     bool shared = half_rot <= ROPE_MAX_PAIRS;
     if (shared) {
-        for (int i = threadIdx.x; i < half_rot; i += blockDim.x) {
-            float theta = (float)pos[t];
-            for (int j = 0; j < i; j++) theta *= theta_scale;
-            float f = ff ? ff[i] : 1.0f;
-            float a = freq_scale * (theta / f);
-            cs[0][i] = cosf(a);
-            cs[1][i] = sinf(a);
-        }
+        for (int i = threadIdx.x; i < half_rot; i += blockDim.x)
+            rope_angle(pos[t], i, theta_scale, freq_scale, ff, cs[0][i], cs[1][i]);
         __syncthreads();
     }
     for (int k = threadIdx.x; k < n_head * half_rot; k += blockDim.x) {
@@ -49,12 +53,7 @@ __device__ __forceinline__ void rope_row(float* x, const u32* __restrict__ pos, 
             c = cs[0][i];
             s = cs[1][i];
         } else {
-            float theta = (float)pos[t];
-            for (int j = 0; j < i; j++) theta *= theta_scale;
-            float f = ff ? ff[i] : 1.0f;
-            float a = freq_scale * (theta / f);
-            c = cosf(a);
-            s = sinf(a);
+            rope_angle(pos[t], i, theta_scale, freq_scale, ff, c, s);
         }
         float* hx = x + ((size_t)t * n_head + h) * head_dim;
         int ia = neox ? i : 2 * i;
@@ -263,17 +262,6 @@ __device__ void rope_store(float* q, float* k, const float* __restrict__ v,
 ROPE_STORE(rope_store, 0, rope_store_f32)
 ROPE_STORE(rope_store, 1, rope_store_f16)
 ROPE_STORE(rope_store, 2, rope_store_bf16)
-
-// The angle of rotated pair i at position p, as rope_row computes it.
-__device__ __forceinline__ void rope_angle(u32 p, int i, float theta_scale, float freq_scale,
-                                           const float* __restrict__ ff, float& c, float& sn) {
-    float theta = (float)p;
-    for (int j = 0; j < i; j++) theta *= theta_scale;
-    float f = ff ? ff[i] : 1.0f;
-    float a = freq_scale * (theta / f);
-    c = cosf(a);
-    sn = sinf(a);
-}
 
 // RoPE + KV store with one block per head (the default; rope_store above runs three blocks per
 // token, each looping over all heads: ~8 us per Llama-3-8B layer): block (t, y) rotates q head y

@@ -413,8 +413,9 @@ mod tests {
     /// every block of every kernel must pass `griddepcontrol.wait` before it touches shared
     /// data: each `__global__` body starts with `PDL_ENTRY();` (after a `KV_PF(...);` L2 hint),
     /// or with `X_ENTRY();` where the kernel's function calls `X_RESUME();` once after reading
-    /// only constants (weights, positions). The one exception is the measurement kernel `flag_chain_link` (sync_cost.rs), which waits on its predecessor's
-    /// counter instead, the thing it measures, and checks that it did.
+    /// only constants (weights, positions). The one exception is the measurement kernel
+    /// `flag_chain_link` (sync_cost.rs), which waits on its predecessor's counter instead, the
+    /// thing it measures, and checks that it did.
     #[test]
     fn every_kernel_waits() {
         let mut n = 0;
