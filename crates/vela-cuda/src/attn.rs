@@ -5,7 +5,7 @@ use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaKv};
 use crate::{ATT_MAXD, ATT_MAXD_BIG, ATT_WARPS, SPLIT_MAX_ROWS, SPLIT_WARPS};
 use anyhow::Result;
 use cudarc::driver::{sys, CudaContext, CudaSlice};
-use std::sync::atomic::{AtomicBool, AtomicUsize};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize};
 use std::sync::{Arc, Mutex};
 
 /// Most split-K parts of the first two versions (one `attention_part*` block per query head).
@@ -65,9 +65,15 @@ pub(crate) struct FlashDecode {
     /// 149 KiB; an H200 has 227, an sm_86/89 GPU 99): else they never run.
     fits: [bool; 2],
     /// The second split-K version's parts on one warp each (`attention_partw_*`: 16-bit caches,
-    /// head dims 64 / 128 / 256; `VELA_CUDA_ATTN_WARP=1`, `set_attention_warp_parts`; off by
-    /// default: prepared in session 17, not yet measured on a GPU).
-    pub(crate) warp_parts: AtomicBool,
+    /// head dims 64 / 128 / 256): 0 never, 1 for every head dim it takes, 2 (default) for head
+    /// dim 64 (`VELA_CUDA_ATTN_WARP`, `set_attention_warp_parts`). H200 tg128 against
+    /// the four-warp parts (session 18, call 1, two rounds): Qwen2.5-0.5B geometry 1,555.3 /
+    /// 1,565.7 vs 1,519.0 / 1,515.7 t/s (depth 512: 1,493.4 / 1,494.9 vs 1,473.8 / 1,475.1),
+    /// SmolLM2 1,900.7 / 1,897.7 vs 1,817.0 / 1,817.8 (1,894.4 / 1,891.9 vs 1,808.4 / 1,807.9);
+    /// Gemma 3 270M (head dim 256) 1,942.1 / 1,940.2 vs 1,955.5 / 1,953.8; Llama-3-8B (head dim
+    /// 128, call 2) 570.0 / 566.8 vs 557.9 / 557.6 but at depth 512 494.3 / 497.7 vs 506.1 /
+    /// 506.8 (a lane's whole 128- or 256-wide dot product per key), hence head dim 64 only.
+    pub(crate) warp_parts: AtomicU32,
 }
 
 /// The device's opt-in shared memory per block in bytes (0 if the query fails).
@@ -104,7 +110,7 @@ impl FlashDecode {
                 ["flash_decode_f16_d256", "flash_decode_f16_d512"]
                     .map(|k| optin >= crate::kernels::dyn_smem(k) as usize)
             },
-            warp_parts: AtomicBool::new(num("VELA_CUDA_ATTN_WARP", 0) == 1),
+            warp_parts: AtomicU32::new(num("VELA_CUDA_ATTN_WARP", 2).min(2) as u32),
         })
     }
 }
@@ -367,12 +373,13 @@ impl CudaBackend {
         self.fdec.d256.store(on, Ordering::Relaxed);
     }
 
-    /// The second split-K version's parts on one warp each (`attention_partw_*`, default: off
-    /// unless `VELA_CUDA_ATTN_WARP=1`).
+    /// The second split-K version's parts on one warp each (`attention_partw_*`): `true` for
+    /// every head dim it takes (64, 128, 256), `false` never. The default (`VELA_CUDA_ATTN_WARP`
+    /// unset or 2) takes them for head dim 64.
     pub fn set_attention_warp_parts(&self, on: bool) {
         self.drop_parked();
         self.flush_recording();
-        self.fdec.warp_parts.store(on, Ordering::Relaxed);
+        self.fdec.warp_parts.store(on as u32, Ordering::Relaxed);
     }
 
     /// The tensor-core decode attention also for head dim 512 (default: on unless
@@ -527,8 +534,11 @@ impl CudaBackend {
                 && !d512
                 && kv.ty != KvType::F32
                 && hd == p.head_dim_v
-                && matches!(hd, 64 | 128 | 256)
-                && self.fdec.warp_parts.load(Ordering::Relaxed);
+                && match self.fdec.warp_parts.load(Ordering::Relaxed) {
+                    1 => matches!(hd, 64 | 128 | 256),
+                    2 => hd == 64,
+                    _ => false,
+                };
             let (name, grid, block) = if v3 {
                 let g = if group <= 4 { 4 } else { 8 };
                 let name = format!("attention_part3_{}_g{g}", kv_suffix(kv.ty));
