@@ -74,6 +74,9 @@ pub(crate) struct FlashDecode {
     /// 128, call 2) 570.0 / 566.8 vs 557.9 / 557.6 but at depth 512 494.3 / 497.7 vs 506.1 /
     /// 506.8 (a lane's whole 128- or 256-wide dot product per key), hence head dim 64 only.
     pub(crate) warp_parts: AtomicU32,
+    /// Most parts of the warp parts when the keys seen fill more than one 32-key chunk per part
+    /// of the shape's count (`warp_parts_for`; `VELA_CUDA_WARP_MAX_PARTS`, 0: the shape's count).
+    pub(crate) warp_max_parts: AtomicUsize,
 }
 
 /// The device's opt-in shared memory per block in bytes (0 if the query fails).
@@ -111,6 +114,7 @@ impl FlashDecode {
                     .map(|k| optin >= crate::kernels::dyn_smem(k) as usize)
             },
             warp_parts: AtomicU32::new(num("VELA_CUDA_ATTN_WARP", 2).min(2) as u32),
+            warp_max_parts: AtomicUsize::new(num("VELA_CUDA_WARP_MAX_PARTS", 0).min(SPLIT_MAX_PARTS_V3)),
         })
     }
 }
@@ -382,6 +386,14 @@ impl CudaBackend {
         self.fdec.warp_parts.store(on as u32, Ordering::Relaxed);
     }
 
+    /// Most parts of the warp parts past one 32-key chunk per part (0: the shape's count;
+    /// default `VELA_CUDA_WARP_MAX_PARTS`, else 0).
+    pub fn set_warp_max_parts(&self, n: usize) {
+        self.drop_parked();
+        self.flush_recording();
+        self.fdec.warp_max_parts.store(n.min(SPLIT_MAX_PARTS_V3), Ordering::Relaxed);
+    }
+
     /// The tensor-core decode attention also for head dim 512 (default: on unless
     /// `VELA_CUDA_FD_D512=0`).
     pub fn set_flash_decode_d512(&self, on: bool) {
@@ -512,6 +524,21 @@ impl CudaBackend {
                 kv_suffix(kv.ty),
                 if d512 { "_d512" } else { "" }
             );
+            let warp = v2
+                && !d512
+                && kv.ty != KvType::F32
+                && hd == p.head_dim_v
+                && match self.fdec.warp_parts.load(Ordering::Relaxed) {
+                    1 => matches!(hd, 64 | 128 | 256),
+                    2 => hd == 64,
+                    _ => false,
+                };
+            let most = self.fdec.warp_max_parts.load(Ordering::Relaxed);
+            let parts = if warp && !v3 {
+                warp_parts_for(parts, keys, l.spec.capacity, most)
+            } else {
+                parts
+            };
             let pt = self.attn_partials(n_tok * p.n_head * parts * (p.head_dim_v + 2));
             let args = [
                 Arg::P(self.ptr(q)),
@@ -530,15 +557,6 @@ impl CudaBackend {
             ];
             // All part kernels take the same arguments; the third version runs one block per KV
             // head.
-            let warp = v2
-                && !d512
-                && kv.ty != KvType::F32
-                && hd == p.head_dim_v
-                && match self.fdec.warp_parts.load(Ordering::Relaxed) {
-                    1 => matches!(hd, 64 | 128 | 256),
-                    2 => hd == 64,
-                    _ => false,
-                };
             let (name, grid, block) = if v3 {
                 let g = if group <= 4 { 4 } else { 8 };
                 let name = format!("attention_part3_{}_g{g}", kv_suffix(kv.ty));
@@ -695,6 +713,23 @@ fn split_parts(
         .min(capacity.div_ceil(split_chunk(hd)))
 }
 
+/// Parts of the warp parts (`attention_partw_*`) for `keys` keys seen: the shape's `base`, or,
+/// when the keys fill more than one 32-key chunk per part, one part per chunk in steps of 16 up
+/// to `most` (and the capacity's chunks). The count follows the position in steps, so a decode
+/// captures a few graphs over a long generation (graph.rs keeps 8), as at the tensor-core
+/// decode's threshold.
+fn warp_parts_for(base: usize, keys: usize, capacity: usize, most: usize) -> usize {
+    let chunks = keys.div_ceil(32);
+    if most <= base || chunks <= base {
+        return base;
+    }
+    chunks
+        .next_multiple_of(16)
+        .min(most)
+        .min(capacity.div_ceil(32))
+        .max(base)
+}
+
 /// Keys per chunk of the split-K parts for head dim `hd` (`split_chunk` in attention.cu; the
 /// kernel define `VELA_CUDA_DEFINES=SPLIT_CHUNK32`: 32 for all, for A/B).
 fn split_chunk(hd: usize) -> usize {
@@ -814,6 +849,23 @@ mod tests {
         assert_eq!(split_parts(false, false, 8, 256, 64), 8);
         // Third version: one per 64 keys, up to 128.
         assert_eq!(split_parts(true, false, 8, 8448, 128), 128);
+    }
+
+    /// The warp parts' count: the shape's below one chunk per part, then one per 32-key chunk
+    /// in steps of 16, capped by `most` and the capacity.
+    #[test]
+    fn warp_parts_follow_the_keys() {
+        use super::warp_parts_for;
+        assert_eq!(warp_parts_for(18, 1, 8192, 64), 18);
+        assert_eq!(warp_parts_for(18, 576, 8192, 64), 18);
+        assert_eq!(warp_parts_for(18, 577, 8192, 64), 32);
+        assert_eq!(warp_parts_for(18, 1152, 8192, 64), 48);
+        assert_eq!(warp_parts_for(18, 2048, 8192, 64), 64);
+        assert_eq!(warp_parts_for(18, 9000, 8192, 64), 64);
+        assert_eq!(warp_parts_for(29, 1000, 8192, 64), 32);
+        assert_eq!(warp_parts_for(18, 2048, 1200, 64), 38);
+        assert_eq!(warp_parts_for(18, 2048, 8192, 0), 18);
+        assert_eq!(warp_parts_for(32, 2048, 8192, 16), 32);
     }
 
     /// The host's count of non-empty tensor-core decode parts follows flash.cu's `fd_parts`

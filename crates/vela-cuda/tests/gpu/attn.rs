@@ -157,7 +157,8 @@ fn walk_cache(
 /// session 17): within the split-K bound of the CPU and of the four-warp parts (another
 /// summation order), alone and quantizing for a product, at head dims 64, 128 and 256, F16 and
 /// BF16 caches, 1 and 3 query rows, short and long contexts (pieces of 32 keys, partial last
-/// pieces), with and without a window; the warp kernel ran exactly when switched on.
+/// pieces), with and without a window; the warp kernel ran exactly when switched on. Also with
+/// one part per 32-key chunk (`set_warp_max_parts(64)`: 30 parts at 945 keys).
 #[test]
 fn warp_parts_match_cpu_and_block_parts() {
     let Some(g) = gpu() else { return };
@@ -194,6 +195,7 @@ fn warp_parts_match_cpu_and_block_parts() {
                 let mut outs = Vec::new();
                 for warp in [true, false] {
                     g.set_attention_warp_parts(warp);
+                    g.set_warp_max_parts(0);
                     let (mut a, mut y) = (g.alloc(n * width), g.alloc(n * 64));
                     g.set_profiling(true);
                     g.profile_take();
@@ -205,6 +207,14 @@ fn warp_parts_match_cpu_and_block_parts() {
                     outs.push(down(&g, &a, n * width));
                 }
                 check(&format!("{tag} warp parts vs CPU"), &outs[0], &ac, 1e-4);
+                // One part per 32-key chunk past the shape's count (up to 64).
+                g.set_attention_warp_parts(true);
+                g.set_warp_max_parts(64);
+                let (mut a, mut y) = (g.alloc(n * width), g.alloc(n * 64));
+                g.attention_matmul(&qg, kg, 0, pos, p, &mut a, &wg, &mut y);
+                g.set_warp_max_parts(0);
+                let a = down(&g, &a, n * width);
+                check(&format!("{tag} warp parts, up to 64, vs CPU"), &a, &ac, 1e-4);
                 check(
                     &format!("{tag} warp parts vs block parts"),
                     &outs[0],
