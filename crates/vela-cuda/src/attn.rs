@@ -75,8 +75,17 @@ pub(crate) struct FlashDecode {
     /// 506.8 (a lane's whole 128- or 256-wide dot product per key), hence head dim 64 only.
     pub(crate) warp_parts: AtomicU32,
     /// Most parts of the warp parts when the keys seen fill more than one 32-key chunk per part
-    /// of the shape's count (`warp_parts_for`; `VELA_CUDA_WARP_MAX_PARTS`, 0: the shape's count).
+    /// of the shape's count (`warp_parts_for`; `VELA_CUDA_WARP_MAX_PARTS`, default 64; 0: the
+    /// shape's count). H200 tg128, one part per chunk up to 64 (session 18, call 9; calls 8-9
+    /// for the 4,096-key threshold): Qwen2.5-0.5B / SmolLM2 geometries at depth 1024 1,474.8 /
+    /// 1,754.9 vs 1,418.8 / 1,637.7 t/s; at 2048 with the tensor-core decode from 4,096 keys
+    /// 1,312.7 / 1,563.0 vs 1,273.9 / 1,448.1 (from 1,536); equal at 512, 4K and 8K (the warp
+    /// parts everywhere: 1,267.8 / 1,450.8 vs 1,269.3 / 1,455.8 at 4K).
     pub(crate) warp_max_parts: AtomicUsize,
+    /// Fewest keys for the tensor-core decode where the warp parts follow the keys (head dim
+    /// 64): `VELA_CUDA_WARP_FD_MIN_KEYS`, else `VELA_CUDA_FD_MIN_KEYS` when that is set, else
+    /// 4,096; `set_flash_decode_min_keys` sets both thresholds.
+    pub(crate) warp_fd_min_keys: AtomicUsize,
 }
 
 /// The device's opt-in shared memory per block in bytes (0 if the query fails).
@@ -114,7 +123,13 @@ impl FlashDecode {
                     .map(|k| optin >= crate::kernels::dyn_smem(k) as usize)
             },
             warp_parts: AtomicU32::new(num("VELA_CUDA_ATTN_WARP", 2).min(2) as u32),
-            warp_max_parts: AtomicUsize::new(num("VELA_CUDA_WARP_MAX_PARTS", 0).min(SPLIT_MAX_PARTS_V3)),
+            warp_max_parts: AtomicUsize::new(
+                num("VELA_CUDA_WARP_MAX_PARTS", 64).min(SPLIT_MAX_PARTS_V3),
+            ),
+            warp_fd_min_keys: AtomicUsize::new(num(
+                "VELA_CUDA_WARP_FD_MIN_KEYS",
+                num("VELA_CUDA_FD_MIN_KEYS", 4096),
+            )),
         })
     }
 }
@@ -361,12 +376,14 @@ impl CudaBackend {
     }
 
     /// Fewest keys (of the longest query row) for the tensor-core decode attention; shorter
-    /// rows take the second split-K version (default `VELA_CUDA_FD_MIN_KEYS`, else 1536), except
+    /// rows take the second split-K version (default `VELA_CUDA_FD_MIN_KEYS`, else 1536; 4,096
+    /// where the warp parts follow the keys, see `warp_fd_min_keys`: this sets both), except
     /// from 1,024 keys when the kernel runs at least `VELA_CUDA_FD_MIN_BLOCKS` blocks (default 32).
     pub fn set_flash_decode_min_keys(&self, n: usize) {
         self.drop_parked();
         self.flush_recording();
         self.fdec.min_keys.store(n, Ordering::Relaxed);
+        self.fdec.warp_fd_min_keys.store(n, Ordering::Relaxed);
     }
 
     /// The tensor-core decode attention also for head dim 256 (default: on unless
@@ -386,12 +403,28 @@ impl CudaBackend {
         self.fdec.warp_parts.store(on as u32, Ordering::Relaxed);
     }
 
+    /// The warp parts (`attention_partw_*`) run for this cache type and shape where the second
+    /// split-K version does (the switch's head dims; 16-bit caches, equal K and V head dims).
+    fn warp_parts_run(&self, ty: KvType, p: &AttnParams, d512: bool) -> bool {
+        let hd = p.head_dim_k;
+        !d512
+            && ty != KvType::F32
+            && hd == p.head_dim_v
+            && match self.fdec.warp_parts.load(Ordering::Relaxed) {
+                1 => matches!(hd, 64 | 128 | 256),
+                2 => hd == 64,
+                _ => false,
+            }
+    }
+
     /// Most parts of the warp parts past one 32-key chunk per part (0: the shape's count;
-    /// default `VELA_CUDA_WARP_MAX_PARTS`, else 0).
+    /// default `VELA_CUDA_WARP_MAX_PARTS`, else 64).
     pub fn set_warp_max_parts(&self, n: usize) {
         self.drop_parked();
         self.flush_recording();
-        self.fdec.warp_max_parts.store(n.min(SPLIT_MAX_PARTS_V3), Ordering::Relaxed);
+        self.fdec
+            .warp_max_parts
+            .store(n.min(SPLIT_MAX_PARTS_V3), Ordering::Relaxed);
     }
 
     /// The tensor-core decode attention also for head dim 512 (default: on unless
@@ -464,13 +497,23 @@ impl CudaBackend {
             && hd != 256
             && keys >= 1024
             && p.n_head_kv * n_tok * fd_parts_for(keys, parts, self.fdec.min_tiles) >= min_blocks;
+        // With the warp parts following the keys (head dim 64), the tensor-core decode takes over
+        // from `warp_fd_min_keys` keys instead.
+        let mut min_keys = self.fdec.min_keys.load(Ordering::Relaxed);
+        if hd == 64
+            && self.attn_part_v2.load(Ordering::Relaxed)
+            && self.warp_parts_run(kv.ty, p, d512)
+            && self.fdec.warp_max_parts.load(Ordering::Relaxed) > 0
+        {
+            min_keys = self.fdec.warp_fd_min_keys.load(Ordering::Relaxed);
+        }
         // Default for decode where it applies: tensor-core split-K.
         if self.fdec.on.load(Ordering::Relaxed)
             && self.split_attn.load(Ordering::Relaxed)
             && n_tok <= SPLIT_MAX_ROWS
             && group <= 16
             && self.tensor_core_attention(kv.ty, p, self.flash_decode_dims())
-            && (keys >= self.fdec.min_keys.load(Ordering::Relaxed) || wide)
+            && (keys >= min_keys || wide)
         {
             // The parts are merged by attention_combine in a launch of its own, which also
             // quantizes for Q8 products.
@@ -524,15 +567,7 @@ impl CudaBackend {
                 kv_suffix(kv.ty),
                 if d512 { "_d512" } else { "" }
             );
-            let warp = v2
-                && !d512
-                && kv.ty != KvType::F32
-                && hd == p.head_dim_v
-                && match self.fdec.warp_parts.load(Ordering::Relaxed) {
-                    1 => matches!(hd, 64 | 128 | 256),
-                    2 => hd == 64,
-                    _ => false,
-                };
+            let warp = v2 && self.warp_parts_run(kv.ty, p, d512);
             let most = self.fdec.warp_max_parts.load(Ordering::Relaxed);
             let parts = if warp && !v3 {
                 warp_parts_for(parts, keys, l.spec.capacity, most)

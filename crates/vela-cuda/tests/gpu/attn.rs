@@ -214,7 +214,12 @@ fn warp_parts_match_cpu_and_block_parts() {
                 g.attention_matmul(&qg, kg, 0, pos, p, &mut a, &wg, &mut y);
                 g.set_warp_max_parts(0);
                 let a = down(&g, &a, n * width);
-                check(&format!("{tag} warp parts, up to 64, vs CPU"), &a, &ac, 1e-4);
+                check(
+                    &format!("{tag} warp parts, up to 64, vs CPU"),
+                    &a,
+                    &ac,
+                    1e-4,
+                );
                 check(
                     &format!("{tag} warp parts vs block parts"),
                     &outs[0],
