@@ -82,6 +82,10 @@ pub(crate) struct FlashDecode {
     /// 1,312.7 / 1,563.0 vs 1,273.9 / 1,448.1 (from 1,536); equal at 512, 4K and 8K (the warp
     /// parts everywhere: 1,267.8 / 1,450.8 vs 1,269.3 / 1,455.8 at 4K).
     pub(crate) warp_max_parts: AtomicUsize,
+    /// The four-warp parts' count follows the keys as the warp parts' does
+    /// (`VELA_CUDA_PARTS_FOLLOW=1`, `set_parts_follow`; off: prepared in session 18, not yet
+    /// measured).
+    pub(crate) parts_follow: AtomicBool,
     /// Fewest keys for the tensor-core decode where the warp parts follow the keys (head dim
     /// 64): `VELA_CUDA_WARP_FD_MIN_KEYS`, else `VELA_CUDA_FD_MIN_KEYS` when that is set, else
     /// 4,096; `set_flash_decode_min_keys` sets both thresholds.
@@ -126,6 +130,7 @@ impl FlashDecode {
             warp_max_parts: AtomicUsize::new(
                 num("VELA_CUDA_WARP_MAX_PARTS", 64).min(SPLIT_MAX_PARTS_V3),
             ),
+            parts_follow: AtomicBool::new(num("VELA_CUDA_PARTS_FOLLOW", 0) == 1),
             warp_fd_min_keys: AtomicUsize::new(num(
                 "VELA_CUDA_WARP_FD_MIN_KEYS",
                 num("VELA_CUDA_FD_MIN_KEYS", 4096),
@@ -427,6 +432,14 @@ impl CudaBackend {
             .store(n.min(SPLIT_MAX_PARTS_V3), Ordering::Relaxed);
     }
 
+    /// The four-warp split-K parts' count follows the keys seen like the warp parts'
+    /// (`warp_parts_for`; default: off unless `VELA_CUDA_PARTS_FOLLOW=1`).
+    pub fn set_parts_follow(&self, on: bool) {
+        self.drop_parked();
+        self.flush_recording();
+        self.fdec.parts_follow.store(on, Ordering::Relaxed);
+    }
+
     /// The tensor-core decode attention also for head dim 512 (default: on unless
     /// `VELA_CUDA_FD_D512=0`).
     pub fn set_flash_decode_d512(&self, on: bool) {
@@ -569,8 +582,12 @@ impl CudaBackend {
             );
             let warp = v2 && self.warp_parts_run(kv.ty, p, d512);
             let most = self.fdec.warp_max_parts.load(Ordering::Relaxed);
-            let parts = if warp && !v3 {
-                warp_parts_for(parts, keys, l.spec.capacity, most)
+            // (The four-warp parts follow the keys too with `VELA_CUDA_PARTS_FOLLOW=1`: prepared
+            // in session 18, not yet measured.)
+            let follow = warp || (v2 && !d512 && self.fdec.parts_follow.load(Ordering::Relaxed));
+            let parts = if follow && !v3 {
+                let chunk = split_chunk(p.head_dim_k);
+                warp_parts_for(parts, keys, l.spec.capacity, most, chunk)
             } else {
                 parts
             };
@@ -749,19 +766,19 @@ fn split_parts(
 }
 
 /// Parts of the warp parts (`attention_partw_*`) for `keys` keys seen: the shape's `base`, or,
-/// when the keys fill more than one 32-key chunk per part, one part per chunk in steps of 16 up
-/// to `most` (and the capacity's chunks). The count follows the position in steps, so a decode
+/// when the keys fill more than one `chunk`-key chunk (`split_chunk`) per part, one part per
+/// chunk in steps of 16 up to `most` (and the capacity's chunks). The count follows the position in steps, so a decode
 /// captures a few graphs over a long generation (graph.rs keeps 8), as at the tensor-core
 /// decode's threshold.
-fn warp_parts_for(base: usize, keys: usize, capacity: usize, most: usize) -> usize {
-    let chunks = keys.div_ceil(32);
+fn warp_parts_for(base: usize, keys: usize, capacity: usize, most: usize, chunk: usize) -> usize {
+    let chunks = keys.div_ceil(chunk);
     if most <= base || chunks <= base {
         return base;
     }
     chunks
         .next_multiple_of(16)
         .min(most)
-        .min(capacity.div_ceil(32))
+        .min(capacity.div_ceil(chunk))
         .max(base)
 }
 
@@ -891,16 +908,18 @@ mod tests {
     #[test]
     fn warp_parts_follow_the_keys() {
         use super::warp_parts_for;
-        assert_eq!(warp_parts_for(18, 1, 8192, 64), 18);
-        assert_eq!(warp_parts_for(18, 576, 8192, 64), 18);
-        assert_eq!(warp_parts_for(18, 577, 8192, 64), 32);
-        assert_eq!(warp_parts_for(18, 1152, 8192, 64), 48);
-        assert_eq!(warp_parts_for(18, 2048, 8192, 64), 64);
-        assert_eq!(warp_parts_for(18, 9000, 8192, 64), 64);
-        assert_eq!(warp_parts_for(29, 1000, 8192, 64), 32);
-        assert_eq!(warp_parts_for(18, 2048, 1200, 64), 38);
-        assert_eq!(warp_parts_for(18, 2048, 8192, 0), 18);
-        assert_eq!(warp_parts_for(32, 2048, 8192, 16), 32);
+        assert_eq!(warp_parts_for(18, 1, 8192, 64, 32), 18);
+        assert_eq!(warp_parts_for(18, 576, 8192, 64, 32), 18);
+        assert_eq!(warp_parts_for(18, 577, 8192, 64, 32), 32);
+        assert_eq!(warp_parts_for(18, 1152, 8192, 64, 32), 48);
+        assert_eq!(warp_parts_for(18, 2048, 8192, 64, 32), 64);
+        assert_eq!(warp_parts_for(18, 9000, 8192, 64, 32), 64);
+        assert_eq!(warp_parts_for(29, 1000, 8192, 64, 32), 32);
+        assert_eq!(warp_parts_for(18, 2048, 1200, 64, 32), 38);
+        assert_eq!(warp_parts_for(18, 2048, 8192, 0, 32), 18);
+        assert_eq!(warp_parts_for(32, 2048, 8192, 16, 32), 32);
+        // Head dim 256's 16-key chunks (the four-warp parts with `set_parts_follow`).
+        assert_eq!(warp_parts_for(18, 640, 8192, 64, 16), 48);
     }
 
     /// The host's count of non-empty tensor-core decode parts follows flash.cu's `fd_parts`

@@ -158,7 +158,8 @@ fn walk_cache(
 /// summation order), alone and quantizing for a product, at head dims 64, 128 and 256, F16 and
 /// BF16 caches, 1 and 3 query rows, short and long contexts (pieces of 32 keys, partial last
 /// pieces), with and without a window; the warp kernel ran exactly when switched on. Also with
-/// one part per 32-key chunk (`set_warp_max_parts(64)`: 30 parts at 945 keys).
+/// one part per 32-key chunk (`set_warp_max_parts(64)`: 30 parts at 945 keys), and the
+/// four-warp parts following the keys the same way (`set_parts_follow`).
 #[test]
 fn warp_parts_match_cpu_and_block_parts() {
     let Some(g) = gpu() else { return };
@@ -216,6 +217,21 @@ fn warp_parts_match_cpu_and_block_parts() {
                 let a = down(&g, &a, n * width);
                 check(
                     &format!("{tag} warp parts, up to 64, vs CPU"),
+                    &a,
+                    &ac,
+                    1e-4,
+                );
+                // The four-warp parts following the keys too (`set_parts_follow`).
+                g.set_attention_warp_parts(false);
+                g.set_parts_follow(true);
+                g.set_warp_max_parts(64);
+                let (mut a, mut y) = (g.alloc(n * width), g.alloc(n * 64));
+                g.attention_matmul(&qg, kg, 0, pos, p, &mut a, &wg, &mut y);
+                g.set_warp_max_parts(0);
+                g.set_parts_follow(false);
+                let a = down(&g, &a, n * width);
+                check(
+                    &format!("{tag} four-warp parts, up to 64, vs CPU"),
                     &a,
                     &ac,
                     1e-4,
