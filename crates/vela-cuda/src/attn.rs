@@ -510,11 +510,13 @@ impl CudaBackend {
             && hd != 256
             && keys >= 1024
             && p.n_head_kv * n_tok * fd_parts_for(keys, parts, self.fdec.min_tiles) >= min_blocks;
-        // With the warp parts following the keys (head dim 64), the tensor-core decode takes over
-        // from `warp_fd_min_keys` keys instead.
+        // With the warp parts following the keys (head dim 64; not with the opt-in third
+        // version, which would take their place), the tensor-core decode takes over from
+        // `warp_fd_min_keys` keys instead.
         let mut min_keys = self.fdec.min_keys.load(Ordering::Relaxed);
         if hd == 64
             && self.attn_part_v2.load(Ordering::Relaxed)
+            && !self.attn_part3.load(Ordering::Relaxed)
             && self.warp_parts_run(kv.ty, p, d512)
             && self.fdec.warp_max_parts.load(Ordering::Relaxed) > 0
         {
@@ -767,9 +769,9 @@ fn split_parts(
 
 /// Parts of the warp parts (`attention_partw_*`) for `keys` keys seen: the shape's `base`, or,
 /// when the keys fill more than one `chunk`-key chunk (`split_chunk`) per part, one part per
-/// chunk in steps of 16 up to `most` (and the capacity's chunks). The count follows the position in steps, so a decode
-/// captures a few graphs over a long generation (graph.rs keeps 8), as at the tensor-core
-/// decode's threshold.
+/// chunk in steps of 16 up to `most` (and the capacity's chunks). The count follows the
+/// position in steps, so a decode captures a few graphs over a long generation (graph.rs keeps
+/// 8), as at the tensor-core decode's threshold.
 fn warp_parts_for(base: usize, keys: usize, capacity: usize, most: usize, chunk: usize) -> usize {
     let chunks = keys.div_ceil(chunk);
     if most <= base || chunks <= base {
