@@ -540,8 +540,8 @@ PART2(0, ATT_MAXD_BIG, attention_part2_f32_d512)
 PART2(1, ATT_MAXD_BIG, attention_part2_f16_d512)
 PART2(2, ATT_MAXD_BIG, attention_part2_bf16_d512)
 
-// ---- split-K decode attention parts, one warp each (VELA_CUDA_ATTN_WARP=1; prepared in session
-// 17, not yet measured on a GPU) ----
+// ---- split-K decode attention parts, one warp each (VELA_CUDA_ATTN_WARP; by default for head
+// dims 64 and 128, see warp_parts in attn.rs) ----
 //
 // Block (h, t, s) of ONE warp runs attention_part2's part s of the keys (same parts, same partial
 // layout, merged by attention_combine), with no __syncthreads: the keys in pieces of 32, lane j

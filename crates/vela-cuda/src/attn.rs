@@ -65,14 +65,17 @@ pub(crate) struct FlashDecode {
     /// 149 KiB; an H200 has 227, an sm_86/89 GPU 99): else they never run.
     fits: [bool; 2],
     /// The second split-K version's parts on one warp each (`attention_partw_*`: 16-bit caches,
-    /// head dims 64 / 128 / 256): 0 never, 1 for every head dim it takes, 2 (default) for head
-    /// dim 64 (`VELA_CUDA_ATTN_WARP`, `set_attention_warp_parts`). H200 tg128 against
+    /// head dims 64 / 128 / 256): 0 never, 1 for every head dim it takes, 2 for head dim 64, 3
+    /// (default) for head dims 64 and 128 (`VELA_CUDA_ATTN_WARP`, `set_attention_warp_parts`).
+    /// Head dim 128 once the warp parts' count followed the keys (session 19, call 3):
+    /// Llama-3-8B Q4_0 tg128 565.9 / 565.4 vs 559.6 / 559.9 t/s, at depth 512 541.6 / 540.3 vs
+    /// 504.5 / 506.1 (call 2: 570.3 vs 556.7, 545.9 vs 506.3). Before that, H200 tg128 against
     /// the four-warp parts (session 18, call 1, two rounds): Qwen2.5-0.5B geometry 1,555.3 /
     /// 1,565.7 vs 1,519.0 / 1,515.7 t/s (depth 512: 1,493.4 / 1,494.9 vs 1,473.8 / 1,475.1),
     /// SmolLM2 1,900.7 / 1,897.7 vs 1,817.0 / 1,817.8 (1,894.4 / 1,891.9 vs 1,808.4 / 1,807.9);
     /// Gemma 3 270M (head dim 256) 1,942.1 / 1,940.2 vs 1,955.5 / 1,953.8; Llama-3-8B (head dim
     /// 128, call 2) 570.0 / 566.8 vs 557.9 / 557.6 but at depth 512 494.3 / 497.7 vs 506.1 /
-    /// 506.8 (a lane's whole 128- or 256-wide dot product per key), hence head dim 64 only.
+    /// 506.8 (a lane's whole 128- or 256-wide dot product per key), hence head dim 64 only then.
     pub(crate) warp_parts: AtomicU32,
     /// Most parts of the warp parts when the keys seen fill more than one 32-key chunk per part
     /// of the shape's count (`warp_parts_for`; `VELA_CUDA_WARP_MAX_PARTS`, default 64; 0: the
@@ -83,13 +86,19 @@ pub(crate) struct FlashDecode {
     /// parts everywhere: 1,267.8 / 1,450.8 vs 1,269.3 / 1,455.8 at 4K).
     pub(crate) warp_max_parts: AtomicUsize,
     /// The four-warp parts' count follows the keys as the warp parts' does
-    /// (`VELA_CUDA_PARTS_FOLLOW=1`, `set_parts_follow`; off: prepared in session 18, not yet
-    /// measured).
+    /// (`VELA_CUDA_PARTS_FOLLOW=1`, `set_parts_follow`; off). H200 tg128 (session 19, calls
+    /// 1-2): Llama-3-8B Q4_0 528.3 / 527.8 vs 507.5 / 506.8 t/s at depth 512, equal at 0 and
+    /// 1024 (the warp parts for head dim 128 are faster: 541-546 at 512); Gemma 3 270M (head dim
+    /// 256) 1,883.8 / 1,879.7 vs 1,917.2 / 1,918.8 at 512, 1,815.7 / 1,827.3 vs 1,881.7 /
+    /// 1,879.8 at 1024.
     pub(crate) parts_follow: AtomicBool,
     /// Fewest keys for the tensor-core decode where the warp parts follow the keys (head dim
     /// 64): `VELA_CUDA_WARP_FD_MIN_KEYS`, else `VELA_CUDA_FD_MIN_KEYS` when that is set, else
     /// 4,096; `set_flash_decode_min_keys` sets both thresholds.
     pub(crate) warp_fd_min_keys: AtomicUsize,
+    /// Largest head dim for which `warp_fd_min_keys` applies (`VELA_CUDA_WARP_FD_HD`, default
+    /// 64; 128 measured slower past 1,536 keys, see `attention_impl`).
+    warp_fd_hd: usize,
 }
 
 /// The device's opt-in shared memory per block in bytes (0 if the query fails).
@@ -126,7 +135,7 @@ impl FlashDecode {
                 ["flash_decode_f16_d256", "flash_decode_f16_d512"]
                     .map(|k| optin >= crate::kernels::dyn_smem(k) as usize)
             },
-            warp_parts: AtomicU32::new(num("VELA_CUDA_ATTN_WARP", 2).min(2) as u32),
+            warp_parts: AtomicU32::new(num("VELA_CUDA_ATTN_WARP", 3).min(3) as u32),
             warp_max_parts: AtomicUsize::new(
                 num("VELA_CUDA_WARP_MAX_PARTS", 64).min(SPLIT_MAX_PARTS_V3),
             ),
@@ -135,6 +144,7 @@ impl FlashDecode {
                 "VELA_CUDA_WARP_FD_MIN_KEYS",
                 num("VELA_CUDA_FD_MIN_KEYS", 4096),
             )),
+            warp_fd_hd: num("VELA_CUDA_WARP_FD_HD", 64),
         })
     }
 }
@@ -401,7 +411,7 @@ impl CudaBackend {
 
     /// The second split-K version's parts on one warp each (`attention_partw_*`): `true` for
     /// every head dim it takes (64, 128, 256), `false` never. The default (`VELA_CUDA_ATTN_WARP`
-    /// unset or 2) takes them for head dim 64.
+    /// unset or 3) takes them for head dims 64 and 128.
     pub fn set_attention_warp_parts(&self, on: bool) {
         self.drop_parked();
         self.flush_recording();
@@ -418,6 +428,7 @@ impl CudaBackend {
             && match self.fdec.warp_parts.load(Ordering::Relaxed) {
                 1 => matches!(hd, 64 | 128 | 256),
                 2 => hd == 64,
+                3 => matches!(hd, 64 | 128),
                 _ => false,
             }
     }
@@ -510,18 +521,21 @@ impl CudaBackend {
             && hd != 256
             && keys >= 1024
             && p.n_head_kv * n_tok * fd_parts_for(keys, parts, self.fdec.min_tiles) >= min_blocks;
-        // With the warp parts following the keys (head dim 64; not with the opt-in third
-        // version, which would take their place), the tensor-core decode takes over from
-        // `warp_fd_min_keys` keys instead.
+        // With the warp parts following the keys (not with the opt-in third version, which
+        // would take their place), the tensor-core decode takes over from `warp_fd_min_keys`
+        // keys for head dim 64, and for head dim 128 from `min_keys` without the 1,024-key
+        // rule. Llama-3-8B Q4_0 tg128 (session 19, call 3): the warp parts at depth 1024 500.6 /
+        // 499.4 vs 471.0 / 471.8 t/s, but at 2048 440.5 / 437.8 vs 473.2 / 466.8 and at 3072
+        // 409.1 / 409.7 vs 460.4 / 459.0.
         let mut min_keys = self.fdec.min_keys.load(Ordering::Relaxed);
-        if hd == 64
-            && self.attn_part_v2.load(Ordering::Relaxed)
+        let warp_follow = self.attn_part_v2.load(Ordering::Relaxed)
             && !self.attn_part3.load(Ordering::Relaxed)
             && self.warp_parts_run(kv.ty, p, d512)
-            && self.fdec.warp_max_parts.load(Ordering::Relaxed) > 0
-        {
+            && self.fdec.warp_max_parts.load(Ordering::Relaxed) > 0;
+        if warp_follow && hd <= self.fdec.warp_fd_hd {
             min_keys = self.fdec.warp_fd_min_keys.load(Ordering::Relaxed);
         }
+        let wide = wide && !(warp_follow && hd == 128);
         // Default for decode where it applies: tensor-core split-K.
         if self.fdec.on.load(Ordering::Relaxed)
             && self.split_attn.load(Ordering::Relaxed)
@@ -584,8 +598,8 @@ impl CudaBackend {
             );
             let warp = v2 && self.warp_parts_run(kv.ty, p, d512);
             let most = self.fdec.warp_max_parts.load(Ordering::Relaxed);
-            // (The four-warp parts follow the keys too with `VELA_CUDA_PARTS_FOLLOW=1`: prepared
-            // in session 18, not yet measured.)
+            // (The four-warp parts follow the keys too with `VELA_CUDA_PARTS_FOLLOW=1`; off by
+            // default, see `parts_follow`.)
             let follow = warp || (v2 && !d512 && self.fdec.parts_follow.load(Ordering::Relaxed));
             let parts = if follow && !v3 {
                 let chunk = split_chunk(p.head_dim_k);
