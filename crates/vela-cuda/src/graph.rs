@@ -398,7 +398,8 @@ impl CudaBackend {
         let pf = crate::l2pf::step_prefetches(&ops, r.l2pf)
             .then(|| self.l2pf_side(r))
             .flatten();
-        let graph = match self.capture(&ops, pf.as_deref().map(|s| (s, r.l2pf))) {
+        let budget = crate::l2pf::step_budget(&ops, r.l2pf);
+        let graph = match self.capture(&ops, pf.as_deref().map(|s| (s, budget))) {
             Ok(g) => g.launch().is_ok().then_some(g),
             Err(e) => {
                 if std::env::var_os("VELA_CUDA_DEBUG").is_some() {

@@ -1,5 +1,5 @@
-//! L2 prefetch of the decode products' weights (default 4 MiB per product; `VELA_CUDA_L2PF=<MiB>`,
-//! 0: off).
+//! L2 prefetch of the decode products' weights (default 4 MiB per product, 2 MiB in steps under
+//! 1 GiB of weights; `VELA_CUDA_L2PF=<MiB>`, 0: off).
 //!
 //! In a decode step the memory system idles while the short dependent kernels between two
 //! products run (norms, RoPE + store, attention, its combine, the activation), and each product
@@ -42,6 +42,10 @@ pub(crate) struct PfBudget {
     pub most: u64,
     pub min: u64,
     pub step_min: u64,
+    /// Steps whose weights total less than this prefetch at most `small_most` per product
+    /// (see [`step_budget`]).
+    pub small_step: u64,
+    pub small_most: u64,
 }
 
 /// Default of `PfBudget::step_min` (`VELA_CUDA_L2PF_STEP_MIN`, MiB): SmolLM2-135M (about 90 MB
@@ -50,6 +54,28 @@ pub(crate) struct PfBudget {
 /// synth geometry 1,674 / 1,675 vs 1,707 / 1,704), while Qwen2.5-0.5B (about 390 MB) gains
 /// (1,457 / 1,456 / 1,453 vs 1,415 / 1,417 / 1,414) and Gemma 3 270M is unchanged.
 const STEP_MIN_MIB: u64 = 128;
+
+/// Defaults of `PfBudget::small_step` / `small_most` (`VELA_CUDA_L2PF_SMALL_STEP`,
+/// `VELA_CUDA_L2PF_SMALL`, MiB): steps under 1 GiB of weights prefetch at most 2 MiB of each
+/// product. H200 tg128 (session 19, call 6): the Qwen2.5-0.5B geometry (about 390 MB per
+/// token) 1,580.9 / 1,580.1 t/s with 2 MiB vs 1,562.0 / 1,560.8 with 4 and 1,548.3 / 1,550.3
+/// with 8; Llama-3-8B Q4_0 (4.4 GB) 570.1 / 564.9 with 4 vs 556.7 / 557.9 with 2, 560.1 / 559.4
+/// with 8 and 547.4 / 547.1 without. As the rule (call 7, three rounds): Qwen2.5-0.5B 1,572.9 /
+/// 1,573.5 / 1,572.0 vs 1,560.0 / 1,558.6 / 1,557.7 (`VELA_CUDA_L2PF_SMALL=4`), Gemma 3 270M
+/// (246 MB) 1,932.9 / 1,929.8 / 1,927.4 vs 1,926.5 / 1,924.4 / 1,926.0.
+const SMALL_STEP_MIB: u64 = 1024;
+const SMALL_MOST_MIB: u64 = 2;
+
+/// The budget of a step of `ops`: `budget`, with `most` cut to `small_most` when its launches'
+/// weights total less than `small_step` bytes.
+pub(crate) fn step_budget(ops: &[Launch], budget: PfBudget) -> PfBudget {
+    let total: u64 = ops.iter().flat_map(|o| o.weights.iter().map(|w| w.1)).sum();
+    let mut b = budget;
+    if total < b.small_step {
+        b.most = b.most.min(b.small_most);
+    }
+    b
+}
 
 impl Recorder {
     /// A recorder with the prefetch budget of `VELA_CUDA_L2PF` (MiB; default 4, 0: off),
@@ -68,6 +94,8 @@ impl Recorder {
                 most: num("VELA_CUDA_L2PF", 4) << 20,
                 min: num("VELA_CUDA_L2PF_MIN", 0) << 10,
                 step_min: num("VELA_CUDA_L2PF_STEP_MIN", STEP_MIN_MIB) << 20,
+                small_step: num("VELA_CUDA_L2PF_SMALL_STEP", SMALL_STEP_MIB) << 20,
+                small_most: num("VELA_CUDA_L2PF_SMALL", SMALL_MOST_MIB) << 20,
             },
             ..Default::default()
         }
@@ -243,5 +271,16 @@ mod tests {
         let step = |step_min| step_prefetches(&ops, PfBudget { step_min, ..b(M) });
         assert!(step(0) && step(25 * M));
         assert!(!step(25 * M + 1));
+        // `small_step`: a step under it prefetches at most `small_most` per product.
+        let small = |small_step| {
+            let budget = PfBudget {
+                small_step,
+                small_most: 2 * M,
+                ..b(4 * M)
+            };
+            step_budget(&ops, budget).most
+        };
+        assert_eq!(small(25 * M + 1), 2 * M);
+        assert_eq!(small(25 * M), 4 * M);
     }
 }
