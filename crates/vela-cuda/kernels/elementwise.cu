@@ -578,6 +578,179 @@ extern "C" __global__ void overlap_probe(const u8* __restrict__ w, float* act, u
         }
     }
 }
+// ---- stream probe (measurement only: `CudaBackend::stream_probe` in sync_cost.rs) ----
+// overlap_probe's five-phase layers, with the weights streamed by a producer warp through a ring
+// of SP_STAGES shared-memory slots (cp.async.bulk + mbarriers, sm_90) that runs ahead of the
+// consumers across the edges: the producer never waits on an edge, only for a free slot, so the
+// next phases' first tiles load while the consumers wait for the previous phase. A tile is the
+// most whole rows of the block's contiguous row range that fit a slot. Consumer warps (all but
+// the last) compute overlap_probe's rows from the slots; their barriers leave the producer out
+// (bar.sync 1). Every wait gives up after `spin` tries with a trap (the launch fails rather than
+// hangs). `flags` as overlap_probe's; err counts stamps missing after an edge.
+#define SP_STAGES 8
+#define SP_RING (192 * 1024)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+__device__ __forceinline__ u32 sp_smem(const void* p) { return (u32)__cvta_generic_to_shared(p); }
+__device__ __forceinline__ bool sp_try_wait(u32 bar, u32 parity) {
+    u32 ok;
+    asm volatile("{\n\t.reg .pred p;\n\tmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n\tselp.u32 %0, 1, 0, p;\n\t}"
+                 : "=r"(ok) : "r"(bar), "r"(parity) : "memory");
+    return ok != 0;
+}
+// A wait that gives up after `spin` tries with a trap (the launch fails instead of hanging).
+__device__ __forceinline__ void sp_wait(u32 bar, u32 parity, long long spin) {
+    for (long long i = 0; i < spin; i++)
+        if (sp_try_wait(bar, parity)) return;
+    asm volatile("trap;");
+}
+__device__ __forceinline__ void sp_cons_sync(int nc) {
+    asm volatile("bar.sync 1, %0;" ::"r"(nc * 32) : "memory");
+}
+// Rows [t0, t1) of a phase's tile in slot `buf` (rb bytes per row), warp w of nc.
+__device__ __forceinline__ void sp_rows(const u8* buf, int rb, int t0, int t1, int w, int nc,
+                                        const signed char* xs, float xscale, float* out) {
+    int lane = threadIdx.x & 31;
+    const int* xi = (const int*)xs;
+    for (int r = t0 + w; r < t1; r += nc) {
+        const u8* row = buf + (long long)(r - t0) * rb;
+        int acc = 0;
+        for (int c = lane; c < rb / 16; c += 32) {
+            uint4 u = *(const uint4*)(row + 16 * c);
+            unsigned q[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+                acc = dp4a((int)(q[k] & 0x0F0F0F0Fu), xi[8 * c + k], acc);
+                acc = dp4a((int)((q[k] >> 4) & 0x0F0F0F0Fu), xi[8 * c + 4 + k], acc);
+            }
+        }
+        acc = warp_sum_i(acc);
+        if (lane == 0) out[r] = (float)acc * xscale * (1.0f / 64.0f);
+    }
+}
+// op_input for the nc consumer warps only.
+__device__ float sp_input(const float* in, int n, bool act, signed char* xs, float* red, int nc) {
+    float mx = 0.0f;
+    for (int i = threadIdx.x; i < n; i += nc * 32) {
+        float v = act ? in[i] / (1.0f + __expf(-in[i])) * in[n + i] : in[i];
+        mx = fmaxf(mx, fabsf(v));
+    }
+    mx = warp_max(mx);
+    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = mx;
+    sp_cons_sync(nc);
+    float m = 0.0f;
+    for (int w = 0; w < nc; w++) m = fmaxf(m, red[w]);
+    float inv = m > 0.0f ? 127.0f / m : 0.0f;
+    for (int i = threadIdx.x; i < n; i += nc * 32) {
+        float v = act ? in[i] / (1.0f + __expf(-in[i])) * in[n + i] : in[i];
+        xs[i] = (signed char)__float2int_rn(v * inv);
+    }
+    sp_cons_sync(nc);
+    return m / 127.0f;
+}
+#endif
+extern "C" __global__ void stream_probe(const u8* __restrict__ w, float* act, unsigned* cnt,
+                                        unsigned* stamp, unsigned* err, int layers, int d, int qkv,
+                                        int ff, int flags, long long spin) {
+    PDL_ENTRY();
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    extern __shared__ __align__(128) u8 ring[];
+    __shared__ __align__(16) signed char xs[OP_MAXC];
+    __shared__ float red[32];
+    __shared__ __align__(8) unsigned long long full[SP_STAGES], empty[SP_STAGES];
+    const int slot_bytes = SP_RING / SP_STAGES;
+    int nc = blockDim.x / 32 - 1, warp = threadIdx.x / 32;
+    if (threadIdx.x == 0) {
+        for (int i = 0; i < SP_STAGES; i++) {
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sp_smem(&full[i])), "r"(1) : "memory");
+            asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(sp_smem(&empty[i])), "r"(nc) : "memory");
+        }
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+    __syncthreads();
+    float* a_x = act;
+    float* a_qkv = a_x + d;
+    float* a_att = a_qkv + qkv;
+    float* a_o = a_att + d;
+    float* a_gu = a_o + d;
+    float* a_dn = a_gu + 2 * ff;
+    long long rbd = d / 2, rbf = ff / 2;
+    long long layer_bytes = (qkv + d + 2LL * ff) * rbd + d * rbf;
+    unsigned nb = gridDim.x, b = blockIdx.x;
+    bool weights = !(flags & 2);
+    long long seq = 0;  // tiles so far (the same walk in the producer and the consumers)
+    for (int l = 0; l < layers; l++) {
+        const u8* wl = w + (long long)l * layer_bytes;
+        for (int p = 0; p < 5; p++) {
+            int g = l * 5 + p;
+            int rows = p == 0 ? qkv : p == 3 ? 2 * ff : d;
+            int cols = p == 4 ? ff : d;
+            int rb = cols / 2;
+            const u8* wph = p == 0 ? wl
+                          : p == 2 ? wl + qkv * rbd
+                          : p == 3 ? wl + (qkv + d) * rbd
+                                   : wl + (qkv + d + 2LL * ff) * rbd;
+            int per = (rows + nb - 1) / nb;
+            int r0 = min(rows, (int)b * per), r1 = min(rows, r0 + per);
+            int k = max(1, slot_bytes / rb);  // rows per tile
+            int tiles = (p == 1 || !weights) ? 0 : (r1 - r0 + k - 1) / k;
+            if (warp == nc) {
+                // Producer: lane 0 fills the ring, never waiting on an edge.
+                if ((threadIdx.x & 31) == 0) {
+                    for (int t = 0; t < tiles; t++, seq++) {
+                        int slot = (int)(seq % SP_STAGES);
+                        u32 round = (u32)(seq / SP_STAGES);
+                        sp_wait(sp_smem(&empty[slot]), (round & 1) ^ 1, spin);
+                        int t0 = r0 + t * k, t1 = min(r1, t0 + k);
+                        u32 bytes = (u32)((t1 - t0) * rb);
+                        u32 fb = sp_smem(&full[slot]);
+                        asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n\t}"
+                                     ::"r"(fb), "r"(bytes) : "memory");
+                        asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+                                     ::"r"(sp_smem(ring + (size_t)slot * slot_bytes)), "l"(wph + (long long)t0 * rb),
+                                     "r"(bytes), "r"(fb) : "memory");
+                    }
+                }
+                continue;
+            }
+            // Consumers.
+            if (g > 0 && !(flags & 1)) {
+                if (threadIdx.x == 0) {
+                    long long i = 0;
+                    while (ld_acquire_u32(cnt + g - 1) < nb && i < spin) i++;
+                    if (i == spin) asm volatile("trap;");
+                }
+                sp_cons_sync(nc);
+                if (threadIdx.x < nb && ((volatile unsigned*)stamp)[threadIdx.x] < (unsigned)g)
+                    atomicAdd(err, 1u);
+            }
+            if (p == 1) {
+                int pd = (d + nb - 1) / nb, j0 = min(d, (int)b * pd), j1 = min(d, j0 + pd);
+                for (int j = j0 + threadIdx.x; j < j1; j += nc * 32) a_att[j] = 0.5f * a_qkv[j];
+            } else {
+                const float* in = p == 0 ? (l == 0 ? a_x : a_dn) : p == 2 ? a_att : p == 3 ? a_o : a_gu;
+                float* out = p == 0 ? a_qkv : p == 2 ? a_o : p == 3 ? a_gu : a_dn;
+                float xscale = sp_input(in, cols, p == 4, xs, red, nc);
+                for (int t = 0; t < tiles; t++, seq++) {
+                    int slot = (int)(seq % SP_STAGES);
+                    u32 round = (u32)(seq / SP_STAGES);
+                    sp_wait(sp_smem(&full[slot]), round & 1, spin);
+                    int t0 = r0 + t * k, t1 = min(r1, t0 + k);
+                    sp_rows(ring + (size_t)slot * slot_bytes, rb, t0, t1, warp, nc, xs, xscale, out);
+                    __syncwarp();
+                    if ((threadIdx.x & 31) == 0)
+                        asm volatile("{\n\t.reg .b64 st;\n\tmbarrier.arrive.shared::cta.b64 st, [%0];\n\t}"
+                                     ::"r"(sp_smem(&empty[slot])) : "memory");
+                }
+            }
+            sp_cons_sync(nc);
+            if (threadIdx.x == 0) {
+                ((volatile unsigned*)stamp)[b] = (unsigned)g + 1;
+                red_release_add_u32(cnt + g, 1u);
+            }
+        }
+    }
+#endif
+}
 // L2 prefetch hint for `bytes` bytes from p, one 128-byte line per thread and step, the front
 // first (l2pf.rs: a side branch of a captured decode step asks for the next product's weights
 // while the short kernels before it run). Reads and writes nothing. (A bulk version,

@@ -197,6 +197,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "flag_chain_reset",
             "flag_chain_link",
             "overlap_probe",
+            "stream_probe",
             "prefetch_l2",
             "rope",
             "rope_qk",
@@ -278,6 +279,9 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
     ("sample", &["topk_rows", "topk_part", "topk_merge"]),
 ];
 
+/// Bytes of `stream_probe`'s weight ring (`SP_RING` in elementwise.cu).
+pub const STREAM_RING: u32 = 192 * 1024;
+
 /// Most weight bytes `overlap_probe` copies ahead per block (`OP_PF_MAX` in elementwise.cu).
 pub const OVERLAP_PF_MAX: u32 = 96 * 1024;
 
@@ -286,6 +290,10 @@ pub const OVERLAP_PF_MAX: u32 = 96 * 1024;
 /// `FD_ONE_STAGE`) K and V tiles of `FD_KEYS` = 64 rows, each row padded by 8 elements:
 /// (16 + stages * 2 * 64) * (D + 8) * 2 bytes (head dim 512: its own layout, one stage).
 pub fn dyn_smem(name: &str) -> u32 {
+    if name == "stream_probe" {
+        // The weight ring (SP_RING in elementwise.cu).
+        return STREAM_RING;
+    }
     if name == "overlap_probe" {
         // The weight prefetch buffer (OP_PF_MAX in elementwise.cu).
         return OVERLAP_PF_MAX;

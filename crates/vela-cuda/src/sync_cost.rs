@@ -279,3 +279,95 @@ impl CudaBackend {
         })
     }
 }
+
+impl CudaBackend {
+    /// Run `stream_probe` (kernels/elementwise.cu): `overlap_probe`'s layers with the weights
+    /// streamed through a ring of shared-memory slots by a producer warp that runs ahead of the
+    /// edges (cp.async.bulk + mbarriers; sm_90), `consumers` computing warps per block, one block
+    /// per SM (best of `reps`). `flags` as `overlap_probe`'s. Fails if a wait timed out (the
+    /// kernel traps) or a block found a producer's stamp missing after an edge.
+    #[allow(clippy::too_many_arguments)]
+    pub fn stream_probe(
+        &self,
+        d: u32,
+        qkv: u32,
+        ff: u32,
+        layers: u32,
+        consumers: u32,
+        flags: u32,
+        reps: u32,
+    ) -> Result<OverlapProbe> {
+        if self.arch < 90 {
+            bail!("stream probe: needs sm_90 (cp.async.bulk, mbarrier transactions)");
+        }
+        let sms = self.sm_count()?;
+        let slot = crate::kernels::STREAM_RING / 8;
+        if !d.is_multiple_of(32) || !ff.is_multiple_of(32) || d.max(ff) > 16384 || ff / 2 > slot {
+            bail!("stream probe: d {d} / ff {ff} out of range");
+        }
+        let threads = 32 * (consumers + 1);
+        if consumers == 0 || threads > 1024 || 32 * consumers < sms {
+            bail!("stream probe: {consumers} consumer warps (at least {sms} threads, at most 31)");
+        }
+        let f = self
+            .funcs
+            .get("stream_probe")
+            .ok_or_else(|| anyhow!("stream_probe is not loaded"))?;
+        let smem = crate::kernels::dyn_smem("stream_probe") as usize;
+        let fit = f
+            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
+            .map_err(|e| anyhow!("occupancy query: {e:?}"))?;
+        if fit < 1 {
+            bail!("stream probe: a block of {threads} threads and {smem} bytes does not fit");
+        }
+        let (d64, qkv64, ff64) = (d as u64, qkv as u64, ff as u64);
+        let layer_bytes = (qkv64 + d64 + 2 * ff64) * d64 / 2 + d64 * ff64 / 2;
+        let s = &self.stream;
+        let w = s
+            .alloc_zeros::<u8>((layer_bytes * layers as u64) as usize)
+            .context("alloc")?;
+        let act_len = (4 * d + qkv + 2 * ff) as usize;
+        let act_host: Vec<f32> = (0..act_len)
+            .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
+            .collect();
+        let act = s.clone_htod(&act_host).context("upload")?;
+        let mut cnt = s.alloc_zeros::<u32>(5 * layers as usize).context("alloc")?;
+        let mut stamp = s.alloc_zeros::<u32>(sms as usize).context("alloc")?;
+        let err = s.alloc_zeros::<u32>(1).context("alloc")?;
+        let mut best = f64::MAX;
+        for _ in 0..reps {
+            s.memset_zeros(&mut cnt).context("memset")?;
+            s.memset_zeros(&mut stamp).context("memset")?;
+            self.synchronize()?;
+            let t = Instant::now();
+            let args = [
+                Arg::P(self.ptr(&w)),
+                Arg::P(self.ptr(&act)),
+                Arg::P(self.ptr(&cnt)),
+                Arg::P(self.ptr(&stamp)),
+                Arg::P(self.ptr(&err)),
+                Arg::I(layers as i32),
+                Arg::I(d as i32),
+                Arg::I(qkv as i32),
+                Arg::I(ff as i32),
+                Arg::I(flags as i32),
+                // Tries before a wait gives up (well under a second each).
+                Arg::L(1 << 22),
+            ];
+            self.launch_now("stream_probe", (sms, 1, 1), threads, &args)?;
+            self.synchronize()?;
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        let mut e = [0u32; 1];
+        s.memcpy_dtoh(&err, &mut e).context("read back")?;
+        if e[0] != 0 {
+            bail!("stream probe: {} stamp(s) missing after an edge", e[0]);
+        }
+        Ok(OverlapProbe {
+            blocks: sms,
+            threads,
+            layer_us: best / layers as f64 * 1e6,
+            layer_bytes,
+        })
+    }
+}

@@ -40,3 +40,32 @@ fn overlap_probe_decode_geometries() {
         }
     }
 }
+
+/// The stream probe (`CudaBackend::stream_probe`): the same layers with the weights streamed by
+/// a producer warp through a shared-memory ring that runs ahead of the edges (the overlap probe
+/// copied at most 96 KiB ahead, then loaded the rest after the edge with plain loads). Timing
+/// only; fails if a wait timed out or a block ran ahead of a producer.
+#[test]
+fn stream_probe_decode_geometries() {
+    let Some(g) = gpu() else { return };
+    for (name, d, qkv, ff, layers) in [
+        ("qwen2.5-0.5b", 896u32, 1152u32, 4864u32, 24u32),
+        ("llama3-8b", 4096, 6144, 14336, 32),
+    ] {
+        for (consumers, flags) in [(8u32, 0u32), (16, 0), (8, 1), (16, 1), (8, 2)] {
+            let r = match g.stream_probe(d, qkv, ff, layers, consumers, flags, 5) {
+                Err(e) if e.to_string().contains("sm_90") => return,
+                r => r.unwrap(),
+            };
+            let what = ["layer", "no edges", "no weights"][flags as usize];
+            eprintln!(
+                "RESULT | stream probe {name} x{layers} {what} | {} blocks x {} threads | {:.2} us per layer | {:.0} us per token | {:.0} GB/s | info |",
+                r.blocks,
+                r.threads,
+                r.layer_us,
+                r.layer_us * layers as f64,
+                r.layer_bytes as f64 / (r.layer_us * 1e3)
+            );
+        }
+    }
+}
