@@ -467,24 +467,43 @@ __device__ __forceinline__ void op_wait(const unsigned* c, unsigned n) {
     __syncthreads();
 }
 // Input of a phase into xs (int8) with its scale: in[0..n) (or silu(in[i]) * in[n + i] when act).
-__device__ float op_input(const float* in, int n, bool act, signed char* xs, float* red) {
+// The barrier of op_input's nw warps: the whole block, or (named) barrier 1 of the first nw warps.
+__device__ __forceinline__ void op_sync(int nw, bool named) {
+    if (named)
+        asm volatile("bar.sync 1, %0;" ::"r"(nw * 32) : "memory");
+    else
+        __syncthreads();
+}
+__device__ float op_input(const float* in, int n, bool act, signed char* xs, float* red, int nw = 0,
+                          bool named = false) {
+    if (nw == 0) nw = blockDim.x / 32;
     float mx = 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n; i += nw * 32) {
         float v = act ? in[i] / (1.0f + __expf(-in[i])) * in[n + i] : in[i];
         mx = fmaxf(mx, fabsf(v));
     }
     mx = warp_max(mx);
     if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = mx;
-    __syncthreads();
+    op_sync(nw, named);
     float m = 0.0f;
-    for (int w = 0; w < (int)blockDim.x / 32; w++) m = fmaxf(m, red[w]);
+    for (int w = 0; w < nw; w++) m = fmaxf(m, red[w]);
     float inv = m > 0.0f ? 127.0f / m : 0.0f;
-    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    for (int i = threadIdx.x; i < n; i += nw * 32) {
         float v = act ? in[i] / (1.0f + __expf(-in[i])) * in[n + i] : in[i];
         xs[i] = (signed char)__float2int_rn(v * inv);
     }
-    __syncthreads();
+    op_sync(nw, named);
     return m / 127.0f;
+}
+// 32 4-bit weights (16 bytes, a Q4_0 block's quants) times activations 32 c .. 32 c + 31.
+__device__ __forceinline__ int op_dot16(uint4 u, const int* xi, int c, int acc) {
+    unsigned q[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int k = 0; k < 4; k++) {
+        acc = dp4a((int)(q[k] & 0x0F0F0F0Fu), xi[8 * c + k], acc);
+        acc = dp4a((int)((q[k] >> 4) & 0x0F0F0F0Fu), xi[8 * c + 4 + k], acc);
+    }
+    return acc;
 }
 // Rows [r0, r1) of a cols-wide product (one warp per row; the first pf bytes of the block's rows
 // are in pfb).
@@ -498,16 +517,49 @@ __device__ void op_rows(const u8* __restrict__ w, int cols, int r0, int r1, cons
         for (int c = lane; c < cols / 32; c += 32) {
             long long off = (long long)(r - r0) * rb + 16LL * c;
             uint4 u = off < pf ? *(const uint4*)(pfb + off) : *(const uint4*)(w + (long long)r * rb + 16LL * c);
-            unsigned q[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                acc = dp4a((int)(q[k] & 0x0F0F0F0Fu), xi[8 * c + k], acc);
-                acc = dp4a((int)((q[k] >> 4) & 0x0F0F0F0Fu), xi[8 * c + 4 + k], acc);
-            }
+            acc = op_dot16(u, xi, c, acc);
         }
         acc = warp_sum_i(acc);
         if (lane == 0) out[r] = (float)acc * xscale * (1.0f / 64.0f);
     }
+}
+// The probes' layer walk: activations x (d) | qkv out (qkv) | attention out (d) | o out (d) |
+// gate/up out (2 ff) | down out (d) in `act`, weights of layer l at w + l * layer_bytes; phase p's
+// rows, columns (0 for the attention), weights (nullptr), input and output, and block b's rows
+// [r0, r1) of nb blocks.
+struct OpPhase {
+    int rows, cols, r0, r1;
+    const u8* w;
+    const float* in;
+    float* out;
+};
+__device__ __forceinline__ long long op_layer_bytes(int d, int qkv, int ff) {
+    return (qkv + d + 2LL * ff) * (d / 2) + (long long)d * (ff / 2);
+}
+__device__ __forceinline__ OpPhase op_phase(const u8* w, float* act, int l, int p, int d, int qkv,
+                                            int ff, unsigned b, unsigned nb) {
+    float* a_x = act;
+    float* a_qkv = a_x + d;
+    float* a_att = a_qkv + qkv;
+    float* a_o = a_att + d;
+    float* a_gu = a_o + d;
+    float* a_dn = a_gu + 2 * ff;
+    long long rbd = d / 2;
+    const u8* wl = w + (long long)l * op_layer_bytes(d, qkv, ff);
+    OpPhase ph;
+    ph.rows = p == 0 ? qkv : p == 3 ? 2 * ff : d;
+    ph.cols = p == 4 ? ff : p == 1 ? 0 : d;
+    ph.w = p == 0 ? wl
+         : p == 1 ? nullptr
+         : p == 2 ? wl + qkv * rbd
+         : p == 3 ? wl + (qkv + d) * rbd
+                  : wl + (qkv + d + 2LL * ff) * rbd;
+    ph.in = p == 0 ? (l == 0 ? a_x : a_dn) : p == 1 ? a_qkv : p == 2 ? a_att : p == 3 ? a_o : a_gu;
+    ph.out = p == 0 ? a_qkv : p == 1 ? a_att : p == 2 ? a_o : p == 3 ? a_gu : a_dn;
+    int per = (ph.rows + nb - 1) / nb;
+    ph.r0 = min(ph.rows, (int)b * per);
+    ph.r1 = min(ph.rows, ph.r0 + per);
+    return ph;
 }
 extern "C" __global__ void overlap_probe(const u8* __restrict__ w, float* act, unsigned* cnt,
                                          unsigned* stamp, unsigned* err, int layers, int d,
@@ -516,29 +568,13 @@ extern "C" __global__ void overlap_probe(const u8* __restrict__ w, float* act, u
     extern __shared__ __align__(16) u8 pfb[];
     __shared__ __align__(16) signed char xs[OP_MAXC];
     __shared__ float red[32];
-    // act: x (d) | qkv out (qkv) | attention out (d) | o out (d) | gate/up out (2 ff) | down out (d)
-    float* a_x = act;
-    float* a_qkv = a_x + d;
-    float* a_att = a_qkv + qkv;
-    float* a_o = a_att + d;
-    float* a_gu = a_o + d;
-    float* a_dn = a_gu + 2 * ff;
-    long long rbd = d / 2, rbf = ff / 2;
-    long long layer_bytes = (qkv + d + 2LL * ff) * rbd + d * rbf;
     unsigned nb = gridDim.x, b = blockIdx.x;
     for (int l = 0; l < layers; l++) {
-        const u8* wl = w + (long long)l * layer_bytes;
         for (int p = 0; p < 5; p++) {
             int g = l * 5 + p;
-            int rows = p == 0 ? qkv : p == 3 ? 2 * ff : d;
-            int cols = p == 4 ? ff : p == 1 ? 0 : d;
-            const u8* wph = p == 0 ? wl
-                          : p == 1 ? nullptr
-                          : p == 2 ? wl + qkv * rbd
-                          : p == 3 ? wl + (qkv + d) * rbd
-                                   : wl + (qkv + d + 2LL * ff) * rbd;
-            int per = (rows + nb - 1) / nb;
-            int r0 = min(rows, (int)b * per), r1 = min(rows, r0 + per);
+            OpPhase ph = op_phase(w, act, l, p, d, qkv, ff, b, nb);
+            int cols = ph.cols, r0 = ph.r0, r1 = ph.r1;
+            const u8* wph = ph.w;
             long long pf = 0;
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
             if (wph && pf_max > 0 && !(flags & 2)) {
@@ -561,11 +597,10 @@ extern "C" __global__ void overlap_probe(const u8* __restrict__ w, float* act, u
             if (p == 1) {
                 // Attention stand-in: the block's slice of the d query values (local).
                 int pd = (d + nb - 1) / nb, j0 = min(d, (int)b * pd), j1 = min(d, j0 + pd);
-                for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) a_att[j] = 0.5f * a_qkv[j];
+                for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) ph.out[j] = 0.5f * ph.in[j];
             } else {
-                const float* in = p == 0 ? (l == 0 ? a_x : a_dn) : p == 2 ? a_att : p == 3 ? a_o : a_gu;
-                float* out = p == 0 ? a_qkv : p == 2 ? a_o : p == 3 ? a_gu : a_dn;
-                float xscale = op_input(in, cols, p == 4, xs, red);
+                float* out = ph.out;
+                float xscale = op_input(ph.in, cols, p == 4, xs, red);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
                 asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
@@ -603,9 +638,6 @@ __device__ __forceinline__ void sp_wait(u32 bar, u32 parity, long long spin) {
         if (sp_try_wait(bar, parity)) return;
     asm volatile("trap;");
 }
-__device__ __forceinline__ void sp_cons_sync(int nc) {
-    asm volatile("bar.sync 1, %0;" ::"r"(nc * 32) : "memory");
-}
 // Rows [t0, t1) of a phase's tile in slot `buf` (rb bytes per row), warp w of nc.
 __device__ __forceinline__ void sp_rows(const u8* buf, int rb, int t0, int t1, int w, int nc,
                                         const signed char* xs, float xscale, float* out) {
@@ -615,37 +647,11 @@ __device__ __forceinline__ void sp_rows(const u8* buf, int rb, int t0, int t1, i
         const u8* row = buf + (long long)(r - t0) * rb;
         int acc = 0;
         for (int c = lane; c < rb / 16; c += 32) {
-            uint4 u = *(const uint4*)(row + 16 * c);
-            unsigned q[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-            for (int k = 0; k < 4; k++) {
-                acc = dp4a((int)(q[k] & 0x0F0F0F0Fu), xi[8 * c + k], acc);
-                acc = dp4a((int)((q[k] >> 4) & 0x0F0F0F0Fu), xi[8 * c + 4 + k], acc);
-            }
+            acc = op_dot16(*(const uint4*)(row + 16 * c), xi, c, acc);
         }
         acc = warp_sum_i(acc);
         if (lane == 0) out[r] = (float)acc * xscale * (1.0f / 64.0f);
     }
-}
-// op_input for the nc consumer warps only.
-__device__ float sp_input(const float* in, int n, bool act, signed char* xs, float* red, int nc) {
-    float mx = 0.0f;
-    for (int i = threadIdx.x; i < n; i += nc * 32) {
-        float v = act ? in[i] / (1.0f + __expf(-in[i])) * in[n + i] : in[i];
-        mx = fmaxf(mx, fabsf(v));
-    }
-    mx = warp_max(mx);
-    if ((threadIdx.x & 31) == 0) red[threadIdx.x / 32] = mx;
-    sp_cons_sync(nc);
-    float m = 0.0f;
-    for (int w = 0; w < nc; w++) m = fmaxf(m, red[w]);
-    float inv = m > 0.0f ? 127.0f / m : 0.0f;
-    for (int i = threadIdx.x; i < n; i += nc * 32) {
-        float v = act ? in[i] / (1.0f + __expf(-in[i])) * in[n + i] : in[i];
-        xs[i] = (signed char)__float2int_rn(v * inv);
-    }
-    sp_cons_sync(nc);
-    return m / 127.0f;
 }
 #endif
 extern "C" __global__ void stream_probe(const u8* __restrict__ w, float* act, unsigned* cnt,
@@ -667,31 +673,16 @@ extern "C" __global__ void stream_probe(const u8* __restrict__ w, float* act, un
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
     }
     __syncthreads();
-    float* a_x = act;
-    float* a_qkv = a_x + d;
-    float* a_att = a_qkv + qkv;
-    float* a_o = a_att + d;
-    float* a_gu = a_o + d;
-    float* a_dn = a_gu + 2 * ff;
-    long long rbd = d / 2, rbf = ff / 2;
-    long long layer_bytes = (qkv + d + 2LL * ff) * rbd + d * rbf;
     unsigned nb = gridDim.x, b = blockIdx.x;
     bool weights = !(flags & 2);
     long long seq = 0;  // tiles so far (the same walk in the producer and the consumers)
     for (int l = 0; l < layers; l++) {
-        const u8* wl = w + (long long)l * layer_bytes;
         for (int p = 0; p < 5; p++) {
             int g = l * 5 + p;
-            int rows = p == 0 ? qkv : p == 3 ? 2 * ff : d;
-            int cols = p == 4 ? ff : d;
-            int rb = cols / 2;
-            const u8* wph = p == 0 ? wl
-                          : p == 2 ? wl + qkv * rbd
-                          : p == 3 ? wl + (qkv + d) * rbd
-                                   : wl + (qkv + d + 2LL * ff) * rbd;
-            int per = (rows + nb - 1) / nb;
-            int r0 = min(rows, (int)b * per), r1 = min(rows, r0 + per);
-            int k = max(1, slot_bytes / rb);  // rows per tile
+            OpPhase ph = op_phase(w, act, l, p, d, qkv, ff, b, nb);
+            int cols = ph.cols, rb = cols / 2, r0 = ph.r0, r1 = ph.r1;
+            const u8* wph = ph.w;
+            int k = rb > 0 ? max(1, slot_bytes / rb) : 1;  // rows per tile
             int tiles = (p == 1 || !weights) ? 0 : (r1 - r0 + k - 1) / k;
             if (warp == nc) {
                 // Producer: lane 0 fills the ring, never waiting on an edge.
@@ -719,17 +710,16 @@ extern "C" __global__ void stream_probe(const u8* __restrict__ w, float* act, un
                     while (ld_acquire_u32(cnt + g - 1) < nb && i < spin) i++;
                     if (i == spin) asm volatile("trap;");
                 }
-                sp_cons_sync(nc);
+                op_sync(nc, true);
                 if (threadIdx.x < nb && ((volatile unsigned*)stamp)[threadIdx.x] < (unsigned)g)
                     atomicAdd(err, 1u);
             }
             if (p == 1) {
                 int pd = (d + nb - 1) / nb, j0 = min(d, (int)b * pd), j1 = min(d, j0 + pd);
-                for (int j = j0 + threadIdx.x; j < j1; j += nc * 32) a_att[j] = 0.5f * a_qkv[j];
+                for (int j = j0 + threadIdx.x; j < j1; j += nc * 32) ph.out[j] = 0.5f * ph.in[j];
             } else {
-                const float* in = p == 0 ? (l == 0 ? a_x : a_dn) : p == 2 ? a_att : p == 3 ? a_o : a_gu;
-                float* out = p == 0 ? a_qkv : p == 2 ? a_o : p == 3 ? a_gu : a_dn;
-                float xscale = sp_input(in, cols, p == 4, xs, red, nc);
+                float* out = ph.out;
+                float xscale = op_input(ph.in, cols, p == 4, xs, red, nc, true);
                 for (int t = 0; t < tiles; t++, seq++) {
                     int slot = (int)(seq % SP_STAGES);
                     u32 round = (u32)(seq / SP_STAGES);
@@ -742,7 +732,7 @@ extern "C" __global__ void stream_probe(const u8* __restrict__ w, float* act, un
                                      ::"r"(sp_smem(&empty[slot])) : "memory");
                 }
             }
-            sp_cons_sync(nc);
+            op_sync(nc, true);
             if (threadIdx.x == 0) {
                 ((volatile unsigned*)stamp)[b] = (unsigned)g + 1;
                 red_release_add_u32(cnt + g, 1u);

@@ -218,16 +218,39 @@ impl CudaBackend {
         if threads < sms || !threads.is_multiple_of(32) || threads > 1024 {
             bail!("overlap probe: {threads} threads (a multiple of 32, at least {sms})");
         }
+        self.probe_layers(
+            "overlap_probe",
+            (d, qkv, ff, layers),
+            threads,
+            &[Arg::I(pf as i32), Arg::I(flags as i32)],
+            reps,
+        )
+    }
+
+    /// Run probe kernel `name` (`overlap_probe`, `stream_probe`: one block of `threads` per SM)
+    /// on `layers` decode-shaped layers of `geom` = (d, qkv, ff) with zero 4-bit weights, the
+    /// kernel's own trailing arguments `tail` after the common ones; best of `reps`. Fails if a
+    /// block of that size does not fit or found a producer's stamp missing after an edge.
+    fn probe_layers(
+        &self,
+        name: &str,
+        geom: (u32, u32, u32, u32),
+        threads: u32,
+        tail: &[Arg],
+        reps: u32,
+    ) -> Result<OverlapProbe> {
+        let (d, qkv, ff, layers) = geom;
+        let sms = self.sm_count()?;
         let f = self
             .funcs
-            .get("overlap_probe")
-            .ok_or_else(|| anyhow!("overlap_probe is not loaded"))?;
-        let smem = crate::kernels::dyn_smem("overlap_probe") as usize;
+            .get(name)
+            .ok_or_else(|| anyhow!("{name} is not loaded"))?;
+        let smem = crate::kernels::dyn_smem(name) as usize;
         let fit = f
             .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
             .map_err(|e| anyhow!("occupancy query: {e:?}"))?;
         if fit < 1 {
-            bail!("overlap probe: a block of {threads} threads does not fit on an SM");
+            bail!("{name}: a block of {threads} threads and {smem} bytes does not fit on an SM");
         }
         let (d64, qkv64, ff64) = (d as u64, qkv as u64, ff as u64);
         let layer_bytes = (qkv64 + d64 + 2 * ff64) * d64 / 2 + d64 * ff64 / 2;
@@ -249,7 +272,7 @@ impl CudaBackend {
             s.memset_zeros(&mut stamp).context("memset")?;
             self.synchronize()?;
             let t = Instant::now();
-            let args = [
+            let mut args = vec![
                 Arg::P(self.ptr(&w)),
                 Arg::P(self.ptr(&act)),
                 Arg::P(self.ptr(&cnt)),
@@ -259,17 +282,16 @@ impl CudaBackend {
                 Arg::I(d as i32),
                 Arg::I(qkv as i32),
                 Arg::I(ff as i32),
-                Arg::I(pf as i32),
-                Arg::I(flags as i32),
             ];
-            self.launch_now("overlap_probe", (sms, 1, 1), threads, &args)?;
+            args.extend_from_slice(tail);
+            self.launch_now(name, (sms, 1, 1), threads, &args)?;
             self.synchronize()?;
             best = best.min(t.elapsed().as_secs_f64());
         }
         let mut e = [0u32; 1];
         s.memcpy_dtoh(&err, &mut e).context("read back")?;
         if e[0] != 0 {
-            bail!("overlap probe: {} stamp(s) missing after an edge", e[0]);
+            bail!("{name}: {} stamp(s) missing after an edge", e[0]);
         }
         Ok(OverlapProbe {
             blocks: sms,
@@ -309,65 +331,8 @@ impl CudaBackend {
         if consumers == 0 || threads > 1024 || 32 * consumers < sms {
             bail!("stream probe: {consumers} consumer warps (at least {sms} threads, at most 31)");
         }
-        let f = self
-            .funcs
-            .get("stream_probe")
-            .ok_or_else(|| anyhow!("stream_probe is not loaded"))?;
-        let smem = crate::kernels::dyn_smem("stream_probe") as usize;
-        let fit = f
-            .occupancy_max_active_blocks_per_multiprocessor(threads, smem, None)
-            .map_err(|e| anyhow!("occupancy query: {e:?}"))?;
-        if fit < 1 {
-            bail!("stream probe: a block of {threads} threads and {smem} bytes does not fit");
-        }
-        let (d64, qkv64, ff64) = (d as u64, qkv as u64, ff as u64);
-        let layer_bytes = (qkv64 + d64 + 2 * ff64) * d64 / 2 + d64 * ff64 / 2;
-        let s = &self.stream;
-        let w = s
-            .alloc_zeros::<u8>((layer_bytes * layers as u64) as usize)
-            .context("alloc")?;
-        let act_len = (4 * d + qkv + 2 * ff) as usize;
-        let act_host: Vec<f32> = (0..act_len)
-            .map(|i| ((i % 17) as f32 - 8.0) * 0.1)
-            .collect();
-        let act = s.clone_htod(&act_host).context("upload")?;
-        let mut cnt = s.alloc_zeros::<u32>(5 * layers as usize).context("alloc")?;
-        let mut stamp = s.alloc_zeros::<u32>(sms as usize).context("alloc")?;
-        let err = s.alloc_zeros::<u32>(1).context("alloc")?;
-        let mut best = f64::MAX;
-        for _ in 0..reps {
-            s.memset_zeros(&mut cnt).context("memset")?;
-            s.memset_zeros(&mut stamp).context("memset")?;
-            self.synchronize()?;
-            let t = Instant::now();
-            let args = [
-                Arg::P(self.ptr(&w)),
-                Arg::P(self.ptr(&act)),
-                Arg::P(self.ptr(&cnt)),
-                Arg::P(self.ptr(&stamp)),
-                Arg::P(self.ptr(&err)),
-                Arg::I(layers as i32),
-                Arg::I(d as i32),
-                Arg::I(qkv as i32),
-                Arg::I(ff as i32),
-                Arg::I(flags as i32),
-                // Tries before a wait gives up (well under a second each).
-                Arg::L(1 << 22),
-            ];
-            self.launch_now("stream_probe", (sms, 1, 1), threads, &args)?;
-            self.synchronize()?;
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        let mut e = [0u32; 1];
-        s.memcpy_dtoh(&err, &mut e).context("read back")?;
-        if e[0] != 0 {
-            bail!("stream probe: {} stamp(s) missing after an edge", e[0]);
-        }
-        Ok(OverlapProbe {
-            blocks: sms,
-            threads,
-            layer_us: best / layers as f64 * 1e6,
-            layer_bytes,
-        })
+        // Tries before a wait gives up (well under a second each).
+        let tail = [Arg::I(flags as i32), Arg::L(1 << 22)];
+        self.probe_layers("stream_probe", (d, qkv, ff, layers), threads, &tail, reps)
     }
 }
