@@ -452,8 +452,10 @@ extern "C" __global__ void flag_chain_link(unsigned* x, unsigned* cnt, int k, in
 // waits, a block copies the first `pf` bytes of its rows of the phase's weights into shared memory
 // (cp.async): the weight stream overlaps the edge, which is what the persistent design is for.
 // `err` counts blocks that found a producer's stamp missing after an edge. `flags` (for the
-// decomposition): 1 no edges (no waits, no stamp checks: the weight stream and the per-phase work
-// alone; outputs race), 2 no weight rows (the edges and the input reads alone).
+// decomposition, bits): 1 no edges (no waits, no stamp checks: the weight stream and the
+// per-phase work alone; outputs race), 2 no weight rows (the edges and the input reads alone), 4
+// no input pass (each phase's products use whatever the block's int8 input holds: with 1, the
+// weight stream and the dot products alone).
 #define OP_MAXC 16384
 #define OP_PF_MAX (96 * 1024)
 __device__ __forceinline__ void op_release(unsigned* c) {
@@ -600,7 +602,7 @@ extern "C" __global__ void overlap_probe(const u8* __restrict__ w, float* act, u
                 for (int j = j0 + threadIdx.x; j < j1; j += blockDim.x) ph.out[j] = 0.5f * ph.in[j];
             } else {
                 float* out = ph.out;
-                float xscale = op_input(ph.in, cols, p == 4, xs, red);
+                float xscale = (flags & 4) ? 1.0f : op_input(ph.in, cols, p == 4, xs, red);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
                 asm volatile("cp.async.wait_all;" ::: "memory");
 #endif
@@ -654,7 +656,7 @@ __device__ __forceinline__ void sp_rows(const u8* buf, int rb, int t0, int t1, i
     }
 }
 #endif
-extern "C" __global__ void stream_probe(const u8* __restrict__ w, float* act, unsigned* cnt,
+extern "C" __launch_bounds__(1024) __global__ void stream_probe(const u8* __restrict__ w, float* act, unsigned* cnt,
                                         unsigned* stamp, unsigned* err, int layers, int d, int qkv,
                                         int ff, int flags, long long spin) {
     PDL_ENTRY();
@@ -719,7 +721,7 @@ extern "C" __global__ void stream_probe(const u8* __restrict__ w, float* act, un
                 for (int j = j0 + threadIdx.x; j < j1; j += nc * 32) ph.out[j] = 0.5f * ph.in[j];
             } else {
                 float* out = ph.out;
-                float xscale = op_input(ph.in, cols, p == 4, xs, red, nc, true);
+                float xscale = (flags & 4) ? 1.0f : op_input(ph.in, cols, p == 4, xs, red, nc, true);
                 for (int t = 0; t < tiles; t++, seq++) {
                     int slot = (int)(seq % SP_STAGES);
                     u32 round = (u32)(seq / SP_STAGES);

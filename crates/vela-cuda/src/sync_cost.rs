@@ -188,9 +188,9 @@ impl CudaBackend {
     /// `qkv` Q/K/V rows and `ff` FFN rows, 4-bit weights, one resident block of `threads` per
     /// SM, `pf` weight bytes per block and phase copied ahead of each edge (best of `reps`).
     /// What a persistent decode kernel whose phases meet at counter edges could reach. `flags`
-    /// takes parts out for the decomposition: 1 the edges (the weight stream alone), 2 the weight
-    /// rows (the edges and input reads alone). Fails if a block found a producer's stamp
-    /// missing after an edge.
+    /// takes parts out for the decomposition (bits): 1 the edges (the weight stream alone), 2
+    /// the weight rows (the edges and input reads alone), 4 the per-phase input pass. Fails if
+    /// a block found a producer's stamp missing after an edge.
     #[allow(clippy::too_many_arguments)]
     pub fn overlap_probe(
         &self,

@@ -22,13 +22,18 @@ fn overlap_probe_decode_geometries() {
                 runs.push((threads, pf, 0u32));
             }
         }
-        runs.extend([(1024, 0, 1), (1024, 96 << 10, 1), (1024, 0, 2)]);
+        runs.extend([
+            (1024, 0, 1),
+            (1024, 96 << 10, 1),
+            (1024, 0, 2),
+            (1024, 0, 5),
+        ]);
         for (threads, pf, flags) in runs {
             let r = match g.overlap_probe(d, qkv, ff, layers, threads, pf, flags, 5) {
                 Err(e) if e.to_string().contains("sm_80") => return,
                 r => r.unwrap(),
             };
-            let what = ["layer", "no edges", "no weights"][flags as usize];
+            let what = probe_what(flags);
             eprintln!(
                 "RESULT | overlap probe {name} x{layers} {what} | {} blocks x {threads} threads | ahead {} KiB | {:.2} us per layer | {:.0} us per token | {:.0} GB/s | info |",
                 r.blocks,
@@ -52,12 +57,19 @@ fn stream_probe_decode_geometries() {
         ("qwen2.5-0.5b", 896u32, 1152u32, 4864u32, 24u32),
         ("llama3-8b", 4096, 6144, 14336, 32),
     ] {
-        for (consumers, flags) in [(8u32, 0u32), (16, 0), (8, 1), (16, 1), (8, 2)] {
+        // Up to 31 consumer warps (the producer is the 32nd); 5 = the ring's stream and the dot
+        // products alone (no edges, no input pass).
+        let mut runs = Vec::new();
+        for consumers in [8u32, 16, 31] {
+            runs.extend([(consumers, 0u32), (consumers, 1), (consumers, 5)]);
+        }
+        runs.extend([(31, 2), (31, 4)]);
+        for (consumers, flags) in runs {
             let r = match g.stream_probe(d, qkv, ff, layers, consumers, flags, 5) {
                 Err(e) if e.to_string().contains("sm_90") => return,
                 r => r.unwrap(),
             };
-            let what = ["layer", "no edges", "no weights"][flags as usize];
+            let what = probe_what(flags);
             eprintln!(
                 "RESULT | stream probe {name} x{layers} {what} | {} blocks x {} threads | {:.2} us per layer | {:.0} us per token | {:.0} GB/s | info |",
                 r.blocks,
@@ -67,5 +79,17 @@ fn stream_probe_decode_geometries() {
                 r.layer_bytes as f64 / (r.layer_us * 1e3)
             );
         }
+    }
+}
+
+/// The probes' `flags` in words.
+fn probe_what(flags: u32) -> &'static str {
+    match flags {
+        0 => "layer",
+        1 => "no edges",
+        2 => "no weights",
+        4 => "no input pass",
+        5 => "stream only",
+        _ => "other",
     }
 }
