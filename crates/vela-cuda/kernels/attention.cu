@@ -210,7 +210,7 @@ ATTN(2, 4, ATT_MAXD_BIG, attention_bf16_w4_d512)
 // captured graph stays valid at every position. Needs hdk % 4 == 0.
 #define SPLIT_WARPS 4
 
-// Keys per chunk of the split-K parts (split_chunk in attn.rs follows): 16 for head dim 256, else
+// Keys per chunk of the split-K parts (split_chunk in attn_parts.rs follows): 16 for head dim 256, else
 // 32. At short contexts the parts' latency grows with their keys, most at head dim 256 (four
 // keys in flight per round of attention_part2's V loop). Gemma 3 270M geometry tg128 on the
 // H200: 1,666.3 / 1,665.4 t/s vs 1,608.6 / 1,608.0 with 32, at 8K 1,469.1 vs 1,405.0 (8 keys:

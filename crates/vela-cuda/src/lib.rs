@@ -13,6 +13,7 @@
 mod argmax;
 mod attn;
 mod attn_gemm;
+mod attn_parts;
 mod cublas;
 mod gemm;
 mod graph;
