@@ -395,11 +395,9 @@ impl CudaBackend {
             r.cache.push(entry);
             return;
         }
-        let pf = crate::l2pf::step_prefetches(&ops, r.l2pf)
-            .then(|| self.l2pf_side(r))
-            .flatten();
         let budget = crate::l2pf::step_budget(&ops, r.l2pf);
-        let graph = match self.capture(&ops, pf.as_deref().map(|s| (s, budget))) {
+        let pf = budget.and_then(|_| self.l2pf_side(r));
+        let graph = match self.capture(&ops, pf.as_deref().zip(budget)) {
             Ok(g) => g.launch().is_ok().then_some(g),
             Err(e) => {
                 if std::env::var_os("VELA_CUDA_DEBUG").is_some() {

@@ -279,8 +279,10 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
     ("sample", &["topk_rows", "topk_part", "topk_merge"]),
 ];
 
-/// Bytes of `stream_probe`'s weight ring (`SP_RING` in elementwise.cu).
+/// Bytes of `stream_probe`'s weight ring (`SP_RING` in elementwise.cu) and its slots
+/// (`SP_STAGES`).
 pub const STREAM_RING: u32 = 192 * 1024;
+pub const STREAM_STAGES: u32 = 8;
 
 /// Most weight bytes `overlap_probe` copies ahead per block (`OP_PF_MAX` in elementwise.cu).
 pub const OVERLAP_PF_MAX: u32 = 96 * 1024;

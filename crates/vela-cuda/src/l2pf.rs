@@ -36,7 +36,7 @@ const PF_MAX_BLOCKS: u64 = 64;
 
 /// What each product's prefetch asks for: at most `most` bytes (0: no prefetch) of the next
 /// product's weights, and only when they total at least `min` bytes; steps whose products read
-/// less than `step_min` bytes in all get no prefetch (see [`step_prefetches`]).
+/// less than `step_min` bytes in all get no prefetch (see [`step_budget`]).
 #[derive(Clone, Copy, Default, Debug, PartialEq)]
 pub(crate) struct PfBudget {
     pub most: u64,
@@ -66,15 +66,15 @@ const STEP_MIN_MIB: u64 = 128;
 const SMALL_STEP_MIB: u64 = 1024;
 const SMALL_MOST_MIB: u64 = 2;
 
-/// The budget of a step of `ops`: `budget`, with `most` cut to `small_most` when its launches'
-/// weights total less than `small_step` bytes.
-pub(crate) fn step_budget(ops: &[Launch], budget: PfBudget) -> PfBudget {
+/// The prefetch budget of a step of `ops` from its launches' weights in all: none under
+/// `budget.step_min` bytes, else `budget` with `most` cut to `small_most` under `small_step`.
+pub(crate) fn step_budget(ops: &[Launch], budget: PfBudget) -> Option<PfBudget> {
     let total: u64 = ops.iter().flat_map(|o| o.weights.iter().map(|w| w.1)).sum();
     let mut b = budget;
     if total < b.small_step {
         b.most = b.most.min(b.small_most);
     }
-    b
+    (total >= b.step_min).then_some(b)
 }
 
 impl Recorder {
@@ -174,13 +174,6 @@ impl CudaBackend {
     }
 }
 
-/// Whether a step of `ops` gets the prefetch: its launches' weights total at least
-/// `budget.step_min` bytes.
-pub(crate) fn step_prefetches(ops: &[Launch], budget: PfBudget) -> bool {
-    let total: u64 = ops.iter().flat_map(|o| o.weights.iter().map(|w| w.1)).sum();
-    total >= budget.step_min
-}
-
 /// The `prefetch_l2` launches (address, bytes, blocks) after `ops[i]`: none unless `ops[i]` is a
 /// product (has weights) and a later product exists whose weights total at least `budget.min`;
 /// else the first `budget.most` bytes of the next product's weights, in the order of its weights.
@@ -268,7 +261,7 @@ mod tests {
         assert_eq!(at(5 * M), vec![(0x1000, M, 4)]);
         assert!(at(5 * M + 1).is_empty());
         // `step_min`: the step's weights (25 MiB here) decide whether it prefetches at all.
-        let step = |step_min| step_prefetches(&ops, PfBudget { step_min, ..b(M) });
+        let step = |step_min| step_budget(&ops, PfBudget { step_min, ..b(M) }).is_some();
         assert!(step(0) && step(25 * M));
         assert!(!step(25 * M + 1));
         // `small_step`: a step under it prefetches at most `small_most` per product.
@@ -278,9 +271,9 @@ mod tests {
                 small_most: 2 * M,
                 ..b(4 * M)
             };
-            step_budget(&ops, budget).most
+            step_budget(&ops, budget).map(|b| b.most)
         };
-        assert_eq!(small(25 * M + 1), 2 * M);
-        assert_eq!(small(25 * M), 4 * M);
+        assert_eq!(small(25 * M + 1), Some(2 * M));
+        assert_eq!(small(25 * M), Some(4 * M));
     }
 }

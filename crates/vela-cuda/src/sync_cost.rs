@@ -323,7 +323,7 @@ impl CudaBackend {
             bail!("stream probe: needs sm_90 (cp.async.bulk, mbarrier transactions)");
         }
         let sms = self.sm_count()?;
-        let slot = crate::kernels::STREAM_RING / 8;
+        let slot = crate::kernels::STREAM_RING / crate::kernels::STREAM_STAGES;
         if !d.is_multiple_of(32) || !ff.is_multiple_of(32) || d.max(ff) > 16384 || ff / 2 > slot {
             bail!("stream probe: d {d} / ff {ff} out of range");
         }
