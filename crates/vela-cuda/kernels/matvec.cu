@@ -28,15 +28,81 @@
 #define MV_ENTRY() do {} while (0)
 #define MV_RESUME() pdl_resume()
 #endif
+// The products that issue weight loads before the wait call MV_RESUME() behind a branch on the
+// row's block count (`if (mv_guard(nb))`, nb > 0 in every launch, so every thread still waits).
+// With the wait unconditional, ptxas may schedule it above those loads: ptxas 12.9 and the H200's
+// NVRTC 13.0 did so in mv_q4_ks and mv_q4_ks_u2, and with the no-allocate weight loads (below)
+// in mv_q4_0s_r2 / _x3_r2 and mv_mix32_x3 as well (SASS: the wait first, every load after it).
+// Behind the branch the weight loads stay first, but ptxas then treated the activation loads
+// (ld.global.nc, read-only, which it takes as invariant) as free to move above the wait: in
+// mv_q8_0_r2n they were, a race with the kernel that writes them (run-to-run differences of the
+// Qwen2.5-0.5B geometry's greedy output, session 20 calls 9 and 10). So the guarded products read
+// their activations with coherent loads (lda16 / lda4), which may not pass the wait's acquire.
+// `scripts/sass-check.sh` fails if a decode matvec issues any load but a weight load (LDG.E.NA)
+// before its wait. MV_WAIT_UNGUARDED: the unconditional wait, for A/B runs.
+__device__ __forceinline__ bool mv_guard(int nb) {
+#ifdef MV_WAIT_UNGUARDED
+    return true;
+#else
+    return nb > 0;
+#endif
+}
+// Activation loads of the guarded products (coherent ld.global, allocating in L1).
+__device__ __forceinline__ int4 lda16(const void* p) {
+    int4 v;
+    asm volatile("ld.global.v4.s32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ int lda4(const void* p) {
+    int v;
+    asm volatile("ld.global.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+
+// Weight loads of the decode matvecs (mvs, mvks, mv32 and the products built on them). Each weight
+// byte is read once per token, so the loads do not allocate in L1
+// (ld.global.nc.L1::no_allocate): the stream would otherwise evict the activation blocks that
+// every warp of the SM re-reads from L1 (an L2 round trip each time). Measured with
+// crates/vela-cuda/bench/mv_layout.cu (session 20, call 8): the Llama-3-8B step's Q4_0 products
+// as a chain of split-row products 1,149.6 / 1,154.0 us instead of 1,256.6 / 1,256.7 (the down
+// products 327.9 instead of 345.2); in vela (call 9) tg128 +1.7 % q05, +2.3 % s2, +1 % l8 (+2 %
+// at depth 1024), measured with the waits of the dropped branch (above) in both arms. MV_W_L1: plain loads (allocating in L1), for A/B runs.
+#ifdef MV_W_L1
+__device__ __forceinline__ uint4 ldw16(const uint4* p) { return *p; }
+__device__ __forceinline__ uint2 ldw8(const uint2* p) { return *p; }
+__device__ __forceinline__ u16 ldw2(const u16* p) { return *p; }
+#else
+__device__ __forceinline__ uint4 ldw16(const uint4* p) {
+    uint4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ uint2 ldw8(const uint2* p) {
+    uint2 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+                 : "=r"(v.x), "=r"(v.y)
+                 : "l"(p));
+    return v;
+}
+__device__ __forceinline__ u16 ldw2(const u16* p) {
+    u16 v;
+    asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    return v;
+}
+#endif
 // Sub-blocks in flight per lane and row with two rows per warp.
 #define MVU_K_R2 2
 
 __device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& sum, int qs[8]) {
-    float4 h = *(const float4*)a;
-    int4 q0 = ((const int4*)a)[1], q1 = ((const int4*)a)[2];
-    d = h.x;
-    s = h.y;
-    sum = __float_as_int(h.z);
+    int4 h = lda16(a);
+    int4 q0 = lda16((const int4*)a + 1), q1 = lda16((const int4*)a + 2);
+    d = __int_as_float(h.x);
+    s = __int_as_float(h.y);
+    sum = h.z;
     qs[0] = q0.x; qs[1] = q0.y; qs[2] = q0.z; qs[3] = q0.w;
     qs[4] = q1.x; qs[5] = q1.y; qs[6] = q1.z; qs[7] = q1.w;
 }
@@ -137,7 +203,7 @@ __device__ __forceinline__ void mv32_load(uint4 tmp[R][(N16 + 31) / 32], const u
 #pragma unroll
         for (int k = 0; k < (N16 + 31) / 32; k++) {
             int i = lane + 32 * k;
-            if (i < n16 && r0 + q < rows) tmp[q][k] = src[i];
+            if (i < n16 && r0 + q < rows) tmp[q][k] = ldw16(src + i);
         }
     }
 }
@@ -169,7 +235,7 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
 #ifndef MV_NOPIPE
     if (r0 < rows) mv32_load<T, R, N16>(tmp, base, skew, lo, hi, lane, r0, rows);
 #endif
-    MV_RESUME();
+    if (mv_guard(nb)) MV_RESUME();
     if (r0 < rows) {
         for (int b0 = lo; b0 < hi; b0 += MV_SEG) {
             int nblk = min(MV_SEG, hi - b0);
@@ -247,7 +313,7 @@ __device__ __forceinline__ void mv32_narrow(const u8* __restrict__ W, const AQ8*
     uint4 tmp[R][(N16 + 31) / 32];
     rows_of(0);
     if (g0 * R < rows) mv32_load<T, R, N16>(tmp, base, skew, 0, nb, lane, g0 * R, rows);
-    MV_RESUME();
+    if (mv_guard(nb)) MV_RESUME();
     int aq[2][8], asum[2];
     float ad[2], as[2];
 #pragma unroll
@@ -325,8 +391,8 @@ __device__ __forceinline__ void mvs_load(uint4 (&qv)[MVS_U][R], u16 (&dv)[MVS_U]
         if (b < hi) {
 #pragma unroll
             for (int q = 0; q < R; q++) {
-                qv[u][q] = wq[q][b];
-                dv[u][q] = wd[q][b];
+                qv[u][q] = ldw16(wq[q] + b);
+                dv[u][q] = ldw2(wd[q] + b);
             }
         }
     }
@@ -362,7 +428,7 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
     uint4 qv[MVS_U][R];
     u16 dv[MVS_U][R];
     mvs_load<R>(qv, dv, wq, wd, lo + lane, hi);
-    MV_RESUME();
+    if (mv_guard(nb)) MV_RESUME();
     for (int b0 = lo + lane; b0 < hi; b0 += 32 * MVS_U) {
         uint4 nq[MVS_U][R];
         u16 nd[MVS_U][R];
@@ -495,13 +561,13 @@ template <int T>
 __device__ __forceinline__ uint4 ks_load(const u8* row, int nb, int b, int j, uint4& hd) {
     size_t it = 8 * (size_t)b + j;
     if constexpr (T == 114) {
-        uint2 h = ((const uint2*)(row + 128 * (size_t)nb))[it];
-        hd = make_uint4(h.x, h.y, *(const u16*)(row + 192 * (size_t)nb + 2 * it),
-                        *(const u16*)(row + 208 * (size_t)nb + 2 * (size_t)b));
+        uint2 h = ldw8((const uint2*)(row + 128 * (size_t)nb) + it);
+        hd = make_uint4(h.x, h.y, ldw2((const u16*)(row + 192 * (size_t)nb + 2 * it)),
+                        ldw2((const u16*)(row + 208 * (size_t)nb + 2 * (size_t)b)));
     } else {
-        hd = ((const uint4*)(row + 128 * (size_t)nb))[b];
+        hd = ldw16((const uint4*)(row + 128 * (size_t)nb) + b);
     }
-    return ((const uint4*)row)[it];
+    return ldw16((const uint4*)row + it);
 }
 template <int T>
 __device__ __forceinline__ void decode_ks(uint4 q, uint4 hd, int j, int w[8], int sc[2], int mn[2],
@@ -647,7 +713,7 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
     // As in mvs: each round's loads at the end of the previous one (the first before MV_RESUME).
     uint4 qv[MVKS_U(R)][R], hd[MVKS_U(R)][R];
     mvks_load<T, R>(qv, hd, wr, nb, lo + lane, hi);
-    MV_RESUME();
+    if (mv_guard(nb)) MV_RESUME();
     for (int it0 = lo + lane; it0 < hi; it0 += 32 * MVKS_U(R)) {
 #pragma unroll
         for (int u = 0; u < MVKS_U(R); u++) {
@@ -655,9 +721,9 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
             if (it < hi) {
                 int b = it >> 3, j = it & 7;
                 const AQ8K* a = X + b;
-                float ad = a->d;
-                int bs = *(const int*)(a->bsums + 2 * j);
-                int4 q0 = ((const int4*)(a->qs + 8 * j))[0], q1 = ((const int4*)(a->qs + 8 * j))[1];
+                float ad = __int_as_float(lda4(&a->d));
+                int bs = lda4(a->bsums + 2 * j);
+                int4 q0 = lda16(a->qs + 8 * j), q1 = lda16(a->qs + 8 * j + 4);
                 int aq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
                 int b0s = (int)(short)(bs & 0xffff), b1s = bs >> 16;
 #pragma unroll
