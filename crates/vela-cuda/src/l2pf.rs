@@ -10,7 +10,8 @@
 //! cache lines (it reads and writes nothing a kernel sees), so results are unchanged; the side
 //! stream joins the main one at the end of the step. Uncaptured launches never prefetch.
 //!
-//! Measured on the H200 (session 14, tg128, two calls each; `docs/cuda.md`, fifteenth slice):
+//! Measured on the H200 (session 14, tg128, two calls each; `docs/cuda-history-3.md`, fifteenth
+//! slice):
 //! Llama-3-8B Q4_0 4 MiB 537.3 / 537.8 / 537.4 / 539.3 / 540.1 / 540.2 vs 517.4 / 521.2 / 520.8
 //! / 519.6 / 521.4 / 521.1 t/s without (+3.5 %); Qwen2.5-0.5B Q4_K_M 4 MiB 1,456 / 1,456 /
 //! 1,459 / 1,458 vs 1,426 / 1,427 / 1,426 / 1,428 (+2.2 %; 2 MiB +3 %); Gemma 4 12B unchanged.
