@@ -33,6 +33,9 @@ cargo build --release --workspace --all-targets
 step "cargo test --release"
 cargo test --release --workspace --no-fail-fast 2>&1 | tee "$VELA_CACHE/last-cargo-test.log"
 
+step "SASS order of the CUDA decode matvecs (scripts/sass-check.sh: no activation load before a wait)"
+bash scripts/sass-check.sh '^$'
+
 step "parity against llama.cpp (fixtures from scripts/gen-parity-fixtures.py)"
 python3 scripts/check-parity.py --vela target/release/vela
 
