@@ -130,8 +130,10 @@ __device__ __forceinline__ u16 ldd(const u16* p) {
 // Port of vela's mvs<R, false, DB> without the K split: WB warps per block, R rows per warp, U
 // blocks per lane and row per round (vela: R = 2, U = 4, WB = 4; DB in the single-weight
 // products).
-template <bool DB, int R = 2, int U = 4, int L = 0, int WB = 4>
-__global__ void __launch_bounds__(WB * 32) mvs(const u8* __restrict__ W, const AQ8* __restrict__ X, float* __restrict__ Y, int rows, int nb) {
+// MINB: __launch_bounds__'s minimum resident blocks per SM (a register cap: 4 warps per block and
+// MINB = 5 allow at most 102 registers per thread, 6 at most 85).
+template <bool DB, int R = 2, int U = 4, int L = 0, int WB = 4, int MINB = 1>
+__global__ void __launch_bounds__(WB * 32, MINB) mvs(const u8* __restrict__ W, const AQ8* __restrict__ X, float* __restrict__ Y, int rows, int nb) {
     int lane = threadIdx.x & 31, r0 = (blockIdx.x * WB + threadIdx.x / 32) * R;
     const uint4* wq[R]; const u16* wd[R];
     for (int q = 0; q < R; q++) {
@@ -294,6 +296,13 @@ static int product(cudaStream_t s, int v, const Mat& m, bool single, int sms) {
     // Half a row's blocks per lane in each of two rounds (128 blocks: 2 per round; 448: 7).
     case 13: return nb == 448 ? MVS(true, 2, 7, 0, 4) : MVS(true, 2, 2, 0, 4);
     case 14: return single ? MVS(true, 2, 4, 0, 2) : MVS(false, 2, 4, 0, 2);
+#define MVSB(DB, R, U, L, WB, MINB) launch(s, mvs<DB, R, U, L, WB, MINB>, (rows + WB * R - 1) / (WB * R), WB * 32, (const u8*)m.S, (const AQ8*)m.X, m.Y, rows, nb)
+    // Prepared after session 20's last device call, not yet run: the no-L1 split rows with four
+    // rows per warp (each activation block loaded once for four rows), and with the register caps
+    // of 5 and 6 blocks per SM (the single products' 116 registers allow 4).
+    case 15: return single ? MVSB(true, 4, 2, 1, 4, 1) : MVSB(false, 4, 2, 1, 4, 1);
+    case 16: return single ? MVSB(true, 2, 4, 1, 4, 5) : MVSB(false, 2, 4, 1, 4, 5);
+    case 17: return single ? MVSB(true, 2, 4, 1, 4, 6) : MVSB(false, 2, 4, 1, 4, 6);
     }
     return 1;
 }
@@ -301,8 +310,9 @@ static const char* NAMES[] = {"pure read", "split rows (vela mvs port)", "tiled 
                               "tiled NW16 U4 DB", "tiled NW16 U8", "tiled NW4 U8 DB", "tiled NW16/8 U4 DB", "pure read (chain_bw's kernel)",
                               "split rows, weights not in L1", "split rows R2 U8", "split rows R1 U4 DB",
                               "split rows, 8 warps per block", "split rows, 2 rounds of half a row",
-                              "split rows, 2 warps per block"};
-#define NV 15
+                              "split rows, 2 warps per block", "no-L1 split rows, 4 rows per warp",
+                              "no-L1 split rows, at most 102 registers", "no-L1 split rows, at most 85 registers"};
+#define NV 18
 
 // Arguments: [sep|arena|async] [variants]: how each product's split-row weights are allocated
 // (sep: one cudaMalloc each; arena: carved from one cudaMalloc, contiguous in launch order;

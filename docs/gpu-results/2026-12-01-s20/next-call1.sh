@@ -15,3 +15,10 @@ cd /tmp
 for m in q05 s2 g3 l8; do for r in 1 2 3 4 5 6 7 8 9 10; do
   echo "$m $(/tmp/vela run -m /tmp/$m.gguf --device cuda --prompt 'The capital of France is' --temperature 0 --max-tokens 64 2>/dev/null | md5sum | cut -c1-12)"
 done; done | sort | uniq -c | tee $OUT/md5.txt
+# Then the prepared split-row variants (mv_layout.cu 15-17, not yet run; ptxas 12.9: 4 rows per
+# warp 140 registers, the caps of 5 / 6 blocks per SM 96 / 80 registers with 50 / 184 bytes of
+# spills in the double-buffered single products) against the pure read (0, 8) and the no-L1 split
+# rows (9, today's vela), 2 rounds.
+cd $R
+nvcc=$(command -v nvcc || ls /usr/local/cuda*/bin/nvcc 2>/dev/null | head -1)
+$nvcc -O3 -arch=sm_90 crates/vela-cuda/bench/mv_layout.cu -o /tmp/mv_layout && timeout 200 /tmp/mv_layout arena 2 8,9,15,16,17 | tee $OUT/mv.txt | grep -E "FAIL|CHAIN"
