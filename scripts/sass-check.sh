@@ -23,7 +23,7 @@ ptxas=$tools/nvcc/nvidia/cuda_nvcc/bin/ptxas
 [ -x "$ptxas" ] || pip install -q --target "$tools/nvcc" nvidia-cuda-nvcc-cu12==12.9.86
 nvdisasm=$(ls "$tools"/nvdisasm/nvidia/*/bin/nvdisasm 2>/dev/null | head -1 || true)
 if [ -z "$nvdisasm" ]; then
-  pip install -q --target "$tools/nvdisasm" nvidia-cuda-nvdisasm
+  pip install -q --target "$tools/nvdisasm" nvidia-cuda-nvdisasm==13.5.37
   nvdisasm=$(ls "$tools"/nvdisasm/nvidia/*/bin/nvdisasm | head -1)
 fi
 out=$(mktemp -d)

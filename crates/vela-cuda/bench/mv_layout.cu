@@ -10,8 +10,10 @@
 //          a block's NW warps split the row's blocks and add their sums in shared memory;
 //   read:  pure-read kernels of the same bytes (chain_bw.cu's ceiling).
 // Every kernel issues its first weight loads, then waits on the previous kernel (PDL) as vela's
-// matvecs do; the products are launched back to back in a captured graph (32 layers x Q/K/V 6144
-// rows, o 4096, gate+up 28672, down 4096 x 14336). Each layout's result is checked against a
+// matvecs do (behind a branch, pdl_if; the activations here are read with .nc loads, which ptxas
+// may move above such a wait, harmless only because nothing here ever writes X after its fill);
+// the products are launched back to back in a captured graph (32 layers x Q/K/V 6144 rows, o
+// 4096, gate+up 28672, down 4096 x 14336). Each layout's result is checked against a
 // plain reference kernel.   nvcc -O3 -arch=sm_90 mv_layout.cu -o mv_layout && ./mv_layout
 #include <cstdio>
 #include <vector>

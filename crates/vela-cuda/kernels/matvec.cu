@@ -61,14 +61,17 @@ __device__ __forceinline__ int lda4(const void* p) {
     return v;
 }
 
-// Weight loads of the decode matvecs (mvs, mvks, mv32 and the products built on them). Each weight
-// byte is read once per token, so the loads do not allocate in L1
+// Weight loads of the decode matvecs (mvs, mvks, mv32 and the products built on them; ks_load also
+// serves the split-row k-quant prefill kernels through decodek_at, which read each weight once
+// too). Each weight byte is read once per token, so the loads do not allocate in L1
 // (ld.global.nc.L1::no_allocate): the stream would otherwise evict the activation blocks that
 // every warp of the SM re-reads from L1 (an L2 round trip each time). Measured with
 // crates/vela-cuda/bench/mv_layout.cu (session 20, call 8): the Llama-3-8B step's Q4_0 products
 // as a chain of split-row products 1,149.6 / 1,154.0 us instead of 1,256.6 / 1,256.7 (the down
-// products 327.9 instead of 345.2); in vela (call 9) tg128 +1.7 % q05, +2.3 % s2, +1 % l8 (+2 %
-// at depth 1024), measured with the waits of the dropped branch (above) in both arms. MV_W_L1: plain loads (allocating in L1), for A/B runs.
+// products 327.9 instead of 345.2); in vela (call 9, the guarded wait in both arms) tg128 +1.7 %
+// q05, +2.3 % s2, +1 % l8 (+2 % at depth 1024); the suite's A/B of this and the guard together
+// against neither (3 rounds): real Qwen2.5-0.5B +2.3 %, 8B Q4_0 +1.4 %. MV_W_L1: plain loads
+// (allocating in L1), for A/B runs.
 #ifdef MV_W_L1
 __device__ __forceinline__ uint4 ldw16(const uint4* p) { return *p; }
 __device__ __forceinline__ uint2 ldw8(const uint2* p) { return *p; }
