@@ -629,9 +629,112 @@ __device__ void attention_partw(const float* __restrict__ q, const void* __restr
         o[D + 1] = l;
     }
 }
+
+// attention_partw with every load of a piece issued at once (head dims 64 and 128; the default,
+// `VELA_CUDA_DEFINES=PARTW_SERIAL` reverts to attention_partw). A part runs as a lone warp on its
+// SM, so nothing hides its latencies: attention_partw read q, then the K row in rounds of 8
+// loads, then each V row after a per-key `% capacity` (~100 instructions between two V loads in
+// the SASS). Here the ring slot of each key of the piece is computed once by its lane and
+// broadcast by a shuffle, and the piece's K rows, V rows and q are all in flight together before
+// the first use. The arithmetic and its order are attention_partw's (bit-equal results).
+template <bool C, typename A, typename B> struct PickT { typedef A T; };
+template <typename A, typename B> struct PickT<false, A, B> { typedef B T; };
+template <int KT, int D>
+__device__ void attention_partw_pre(const float* __restrict__ q, const void* __restrict__ kc,
+                                    const void* __restrict__ vc, const u32* __restrict__ pos,
+                                    float* __restrict__ part, int n_head, int n_head_kv,
+                                    int capacity, int window, float scale, float softcap) {
+    static_assert(D == 64 || D == 128, "attention_partw_pre: head dims 64 and 128");
+    constexpr int DL = D / 32;  // dimensions per lane in the V sum
+    typedef typename PickT<DL == 2, u32, uint2>::T VRow;
+    __shared__ __align__(16) float qs[D];
+    int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
+    int lane = threadIdx.x;
+    int g = h / (n_head / n_head_kv);
+    int p = (int)pos[t];
+    int lo, hi;
+    split_part_range(p, window, s, S, split_chunk(D), lo, hi);
+    const float* qr = q + ((size_t)t * n_head + h) * D;
+    float qv[DL];
+#pragma unroll
+    for (int i = 0; i < DL; i++) qv[i] = qr[lane + 32 * i];
+    const u16* k16 = (const u16*)kc;
+    const u16* v16 = (const u16*)vc;
+    float m = NEG_INF, l = 0.0f, acc[DL];
+#pragma unroll
+    for (int i = 0; i < DL; i++) acc[i] = 0.0f;
+    for (int b0 = lo; b0 <= hi; b0 += 32) {
+        int last = min(31, hi - b0);
+        bool valid = lane <= last;
+        // This lane's key (keys past the piece's last: that last key again, weight 0 below).
+        int slot = (b0 + min(lane, last)) % capacity;
+        uint4 kr[D / 8];
+        const uint4* krow = (const uint4*)(k16 + ((size_t)slot * n_head_kv + g) * D);
+#pragma unroll
+        for (int c = 0; c < D / 8; c++) kr[c] = krow[c];
+        VRow vr[32];
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+            int sk = __shfl_sync(0xffffffffu, slot, k);
+            vr[k] = *(const VRow*)(v16 + ((size_t)sk * n_head_kv + g) * D + lane * DL);
+        }
+        if (b0 == lo) {
+#pragma unroll
+            for (int i = 0; i < DL; i++) qs[lane + 32 * i] = qv[i];
+            __syncwarp();
+        }
+        float sc = NEG_INF;
+        if (valid) {
+            float d4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int c = 0; c < D / 8; c++) {
+                u32 w[4] = {kr[c].x, kr[c].y, kr[c].z, kr[c].w};
+#pragma unroll
+                for (int x = 0; x < 8; x++)
+                    d4[x / 2] += qs[8 * c + x] * kv2f<KT>((u16)(x % 2 ? w[x / 2] >> 16 : w[x / 2] & 0xffffu));
+            }
+            sc = ((d4[0] + d4[1]) + (d4[2] + d4[3])) * scale;
+            if (softcap > 0.0f) sc = tanhf(sc / softcap) * softcap;
+        }
+        float mn = fmaxf(m, warp_max(sc));
+        float corr = expf(m - mn);
+        float e = valid ? expf(sc - mn) : 0.0f;
+        l = l * corr + warp_sum(e);
+        m = mn;
+#pragma unroll
+        for (int i = 0; i < DL; i++) acc[i] *= corr;
+#pragma unroll
+        for (int k = 0; k < 32; k++) {
+            float ek = __shfl_sync(0xffffffffu, e, k);
+            float vv[DL];
+            if constexpr (DL == 2) {
+                vv[0] = kv2f<KT>((u16)(vr[k] & 0xffffu));
+                vv[1] = kv2f<KT>((u16)(vr[k] >> 16));
+            } else {
+                vv[0] = kv2f<KT>((u16)(vr[k].x & 0xffffu)); vv[1] = kv2f<KT>((u16)(vr[k].x >> 16));
+                vv[2] = kv2f<KT>((u16)(vr[k].y & 0xffffu)); vv[3] = kv2f<KT>((u16)(vr[k].y >> 16));
+            }
+#pragma unroll
+            for (int i = 0; i < DL; i++) acc[i] += ek * vv[i];
+        }
+    }
+    float* o = part + (((size_t)t * n_head + h) * S + s) * (D + 2);
+#pragma unroll
+    for (int i = 0; i < DL; i++) o[lane * DL + i] = acc[i];
+    if (lane == 0) {
+        o[D] = m;
+        o[D + 1] = l;
+    }
+}
+#ifdef PARTW_SERIAL
+#define PARTW_PRE(D) false
+#else
+#define PARTW_PRE(D) (D <= 128)
+#endif
 #define PARTW(KT, D, NAME)                                                                         \
     extern "C" __launch_bounds__(32) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { KV_PF(part2_prefetch<KT>(kc, vc, pos, n_head, n_head_kv, hdk, hdv, capacity, window)); PDL_ENTRY(); \
-        attention_partw<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); }
+        if constexpr (PARTW_PRE(D)) attention_partw_pre<KT, (D <= 128 ? D : 128)>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); \
+        else attention_partw<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); }
 PARTW(1, 64, attention_partw_f16_d64)
 PARTW(1, 128, attention_partw_f16_d128)
 PARTW(1, 256, attention_partw_f16_d256)
