@@ -683,6 +683,11 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
 // Sub-blocks per row in flight: 4 with one row per warp, 2 with two (8B Q4_K_M tg128 on the
 // H200: 388 t/s with 4 at two rows, 402 with 2).
 #define MVKS_U(R) ((R) > 1 ? 2 : 4)
+#ifdef MVKS_ASERIAL
+#define MVKS_HOIST false
+#else
+#define MVKS_HOIST true
+#endif
 // One round of mvks's loads: sub-blocks it0, it0 + 32, ... (those < hi) of the R rows.
 template <int T, int R>
 __device__ __forceinline__ void mvks_load(uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)[MVKS_U(R)][R],
@@ -718,15 +723,50 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
     mvks_load<T, R>(qv, hd, wr, nb, lo + lane, hi);
     if (mv_guard(nb)) MV_RESUME();
     for (int it0 = lo + lane; it0 < hi; it0 += 32 * MVKS_U(R)) {
+        // With one row per warp (products under MV_ROWS2_MIN rows: latency-bound), the round's
+        // activation blocks are all loaded first: in one loop with the products, each
+        // sub-block's loads came after the previous one's arithmetic (a branch per sub-block),
+        // MVKS_U dependent L1/L2 round trips per round. H200 tg128 (session 21, call 4): the
+        // Qwen2.5-0.5B geometry 1,698.2 / 1,698.0 vs 1,667.2 / 1,670.7 t/s in the old order. Not
+        // with two rows: 86-94 registers instead of 72-79 (a block fewer per SM), Llama-3-8B
+        // Q4_K_M 471.5 / 473.6 vs 482.2 / 484.8. `VELA_CUDA_DEFINES=MVKS_ASERIAL` keeps the old
+        // order everywhere; the arithmetic is the same.
+        constexpr bool HOIST = R == 1 && MVKS_HOIST;
+        int4 aq0[MVKS_U(R)], aq1[MVKS_U(R)];
+        int abs_[MVKS_U(R)], ad_[MVKS_U(R)];
+        if constexpr (HOIST) {
+#pragma unroll
+            for (int u = 0; u < MVKS_U(R); u++) {
+                int it = it0 + 32 * u;
+                if (it < hi) {
+                    const AQ8K* a = X + (it >> 3);
+                    ad_[u] = lda4(&a->d);
+                    abs_[u] = lda4(a->bsums + 2 * (it & 7));
+                    aq0[u] = lda16(a->qs + 8 * (it & 7));
+                    aq1[u] = lda16(a->qs + 8 * (it & 7) + 4);
+                }
+            }
+        }
 #pragma unroll
         for (int u = 0; u < MVKS_U(R); u++) {
             int it = it0 + 32 * u;
             if (it < hi) {
                 int b = it >> 3, j = it & 7;
-                const AQ8K* a = X + b;
-                float ad = __int_as_float(lda4(&a->d));
-                int bs = lda4(a->bsums + 2 * j);
-                int4 q0 = lda16(a->qs + 8 * j), q1 = lda16(a->qs + 8 * j + 4);
+                float ad;
+                int bs;
+                int4 q0, q1;
+                if constexpr (HOIST) {
+                    ad = __int_as_float(ad_[u]);
+                    bs = abs_[u];
+                    q0 = aq0[u];
+                    q1 = aq1[u];
+                } else {
+                    const AQ8K* a = X + b;
+                    ad = __int_as_float(lda4(&a->d));
+                    bs = lda4(a->bsums + 2 * j);
+                    q0 = lda16(a->qs + 8 * j);
+                    q1 = lda16(a->qs + 8 * j + 4);
+                }
                 int aq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
                 int b0s = (int)(short)(bs & 0xffff), b1s = bs >> 16;
 #pragma unroll

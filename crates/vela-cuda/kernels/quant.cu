@@ -907,6 +907,17 @@ MMX(114, mmx_q6_ks)
 // g = act(g) * u (stored, like act_mul), then Q8 (K = 0: one warp per 32-element block) or Q8_K
 // (K = 1: one warp per 256-element block) blocks like quantize_q8 / quantize_q8k. G = 1: GELU
 // (tanh), else SiLU. n_blocks counts blocks over all rows.
+#ifdef ACT_SERIAL
+#define ACT_HOIST false
+#else
+#define ACT_HOIST true
+#endif
+// Four floats by one coherent 16-byte load (p 16-byte aligned), kept where it is written.
+__device__ __forceinline__ void ldv4f(const float* p, float* v) {
+    asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v[0]), "=f"(v[1]), "=f"(v[2]), "=f"(v[3])
+                 : "l"(p));
+}
 template <int K, int G>
 __device__ void act_quant(float* __restrict__ g, const float* __restrict__ u, u8* __restrict__ act,
                           int n_blocks) {
@@ -915,16 +926,45 @@ __device__ void act_quant(float* __restrict__ g, const float* __restrict__ u, u8
     if (blk >= n_blocks) return;
     if (K == 0) {
         size_t i = (size_t)blk * 32 + lane;
-        float v = G ? act_gelu_mul(g[i], u[i]) : act_silu_mul(g[i], u[i]);
+        // Both loads before the division's slow-path branch (ptxas sank u's below it: two
+        // dependent L2 round trips; SiLU only, as below). Call 4: SmolLM2 geometry 2,080.9 / 2,079.8 vs 2,053.5 /
+        // 2,055.2 t/s (ACT_SERIAL), Llama-3-8B Q4_0 equal.
+        float gi, ui;
+        if (G == 0 && ACT_HOIST) {
+            asm volatile("ld.global.f32 %0, [%1];" : "=f"(gi) : "l"(g + i));
+            asm volatile("ld.global.f32 %0, [%1];" : "=f"(ui) : "l"(u + i));
+        } else {
+            gi = g[i];
+            ui = u[i];
+        }
+        float v = G ? act_gelu_mul(gi, ui) : act_silu_mul(gi, ui);
         g[i] = v;
         q8_block(v, (AQ8*)act + blk, lane);
     } else {
+        // SiLU: all 16 loads first. With each element's store between them and the division's
+        // slow path (a branch), ptxas issued them one pair at a time: eight dependent L2 round
+        // trips on the decode's critical path. H200 tg128 (session 21, call 4): Llama-3-8B Q4_K_M
+        // 471.5 / 473.6 vs 467.6 / 463.4 t/s, the Qwen2.5-0.5B geometry +0.7 %. Not GELU (ptxas
+        // already grouped its loads in two batches; Gemma 3 270M 1,951.6 / 1,943.6 vs 1,975.9 /
+        // 1,976.7 with the loads first). `VELA_CUDA_DEFINES=ACT_SERIAL` keeps the old order for
+        // both; the arithmetic is the same.
         float v[8];
+        size_t i0 = (size_t)blk * 256 + lane * 8;
+        if (G == 0 && ACT_HOIST && ((size_t)g | (size_t)u) % 16 == 0) {
+            float gv[8], uv[8];
+            // Volatile asm, so that the compiler does not sink them to their uses again.
+            ldv4f(g + i0, gv); ldv4f(g + i0 + 4, gv + 4);
+            ldv4f(u + i0, uv); ldv4f(u + i0 + 4, uv + 4);
 #pragma unroll
-        for (int e = 0; e < 8; e++) {
-            size_t i = (size_t)blk * 256 + lane * 8 + e;
-            v[e] = G ? act_gelu_mul(g[i], u[i]) : act_silu_mul(g[i], u[i]);
-            g[i] = v[e];
+            for (int e = 0; e < 8; e++) v[e] = act_silu_mul(gv[e], uv[e]);
+#pragma unroll
+            for (int e = 0; e < 8; e++) g[i0 + e] = v[e];
+        } else {
+#pragma unroll
+            for (int e = 0; e < 8; e++) {
+                v[e] = G ? act_gelu_mul(g[i0 + e], u[i0 + e]) : act_silu_mul(g[i0 + e], u[i0 + e]);
+                g[i0 + e] = v[e];
+            }
         }
         q8k_block(v, (AQ8K*)act + blk, lane);
     }
