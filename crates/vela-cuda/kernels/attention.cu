@@ -551,6 +551,28 @@ PART2(2, ATT_MAXD_BIG, attention_part2_bf16_d512)
 // broadcast by a shuffle. attention_part2 spends ~7 block barriers and three block reductions
 // per piece; at short contexts (a piece or two per part) those, not bytes, are its time
 // (`q05`: 80.7 us per token, 3.4 us per layer). Needs a 16-bit cache and hdk == hdv == D.
+// The warp parts' online-softmax step for one piece (lane score sc, valid lanes only): new
+// running max m and sum l, acc rescaled; returns the lane's weight e. And the part's record.
+template <int DL>
+__device__ __forceinline__ float partw_softmax_step(float sc, bool valid, float& m, float& l, float (&acc)[DL]) {
+    float mn = fmaxf(m, warp_max(sc));
+    float corr = expf(m - mn);
+    float e = valid ? expf(sc - mn) : 0.0f;
+    l = l * corr + warp_sum(e);
+    m = mn;
+#pragma unroll
+    for (int i = 0; i < DL; i++) acc[i] *= corr;
+    return e;
+}
+template <int D>
+__device__ __forceinline__ void partw_store(float* o, const float (&acc)[D / 32], float m, float l, int lane) {
+#pragma unroll
+    for (int i = 0; i < D / 32; i++) o[lane * (D / 32) + i] = acc[i];
+    if (lane == 0) {
+        o[D] = m;
+        o[D + 1] = l;
+    }
+}
 template <int KT, int D>
 __device__ void attention_partw(const float* __restrict__ q, const void* __restrict__ kc,
                                 const void* __restrict__ vc, const u32* __restrict__ pos,
@@ -590,13 +612,7 @@ __device__ void attention_partw(const float* __restrict__ q, const void* __restr
             sc = ((d4[0] + d4[1]) + (d4[2] + d4[3])) * scale;
             if (softcap > 0.0f) sc = tanhf(sc / softcap) * softcap;
         }
-        float mn = fmaxf(m, warp_max(sc));
-        float corr = expf(m - mn);
-        float e = valid ? expf(sc - mn) : 0.0f;
-        l = l * corr + warp_sum(e);
-        m = mn;
-#pragma unroll
-        for (int i = 0; i < DL; i++) acc[i] *= corr;
+        float e = partw_softmax_step<DL>(sc, valid, m, l, acc);
         // No branch, so every V load can be issued early: keys past the piece's last (weight 0:
         // e is 0 in their lanes) read that last key's row again (finite values, cached).
         int last = min(31, hi - b0);
@@ -621,13 +637,7 @@ __device__ void attention_partw(const float* __restrict__ q, const void* __restr
             for (int i = 0; i < DL; i++) acc[i] += ek * vv[i];
         }
     }
-    float* o = part + (((size_t)t * n_head + h) * S + s) * (D + 2);
-#pragma unroll
-    for (int i = 0; i < DL; i++) o[lane * DL + i] = acc[i];
-    if (lane == 0) {
-        o[D] = m;
-        o[D + 1] = l;
-    }
+    partw_store<D>(part + (((size_t)t * n_head + h) * S + s) * (D + 2), acc, m, l, lane);
 }
 
 // attention_partw with every load of a piece issued at once (head dims 64 and 128; the default,
@@ -696,13 +706,7 @@ __device__ void attention_partw_pre(const float* __restrict__ q, const void* __r
             sc = ((d4[0] + d4[1]) + (d4[2] + d4[3])) * scale;
             if (softcap > 0.0f) sc = tanhf(sc / softcap) * softcap;
         }
-        float mn = fmaxf(m, warp_max(sc));
-        float corr = expf(m - mn);
-        float e = valid ? expf(sc - mn) : 0.0f;
-        l = l * corr + warp_sum(e);
-        m = mn;
-#pragma unroll
-        for (int i = 0; i < DL; i++) acc[i] *= corr;
+        float e = partw_softmax_step<DL>(sc, valid, m, l, acc);
 #pragma unroll
         for (int k = 0; k < 32; k++) {
             float ek = __shfl_sync(0xffffffffu, e, k);
@@ -718,13 +722,7 @@ __device__ void attention_partw_pre(const float* __restrict__ q, const void* __r
             for (int i = 0; i < DL; i++) acc[i] += ek * vv[i];
         }
     }
-    float* o = part + (((size_t)t * n_head + h) * S + s) * (D + 2);
-#pragma unroll
-    for (int i = 0; i < DL; i++) o[lane * DL + i] = acc[i];
-    if (lane == 0) {
-        o[D] = m;
-        o[D + 1] = l;
-    }
+    partw_store<D>(part + (((size_t)t * n_head + h) * S + s) * (D + 2), acc, m, l, lane);
 }
 #ifdef PARTW_SERIAL
 #define PARTW_PRE(D) false
