@@ -144,8 +144,9 @@ pub trait Backend: Send + Sync {
 
     fn name(&self) -> String;
 
-    /// Free memory of the device the backend allocates on, when it is a separate device with a
-    /// fixed memory (GPUs): sessions check their cache size against it before allocating.
+    /// Free memory of the device the backend allocates on (a GPU's free memory; the CPU
+    /// backend's host `MemAvailable`): sessions check their cache size against it before
+    /// allocating. None when unknown (no check).
     fn memory_free(&self) -> Option<u64> {
         None
     }

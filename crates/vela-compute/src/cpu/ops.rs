@@ -62,13 +62,52 @@ enum KvData {
     Bf16(Vec<bf16>),
 }
 
+/// Types whose all-zero bit pattern is the value 0.0 (so a zeroed allocation is a valid vector).
+trait ZeroBits: Copy {}
+impl ZeroBits for f32 {}
+impl ZeroBits for f16 {}
+impl ZeroBits for bf16 {}
+
+/// `vec![0; n]` that reports an allocation failure as an error instead of aborting. Zeroed pages
+/// come from the allocator (calloc), so untouched parts of a large cache cost no memory.
+fn zeroed_vec<T: ZeroBits>(n: usize) -> Result<Vec<T>> {
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| {
+        anyhow::anyhow!("a KV cache of {n} values is larger than the address space")
+    })?;
+    // SAFETY: `layout` has a non-zero size (n > 0, T is a 2- or 4-byte float).
+    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
+    if p.is_null() {
+        bail!(
+            "could not allocate {:.2} GiB of host memory for the KV cache: use a smaller --ctx \
+             (or --kv-type f16)",
+            layout.size() as f64 / (1u64 << 30) as f64
+        );
+    }
+    // SAFETY: `p` was allocated by the global allocator with the layout of `[T; n]`, and every
+    // element is initialized: all-zero bits are 0.0 for every `ZeroBits` type.
+    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
+}
+
+/// Available host memory (`MemAvailable` of /proc/meminfo) in bytes; None where unknown.
+fn host_memory_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 impl KvData {
-    fn new(ty: KvType, n: usize) -> KvData {
-        match ty {
-            KvType::F32 => KvData::F32(vec![0.0; n]),
-            KvType::F16 => KvData::F16(vec![f16::ZERO; n]),
-            KvType::Bf16 => KvData::Bf16(vec![bf16::ZERO; n]),
-        }
+    /// A zeroed cache of `n` values, or an error when the allocator refuses (a huge `--ctx` must
+    /// not abort the process; `vec![0; n]` would).
+    fn new(ty: KvType, n: usize) -> Result<KvData> {
+        Ok(match ty {
+            KvType::F32 => KvData::F32(zeroed_vec(n)?),
+            KvType::F16 => KvData::F16(zeroed_vec(n)?),
+            KvType::Bf16 => KvData::Bf16(zeroed_vec(n)?),
+        })
     }
     fn write(&mut self, off: usize, src: &[f32]) {
         match self {
@@ -189,6 +228,12 @@ impl Backend for CpuBackend {
         )
     }
 
+    /// The host's available memory: a session checks its KV cache against it before allocating,
+    /// so an oversized `--ctx` is a clear error rather than an allocation failure or the OOM killer.
+    fn memory_free(&self) -> Option<u64> {
+        host_memory_available()
+    }
+
     fn alloc(&self, len: usize) -> Vec<f32> {
         vec![0.0; len]
     }
@@ -240,8 +285,8 @@ impl Backend for CpuBackend {
             let nv = spec.capacity * spec.n_head_kv * spec.head_dim_v;
             out.push(KvLayer {
                 spec: spec.clone(),
-                k: KvData::new(ty, nk),
-                v: KvData::new(ty, nv),
+                k: KvData::new(ty, nk)?,
+                v: KvData::new(ty, nv)?,
             });
         }
         Ok(CpuKv { layers: out })
@@ -731,6 +776,21 @@ fn rope_head(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn kv_allocation_failure_is_an_error() {
+        // Beyond any address space: Layout refuses it; far beyond RAM: the allocator does.
+        assert!(KvData::new(KvType::F32, usize::MAX / 2).is_err());
+        let e = KvData::new(KvType::F16, 1 << 55)
+            .err()
+            .expect("a 64 PiB cache must fail");
+        assert!(e.to_string().contains("--ctx"), "{e}");
+        match KvData::new(KvType::Bf16, 1000).unwrap() {
+            KvData::Bf16(v) => assert!(v.len() == 1000 && v.iter().all(|x| x.to_f32() == 0.0)),
+            _ => unreachable!(),
+        }
+        assert!(host_memory_available().is_none_or(|b| b > 0));
+    }
 
     #[test]
     fn chunking_covers_everything() {
