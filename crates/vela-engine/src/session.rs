@@ -96,15 +96,16 @@ impl Session {
         }
     }
 
-    pub fn new(model: Arc<dyn LanguageModel>, opts: &SessionOptions) -> Result<Self> {
-        let n_ctx = if opts.n_ctx == 0 {
-            Self::default_n_ctx(&*model)
-        } else {
-            opts.n_ctx
-        };
-        let ubatch = opts.ubatch.clamp(1, n_ctx);
+    /// A clear error when the KV cache of `n_ctx` tokens cannot fit the device's free memory
+    /// (checked before anything is allocated; `vela serve` checks it once at start).
+    pub fn check_memory(
+        model: &dyn LanguageModel,
+        n_ctx: usize,
+        ubatch: usize,
+        kv_type: KvType,
+    ) -> Result<()> {
         if let Some(free) = model.memory_free() {
-            let need = model.kv_bytes_estimate(n_ctx, ubatch, opts.kv_type);
+            let need = model.kv_bytes_estimate(n_ctx, ubatch.clamp(1, n_ctx.max(1)), kv_type);
             // Scratch buffers and the allocator's granularity need some room beyond the cache.
             if need + (64 << 20) > free {
                 bail!(
@@ -115,6 +116,17 @@ impl Session {
                 );
             }
         }
+        Ok(())
+    }
+
+    pub fn new(model: Arc<dyn LanguageModel>, opts: &SessionOptions) -> Result<Self> {
+        let n_ctx = if opts.n_ctx == 0 {
+            Self::default_n_ctx(&*model)
+        } else {
+            opts.n_ctx
+        };
+        let ubatch = opts.ubatch.clamp(1, n_ctx);
+        Self::check_memory(&*model, n_ctx, ubatch, opts.kv_type)?;
         let state = model.clone().new_state(n_ctx, ubatch, opts.kv_type)?;
         Ok(Session {
             model,

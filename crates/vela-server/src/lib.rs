@@ -143,6 +143,8 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
     } else {
         args.ctx
     };
+    // An impossible --ctx fails the start, not every request.
+    vela_engine::Session::check_memory(&*m.model, n_ctx, args.ubatch, opts.kv_type)?;
     let drafter = load_drafter(&args, &m, &opts)?;
     let template = match &m.chat_template {
         Some(src) => {
