@@ -28,9 +28,10 @@
 //! every backend can take them through the existing [`HostWeight`] path unchanged (a zero-copy
 //! path for big checkpoints is future work).
 //!
-//! Not supported yet (clear errors at load): MoE blocks (`enable_moe_block`), attention biases,
-//! bidirectional attention, RoPE types other than `default`/`proportional`, activations other
-//! than `gelu_pytorch_tanh`, multimodal towers (ignored: only the text weights are read).
+//! MoE blocks (`enable_moe_block`, 26B-A4B style) are supported: the routed-experts branch is in
+//! `gemma4/moe.rs`. Not supported (clear errors at load): attention biases, bidirectional
+//! attention, RoPE types other than `default`/`proportional`, activations other than
+//! `gelu_pytorch_tanh`; multimodal towers are ignored (only the text weights are read).
 
 use anyhow::{anyhow, bail, Result};
 use std::path::Path;
