@@ -204,28 +204,3 @@ __device__ __forceinline__ void q8k_block(const float v[8], AQ8K* __restrict__ o
     o->qs[lane * 2] = (q[0] & 255) | ((q[1] & 255) << 8) | ((q[2] & 255) << 16) | ((u32)(q[3] & 255) << 24);
     o->qs[lane * 2 + 1] = (q[4] & 255) | ((q[5] & 255) << 8) | ((q[6] & 255) << 16) | ((u32)(q[7] & 255) << 24);
 }
-
-// ---- grid-wide barrier for persistent kernels (measured by `CudaBackend::sync_cost`) ----
-// Every block of the grid must be resident at once (the grid at most what fits: an occupancy
-// query). bar[0] counts arrivals, bar[1] is the generation; the last block to arrive resets the
-// count and bumps the generation, so the state returns to its start and a captured graph can
-// replay the kernel. A block reads the generation before it arrives: it changes only after every
-// block (this one too) has arrived.
-__device__ __forceinline__ void grid_barrier(unsigned* bar, unsigned nblocks) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        volatile unsigned* gen = bar + 1;
-        unsigned g = *gen;
-        __threadfence();
-        if (atomicAdd(bar, 1u) == nblocks - 1) {
-            atomicExch(bar, 0u);
-            __threadfence();
-            atomicAdd(bar + 1, 1u);
-        } else {
-            while (*gen == g) {
-            }
-        }
-        __threadfence();
-    }
-    __syncthreads();
-}

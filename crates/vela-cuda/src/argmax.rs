@@ -10,15 +10,17 @@
 //! launch (~90–130 µs per step on the H200, `GraphStats::replay_host_ns`) then overlap the GPU
 //! instead of leaving it idle. Same kernels, same graph, same ids as the plain path.
 
-use crate::{Arg, CudaBackend, CudaBuf};
+use crate::backend::CudaBackend;
+use crate::device::Arg;
+use crate::weight::CudaBuf;
 use anyhow::{anyhow, bail, Result};
 use cudarc::driver::{CudaEvent, CudaSlice, PinnedHostSlice};
 use vela_compute::ARGMAX_TICKETS;
 
 /// Pinned host slots and events of the outstanding `argmax_start` tickets.
 pub(crate) struct Pipe {
-    /// Pipelining on (default; `VELA_CUDA_PIPELINE=0` or `set_pipeline(false)` off: then
-    /// `decode_step_begin_chained` refuses and every step waits for the previous id).
+    /// Pipelining on (default; `set_pipeline(false)` off: then `decode_step_begin_chained`
+    /// refuses and every step waits for the previous id).
     pub on: bool,
     /// Slot `t % ARGMAX_TICKETS` of ticket `t`: its id on the host and the event after its copy
     /// (allocated at the first ticket).
@@ -27,10 +29,10 @@ pub(crate) struct Pipe {
     next: u64,
 }
 
-impl Pipe {
-    pub(crate) fn new() -> Self {
+impl Default for Pipe {
+    fn default() -> Self {
         Pipe {
-            on: std::env::var("VELA_CUDA_PIPELINE").as_deref() != Ok("0"),
+            on: true,
             slots: Vec::new(),
             next: 0,
         }
@@ -52,6 +54,7 @@ impl CudaBackend {
         let (out, cand) = &mut *guard;
         if out.len() < n_rows {
             *out = self
+                .dev
                 .stream
                 .alloc_zeros::<u32>(n_rows.next_power_of_two())
                 .expect("CUDA alloc of argmax output");
@@ -61,6 +64,7 @@ impl CudaBackend {
         let n_cand = n_rows * chunks;
         if cand.len() < 2 * n_cand {
             *cand = self
+                .dev
                 .stream
                 .alloc_zeros::<f32>((2 * n_cand).next_power_of_two())
                 .expect("CUDA alloc of argmax candidates");
@@ -97,10 +101,11 @@ impl CudaBackend {
         let guard = self.launch_argmax(x, n_rows, width, false);
         self.flush_recording();
         let mut ids = vec![0u32; n_rows];
-        self.stream
+        self.dev
+            .stream
             .memcpy_dtoh(&guard.0.slice(0..n_rows), &mut ids)
             .expect("CUDA download of argmax");
-        self.stream.synchronize().expect("CUDA synchronize");
+        self.dev.stream.synchronize().expect("CUDA synchronize");
         ids
     }
 
@@ -114,8 +119,13 @@ impl CudaBackend {
             for _ in 0..ARGMAX_TICKETS {
                 // SAFETY: the slot is written by a device copy before it is read (argmax_finish
                 // waits for the copy's event first).
-                let slot = unsafe { self.stream.context().alloc_pinned_with_flags::<u32>(1, 0) };
-                let ev = self.stream.context().new_event(None);
+                let slot = unsafe {
+                    self.dev
+                        .stream
+                        .context()
+                        .alloc_pinned_with_flags::<u32>(1, 0)
+                };
+                let ev = self.dev.stream.context().new_event(None);
                 match (slot, ev) {
                     (Ok(s), Ok(e)) => pipe.slots.push((s, e)),
                     _ => {
@@ -135,10 +145,11 @@ impl CudaBackend {
         self.flush_recording();
         let ticket = pipe.next;
         let (slot, ev) = &mut pipe.slots[(ticket % ARGMAX_TICKETS) as usize];
-        self.stream
+        self.dev
+            .stream
             .memcpy_dtoh(&guard.0.slice(0..1), slot)
             .expect("CUDA download of argmax");
-        ev.record(&self.stream).expect("CUDA event record");
+        ev.record(&self.dev.stream).expect("CUDA event record");
         drop(guard);
         pipe.next += 1;
         self.set_chain(chain.filter(|_| pipe.on));
@@ -163,7 +174,7 @@ impl CudaBackend {
         Ok(ids[0])
     }
 
-    /// Pipelined greedy decoding on or off (default on; `VELA_CUDA_PIPELINE=0` off).
+    /// Pipelined greedy decoding on or off (default on; tests compare both).
     pub fn set_pipeline(&self, on: bool) {
         self.drop_parked();
         self.flush_recording();

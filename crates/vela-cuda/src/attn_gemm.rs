@@ -8,18 +8,18 @@
 //! 3. O_j = P_j · V_g (f32, straight into the output rows of the query heads).
 //!
 //! Keys are the cache slots 0 .. kmax - 1 with kmax = the last position + 1 (rounded up to 8
-//! within the capacity): only without ring wrap (every position below the capacity). The plain
-//! `attention_*_w4_d512` kernel took 23.7 ms per 512-query chunk of a Gemma 4 12B full layer at
-//! 8K keys on the H200 (session 12); this path does the same work as two tensor-core products.
-//! Numerics as the flash kernel: Q and P rounded to 16 bits, f32 accumulation; not used in exact
-//! mode. Default on (`VELA_CUDA_ATTN_GEMM=0` off): `g12` pp8192 10,086 vs 2,053 t/s with the
-//! plain kernel, pp2048 10,642 vs 5,043 (H200, session 13).
+//! within the capacity): only without ring wrap (every position below the capacity). Numerics as
+//! the flash kernel: Q and P rounded to 16 bits, f32 accumulation; not used in exact mode. Gemma 4
+//! 12B prefill of 8,192 tokens runs 4.9 times as fast as on the plain `attention_*_w4_d512`
+//! kernel (docs/perf-log.md).
 
+use crate::attn::ATT_MAXD;
+use crate::backend::CudaBackend;
 use crate::cublas::Operand;
+use crate::device::Arg;
 use crate::kv::KvLayer;
-use crate::{Arg, CudaBackend, CudaBuf};
+use crate::weight::CudaBuf;
 use anyhow::Result;
-use std::sync::atomic::Ordering;
 use vela_compute::{AttnParams, KvType};
 
 /// Fewest query rows for the cuBLAS attention (smaller batches keep the plain kernel).
@@ -27,7 +27,7 @@ const ATTN_GEMM_MIN_ROWS: usize = 16;
 
 impl CudaBackend {
     /// Whether `attention_gemm` applies: f16 cache, head dims above 256 and equal, a prefill
-    /// batch, no ring wrap, not exact mode, the switch on and cuBLAS loadable.
+    /// batch, no ring wrap, not exact mode and cuBLAS loadable.
     pub(crate) fn attention_gemm_applies(
         &self,
         ty: KvType,
@@ -36,10 +36,9 @@ impl CudaBackend {
         capacity: usize,
     ) -> bool {
         ty == KvType::F16
-            && self.attn_gemm.load(Ordering::Relaxed)
-            && !self.exact.load(Ordering::Relaxed)
+            && !self.tune.exact()
             && p.head_dim_k == p.head_dim_v
-            && p.head_dim_k > crate::ATT_MAXD
+            && p.head_dim_k > ATT_MAXD
             && p.head_dim_k.is_multiple_of(8)
             && p.n_head_kv > 0
             && p.n_head.is_multiple_of(p.n_head_kv)
@@ -76,7 +75,7 @@ impl CudaBackend {
         let (qb, sb, pb) = (nq * 2, ns * 4, ns * 2);
         let need = qb.next_multiple_of(256) + sb.next_multiple_of(256) + pb;
         if g.att.as_ref().is_none_or(|b| b.len() < need) {
-            g.att = Some(self.stream.alloc_zeros::<u8>(need)?);
+            g.att = Some(self.dev.stream.alloc_zeros::<u8>(need)?);
         }
         let base = self.ptr(g.att.as_ref().expect("allocated above"));
         let (qh, sp) = (base, base + qb.next_multiple_of(256) as u64);
@@ -100,11 +99,11 @@ impl CudaBackend {
                 ptr: base + 2 * o.ptr,
                 ..o
             };
-            let t = self.prof_begin();
+            let t = self.prof.begin(&self.dev);
             let (oc, ld, stride) = c.c;
             let out = (out + 4 * oc, ld, stride);
             cublas.gemm_batched_f16(c.m, c.n, c.k, at(a, c.a), at(b, c.b), out, c.batch)?;
-            self.prof_end(name, t);
+            self.prof.end(&self.dev, name, t);
             Ok(())
         };
         for kvh in 0..p.n_head_kv {

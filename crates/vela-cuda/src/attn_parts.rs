@@ -1,8 +1,14 @@
-//! How many split-K parts the decode attention runs (attn.rs): the parts of the second and third
-//! versions by the grid and the cache's capacity, the warp parts following the keys seen, the
-//! tensor-core decode's non-empty parts, and the environment overrides.
+//! How many split-K parts the decode attention runs (attn.rs): the four-warp parts by the grid
+//! and the cache's capacity, the one-warp parts following the keys seen, and the tensor-core
+//! decode's non-empty parts. Pure functions of the shapes.
 
-use crate::attn::{FD_KEYS, SPLIT_MAX_PARTS, SPLIT_MAX_PARTS_V3};
+/// Most split-K parts (`attention_part*` blocks per query head) by default, and with head
+/// dims above 256 (`attention_combine` merges at most 128).
+const SPLIT_MAX_PARTS: usize = 32;
+const SPLIT_MAX_PARTS_D512: usize = 128;
+
+/// Keys per tile of the tensor-core decode attention (`FD_KEYS` in flash.cu).
+pub(crate) const FD_KEYS: usize = 64;
 
 /// Non-empty parts the tensor-core decode attention cuts `keys` keys into when the grid allows
 /// `most` (flash.cu's `fd_parts`): tiles of `FD_KEYS`, each part at least `min_tiles` of them.
@@ -23,29 +29,12 @@ pub(crate) fn keys_seen(positions: &[u32], window: usize) -> usize {
 }
 
 /// Split-K parts of the non-tensor-core decode attention: enough (head, token, part) blocks for
-/// two waves over ~132 SMs, at least one part per [`split_keys`] keys of `capacity` (third
-/// version: per 64), at most [`split_max_parts`] (third version: 128) and one per chunk of
-/// [`split_chunk`] keys (head dim `hd`).
-pub(crate) fn split_parts(
-    per_kv_head: bool,
-    d512: bool,
-    blocks_per_part: usize,
-    capacity: usize,
-    hd: usize,
-) -> usize {
-    let by_capacity = if per_kv_head {
-        capacity / 64
-    } else {
-        split_keys(d512).map_or(0, |k| capacity / k)
-    };
-    let most = if per_kv_head {
-        SPLIT_MAX_PARTS_V3
-    } else {
-        split_max_parts(d512)
-    };
+/// two waves over ~132 SMs, at least one part per [`split_keys`] keys of `capacity`, at most
+/// [`split_max_parts`] and one per chunk of [`split_chunk`] keys (head dim `hd`).
+pub(crate) fn split_parts(d512: bool, blocks_per_part: usize, capacity: usize, hd: usize) -> usize {
     (264 / blocks_per_part.max(1))
-        .max(by_capacity)
-        .clamp(1, most)
+        .max(capacity / split_keys(d512))
+        .clamp(1, split_max_parts(d512))
         .min(capacity.div_ceil(split_chunk(hd)))
 }
 
@@ -72,51 +61,34 @@ pub(crate) fn warp_parts_for(
         .max(base)
 }
 
-/// Keys per chunk of the split-K parts for head dim `hd` (`split_chunk` in attention.cu; the
-/// kernel define `VELA_CUDA_DEFINES=SPLIT_CHUNK32`: 32 for all, for A/B).
+/// Keys per chunk of the split-K parts for head dim `hd` (`split_chunk` in attention.cu).
 pub(crate) fn split_chunk(hd: usize) -> usize {
-    static ALL32: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    let all32 = *ALL32.get_or_init(|| crate::kernels::has_define("SPLIT_CHUNK32"));
-    if hd == 256 && !all32 {
+    if hd == 256 {
         16
     } else {
         32
     }
 }
 
-/// Most parts of the second version: `VELA_CUDA_SPLIT_MAX_PARTS` (at most
-/// [`SPLIT_MAX_PARTS_V3`], which `attention_combine` also takes), else [`SPLIT_MAX_PARTS`], or
-/// [`SPLIT_MAX_PARTS_V3`] for head dims above 256 (Gemma 4's full layers, see [`split_keys`]).
+/// Most parts of the split-K attention: [`SPLIT_MAX_PARTS`], or [`SPLIT_MAX_PARTS_D512`] for
+/// head dims above 256 (Gemma 4's full layers, see [`split_keys`]).
 pub(crate) fn split_max_parts(d512: bool) -> usize {
-    static K: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let env = *K.get_or_init(|| {
-        std::env::var("VELA_CUDA_SPLIT_MAX_PARTS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
-    });
-    let d = if d512 {
-        SPLIT_MAX_PARTS_V3
+    if d512 {
+        SPLIT_MAX_PARTS_D512
     } else {
         SPLIT_MAX_PARTS
-    };
-    env.unwrap_or(d).clamp(1, SPLIT_MAX_PARTS_V3)
+    }
 }
 
-/// Cache capacity per split-K part (`VELA_CUDA_SPLIT_KEYS`, default 256, or 128 for head dims
-/// above 256; 0: parts from the grid size alone). Llama-3-8B Q4_0 tg128 at 8K depth on the H200:
-/// 73 t/s with parts from the grid size alone (8), 153 with one part per 256 keys (32). Gemma 4
-/// 12B geometry (synth, Q4_0) tg128 at 8K depth: 199.4–201.1 t/s with one part per 128 keys and
-/// up to 128 parts (66 per full-attention layer) against 189.4–191.0 with 33 (two calls,
-/// session 12).
-pub(crate) fn split_keys(d512: bool) -> Option<usize> {
-    static K: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
-    let env = *K.get_or_init(|| {
-        std::env::var("VELA_CUDA_SPLIT_KEYS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-    });
-    let k = env.unwrap_or(if d512 { 128 } else { 256 });
-    (k > 0).then_some(k)
+/// Cache capacity per split-K part: 256 keys, 128 for head dims above 256. Llama-3-8B Q4_0 at 8K
+/// keys: 153 tok/s with one part per 256 keys against 73 with parts from the grid size alone;
+/// Gemma 4 12B at 8K: 200 vs 190 with one part per 128 keys up to 128 (docs/perf-log.md).
+pub(crate) fn split_keys(d512: bool) -> usize {
+    if d512 {
+        128
+    } else {
+        256
+    }
 }
 
 #[cfg(test)]
@@ -127,23 +99,16 @@ mod tests {
     /// per 128 keys up to 128 with head dims above 256 (measured on Gemma 4 12B at 8K).
     #[test]
     fn split_parts_by_capacity() {
-        if std::env::var_os("VELA_CUDA_SPLIT_KEYS").is_some()
-            || std::env::var_os("VELA_CUDA_SPLIT_MAX_PARTS").is_some()
-        {
-            return;
-        }
         // Gemma 4 12B full layers (16 query heads, one token) at 8K depth + 128: 8,448 keys.
-        assert_eq!(split_parts(false, false, 16, 8448, 128), 32);
-        assert_eq!(split_parts(false, true, 16, 8448, 512), 66);
-        assert_eq!(split_parts(false, true, 16, 32768, 512), 128);
+        assert_eq!(split_parts(false, 16, 8448, 128), 32);
+        assert_eq!(split_parts(true, 16, 8448, 512), 66);
+        assert_eq!(split_parts(true, 16, 32768, 512), 128);
         // Short caches: the grid term (264 / 16 blocks) and one part per 32 keys.
-        assert_eq!(split_parts(false, true, 16, 1024, 512), 16);
-        assert_eq!(split_parts(false, true, 16, 256, 512), 8);
+        assert_eq!(split_parts(true, 16, 1024, 512), 16);
+        assert_eq!(split_parts(true, 16, 256, 512), 8);
         // Head dim 256 parts by chunks of 16 keys: twice as many in a short cache.
-        assert_eq!(split_parts(false, false, 8, 256, 256), 16);
-        assert_eq!(split_parts(false, false, 8, 256, 64), 8);
-        // Third version: one per 64 keys, up to 128.
-        assert_eq!(split_parts(true, false, 8, 8448, 128), 128);
+        assert_eq!(split_parts(false, 8, 256, 256), 16);
+        assert_eq!(split_parts(false, 8, 256, 64), 8);
     }
 
     /// The warp parts' count: the shape's below one chunk per part, then one per 32-key chunk
@@ -161,7 +126,7 @@ mod tests {
         assert_eq!(warp_parts_for(18, 2048, 1200, 64, 32), 38);
         assert_eq!(warp_parts_for(18, 2048, 8192, 0, 32), 18);
         assert_eq!(warp_parts_for(32, 2048, 8192, 16, 32), 32);
-        // Head dim 256's 16-key chunks (the four-warp parts with `set_parts_follow`).
+        // 16-key chunks.
         assert_eq!(warp_parts_for(18, 640, 8192, 64, 16), 48);
     }
 

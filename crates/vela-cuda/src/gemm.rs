@@ -1,22 +1,20 @@
 //! Prefill products on tensor cores: dequantize the weight to f16 (in row chunks, into a
 //! scratch buffer), convert the activations to f16 once, multiply with cuBLAS (f32 accumulation,
 //! f32 output). Used for quantized and float weights when a batch has at least
-//! `VELA_CUDA_GEMM_MIN` tokens (default [`DEFAULT_GEMM_MIN`]; `0` turns it off) and cuBLAS can
-//! be loaded; smaller batches (decode, speculative verification) keep the integer kernels.
+//! [`crate::DEFAULT_GEMM_MIN`] tokens and cuBLAS can be loaded; smaller batches (decode,
+//! speculative verification) keep the integer kernels.
 //!
 //! Numerics: weights are the GGUF dequantized values rounded once to f16, activations rounded to
 //! f16 (11-bit significand, finer than the 8-bit blocks of the integer path), products summed in
 //! f32 by the tensor cores.
 
+use crate::backend::CudaBackend;
 use crate::cublas::Cublas;
-use crate::{type_info, Arg, CudaBackend, CudaBuf, CudaWeight};
+use crate::device::Arg;
+use crate::matmul::check_product;
+use crate::weight::{type_info, CudaBuf, CudaWeight};
 use anyhow::{anyhow, Result};
 use cudarc::driver::CudaSlice;
-use std::sync::atomic::Ordering;
-
-/// Default smallest batch that takes the cuBLAS path (on the H200, a 4096x4096 Q4_0 product:
-/// integer kernels 33.7 us at 8 tokens, 59 us at 16; cuBLAS with dequantization 42 us).
-pub const DEFAULT_GEMM_MIN: usize = 16;
 /// Most f16 weight elements dequantized per chunk (64 Mi elements = 128 MiB of scratch).
 const CHUNK_ELEMS: usize = 64 << 20;
 
@@ -34,19 +32,6 @@ pub(crate) struct GemmState {
 }
 
 impl CudaBackend {
-    /// Turn the cuBLAS prefill path off (`0`) or set its smallest batch.
-    pub fn set_gemm_min(&self, n: usize) {
-        self.drop_parked();
-        self.gemm_min.store(n, Ordering::Relaxed);
-    }
-
-    /// Dequantize for cuBLAS with one thread per 32-element block (`deqhb_*`, true) or per 8
-    /// elements (`deqh_*`, the default).
-    pub fn set_deqh_block(&self, on: bool) {
-        self.drop_parked();
-        self.deqh_block.store(on, Ordering::Relaxed);
-    }
-
     /// Dequantize at most `elems` weight elements per cuBLAS call (tests; default 64 Mi).
     pub fn set_gemm_chunk_elems(&self, elems: usize) {
         self.drop_parked();
@@ -58,18 +43,18 @@ impl CudaBackend {
         self.use_gemm(usize::MAX, &[])
     }
 
-    /// Whether a product of `n` tokens with these weights goes to cuBLAS (loading it on first
-    /// use; a load failure is reported once and the integer kernels are used from then on).
-    /// Whether a one-token product may go to cuBLAS (`VELA_CUDA_GEMM_MIN=1`), which runs
-    /// outside any recording (no step can be recorded ahead then).
+    /// Whether a one-token product may go to cuBLAS (`set_gemm_min(1)`), which runs outside any
+    /// recording (no step can be recorded ahead then).
     pub(crate) fn one_token_gemm(&self) -> bool {
-        let min = self.gemm_min.load(Ordering::Relaxed);
+        let min = self.tune.gemm_min();
         min != 0 && min <= 1
     }
 
+    /// Whether a product of `n` tokens with these weights goes to cuBLAS (loading it on first
+    /// use; a load failure is reported once and the integer kernels are used from then on).
     pub(crate) fn use_gemm(&self, n: usize, ws: &[&CudaWeight]) -> bool {
-        let min = self.gemm_min.load(Ordering::Relaxed);
-        if min == 0 || n < min || self.exact.load(Ordering::Relaxed) {
+        let min = self.tune.gemm_min();
+        if min == 0 || n < min || self.tune.exact() {
             return false;
         }
         if ws
@@ -81,18 +66,16 @@ impl CudaBackend {
         let mut g = self.gemm.lock().unwrap_or_else(|e| e.into_inner());
         if g.cublas.is_none() {
             let r = self
+                .dev
                 .ctx
                 .bind_to_thread()
                 .map_err(|e| anyhow!("binding the CUDA context: {e:?}"))
-                .and_then(|_| Cublas::new(self.stream.cu_stream() as *mut _));
+                .and_then(|_| Cublas::new(self.dev.stream.cu_stream() as *mut _));
             match &r {
                 Err(e) => eprintln!(
                     "vela-cuda: cuBLAS unavailable, prefill uses the integer kernels: {e:#}"
                 ),
-                Ok(c)
-                    if self.profiling.load(std::sync::atomic::Ordering::Relaxed)
-                        || std::env::var_os("VELA_CUDA_DEBUG").is_some() =>
-                {
+                Ok(c) if self.prof.is_on() || self.tune.debug => {
                     eprintln!(
                         "vela-cuda: prefill products on tensor cores with {}",
                         c.path
@@ -114,7 +97,8 @@ impl CudaBackend {
         let Some(Ok(cublas)) = slot else {
             return Err(anyhow!("cuBLAS not loaded"));
         };
-        self.ctx
+        self.dev
+            .ctx
             .bind_to_thread()
             .map_err(|e| anyhow!("binding the CUDA context: {e:?}"))?;
         Ok(cublas)
@@ -137,12 +121,16 @@ impl CudaBackend {
             if w.rows == 0 {
                 continue;
             }
-            crate::matmul::check_product(w, x, y, n);
+            check_product(w, x, y, n);
             // Activations in f16, once per width.
             if xcols != w.cols {
                 let need = n * w.cols;
                 if g.xh.as_ref().is_none_or(|b| b.len() < need) {
-                    g.xh = Some(self.stream.alloc_zeros::<u16>(need.next_power_of_two())?);
+                    g.xh = Some(
+                        self.dev
+                            .stream
+                            .alloc_zeros::<u16>(need.next_power_of_two())?,
+                    );
                 }
                 let xh = self.ptr(g.xh.as_ref().expect("allocated above"));
                 let n2 = need / 2;
@@ -162,7 +150,7 @@ impl CudaBackend {
             }
             let need = chunk * w.cols;
             if g.wh.as_ref().is_none_or(|b| b.len() < need) {
-                g.wh = Some(self.stream.alloc_zeros::<u16>(need)?);
+                g.wh = Some(self.dev.stream.alloc_zeros::<u16>(need)?);
             }
             let wh = self.ptr(g.wh.as_ref().expect("allocated above"));
             let (suffix, _) = w.info();
@@ -171,8 +159,9 @@ impl CudaBackend {
             let mut r0 = 0;
             while r0 < w.rows {
                 let rows = chunk.min(w.rows - r0);
-                // One thread per 8 elements, or per 32-element (sub-)block (`deqhb_*`).
-                let block = self.deqh_block.load(Ordering::Relaxed) && w.cols % 32 == 0;
+                // One thread per 32-element (sub-)block (`deqhb_*`), or per 8 elements where
+                // the rows are not whole blocks (float weights).
+                let block = w.cols % 32 == 0;
                 let per = if block { 32 } else { 8 };
                 let blocks = (rows * w.cols / per).div_ceil(256).min(65_535) as u32;
                 let args = [
@@ -185,9 +174,9 @@ impl CudaBackend {
                 let kernel = format!("{}_{suffix}", if block { "deqhb" } else { "deqh" });
                 self.launch(&kernel, (blocks, 1, 1), 256, &args);
                 // Output columns r0..r0+rows of every token row (row stride w.rows).
-                let t = self.prof_begin();
+                let t = self.prof.begin(&self.dev);
                 cublas.gemm_f16(wh, xh, ybase + 4 * r0 as u64, rows, n, w.cols, w.rows)?;
-                self.prof_end("cublas_gemm_f16", t);
+                self.prof.end(&self.dev, "cublas_gemm_f16", t);
                 r0 += rows;
             }
         }

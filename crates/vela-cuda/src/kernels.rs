@@ -44,27 +44,14 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mv_mixk_x3b",
             "quantize_q8",
             "quantize_q8k",
-            "mm_q4_0_t1",
             "mm_q4_0_t8",
-            "mm_q4_0s_t1",
             "mm_q4_0s_t8",
-            "mm_q4_1_t1",
             "mm_q4_1_t8",
-            "mm_q5_0_t1",
             "mm_q5_0_t8",
-            "mm_q5_1_t1",
             "mm_q5_1_t8",
-            "mm_q8_0_t1",
             "mm_q8_0_t8",
-            "mm_q4_k_t1",
-            "mm_q4_k_t8",
-            "mm_q5_k_t1",
             "mm_q5_k_t8",
-            "mm_q6_k_t1",
-            "mm_q6_k_t8",
-            "mm_q4_ks_t1",
             "mm_q4_ks_t8",
-            "mm_q6_ks_t1",
             "mm_q6_ks_t8",
             "mm_f32_t1",
             "mm_f32_t8",
@@ -78,9 +65,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "get_rows_q5_0",
             "get_rows_q5_1",
             "get_rows_q8_0",
-            "get_rows_q4_k",
             "get_rows_q5_k",
-            "get_rows_q6_k",
             "get_rows_q4_ks",
             "get_rows_q6_ks",
             "norm_q8",
@@ -97,9 +82,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mmx_q5_0",
             "mmx_q5_1",
             "mmx_q8_0",
-            "mmx_q4_k",
             "mmx_q5_k",
-            "mmx_q6_k",
             "mmx_q4_ks",
             "mmx_q6_ks",
             "mv_q4_0",
@@ -108,25 +91,16 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mv_q5_0",
             "mv_q5_1",
             "mv_q8_0",
-            "mv_q4_k",
             "mv_q5_k",
-            "mv_q6_k",
             "mv_q4_ks",
             "mv_q6_ks",
-            "mv_q4_k_u2",
-            "mv_q5_k_u2",
-            "mv_q6_k_u2",
-            "mv_q4_ks_u2",
-            "mv_q6_ks_u2",
             "mv_q4_0_x3",
             "mv_q4_0s_x3",
             "mv_q4_1_x3",
             "mv_q5_0_x3",
             "mv_q5_1_x3",
             "mv_q8_0_x3",
-            "mv_q4_k_x3",
             "mv_q5_k_x3",
-            "mv_q6_k_x3",
             "mv_q4_ks_x3",
             "mv_q6_ks_x3",
             "mv_q4_0_r2",
@@ -135,9 +109,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mv_q5_0_r2",
             "mv_q5_1_r2",
             "mv_q8_0_r2",
-            "mv_q4_k_r2",
             "mv_q5_k_r2",
-            "mv_q6_k_r2",
             "mv_q4_ks_r2",
             "mv_q6_ks_r2",
             "mv_q4_0_x3_r2",
@@ -146,9 +118,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mv_q5_0_x3_r2",
             "mv_q5_1_x3_r2",
             "mv_q8_0_x3_r2",
-            "mv_q4_k_x3_r2",
             "mv_q5_k_x3_r2",
-            "mv_q6_k_x3_r2",
             "mv_q4_ks_x3_r2",
             "mv_q6_ks_x3_r2",
             "mv_q8_0_r2n",
@@ -164,9 +134,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "deqh_q5_0",
             "deqh_q5_1",
             "deqh_q8_0",
-            "deqh_q4_k",
             "deqh_q5_k",
-            "deqh_q6_k",
             "deqh_q4_ks",
             "deqh_q6_ks",
             "deqhb_f32",
@@ -177,9 +145,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "deqhb_q5_0",
             "deqhb_q5_1",
             "deqhb_q8_0",
-            "deqhb_q4_k",
             "deqhb_q5_k",
-            "deqhb_q6_k",
             "deqhb_q4_ks",
             "deqhb_q6_ks",
             "to_f16",
@@ -192,24 +158,15 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
         "elementwise",
         &[
             "rms_norm",
-            "grid_barrier_test",
-            "launch_chain_link",
-            "flag_chain_reset",
-            "flag_chain_link",
-            "overlap_probe",
-            "stream_probe",
             "prefetch_l2",
             "rope",
             "rope_qk",
-            "rope_store_f32",
-            "rope_store_f16",
             "rope_store_heads_f32",
             "rope_store_heads_f16",
             "rope_store_heads_bf16",
             "rope_norm_store_heads_f32",
             "rope_norm_store_heads_f16",
             "rope_norm_store_heads_bf16",
-            "rope_store_bf16",
             "add",
             "add_bias",
             "scale",
@@ -241,18 +198,10 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "attention_part2_bf16",
             "attention_partw_f16_d64",
             "attention_partw_f16_d128",
-            "attention_partw_f16_d256",
             "attention_partw_bf16_d64",
             "attention_partw_bf16_d128",
-            "attention_partw_bf16_d256",
             "attention_part_bf16",
             "attention_combine",
-            "attention_part3_f32_g4",
-            "attention_part3_f16_g4",
-            "attention_part3_bf16_g4",
-            "attention_part3_f32_g8",
-            "attention_part3_f16_g8",
-            "attention_part3_bf16_g8",
             "attention_f32_w4_d512",
             "attention_part2_f32_d512",
             "attention_f16_w4_d512",
@@ -279,32 +228,14 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
     ("sample", &["topk_rows", "topk_part", "topk_merge"]),
 ];
 
-/// Bytes of `stream_probe`'s weight ring (`SP_RING` in elementwise.cu) and its slots
-/// (`SP_STAGES`).
-pub const STREAM_RING: u32 = 192 * 1024;
-pub const STREAM_STAGES: u32 = 8;
-
-/// Most weight bytes `overlap_probe` copies ahead per block (`OP_PF_MAX` in elementwise.cu).
-pub const OVERLAP_PF_MAX: u32 = 96 * 1024;
-
 /// Dynamic shared memory of a kernel in bytes (0: static only). The tensor-core decode attention
-/// (`flash_decode_*`, flash.cu) holds the 16 Q rows and `FD_STAGES` = 2 (1 with the define
-/// `FD_ONE_STAGE`) K and V tiles of `FD_KEYS` = 64 rows, each row padded by 8 elements:
-/// (16 + stages * 2 * 64) * (D + 8) * 2 bytes (head dim 512: its own layout, one stage).
+/// (`flash_decode_*`, flash.cu) holds the 16 Q rows and `FD_STAGES` = 2 K and V tiles of
+/// `FD_KEYS` = 64 rows, each row padded by 8 elements: (16 + 2 * 2 * 64) * (D + 8) * 2 bytes
+/// (head dim 512: its own layout, one stage).
 pub fn dyn_smem(name: &str) -> u32 {
-    if name == "stream_probe" {
-        // The weight ring (SP_RING in elementwise.cu).
-        return STREAM_RING;
-    }
-    if name == "overlap_probe" {
-        // The weight prefetch buffer (OP_PF_MAX in elementwise.cu).
-        return OVERLAP_PF_MAX;
-    }
     if !name.starts_with("flash_decode_") {
         return 0;
     }
-    static STAGES: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    let stages = *STAGES.get_or_init(|| if has_define("FD_ONE_STAGE") { 1 } else { 2 });
     let d: u32 = match name.rsplit_once("_d") {
         Some((_, "64")) => 64,
         Some((_, "256")) => 256,
@@ -312,29 +243,12 @@ pub fn dyn_smem(name: &str) -> u32 {
         Some((_, "512")) => return (16 + 2 * 64) * (512 + 8) * 2 + 16 * 72 * 2,
         _ => 128,
     };
-    (16 + stages * 2 * 64) * (d + 8) * 2
+    (16 + 2 * 2 * 64) * (d + 8) * 2
 }
 
-/// Whether the developer switch `VELA_CUDA_DEFINES` (see [`source`]) defines `name`.
-pub fn has_define(name: &str) -> bool {
-    std::env::var("VELA_CUDA_DEFINES")
-        .unwrap_or_default()
-        .split(',')
-        .any(|d| d.trim() == name)
-}
-
-/// The full source NVRTC compiles for a group: `#define NAME 1` for each name in the developer
-/// switch `VELA_CUDA_DEFINES` (comma-separated, for A/B runs of kernel variants, e.g.
-/// `Q6K_OLD`), the common prelude, then the group.
+/// The full source NVRTC compiles for a group: the common prelude, then the group.
 pub fn source(group_src: &str) -> String {
-    let defines: String = std::env::var("VELA_CUDA_DEFINES")
-        .unwrap_or_default()
-        .split(',')
-        .map(str::trim)
-        .filter(|d| !d.is_empty() && d.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'))
-        .map(|d| format!("#define {d} 1\n"))
-        .collect();
-    format!("{defines}{COMMON}\n{group_src}")
+    format!("{COMMON}\n{group_src}")
 }
 
 /// 64-bit FNV-1a (stable across Rust versions, unlike `DefaultHasher`).
@@ -401,9 +315,6 @@ mod tests {
     /// and the P tile), within the H200's 227 KiB per block.
     #[test]
     fn flash_decode_shared_memory() {
-        if has_define("FD_ONE_STAGE") {
-            return;
-        }
         assert_eq!(dyn_smem("flash_decode_f16_d64"), (16 + 256) * 72 * 2);
         assert_eq!(dyn_smem("flash_decode_bf16_d128"), (16 + 256) * 136 * 2);
         assert_eq!(dyn_smem("flash_decode_f16_d256"), 143_616);
@@ -423,9 +334,7 @@ mod tests {
     /// every block of every kernel must pass `griddepcontrol.wait` before it touches shared
     /// data: each `__global__` body starts with `PDL_ENTRY();` (after a `KV_PF(...);` L2 hint),
     /// or with `X_ENTRY();` where the kernel's function calls `X_RESUME();` once after reading
-    /// only constants (weights, positions). The one exception is the measurement kernel
-    /// `flag_chain_link` (sync_cost.rs), which waits on its predecessor's counter instead, the
-    /// thing it measures, and checks that it did.
+    /// only constants (weights, positions).
     #[test]
     fn every_kernel_waits() {
         let mut n = 0;
@@ -457,8 +366,7 @@ mod tests {
                             && src.contains(&format!(
                                 "#define {}() pdl_resume()",
                                 entry.replace("_ENTRY", "_RESUME")
-                            )))
-                        || head.starts_with(" flag_chain_link("),
+                            ))),
                     "{name}: kernel {head}... does not start with PDL_ENTRY()"
                 );
                 n += 1;

@@ -1,7 +1,8 @@
 //! KV cache storage of the CUDA backend: per-layer K/V rings in device memory and the
 //! checkpoint / restore / clone operations (device-to-device copies).
 
-use crate::{CudaBackend, ATT_MAXD_BIG};
+use crate::attn::ATT_MAXD_BIG;
+use crate::backend::CudaBackend;
 use anyhow::{bail, Result};
 use cudarc::driver::CudaSlice;
 use vela_compute::{KvLayerSpec, KvType};
@@ -50,8 +51,8 @@ impl CudaBackend {
             let nv = spec.capacity * spec.n_head_kv * spec.head_dim_v * eb;
             out.push(KvLayer {
                 spec: spec.clone(),
-                k: self.stream.alloc_zeros::<u8>(nk.max(1))?,
-                v: self.stream.alloc_zeros::<u8>(nv.max(1))?,
+                k: self.dev.stream.alloc_zeros::<u8>(nk.max(1))?,
+                v: self.dev.stream.alloc_zeros::<u8>(nv.max(1))?,
             });
         }
         Ok(CudaKv { layers: out, ty })
@@ -70,10 +71,12 @@ impl CudaBackend {
             let wv = l.spec.n_head_kv * l.spec.head_dim_v * eb;
             let n = n_past - first;
             let mut ks = self
+                .dev
                 .stream
                 .alloc_zeros::<u8>((n * wk).max(1))
                 .expect("CUDA alloc");
             let mut vs = self
+                .dev
                 .stream
                 .alloc_zeros::<u8>((n * wv).max(1))
                 .expect("CUDA alloc");
@@ -100,7 +103,8 @@ impl CudaBackend {
                 let s = (first + i) % l.spec.capacity;
                 let (k, v) = (&mut l.k, &mut l.v);
                 if wk > 0 {
-                    self.stream
+                    self.dev
+                        .stream
                         .memcpy_dtod(
                             &ks.slice(i * wk..(i + 1) * wk),
                             &mut k.slice_mut(s * wk..(s + 1) * wk),
@@ -108,7 +112,8 @@ impl CudaBackend {
                         .expect("CUDA copy");
                 }
                 if wv > 0 {
-                    self.stream
+                    self.dev
+                        .stream
                         .memcpy_dtod(
                             &vs.slice(i * wv..(i + 1) * wv),
                             &mut v.slice_mut(s * wv..(s + 1) * wv),
@@ -126,15 +131,23 @@ impl CudaBackend {
             .iter()
             .map(|l| {
                 let mut k = self
+                    .dev
                     .stream
                     .alloc_zeros::<u8>(l.k.len())
                     .expect("CUDA alloc");
                 let mut v = self
+                    .dev
                     .stream
                     .alloc_zeros::<u8>(l.v.len())
                     .expect("CUDA alloc");
-                self.stream.memcpy_dtod(&l.k, &mut k).expect("CUDA copy");
-                self.stream.memcpy_dtod(&l.v, &mut v).expect("CUDA copy");
+                self.dev
+                    .stream
+                    .memcpy_dtod(&l.k, &mut k)
+                    .expect("CUDA copy");
+                self.dev
+                    .stream
+                    .memcpy_dtod(&l.v, &mut v)
+                    .expect("CUDA copy");
                 KvLayer {
                     spec: l.spec.clone(),
                     k,

@@ -1,5 +1,4 @@
-//! L2 prefetch of the decode products' weights (default 4 MiB per product, 2 MiB in steps under
-//! 1 GiB of weights; `VELA_CUDA_L2PF=<MiB>`, 0: off).
+//! L2 prefetch of the decode products' weights in captured decode steps.
 //!
 //! In a decode step the memory system idles while the short dependent kernels between two
 //! products run (norms, RoPE + store, attention, its combine, the activation), and each product
@@ -9,67 +8,48 @@
 //! product's weights, while the main stream runs the kernels in between. The prefetch only moves
 //! cache lines (it reads and writes nothing a kernel sees), so results are unchanged; the side
 //! stream joins the main one at the end of the step. Uncaptured launches never prefetch.
-//!
-//! Measured on the H200 (session 14, tg128, two calls each; `docs/cuda-history-3.md`, fifteenth
-//! slice):
-//! Llama-3-8B Q4_0 4 MiB 537.3 / 537.8 / 537.4 / 539.3 / 540.1 / 540.2 vs 517.4 / 521.2 / 520.8
-//! / 519.6 / 521.4 / 521.1 t/s without (+3.5 %); Qwen2.5-0.5B Q4_K_M 4 MiB 1,456 / 1,456 /
-//! 1,459 / 1,458 vs 1,426 / 1,427 / 1,426 / 1,428 (+2.2 %; 2 MiB +3 %); Gemma 4 12B unchanged.
-//! More is slower (8B: 8 MiB 531.7, 16 MiB 502.3, 48 MiB 460.0), and so are prefetching past the
-//! next product (8B 16 MiB 506.9; 0.5B 4 MiB 1,293), a budget per kernel in the gap (8B 533.1)
-//! and bulk prefetch (`cp.async.bulk.prefetch.L2` from one-warp blocks: 8B 4 MiB 508.7, 16 MiB
-//! 314.2).
-//!
-//! Session 15 (sixteenth slice): steps whose products read under 128 MiB in all (SmolLM2-135M)
-//! get no side branch (`STEP_MIN_MIB`); prefetching only before the small or only before the
-//! large products, and other grid sizes, were slower on the 8B.
+//! Llama-3-8B Q4_0 decode +3.5 %, Qwen2.5-0.5B +2.2 % on the H200; more bytes, prefetching
+//! past the next product and bulk prefetch were slower (docs/perf-log.md).
 
-use crate::graph::{Launch, Recorder};
-use crate::CudaBackend;
+use crate::device::Device;
+use crate::graph::Launch;
 use anyhow::{anyhow, Result};
 use cudarc::driver::{CudaEvent, CudaStream, LaunchConfig, PushKernelArg};
-use std::sync::Arc;
 
 /// `prefetch_l2`'s grid: blocks of 256 threads, one per `PF_BYTES_PER_BLOCK` (8 lines of 128
 /// bytes per thread) up to `PF_MAX_BLOCKS`.
 const PF_BYTES_PER_BLOCK: u64 = 256 * 128 * 8;
 const PF_MAX_BLOCKS: u64 = 64;
 
-/// What each product's prefetch asks for: at most `most` bytes (0: no prefetch) of the next
-/// product's weights, and only when they total at least `min` bytes; steps whose products read
-/// less than `step_min` bytes in all get no prefetch (see [`step_budget`]).
+/// What each product's prefetch asks for: at most `most` bytes of the next product's weights;
+/// steps whose products read less than `step_min` bytes in all get no prefetch, steps under
+/// `small_step` at most `small_most` per product (see [`budget_for`]).
 #[derive(Clone, Copy, Default, Debug, PartialEq)]
 pub(crate) struct PfBudget {
     pub most: u64,
-    pub min: u64,
     pub step_min: u64,
-    /// Steps whose weights total less than this prefetch at most `small_most` per product
-    /// (see [`step_budget`]).
     pub small_step: u64,
     pub small_most: u64,
 }
 
-/// Default of `PfBudget::step_min` (`VELA_CUDA_L2PF_STEP_MIN`, MiB): SmolLM2-135M (about 90 MB
-/// of weights per token) decodes faster without the side branch: tg128 1,668 / 1,673 / 1,671
-/// with it vs 1,719 / 1,716 / 1,721 without (real model, suite of session 15, 3 rounds; the
-/// synth geometry 1,674 / 1,675 vs 1,707 / 1,704), while Qwen2.5-0.5B (about 390 MB) gains
-/// (1,457 / 1,456 / 1,453 vs 1,415 / 1,417 / 1,414) and Gemma 3 270M is unchanged.
-const STEP_MIN_MIB: u64 = 128;
+/// The budget: 4 MiB per product (8 MiB and more were slower on Llama-3-8B); none in steps under
+/// 128 MiB of weights (SmolLM2-135M: 1,670 vs 1,719 tok/s without, docs/perf-log.md); 2 MiB in
+/// steps under 1 GiB (Qwen2.5-0.5B: 1,573 vs 1,559 tok/s with 4 MiB, docs/perf-log.md).
+const BUDGET: PfBudget = PfBudget {
+    most: 4 << 20,
+    step_min: 128 << 20,
+    small_step: 1024 << 20,
+    small_most: 2 << 20,
+};
 
-/// Defaults of `PfBudget::small_step` / `small_most` (`VELA_CUDA_L2PF_SMALL_STEP`,
-/// `VELA_CUDA_L2PF_SMALL`, MiB): steps under 1 GiB of weights prefetch at most 2 MiB of each
-/// product. H200 tg128 (session 19, call 6): the Qwen2.5-0.5B geometry (about 390 MB per
-/// token) 1,580.9 / 1,580.1 t/s with 2 MiB vs 1,562.0 / 1,560.8 with 4 and 1,548.3 / 1,550.3
-/// with 8; Llama-3-8B Q4_0 (4.4 GB) 570.1 / 564.9 with 4 vs 556.7 / 557.9 with 2, 560.1 / 559.4
-/// with 8 and 547.4 / 547.1 without. As the rule (call 7, three rounds): Qwen2.5-0.5B 1,572.9 /
-/// 1,573.5 / 1,572.0 vs 1,560.0 / 1,558.6 / 1,557.7 (`VELA_CUDA_L2PF_SMALL=4`), Gemma 3 270M
-/// (246 MB) 1,932.9 / 1,929.8 / 1,927.4 vs 1,926.5 / 1,924.4 / 1,926.0.
-const SMALL_STEP_MIB: u64 = 1024;
-const SMALL_MOST_MIB: u64 = 2;
+/// The prefetch budget of a step of `ops` (see [`BUDGET`]).
+pub(crate) fn step_budget(ops: &[Launch]) -> Option<PfBudget> {
+    budget_for(ops, BUDGET)
+}
 
-/// The prefetch budget of a step of `ops` from its launches' weights in all: none under
+/// The budget of a step of `ops` from its launches' weights in all: none under
 /// `budget.step_min` bytes, else `budget` with `most` cut to `small_most` under `small_step`.
-pub(crate) fn step_budget(ops: &[Launch], budget: PfBudget) -> Option<PfBudget> {
+fn budget_for(ops: &[Launch], budget: PfBudget) -> Option<PfBudget> {
     let total: u64 = ops.iter().flat_map(|o| o.weights.iter().map(|w| w.1)).sum();
     let mut b = budget;
     if total < b.small_step {
@@ -78,106 +58,54 @@ pub(crate) fn step_budget(ops: &[Launch], budget: PfBudget) -> Option<PfBudget> 
     (total >= b.step_min).then_some(b)
 }
 
-impl Recorder {
-    /// A recorder with the prefetch budget of `VELA_CUDA_L2PF` (MiB; default 4, 0: off),
-    /// `VELA_CUDA_L2PF_MIN` (KiB; default 0: every product; 256 KiB to 1 MiB measured no better
-    /// on the SmolLM2 and Qwen2.5-0.5B geometries) and `VELA_CUDA_L2PF_STEP_MIN` (MiB; default
-    /// `STEP_MIN_MIB`).
-    pub(crate) fn new() -> Self {
-        let num = |k: &str, d: u64| {
-            std::env::var(k)
-                .ok()
-                .and_then(|v| v.parse::<u64>().ok())
-                .unwrap_or(d)
-        };
-        Recorder {
-            l2pf: PfBudget {
-                most: num("VELA_CUDA_L2PF", 4) << 20,
-                min: num("VELA_CUDA_L2PF_MIN", 0) << 10,
-                step_min: num("VELA_CUDA_L2PF_STEP_MIN", STEP_MIN_MIB) << 20,
-                small_step: num("VELA_CUDA_L2PF_SMALL_STEP", SMALL_STEP_MIB) << 20,
-                small_most: num("VELA_CUDA_L2PF_SMALL", SMALL_MOST_MIB) << 20,
-            },
-            ..Default::default()
-        }
+/// After capturing `ops[i]`: if it is a product, fork `side` from the main stream and prefetch
+/// there what [`prefetch_plan`] gives.
+pub(crate) fn fork(
+    dev: &Device,
+    ops: &[Launch],
+    i: usize,
+    side: &CudaStream,
+    budget: PfBudget,
+    events: &mut Vec<CudaEvent>,
+) -> Result<()> {
+    let plan = prefetch_plan(ops, i, budget);
+    if plan.is_empty() {
+        return Ok(());
     }
+    let f = dev.func("prefetch_l2")?;
+    let ev = dev.stream.record_event(None)?;
+    side.wait(&ev)?;
+    events.push(ev);
+    for (p, n, blocks) in plan {
+        let cfg = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (256, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let n = n as i64;
+        let mut b = side.launch_builder(f);
+        b.arg(&p).arg(&n);
+        // SAFETY: prefetch_l2(const char*, long long) only issues L2 prefetch hints for
+        // [p, p + n), a range inside the weight allocation the product reads.
+        unsafe { b.launch(cfg) }.map_err(|e| anyhow!("prefetch_l2 launch: {e:?}"))?;
+    }
+    Ok(())
 }
 
-impl CudaBackend {
-    /// Prefetch at most `mib` MiB of each product's weights in captured decode steps (0: off).
-    /// Graphs captured before are dropped.
-    pub fn set_l2_prefetch(&self, mib: u64) {
-        self.drop_parked();
-        self.flush_recording();
-        let mut r = self.rec.lock().unwrap_or_else(|e| e.into_inner());
-        r.l2pf.most = mib << 20;
-        r.cache.clear();
+/// Join the side stream into the main one before the capture ends (if it was forked).
+pub(crate) fn join(dev: &Device, side: &CudaStream, events: &mut Vec<CudaEvent>) -> Result<()> {
+    if events.is_empty() {
+        return Ok(());
     }
-
-    /// The side stream of the prefetch, when it is on (created on first use; `None` if that
-    /// fails, and the step is captured without prefetch).
-    pub(crate) fn l2pf_side(&self, r: &mut Recorder) -> Option<Arc<CudaStream>> {
-        if r.l2pf.most == 0 {
-            return None;
-        }
-        if r.side.is_none() {
-            r.side = self.ctx.new_stream().ok();
-        }
-        r.side.clone()
-    }
-
-    /// After capturing `ops[i]`: if it is a product, fork `side` from the main stream and
-    /// prefetch there what [`prefetch_plan`] gives.
-    pub(crate) fn l2pf_fork(
-        &self,
-        ops: &[Launch],
-        i: usize,
-        side: &CudaStream,
-        budget: PfBudget,
-        events: &mut Vec<CudaEvent>,
-    ) -> Result<()> {
-        let plan = prefetch_plan(ops, i, budget);
-        if plan.is_empty() {
-            return Ok(());
-        }
-        let f = self
-            .funcs
-            .get("prefetch_l2")
-            .ok_or_else(|| anyhow!("CUDA kernel prefetch_l2 is not loaded"))?;
-        let ev = self.stream.record_event(None)?;
-        side.wait(&ev)?;
-        events.push(ev);
-        for (p, n, blocks) in plan {
-            let cfg = LaunchConfig {
-                grid_dim: (blocks, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let n = n as i64;
-            let mut b = side.launch_builder(f);
-            b.arg(&p).arg(&n);
-            // SAFETY: prefetch_l2(const char*, long long) only issues L2 prefetch hints for
-            // [p, p + n), a range inside the weight allocation the product reads.
-            unsafe { b.launch(cfg) }.map_err(|e| anyhow!("prefetch_l2 launch: {e:?}"))?;
-        }
-        Ok(())
-    }
-
-    /// Join the side stream into the main one before the capture ends (if it was forked).
-    pub(crate) fn l2pf_join(&self, side: &CudaStream, events: &mut Vec<CudaEvent>) -> Result<()> {
-        if events.is_empty() {
-            return Ok(());
-        }
-        let ev = side.record_event(None)?;
-        self.stream.wait(&ev)?;
-        events.push(ev);
-        Ok(())
-    }
+    let ev = side.record_event(None)?;
+    dev.stream.wait(&ev)?;
+    events.push(ev);
+    Ok(())
 }
 
 /// The `prefetch_l2` launches (address, bytes, blocks) after `ops[i]`: none unless `ops[i]` is a
-/// product (has weights) and a later product exists whose weights total at least `budget.min`;
-/// else the first `budget.most` bytes of the next product's weights, in the order of its weights.
+/// product (has weights) and a later product exists; else the first `budget.most` bytes of the
+/// next product's weights, in the order of its weights.
 pub(crate) fn prefetch_plan(ops: &[Launch], i: usize, budget: PfBudget) -> Vec<(u64, u64, u32)> {
     if ops[i].weights.is_empty() {
         return Vec::new();
@@ -185,9 +113,6 @@ pub(crate) fn prefetch_plan(ops: &[Launch], i: usize, budget: PfBudget) -> Vec<(
     let Some(next) = ops[i + 1..].iter().find(|o| !o.weights.is_empty()) else {
         return Vec::new();
     };
-    if next.weights.iter().map(|w| w.1).sum::<u64>() < budget.min {
-        return Vec::new();
-    }
     let mut left = budget.most;
     let mut plan = Vec::new();
     for &(p, bytes) in &next.weights {
@@ -257,12 +182,8 @@ mod tests {
         assert_eq!(prefetch_plan(&ops2, 0, b(M / 2)), vec![(0x1000, M / 2, 2)]);
         // A tiny range still gets one block.
         assert_eq!(prefetch_plan(&ops2, 0, b(100)), vec![(0x1000, 100, 1)]);
-        // `min`: only next products whose weights total at least that much (5 MiB here).
-        let at = |min| prefetch_plan(&ops2, 0, PfBudget { min, ..b(M) });
-        assert_eq!(at(5 * M), vec![(0x1000, M, 4)]);
-        assert!(at(5 * M + 1).is_empty());
         // `step_min`: the step's weights (25 MiB here) decide whether it prefetches at all.
-        let step = |step_min| step_budget(&ops, PfBudget { step_min, ..b(M) }).is_some();
+        let step = |step_min| budget_for(&ops, PfBudget { step_min, ..b(M) }).is_some();
         assert!(step(0) && step(25 * M));
         assert!(!step(25 * M + 1));
         // `small_step`: a step under it prefetches at most `small_most` per product.
@@ -272,7 +193,7 @@ mod tests {
                 small_most: 2 * M,
                 ..b(4 * M)
             };
-            step_budget(&ops, budget).map(|b| b.most)
+            budget_for(&ops, budget).map(|b| b.most)
         };
         assert_eq!(small(25 * M + 1), Some(2 * M));
         assert_eq!(small(25 * M), Some(4 * M));

@@ -2,10 +2,18 @@
 //! the exact f32/f64 mode, the one-token `mv_*` kernels, and the fused pre-norm input
 //! (`x += residual; h = rms_norm(x) * w; quantize(h)` in one kernel, then the products).
 
-use crate::{ActKind, Arg, CudaBackend, CudaBuf, CudaWeight, Scratch};
-use crate::{AQ8K_BYTES, AQ8_BYTES, MM_WARPS};
+use crate::backend::{CudaBackend, Scratch};
+use crate::device::Arg;
+use crate::kv::CudaKv;
+use crate::weight::{ActKind, CudaBuf, CudaWeight};
 use cudarc::driver::CudaSlice;
-use std::sync::atomic::Ordering;
+use vela_compute::{Activation, AttnParams, Backend};
+
+/// Bytes of the GPU activation block layouts (`struct AQ8` / `AQ8K` in `kernels/quant.cu`).
+const AQ8_BYTES: usize = 48;
+const AQ8K_BYTES: usize = 304;
+/// Warps (weight rows) per matmul thread block (`WARPS` in quant.cu).
+const MM_WARPS: u32 = 4;
 
 /// Row groups per warp of `mv_q8_0_r2n` (`MV32_NARROW_G` in kernels/matvec.cu).
 const MV_NARROW_G: u32 = 4;
@@ -32,7 +40,7 @@ impl CudaBackend {
         if n == 0 {
             return;
         }
-        if self.exact.load(Ordering::Relaxed) {
+        if self.tune.exact() {
             for (w, y) in ws.iter().zip(ys.iter_mut()) {
                 self.matmul_exact(w, x, n, y);
             }
@@ -72,17 +80,12 @@ impl CudaBackend {
                     }
                 },
             };
-            if n == 1 && kind != ActKind::Float && self.matvec_new.load(Ordering::Relaxed) {
-                let split = self.mv_split(w.cols);
+            if n == 1 && kind != ActKind::Float {
                 let r = self.mv_rows(w.rows);
-                let mut grid = ((w.rows as u32).div_ceil(MM_WARPS * r / split), 1, 1);
+                let mut grid = ((w.rows as u32).div_ceil(MM_WARPS * r), 1, 1);
                 // Narrow Q8_0 rows (the small models' LM heads): several row pairs per warp
-                // (`mv_q8_0_r2n`, default; set_mv_narrow).
-                let narrow = suffix == "q8_0"
-                    && r == 2
-                    && split == 1
-                    && nb <= 64
-                    && self.mv_narrow.load(Ordering::Relaxed);
+                // (`mv_q8_0_r2n`).
+                let narrow = suffix == "q8_0" && r == 2 && nb <= 64;
                 if narrow {
                     grid.0 = (w.rows as u32).div_ceil(MM_WARPS * 2 * MV_NARROW_G);
                 }
@@ -92,13 +95,11 @@ impl CudaBackend {
                     Arg::P(self.ptr(&**y)),
                     Arg::I(w.rows as i32),
                     Arg::I(nb as i32),
-                    Arg::I(split as i32),
+                    Arg::I(MV_SPLIT),
                 ];
-                let u2 = kind == ActKind::Q8K && self.mvk_u2.load(Ordering::Relaxed);
-                let name = match (r, u2) {
+                let name = match r {
                     _ if narrow => "mv_q8_0_r2n".to_string(),
-                    (2, _) => format!("mv_{suffix}_r2"),
-                    (_, true) => format!("mv_{suffix}_u2"),
+                    2 => format!("mv_{suffix}_r2"),
                     _ => format!("mv_{suffix}"),
                 };
                 let wr = vec![(self.ptr(&w.data), w.data.len() as u64)];
@@ -137,6 +138,7 @@ impl CudaBackend {
         let n_blocks = n * cols / bs;
         if sc.act.len() < n_blocks * bb {
             sc.act = self
+                .dev
                 .stream
                 .alloc_zeros::<u8>((n_blocks * bb).next_power_of_two())
                 .expect("CUDA alloc of activation scratch");
@@ -170,10 +172,9 @@ impl CudaBackend {
 
     /// See `Backend::norm_matmul_many`: one `norm_q8`/`norm_q8k` launch replaces add, rms_norm
     /// and the activation quantization when every weight takes the same quantized activations
-    /// of width `width` (and fusion is on and the mode is not exact); otherwise the unfused ops.
+    /// of width `width` (and the mode is not exact); otherwise the unfused ops. `biases` (empty,
+    /// or one per weight): added to the products' rows.
     #[allow(clippy::too_many_arguments)]
-    /// `biases` (empty, or one per weight): added to the products' rows
-    /// (`Backend::norm_matmul_many`).
     pub(crate) fn norm_matmul_impl(
         &self,
         x: &mut CudaBuf,
@@ -188,7 +189,6 @@ impl CudaBackend {
         ys: &mut [&mut CudaBuf],
         biases: &[Option<&CudaSlice<f32>>],
     ) {
-        use vela_compute::Backend;
         let kind = self.norm_fusable(ws, n_rows, width);
         let Some(kind) = kind else {
             assert!(
@@ -224,9 +224,8 @@ impl CudaBackend {
             Arg::I(width as i32),
             Arg::F(eps),
         ];
-        // Default: the row in registers, 8 elements per thread (`norm_q8*_regs`; needs 16-byte
-        // aligned rows). Else (`VELA_CUDA_SMALL=old`, or rows wider than 8192) one thread per
-        // element up to 1024 with loops beyond.
+        // The row in registers, 8 elements per thread (`norm_q8*_regs`; needs 16-byte aligned
+        // rows of at most 8192); else one thread per element up to 1024 with loops beyond.
         if let Some((pw, xs)) = post {
             // `norm_q8*_post_regs` (the caller checked `norm_regs_ok`): res, pw, w, ..., xs
             args.insert(2, Arg::P(self.ptr(pw)));
@@ -238,7 +237,7 @@ impl CudaBackend {
                 threads,
                 &args,
             );
-        } else if self.norm_regs_ok(width, &[self.ptr(&*x), rp, self.ptr(w), self.ptr(&*h), ap]) {
+        } else if Self::norm_regs_ok(width, &[self.ptr(&*x), rp, self.ptr(w), self.ptr(&*h), ap]) {
             let threads = (width / 8).next_multiple_of(32) as u32;
             self.launch(
                 &format!("{name}_regs"),
@@ -266,12 +265,11 @@ impl CudaBackend {
     }
 
     /// The activation kind of the fused `norm_q8*` path of `norm_matmul_impl` for these
-    /// products, if it applies: fusion on, not exact, every weight quantized with the same
-    /// activation kind and `width` columns, no cuBLAS.
+    /// products, if it applies: not exact, every weight quantized with the same activation kind
+    /// and `width` columns, no cuBLAS.
     fn norm_fusable(&self, ws: &[&CudaWeight], n_rows: usize, width: usize) -> Option<ActKind> {
         let kind = ws.first().map(|w| w.info().1)?;
-        let ok = self.fuse.load(Ordering::Relaxed)
-            && !self.exact.load(Ordering::Relaxed)
+        let ok = !self.tune.exact()
             && n_rows > 0
             && matches!(kind, ActKind::Q8 | ActKind::Q8K)
             && ws.iter().all(|w| w.cols == width && w.info().1 == kind)
@@ -279,10 +277,10 @@ impl CudaBackend {
         ok.then_some(kind)
     }
 
-    /// The row-in-registers norm kernels (`norm_q8*_regs`) apply: second-version small
-    /// kernels, rows of at most 8,192 elements and 16-byte aligned device addresses.
-    fn norm_regs_ok(&self, width: usize, ptrs: &[u64]) -> bool {
-        self.small_v2.load(Ordering::Relaxed) && width <= 8192 && ptrs.iter().all(|p| p % 16 == 0)
+    /// The row-in-registers norm kernels (`norm_q8*_regs`) apply: rows of at most 8,192
+    /// elements and 16-byte aligned device addresses.
+    fn norm_regs_ok(width: usize, ptrs: &[u64]) -> bool {
+        width <= 8192 && ptrs.iter().all(|p| p % 16 == 0)
     }
 
     /// See `Backend::post_norm_matmul_many`: with the fused row-in-registers norm one
@@ -304,7 +302,6 @@ impl CudaBackend {
         ys: &mut [&mut CudaBuf],
         biases: &[Option<&CudaSlice<f32>>],
     ) {
-        use vela_compute::Backend;
         let ptrs = [
             self.ptr(&*x),
             self.ptr(&*residual),
@@ -312,10 +309,7 @@ impl CudaBackend {
             self.ptr(w),
             self.ptr(&*h),
         ];
-        if self.norm_fold.load(Ordering::Relaxed)
-            && self.norm_fusable(ws, n_rows, width).is_some()
-            && self.norm_regs_ok(width, &ptrs)
-        {
+        if self.norm_fusable(ws, n_rows, width).is_some() && Self::norm_regs_ok(width, &ptrs) {
             let r = Some(&*residual);
             self.norm_matmul_impl(x, r, Some(post), w, n_rows, width, eps, h, ws, ys, biases);
         } else {
@@ -334,7 +328,6 @@ impl CudaBackend {
 
     /// `ys[i] += biases[i]` on each of the `n` rows where a bias is given.
     fn add_biases(&self, biases: &[Option<&CudaSlice<f32>>], n: usize, ys: &mut [&mut CudaBuf]) {
-        use vela_compute::Backend;
         for (b, y) in biases.iter().zip(ys.iter_mut()) {
             if let Some(b) = b {
                 self.add_bias(y, b, n);
@@ -343,11 +336,10 @@ impl CudaBackend {
     }
 
     /// Two or three one-token products of the same quantized type and width in one `mv_*_x3`
-    /// launch (new matvec and fusion on); returns false (nothing done) otherwise. Also of
-    /// different types sharing the activation kind (unless `VELA_CUDA_MIXED_X3=0`), and with
-    /// `biases` (one per weight) the biases added too (unless `VELA_CUDA_BIAS_FUSE=0`): the
-    /// `mv_mix*` kernels (one row per warp; see kernels/matvec.cu). With biases it does nothing
-    /// unless it can add them.
+    /// launch; returns false (nothing done) otherwise. Also of different types sharing the
+    /// activation kind, and with `biases` (one per weight) the biases added too: the `mv_mix*`
+    /// kernels (one row per warp; see kernels/matvec.cu). With biases it does nothing unless it
+    /// can add them.
     #[allow(clippy::too_many_arguments)]
     fn try_mv3(
         &self,
@@ -359,12 +351,7 @@ impl CudaBackend {
         pre: Option<(ActKind, usize, u64, usize)>,
         biases: &[Option<&CudaSlice<f32>>],
     ) -> bool {
-        if n != 1
-            || !(2..=3).contains(&ws.len())
-            || !self.fuse.load(Ordering::Relaxed)
-            || !self.matvec_new.load(Ordering::Relaxed)
-            || ws.iter().any(|w| w.cols != ws[0].cols)
-        {
+        if n != 1 || !(2..=3).contains(&ws.len()) || ws.iter().any(|w| w.cols != ws[0].cols) {
             return false;
         }
         let (suffix, kind) = ws[0].info();
@@ -373,13 +360,9 @@ impl CudaBackend {
         }
         let same = ws.iter().all(|w| w.info().0 == suffix);
         let bias = biases.iter().any(Option::is_some);
-        let mixed = if bias {
-            self.bias_fuse.load(Ordering::Relaxed)
-        } else {
-            !same && self.mixed_x3.load(Ordering::Relaxed)
-        };
-        // The mixed kernels' type codes (a missing third weight: 0, no blocks), when they are
-        // switched on for this call and take every type.
+        let mixed = bias || !same;
+        // The mixed kernels' type codes (a missing third weight: 0, no blocks), when this call
+        // needs them and they take every type.
         let codes = mixed
             .then(|| {
                 let mut c = [0i32; 3];
@@ -403,14 +386,13 @@ impl CudaBackend {
         let wp = |i: usize| ws.get(i).map(|w| self.ptr(&w.data)).unwrap_or(0);
         let yp: Vec<u64> = ys.iter().map(|y| self.ptr(&**y)).collect();
         let rows = |i: usize| ws.get(i).map(|w| w.rows).unwrap_or(0);
-        let split = self.mv_split(cols);
         let r = if mixed {
             1
         } else {
             self.mv_rows((0..3).map(rows).sum())
         };
         let blocks: u32 = (0..3)
-            .map(|i| (rows(i) as u32).div_ceil(MM_WARPS * r / split))
+            .map(|i| (rows(i) as u32).div_ceil(MM_WARPS * r))
             .sum();
         if blocks == 0 {
             return true;
@@ -427,7 +409,7 @@ impl CudaBackend {
             Arg::I(rows(1) as i32),
             Arg::I(rows(2) as i32),
             Arg::I(nb as i32),
-            Arg::I(split as i32),
+            Arg::I(MV_SPLIT),
         ];
         let name = match codes {
             Some(c) => {
@@ -448,8 +430,8 @@ impl CudaBackend {
     }
 
     /// See `Backend::act_mul_matmul`: one `act_q8*` launch computes the gated activation and
-    /// quantizes it for `w` (fusion on, quantized `w` of `width` columns, not exact); otherwise
-    /// the unfused ops.
+    /// quantizes it for `w` (quantized `w` of `width` columns, not exact); otherwise the unfused
+    /// ops.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn act_matmul_impl(
         &self,
@@ -457,14 +439,12 @@ impl CudaBackend {
         up: &CudaBuf,
         n_rows: usize,
         width: usize,
-        act: vela_compute::Activation,
+        act: Activation,
         w: &CudaWeight,
         y: &mut CudaBuf,
     ) {
-        use vela_compute::{Activation, Backend};
         let kind = Some(w.info().1);
-        let fusable = self.fuse.load(Ordering::Relaxed)
-            && !self.exact.load(Ordering::Relaxed)
+        let fusable = !self.tune.exact()
             && n_rows > 0
             && w.cols == width
             && matches!(kind, Some(ActKind::Q8 | ActKind::Q8K))
@@ -511,15 +491,15 @@ impl CudaBackend {
 
     /// See `Backend::attention_matmul`: the decode attention (`attention_combine` for Q8, and
     /// Q8_K where `attention_impl` says) also writes the activations `w` takes, when they have the
-    /// attention's width (fusion on, not exact, no cuBLAS); otherwise `matmul` quantizes them.
+    /// attention's width (not exact, no cuBLAS); otherwise `matmul` quantizes them.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn attention_matmul_impl(
         &self,
         q: &CudaBuf,
-        kv: &crate::CudaKv,
+        kv: &CudaKv,
         layer: usize,
         positions: &[u32],
-        p: &vela_compute::AttnParams,
+        p: &AttnParams,
         a: &mut CudaBuf,
         w: &CudaWeight,
         y: &mut CudaBuf,
@@ -531,8 +511,7 @@ impl CudaBackend {
             ActKind::Q8 => (32, AQ8_BYTES),
             _ => (256, AQ8K_BYTES),
         };
-        let fusable = self.fuse.load(Ordering::Relaxed)
-            && !self.exact.load(Ordering::Relaxed)
+        let fusable = !self.tune.exact()
             && n > 0
             && w.cols == width
             && width.is_multiple_of(bs)
@@ -549,18 +528,6 @@ impl CudaBackend {
         let done = self.attention_impl(q, kv, layer, positions, p, a, Some((kind, ap)));
         let pre = done.then_some((kind, width, ap, width / bs));
         self.matmul_many_impl(&[w], a, n, &mut [y], pre);
-    }
-
-    /// Device address of the activation scratch, grown to at least `bytes`.
-    pub(crate) fn act_scratch(&self, sc: &mut Scratch, bytes: usize) -> u64 {
-        if sc.act.len() < bytes {
-            sc.act = self
-                .stream
-                .alloc_zeros::<u8>(bytes.next_power_of_two())
-                .expect("CUDA alloc of activation scratch");
-            self.scratch_moved();
-        }
-        self.ptr(&sc.act)
     }
 }
 
@@ -582,53 +549,23 @@ pub(crate) fn check_product(w: &CudaWeight, x: &CudaBuf, y: &CudaBuf, n: usize) 
 /// rows per warp: 2,048 rows make 256 blocks, about two per SM of an H200.
 const MV_ROWS2_MIN: usize = 2048;
 
-impl CudaBackend {
-    /// Warps per row of the one-token `mv_*` kernels (1, 2 or 4, dividing `MM_WARPS`) for rows
-    /// of `cols` elements. Mode 1 (the default), 2 or 4: that many; mode 0 ("auto"): 2 or 4 for
-    /// rows of more than 64 or 128 32-element blocks. Set by `VELA_CUDA_MV_SPLIT` (1, 2, 4 or
-    /// `auto`) or [`CudaBackend::set_mv_split`]. The split lowered Llama-3-8B decode on the H200
-    /// (see `mv32` in matvec.cu), hence the default.
-    pub(crate) fn mv_split(&self, cols: usize) -> u32 {
-        match self.mv_split_mode.load(Ordering::Relaxed) {
-            0 => match cols / 32 {
-                0..=64 => 1,
-                65..=128 => 2,
-                _ => 4,
-            },
-            m @ (1 | 2 | 4) => m,
-            _ => 1,
-        }
-    }
+/// Warps per row of the one-token `mv_*` kernels (their `split` argument): one. Splitting long
+/// rows over 2 or 4 warps lowered Llama-3-8B decode on the H200 (see `mv32` in matvec.cu).
+const MV_SPLIT: i32 = 1;
 
+impl CudaBackend {
     /// Rows per warp of the one-token `mv_*` kernels for a launch of `rows` rows in all: 2
     /// (`mv_*_r2`: each activation block is loaded once for two rows) from `MV_ROWS2_MIN` rows,
-    /// else 1 (or `VELA_CUDA_MV_ROWS=1`); combines with a K split (`VELA_CUDA_MV_SPLIT`, off by
-    /// default: two rows per warp with the split is prepared for the long-row down projection,
-    /// not yet measured on a GPU). Measured on the H200 (tg128): two
-    /// rows everywhere took Llama-3-8B Q4_0 from 368 to 392 tok/s and Q4_K_M from 220 to 265, but
-    /// the Qwen2.5-0.5B geometry from 999 to 937 (its 896-1,152-row products then fill only
-    /// 112-144 blocks), hence the threshold.
+    /// else 1 (tests may force either, `set_mv_rows_mode`). Two rows everywhere took Llama-3-8B
+    /// Q4_0 from 368 to 392 tok/s but the Qwen2.5-0.5B geometry from 999 to 937 (its 896-1,152-row
+    /// products then fill only 112-144 blocks; docs/perf-log.md), hence the threshold.
     pub(crate) fn mv_rows(&self, rows: usize) -> u32 {
-        let mode = self.mv_rows_mode.load(Ordering::Relaxed);
+        let mode = self.tune.mv_rows();
         if mode == 2 || (mode == 1 && rows >= MV_ROWS2_MIN) {
             2
         } else {
             1
         }
-    }
-
-    /// Rows per warp of the one-token matvec: 0 always one, 1 two from `MV_ROWS2_MIN` rows
-    /// (default), 2 always two (tests).
-    pub fn set_mv_rows_mode(&self, mode: u32) {
-        self.drop_parked();
-        self.flush_recording();
-        self.mv_rows_mode.store(mode.min(2), Ordering::Relaxed);
-    }
-
-    /// See [`CudaBackend::mv_split`]: 0 = auto, else 1, 2 or 4 warps per row.
-    pub fn set_mv_split(&self, mode: u32) {
-        self.drop_parked();
-        self.mv_split_mode.store(mode, Ordering::Relaxed);
     }
 }
 

@@ -3,72 +3,85 @@
 //! backend is dropped. Decode-step graphs are off while profiling (each launch must be seen), so
 //! the wall-clock rate is lower than without it; the per-kernel GPU times are what it is for.
 
-use crate::CudaBackend;
+use crate::device::Device;
 use cudarc::driver::{sys, CudaEvent};
 use std::collections::HashMap;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 /// Pending event pairs are resolved (one stream synchronize) when this many accumulate.
 const FLUSH_AT: usize = 4096;
 
 #[derive(Default)]
-pub(crate) struct Profiler {
+struct Totals {
     pending: Vec<(String, CudaEvent, CudaEvent)>,
     /// name → (milliseconds, launches)
     totals: HashMap<String, (f64, u64)>,
 }
 
-impl CudaBackend {
-    /// Start timing `name` (None when profiling is off or an event cannot be made).
-    pub(crate) fn prof_begin(&self) -> Option<CudaEvent> {
-        self.profiling.load(Ordering::Relaxed).then_some(())?;
-        let e = self
-            .ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-            .ok()?;
-        e.record(&self.stream).ok()?;
-        Some(e)
+/// The profiler: on or off, and the times so far.
+#[derive(Default)]
+pub(crate) struct Profiler {
+    on: AtomicBool,
+    t: Mutex<Totals>,
+}
+
+fn event(dev: &Device) -> Option<CudaEvent> {
+    let e = dev
+        .ctx
+        .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
+        .ok()?;
+    e.record(&dev.stream).ok()?;
+    Some(e)
+}
+
+impl Profiler {
+    pub(crate) fn new(on: bool) -> Self {
+        Profiler {
+            on: AtomicBool::new(on),
+            t: Mutex::default(),
+        }
     }
 
-    /// End timing `name` started by [`Self::prof_begin`].
-    pub(crate) fn prof_end(&self, name: &str, start: Option<CudaEvent>) {
+    pub(crate) fn is_on(&self) -> bool {
+        self.on.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn set(&self, on: bool) {
+        self.on.store(on, Ordering::Relaxed);
+    }
+
+    /// Start timing a launch on `dev`'s stream (None when profiling is off or an event cannot
+    /// be made).
+    pub(crate) fn begin(&self, dev: &Device) -> Option<CudaEvent> {
+        self.is_on().then_some(())?;
+        event(dev)
+    }
+
+    /// End timing `name` started by [`Self::begin`].
+    pub(crate) fn end(&self, dev: &Device, name: &str, start: Option<CudaEvent>) {
         let Some(start) = start else { return };
-        let Ok(end) = self
-            .ctx
-            .new_event(Some(sys::CUevent_flags::CU_EVENT_DEFAULT))
-        else {
-            return;
-        };
-        if end.record(&self.stream).is_err() {
-            return;
-        }
-        let mut p = self.prof.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(end) = event(dev) else { return };
+        let mut p = self.t.lock().unwrap_or_else(|e| e.into_inner());
         p.pending.push((name.to_string(), start, end));
         if p.pending.len() >= FLUSH_AT {
             resolve(&mut p);
         }
     }
 
-    /// Turn per-kernel timing on or off (for tests that time plain launches;
-    /// `VELA_CUDA_PROFILE=1` turns it on at creation, and only then are decode graphs off).
-    pub fn set_profiling(&self, on: bool) {
-        self.drop_parked();
-        self.profiling.store(on, Ordering::Relaxed);
-    }
-
     /// GPU milliseconds and launches per kernel name so far, and reset the totals.
-    pub fn profile_take(&self) -> HashMap<String, (f64, u64)> {
-        let mut p = self.prof.lock().unwrap_or_else(|e| e.into_inner());
+    pub(crate) fn take(&self) -> HashMap<String, (f64, u64)> {
+        let mut p = self.t.lock().unwrap_or_else(|e| e.into_inner());
         resolve(&mut p);
         std::mem::take(&mut p.totals)
     }
 
     /// The per-kernel table so far (None when profiling is off).
-    pub fn profile_report(&self) -> Option<String> {
-        if !self.profiling.load(Ordering::Relaxed) {
+    pub(crate) fn report(&self) -> Option<String> {
+        if !self.is_on() {
             return None;
         }
-        let mut p = self.prof.lock().unwrap_or_else(|e| e.into_inner());
+        let mut p = self.t.lock().unwrap_or_else(|e| e.into_inner());
         resolve(&mut p);
         let total: f64 = p.totals.values().map(|v| v.0).sum();
         let mut rows: Vec<_> = p.totals.iter().collect();
@@ -97,7 +110,7 @@ impl CudaBackend {
     }
 }
 
-fn resolve(p: &mut Profiler) {
+fn resolve(p: &mut Totals) {
     for (name, a, b) in p.pending.drain(..) {
         if let Ok(ms) = a.elapsed_ms(&b) {
             let t = p.totals.entry(name).or_default();

@@ -14,7 +14,9 @@
 //! their lock, and both users wait for the stream before releasing it), so a call allocates
 //! nothing once they are large enough.
 
-use crate::{Arg, CudaBackend, CudaBuf};
+use crate::backend::CudaBackend;
+use crate::device::Arg;
+use crate::weight::CudaBuf;
 use vela_compute::{top_k_row, Backend, TopK};
 
 /// Largest `k` selected on the device (`TOPK_MAX` in sample.cu); larger ones read the rows back
@@ -81,6 +83,7 @@ impl CudaBackend {
         let n_out = n_rows * stride;
         if out.len() < n_out {
             *out = self
+                .dev
                 .stream
                 .alloc_zeros::<u32>(n_out.next_power_of_two())
                 .expect("CUDA alloc of top-k output");
@@ -100,6 +103,7 @@ impl CudaBackend {
             let need = n_parts * (PART_STATS + 2 * kd);
             if scratch.len() < need {
                 *scratch = self
+                    .dev
                     .stream
                     .alloc_zeros::<f32>(need.next_power_of_two())
                     .expect("CUDA alloc of top-k candidates");
@@ -130,10 +134,11 @@ impl CudaBackend {
         }
         self.flush_recording();
         let mut h = vec![0u32; n_out];
-        self.stream
+        self.dev
+            .stream
             .memcpy_dtoh(&out.slice(0..n_out), &mut h)
             .expect("CUDA download of top-k");
-        self.stream.synchronize().expect("CUDA synchronize");
+        self.dev.stream.synchronize().expect("CUDA synchronize");
         drop(guard);
         h.chunks_exact(stride)
             .map(|r| {

@@ -1,14 +1,19 @@
 //! Weight upload (`upload_weight_impl`) and its progress: an `indicatif` bar on a terminal, one
 //! summary line otherwise; and the embedding gather of uploaded weights (`get_rows_impl`).
 
-use crate::{supported, Arg, CudaBackend, CudaBuf, CudaWeight, WEIGHT_PAD};
+use crate::backend::CudaBackend;
+use crate::device::Arg;
+use crate::weight::{supported, CudaBuf, CudaWeight};
 use anyhow::{anyhow, bail, Context, Result};
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
-use std::sync::atomic::Ordering;
 use std::sync::Mutex;
 use std::time::Instant;
 use vela_formats::quant::GgmlType;
+
+/// Zero bytes allocated after every weight: the staged matvec kernels read whole 16-byte words,
+/// up to 15 bytes past the end of a row (see `mv32` in matvec.cu).
+const WEIGHT_PAD: usize = 64;
 
 struct State {
     bar: Option<ProgressBar>,
@@ -91,9 +96,7 @@ impl CudaBackend {
             bail!("tensor '{}' data is shorter than its shape", w.name);
         }
         let n = row_bytes * w.rows;
-        let pad = self.q6k_pad.load(Ordering::Relaxed);
-        let repack =
-            split_repack(w.ty, w.cols, pad).filter(|_| self.repack.load(Ordering::Relaxed));
+        let repack = split_repack(w.ty, w.cols);
         let split = repack.is_some();
         // Split Q6_K rows are padded to 16 bytes (`row_stride` in kernels/quant.cu).
         let stride = if split && w.ty == GgmlType::Q6_K {
@@ -101,19 +104,20 @@ impl CudaBackend {
         } else {
             row_bytes
         };
-        // WEIGHT_PAD zero bytes after the data: the staged matvec kernels read whole 16-byte
-        // words, up to 15 bytes past the end of a row.
         let mut data = self
+            .dev
             .stream
             .alloc_zeros::<u8>(stride * w.rows + WEIGHT_PAD)
             .with_context(|| format!("allocating tensor '{}'", w.name))?;
         if let Some((kernel, per_row)) = repack {
             // Upload as is, then repack on the device into split rows.
             let mut raw = self
+                .dev
                 .stream
                 .alloc_zeros::<u8>(n)
                 .with_context(|| format!("allocating tensor '{}'", w.name))?;
-            self.stream
+            self.dev
+                .stream
                 .memcpy_htod(&bytes[..n], &mut raw)
                 .with_context(|| format!("uploading tensor '{}'", w.name))?;
             let threads = w.rows * per_row;
@@ -123,15 +127,18 @@ impl CudaBackend {
                 Arg::I(w.rows as i32),
                 Arg::I((w.cols / w.ty.block_size()) as i32),
             ];
-            self.launch_now(kernel, (threads.div_ceil(256) as u32, 1, 1), 256, &args)
+            self.dev
+                .launch_now(kernel, (threads.div_ceil(256) as u32, 1, 1), 256, &args)
                 .with_context(|| format!("repacking tensor '{}'", w.name))?;
             // The matvecs load their first weights before waiting for the previous kernel
             // (MV_RESUME in kernels/matvec.cu): no kernel launched later may overlap this one.
-            self.stream
+            self.dev
+                .stream
                 .synchronize()
                 .with_context(|| format!("repacking tensor '{}'", w.name))?;
         } else {
-            self.stream
+            self.dev
+                .stream
                 .memcpy_htod(&bytes[..n], &mut data.slice_mut(0..n))
                 .with_context(|| format!("uploading tensor '{}'", w.name))?;
         }
@@ -177,7 +184,7 @@ impl CudaBackend {
         let d_ids = match recorded {
             Some(p) => (p, None),
             None => {
-                let d = self.stream.clone_htod(ids)?;
+                let d = self.dev.stream.clone_htod(ids)?;
                 (self.ptr(&d), Some(d))
             }
         };
@@ -199,15 +206,14 @@ impl CudaBackend {
     }
 }
 
-/// Whether rows of `cols` elements of type `ty` can be held in split rows (Q4_0 and Q6_K: rows
-/// of a multiple of 8 blocks, 16-byte aligned; with `pad` (default; `VELA_CUDA_Q6K_PAD=0` off)
-/// Q6_K rows of any length, padded to 16 bytes), and the repack kernel's name and
-/// threads per row (one per 32-element (sub-)block).
-pub(crate) fn split_repack(ty: GgmlType, cols: usize, pad: bool) -> Option<(&'static str, usize)> {
+/// Whether rows of `cols` elements of type `ty` are held in split rows (Q4_0: rows of a
+/// multiple of 8 blocks, 16-byte aligned; Q4_K; Q6_K, rows padded to 16 bytes), and the repack
+/// kernel's name and threads per row (one per 32-element (sub-)block).
+fn split_repack(ty: GgmlType, cols: usize) -> Option<(&'static str, usize)> {
     match ty {
         GgmlType::Q4_0 if (cols / 32).is_multiple_of(8) => Some(("repack_q4_0", cols / 32)),
         GgmlType::Q4_K => Some(("repack_q4_k", cols / 32)),
-        GgmlType::Q6_K if pad || (cols / 256).is_multiple_of(8) => Some(("repack_q6_k", cols / 32)),
+        GgmlType::Q6_K => Some(("repack_q6_k", cols / 32)),
         _ => None,
     }
 }

@@ -15,17 +15,13 @@ fn fused_attention_matmul_equals_unfused() {
     let Some(g) = gpu() else { return };
     for flash in [true, false] {
         g.set_flash_decode_min_keys(if flash { 0 } else { usize::MAX });
-        g.set_flash_decode_d256(flash);
-        g.set_flash_decode_d512(flash);
         // (An sm_86/89 GPU's shared memory does not hold the 256 / 512 kernels.)
         let dims = g.flash_decode_dims();
         eprintln!("tensor-core decode attention head dims: {dims:?}");
         fused_attention_matmul_case(&g, flash);
     }
-    // (The defaults.)
-    g.set_flash_decode_min_keys(1536);
-    g.set_flash_decode_d256(true);
-    g.set_flash_decode_d512(true);
+    // (The default.)
+    g.set_flash_decode_min_keys(vela_cuda::tuning::FLASH_DECODE_MIN_KEYS);
 }
 
 fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
@@ -38,12 +34,12 @@ fn fused_attention_matmul_case(g: &CudaBackend, flash: bool) {
         (KvType::F16, 64, 9, 3, GgmlType::Q8_0),
         (KvType::F16, 64, 16, 4, GgmlType::Q4_K),
         (KvType::F16, 64, 12, 4, GgmlType::Q4_K),
-        // Head dim 256 (tensor cores switched on with `set_flash_decode_d256`): Gemma 3 270M's
+        // Head dim 256 (tensor cores where the shared memory holds the kernel): Gemma 3 270M's
         // 4 heads over 1 KV head, Gemma 4 12B's sliding layers' 16 over 8; then (second version
         // only) eight heads per Q8_K block.
         (KvType::F16, 256, 4, 1, GgmlType::Q4_K),
         (KvType::Bf16, 256, 16, 8, GgmlType::Q4_0),
-        // Head dim 512 (`set_flash_decode_d512`): Gemma 4's full layers, 16 heads over 1 KV
+        // Head dim 512 (likewise): Gemma 4's full layers, 16 heads over 1 KV
         // head; and 4 over 2 in BF16.
         (KvType::F16, 512, 16, 1, GgmlType::Q4_0),
         (KvType::Bf16, 512, 4, 2, GgmlType::Q4_K),
@@ -153,15 +149,13 @@ fn walk_cache(
     }
 }
 
-/// The split-K parts on one warp each (`attention_partw_*`, `VELA_CUDA_ATTN_WARP=1`; prepared in
-/// session 17): within the split-K bound of the CPU and of the four-warp parts (another
-/// summation order), alone and quantizing for a product, at head dims 64, 128 and 256, F16 and
-/// BF16 caches, 1 and 3 query rows, short and long contexts (pieces of 32 keys, partial last
-/// pieces), with and without a window; the warp kernel ran exactly when switched on. Also with
-/// one part per 32-key chunk (`set_warp_max_parts(64)`: 30 parts at 945 keys), and the
-/// four-warp parts following the keys the same way (`set_parts_follow`).
+/// The split-K parts (one warp each, `attention_partw_*`, for head dims 64 and 128 of 16-bit
+/// caches, their count following the keys: 30 parts at 945 keys; four warps each for head dim
+/// 256) within the split-K bound of the CPU, quantizing for a product, F16 and BF16 caches, 1 and
+/// 3 query rows, short and long contexts (pieces of 32 keys, partial last pieces), with and
+/// without a window; the warp kernel ran exactly for head dims 64 and 128.
 #[test]
-fn warp_parts_match_cpu_and_block_parts() {
+fn split_parts_match_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(0x3a7f);
@@ -193,58 +187,22 @@ fn warp_parts_match_cpu_and_block_parts() {
                     "{ty:?} hd={hd} {nh}/{nkv} window={:?} pos {}+{n}",
                     p.window, pos[0]
                 );
-                let mut outs = Vec::new();
-                for warp in [true, false] {
-                    g.set_attention_warp_parts(warp);
-                    g.set_warp_max_parts(0);
-                    let (mut a, mut y) = (g.alloc(n * width), g.alloc(n * 64));
-                    g.set_profiling(true);
-                    g.profile_take();
-                    g.attention_matmul(&qg, kg, 0, pos, p, &mut a, &wg, &mut y);
-                    let launches = g.profile_take();
-                    g.set_profiling(false);
-                    let ran = launches.keys().any(|k| k.starts_with("attention_partw_"));
-                    assert_eq!(ran, warp, "{tag} warp {warp}: {launches:?}");
-                    outs.push(down(&g, &a, n * width));
-                }
-                check(&format!("{tag} warp parts vs CPU"), &outs[0], &ac, 1e-4);
-                // One part per 32-key chunk past the shape's count (up to 64).
-                g.set_attention_warp_parts(true);
-                g.set_warp_max_parts(64);
                 let (mut a, mut y) = (g.alloc(n * width), g.alloc(n * 64));
+                g.set_profiling(true);
+                g.profile_take();
                 g.attention_matmul(&qg, kg, 0, pos, p, &mut a, &wg, &mut y);
-                g.set_warp_max_parts(0);
-                let a = down(&g, &a, n * width);
+                let launches = g.profile_take();
+                g.set_profiling(false);
+                let ran = launches.keys().any(|k| k.starts_with("attention_partw_"));
+                assert_eq!(ran, hd != 256, "{tag}: {launches:?}");
                 check(
-                    &format!("{tag} warp parts, up to 64, vs CPU"),
-                    &a,
+                    &format!("{tag} split parts vs CPU"),
+                    &down(&g, &a, n * width),
                     &ac,
-                    1e-4,
-                );
-                // The four-warp parts following the keys too (`set_parts_follow`).
-                g.set_attention_warp_parts(false);
-                g.set_parts_follow(true);
-                g.set_warp_max_parts(64);
-                let (mut a, mut y) = (g.alloc(n * width), g.alloc(n * 64));
-                g.attention_matmul(&qg, kg, 0, pos, p, &mut a, &wg, &mut y);
-                g.set_warp_max_parts(0);
-                g.set_parts_follow(false);
-                let a = down(&g, &a, n * width);
-                check(
-                    &format!("{tag} four-warp parts, up to 64, vs CPU"),
-                    &a,
-                    &ac,
-                    1e-4,
-                );
-                check(
-                    &format!("{tag} warp parts vs block parts"),
-                    &outs[0],
-                    &outs[1],
                     1e-4,
                 );
             },
         );
     }
-    g.set_attention_warp_parts(false);
-    g.set_flash_decode_min_keys(1536);
+    g.set_flash_decode_min_keys(vela_cuda::tuning::FLASH_DECODE_MIN_KEYS);
 }

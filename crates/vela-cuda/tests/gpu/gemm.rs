@@ -45,17 +45,6 @@ fn gemm_prefill_matches_cpu_exact() {
             let (mut yg, mut yi, mut yc) =
                 (g.alloc(n * rows), g.alloc(n * rows), cpu.alloc(n * rows));
             g.matmul(&wg, &xg, n, &mut yg);
-            // The per-element dequantization (VELA_CUDA_DEQH=elem) gives the same f16 tile.
-            let mut yb = g.alloc(n * rows);
-            g.set_deqh_block(false);
-            g.matmul(&wg, &xg, n, &mut yb);
-            g.set_deqh_block(true);
-            let (mb, _) = err(&down(&g, &yb, n * rows), &down(&g, &yg, n * rows));
-            assert!(
-                mb <= 1e-4,
-                "deqh vs deqhb {} {rows}x{cols}: {mb:.2e}",
-                ty.name()
-            );
             g.set_gemm_min(0);
             g.matmul(&wg, &xg, n, &mut yi);
             g.set_gemm_min(16);
@@ -147,10 +136,9 @@ fn prefill_attention_kernels_match_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
     let (nh, nkv) = (8usize, 2usize);
-    // Mode 0 (default): flash attention for f16/bf16 with hd 64/128/256 (Q and P rounded to the
-    // cache type: a looser bound), else as mode 1; mode 1 the 4-warp kernel, 2 the 32-warp one.
-    // hd 512: mode 0 with an f16 cache and no ring wrap the cuBLAS products (attn_gemm.rs, switched
-    // on here), else the `_d512` 4-warp kernel (Gemma 4's full layers).
+    // Flash attention for f16/bf16 with hd 64/128/256 (Q and P rounded to the cache type: a
+    // looser bound), else the 4-warp kernel. hd 512: with an f16 cache and no ring wrap the
+    // cuBLAS products (attn_gemm.rs), else the `_d512` 4-warp kernel (Gemma 4's full layers).
     for (ty, hd) in [
         (KvType::F16, 64usize),
         (KvType::F32, 64),
@@ -162,10 +150,8 @@ fn prefill_attention_kernels_match_cpu() {
         (KvType::F16, 512),
     ] {
         for (window, softcap) in [(None, None), (Some(100usize), Some(30.0f32))] {
-            for mode in [0u32, 1, 2] {
-                g.set_prefill_attention(mode);
-                g.set_attention_gemm(true);
-                let mut rng = Rng(4040 + mode as u64);
+            {
+                let mut rng = Rng(4040);
                 let spec = kv_spec(nkv, hd, window.map_or(1024, |w| w + 300), window);
                 let mut kg = g.new_kv(std::slice::from_ref(&spec), ty).unwrap();
                 let mut kc = cpu.new_kv(std::slice::from_ref(&spec), ty).unwrap();
@@ -185,7 +171,7 @@ fn prefill_attention_kernels_match_cpu() {
                     cpu.attention(&up(&cpu, &q), &kc, 0, &pos, &p, &mut oc);
                     // (hd 512, f16, no ring wrap: cuBLAS products, Q and P rounded like flash.)
                     let gemm = ty == KvType::F16 && hd == 512 && p0 + n <= spec.capacity;
-                    let flash = mode == 0 && ty != KvType::F32 && (hd <= 256 || gemm);
+                    let flash = ty != KvType::F32 && (hd <= 256 || gemm);
                     let tol = match (ty, flash) {
                         (KvType::F32, _) => 1e-5,
                         (KvType::F16, true) => 5e-3,
@@ -193,9 +179,7 @@ fn prefill_attention_kernels_match_cpu() {
                         _ => 1e-4,
                     };
                     check(
-                        &format!(
-                            "prefill attention mode {mode} {ty:?} hd={hd} window={window:?} pos {p0}+{n}"
-                        ),
+                        &format!("prefill attention {ty:?} hd={hd} window={window:?} pos {p0}+{n}"),
                         &down(&g, &og, n * nh * hd),
                         &down(&cpu, &oc, n * nh * hd),
                         tol,
@@ -205,48 +189,19 @@ fn prefill_attention_kernels_match_cpu() {
             }
         }
     }
-    g.set_prefill_attention(0);
-    g.set_attention_gemm(false);
 }
 
-/// Prefill attention time for one Llama-3-8B layer (32 heads, 8 KV heads, hd 128, f16 cache):
-/// flash (mode 0) against the 4-warp kernel (mode 1); and for one Gemma 4 12B full layer (16
-/// heads, 1 KV head, hd 512): cuBLAS (`attention_gemm`) against the plain kernel. At 512 and
-/// 2,048 tokens; reported.
+/// Prefill attention time for one Llama-3-8B layer (32 heads, 8 KV heads, hd 128, f16 cache:
+/// flash attention) and one Gemma 4 12B full layer (16 heads, 1 KV head, hd 512: cuBLAS) at 512
+/// and 2,048 tokens; reported.
 #[test]
 fn prefill_attention_timing() {
     let Some(g) = gpu() else { return };
     let mut rng = Rng(77);
-    type Variant = (&'static str, fn(&CudaBackend));
-    let cases: [(&str, usize, usize, usize, [Variant; 2]); 2] = [
-        (
-            "8B layer",
-            32,
-            8,
-            128,
-            [
-                ("flash", |g| g.set_prefill_attention(0)),
-                ("w4", |g| g.set_prefill_attention(1)),
-            ],
-        ),
-        (
-            "Gemma 4 12B full layer",
-            16,
-            1,
-            512,
-            [
-                ("cublas", |g| {
-                    g.set_prefill_attention(0);
-                    g.set_attention_gemm(true)
-                }),
-                ("plain", |g| {
-                    g.set_prefill_attention(0);
-                    g.set_attention_gemm(false)
-                }),
-            ],
-        ),
-    ];
-    for (what, nh, nkv, hd, variants) in cases {
+    for (what, nh, nkv, hd) in [
+        ("8B layer", 32usize, 8usize, 128usize),
+        ("Gemma 4 12B full layer", 16, 1, 512),
+    ] {
         for n in [512usize, 2048] {
             let spec = kv_spec(nkv, hd, n, None);
             let mut kg = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
@@ -260,44 +215,43 @@ fn prefill_attention_timing() {
             let p = attn_params(nh, nkv, hd, 1.0 / (hd as f32).sqrt(), None, None);
             let qg = up(&g, &q);
             let mut og = g.alloc(n * nh * hd);
-            let mut line = format!("prefill attention {what} n={n} (us)");
-            for (name, set) in variants {
-                set(&g);
+            g.attention(&qg, &kg, 0, &pos, &p, &mut og);
+            g.synchronize().unwrap();
+            let reps = 10;
+            let t = Instant::now();
+            for _ in 0..reps {
                 g.attention(&qg, &kg, 0, &pos, &p, &mut og);
-                g.synchronize().unwrap();
-                let reps = 10;
-                let t = Instant::now();
-                for _ in 0..reps {
-                    g.attention(&qg, &kg, 0, &pos, &p, &mut og);
-                }
-                g.synchronize().unwrap();
-                let us = t.elapsed().as_secs_f64() / reps as f64 * 1e6;
-                let flop = 4.0 * (nh * hd) as f64 * (n * (n + 1) / 2) as f64;
-                line += &format!(" | {name} {us:.1} ({:.1} TFLOP/s)", flop / us / 1e6);
             }
-            eprintln!("RESULT | {line} | | info |");
+            g.synchronize().unwrap();
+            let us = t.elapsed().as_secs_f64() / reps as f64 * 1e6;
+            let flop = 4.0 * (nh * hd) as f64 * (n * (n + 1) / 2) as f64;
+            eprintln!(
+                "RESULT | prefill attention {what} n={n} | {us:.1} us ({:.1} TFLOP/s) | | info |",
+                flop / us / 1e6
+            );
         }
     }
-    g.set_prefill_attention(0);
-    g.set_attention_gemm(false);
 }
 
 /// Head dim 512 (Gemma 4's full layers) through cuBLAS (`attention_gemm`: QKᵀ, row softmax, PV)
-/// against the plain `_d512` kernel: 16 query heads on 2 KV heads, chunks of 300 and 260 rows
-/// after each other, with and without a sliding window and a softcap (no ring wrap); the cuBLAS
-/// path must have run (its softmax kernel launched). Then the time of both on a Gemma 4 12B full
-/// layer (16 heads, 1 KV head) at 512 and 2,048 rows (reported).
+/// against the CPU: 16 query heads on 2 KV heads, chunks of 300 and 260 rows after each other,
+/// with and without a sliding window and a softcap (no ring wrap); the cuBLAS path must have run
+/// (its softmax kernel launched).
 #[test]
-fn prefill_attention_d512_gemm_matches_plain() {
+fn prefill_attention_d512_gemm_matches_cpu() {
     let Some(g) = gpu() else { return };
     if !g.gemm_available() {
-        eprintln!("SKIP prefill_attention_d512_gemm_matches_plain: no cuBLAS");
+        eprintln!("SKIP prefill_attention_d512_gemm_matches_cpu: no cuBLAS");
         return;
     }
+    let cpu = CpuBackend::new(0);
     let (nh, nkv, hd) = (16usize, 2usize, 512usize);
     for (window, softcap) in [(None, None), (Some(100usize), Some(30.0f32))] {
         let spec = kv_spec(nkv, hd, 1024, window);
         let mut kv = g.new_kv(std::slice::from_ref(&spec), KvType::F16).unwrap();
+        let mut kc = cpu
+            .new_kv(std::slice::from_ref(&spec), KvType::F16)
+            .unwrap();
         let p = attn_params(nh, nkv, hd, 1.0, window, softcap);
         let mut rng = Rng(512);
         let mut p0 = 0;
@@ -312,30 +266,26 @@ fn prefill_attention_d512_gemm_matches_plain() {
                     .collect::<Vec<_>>(),
             );
             g.kv_store(&mut kv, 0, &up(&g, &k), &up(&g, &v), &pos);
-            let qg = up(&g, &q);
-            let mut outs = Vec::new();
-            for on in [true, false] {
-                g.set_attention_gemm(on);
-                g.set_profiling(true);
-                g.profile_take();
-                let mut o = g.alloc(n * nh * hd);
-                g.attention(&qg, &kv, 0, &pos, &p, &mut o);
-                let softmax = g
-                    .profile_take()
-                    .get("attn_softmax_f16")
-                    .map_or(0, |v| v.1 as usize);
-                g.set_profiling(false);
-                assert_eq!(softmax, if on { nkv } else { 0 }, "cuBLAS path taken: {on}");
-                outs.push(down(&g, &o, n * nh * hd));
-            }
+            cpu.kv_store(&mut kc, 0, &up(&cpu, &k), &up(&cpu, &v), &pos);
+            g.set_profiling(true);
+            g.profile_take();
+            let mut o = g.alloc(n * nh * hd);
+            g.attention(&up(&g, &q), &kv, 0, &pos, &p, &mut o);
+            let softmax = g
+                .profile_take()
+                .get("attn_softmax_f16")
+                .map_or(0, |v| v.1 as usize);
+            g.set_profiling(false);
+            assert_eq!(softmax, nkv, "cuBLAS path taken");
+            let mut oc = cpu.alloc(n * nh * hd);
+            cpu.attention(&up(&cpu, &q), &kc, 0, &pos, &p, &mut oc);
             check(
-                &format!("prefill attention hd=512 cuBLAS vs plain window={window:?} pos {p0}+{n}"),
-                &outs[0],
-                &outs[1],
+                &format!("prefill attention hd=512 cuBLAS vs CPU window={window:?} pos {p0}+{n}"),
+                &down(&g, &o, n * nh * hd),
+                &down(&cpu, &oc, n * nh * hd),
                 5e-3,
             );
             p0 += n;
         }
     }
-    g.set_attention_gemm(false);
 }

@@ -16,22 +16,10 @@ const QUANT_TYPES: [GgmlType; 8] = [
     GgmlType::Q6_K,
 ];
 
-/// CPU product of one activation row (reference for the variants).
-fn yc_ref(
-    cpu: &CpuBackend,
-    w: &<CpuBackend as Backend>::Weight,
-    x: &[f32],
-    rows: usize,
-) -> Vec<f32> {
-    let mut y = cpu.alloc(rows);
-    cpu.matmul(w, &up(cpu, x), 1, &mut y);
-    y[..rows].to_vec()
-}
-
-/// New decode matvec vs CPU (all quantized types, odd shapes: rows not a multiple of the 4 rows
-/// per block, block counts not a multiple of 32 lanes × 4 unrolled blocks) and vs the old kernel.
+/// Decode matvec vs CPU (all quantized types, odd shapes: rows not a multiple of the 4 rows per
+/// block, block counts not a multiple of 32 lanes × 4 unrolled blocks), one and two rows per warp.
 #[test]
-fn matvec_new_matches_cpu_and_old() {
+fn matvec_matches_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(0xfeed_beef_1234_5678);
@@ -51,12 +39,8 @@ fn matvec_new_matches_cpu_and_old() {
             let (wg, wc) = upload_random(&g, &cpu, ty, rows, cols, &mut rng);
             let x = rng.vec(cols);
             let (xg, xc) = (up(&g, &x), up(&cpu, &x));
-            let (mut yn, mut yo, mut yc) = (g.alloc(rows), g.alloc(rows), cpu.alloc(rows));
-            g.set_matvec_new(true);
+            let (mut yn, mut yc) = (g.alloc(rows), cpu.alloc(rows));
             g.matmul(&wg, &xg, 1, &mut yn);
-            g.set_matvec_new(false);
-            g.matmul(&wg, &xg, 1, &mut yo);
-            g.set_matvec_new(true);
             // One row per warp (`mv_*`) gives the same bits as two (`mv_*_r2`).
             let (mut y1, mut y2) = (g.alloc(rows), g.alloc(rows));
             g.set_mv_rows_mode(0);
@@ -70,30 +54,9 @@ fn matvec_new_matches_cpu_and_old() {
                 "matvec 1 vs 2 rows per warp {} {rows}x{cols}",
                 ty.name()
             );
-            if ty.block_size() == 256 {
-                let mut yu = g.alloc(rows);
-                g.set_mvk_u2(true);
-                g.matmul(&wg, &xg, 1, &mut yu);
-                g.set_mvk_u2(false);
-                let what = format!("matvec new u2 {} {rows}x{cols}", ty.name());
-                check(
-                    &what,
-                    &down(&g, &yu, rows),
-                    &yc_ref(&cpu, &wc, &x, rows),
-                    1e-4,
-                );
-            }
             cpu.matmul(&wc, &xc, 1, &mut yc);
-            let (new, old) = (down(&g, &yn, rows), down(&g, &yo, rows));
-            let what = format!("matvec new {} {rows}x{cols}", ty.name());
-            check(&what, &new, &yc[..rows], 1e-4);
-            let (mx, _) = err(&new, &old);
-            eprintln!(
-                "RESULT | matvec new vs old {} {rows}x{cols} | max_err/rms {mx:.2e} | | {} |",
-                ty.name(),
-                if mx <= 1e-5 { "ok" } else { "FAIL" }
-            );
-            assert!(mx <= 1e-5, "{what}: new vs old kernel differ by {mx:.3e}");
+            let what = format!("matvec {} {rows}x{cols}", ty.name());
+            check(&what, &down(&g, &yn, rows), &yc[..rows], 1e-4);
         }
     }
 }
@@ -175,8 +138,8 @@ fn device_argmax_matches_cpu_sampler() {
     );
 }
 
-/// Decode matvec bandwidth on large matrices (Llama-3-8B shapes), old vs new kernel: bytes of
-/// the weight matrix per launch / time per launch (many launches back to back, one sync).
+/// Decode matvec bandwidth on large matrices (Llama-3-8B shapes): bytes of the weight matrix per
+/// launch / time per launch (many launches back to back, one sync).
 #[test]
 fn matvec_bandwidth() {
     let Some(g) = gpu() else { return };
@@ -194,36 +157,16 @@ fn matvec_bandwidth() {
             let xg = up(&g, &rng.vec(cols));
             let mut y = g.alloc(rows);
             let mut line = format!("matvec bandwidth {} {rows}x{cols}", ty.name());
-            let k_quant = matches!(ty, GgmlType::Q4_K | GgmlType::Q6_K);
-            let variants: &[(&str, bool, bool)] = if k_quant {
-                &[
-                    ("old", false, false),
-                    ("new", true, false),
-                    ("new u2", true, true),
-                ]
-            } else {
-                &[("old", false, false), ("new", true, false)]
-            };
-            for &(label, new, u2) in variants {
-                g.set_matvec_new(new);
-                g.set_mvk_u2(u2);
-                let reps = 200;
+            let reps = 200;
+            g.matmul(&wg, &xg, 1, &mut y);
+            g.synchronize().unwrap();
+            let t = Instant::now();
+            for _ in 0..reps {
                 g.matmul(&wg, &xg, 1, &mut y);
-                g.synchronize().unwrap();
-                let t = Instant::now();
-                for _ in 0..reps {
-                    g.matmul(&wg, &xg, 1, &mut y);
-                }
-                g.synchronize().unwrap();
-                let dt = t.elapsed().as_secs_f64() / reps as f64;
-                line += &format!(
-                    " | {label}: {:.1} us {:.0} GB/s",
-                    dt * 1e6,
-                    bytes / dt / 1e9
-                );
             }
-            g.set_matvec_new(true);
-            g.set_mvk_u2(false);
+            g.synchronize().unwrap();
+            let dt = t.elapsed().as_secs_f64() / reps as f64;
+            line += &format!(" | {:.1} us {:.0} GB/s", dt * 1e6, bytes / dt / 1e9);
             eprintln!("RESULT | {line} (incl. activation quantize) | info |");
         }
     }
@@ -237,20 +180,18 @@ fn fused_norm_matmul_and_rope_qk_match_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(31337);
-    for (ty, width, v2) in [
-        (GgmlType::Q4_1, 512, true),
-        (GgmlType::Q4_K, 512, true),
-        (GgmlType::Q4_1, 576, true),
-        (GgmlType::Q4_1, 2304, true),
-        (GgmlType::Q4_K, 2304, true),
-        (GgmlType::Q4_0, 4096, true),
-        (GgmlType::Q4_K, 4096, true),
-        (GgmlType::Q4_1, 576, false),
-        (GgmlType::Q4_1, 2304, false),
-        (GgmlType::Q4_K, 2304, false),
+    // Rows of at most 8,192 take the register kernels `norm_q8*_regs`; wider ones the loop kernels.
+    for (ty, width) in [
+        (GgmlType::Q4_1, 512),
+        (GgmlType::Q4_K, 512),
+        (GgmlType::Q4_1, 576),
+        (GgmlType::Q4_1, 2304),
+        (GgmlType::Q4_K, 2304),
+        (GgmlType::Q4_0, 4096),
+        (GgmlType::Q4_K, 4096),
+        (GgmlType::Q4_1, 10240),
+        (GgmlType::Q4_K, 10240),
     ] {
-        // v2: the register kernels `norm_q8*_regs` (default); else the loop kernels.
-        g.set_small_kernels_v2(v2);
         let (wa_g, wa_c) = upload_random(&g, &cpu, ty, 70, width, &mut rng);
         let (wb_g, wb_c) = upload_random(&g, &cpu, ty, 33, width, &mut rng);
         let nw = rng.vec(width);
@@ -292,7 +233,7 @@ fn fused_norm_matmul_and_rope_qk_match_cpu() {
                     &mut [&mut ac, &mut bc],
                 );
                 let tag = format!(
-                    "fused norm+matmul {} {width} n={n} residual={with_res} v2={v2}",
+                    "fused norm+matmul {} {width} n={n} residual={with_res}",
                     ty.name()
                 );
                 check(&format!("{tag} x"), &down(&g, &xg, n * width), &xc, 0.0);
@@ -302,7 +243,6 @@ fn fused_norm_matmul_and_rope_qk_match_cpu() {
             }
         }
     }
-    g.set_small_kernels_v2(true);
     let positions = [3u32, 700, 4095];
     let (nh, nkv, hd) = (9usize, 3usize, 64usize);
     let p = RopeParams {
@@ -323,12 +263,11 @@ fn fused_norm_matmul_and_rope_qk_match_cpu() {
 }
 
 /// Split-K decode attention over long contexts (1500+ keys, a 700-key window, F32 and F16 KV)
-/// against the CPU backend and the one-block-per-head kernel.
+/// against the CPU backend: the split-K parts (head dim 96: the first-version parts), then the
+/// tensor-core decode where it applies.
 #[test]
 fn split_attention_long_context_matches_cpu() {
     let Some(g) = gpu() else { return };
-    // The accurate decode attention (the tensor-core one is checked with its own bound).
-    g.set_flash_decode(false);
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(8080);
     let (nh, nkv) = (9usize, 3usize);
@@ -364,59 +303,23 @@ fn split_attention_long_context_matches_cpu() {
                 }
                 let q = rng.vec(n * nh * hd);
                 let (qg, qc) = (up(&g, &q), up(&cpu, &q));
-                let (mut og, mut oo, mut oc) = (
-                    g.alloc(n * nh * hd),
-                    g.alloc(n * nh * hd),
-                    cpu.alloc(n * nh * hd),
-                );
-                g.set_split_attention(true);
+                let (mut og, mut oc) = (g.alloc(n * nh * hd), cpu.alloc(n * nh * hd));
+                // The accurate decode attention (the tensor-core one with its own bound below).
+                g.set_flash_decode_min_keys(usize::MAX);
                 g.attention(&qg, &kg, 0, &pos, &p, &mut og);
-                g.set_split_attention(false);
-                g.attention(&qg, &kg, 0, &pos, &p, &mut oo);
-                g.set_split_attention(true);
-                let mut o1 = g.alloc(n * nh * hd);
-                g.set_attention_parts_v2(false);
-                g.attention(&qg, &kg, 0, &pos, &p, &mut o1);
-                g.set_attention_parts_v2(true);
                 cpu.attention(&qc, &kc, 0, &pos, &p, &mut oc);
                 let tag = format!(
                     "split attention {ty:?} hd={hd} window={window:?} pos {}+{n}",
                     pos[0]
                 );
                 let tol = if ty == KvType::F32 { 1e-5 } else { 1e-4 };
-                let split = down(&g, &og, n * nh * hd);
-                check(&tag, &split, &oc, tol);
-                check(
-                    &format!("{tag} first-version parts"),
-                    &down(&g, &o1, n * nh * hd),
-                    &oc,
-                    tol,
-                );
-                check(
-                    &format!("{tag} vs one-block kernel"),
-                    &split,
-                    &down(&g, &oo, n * nh * hd),
-                    tol,
-                );
-                // Third version: one block per KV head (hd 96 and 512 fall back to the second);
-                // capacity 4,096: more than 32 parts.
-                let mut o3 = g.alloc(n * nh * hd);
-                g.set_attention_parts_v3(true);
-                g.attention(&qg, &kg, 0, &pos, &p, &mut o3);
-                g.set_attention_parts_v3(false);
-                check(
-                    &format!("{tag} third-version parts"),
-                    &down(&g, &o3, n * nh * hd),
-                    &oc,
-                    tol,
-                );
+                check(&tag, &down(&g, &og, n * nh * hd), &oc, tol);
                 // Tensor-core flash decoding (F16/BF16, the head dims of flash_decode_dims; Q and
                 // P rounded to the cache type, so the bound of the flash prefill test); other
                 // shapes fall back.
                 let mut o4 = g.alloc(n * nh * hd);
-                g.set_flash_decode(true);
+                g.set_flash_decode_min_keys(0);
                 g.attention(&qg, &kg, 0, &pos, &p, &mut o4);
-                g.set_flash_decode(false);
                 let fd = ty != KvType::F32 && g.flash_decode_dims().contains(&hd);
                 let tol4 = match (ty, fd) {
                     (KvType::F16, true) => 5e-3,
@@ -432,6 +335,7 @@ fn split_attention_long_context_matches_cpu() {
             }
         }
     }
+    g.set_flash_decode_min_keys(vela_cuda::tuning::FLASH_DECODE_MIN_KEYS);
 }
 
 /// Fused decode ops against the CPU backend's unfused defaults: two- and three-matrix one-token
@@ -441,7 +345,7 @@ fn split_attention_long_context_matches_cpu() {
 fn fused_decode_ops_match_cpu() {
     let Some(g) = gpu() else { return };
     // The accurate decode attention (the tensor-core one is checked with its own bound).
-    g.set_flash_decode(false);
+    g.set_flash_decode_min_keys(usize::MAX);
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(2718);
     for ty in [
@@ -533,7 +437,6 @@ fn fused_decode_ops_match_cpu() {
     }
 }
 
-/// Decode attention timing (info): 1000 back-to-back single-query calls over 530 cached keys
 /// An F16 cache of one layer (`dims`: heads, KV heads, head dim) holding `n_keys` random keys
 /// and values at positions 0.., the attention parameters (scale 1/sqrt(hd)) and a random query
 /// row, for the timing tests.
@@ -554,7 +457,10 @@ fn filled_f16_cache(
     (kv, p, up(g, &rng.vec(nh * hd)))
 }
 
-/// (SmolLM2 geometry, F16 KV), split-K against the one-block-per-head kernel.
+/// Decode attention timing (info): 1000 back-to-back single-query calls over 530 cached keys
+/// (SmolLM2 geometry, F16 KV: the split-K parts); then one Llama-3-8B layer at 8K keys (32 heads,
+/// 8 KV heads, hd 128, F16; capacity 8,320): the split-K parts and the tensor-core decode, their
+/// GPU time and KV bytes per second, and the difference of their outputs.
 #[test]
 fn attention_decode_timing() {
     let Some(g) = gpu() else { return };
@@ -563,37 +469,24 @@ fn attention_decode_timing() {
     let (kv, p, q) = filled_f16_cache(&g, &mut rng, (nh, nkv, hd), n_keys, 4096);
     let mut out = g.alloc(nh * hd);
     let last = [n_keys as u32 - 1];
-    let mut line = format!("attention decode timing {n_keys} keys F16");
-    for split in [false, true] {
-        g.set_split_attention(split);
+    g.attention(&q, &kv, 0, &last, &p, &mut out);
+    g.synchronize().unwrap();
+    let t = Instant::now();
+    for _ in 0..1000 {
         g.attention(&q, &kv, 0, &last, &p, &mut out);
-        g.synchronize().unwrap();
-        let t = Instant::now();
-        for _ in 0..1000 {
-            g.attention(&q, &kv, 0, &last, &p, &mut out);
-        }
-        g.synchronize().unwrap();
-        let us = t.elapsed().as_secs_f64() * 1e3;
-        line += &format!(
-            " | {}: {us:.1} us/call",
-            if split { "split-K" } else { "one block" }
-        );
     }
-    g.set_split_attention(true);
-    eprintln!("RESULT | {line} | info |");
-    // One Llama-3-8B layer at 8K keys (32 heads, 8 KV heads, hd 128, F16; capacity 8,320):
-    // split-K parts of the second version (one block per query head) and the third (one block
-    // per KV head), and the KV bytes per second.
+    g.synchronize().unwrap();
+    let us = t.elapsed().as_secs_f64() * 1e3;
+    eprintln!("RESULT | attention decode timing {n_keys} keys F16 | {us:.1} us/call | info |");
     let (nh, nkv, hd, n_keys) = (32usize, 8usize, 128usize, 8192usize);
     let (kv, p, q) = filled_f16_cache(&g, &mut rng, (nh, nkv, hd), n_keys, 8320);
-    let mut outs: Vec<_> = (0..3).map(|_| g.alloc(nh * hd)).collect();
+    let mut outs: Vec<_> = (0..2).map(|_| g.alloc(nh * hd)).collect();
     let last = [n_keys as u32 - 1];
     let bytes = (2 * n_keys * nkv * hd * 2) as f64;
     // GPU time per call from the per-kernel timing events (the part kernel + the combine).
     let mut line = format!("attention decode 8B layer {n_keys} keys F16, GPU time");
-    for (v, out) in outs.iter_mut().enumerate() {
-        g.set_attention_parts_v3(v == 1);
-        g.set_flash_decode(v == 2);
+    for (min_keys, out) in [usize::MAX, 0].into_iter().zip(outs.iter_mut()) {
+        g.set_flash_decode_min_keys(min_keys);
         g.attention(&q, &kv, 0, &last, &p, out);
         g.synchronize().unwrap();
         g.set_profiling(true);
@@ -610,30 +503,31 @@ fn attention_decode_timing() {
             .fold((0.0, 0u64), |a, (_, &(ms, n))| (a.0 + ms, a.1 + n));
         let s = ms / 1e3 / 100.0;
         line += &format!(
-            " | v{}: {:.1} us ({calls} launches), {:.2} TB/s of KV",
-            v + 2,
+            " | {}: {:.1} us ({calls} launches), {:.2} TB/s of KV",
+            if min_keys == 0 {
+                "tensor cores"
+            } else {
+                "split-K parts"
+            },
             s * 1e6,
             bytes / s / 1e12
         );
     }
-    g.set_attention_parts_v3(false);
-    g.set_flash_decode(false);
-    let o2 = down(&g, &outs[0], nh * hd);
-    let (m3, _) = err(&down(&g, &outs[1], nh * hd), &o2);
-    let (m4, _) = err(&down(&g, &outs[2], nh * hd), &o2);
-    eprintln!("RESULT | {line} | max_err/rms v3 {m3:.1e}, v4 {m4:.1e} vs v2 | info |");
-    assert!(m3 < 1e-4, "attention parts v3 vs v2 differ by {m3:.2e}");
-    assert!(m4 < 5e-3, "flash decoding vs v2 differ by {m4:.2e}");
+    let (m, _) = err(&down(&g, &outs[1], nh * hd), &down(&g, &outs[0], nh * hd));
+    eprintln!("RESULT | {line} | max_err/rms {m:.1e} | info |");
+    assert!(
+        m < 5e-3,
+        "tensor-core decode vs split-K parts differ by {m:.2e}"
+    );
 }
 
-/// Two and three one-token products in one `mv_*_x3` launch, with rows split over 1, 2 and 4
-/// warps (row lengths of 64, 160 and 300 blocks), equal the single products.
+/// Two and three one-token products in one `mv_*_x3` launch (row lengths of 64, 160 and 300
+/// blocks) equal the single products, with one and two rows per warp.
 #[test]
-fn matvec_x3_split_matches_single() {
+fn matvec_x3_matches_single() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(0x3355_7799);
-    g.set_mv_split(0);
     for ty in [
         GgmlType::Q4_0,
         GgmlType::Q8_0,
@@ -662,9 +556,8 @@ fn matvec_x3_split_matches_single() {
                     g.matmul(&ws[i], &x, 1, &mut y1);
                     let (a, b) = (down(&g, &ys[i], rows), down(&g, &y1, rows));
                     assert_eq!(a, b, "x3 {} k={k} weight {i} cols={cols}", ty.name());
-                    // x3 with one row per warp: the same bits (no K split for either).
+                    // x3 with one row per warp: the same bits.
                     {
-                        g.set_mv_split(1);
                         g.set_mv_rows_mode(2);
                         let mut y2: Vec<_> = shapes[..k].iter().map(|&(r, _)| g.alloc(r)).collect();
                         let wr: Vec<&vela_cuda::CudaWeight> = ws[..k].iter().collect();
@@ -675,7 +568,6 @@ fn matvec_x3_split_matches_single() {
                         let mut yr: Vec<&mut vela_cuda::CudaBuf> = y3.iter_mut().collect();
                         g.matmul_many(&wr, &x, 1, &mut yr);
                         g.set_mv_rows_mode(1);
-                        g.set_mv_split(0);
                         assert_eq!(
                             down(&g, &y2[i], rows),
                             down(&g, &y3[i], rows),
@@ -683,36 +575,15 @@ fn matvec_x3_split_matches_single() {
                             ty.name()
                         );
                     }
-                    // The split result against the unsplit kernel (sums in another order).
-                    g.set_mv_split(1);
-                    g.matmul(&ws[i], &x, 1, &mut y1);
-                    g.set_mv_split(0);
-                    let (mx, _) = err(&a, &down(&g, &y1, rows));
-                    assert!(
-                        mx <= 1e-5,
-                        "split vs unsplit {} cols={cols}: {mx:.2e}",
-                        ty.name()
-                    );
-                    // Two rows per warp with the split against one row unsplit.
-                    let mut y4 = g.alloc(rows);
-                    g.set_mv_rows_mode(2);
-                    g.matmul(&ws[i], &x, 1, &mut y4);
-                    g.set_mv_rows_mode(1);
-                    let (mx, _) = err(&down(&g, &y4, rows), &down(&g, &y1, rows));
-                    assert!(
-                        mx <= 1e-5,
-                        "split, 2 rows per warp vs unsplit {} cols={cols}: {mx:.2e}",
-                        ty.name()
-                    );
                 }
             }
         }
     }
-    eprintln!("RESULT | matvec x3 with K split == single products | | | ok |");
+    eprintln!("RESULT | matvec x3 == single products | | | ok |");
 }
 
-/// Fused RoPE + KV store (`rope_qk_store`: one block per head by default, three blocks per token
-/// with `set_small_kernels_v2(false)`) against the CPU's rope_qk + kv_store: the rotated q and k,
+/// Fused RoPE + KV store (`rope_qk_store`: one block per head) against the CPU's rope_qk +
+/// kv_store: the rotated q and k,
 /// and the stored cache through an attention over it; NeoX and interleaved pairs, a partial
 /// rotation (n_rot < head_dim), frequency factors, F16 and F32 caches, a 64-slot ring (window
 /// 32) that wraps.
@@ -720,12 +591,11 @@ fn matvec_x3_split_matches_single() {
 fn fused_rope_store_matches_cpu() {
     let Some(g) = gpu() else { return };
     // The accurate decode attention (the tensor-core one is checked with its own bound).
-    g.set_flash_decode(false);
+    g.set_flash_decode_min_keys(usize::MAX);
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(2718);
     let (nh, nkv) = (8usize, 2usize);
-    for v2 in [true, false] {
-        g.set_small_kernels_v2(v2);
+    {
         for (hd, n_rot, neox, factors) in [
             (64usize, 64usize, false, false),
             (128, 128, true, false),
@@ -761,7 +631,7 @@ fn fused_rope_store_matches_cpu() {
                     g.rope_qk_store(&mut qg, &mut kgb, &vg, &mut kg, 0, nh, nkv, hd, &pos, &p);
                     cpu.rope_qk(&mut qc, &mut kcb, nh, nkv, hd, &pos, &p);
                     cpu.kv_store(&mut kc, 0, &kcb, &vc, &pos);
-                    let tag = format!("rope+store v2={v2} hd={hd} n_rot={n_rot} neox={neox} ff={factors} {ty:?} pos {p0}+{n}");
+                    let tag = format!("rope+store hd={hd} n_rot={n_rot} neox={neox} ff={factors} {ty:?} pos {p0}+{n}");
                     check(
                         &format!("{tag} q"),
                         &down(&g, &qg, q.len()),
@@ -792,16 +662,17 @@ fn fused_rope_store_matches_cpu() {
             }
         }
     }
-    g.set_small_kernels_v2(true);
 }
 
-/// Q4_0, Q4_K and Q6_K weights repacked into split rows at upload (the default where the row
-/// length allows) give the same bits as GGUF's layout in every kernel that reads them: the
-/// one-token matvec (one and two rows per warp, alone and three at once), the small-batch
-/// kernel, the cuBLAS prefill (its f16 dequantization), exact mode and the embedding lookup.
+/// Q4_0, Q4_K and Q6_K weights repacked into split rows at upload (Q4_0 where the row length
+/// allows; Q6_K rows padded to 16 bytes) against the CPU in the kernels that read them: the
+/// one-token matvec (one and two rows per warp, alone and three at once: the same bits) and the
+/// small-batch kernel; and the embedding lookup. (The cuBLAS prefill and exact mode over split
+/// rows: `gemm_prefill_matches_cpu_exact`, `exact_matmul_matches_cpu_exact`.)
 #[test]
-fn split_rows_equal_gguf_layout() {
+fn split_rows_match_cpu() {
     let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
     let mut rng = Rng(0x0400_5711);
     for (ty, rows, cols) in [
         (GgmlType::Q4_0, 300usize, 1024usize),
@@ -814,88 +685,51 @@ fn split_rows_equal_gguf_layout() {
         (GgmlType::Q6_K, 45, 3840),
     ] {
         let tag = format!("{} split rows {rows}x{cols}", ty.name());
-        let data = random_weight(ty, rows, cols, &mut rng);
-        let file = gguf(&[("w", ty, rows, cols, data)]);
-        let hw = HostWeight::from_gguf(&file, "w").unwrap();
-        g.set_repack(false);
-        let plain = g.upload_weight(&hw).unwrap();
-        g.set_repack(true);
-        g.set_q6k_pad(true);
-        let split = g.upload_weight(&hw).unwrap();
-        g.set_q6k_pad(false);
-        assert!(split.is_split_rows() && !plain.is_split_rows(), "{tag}");
-        for n in [1usize, 3, 40] {
-            for exact in [false, true] {
-                g.set_exact_matmul(exact);
-                let x = up(&g, &rng.vec(n * cols));
-                let (mut ya, mut yb) = (g.alloc(n * rows), g.alloc(n * rows));
-                g.matmul(&plain, &x, n, &mut ya);
-                g.matmul(&split, &x, n, &mut yb);
-                assert_eq!(
-                    down(&g, &ya, n * rows),
-                    down(&g, &yb, n * rows),
-                    "{tag}: matmul n={n} exact={exact}"
-                );
-            }
+        let (split, wc) = upload_random(&g, &cpu, ty, rows, cols, &mut rng);
+        assert!(split.is_split_rows(), "{tag}");
+        for n in [1usize, 3] {
+            let x = rng.vec(n * cols);
+            let (mut yg, mut yc) = (g.alloc(n * rows), cpu.alloc(n * rows));
+            g.matmul(&split, &up(&g, &x), n, &mut yg);
+            cpu.matmul(&wc, &up(&cpu, &x), n, &mut yc);
+            check(
+                &format!("{tag}: matmul n={n}"),
+                &down(&g, &yg, n * rows),
+                &down(&cpu, &yc, n * rows),
+                1e-4,
+            );
         }
-        g.set_exact_matmul(false);
-        // Three products sharing the activations (Q/K/V-style), one and two rows per warp.
+        // Three products sharing the activations (Q/K/V-style) and single products, one and two
+        // rows per warp (the o and down launches of an 8B: two rounds of loads in flight per
+        // lane in the split-row Q4_0 kernel).
+        let x = up(&g, &rng.vec(cols));
+        let mut outs = Vec::new();
         for mode in [0u32, 2] {
             g.set_mv_rows_mode(mode);
-            let x = up(&g, &rng.vec(cols));
-            let mut ya: Vec<_> = (0..3).map(|_| g.alloc(rows)).collect();
-            let mut yb: Vec<_> = (0..3).map(|_| g.alloc(rows)).collect();
+            let mut ys: Vec<_> = (0..4).map(|_| g.alloc(rows)).collect();
             {
-                let mut oa: Vec<&mut _> = ya.iter_mut().collect();
-                g.matmul_many(&[&plain, &plain, &plain], &x, 1, &mut oa);
-                let mut ob: Vec<&mut _> = yb.iter_mut().collect();
-                g.matmul_many(&[&split, &split, &split], &x, 1, &mut ob);
+                let mut o: Vec<&mut _> = ys[..3].iter_mut().collect();
+                g.matmul_many(&[&split, &split, &split], &x, 1, &mut o);
             }
-            for (a, b) in ya.iter().zip(&yb) {
-                assert_eq!(
-                    down(&g, a, rows),
-                    down(&g, b, rows),
-                    "{tag}: x3 mode {mode}"
-                );
-            }
+            g.matmul(&split, &x, 1, &mut ys[3]);
+            outs.push(ys.iter().map(|y| down(&g, y, rows)).collect::<Vec<_>>());
         }
-        // Single products with two rows per warp (the o and down launches of an 8B; two rounds
-        // of loads in flight per lane in the split-row Q4_0 kernel).
-        g.set_mv_rows_mode(2);
-        let x = up(&g, &rng.vec(cols));
-        let (mut ya, mut yb) = (g.alloc(rows), g.alloc(rows));
-        g.matmul(&plain, &x, 1, &mut ya);
-        g.matmul(&split, &x, 1, &mut yb);
-        assert_eq!(
-            down(&g, &ya, rows),
-            down(&g, &yb, rows),
-            "{tag}: single product, two rows per warp"
-        );
         g.set_mv_rows_mode(1);
+        for (i, y) in outs.iter().flatten().enumerate() {
+            assert_eq!(
+                y, &outs[0][3],
+                "{tag}: product {i} of one/two rows per warp, x3/single"
+            );
+        }
         let ids = [0u32, 7, rows as u32 - 1];
-        let (mut ea, mut eb) = (g.alloc(3 * cols), g.alloc(3 * cols));
-        g.get_rows(&plain, &ids, 1.0, &mut ea).unwrap();
-        g.get_rows(&split, &ids, 1.0, &mut eb).unwrap();
-        assert_eq!(
-            down(&g, &ea, 3 * cols),
-            down(&g, &eb, 3 * cols),
-            "{tag}: get_rows"
-        );
-        eprintln!("RESULT | {tag} equal GGUF layout (matvec, x3, small batch, cuBLAS, exact, get_rows) | | | ok |");
-    }
-}
-
-/// The grid barrier of persistent kernels: no block passes early (`grid_barrier_test` counts
-/// early reads), and what one barrier costs against one dependent launch in a replayed graph and
-/// one counter edge (`flag_chain_link`; no link may run before its predecessor, which it checks).
-#[test]
-fn grid_barrier_and_launch_cost() {
-    let Some(g) = gpu() else { return };
-    for (per_sm, threads) in [(1u32, 256u32), (2, 256), (4, 256), (1, 1024)] {
-        let c = g.sync_cost(per_sm, threads, 200, 5).unwrap();
-        eprintln!(
-            "RESULT | sync cost {} blocks x {} threads | barrier {:.2} us | dependent launch {:.2} us | counter edge {:.2} us | info |",
-            c.blocks, c.threads, c.barrier_us, c.launch_us, c.flag_us
+        let (mut eg, mut ec) = (g.alloc(3 * cols), cpu.alloc(3 * cols));
+        g.get_rows(&split, &ids, 1.0, &mut eg).unwrap();
+        cpu.get_rows(&wc, &ids, 1.0, &mut ec).unwrap();
+        check(
+            &format!("{tag}: get_rows"),
+            &down(&g, &eg, 3 * cols),
+            &down(&cpu, &ec, 3 * cols),
+            0.0,
         );
     }
 }

@@ -55,7 +55,7 @@ fn gpu() -> Option<CudaBackend> {
             eprintln!(
                 "backend: {} (kernel modules from cache: {})",
                 b.name(),
-                b.modules_from_cache
+                b.modules_from_cache()
             );
             Some(b)
         }
@@ -413,13 +413,14 @@ fn attention_case<G: Backend, C: Backend>(
 fn attention_and_kv_match_cpu() {
     let Some(g) = gpu() else { return };
     // The accurate kernels (the tensor-core decode attention has its own tests, attn.rs).
-    g.set_flash_decode(false);
+    g.set_flash_decode_min_keys(usize::MAX);
     let cpu = CpuBackend::new(0);
     for ty in [KvType::F32, KvType::F16, KvType::Bf16] {
         attention_case(&g, &cpu, ty, None, None);
         attention_case(&g, &cpu, ty, Some(5), None);
         attention_case(&g, &cpu, ty, Some(9), Some(20.0));
     }
+    g.set_flash_decode_min_keys(vela_cuda::tuning::FLASH_DECODE_MIN_KEYS);
 }
 
 mod attn;
@@ -428,5 +429,4 @@ mod gemma4;
 mod kernels2;
 mod mix;
 mod model;
-mod probe;
 mod sample;

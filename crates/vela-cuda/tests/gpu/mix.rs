@@ -1,6 +1,5 @@
-//! One-token products of different weight types in one launch (`mv_mix*_x3`, default;
-//! `VELA_CUDA_MIXED_X3=0` off) and the Q/K/V biases added by them (`mv_mix*_x3b`, default;
-//! `VELA_CUDA_BIAS_FUSE=0` off): the same bits as separate products and `add_bias`. Also the
+//! One-token products of different weight types in one launch (`mv_mix*_x3`) and the Q/K/V
+//! biases added by them (`mv_mix*_x3b`): the same bits as separate products and `add_bias`. Also the
 //! norms folded into neighbouring kernels (QK norm into RoPE + store, the post norms into the
 //! next pre-norm): the same bits as the separate `rms_norm` launches.
 
@@ -9,7 +8,8 @@ use super::*;
 /// llama.cpp's _M mixtures give attn_v more bits than attn_q / attn_k: Q5_0, Q5_0, Q8_0 at
 /// Qwen2.5-0.5B's shapes (896 columns; q 896 rows, k and v 128), Q4_0 (split rows) with Q8_0, and
 /// the split-row k-quants Q4_K, Q4_K, Q6_K; two and three weights, with and without biases, one
-/// row per warp against the separate kernels (which may take two).
+/// launch against one `norm_matmul_many` per weight (separate kernels, which may take two rows
+/// per warp, and `add_bias`).
 #[test]
 fn mixed_x3_and_bias_equal_separate_products() {
     let Some(g) = gpu() else { return };
@@ -38,17 +38,16 @@ fn mixed_x3_and_bias_equal_separate_products() {
             types[2].name()
         );
         for k in [2usize, 3] {
-            // (mixed, bias-fused) runs, each from the same x: separate, mixed, mixed + bias.
-            let mut outs = Vec::new();
-            for (mixed, fuse) in [(false, false), (true, false), (true, true)] {
-                g.set_mixed_x3(mixed);
-                g.set_bias_fuse(fuse);
+            // Runs from the same x: each weight alone, then all together (the mixed kernel),
+            // without and with biases; `ids` picks the weights, `bias` adds their biases.
+            let run = |ids: &[usize], bias: bool| {
                 let mut x = up(&g, &x0);
                 let mut h = g.alloc(cols);
-                let mut ys: Vec<_> = rows[..k].iter().map(|&r| g.alloc(r)).collect();
+                let mut ys: Vec<_> = ids.iter().map(|&j| g.alloc(rows[j])).collect();
                 {
-                    let wr: Vec<&vela_cuda::CudaWeight> = ws[..k].iter().collect();
-                    let br: Vec<Option<&vela_cuda::CudaBuf>> = bs[..k].iter().map(Some).collect();
+                    let wr: Vec<&vela_cuda::CudaWeight> = ids.iter().map(|&j| &ws[j]).collect();
+                    let br: Vec<Option<&vela_cuda::CudaBuf>> =
+                        ids.iter().map(|&j| bias.then_some(&bs[j])).collect();
                     let mut yr: Vec<&mut vela_cuda::CudaBuf> = ys.iter_mut().collect();
                     g.norm_matmul_many(
                         &mut x,
@@ -63,27 +62,31 @@ fn mixed_x3_and_bias_equal_separate_products() {
                         &mut yr,
                     );
                 }
-                let y: Vec<Vec<f32>> = ys.iter().zip(rows).map(|(y, r)| down(&g, y, r)).collect();
-                outs.push((y, down(&g, &x, cols)));
-            }
-            // (Back to the defaults.)
-            g.set_mixed_x3(true);
-            g.set_bias_fuse(true);
-            for (i, name) in [(1, "mixed"), (2, "mixed + bias")] {
+                let y: Vec<Vec<f32>> = ys
+                    .iter()
+                    .zip(ids)
+                    .map(|(y, &j)| down(&g, y, rows[j]))
+                    .collect();
+                (y, down(&g, &x, cols))
+            };
+            for (bias, name) in [(false, "mixed"), (true, "mixed + bias")] {
+                let all: Vec<usize> = (0..k).collect();
+                let together = run(&all, bias);
                 for j in 0..k {
+                    let alone = run(&[j], bias);
                     check(
                         &format!("{tag} k={k} {name} product {j}"),
-                        &outs[i].0[j],
-                        &outs[0].0[j],
+                        &together.0[j],
+                        &alone.0[0],
+                        0.0,
+                    );
+                    check(
+                        &format!("{tag} k={k} {name} residual"),
+                        &together.1,
+                        &alone.1,
                         0.0,
                     );
                 }
-                check(
-                    &format!("{tag} k={k} {name} residual"),
-                    &outs[i].1,
-                    &outs[0].1,
-                    0.0,
-                );
             }
             // Without biases, the mixed kernel through matmul_many too.
             let xq = up(&g, &x0);
@@ -299,12 +302,12 @@ fn rms_norm_launches(g: &CudaBackend) -> usize {
     n
 }
 
-/// Narrow Q8_0 rows (`mv_q8_0_r2n`, several row pairs per warp; the small models' LM heads):
-/// the same bits as `mv_q8_0_r2`, at the three real models' head widths (576, 640, 896), the
-/// widest row it takes (64 blocks) and row counts that leave partial groups; a 65-block row
-/// takes the two-row kernel either way.
+/// Narrow Q8_0 rows (`mv_q8_0_r2n`, several row pairs per warp; the small models' LM heads)
+/// against the CPU backend, at the three real models' head widths (576, 640, 896), the widest
+/// row it takes (64 blocks) and row counts that leave partial groups; a 65-block row takes the
+/// two-row kernel.
 #[test]
-fn narrow_q8_0_rows_equal_two_row_kernel() {
+fn narrow_q8_0_rows_match_cpu() {
     let Some(g) = gpu() else { return };
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(0x4a11);
@@ -317,32 +320,26 @@ fn narrow_q8_0_rows_equal_two_row_kernel() {
         (77, 896),
         (513, 2080),
     ] {
-        let (w, _) = upload_random(&g, &cpu, GgmlType::Q8_0, rows, cols, &mut rng);
-        let x = up(&g, &rng.vec(cols));
-        let mut outs = Vec::new();
-        for narrow in [false, true] {
-            g.set_mv_narrow(narrow);
-            g.set_profiling(true);
-            g.profile_take();
-            let mut y = g.alloc(rows);
-            g.matmul(&w, &x, 1, &mut y);
-            let launches = g.profile_take();
-            g.set_profiling(false);
-            let ran = launches.contains_key("mv_q8_0_r2n");
-            assert_eq!(
-                ran,
-                narrow && cols <= 2048,
-                "{rows}x{cols} narrow {narrow}: {launches:?}"
-            );
-            outs.push(down(&g, &y, rows));
-        }
+        let (w, wc) = upload_random(&g, &cpu, GgmlType::Q8_0, rows, cols, &mut rng);
+        let xv = rng.vec(cols);
+        let x = up(&g, &xv);
+        g.set_profiling(true);
+        g.profile_take();
+        let mut y = g.alloc(rows);
+        g.matmul(&w, &x, 1, &mut y);
+        let launches = g.profile_take();
+        g.set_profiling(false);
+        let ran = launches.contains_key("mv_q8_0_r2n");
+        assert_eq!(ran, cols <= 2048, "{rows}x{cols}: {launches:?}");
+        let xc = up(&cpu, &xv);
+        let mut yc = cpu.alloc(rows);
+        cpu.matmul(&wc, &xc, 1, &mut yc);
         check(
-            &format!("narrow Q8_0 {rows}x{cols} == two-row kernel"),
-            &outs[1],
-            &outs[0],
-            0.0,
+            &format!("narrow Q8_0 {rows}x{cols} vs CPU"),
+            &down(&g, &y, rows),
+            &down(&cpu, &yc, rows),
+            1e-4,
         );
     }
-    g.set_mv_narrow(true);
     g.set_mv_rows_mode(1);
 }

@@ -428,12 +428,7 @@ fn pipelining_guards() {
         td = argmax(&ld) as u32;
     }
     let ahead_gemm = g.graph_stats().prepared - before;
-    g.set_gemm_min(
-        std::env::var("VELA_CUDA_GEMM_MIN")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(vela_cuda::DEFAULT_GEMM_MIN),
-    );
+    g.set_gemm_min(vela_cuda::DEFAULT_GEMM_MIN);
     // (c) A 2-token batch after a step: the next step is not launched from the recording.
     let mut se = m.new_state(1024, 64, KvType::F16).unwrap();
     prefill(&m, &mut se, &prompt, 64);
@@ -451,7 +446,7 @@ fn pipelining_guards() {
 }
 
 /// Decode speed of SmolLM2 (F16 KV, 256 single-token steps after a 512-token prompt) per
-/// configuration: old/new matvec, graphs off/on, host/device argmax; plus prefill of 512.
+/// configuration: graphs off/on, host/device argmax; plus prefill of 512.
 #[test]
 fn smollm2_decode_speed() {
     let Some(g) = gpu() else { return };
@@ -464,25 +459,13 @@ fn smollm2_decode_speed() {
     // Warm-up (kernel loading, first allocations).
     let mut st = m.new_state(4096, 512, kv).unwrap();
     prefill(&m, &mut st, &prompt[..64], 512);
-    // (name, new matvec, split attention, fusion, graph, device argmax): each row adds one step.
-    let configs: [(&str, [bool; 5]); 6] = [
-        (
-            "first slice (old matvec, 1-block attn, unfused, no graph, host argmax)",
-            [false; 5],
-        ),
-        ("+ new matvec", [true, false, false, false, false]),
-        ("+ split-K attention", [true, true, false, false, false]),
-        (
-            "+ fused norm/quantize, rope q+k",
-            [true, true, true, false, false],
-        ),
-        ("+ CUDA graph", [true, true, true, true, false]),
-        ("+ device argmax (all on)", [true; 5]),
+    // (name, graph, device argmax): each row adds one step.
+    let configs = [
+        ("no graph, host argmax", [false, false]),
+        ("+ CUDA graph", [true, false]),
+        ("+ device argmax (default)", [true, true]),
     ];
-    for (name, [mv, split, fuse, graph, dev_argmax]) in configs {
-        g.set_matvec_new(mv);
-        g.set_split_attention(split);
-        g.set_fusion(fuse);
+    for (name, [graph, dev_argmax]) in configs {
         g.set_graphs(graph);
         let mut st = m.new_state(4096, 512, kv).unwrap();
         let t = Instant::now();
