@@ -219,11 +219,7 @@ ATTN(2, 4, ATT_MAXD_BIG, attention_bf16_w4_d512)
 // vs 1,434.1. 64 keys for head dim 64 (call 10): Qwen2.5-0.5B 1,432.5 / 1,434.4 vs 1,484.9 /
 // 1,485.3, SmolLM2 1,662.5 / 1,662.9 vs 1,722.9 / 1,720.1.
 // (VELA_CUDA_DEFINES=SPLIT_CHUNK32: 32 for every head dim, for A/B; the host follows.)
-#ifdef SPLIT_CHUNK32
-__device__ __forceinline__ int split_chunk(int) { return 32; }
-#else
 __device__ __forceinline__ int split_chunk(int hdk) { return hdk == 256 ? 16 : 32; }
-#endif
 // Part s of S of the keys a query at position p sees (window > 0: the last `window`): keys
 // lo..=hi, whole chunks of `ch` keys split as evenly as possible (lo > hi: an empty part).
 __device__ __forceinline__ void split_part_range(int p, int window, int s, int S, int ch, int& lo,
@@ -489,7 +485,7 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
 // equal (VELA_CUDA_DEFINES=KV_PF_SECTOR32 for A/B).
 // KV_PF(call): the prefetch call at a kernel's entry, before PDL_ENTRY() (sm_90+: before that,
 // no wait to hide it under; VELA_CUDA_DEFINES=NO_KV_PF: none, for A/B).
-#if defined(NO_KV_PF) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900)
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define KV_PF(call) do {} while (0)
 #else
 #define KV_PF(call) call
@@ -504,11 +500,7 @@ __device__ __forceinline__ void kv_prefetch_l2(const void* kc, const void* vc, i
                                                int pmin, int g, int n_head_kv, int hdk, int hdv,
                                                int capacity) {
     hi = min(hi, min(pmin - 1, lo + KV_PF_KEYS - 1));
-#ifdef KV_PF_SECTOR32
-    constexpr int STEP = 32;  // one prefetch per 32-byte sector (A/B)
-#else
     constexpr int STEP = 128;
-#endif
     int bk = hdk * esz, bv = hdv * esz;
     int rk = (bk + STEP - 1) / STEP, rv = (bv + STEP - 1) / STEP;
     int items = (hi - lo + 1) * (rk + rv);
@@ -724,172 +716,15 @@ __device__ void attention_partw_pre(const float* __restrict__ q, const void* __r
     }
     partw_store<D>(part + (((size_t)t * n_head + h) * S + s) * (D + 2), acc, m, l, lane);
 }
-#ifdef PARTW_SERIAL
-#define PARTW_PRE(D) false
-#else
 #define PARTW_PRE(D) (D <= 128)
-#endif
 #define PARTW(KT, D, NAME)                                                                         \
     extern "C" __launch_bounds__(32) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { KV_PF(part2_prefetch<KT>(kc, vc, pos, n_head, n_head_kv, hdk, hdv, capacity, window)); PDL_ENTRY(); \
         if constexpr (PARTW_PRE(D)) attention_partw_pre<KT, (D <= 128 ? D : 128)>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); \
         else attention_partw<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); }
 PARTW(1, 64, attention_partw_f16_d64)
 PARTW(1, 128, attention_partw_f16_d128)
-PARTW(1, 256, attention_partw_f16_d256)
 PARTW(2, 64, attention_partw_bf16_d64)
 PARTW(2, 128, attention_partw_bf16_d128)
-PARTW(2, 256, attention_partw_bf16_d256)
-
-// ---- split-K decode attention, third version: one block per KV head (VELA_CUDA_ATTN_PART=3) ----
-//
-// Block (g, t, s) of 4 warps runs part s (split_part_range) of the keys for all G = n_head /
-// n_head_kv query heads of KV head g (G <= GM), so every K and V row is loaded once for the G
-// heads instead of once per head (part2 loads it G times; at 8K depth on Llama-3-8B it moved
-// KV at 0.62 TB/s). The keys are walked in pieces of P3_KEYS = 64:
-//   A. scores: 2 threads per key (half the head dim each, 16-byte loads, all in flight), G dot
-//      products per key against the G queries in shared memory;
-//   B. softmax statistics per head: warp w takes heads w, w + 4 (64 keys, two per lane);
-//   C. V: thread (key group kg, column chunk dc) adds e[h][key] * V[key][8 dc .. 8 dc + 7] for
-//      its keys (16-byte loads, all in flight) into G x 8 accumulators.
-// The block writes the G heads' unnormalized partials in attention_part2's layout (S <= 128,
-// merged by attention_combine). Takes attention_part2's arguments; needs hdk == hdv <= D (hd),
-// hd % 16 == 0 and 128 % (hd / 8) == 0 (the host checks).
-#define P3_KEYS 64
-template <int KT, int D, int GM>
-__device__ void attention_part3(const float* __restrict__ q, const void* __restrict__ kc,
-                                const void* __restrict__ vc, const u32* __restrict__ pos,
-                                float* __restrict__ part, int n_head, int n_head_kv, int hd,
-                                int capacity, int window, float scale, float softcap) {
-    __shared__ float qs[GM * D];
-    __shared__ float sw[GM][P3_KEYS];
-    __shared__ float sm_m[GM], sm_l[GM], sm_c[GM];
-    __shared__ float sacc[GM * 1024];
-    int g = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
-    int tid = threadIdx.x, warp = tid / 32, lane = tid & 31;
-    int G = n_head / n_head_kv;
-    int p = (int)pos[t];
-    for (int i = tid; i < G * hd; i += blockDim.x)
-        qs[(i / hd) * D + i % hd] = q[((size_t)t * n_head + g * G + i / hd) * hd + i % hd];
-    if (tid < GM) {
-        sm_m[tid] = NEG_INF;
-        sm_l[tid] = 0.0f;
-    }
-    __syncthreads();
-    int lo, hi;
-    split_part_range(p, window, s, S, split_chunk(hd), lo, hi);
-    int half = hd / 2, kj = tid >> 1, hh = tid & 1;
-    int dchunks = hd / 8, groups = blockDim.x / dchunks;
-    int kg = tid / dchunks, dc = tid % dchunks;
-    float a8[GM][8];
-#pragma unroll
-    for (int h = 0; h < GM; h++)
-#pragma unroll
-        for (int e = 0; e < 8; e++) a8[h][e] = 0.0f;
-    for (int b0 = lo; b0 <= hi; b0 += P3_KEYS) {
-        int n = min(P3_KEYS, hi - b0 + 1);
-        // A. Scores.
-        float dot[GM];
-#pragma unroll
-        for (int h = 0; h < GM; h++) dot[h] = 0.0f;
-        if (kj < n) {
-            size_t ko = ((size_t)((b0 + kj) % capacity) * n_head_kv + g) * hd + (size_t)hh * half;
-#pragma unroll 8
-            for (int c = 0; c < half / 8; c++) {
-                float kf[8];
-                kv8<KT>(kc, ko + 8 * c, kf);
-                const float* qq = qs + hh * half + 8 * c;
-#pragma unroll
-                for (int h = 0; h < GM; h++)
-                    if (h < G)
-#pragma unroll
-                        for (int e = 0; e < 8; e++) dot[h] += qq[h * D + e] * kf[e];
-            }
-        }
-#pragma unroll
-        for (int h = 0; h < GM; h++) {
-            float v = dot[h] + __shfl_xor_sync(0xffffffffu, dot[h], 1);
-            if (hh == 0 && h < G) {
-                float x = NEG_INF;
-                if (kj < n) {
-                    x = v * scale;
-                    if (softcap > 0.0f) x = tanhf(x / softcap) * softcap;
-                }
-                sw[h][kj] = x;
-            }
-        }
-        __syncthreads();
-        // B. Softmax statistics per head (the piece has at least one key: the max is finite).
-        for (int h = warp; h < G; h += blockDim.x / 32) {
-            float x0 = sw[h][lane], x1 = sw[h][lane + 32];
-            float m = sm_m[h];
-            float mn = fmaxf(m, warp_max(fmaxf(x0, x1)));
-            float e0 = expf(x0 - mn), e1 = expf(x1 - mn);
-            float corr = expf(m - mn);
-            float ls = warp_sum(e0 + e1);
-            sw[h][lane] = e0;
-            sw[h][lane + 32] = e1;
-            if (lane == 0) {
-                sm_l[h] = sm_l[h] * corr + ls;
-                sm_m[h] = mn;
-                sm_c[h] = corr;
-            }
-        }
-        __syncthreads();
-        // C. Weighted V rows.
-        if (kg < groups) {
-#pragma unroll
-            for (int h = 0; h < GM; h++) {
-                float c = h < G ? sm_c[h] : 0.0f;
-#pragma unroll
-                for (int e = 0; e < 8; e++) a8[h][e] *= c;
-            }
-#pragma unroll 8
-            for (int j = kg; j < n; j += groups) {
-                size_t vo = ((size_t)((b0 + j) % capacity) * n_head_kv + g) * hd + (size_t)dc * 8;
-                float vf[8];
-                kv8<KT>(vc, vo, vf);
-#pragma unroll
-                for (int h = 0; h < GM; h++) {
-                    if (h < G) {
-                        float e = sw[h][j];
-#pragma unroll
-                        for (int x = 0; x < 8; x++) a8[h][x] += e * vf[x];
-                    }
-                }
-            }
-        }
-        // sw is rewritten by the next piece.
-        __syncthreads();
-    }
-    if (kg < groups) {
-#pragma unroll
-        for (int h = 0; h < GM; h++)
-            if (h < G)
-#pragma unroll
-                for (int e = 0; e < 8; e++) sacc[(kg * GM + h) * hd + dc * 8 + e] = a8[h][e];
-    }
-    __syncthreads();
-    for (int i = tid; i < G * hd; i += blockDim.x) {
-        int h = i / hd, d = i % hd;
-        float v = 0.0f;
-        for (int w = 0; w < groups; w++) v += sacc[(w * GM + h) * hd + d];
-        float* o = part + (((size_t)t * n_head + g * G + h) * S + s) * (hd + 2);
-        o[d] = v;
-        if (d == 0) {
-            o[hd] = sm_m[h];
-            o[hd + 1] = sm_l[h];
-        }
-    }
-}
-#define PART3(KT, GM, NAME)                                                                        \
-    extern "C" __launch_bounds__(128) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
-        attention_part3<KT, ATT_MAXD, GM>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, capacity, window, scale, softcap); }
-PART3(0, 4, attention_part3_f32_g4)
-PART3(1, 4, attention_part3_f16_g4)
-PART3(2, 4, attention_part3_bf16_g4)
-PART3(0, 8, attention_part3_f32_g8)
-PART3(1, 8, attention_part3_f16_g8)
-PART3(2, 8, attention_part3_bf16_g8)
 
 // Merge the S parts of (head, token) = (blockIdx.x, blockIdx.y) into out[t][h][0..hdv]
 // (S <= 32, blockDim = G * hdv rounded up to 32 with G = 4 groups, or 2 for hdv > 256). The first
@@ -899,11 +734,7 @@ PART3(2, 8, attention_part3_bf16_g8)
 // the head's output is also quantized to Q8 blocks for the next product, exactly like
 // quantize_q8 (the first group's warps hold 32 consecutive elements each).
 #define COMBINE_MAX 128
-#ifdef COMBINE_PRE0
-#define COMBINE_PRE 0
-#else
 #define COMBINE_PRE 8
-#endif
 
 // The weights of a split-K merge, computed by one warp: lane l takes parts l, l + 32, ... (< S <=
 // COMBINE_MAX) of pr (stride hdv + 2: m at hdv, l at hdv + 1), writes w_s = exp(m_s - M) (0 for an

@@ -220,48 +220,12 @@ extern "C" __global__ void argmax_final_io(const float* __restrict__ cv, const i
 // H200 tg128 (session 17, before the QK-norm weights moved too): Qwen2.5-0.5B / SmolLM2 / Gemma 3
 // geometries 1,517.1 / 1,778.6 / 1,931.1 t/s vs 1,502.3 / 1,751.0 / 1,901.4 (and 1,520.1 /
 // 1,777.5 / 1,932.4 vs 1,503.1 / 1,751.4 / 1,900.3).
-#ifdef ROPE_WAIT_FIRST
-#define ROPE_ENTRY() pdl_resume()
-#define ROPE_RESUME() do {} while (0)
-#else
 #define ROPE_ENTRY() do {} while (0)
 #define ROPE_RESUME() pdl_resume()
-#endif
-// RoPE of q and k plus the KV-cache store of the rotated k and of v, one launch: block (t, 0)
-// rotates q's row t, block (t, 1) rotates k's row t and stores it, block (t, 2) stores v's row t
-// (slot = position % capacity; f16 caches round to nearest even like kv_store).
-template <int KT>
-__device__ void rope_store(float* q, float* k, const float* __restrict__ v,
-                           const u32* __restrict__ pos, void* kc, void* vc, int n_head,
-                           int n_head_kv, int head_dim, int n_rot, float theta_scale,
-                           float freq_scale, const float* __restrict__ ff, int neox, int wk, int wv,
-                           int capacity) {
-    ROPE_RESUME();
-    int t = blockIdx.x;
-    size_t slot = pos[t] % (u32)capacity;
-    if (blockIdx.y == 0) {
-        rope_row(q, pos, t, n_head, head_dim, n_rot, theta_scale, freq_scale, ff, neox);
-    } else if (blockIdx.y == 1) {
-        rope_row(k, pos, t, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox);
-        __syncthreads();
-        for (int i = threadIdx.x; i < wk; i += blockDim.x) {
-            float x = k[(size_t)t * wk + i];
-            if (KT != 0) ((u16*)kc)[slot * wk + i] = f2kv<KT>(x); else ((float*)kc)[slot * wk + i] = x;
-        }
-    } else {
-        for (int i = threadIdx.x; i < wv; i += blockDim.x) {
-            float x = v[(size_t)t * wv + i];
-            if (KT != 0) ((u16*)vc)[slot * wv + i] = f2kv<KT>(x); else ((float*)vc)[slot * wv + i] = x;
-        }
-    }
-}
-// The extern wrappers of rope_store and rope_store_heads (below), one per cache type.
+// The extern wrappers of rope_store_heads (below), one per cache type.
 #define ROPE_STORE(FN, KT, NAME)                                                                     \
     extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity) { ROPE_ENTRY(); \
         FN<KT>(q, k, (float*)v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); }
-ROPE_STORE(rope_store, 0, rope_store_f32)
-ROPE_STORE(rope_store, 1, rope_store_f16)
-ROPE_STORE(rope_store, 2, rope_store_bf16)
 
 // RoPE + KV store with one block per head (the default; rope_store above runs three blocks per
 // token, each looping over all heads: ~8 us per Llama-3-8B layer): block (t, y) rotates q head y

@@ -267,11 +267,7 @@ FLASH(2, 256, 32, flash_bf16_d256)
 // own kernel below), G <= 16, S <= 128 (the host checks). Q and P are rounded to the cache type (as in flash_prefill); not
 // used in exact mode.
 #define FD_KEYS 64
-#ifdef FD_ONE_STAGE
-#define FD_STAGES 1
-#else
 #define FD_STAGES 2
-#endif
 #define FD_MAX_PARTS 128  // (= COMBINE_MAX: attention_combine merges them)
 
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {

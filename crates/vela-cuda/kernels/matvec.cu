@@ -21,13 +21,8 @@
 // on the H200: 462.8 t/s against 430.8 with MV_WAIT_FIRST; Qwen2.5-0.5B Q4_K_M 1,090 against
 // 1,028. (Also asking L2 for the warp's whole rows before the wait, prefetch.global.L2: 453.3 vs
 // 448.2 and 1,037 vs 1,000, noise; removed.)
-#ifdef MV_WAIT_FIRST
-#define MV_ENTRY() pdl_resume()
-#define MV_RESUME() do {} while (0)
-#else
 #define MV_ENTRY() do {} while (0)
 #define MV_RESUME() pdl_resume()
-#endif
 // The products that issue weight loads before the wait call MV_RESUME() behind a branch on the
 // row's block count (`if (mv_guard(nb))`, nb > 0 in every launch, so every thread still waits).
 // With the wait unconditional, ptxas may schedule it above those loads: ptxas 12.9 and the H200's
@@ -41,11 +36,7 @@
 // `scripts/sass-check.sh` fails if a decode matvec issues any load but a weight load (LDG.E.NA)
 // before its wait. MV_WAIT_UNGUARDED: the unconditional wait, for A/B runs.
 __device__ __forceinline__ bool mv_guard(int nb) {
-#ifdef MV_WAIT_UNGUARDED
-    return true;
-#else
     return nb > 0;
-#endif
 }
 // Activation loads of the guarded products (coherent ld.global, allocating in L1).
 __device__ __forceinline__ int4 lda16(const void* p) {
@@ -72,11 +63,6 @@ __device__ __forceinline__ int lda4(const void* p) {
 // q05, +2.3 % s2, +1 % l8 (+2 % at depth 1024); the suite's A/B of this and the guard together
 // against neither (3 rounds): real Qwen2.5-0.5B +2.3 %, 8B Q4_0 +1.4 %. MV_W_L1: plain loads
 // (allocating in L1), for A/B runs.
-#ifdef MV_W_L1
-__device__ __forceinline__ uint4 ldw16(const uint4* p) { return *p; }
-__device__ __forceinline__ uint2 ldw8(const uint2* p) { return *p; }
-__device__ __forceinline__ u16 ldw2(const u16* p) { return *p; }
-#else
 __device__ __forceinline__ uint4 ldw16(const uint4* p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -96,7 +82,6 @@ __device__ __forceinline__ u16 ldw2(const u16* p) {
     asm volatile("ld.global.nc.L1::no_allocate.u16 %0, [%1];" : "=h"(v) : "l"(p));
     return v;
 }
-#endif
 // Sub-blocks in flight per lane and row with two rows per warp.
 #define MVU_K_R2 2
 
@@ -235,16 +220,11 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
     // segment i + 1 are issued before segment i is computed, so a warp always has a segment in
     // flight (MV_NOPIPE: load, then compute, one segment at a time).
     uint4 tmp[R][(N16 + 31) / 32];
-#ifndef MV_NOPIPE
     if (r0 < rows) mv32_load<T, R, N16>(tmp, base, skew, lo, hi, lane, r0, rows);
-#endif
     if (mv_guard(nb)) MV_RESUME();
     if (r0 < rows) {
         for (int b0 = lo; b0 < hi; b0 += MV_SEG) {
             int nblk = min(MV_SEG, hi - b0);
-#ifdef MV_NOPIPE
-            mv32_load<T, R, N16>(tmp, base, skew, b0, hi, lane, r0, rows);
-#endif
 #pragma unroll
             for (int q = 0; q < R; q++) {
                 int n16 = (skew[q] + nblk * BYTES + 15) / 16;
@@ -255,9 +235,7 @@ __device__ __forceinline__ void mv32(const u8* __restrict__ W, const AQ8* __rest
                 }
             }
             __syncwarp();
-#ifndef MV_NOPIPE
             if (b0 + MV_SEG < hi) mv32_load<T, R, N16>(tmp, base, skew, b0 + MV_SEG, hi, lane, r0, rows);
-#endif
 #pragma unroll
             for (int u = 0; u < MV_SEG / 32; u++) {
                 int lb = lane + 32 * u;
@@ -503,9 +481,6 @@ template <int T>
 __device__ __forceinline__ void decodek_v(const u8* b, int j, int w[8], int sc[2], int mn[2],
                                           float& d, float& dmin) {
     if (T == 14) {
-#ifdef Q6K_OLD
-        decodek<T>(b, j, w, sc, mn, d, dmin);
-#else
         int nn = j / 4, s = j % 4;
         u32 sh = (u32)((size_t)b & 2) * 8;
         const u32* ql = (const u32*)((size_t)(b + 64 * nn + 32 * (s & 1)) & ~(size_t)3);
@@ -528,7 +503,6 @@ __device__ __forceinline__ void decodek_v(const u8* b, int j, int w[8], int sc[2
         sc[1] = (int)(i8)(sv >> 8);
         mn[0] = sc[0];
         mn[1] = sc[1];
-#endif
         return;
     }
     uint4 hd = *(const uint4*)b;  // d, dmin, scales[12]
@@ -683,11 +657,7 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
 // Sub-blocks per row in flight: 4 with one row per warp, 2 with two (8B Q4_K_M tg128 on the
 // H200: 388 t/s with 4 at two rows, 402 with 2).
 #define MVKS_U(R) ((R) > 1 ? 2 : 4)
-#ifdef MVKS_ASERIAL
-#define MVKS_HOIST false
-#else
 #define MVKS_HOIST true
-#endif
 // One round of mvks's loads: sub-blocks it0, it0 + 32, ... (those < hi) of the R rows.
 template <int T, int R>
 __device__ __forceinline__ void mvks_load(uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)[MVKS_U(R)][R],
@@ -794,12 +764,10 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
 template <int T, int MVU, int R, bool BIAS = false>
 __device__ __forceinline__ void mvk1(const u8* W, const AQ8K* X, float* Y, int rows, int nb,
                                      int blk, int split, const float* B = nullptr) {
-#ifndef MVKS_OFF
     if constexpr (T == 112 || T == 114) {
         mvks<T, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
         return;
     }
-#endif
     mvk<T, MVU, R, BIAS>(W, X, Y, rows, nb, blk, split, B);
 }
 
@@ -840,7 +808,6 @@ __device__ __forceinline__ void mv3(const u8* W0, const u8* W1, const u8* W2, co
     extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
 #define MVK(T, NAME)                                                                               \
     extern "C" __global__ void NAME(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, MVU_K, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
-    extern "C" __global__ void NAME##_u2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, 2, 1>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_x3(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8K, 1>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); } \
     extern "C" __global__ void NAME##_r2(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mvk1<T, MVU_K_R2, 2>(W, X, Y, rows, nb, blockIdx.x, split); } \
     extern "C" __global__ void NAME##_x3_r2(const u8* W0, const u8* W1, const u8* W2, const AQ8K* X, float* Y0, float* Y1, float* Y2, int r0, int r1, int r2, int nb, int split) { MV_ENTRY(); mv3<T, AQ8K, 2>(W0, W1, W2, X, Y0, Y1, Y2, r0, r1, r2, nb, split); }
@@ -855,9 +822,7 @@ MV32(8, mv_q8_0)
 // 8): Gemma 3 270M geometry 1,765.1 / 1,765.9 vs 1,680.2 / 1,683.1 t/s, Qwen2.5-0.5B 1,493.0 /
 // 1,490.8 vs 1,454.8 / 1,456.1, SmolLM2 1,736.7 / 1,739.6 vs 1,725.6 / 1,726.6.
 extern "C" __global__ void mv_q8_0_r2n(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv32_narrow<8, 2, MV32_NARROW_G>(W, X, Y, rows, nb, blockIdx.x); }
-MVK(12, mv_q4_k)
 MVK(13, mv_q5_k)
-MVK(14, mv_q6_k)
 MVK(112, mv_q4_ks)
 MVK(114, mv_q6_ks)
 // The tail-norm versions of every single-weight product (one and two rows per warp).

@@ -38,13 +38,8 @@ extern "C" __global__ void quantize_q8k(const float* __restrict__ x, AQ8K* __res
 // geometry (post norms: two weight vectors) 1,931.1 / 1,932.4 t/s vs 1,883.8 / 1,892.6; Qwen2.5-0.5B
 // and SmolLM2 equal within noise (1,517.1 / 1,520.1 vs 1,516.4 / 1,517.4; 1,778.6 / 1,777.5 vs
 // 1,772.1 / 1,777.3).
-#ifdef NORM_WAIT_FIRST
-#define NORM_ENTRY() pdl_resume()
-#define NORM_RESUME() do {} while (0)
-#else
 #define NORM_ENTRY() do {} while (0)
 #define NORM_RESUME() pdl_resume()
-#endif
 
 // Pre-norm block input in one pass (one block per row): optionally x += res, then
 // h = x / rms(x) * w exactly like rms_norm, and h quantized for the matmuls (Q8 blocks of 32 when
@@ -568,10 +563,8 @@ __device__ void mmf(const u8* __restrict__ W, const float* __restrict__ X, float
 }
 
 #define MM32(T, NAME)                                                                              \
-    extern "C" __global__ void NAME##_t1(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mm32<T, 1>(W, X, Y, rows, nb, n); } \
     extern "C" __global__ void NAME##_t8(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mm32<T, 8>(W, X, Y, rows, nb, n); }
 #define MMK(T, NAME)                                                                               \
-    extern "C" __global__ void NAME##_t1(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmk<T, 1>(W, X, Y, rows, nb, n); } \
     extern "C" __global__ void NAME##_t8(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmk<T, 8>(W, X, Y, rows, nb, n); }
 #define MMF(T, NAME)                                                                               \
     extern "C" __global__ void NAME##_t1(const u8* W, const float* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmf<T, 1>(W, X, Y, rows, nb, n); } \
@@ -583,9 +576,7 @@ MM32(3, mm_q4_1)
 MM32(6, mm_q5_0)
 MM32(7, mm_q5_1)
 MM32(8, mm_q8_0)
-MMK(12, mm_q4_k)
 MMK(13, mm_q5_k)
-MMK(14, mm_q6_k)
 MMK(112, mm_q4_ks)
 MMK(114, mm_q6_ks)
 MMF(0, mm_f32)
@@ -676,9 +667,7 @@ GR(3, get_rows_q4_1)
 GR(6, get_rows_q5_0)
 GR(7, get_rows_q5_1)
 GR(8, get_rows_q8_0)
-GR(12, get_rows_q4_k)
 GR(13, get_rows_q5_k)
-GR(14, get_rows_q6_k)
 GR(112, get_rows_q4_ks)
 GR(114, get_rows_q6_ks)
 
@@ -766,9 +755,7 @@ DEQH(3, deqh_q4_1)
 DEQH(6, deqh_q5_0)
 DEQH(7, deqh_q5_1)
 DEQH(8, deqh_q8_0)
-DEQH(12, deqh_q4_k)
 DEQH(13, deqh_q5_k)
-DEQH(14, deqh_q6_k)
 DEQH(112, deqh_q4_ks)
 DEQH(114, deqh_q6_ks)
 #define DEQHB(T, NAME)                                                                             \
@@ -781,9 +768,7 @@ DEQHB(3, deqhb_q4_1)
 DEQHB(6, deqhb_q5_0)
 DEQHB(7, deqhb_q5_1)
 DEQHB(8, deqhb_q8_0)
-DEQHB(12, deqhb_q4_k)
 DEQHB(13, deqhb_q5_k)
-DEQHB(14, deqhb_q6_k)
 DEQHB(112, deqhb_q4_ks)
 DEQHB(114, deqhb_q6_ks)
 
@@ -896,9 +881,7 @@ MMX(3, mmx_q4_1)
 MMX(6, mmx_q5_0)
 MMX(7, mmx_q5_1)
 MMX(8, mmx_q8_0)
-MMX(12, mmx_q4_k)
 MMX(13, mmx_q5_k)
-MMX(14, mmx_q6_k)
 MMX(112, mmx_q4_ks)
 MMX(114, mmx_q6_ks)
 
@@ -907,11 +890,7 @@ MMX(114, mmx_q6_ks)
 // g = act(g) * u (stored, like act_mul), then Q8 (K = 0: one warp per 32-element block) or Q8_K
 // (K = 1: one warp per 256-element block) blocks like quantize_q8 / quantize_q8k. G = 1: GELU
 // (tanh), else SiLU. n_blocks counts blocks over all rows.
-#ifdef ACT_SERIAL
-#define ACT_HOIST false
-#else
 #define ACT_HOIST true
-#endif
 // Four floats by one coherent 16-byte load (p 16-byte aligned), kept where it is written.
 __device__ __forceinline__ void ldv4f(const float* p, float* v) {
     asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"

@@ -58,12 +58,20 @@ fn every_kernel_group_compiles_to_ptx() {
                         "{name}: kernel {k} missing"
                     );
                 }
-                // ...and every kernel the backend launches from this group.
+                // ...and every kernel the backend launches from this group, and no other.
                 let launched = vela_cuda::KERNEL_NAMES.iter().find(|(g, _)| g == name);
-                for k in launched.map(|(_, ks)| *ks).unwrap_or(&[]) {
+                let launched = launched.map(|(_, ks)| *ks).unwrap_or(&[]);
+                for k in launched {
                     assert!(
                         text.contains(&format!(".entry {k}(")),
                         "{name}: kernel {k} missing"
+                    );
+                }
+                for entry in text.split(".entry ").skip(1) {
+                    let k = entry.split('(').next().unwrap_or("").trim();
+                    assert!(
+                        launched.contains(&k),
+                        "{name}: kernel {k} is compiled but the backend never launches it"
                     );
                 }
                 eprintln!("{name}: {} bytes of PTX for sm_{arch}", ptx.len());
