@@ -130,8 +130,8 @@ __device__ __forceinline__ void attend_chunks(const float* qs, const void* __res
 }
 
 // One block of ATT_WARPS (32) warps per (head, token), so that a decode step over ~1000 keys has
-// one chunk per warp and the per-chunk memory latency is paid about once (16 warps: 305 instead
-// of 357 tok/s SmolLM2 decode on the H200, but 18.1k instead of 14.5k tok/s prefill). Each warp
+// one chunk per warp and the per-chunk memory latency is paid about once (16 warps: SmolLM2
+// decode -15 %, docs/perf-log.md). Each warp
 // takes chunks of 32 consecutive keys (chunk c goes to warp c % ATT_WARPS; `attend_chunks`).
 // The warps' partial results are merged at the end. Head dims <= D (D / 32 values per lane; D is
 // ATT_MAXD = 256, or ATT_MAXD_BIG = 512 for the `_d512` 4-warp kernels, e.g. Gemma 4's full layers).
@@ -212,13 +212,8 @@ ATTN(2, 4, ATT_MAXD_BIG, attention_bf16_w4_d512)
 
 // Keys per chunk of the split-K parts (split_chunk in attn_parts.rs follows): 16 for head dim 256, else
 // 32. At short contexts the parts' latency grows with their keys, most at head dim 256 (four
-// keys in flight per round of attention_part2's V loop). Gemma 3 270M geometry tg128 on the
-// H200: 1,666.3 / 1,665.4 t/s vs 1,608.6 / 1,608.0 with 32, at 8K 1,469.1 vs 1,405.0 (8 keys:
-// 1,669.7 / 1,669.3); Qwen2.5-0.5B (head dim 64) 1,426.6 / 1,427.1 with 16 vs 1,444.5 / 1,445.0
-// (session 16, call 7); repeated in call 8: 1,680.2 / 1,683.1 vs 1,624.5 / 1,625.8, at 8K 1,493.1
-// vs 1,434.1. 64 keys for head dim 64 (call 10): Qwen2.5-0.5B 1,432.5 / 1,434.4 vs 1,484.9 /
-// 1,485.3, SmolLM2 1,662.5 / 1,662.9 vs 1,722.9 / 1,720.1.
-// (VELA_CUDA_DEFINES=SPLIT_CHUNK32: 32 for every head dim, for A/B; the host follows.)
+// keys in flight per round of attention_part2's V loop): Gemma 3 270M geometry decode +3.5 % with
+// 16 (+4.5 % at 8K); 16 or 64 keys were slower for head dim 64 (docs/perf-log.md).
 __device__ __forceinline__ int split_chunk(int hdk) { return hdk == 256 ? 16 : 32; }
 // Part s of S of the keys a query at position p sees (window > 0: the last `window`): keys
 // lo..=hi, whole chunks of `ch` keys split as evenly as possible (lo > hi: an empty part).
@@ -339,8 +334,8 @@ PART(0, attention_part_f32)
 PART(1, attention_part_f16)
 PART(2, attention_part_bf16)
 
-// Split-K part, second version (the default; VELA_CUDA_ATTN_PART=1 selects attention_part):
-// the same parts and the same partial-result layout, but without the per-chunk round trips. The
+// Split-K part, second version (value dims whose 8-element pieces divide 128 threads; others
+// take attention_part above): the same parts and the same partial-result layout, but without the per-chunk round trips. The
 // part is taken in pieces of up to PART_PIECE keys (one piece unless the part is longer):
 //   A. every key's score (4 threads per key, a quarter of the dot product each; the loop's loads
 //      are independent, so several keys are in flight per thread) into shared memory;
@@ -475,16 +470,11 @@ __device__ void attention_part2(const float* __restrict__ q, const void* __restr
 // size of weights, so the previous step's keys are gone from it). Only keys below every query
 // row's position: the previous kernel (RoPE + KV store) writes this step's keys, at those
 // positions. A hint only (L2 is the point of coherence: a line fetched early cannot be stale),
-// and every address stays inside the cache. esz: bytes per cache element.
-// H200, tg128 (session 17, interleaved): Qwen2.5-0.5B / SmolLM2 / Gemma 3 geometries 1,504.5 /
-// 1,761.7 / 1,824.8 t/s vs 1,477.9 / 1,718.5 / 1,753.8 without, at depth 512 1,431.0 / 1,657.5 /
-// 1,761.7 vs 1,387.3 / 1,610.2 / 1,674.6; Llama-3-8B Q4_0 544.7 vs 535.7. The same before
-// flash_decode_*'s wait was slower (8B at 8K: 413.0 / 410.9 vs 423.3 / 423.5): removed. One
-// prefetch per 128-byte line rather than per 32-byte sector: SmolLM2 1,802.8 / 1,802.5 vs
-// 1,785.7 / 1,788.7, Qwen2.5-0.5B at depth 512 1,444.5 / 1,444.9 vs 1,434.9 / 1,432.6, the rest
-// equal (VELA_CUDA_DEFINES=KV_PF_SECTOR32 for A/B).
+// and every address stays inside the cache. esz: bytes per cache element. Decode +2 to +4 % on
+// the small models' geometries, +1.7 % on Llama-3-8B; the same before flash_decode_*'s wait was
+// slower, and one prefetch per 32-byte sector slower than per line (docs/perf-log.md).
 // KV_PF(call): the prefetch call at a kernel's entry, before PDL_ENTRY() (sm_90+: before that,
-// no wait to hide it under; VELA_CUDA_DEFINES=NO_KV_PF: none, for A/B).
+// no wait to hide it under).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
 #define KV_PF(call) do {} while (0)
 #else
@@ -532,8 +522,8 @@ PART2(0, ATT_MAXD_BIG, attention_part2_f32_d512)
 PART2(1, ATT_MAXD_BIG, attention_part2_f16_d512)
 PART2(2, ATT_MAXD_BIG, attention_part2_bf16_d512)
 
-// ---- split-K decode attention parts, one warp each (VELA_CUDA_ATTN_WARP; by default for head
-// dims 64 and 128, see warp_parts in attn.rs) ----
+// ---- split-K decode attention parts, one warp each (head dims 64 and 128 of 16-bit caches, see
+// warp_parts_run in attn.rs) ----
 //
 // Block (h, t, s) of ONE warp runs attention_part2's part s of the keys (same parts, same partial
 // layout, merged by attention_combine), with no __syncthreads: the keys in pieces of 32, lane j
@@ -565,80 +555,11 @@ __device__ __forceinline__ void partw_store(float* o, const float (&acc)[D / 32]
         o[D + 1] = l;
     }
 }
-template <int KT, int D>
-__device__ void attention_partw(const float* __restrict__ q, const void* __restrict__ kc,
-                                const void* __restrict__ vc, const u32* __restrict__ pos,
-                                float* __restrict__ part, int n_head, int n_head_kv,
-                                int capacity, int window, float scale, float softcap) {
-    constexpr int DL = D / 32;  // dimensions per lane in the V sum
-    __shared__ __align__(16) float qs[D];
-    int h = blockIdx.x, t = blockIdx.y, s = blockIdx.z, S = gridDim.z;
-    int lane = threadIdx.x;
-    int g = h / (n_head / n_head_kv);
-    int p = (int)pos[t];
-    int lo, hi;
-    split_part_range(p, window, s, S, split_chunk(D), lo, hi);
-    const float* qr = q + ((size_t)t * n_head + h) * D;
-#pragma unroll
-    for (int i = 0; i < DL; i++) qs[lane + 32 * i] = qr[lane + 32 * i];
-    __syncwarp();
-    const u16* v16 = (const u16*)vc;
-    float m = NEG_INF, l = 0.0f, acc[DL];
-#pragma unroll
-    for (int i = 0; i < DL; i++) acc[i] = 0.0f;
-    for (int b0 = lo; b0 <= hi; b0 += 32) {
-        int j = b0 + lane;
-        bool valid = j <= hi;
-        float sc = NEG_INF;
-        if (valid) {
-            size_t ko = ((size_t)(j % capacity) * n_head_kv + g) * D;
-            // Four partial sums (a chain of D dependent FMAs would be ~1,000 cycles at D = 256).
-            float d4[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll 8
-            for (int c = 0; c < D / 8; c++) {
-                float kv[8];
-                kv8<KT>(kc, ko + 8 * c, kv);
-#pragma unroll
-                for (int x = 0; x < 8; x++) d4[x / 2] += qs[8 * c + x] * kv[x];
-            }
-            sc = ((d4[0] + d4[1]) + (d4[2] + d4[3])) * scale;
-            if (softcap > 0.0f) sc = tanhf(sc / softcap) * softcap;
-        }
-        float e = partw_softmax_step<DL>(sc, valid, m, l, acc);
-        // No branch, so every V load can be issued early: keys past the piece's last (weight 0:
-        // e is 0 in their lanes) read that last key's row again (finite values, cached).
-        int last = min(31, hi - b0);
-#pragma unroll
-        for (int k = 0; k < 32; k++) {
-            float ek = __shfl_sync(0xffffffffu, e, k);
-            int key = b0 + min(k, last);
-            const u16* vr = v16 + ((size_t)(key % capacity) * n_head_kv + g) * D + lane * DL;
-            float vv[DL];
-            if constexpr (DL == 2) {
-                u32 u = *(const u32*)vr;
-                vv[0] = kv2f<KT>((u16)(u & 0xffffu));
-                vv[1] = kv2f<KT>((u16)(u >> 16));
-            } else if constexpr (DL == 4) {
-                uint2 u = *(const uint2*)vr;
-                vv[0] = kv2f<KT>((u16)(u.x & 0xffffu)); vv[1] = kv2f<KT>((u16)(u.x >> 16));
-                vv[2] = kv2f<KT>((u16)(u.y & 0xffffu)); vv[3] = kv2f<KT>((u16)(u.y >> 16));
-            } else {
-                kv8<KT>(vr, 0, vv);
-            }
-#pragma unroll
-            for (int i = 0; i < DL; i++) acc[i] += ek * vv[i];
-        }
-    }
-    partw_store<D>(part + (((size_t)t * n_head + h) * S + s) * (D + 2), acc, m, l, lane);
-}
-
-// attention_partw with every load of a piece issued at once (head dims 64 and 128; the default,
-// `VELA_CUDA_DEFINES=PARTW_SERIAL` reverts to attention_partw). A part runs as a lone warp on its
-// SM, so nothing hides its latencies: attention_partw read q, then the K row in rounds of 8
-// loads, then each V row after a per-key `% capacity` (~100 instructions between two V loads in
-// the SASS). Here the ring slot of each key of the piece is computed once by its lane and
-// broadcast by a shuffle, and the piece's K rows, V rows and q are all in flight together before
-// the first use. The arithmetic and its order are attention_partw's (bit-equal results).
+// The part with every load of a piece issued at once. A part runs as a lone warp on its SM, so
+// nothing hides its latencies: reading q, then the K row in rounds of 8 loads, then each V row
+// after a per-key `% capacity` put ~100 instructions between two V loads in the SASS. Here the
+// ring slot of each key of the piece is computed once by its lane and broadcast by a shuffle,
+// and the piece's K rows, V rows and q are all in flight together before the first use.
 template <bool C, typename A, typename B> struct PickT { typedef A T; };
 template <typename A, typename B> struct PickT<false, A, B> { typedef B T; };
 template <int KT, int D>
@@ -716,11 +637,9 @@ __device__ void attention_partw_pre(const float* __restrict__ q, const void* __r
     }
     partw_store<D>(part + (((size_t)t * n_head + h) * S + s) * (D + 2), acc, m, l, lane);
 }
-#define PARTW_PRE(D) (D <= 128)
 #define PARTW(KT, D, NAME)                                                                         \
     extern "C" __launch_bounds__(32) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { KV_PF(part2_prefetch<KT>(kc, vc, pos, n_head, n_head_kv, hdk, hdv, capacity, window)); PDL_ENTRY(); \
-        if constexpr (PARTW_PRE(D)) attention_partw_pre<KT, (D <= 128 ? D : 128)>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); \
-        else attention_partw<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); }
+        attention_partw_pre<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); }
 PARTW(1, 64, attention_partw_f16_d64)
 PARTW(1, 128, attention_partw_f16_d128)
 PARTW(2, 64, attention_partw_bf16_d64)
@@ -775,11 +694,8 @@ extern "C" __global__ void attention_combine(const float* __restrict__ part, flo
     int d = threadIdx.x % hdv32, gi = threadIdx.x / hdv32;
     // The thread's first COMBINE_PRE values are loaded together with the weights' (m, l) rather
     // than after them (the split-K parts: S <= 32, four groups: all of them), one round trip
-    // instead of two; the sums are the same. H200 tg128, 3 rounds (session 17, call 6):
-    // SmolLM2 / Gemma 3 geometries 1,785.7 / 1,783.2 / 1,783.0 and 1,908.2 / 1,901.8 / 1,905.7
-    // t/s vs 1,755.9 / 1,753.4 / 1,753.1 and 1,889.7 / 1,887.8 / 1,890.5 (COMBINE_PRE0);
-    // Qwen2.5-0.5B equal (1,497.5 / 1,498.0 / 1,497.8 vs 1,497.3 / 1,500.2 / 1,500.1). (Loading
-    // attention_part2's first V rows with q as well was not faster: removed.)
+    // instead of two; the sums are the same. SmolLM2 / Gemma 3 geometries decode +1.7 % / +1 %
+    // (docs/perf-log.md).
     float pre[COMBINE_PRE > 0 ? COMBINE_PRE : 1];
 #pragma unroll
     for (int k = 0; k < COMBINE_PRE; k++) {

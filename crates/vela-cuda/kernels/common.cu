@@ -97,19 +97,15 @@ __device__ __forceinline__ float act_gelu_mul(float v, float u) {
     return 0.5f * v * (1.0f + tanhf(k0 * v * (1.0f + k1 * v * v))) * u;
 }
 
-// Programmatic dependent launch (sm_90+, see `launch_now` in lib.rs). With PDL on, a kernel's
+// Programmatic dependent launch (sm_90+, see `Device::launch_now` in device.rs). With PDL on, a kernel's
 // blocks may start while the previous kernel of the stream is still running: every kernel calls
 // pdl_wait() before it reads anything the previous kernel writes or writes anything it reads
 // (griddepcontrol.wait returns once the previous grid has completed and its memory is visible;
 // without PDL it returns at once), then pdl_trigger() lets the next kernel's blocks start.
-// (Prefetching the decode matvecs' weight rows into L2 before the wait measured within noise:
-// Llama-3-8B Q4_0 tg128 302.7 vs 301.9 tok/s; removed.)
 // Every block of every kernel waits (a block that skipped the wait could let its grid complete
 // before the previous one); `kernels::tests::every_kernel_waits` checks the sources.
-// (Triggering before the wait, so the next kernel launches while this one waits, measured slower
-// in the same run on the H200: Llama-3-8B Q4_0 tg128 454 vs 471 t/s, 331 vs 360 at 8K depth,
-// Qwen2.5-0.5B geometry 1,158 vs 1,180; only in the kernels a matvec follows: 461, 336, 1,158.
-// Removed.)
+// (Triggering before the wait, so the next kernel launches while this one waits, was slower:
+// Llama-3-8B Q4_0 decode -4 %, docs/perf-log.md.)
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

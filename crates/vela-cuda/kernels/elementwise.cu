@@ -216,10 +216,8 @@ extern "C" __global__ void argmax_final_io(const float* __restrict__ cv, const i
 // Programmatic dependent launch in the RoPE + store kernels: they start with ROPE_ENTRY() and
 // every thread reaches ROPE_RESUME() once, after reading only the position and constants (the
 // angles of rope_store_heads) and before anything the previous kernel writes, like the
-// matvecs' MV_ENTRY / MV_RESUME. VELA_CUDA_DEFINES=ROPE_WAIT_FIRST: wait at entry (A/B).
-// H200 tg128 (session 17, before the QK-norm weights moved too): Qwen2.5-0.5B / SmolLM2 / Gemma 3
-// geometries 1,517.1 / 1,778.6 / 1,931.1 t/s vs 1,502.3 / 1,751.0 / 1,901.4 (and 1,520.1 /
-// 1,777.5 / 1,932.4 vs 1,503.1 / 1,751.4 / 1,900.3).
+// matvecs' MV_ENTRY / MV_RESUME: decode +1 to +1.6 % on the small models' geometries against
+// waiting at entry (docs/perf-log.md).
 #define ROPE_ENTRY() do {} while (0)
 #define ROPE_RESUME() pdl_resume()
 // The extern wrappers of rope_store_heads (below), one per cache type.
@@ -227,8 +225,8 @@ extern "C" __global__ void argmax_final_io(const float* __restrict__ cv, const i
     extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity) { ROPE_ENTRY(); \
         FN<KT>(q, k, (float*)v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); }
 
-// RoPE + KV store with one block per head (the default; rope_store above runs three blocks per
-// token, each looping over all heads: ~8 us per Llama-3-8B layer): block (t, y) rotates q head y
+// RoPE + KV store with one block per head (three blocks per token, each looping over all heads,
+// took ~8 us per Llama-3-8B layer): block (t, y) rotates q head y
 // (y < n_head), or rotates k head y - n_head and stores it (and its unrotated tail) in the cache,
 // or stores v head y - n_head - n_head_kv. Thread i takes pair i (a serial loop when the head has
 // more pairs than threads); angles computed as in rope_row, so the results are identical.
@@ -339,8 +337,7 @@ ROPE_NORM_STORE(2, rope_norm_store_heads_bf16)
 // L2 prefetch hint for `bytes` bytes from p, one 128-byte line per thread and step, the front
 // first (l2pf.rs: a side branch of a captured decode step asks for the next product's weights
 // while the short kernels before it run). Reads and writes nothing. (A bulk version,
-// cp.async.bulk.prefetch.L2 of 64 KiB per thread from 2-32 one-warp blocks, measured far slower:
-// Llama-3-8B Q4_0 tg128 with 4 / 16 MiB 508.7 / 314.2 t/s vs 520.0 without prefetch.)
+// cp.async.bulk.prefetch.L2 from one-warp blocks, was far slower, docs/perf-log.md.)
 extern "C" __global__ void prefetch_l2(const char* p, long long bytes) {
     PDL_ENTRY();
     long long step = (long long)gridDim.x * blockDim.x * 128;

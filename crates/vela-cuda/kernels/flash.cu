@@ -243,8 +243,8 @@ FLASH(2, 64, 64, flash_bf16_d64)
 FLASH(2, 128, 64, flash_bf16_d128)
 FLASH(2, 256, 32, flash_bf16_d256)
 
-// ---- tensor-core split-K decode attention (the default decode attention
-// for f16/bf16 caches outside exact mode; VELA_CUDA_ATTN_PART=2|3 selects the older kernels) ----
+// ---- tensor-core split-K decode attention (f16/bf16 caches outside exact mode, from
+// FLASH_DECODE_MIN_KEYS keys, see attention_impl in attn.rs) ----
 //
 // Grid (n_head_kv, n_tok, S), FA_WARPS warps per block. The keys a token at position p sees are
 // cut into tiles of FD_KEYS = 64 and into S_eff <= min(S, target) parts of `per` whole tiles,
@@ -258,11 +258,9 @@ FLASH(2, 256, 32, flash_bf16_d256)
 // scale, softcap, an online softmax per row over its keys, O += P V. The four warps' (m, l, O)
 // are merged through shared memory in warp order and the block writes the G rows' unnormalized
 // partials in attention_part2's layout, and attention_combine merges them in a launch of its own
-// (and quantizes for a Q8 product). Until session 10 the block that finished last (a ticket per
-// (token, KV head)) merged the parts and quantized for the next product (Q8 and Q8_K); at 8K keys
-// that merge was the kernel's tail (the SMs active 59 % of its cycles in ncu): Llama-3-8B Q4_0
-// tg128 at depth 8,192 on the H200 407 t/s with the separate combine vs 382 fused, and the
-// Q4_K_M 8B 358–360 vs 343–344 (session 11); removed. Shared memory is dynamic (dyn_smem in
+// (and quantizes for a Q8 product). Merging in the block that finishes last was the kernel's tail
+// at 8K keys: Llama-3-8B Q4_0 decode at depth 8,192 407 tok/s with the separate combine against
+// 382 (docs/perf-log.md). Shared memory is dynamic (dyn_smem in
 // src/kernels.rs). Needs sm_80+, an f16/bf16 cache, hdk == hdv == D (64, 128, 256; 512 has its
 // own kernel below), G <= 16, S <= 128 (the host checks). Q and P are rounded to the cache type (as in flash_prefill); not
 // used in exact mode.
@@ -534,8 +532,8 @@ FLASH_DECODE(1, 64, flash_decode_f16_d64)
 FLASH_DECODE(1, 128, flash_decode_f16_d128)
 FLASH_DECODE(2, 64, flash_decode_bf16_d64)
 FLASH_DECODE(2, 128, flash_decode_bf16_d128)
-// Head dim 256 (Gemma 3 and Gemma 4's sliding layers; default since session 15, from
-// min_keys keys; VELA_CUDA_FD_D256=0 turns it off): the same kernel, Q fragments from shared
+// Head dim 256 (Gemma 3 and Gemma 4's sliding layers, from FLASH_DECODE_MIN_KEYS keys; Gemma 3
+// 270M decode at 8K +12 %, docs/perf-log.md): the same kernel, Q fragments from shared
 // memory (O takes 128 registers); 140 KB of dynamic shared memory with two stages (one block
 // per SM).
 FLASH_DECODE(1, 256, flash_decode_f16_d256)
@@ -552,7 +550,7 @@ FLASH_DECODE(2, 256, flash_decode_bf16_d256)
 // tile's K is issued once every warp has its S, its V once P V is done. Same part records as
 // flash_decode (merged by attention_combine); same launch (grid KV heads x tokens x parts).
 // Dynamic shared memory: Q 16 x 520, K and V 64 x 520, P 16 x 72 elements (152,064 bytes).
-// Default since session 14 (VELA_CUDA_FD_D512=0 turns it off; measured in src/attn.rs).
+// Gemma 4 12B decode at 8K +13 % against the split-K parts (docs/perf-log.md).
 #define FD5_D 512
 #define FD5_LD (FD5_D + 8)
 #define FD5_PLD (FD_KEYS + 8)

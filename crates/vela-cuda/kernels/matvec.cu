@@ -1,10 +1,10 @@
 // One-token (decode) quantized matvecs. Part of the "quant" group: NVRTC compiles this file
 // after quant.cu (see GROUPS in src/kernels.rs), whose types and block decoders it uses.
 
-// ---- decode matvec, second version (one token; VELA_CUDA_MATVEC=old selects mm_*_t1) ----
+// ---- decode matvec (one token) ----
 //
-// Same work split and the same per-lane accumulation order as mm32/mmk with TT=1 (so the result
-// equals the old kernels'). Activation blocks are read with 16-byte loads into registers.
+// Same work split and the same per-lane accumulation order as mm32/mmk (one warp per row, lane l
+// takes blocks l, l + 32, ...). Activation blocks are read with 16-byte loads into registers.
 // 32-element formats: weights staged through shared memory with 16-byte loads (see mv32).
 // k-quants: each lane issues the loads of MVU_K sub-blocks before using any of them, Q4_K/Q5_K
 // weights (16-byte aligned blocks of 144/176 bytes) with 16-byte loads.
@@ -17,24 +17,21 @@
 // has weight bytes in flight. Every thread of every block reaches MV_RESUME() exactly once,
 // before it reads the activations or writes anything. (The weights' upload synchronizes the
 // stream after its repack kernel, so no kernel that writes weights can precede a matvec.)
-// MV_WAIT_FIRST: wait at the kernel's entry, as every other kernel does. Llama-3-8B Q4_0 tg128
-// on the H200: 462.8 t/s against 430.8 with MV_WAIT_FIRST; Qwen2.5-0.5B Q4_K_M 1,090 against
-// 1,028. (Also asking L2 for the warp's whole rows before the wait, prefetch.global.L2: 453.3 vs
-// 448.2 and 1,037 vs 1,000, noise; removed.)
+// Llama-3-8B Q4_0 decode +7 % against waiting at the kernel's entry (docs/perf-log.md).
 #define MV_ENTRY() do {} while (0)
 #define MV_RESUME() pdl_resume()
 // The products that issue weight loads before the wait call MV_RESUME() behind a branch on the
 // row's block count (`if (mv_guard(nb))`, nb > 0 in every launch, so every thread still waits).
 // With the wait unconditional, ptxas may schedule it above those loads: ptxas 12.9 and the H200's
-// NVRTC 13.0 did so in mv_q4_ks and mv_q4_ks_u2, and with the no-allocate weight loads (below)
-// in mv_q4_0s_r2 / _x3_r2 and mv_mix32_x3 as well (SASS: the wait first, every load after it).
+// NVRTC 13.0 did so in mv_q4_ks, and with the no-allocate weight loads (below) in mv_q4_0s_r2 /
+// _x3_r2 and mv_mix32_x3 as well (SASS: the wait first, every load after it).
 // Behind the branch the weight loads stay first, but ptxas then treated the activation loads
 // (ld.global.nc, read-only, which it takes as invariant) as free to move above the wait: in
 // mv_q8_0_r2n they were, a race with the kernel that writes them (run-to-run differences of the
-// Qwen2.5-0.5B geometry's greedy output, session 20 calls 9 and 10). So the guarded products read
-// their activations with coherent loads (lda16 / lda4), which may not pass the wait's acquire.
+// Qwen2.5-0.5B geometry's greedy output). So the guarded products read their activations with
+// coherent loads (lda16 / lda4), which may not pass the wait's acquire.
 // `scripts/sass-check.sh` fails if a decode matvec issues any load but a weight load (LDG.E.NA)
-// before its wait. MV_WAIT_UNGUARDED: the unconditional wait, for A/B runs.
+// before its wait.
 __device__ __forceinline__ bool mv_guard(int nb) {
     return nb > 0;
 }
@@ -56,13 +53,8 @@ __device__ __forceinline__ int lda4(const void* p) {
 // serves the split-row k-quant prefill kernels through decodek_at, which read each weight once
 // too). Each weight byte is read once per token, so the loads do not allocate in L1
 // (ld.global.nc.L1::no_allocate): the stream would otherwise evict the activation blocks that
-// every warp of the SM re-reads from L1 (an L2 round trip each time). Measured with
-// crates/vela-cuda/bench/mv_layout.cu (session 20, call 8): the Llama-3-8B step's Q4_0 products
-// as a chain of split-row products 1,149.6 / 1,154.0 us instead of 1,256.6 / 1,256.7 (the down
-// products 327.9 instead of 345.2); in vela (call 9, the guarded wait in both arms) tg128 +1.7 %
-// q05, +2.3 % s2, +1 % l8 (+2 % at depth 1024); the suite's A/B of this and the guard together
-// against neither (3 rounds): real Qwen2.5-0.5B +2.3 %, 8B Q4_0 +1.4 %. MV_W_L1: plain loads
-// (allocating in L1), for A/B runs.
+// every warp of the SM re-reads from L1 (an L2 round trip each time). Decode +1.4 % (Llama-3-8B
+// Q4_0) to +2.3 % (Qwen2.5-0.5B) on the H200 (docs/perf-log.md).
 __device__ __forceinline__ uint4 ldw16(const uint4* p) {
     uint4 v;
     asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
@@ -96,21 +88,18 @@ __device__ __forceinline__ void load_aq8(const AQ8* a, float& d, float& s, int& 
 }
 
 // One warp per row. GGUF's 32-element blocks (18-34 bytes) are only 2-byte aligned, so reading
-// them in place costs one 2-byte load per 2 bytes (an ncu profile showed the old kernel
+// them in place costs one 2-byte load per 2 bytes (an ncu profile showed such a kernel
 // issue-bound at ~1 TB/s with 23 % occupancy). Here the warp copies 64 blocks of its row at a
 // time into shared memory with 16-byte loads (all in flight before the first use; the row start
 // is rounded down to 16 bytes and up to 15 bytes past its end are read, hence WEIGHT_PAD on the
 // host), then lane l decodes blocks l and l + 32 from shared memory. Per lane the blocks are
-// accumulated in the order l, l + 32, l + 64, ... exactly like mm32, so the result equals the
-// old kernel's.
+// accumulated in the order l, l + 32, l + 64, ... exactly like mm32.
 //
-// K split (`split` = 1, 2 or 4 warps per row, see mv_split in matmul.rs): warp w of the block
-// takes row blk * (WARPS / split) + w / split and the part w % split of its blocks (parts are
-// whole multiples of 8 blocks, so each starts 16-byte aligned relative to the row's rounded-down
-// start); the parts' sums are added in part order through shared memory. With split = 1 the
-// result equals the old kernel's. (Measured on Llama-3-8B Q4_0 decode, H200: 128-block segments
-// 292 tok/s and split 4 282 tok/s, against 300 with 64-block segments and no split, although
-// the split is faster on L2-resident test matrices; so the default stays split = 1.)
+// K split (`split` warps per row; the host always passes 1, MV_SPLIT in matmul.rs): warp w of
+// the block takes row blk * (WARPS / split) + w / split and the part w % split of its blocks
+// (parts are whole multiples of 8 blocks, so each starts 16-byte aligned relative to the row's
+// rounded-down start); the parts' sums are added in part order through shared memory. Splitting
+// and 128-block segments were slower on Llama-3-8B Q4_0 decode (docs/perf-log.md).
 // Rows and K part of this warp of block blk (R rows per warp, `split` warps per row): the first
 // row r0, the part and its range lo..hi of the row's n units (blocks or sub-blocks; parts
 // rounded up to multiples of ALIGN units).
@@ -349,16 +338,14 @@ __device__ __forceinline__ void mv32_narrow(const u8* __restrict__ W, const AQ8*
         __syncwarp();
     }
 }
-// (2 and 8 groups measured the same on the H200, session 16 call 10: Gemma 3 270M geometry
-// tg128 1,752.8 / 1,751.8 and 1,757.7 / 1,755.4 vs 1,756.9 / 1,760.5 with 4.)
+// (2 and 8 groups measured the same as 4 on the H200, docs/perf-log.md.)
 #define MV32_NARROW_G 4
 
 // Split-row Q4_0 (type 102, see decode32_at in quant.cu): no staging. Lane l takes blocks l,
 // l + 32, ... of the warp's R rows (rows and K split as in mv32), issuing the 16-byte quant and
 // 2-byte scale loads of MVS_U blocks per row before using any of them; every warp-wide quant load
 // reads 512 contiguous bytes. Per lane the blocks are accumulated in the order l, l + 32, ... like
-// mm32, so the result equals mm_q4_0s_t1's.
-// (8 measured no faster on Llama-3-8B Q4_0 decode: 453 vs 461 t/s.)
+// mm32. (8 blocks in flight were no faster on Llama-3-8B Q4_0 decode, docs/perf-log.md.)
 #define MVS_U 4
 // One round of mvs's weight loads: blocks b0, b0 + 32, ... (MVS_U of them, those < hi) of the R
 // rows.
@@ -381,11 +368,8 @@ __device__ __forceinline__ void mvs_load(uint4 (&qv)[MVS_U][R], u16 (&dv)[MVS_U]
 // DB (the single-weight two-row launches `*_r2`: the 8B's o and down products): the next round's
 // loads are issued before the current round is computed, into a second register set, so two
 // rounds are in flight per lane (same arithmetic and order; 116 instead of 72 registers).
-// Llama-3-8B Q4_0 tg128 on the H200: 515.6 vs 504.9 t/s (two calls, 3 rounds each); with DB in
-// the Q/K/V and gate/up launches too (x3, 120 registers): 512.9, so those keep one round.
-// (Staging the row's activation blocks in shared memory once the first weights are in flight,
-// `mv_q4_0s_r2s`: Llama-3-8B Q4_0 tg128 518.1 / 518.2 vs 517.7 / 519.9 t/s, noise; removed in
-// session 14.)
+// Llama-3-8B Q4_0 decode +2 %; in the Q/K/V and gate/up launches too (x3, 120 registers) it was
+// slower, so those keep one round (docs/perf-log.md).
 template <int R, bool BIAS = false, bool DB = false>
 __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restrict__ X,
                                     float* __restrict__ Y, int rows, int nb, int blk, int split,
@@ -476,7 +460,7 @@ __device__ __forceinline__ u32 funnel(u32 lo, u32 hi, u32 sh) {
 // Sub-block j of a Q4_K/Q5_K block with 16-byte loads (the block must be 16-byte aligned).
 // Q6_K blocks (210 bytes) are only 2-byte aligned: its 32 bytes of low and high quant bits are
 // read as 9 aligned words each and shifted into place (instead of 16 two-byte loads each), the
-// two scales as one 2-byte load. Same outputs as decodek (VELA_CUDA_DEFINES=Q6K_OLD: decodek).
+// two scales as one 2-byte load. Same outputs as decodek.
 template <int T>
 __device__ __forceinline__ void decodek_v(const u8* b, int j, int w[8], int sc[2], int mn[2],
                                           float& d, float& dmin) {
@@ -653,11 +637,10 @@ __device__ __forceinline__ void mvk(const u8* __restrict__ W, const AQ8K* __rest
 // Split-row k-quant matvec (types 112/114): like mvk (the same work split, per-lane order and
 // arithmetic, so the same results), but it holds the raw words of MVKS_U sub-blocks per row in
 // flight and decodes each one when it is used (mvk decodes at load time: 185 registers with 4
-// sub-blocks per row in flight). MVKS_OFF: mvk (8B Q4_K_M tg128 308 t/s against 402).
-// Sub-blocks per row in flight: 4 with one row per warp, 2 with two (8B Q4_K_M tg128 on the
-// H200: 388 t/s with 4 at two rows, 402 with 2).
+// sub-blocks per row in flight; Llama-3-8B Q4_K_M decode 402 tok/s against 308 with mvk,
+// docs/perf-log.md). Sub-blocks per row in flight: 4 with one row per warp, 2 with two (4 at two
+// rows: 388 tok/s).
 #define MVKS_U(R) ((R) > 1 ? 2 : 4)
-#define MVKS_HOIST true
 // One round of mvks's loads: sub-blocks it0, it0 + 32, ... (those < hi) of the R rows.
 template <int T, int R>
 __device__ __forceinline__ void mvks_load(uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)[MVKS_U(R)][R],
@@ -671,8 +654,7 @@ __device__ __forceinline__ void mvks_load(uint4 (&qv)[MVKS_U(R)][R], uint4 (&hd)
         }
     }
 }
-// (Two rounds in flight, as mvs with DB, measured slower on Llama-3-8B Q4_K_M: tg128 398 vs 436
-// t/s; removed.)
+// (Two rounds in flight, as mvs with DB, were slower on Llama-3-8B Q4_K_M, docs/perf-log.md.)
 template <int T, int R, bool BIAS = false>
 __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __restrict__ X,
                                      float* __restrict__ Y, int rows, int nb, int blk, int split,
@@ -696,12 +678,10 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
         // With one row per warp (products under MV_ROWS2_MIN rows: latency-bound), the round's
         // activation blocks are all loaded first: in one loop with the products, each
         // sub-block's loads came after the previous one's arithmetic (a branch per sub-block),
-        // MVKS_U dependent L1/L2 round trips per round. H200 tg128 (session 21, call 4): the
-        // Qwen2.5-0.5B geometry 1,698.2 / 1,698.0 vs 1,667.2 / 1,670.7 t/s in the old order. Not
-        // with two rows: 86-94 registers instead of 72-79 (a block fewer per SM), Llama-3-8B
-        // Q4_K_M 471.5 / 473.6 vs 482.2 / 484.8. `VELA_CUDA_DEFINES=MVKS_ASERIAL` keeps the old
-        // order everywhere; the arithmetic is the same.
-        constexpr bool HOIST = R == 1 && MVKS_HOIST;
+        // MVKS_U dependent L1/L2 round trips per round: Qwen2.5-0.5B decode +1.8 %. Not with two
+        // rows: 86-94 registers instead of 72-79 (a block fewer per SM), Llama-3-8B Q4_K_M -2 %
+        // (docs/perf-log.md). The arithmetic is the same either way.
+        constexpr bool HOIST = R == 1;
         int4 aq0[MVKS_U(R)], aq1[MVKS_U(R)];
         int abs_[MVKS_U(R)], ad_[MVKS_U(R)];
         if constexpr (HOIST) {
@@ -817,17 +797,15 @@ MV32(3, mv_q4_1)
 MV32(6, mv_q5_0)
 MV32(7, mv_q5_1)
 MV32(8, mv_q8_0)
-// Narrow rows, two rows per warp, MV32_NARROW_G groups per warp (`mv_q8_0_r2n`, default;
-// VELA_CUDA_MV_NARROW=0 off; matmul.rs). tg128 on the H200 against mv_q8_0_r2 (session 16, call
-// 8): Gemma 3 270M geometry 1,765.1 / 1,765.9 vs 1,680.2 / 1,683.1 t/s, Qwen2.5-0.5B 1,493.0 /
-// 1,490.8 vs 1,454.8 / 1,456.1, SmolLM2 1,736.7 / 1,739.6 vs 1,725.6 / 1,726.6.
+// Narrow Q8_0 rows (at most 64 blocks: the small models' LM heads), two rows per warp,
+// MV32_NARROW_G groups per warp (matmul.rs). Decode +5 % on the Gemma 3 270M geometry, +2.5 % on
+// Qwen2.5-0.5B against mv_q8_0_r2 (docs/perf-log.md).
 extern "C" __global__ void mv_q8_0_r2n(const u8* W, const AQ8* X, float* Y, int rows, int nb, int split) { MV_ENTRY(); mv32_narrow<8, 2, MV32_NARROW_G>(W, X, Y, rows, nb, blockIdx.x); }
 MVK(13, mv_q5_k)
 MVK(112, mv_q4_ks)
 MVK(114, mv_q6_ks)
-// The tail-norm versions of every single-weight product (one and two rows per warp).
 
-// ---- two or three one-token products of different weight types in one launch (opt-in) ----
+// ---- two or three one-token products of different weight types in one launch ----
 //
 // Like mv3, but each matrix has its own type code (t0..t2, one activation kind per kernel: Q8
 // for the 32-element types, Q8_K for the k-quants) and, in the `b` kernels, its own bias added
@@ -835,8 +813,8 @@ MVK(114, mv_q6_ks)
 // attn_v more bits than attn_q / attn_k (Qwen2.5-0.5B Q4_K_M: Q5_0, Q5_0, Q8_0; Llama Q4_K_M:
 // Q4_K, Q4_K, Q6_K in a third of the layers), which mv3 cannot take, and Qwen2 adds three biases:
 // six launches per layer become one. One row per warp (the stage buffers of the 32-element
-// instances all live in one kernel). Host: `try_mv3` in matmul.rs, VELA_CUDA_MIXED_X3 /
-// VELA_CUDA_BIAS_FUSE. Type codes as B32 / BK: 102, 2, 6, 8 (Q8 activations) and the split-row
+// instances all live in one kernel). Host: `try_mv3` in matmul.rs. Type codes as B32 / BK: 102,
+// 2, 6, 8 (Q8 activations) and the split-row
 // k-quants 112, 114 (Q8_K; the others would triple the registers); the host passes only these,
 // so every block reaches MV_RESUME through exactly one product.
 template <int R, bool BIAS>

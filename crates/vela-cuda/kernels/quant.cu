@@ -33,11 +33,8 @@ extern "C" __global__ void quantize_q8k(const float* __restrict__ x, AQ8K* __res
 // Programmatic dependent launch in the pre-norm kernels: they start with NORM_ENTRY() and every
 // thread reaches NORM_RESUME() once; norm_quant_regs loads its norm weights (constants) before
 // it, so their DRAM round trip runs under the previous kernel's tail and only x (just written,
-// in L2) is read after the wait (like the matvecs' MV_ENTRY / MV_RESUME).
-// VELA_CUDA_DEFINES=NORM_WAIT_FIRST: wait at entry (A/B). H200 tg128 (session 17): Gemma 3
-// geometry (post norms: two weight vectors) 1,931.1 / 1,932.4 t/s vs 1,883.8 / 1,892.6; Qwen2.5-0.5B
-// and SmolLM2 equal within noise (1,517.1 / 1,520.1 vs 1,516.4 / 1,517.4; 1,778.6 / 1,777.5 vs
-// 1,772.1 / 1,777.3).
+// in L2) is read after the wait (like the matvecs' MV_ENTRY / MV_RESUME). Gemma 3 geometry (post
+// norms: two weight vectors) decode +2 % against waiting at entry (docs/perf-log.md).
 #define NORM_ENTRY() do {} while (0)
 #define NORM_RESUME() pdl_resume()
 
@@ -139,8 +136,8 @@ __device__ __forceinline__ void q8_lanes8(const float (&hv)[8], AQ8* __restrict_
 // stores them (no contraction into the add); the sum of squares is added in this kernel's order
 // (double, like rms_norm's, so a different order changes the float mean only when the double sums
 // round differently: bit-equal in `mix::post_norm_matmul_equals_unfused` and in sampled output).
-// Gemma 3 270M geometry tg128 on the H200: 1,594 t/s vs 1,510 with the sum emulating rms_norm's
-// order through shared memory and 1,395 without the fold (session 11, two calls).
+// Gemma 3 270M geometry decode 1,594 tok/s against 1,510 with the sum emulating rms_norm's order
+// through shared memory and 1,395 without the fold (docs/perf-log.md).
 template <int K, bool POST = false>
 __device__ void norm_quant_regs(float* __restrict__ x, const float* __restrict__ res,
                                 const float* __restrict__ w, float* __restrict__ h,
@@ -690,8 +687,8 @@ __device__ void deqh(const u8* __restrict__ W, uint4* __restrict__ out, int rows
         out[i] = make_uint4(h[0], h[1], h[2], h[3]);
     }
 }
-// Block-wise variant (deqhb_*, VELA_CUDA_DEQH=block; not yet measured on a GPU):
-// out[r][c] = f16(W[r][c]) for `rows` rows of `cols` elements (a multiple of 32): one thread per
+// Block-wise (deqhb_*, whenever the rows are whole 32-element blocks; deqh_* above for float
+// rows that are not): out[r][c] = f16(W[r][c]) for `rows` rows of `cols` elements (a multiple of 32): one thread per
 // 32-element (sub-)block, decoded once (decode32 / decodek, the matvec decoders) and written as
 // four 16-byte stores. (Decoding each element separately ran at 0.84 TB/s on a 4096x4096 Q4_0
 // weight.) Float weights (T 0/1) go element by element.
@@ -890,7 +887,6 @@ MMX(114, mmx_q6_ks)
 // g = act(g) * u (stored, like act_mul), then Q8 (K = 0: one warp per 32-element block) or Q8_K
 // (K = 1: one warp per 256-element block) blocks like quantize_q8 / quantize_q8k. G = 1: GELU
 // (tanh), else SiLU. n_blocks counts blocks over all rows.
-#define ACT_HOIST true
 // Four floats by one coherent 16-byte load (p 16-byte aligned), kept where it is written.
 __device__ __forceinline__ void ldv4f(const float* p, float* v) {
     asm volatile("ld.global.v4.f32 {%0, %1, %2, %3}, [%4];"
@@ -906,10 +902,10 @@ __device__ void act_quant(float* __restrict__ g, const float* __restrict__ u, u8
     if (K == 0) {
         size_t i = (size_t)blk * 32 + lane;
         // Both loads before the division's slow-path branch (ptxas sank u's below it: two
-        // dependent L2 round trips; SiLU only, as below). Call 4: SmolLM2 geometry 2,080.9 / 2,079.8 vs 2,053.5 /
-        // 2,055.2 t/s (ACT_SERIAL), Llama-3-8B Q4_0 equal.
+        // dependent L2 round trips; SiLU only, as below): SmolLM2 geometry decode +1.3 %
+        // (docs/perf-log.md).
         float gi, ui;
-        if (G == 0 && ACT_HOIST) {
+        if (G == 0) {
             asm volatile("ld.global.f32 %0, [%1];" : "=f"(gi) : "l"(g + i));
             asm volatile("ld.global.f32 %0, [%1];" : "=f"(ui) : "l"(u + i));
         } else {
@@ -922,14 +918,12 @@ __device__ void act_quant(float* __restrict__ g, const float* __restrict__ u, u8
     } else {
         // SiLU: all 16 loads first. With each element's store between them and the division's
         // slow path (a branch), ptxas issued them one pair at a time: eight dependent L2 round
-        // trips on the decode's critical path. H200 tg128 (session 21, call 4): Llama-3-8B Q4_K_M
-        // 471.5 / 473.6 vs 467.6 / 463.4 t/s, the Qwen2.5-0.5B geometry +0.7 %. Not GELU (ptxas
-        // already grouped its loads in two batches; Gemma 3 270M 1,951.6 / 1,943.6 vs 1,975.9 /
-        // 1,976.7 with the loads first). `VELA_CUDA_DEFINES=ACT_SERIAL` keeps the old order for
-        // both; the arithmetic is the same.
+        // trips on the decode's critical path: Llama-3-8B Q4_K_M decode +1.2 % (docs/perf-log.md).
+        // Not GELU (ptxas already grouped its loads in two batches; Gemma 3 270M was slower with
+        // the loads first). The arithmetic is the same either way.
         float v[8];
         size_t i0 = (size_t)blk * 256 + lane * 8;
-        if (G == 0 && ACT_HOIST && ((size_t)g | (size_t)u) % 16 == 0) {
+        if (G == 0 && ((size_t)g | (size_t)u) % 16 == 0) {
             float gv[8], uv[8];
             // Volatile asm, so that the compiler does not sink them to their uses again.
             ldv4f(g + i0, gv); ldv4f(g + i0 + 4, gv + 4);

@@ -166,8 +166,8 @@ impl CudaBackend {
     }
 
     /// `Backend::norm_rope_qk_store`; `norms` = (q weights, k weights, v weights or none, eps).
-    /// With the fold on and the per-head kernel applicable, one `rope_norm_store_heads_*`
-    /// launch (the norms computed as `rms_norm` computes them); otherwise the unfused ops.
+    /// Where the per-head kernel applies, one `rope_norm_store_heads_*` launch (the norms
+    /// computed as `rms_norm` computes them); otherwise the unfused ops.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn norm_rope_qk_store_impl(
         &self,

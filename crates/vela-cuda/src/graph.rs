@@ -1,4 +1,4 @@
-//! Decode steps as CUDA graphs.
+//! The decode-step recorder and the capture / replay of its launch lists as CUDA graphs.
 //!
 //! Between [`vela_compute::Backend::decode_step_begin`] and `decode_step_end` the backend does
 //! not launch kernels: it records every launch (kernel name, grid, block, argument values). The

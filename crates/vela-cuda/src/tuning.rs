@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 pub const DEFAULT_GEMM_MIN: usize = 16;
 
 /// Fewest keys (of the longest query row) for the tensor-core decode attention; fewer take the
-/// split-K parts. Llama-3-8B at 1,024 / 2,048 / 8,192 keys: 380 vs 386, 380 vs 331, 350 vs 265
-/// tok/s (docs/perf-log.md).
+/// split-K parts. Llama-3-8B Q4_0 decode with it: 380 vs 386 tok/s at 1,024 keys, 380 vs 331 at
+/// 2,048, 350 vs 265 at 8,192 (docs/perf-log.md).
 pub const FLASH_DECODE_MIN_KEYS: usize = 1536;
 
 /// The same threshold where the one-warp parts follow the keys (head dim 64): they stay faster

@@ -1,6 +1,7 @@
-//! Second-slice kernels against references: the new one-token matvec (`mv_*`) against the CPU
-//! backend and the old `mm_*_t1` kernels, the exact matmul mode against the CPU's exact mode,
-//! device argmax against the CPU sampler's argmax, and a matvec bandwidth measurement.
+//! Decode kernels against references: the one-token matvec (`mv_*`), the fused norm, RoPE and
+//! decode attention kernels and split rows against the CPU backend, the exact matmul mode against
+//! the CPU's exact mode, device argmax against the CPU sampler's argmax, and a matvec bandwidth
+//! and decode attention timing.
 
 use super::*;
 use vela_compute::cpu::matmul::exact;
