@@ -59,31 +59,29 @@ if [ "$stage" = ops ] || [ "$stage" = all ]; then
   run --exact elementwise_ops_match_cpu          # cold: compiles the kernels with NVRTC
   run --exact elementwise_ops_match_cpu          # warm: loads them from $VELA_CACHE/cuda-kernels
   run matmul_and_get_rows_match_cpu attention_and_kv_match_cpu
-  # second slice: new decode matvec vs CPU and old kernel, exact mode vs CPU exact, device argmax
-  run kernels2::matvec_new_matches_cpu_and_old kernels2::exact_matmul_matches_cpu_exact \
+  # decode matvec vs CPU, exact mode vs CPU exact, device argmax, fused norm / RoPE / decode ops,
+  # split-K decode attention at long contexts, x3 launches == single products, split rows
+  run kernels2::matvec_matches_cpu kernels2::exact_matmul_matches_cpu_exact \
       kernels2::device_argmax_matches_cpu_sampler kernels2::fused_norm_matmul_and_rope_qk_match_cpu \
-      kernels2::split_attention_long_context_matches_cpu kernels2::fused_decode_ops_match_cpu
-  # third slice: K-split matvec in x3 launches, cuBLAS prefill products, device top-k sampling
-  run kernels2::matvec_x3_split_matches_single gemm::gemm_prefill_matches_cpu_exact \
-      sample::device_top_k_matches_cpu
-  # later slices: flash prefill, split-row weights, RoPE + KV store, fused decode attention,
-  # mixed-type products with biases
-  run gemm::prefill_attention_kernels_match_cpu kernels2::split_rows_equal_gguf_layout \
-      kernels2::fused_rope_store_matches_cpu attn::fused_attention_matmul_equals_unfused \
-      mix::mixed_x3_and_bias_equal_separate_products
-  # session 11: norms folded into RoPE + store and into the next pre-norm; Gemma 4 (synth
-  # gemma4-tiny, needs ggml-vocab-gemma-4.gguf in $VELA_CACHE/vocab) exact vs CPU and folded vs not
-  run mix::qk_norm_rope_store_equals_unfused mix::post_norm_matmul_equals_unfused \
-      gemma4::gemma4_exact_gpu_matches_cpu gemma4::gemma4_norm_fold_equals_unfolded
-  # session 12: grid barrier vs dependent launch (reported); head dim 512 prefill attention
-  # through cuBLAS against the plain kernel
-  run kernels2::grid_barrier_and_launch_cost gemm::prefill_attention_d512_gemm_matches_plain
-  run --exact gemm::prefill_attention_timing       # us per prefill attention layer (8B: flash vs
-                                                   # not; Gemma 4 hd 512: cuBLAS vs plain)
+      kernels2::split_attention_long_context_matches_cpu kernels2::fused_decode_ops_match_cpu \
+      kernels2::matvec_x3_matches_single kernels2::split_rows_match_cpu \
+      kernels2::fused_rope_store_matches_cpu
+  # cuBLAS prefill products, prefill attention (flash, 4/32-warp, head dim 512 through cuBLAS),
+  # device top-k sampling
+  run gemm::gemm_prefill_matches_cpu_exact gemm::prefill_attention_kernels_match_cpu \
+      gemm::prefill_attention_d512_gemm_matches_cpu sample::device_top_k_matches_cpu
+  # fused decode attention + product, split-K parts, mixed-type products with biases, narrow
+  # Q8_0 rows, norms folded into RoPE + store and into the next pre-norm; Gemma 4 (synth
+  # gemma4-tiny, needs ggml-vocab-gemma-4.gguf in $VELA_CACHE/vocab) exact vs CPU
+  run attn::fused_attention_matmul_equals_unfused attn::split_parts_match_cpu \
+      mix::mixed_x3_and_bias_equal_separate_products mix::narrow_q8_0_rows_match_cpu \
+      mix::qk_norm_rope_store_equals_unfused mix::post_norm_matmul_equals_unfused \
+      gemma4::gemma4_exact_gpu_matches_cpu
+  run --exact gemm::prefill_attention_timing       # us per prefill attention layer (8B, Gemma 4 hd 512)
   run --exact gemm::gemm_speed                     # cuBLAS vs integer prefill products, crossover
   run --exact sample::device_top_k_timing          # us per top-k call vs reading the row back
-  run --exact kernels2::matvec_bandwidth           # GB/s old vs new on 8B-sized matrices
-  run --exact kernels2::attention_decode_timing    # us per decode attention call, split-K vs not
+  run --exact kernels2::matvec_bandwidth           # GB/s on 8B-sized matrices
+  run --exact kernels2::attention_decode_timing    # us per decode attention call
 fi
 need_model() {
   if [ -z "${VELA_GPU_MODEL:-}" ]; then
@@ -103,7 +101,7 @@ if [ "$stage" = model ] || [ "$stage" = all ]; then
   run --exact model::pipelined_greedy_matches_plain   # chained greedy steps == plain steps
   run --exact model::prepared_steps_match_plain      # steps recorded ahead == recorded when run
   run --exact model::pipelining_guards               # chained/recorded-ahead steps refused where unsafe
-  run --exact model::smollm2_decode_speed            # tok/s per configuration
+  run --exact model::smollm2_decode_speed            # tok/s with and without graphs
 fi
 if [ "$stage" = bench ]; then
   need_model

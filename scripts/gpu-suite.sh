@@ -31,13 +31,15 @@
 #       "name:+SWITCH=value": pp512 too), the 8B at 8K depth (QUICK_8K=0 skips; QUICK_8K_AB
 #       switches; QUICK_DEPTHS="1024 8192" other depths; QUICK_CTX="8192 8192:SWITCH=value" the 8B's
 #       tg128 with that context size, as a server allocates it), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
-#       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_MV_SPLIT=auto" bash ... quick
+#       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_GRAPH=0" bash ... quick
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
 #   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
 #   per switch; SUITE_TG_AB="SWITCH=value ..." vela alone, greedy tg128 at depths 0 and 8192
 #   (SUITE_TG_AB_DEPTHS) of the models matching SUITE_TG_AB_MODELS (default: the synth ones)
-#   without and with each switch, interleaved.
+#   without and with each switch, interleaved. A SWITCH is any environment variable of the run
+#   (VELA_CUDA_GRAPH=0, VELA_MATMUL=f32, ...); the CUDA backend's own variables are listed in
+#   crates/vela-cuda/src/tuning.rs.
 #   SUITE_DIR: the pack's directory (default target/gpu-data/suite; target/gpu-data/suite-s for
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
@@ -66,7 +68,7 @@ d = sys.argv[1]
 tree = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
                       capture_output=True, check=True).stdout.split(b"\0")
 # Each file counted in whole 4 KiB blocks, as the device tool's limit counts it (with ~700 small
-# files, apparent sizes undercount by ~2 MiB and a 56 MiB group was refused; session 17).
+# files, apparent sizes undercount by ~2 MiB and a 56 MiB group was refused).
 blk = lambda f: -(-os.path.getsize(f) // 4096) * 4096
 tree_bytes = sum(blk(f) for f in tree if f and os.path.isfile(f))
 for root, _, fs in os.walk("shared"):
@@ -289,7 +291,7 @@ pack-quick)
   du -sh $Q
   ;;
 quick)
-  # One call (~5 min with the machine's start): every GPU op test (default switches), then
+  # One call (~5 min with the machine's start): every GPU op test, then
   # Llama-3-8B Q4_0 and the Qwen2.5-0.5B geometry (Q4_K_M) vela vs llama.cpp CUDA with each A/B
   # switch in QUICK_AB (3 interleaved reps each), and the 8B at 8K depth.
   Q=target/gpu-data/quick
