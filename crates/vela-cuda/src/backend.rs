@@ -131,16 +131,12 @@ impl CudaBackend {
     /// Exact matmul mode on or off (default: `VELA_MATMUL=f32`); tests compare it with the CPU
     /// backend's exact mode.
     pub fn set_exact_matmul(&self, on: bool) {
-        self.drop_parked();
-        self.flush_recording();
-        self.tune.set_exact(on);
+        self.retune(|t| t.set_exact(on));
     }
 
     /// Decode-step graphs on or off (default: on unless `VELA_CUDA_GRAPH=0` or profiling).
     pub fn set_graphs(&self, on: bool) {
-        self.drop_parked();
-        self.flush_recording();
-        self.tune.set_graphs(on);
+        self.retune(|t| t.set_graphs(on));
     }
 
     /// Per-kernel timing on or off (`VELA_CUDA_PROFILE=1` turns it on at creation, and only then
@@ -172,17 +168,21 @@ impl CudaBackend {
     /// [`crate::tuning::FLASH_DECODE_MIN_KEYS_WARP`] where the one-warp parts follow the keys:
     /// this sets both); tests move the threshold to reach both kernels at short contexts.
     pub fn set_flash_decode_min_keys(&self, n: usize) {
-        self.drop_parked();
-        self.flush_recording();
-        self.tune.set_fd_min_keys(n);
+        self.retune(|t| t.set_fd_min_keys(n));
     }
 
     /// Rows per warp of the one-token matvec: 0 one, 1 two from 2,048 rows (default), 2 two;
     /// tests reach both kernels on small matrices.
     pub fn set_mv_rows_mode(&self, mode: u32) {
+        self.retune(|t| t.set_mv_rows(mode));
+    }
+
+    /// Change a choice that recorded launches depend on: the parked step is dropped and the
+    /// recording in progress run first.
+    fn retune(&self, f: impl FnOnce(&Live)) {
         self.drop_parked();
         self.flush_recording();
-        self.tune.set_mv_rows(mode);
+        f(&self.tune);
     }
 
     pub(crate) fn ptr<T>(&self, s: &CudaSlice<T>) -> u64 {
@@ -224,6 +224,12 @@ impl CudaBackend {
             panic!("{e:#}");
         }
         self.prof.end(&self.dev, name, t);
+        if self.tune.debug {
+            // An asynchronous fault is reported here, against the kernel that caused it.
+            if let Err(e) = self.dev.stream.synchronize() {
+                panic!("CUDA kernel {name} failed: {e:?}");
+            }
+        }
     }
 
     /// 1-D launch over `n` elements.

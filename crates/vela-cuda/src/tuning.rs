@@ -8,8 +8,9 @@
 //! - `VELA_CUDA_PROFILE=1`: per-kernel GPU times printed when the backend is dropped (decode
 //!   graphs are then off, each launch must be timed);
 //! - `VELA_CUDA_GRAPH=0`: decode steps launched kernel by kernel, not as CUDA graphs;
-//! - `VELA_CUDA_DEBUG` (any value): say when a graph capture fails or cuBLAS is loaded, and the
-//!   graph statistics at the end.
+//! - `VELA_CUDA_DEBUG` (any value): synchronize after every launch that is not recorded into a
+//!   decode graph (a fault names its kernel), say when a graph capture fails or cuBLAS is loaded,
+//!   and print the graph statistics at the end.
 
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 
@@ -36,7 +37,7 @@ pub struct Tuning {
     /// Decode steps recorded and replayed as CUDA graphs (off with `VELA_CUDA_GRAPH=0` or when
     /// profiling).
     pub graphs: bool,
-    /// Diagnostics on stderr (`VELA_CUDA_DEBUG`).
+    /// Synchronize after each unrecorded launch, diagnostics on stderr (`VELA_CUDA_DEBUG`).
     pub debug: bool,
     /// Smallest batch for the cuBLAS products (0: never).
     pub gemm_min: usize,
