@@ -10,11 +10,13 @@
 //! it and use exact integer block dot products, RMSNorm sums squares in f64, RoPE builds its
 //! angles by repeated f32 multiplication with the same host-computed ratio.
 //!
-//! Layers, each importing only from those above it in this list: `nvrtc`, `cublas`, `kernels`,
-//! `tuning`, `attn_parts` (no GPU state); `device` (context, stream, kernels, one launch);
-//! `profile`, `graph`, `l2pf` (over a `Device`); `backend` (the [`CudaBackend`] struct and its
-//! launch path); the ops as `impl CudaBackend` blocks (`matmul`, `gemm`, `attn`, `attn_gemm`,
-//! `kv`, `upload`, `argmax`, `sample`, `steps`); this file, the [`Backend`] trait on top.
+//! Modules: `nvrtc`, `cublas`, `kernels`, `tuning`, `attn_parts` and `weight` hold no GPU state;
+//! `device` (context, stream, kernels, one launch) builds on `kernels`; `profile`, `graph` and
+//! `l2pf` work on a `Device`; `backend` defines [`CudaBackend`] (the device, the tuning, the
+//! decode-step recorder, the ops' state) and the launch path every op takes; the ops are
+//! `impl CudaBackend` blocks (`matmul`, `gemm`, `attn`, `attn_gemm`, `kv`, `upload`, `argmax`,
+//! `sample`, `steps`); this file puts the [`Backend`] trait on top. No module below `backend`
+//! imports it or an op module.
 
 mod argmax;
 mod attn;
