@@ -207,7 +207,7 @@ mod tests {
     //! softmax kernel's semantics in between, must give plain causal attention.
     use super::*;
 
-    /// cuBLAS `C_i = op(A_i) op(B_i)` on host slices (element offsets as in `Call`).
+    /// cuBLAS `C_i = op(A_i) op(B_i)` on host data (element offsets as in `Call`).
     fn gemm(c: &Call, a: &[f32], b: &[f32], out: &mut [f32]) {
         let at = |o: &Operand, buf: &[f32], bi: usize, row: usize, col: usize| {
             // Element (row, col) of op(X): X stored column-major with leading dimension ld.
