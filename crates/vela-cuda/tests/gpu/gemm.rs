@@ -172,12 +172,7 @@ fn prefill_attention_kernels_match_cpu() {
                     // (hd 512, f16, no ring wrap: cuBLAS products, Q and P rounded like flash.)
                     let gemm = ty == KvType::F16 && hd == 512 && p0 + n <= spec.capacity;
                     let flash = ty != KvType::F32 && (hd <= 256 || gemm);
-                    let tol = match (ty, flash) {
-                        (KvType::F32, _) => 1e-5,
-                        (KvType::F16, true) => 5e-3,
-                        (KvType::Bf16, true) => 4e-2,
-                        _ => 1e-4,
-                    };
+                    let tol = attn_tol(ty, flash);
                     check(
                         &format!("prefill attention {ty:?} hd={hd} window={window:?} pos {p0}+{n}"),
                         &down(&g, &og, n * nh * hd),

@@ -326,12 +326,7 @@ fn split_attention_long_context_matches_cpu() {
                         .keys()
                         .any(|k| k.starts_with("flash_decode_"));
                     g.set_profiling(false);
-                    let tol = match (ty, fd) {
-                        (KvType::F32, _) => 1e-5,
-                        (KvType::F16, true) => 5e-3,
-                        (KvType::Bf16, true) => 4e-2,
-                        _ => 1e-4,
-                    };
+                    let tol = attn_tol(ty, fd);
                     check(
                         &format!("{tag} {what}"),
                         &down(&g, &og, n * nh * hd),
