@@ -32,6 +32,14 @@
 #       switches; QUICK_DEPTHS="1024 8192" other depths; QUICK_CTX="8192 8192:SWITCH=value" the 8B's
 #       tg128 with that context size, as a server allocates it), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
 #       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_GRAPH=0" bash ... quick
+#   here:   scripts/gpu-suite.sh pack-ab OLD_VELA OLD_GPU_TEST  # one carry (target/gpu-data/ab):
+#                                         #    a reference build's binaries next to this tree's
+#   there:  scripts/gpu-suite.sh ab          # one call, no llama.cpp needed: both GPU test
+#       binaries (on a synth Qwen2.5-0.5B-geometry model), then pp512 + tg128 of both vela binaries
+#       on the synth models of AB_MODELS ("name:geometry:type ...", default Llama-3-8B Q4_0,
+#       Qwen2.5-0.5B Q4_K_M, Gemma-4-31B Q4_0), AB_REPS rounds (default 3) alternating which binary
+#       runs first (AB_TESTS=0 skips the tests); $OUT/ab.md: medians, min-max and new/old. For refactors that must not change
+#       speed or results.
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
 #   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
@@ -44,7 +52,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -359,6 +367,67 @@ quick)
   # One archive of every result (the device tool brings back a limited number of files).
   (cd $OUT && tar czf /tmp/quick-results.tgz . && find . -type f ! -name quick-tests.log -delete && mv /tmp/quick-results.tgz .)
   echo "quick done ($(( $(date +%s) - t0 )) s)"
+  ;;
+pack-ab)
+  # Reference binaries (e.g. built from an earlier commit) and this tree's, xz-compressed.
+  A=target/gpu-data/ab
+  rm -rf $A && mkdir -p $A
+  xz -T2 -6 -c "${2:?old vela binary}" >$A/vela-old.xz
+  xz -T2 -6 -c "${3:?old GPU test binary}" >$A/gpu-test-old.xz
+  xz -T2 -6 -c target/release/vela >$A/vela-new.xz
+  bin=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -1)
+  xz -T2 -6 -c "$bin" >$A/gpu-test-new.xz
+  for v in llama-bpe qwen2 gemma-4; do
+    xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" >$A/vocab-$v.gguf.xz
+  done
+  du -sh $A
+  ;;
+ab)
+  A=target/gpu-data/ab
+  mkdir -p "$OUT" "$VELA_CACHE/vocab"
+  for b in old new; do
+    xz -dc $A/vela-$b.xz >/tmp/vela-$b && xz -dc $A/gpu-test-$b.xz >/tmp/gpu-test-$b && chmod +x /tmp/vela-$b /tmp/gpu-test-$b
+  done
+  for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
+  models=${AB_MODELS:-l8:llama3-8b:q4_0 q05:qwen2.5-0.5b:q4_k_m g31:gemma4-31b:q4_0}
+  # The models first (the GPU tests run on the Qwen2.5-0.5B geometry: SmolLM2's synth needs the
+  # real model's tokenizer, which does not travel).
+  for m in q05:qwen2.5-0.5b:q4_k_m $models; do IFS=: read -r n a t <<<"$m"
+    [ -s /tmp/$n.gguf ] || /tmp/vela-new synth --arch $a --type $t -o /tmp/$n.gguf -t 8 >>/tmp/synth.log 2>&1
+  done
+  for b in $([ "${AB_TESTS:-1}" = 1 ] && echo old new); do
+    VELA_REQUIRE_GPU=1 VELA_GPU_MODEL=/tmp/q05.gguf timeout 300 /tmp/gpu-test-$b --test-threads 1 >$OUT/tests-$b.log 2>&1
+    echo "gpu tests $b: exit $? $(grep -E '^test result' $OUT/tests-$b.log)"
+    grep -E '^test .* (FAILED|ignored)' $OUT/tests-$b.log | head -20
+  done
+  : >$OUT/ab-raw.txt
+  for r in $(seq 1 ${AB_REPS:-3}); do
+    order="old new"; [ $((r % 2)) = 0 ] && order="new old"
+    for m in $models; do n=${m%%:*}
+      for b in $order; do
+        /tmp/vela-$b bench -m /tmp/$n.gguf --device cuda -p 512 -n 128 -r 1 --json 2>/dev/null |
+          python3 -c "import json,sys;d=json.load(sys.stdin);print('$n $b',d['pp']['tps_mean'],d['tg']['tps_mean'])" >>$OUT/ab-raw.txt
+      done
+    done
+  done
+  python3 - $OUT/ab-raw.txt >$OUT/ab.md <<'PYEOF'
+import statistics as st, sys
+rows = {}
+for line in open(sys.argv[1]):
+    n, b, pp, tg = line.split()
+    rows.setdefault(n, {}).setdefault(b, []).append((float(pp), float(tg)))
+print("| model | test | old median (min-max) | new median (min-max) | new/old |")
+print("|---|---|---|---|---:|")
+for n, d in rows.items():
+    for i, t in enumerate(("pp512", "tg128")):
+        o = [x[i] for x in d.get("old", [])]; w = [x[i] for x in d.get("new", [])]
+        if o and w:
+            f = lambda v: f"{st.median(v):.1f} ({min(v):.1f}-{max(v):.1f})"
+            print(f"| {n} | {t} | {f(o)} | {f(w)} | {st.median(w) / st.median(o):.3f} |")
+PYEOF
+  cat $OUT/ab.md
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;
 esac
