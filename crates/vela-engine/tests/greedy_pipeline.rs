@@ -23,7 +23,7 @@ enum Mode {
     Plain,
     /// Tickets and chained steps (like the CUDA backend).
     Pipelined,
-    /// Tickets, but chained steps refused (like `VELA_CUDA_PIPELINE=0`).
+    /// Tickets, but chained steps refused (as a backend that cannot pipeline does).
     NoChain,
 }
 
