@@ -57,12 +57,13 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import llama_oracle as O  # noqa: E402
+import parity_prompts  # noqa: E402
 
 CACHE = O.CACHE
 MODELS_DIR = CACHE / "models"
 OUT_ROOT = CACHE / "golden" / "parity"
 N_GREEDY = 32
-FIXTURE_VERSION = 1  # bump when the generation semantics change (forces regeneration)
+FIXTURE_VERSION = 2  # bump when the generation semantics change (forces regeneration)
 MIN_LONG_TOKENS = 1500
 
 MODELS = {
@@ -118,6 +119,10 @@ def prompts_for(arch: str) -> list[dict]:
         {"name": "multilingual", "kind": "multilingual", "text": MULTILINGUAL, "parse_special": False},
         {"name": "numbers", "kind": "few-shot numbers", "text": "1, 1, 2, 3, 5, 8, 13, 21,", "parse_special": False},
         {"name": "long", "kind": f">= {MIN_LONG_TOKENS} tokens (sdist READMEs)", "text": lt, "parse_special": False},
+    ] + [
+        # The wide set: logits only (no greedy continuation, which costs 64 more evaluations).
+        {"name": k, "kind": parity_prompts.KINDS[k], "text": t, "parse_special": False, "greedy": False}
+        for k, t in parity_prompts.P.items()
     ]
 
 
@@ -224,8 +229,9 @@ def gen_model(key: str, fname: str, flavor: str, force: bool, memo: dict) -> dic
         if p["name"] == "long" and len(toks) < MIN_LONG_TOKENS:
             raise SystemExit(f"{key}: long prompt has only {len(toks)} tokens (< {MIN_LONG_TOKENS})")
         # prompt logits and greedy continuation from one context (same as eval_logits)
-        gq, gqm, lq = O.greedy_decode(mq, toks, N_GREEDY, return_prompt_logits=True)
-        ge, gem, le = O.greedy_decode(me, toks, N_GREEDY, kv_f32=True, return_prompt_logits=True)
+        n_greedy = N_GREEDY if p.get("greedy", True) else 0
+        gq, gqm, lq = O.greedy_decode(mq, toks, n_greedy, return_prompt_logits=True)
+        ge, gem, le = O.greedy_decode(me, toks, n_greedy, kv_f32=True, return_prompt_logits=True)
         qf, ef = f"{p['name']}.q.f32", f"{p['name']}.e.f32"
         lq.astype("<f4").tofile(out / qf)
         le.astype("<f4").tofile(out / ef)

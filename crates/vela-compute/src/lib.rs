@@ -260,6 +260,12 @@ pub trait Backend: Send + Sync {
         dst: &mut Self::Buf,
     );
 
+    /// The output head's product `y = x · wᵀ` (logits), `n` rows. A backend whose matmuls
+    /// round activations may compute it more precisely here (the CPU adds the product of the
+    /// rounding residual); the default is [`Backend::matmul`].
+    fn matmul_logits(&self, w: &Self::Weight, x: &Self::Buf, n: usize, y: &mut Self::Buf) {
+        self.matmul(w, x, n, y)
+    }
     // --- fused ops (default: the unfused ops, so results are identical) ---
     /// RoPE of the query rows (`n_head` heads) and the key rows (`n_head_kv` heads) at the
     /// same positions: [`Backend::rope`] on each.

@@ -608,7 +608,7 @@ impl<B: Backend> DecoderModel<B> {
             be.copy_rows(&st.x, logits_from, rows, d, &mut st.o);
             be.rms_norm(&st.o, &self.output_norm, rows, d, c.rms_eps, &mut st.h);
             let head = self.output.as_ref().unwrap_or(&self.embd);
-            be.matmul(head, &st.h, rows, &mut st.logits);
+            be.matmul_logits(head, &st.h, rows, &mut st.logits);
             if let Some(cap) = c.final_softcap {
                 be.softcap(&mut st.logits, rows * c.n_vocab, cap);
             }

@@ -383,6 +383,18 @@ impl Backend for CpuBackend {
         );
     }
 
+    fn matmul_logits(&self, w: &CpuWeight, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) {
+        let q = w.qmatrix();
+        matmul::matmul_refined(
+            &self.pool,
+            &q,
+            w.packed.as_ref(),
+            &x[..n * q.cols],
+            n,
+            &mut y[..n * q.rows],
+        );
+    }
+
     fn matmul_many(&self, ws: &[&CpuWeight], x: &Vec<f32>, n: usize, ys: &mut [&mut Vec<f32>]) {
         let qs: Vec<QMatrix> = ws.iter().map(|w| w.qmatrix()).collect();
         let qrefs: Vec<&QMatrix> = qs.iter().collect();

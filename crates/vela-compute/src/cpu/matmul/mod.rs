@@ -23,6 +23,7 @@ pub mod exact;
 mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_k;
+mod refine;
 #[allow(clippy::needless_range_loop)]
 mod scalar;
 #[cfg(test)]
@@ -43,6 +44,7 @@ use vela_formats::quant::GgmlType;
 use super::pool::ThreadPool;
 use act::ActKind;
 pub use packed::PackedMatrix;
+pub use refine::matmul_refined;
 
 /// A weight matrix in GGUF layout: `rows` rows of `cols` elements (`cols` = GGUF `ne0`); row `r`
 /// starts at byte `r * ty.row_bytes(cols)` of `data`.

@@ -1,0 +1,112 @@
+//! The output head's product with the activation rounding corrected: `y = W·x̂ + W·r̂`, where
+//! `x̂` is the row as the quantized kernels see it (Q8/Q8_K blocks, ggml's rounding) and `r̂` the
+//! same quantization of the residual `r = x − x̂`.
+//!
+//! Why the head: the logits are the head's output, so its activation rounding reaches them
+//! undamped (the layers' rounding is partly averaged out by the next norm and the residual
+//! stream). One Q8 pass leaves each element off by up to half a step of `amax/127`; the residual
+//! is at most that half step, so its own Q8 pass has a step 254× finer, and the sum is off by
+//! about 1/254 of what one pass leaves. Both rows go through the ordinary kernels as a batch of
+//! two rows per token, so the weights are streamed once and each row is computed by the same
+//! operations whatever the batch (batch invariance holds). See docs/testing.md, "Accuracy of
+//! the quantized path".
+
+use std::cell::RefCell;
+
+use super::act::{self, ActKind, ActQ8, ActQ8K};
+use super::{act_kind, exact, matmul_dispatch, Kernel, PackedMatrix, QMatrix};
+use crate::cpu::pool::ThreadPool;
+
+thread_local! {
+    /// `[x rows; residual rows]`, their products, and one quantized row.
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>, Vec<u8>)> =
+        const { RefCell::new((Vec::new(), Vec::new(), Vec::new())) };
+}
+
+/// `x − x̂` for one row, `x̂` = the row after quantization to `kind` and back (the values the
+/// integer kernels multiply: `d·q`, `d` as stored in the block).
+fn residual(kind: ActKind, x: &[f32], qbuf: &mut Vec<u8>, r: &mut [f32]) {
+    let bytes = kind.row_bytes(x.len());
+    // ActQ8K needs 32-byte alignment: over-allocate and align by hand.
+    qbuf.resize(bytes + 64, 0);
+    let off = qbuf.as_ptr().align_offset(64);
+    let q = &mut qbuf[off..off + bytes];
+    act::quantize_row(kind, x, q);
+    match kind {
+        ActKind::Q8 => {
+            // SAFETY: aligned (64) and `x.len() / 32` blocks long, written just above.
+            let blocks =
+                unsafe { std::slice::from_raw_parts(q.as_ptr() as *const ActQ8, x.len() / 32) };
+            for ((b, xb), rb) in blocks
+                .iter()
+                .zip(x.chunks_exact(32))
+                .zip(r.chunks_exact_mut(32))
+            {
+                for ((o, &v), &qi) in rb.iter_mut().zip(xb).zip(&b.qs) {
+                    *o = v - b.d * qi as f32;
+                }
+            }
+        }
+        ActKind::Q8K => {
+            // SAFETY: as above, `x.len() / 256` blocks.
+            let blocks =
+                unsafe { std::slice::from_raw_parts(q.as_ptr() as *const ActQ8K, x.len() / 256) };
+            for ((b, xb), rb) in blocks
+                .iter()
+                .zip(x.chunks_exact(256))
+                .zip(r.chunks_exact_mut(256))
+            {
+                for ((o, &v), &qi) in rb.iter_mut().zip(xb).zip(&b.qs) {
+                    *o = v - b.d * qi as f32;
+                }
+            }
+        }
+        // Float activations are not rounded beyond their own type: nothing to correct.
+        ActKind::F32 | ActKind::F16 | ActKind::Bf16 => r.fill(0.0),
+    }
+}
+
+/// `y[t*rows + r] = Σ_c W[r][c] · x[t*cols + c]` for the output head: the quantized product of
+/// each row plus that of its quantization residual (module doc). Exact mode and float weights
+/// take the plain path (nothing to correct).
+pub fn matmul_refined(
+    pool: &ThreadPool,
+    w: &QMatrix,
+    packed: Option<&PackedMatrix>,
+    x: &[f32],
+    n_tokens: usize,
+    y: &mut [f32],
+) {
+    let kernel = Kernel::selected();
+    let kind = act_kind(w.ty);
+    if exact::enabled() || !matches!(kind, Some(ActKind::Q8 | ActKind::Q8K)) {
+        return super::matmul_multi_packed(pool, &[w], &[packed], x, n_tokens, &mut [y]);
+    }
+    let kind = kind.expect("checked above");
+    let (rows, cols) = (w.rows, w.cols);
+    assert!(x.len() >= n_tokens * cols && y.len() >= n_tokens * rows);
+    SCRATCH.with(|cell| {
+        let mut guard = cell.borrow_mut();
+        let (xx, yy, qbuf) = &mut *guard;
+        xx.resize(2 * n_tokens * cols, 0.0);
+        yy.resize(2 * n_tokens * rows, 0.0);
+        let (xs, rs) = xx.split_at_mut(n_tokens * cols);
+        xs.copy_from_slice(&x[..n_tokens * cols]);
+        for (xr, rr) in xs.chunks_exact(cols).zip(rs.chunks_exact_mut(cols)) {
+            residual(kind, xr, qbuf, rr);
+        }
+        matmul_dispatch(
+            kernel,
+            pool,
+            &[w],
+            &[packed],
+            xx,
+            2 * n_tokens,
+            &mut [&mut yy[..]],
+        );
+        let (y0, y1) = yy.split_at(n_tokens * rows);
+        for ((o, a), b) in y[..n_tokens * rows].iter_mut().zip(y0).zip(y1) {
+            *o = a + b;
+        }
+    });
+}
