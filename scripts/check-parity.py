@@ -19,7 +19,12 @@ NMSE(a, ref) = sum((a - ref)^2) / sum(ref^2) (float64), ref = the reference.
 
 Per prompt, with v = vela's last-position logits:
   pass_A = NMSE(v,Q) <= 1e-4 and argmax(v) == argmax(Q) and top10set(v) == top10set(Q)
-  pass_B = NMSE(v,E) <= 10 * NMSE(Q,E) and (argmax(v) in {argmax(E), argmax(Q)} or E top-2 margin < 0.1)
+  pass_B = NMSE(v,E) <= 10 * S and (argmax(v) in {argmax(E), argmax(Q)} or a near-tie)
+  S = llama.cpp's spread: the geometric mean of NMSE(Q,E) and of llama.cpp's NMSE to E with an F32
+      KV cache (fixture field nmse_q_variants; a setting as valid as the default, which moves its
+      NMSE by up to ~30x on a prompt); NMSE(Q,E) alone if absent
+  near-tie = E[argmax(E)] - E[argmax(v)] < max(0.1, 2 * RMS(Q - E)): vela's top token is within
+      a gap that llama.cpp's own quantization noise flips as easily
   pass   = pass_A or pass_B
 Overall: every prompt passes and, per model, the geometric mean over its prompts of
 NMSE(v,E)/NMSE(Q,E) <= 1.0 (as accurate as llama.cpp's own quantized path, on average).
@@ -67,18 +72,35 @@ def top10(x) -> list[int]:
     return [int(i) for i in np.argsort(-np.asarray(x), kind="stable")[:10]]
 
 
-def judge(v, q, e, nmse_q_e: float, e_margin: float) -> dict:
+def llama_spread(p: dict) -> float:
+    """llama.cpp's typical distance to E on this prompt: the geometric mean of NMSE(Q,E) over its
+    default settings and the variants in the fixture (F32 KV cache), which are just as valid and
+    move it by up to ~30x (docs/testing.md, "Accuracy of the quantized
+    path"). Fixtures without variants: NMSE(Q,E) alone."""
+    vals = [p["nmse_q_e"], *p.get("nmse_q_variants", {}).values()]
+    return math.exp(sum(math.log(max(x, EPS)) for x in vals) / len(vals))
+
+
+def judge(v, q, e, p: dict) -> dict:
     """The per-prompt pass rule (see module doc)."""
+    nmse_q_e, spread = p["nmse_q_e"], llama_spread(p)
     nv_q, nv_e = nmse(v, q), nmse(v, e)
     am_v, am_q, am_e = int(np.argmax(v)), int(np.argmax(q)), int(np.argmax(e))
     t_v, t_q = set(top10(v)), set(top10(q))
+    # A near-tie: vela's top token is, in E, within MARGIN_TOL of E's top or within twice
+    # llama.cpp's own RMS logit error (a gap its quantization noise flips as easily).
+    sigma_q = float(np.sqrt(np.mean((np.asarray(q, np.float64) - np.asarray(e, np.float64)) ** 2)))
+    gap = float(e[am_e] - e[am_v])
+    near_tie = gap < max(MARGIN_TOL, 2 * sigma_q)
     pass_a = nv_q <= NMSE_Q_TOL and am_v == am_q and t_v == t_q
-    pass_b = nv_e <= E_FACTOR * nmse_q_e and (am_v in (am_e, am_q) or e_margin < MARGIN_TOL)
+    pass_b = nv_e <= E_FACTOR * spread and (am_v in (am_e, am_q) or near_tie)
     return {
         "nmse_v_q": nv_q,
         "nmse_v_e": nv_e,
         "ratio": nv_e / max(nmse_q_e, EPS),
+        "ratio_spread": nv_e / max(spread, EPS),
         "argmax_ok": am_v in (am_e, am_q),
+        "near_tie": near_tie,
         "argmax_v": am_v,
         "top10_overlap": len(t_v & t_q),
         "pass_a": pass_a,
@@ -172,7 +194,7 @@ def check(vela: list[str], models: list[str] | None, prompts: list[str] | None, 
             e = np.fromfile(PARITY / key / p["e_logits"], dtype="<f4")
             try:
                 v = vela_logits(vela, model, p["tokens"], nv)
-                j = judge(v, q, e, p["nmse_q_e"], p["e_top2_margin"])
+                j = judge(v, q, e, p)
             except (RuntimeError, subprocess.TimeoutExpired) as ex:
                 j = {"error": str(ex), "pass": False}
             failed |= not j["pass"]
@@ -208,15 +230,17 @@ def check(vela: list[str], models: list[str] | None, prompts: list[str] | None, 
 
 
 def print_table(rows):
-    print("| model | prompt | n_tokens | NMSE vs Q | NMSE vs E | NMSE(Q,E) | ratio | argmax ok | top10 overlap | pass |")
-    print("|---|---|---:|---:|---:|---:|---:|---|---:|---|")
+    print("| model | prompt | n_tokens | NMSE vs Q | NMSE vs E | NMSE(Q,E) | ratio | ratio to llama.cpp's spread "
+          "| argmax ok | top10 overlap | pass |")
+    print("|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|")
     for key, p, j in rows:
         if "error" in j:
-            print(f"| {key} | {p['name']} | {p['n_tokens']} | error: {j['error'][:120]} | | | | | | FAIL |")
+            print(f"| {key} | {p['name']} | {p['n_tokens']} | error: {j['error'][:120]} | | | | | | | FAIL |")
             continue
         rule = "A" if j["pass_a"] else ("B" if j["pass_b"] else "")
         print(f"| {key} | {p['name']} | {p['n_tokens']} | {j['nmse_v_q']:.3e} | {j['nmse_v_e']:.3e} | "
-              f"{p['nmse_q_e']:.3e} | {j['ratio']:.3f} | {'yes' if j['argmax_ok'] else 'NO'} | "
+              f"{p['nmse_q_e']:.3e} | {j['ratio']:.3f} | {j['ratio_spread']:.3f} | "
+              f"{'yes' if j['argmax_ok'] else ('near-tie' if j['near_tie'] else 'NO')} | "
               f"{j['top10_overlap']}/10 | {'pass (' + rule + ')' if j['pass'] else 'FAIL'} |")
 
 

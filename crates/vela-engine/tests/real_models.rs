@@ -120,9 +120,12 @@ fn chunking_does_not_change_logits() {
     assert!(nmse(&lc, &la) < 1e-10, "token by token: {}", nmse(&lc, &la));
 }
 
-/// A BF16 KV cache (8-bit mantissa, f32 range) stays as close to an F32 cache as an F16 one: the
-/// same argmax, and at most twice F16's NMSE of the last logits after a 290-token prompt, on both
-/// real models (SmolLM2: 3 KV heads of 64; Gemma 3: 1 KV head of 256, sliding layers).
+/// A BF16 KV cache (8-bit mantissa, f32 range) costs what its rounding predicts and no more: in
+/// exact math (f32 activations), where nothing amplifies a rounding flip, its distance to an F32
+/// cache stays below 1e-4 (measured 8.7e-6 on SmolLM2; F16: 8.2e-8), with the same argmax, after a 290-token prompt on both real models (SmolLM2: 3 KV heads of 64;
+/// Gemma 3: 1 KV head of 256, sliding layers). With int8 activations the comparison would be
+/// between two draws of the rounding-flip noise (docs/testing.md, "Accuracy of the quantized
+/// path"), not between the cache types.
 #[test]
 fn bf16_kv_cache_is_close_to_f32() {
     for name in [testdata::SMOLLM2, testdata::GEMMA3] {
@@ -132,6 +135,7 @@ fn bf16_kv_cache_is_close_to_f32() {
         let text = "The history of the printing press begins in the fifteenth century. ".repeat(24);
         let ids = m.tokenizer.encode(&text, true, false).unwrap();
         assert!(ids.len() >= 250, "{}", ids.len());
+        vela_compute::cpu::matmul::exact::set_thread_override(Some(true));
         let mut a = session(&m, 512, 128, KvType::F32);
         let la = a.eval(&ids).unwrap();
         let mut b = session(&m, 512, 128, KvType::Bf16);
@@ -149,10 +153,8 @@ fn bf16_kv_cache_is_close_to_f32() {
             "{name}: vs f32 KV, {} tokens: bf16 nmse {e:.3e}, f16 nmse {e16:.3e}",
             ids.len()
         );
-        // The activation quantization amplifies any cache rounding similarly: BF16 must be no
-        // further from F32 than twice F16's distance (measured: 4.5e-4 vs 4.4e-4 on SmolLM2,
-        // 9.2e-4 vs 1.9e-3 on Gemma 3).
-        assert!(e <= 2.0 * e16, "{name}: bf16 {e:.3e} vs f16 {e16:.3e}");
+        vela_compute::cpu::matmul::exact::set_thread_override(None);
+        assert!(e < 1e-4 && e16 < e, "{name}: bf16 {e:.3e} vs f16 {e16:.3e}");
         assert_eq!(am(&la), am(&lb), "{name}: argmax differs");
     }
 }

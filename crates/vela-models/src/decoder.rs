@@ -316,10 +316,10 @@ impl<B: Backend> DecoderModel<B> {
             max_batch,
             x: be.alloc(nb * c.n_embd),
             h: be.alloc(nb * c.n_embd),
-            q: be.alloc(nb * c.n_head * c.head_dim_k),
+            q: be.alloc(nb * c.n_head * c.head_dim_k.max(c.head_dim_v)),
             k: be.alloc(nb * c.n_head_kv * c.head_dim_k),
             v: be.alloc(nb * c.n_head_kv * c.head_dim_v),
-            a: be.alloc(nb * c.n_head * c.head_dim_v),
+            a: be.alloc(nb * c.n_head * c.head_dim_k.max(c.head_dim_v)),
             o: be.alloc(nb * c.n_embd),
             g: be.alloc(nb * c.n_ff),
             u: be.alloc(nb * c.n_ff),
@@ -479,10 +479,12 @@ impl<B: Backend> DecoderModel<B> {
         positions: &[u32],
         logits_from: usize,
     ) -> Result<usize> {
-        let n = tokens.len();
+        let (mut n, mut positions) = (tokens.len(), positions);
         let be = &*self.backend;
         let c = &self.cfg;
         let d = c.n_embd;
+        // Whether the last layer moved the logits rows to the front (and swapped buffers).
+        let mut swapped = false;
         be.get_rows(&self.embd, tokens, c.embed_scale, &mut st.x)?;
         for (il, l) in self.layers.iter().enumerate() {
             let lc = &c.layers[il];
@@ -552,6 +554,28 @@ impl<B: Backend> DecoderModel<B> {
                     &lc.rope,
                 ),
             }
+            // The last layer past its K/V serves only the rows whose logits are returned: the
+            // others are dropped (llama.cpp does the same), and those rows take the backend's
+            // precise products from here to the logits (`Backend::precise_products`).
+            let last = il + 1 == self.layers.len();
+            if last {
+                if logits_from == n {
+                    return Ok(0);
+                }
+                if logits_from > 0 {
+                    // q's rows go to `a` (both hold the larger head dim's width).
+                    let (qw, rows) = (c.n_head * c.head_dim_k, n - logits_from);
+                    be.copy_rows(&st.q, logits_from, rows, qw, &mut st.a);
+                    std::mem::swap(&mut st.q, &mut st.a);
+                    // (x already holds the previous layer's output: the Q/K/V op added it.)
+                    be.copy_rows(&st.x, logits_from, rows, d, &mut st.h);
+                    std::mem::swap(&mut st.x, &mut st.h);
+                    swapped = true;
+                    n = rows;
+                    positions = &positions[logits_from..];
+                }
+                be.precise_products(true);
+            }
             let ap = AttnParams {
                 n_head: c.n_head,
                 n_head_kv: c.n_head_kv,
@@ -602,17 +626,20 @@ impl<B: Backend> DecoderModel<B> {
             be.rms_norm_inplace(&mut st.o, pn, n, d, c.rms_eps);
         }
         // The last layer's FFN output (the others were added by the next layer's first op).
+        // Rows 0..n of x are now the logits rows.
         be.add(&mut st.x, &st.o, n * d);
-        let rows = n - logits_from;
-        if rows > 0 {
-            be.copy_rows(&st.x, logits_from, rows, d, &mut st.o);
-            be.rms_norm(&st.o, &self.output_norm, rows, d, c.rms_eps, &mut st.h);
-            let head = self.output.as_ref().unwrap_or(&self.embd);
-            be.matmul_logits(head, &st.h, rows, &mut st.logits);
-            if let Some(cap) = c.final_softcap {
-                be.softcap(&mut st.logits, rows * c.n_vocab, cap);
-            }
+        be.rms_norm(&st.x, &self.output_norm, n, d, c.rms_eps, &mut st.h);
+        let head = self.output.as_ref().unwrap_or(&self.embd);
+        be.matmul(head, &st.h, n, &mut st.logits);
+        be.precise_products(false);
+        if let Some(cap) = c.final_softcap {
+            be.softcap(&mut st.logits, n * c.n_vocab, cap);
         }
-        Ok(rows)
+        if swapped {
+            // Each buffer back to its own allocation (their sizes may differ).
+            std::mem::swap(&mut st.q, &mut st.a);
+            std::mem::swap(&mut st.x, &mut st.h);
+        }
+        Ok(n)
     }
 }

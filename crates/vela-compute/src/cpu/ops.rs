@@ -11,11 +11,14 @@ use super::simd;
 use crate::{Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams};
 use anyhow::{bail, Result};
 use half::{bf16, f16};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// The CPU backend.
 pub struct CpuBackend {
     pool: Arc<ThreadPool>,
+    /// [`Backend::precise_products`]: products add their activation-rounding residual's.
+    precise: AtomicBool,
 }
 
 impl CpuBackend {
@@ -30,6 +33,7 @@ impl CpuBackend {
         };
         CpuBackend {
             pool: Arc::new(ThreadPool::new(n)),
+            precise: AtomicBool::new(false),
         }
     }
 
@@ -373,6 +377,10 @@ impl Backend for CpuBackend {
 
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) {
         let q = w.qmatrix();
+        if self.precise.load(Ordering::Relaxed) {
+            let (x, y) = (&x[..n * q.cols], &mut y[..n * q.rows]);
+            return matmul::matmul_refined(&self.pool, &q, w.packed.as_ref(), x, n, y);
+        }
         matmul::matmul_multi_packed(
             &self.pool,
             &[&q],
@@ -383,19 +391,13 @@ impl Backend for CpuBackend {
         );
     }
 
-    fn matmul_logits(&self, w: &CpuWeight, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) {
-        let q = w.qmatrix();
-        matmul::matmul_refined(
-            &self.pool,
-            &q,
-            w.packed.as_ref(),
-            &x[..n * q.cols],
-            n,
-            &mut y[..n * q.rows],
-        );
-    }
-
     fn matmul_many(&self, ws: &[&CpuWeight], x: &Vec<f32>, n: usize, ys: &mut [&mut Vec<f32>]) {
+        if self.precise.load(Ordering::Relaxed) {
+            for (w, y) in ws.iter().zip(ys.iter_mut()) {
+                self.matmul(w, x, n, y);
+            }
+            return;
+        }
         let qs: Vec<QMatrix> = ws.iter().map(|w| w.qmatrix()).collect();
         let qrefs: Vec<&QMatrix> = qs.iter().collect();
         let cols = qs.first().map(|q| q.cols).unwrap_or(0);
@@ -407,6 +409,10 @@ impl Backend for CpuBackend {
         let packed: Vec<Option<&matmul::PackedMatrix>> =
             ws.iter().map(|w| w.packed.as_ref()).collect();
         matmul::matmul_multi_packed(&self.pool, &qrefs, &packed, &x[..n * cols], n, &mut outs);
+    }
+
+    fn precise_products(&self, on: bool) {
+        self.precise.store(on, Ordering::Relaxed);
     }
 
     fn add_bias(&self, x: &mut Vec<f32>, b: &Vec<f32>, n: usize) {

@@ -1,15 +1,15 @@
-//! The output head's product with the activation rounding corrected: `y = W·x̂ + W·r̂`, where
-//! `x̂` is the row as the quantized kernels see it (Q8/Q8_K blocks, ggml's rounding) and `r̂` the
-//! same quantization of the residual `r = x − x̂`.
+//! A product with the activation rounding corrected: `y = W·x̂ + W·r̂`, where `x̂` is the row as
+//! the quantized kernels see it (Q8/Q8_K blocks, ggml's rounding) and `r̂` the same quantization
+//! of the residual `r = x − x̂`.
 //!
-//! Why the head: the logits are the head's output, so its activation rounding reaches them
-//! undamped (the layers' rounding is partly averaged out by the next norm and the residual
-//! stream). One Q8 pass leaves each element off by up to half a step of `amax/127`; the residual
-//! is at most that half step, so its own Q8 pass has a step 254× finer, and the sum is off by
-//! about 1/254 of what one pass leaves. Both rows go through the ordinary kernels as a batch of
-//! two rows per token, so the weights are streamed once and each row is computed by the same
-//! operations whatever the batch (batch invariance holds). See docs/testing.md, "Accuracy of
-//! the quantized path".
+//! Used for the rows whose logits a model returns, from the last layer's attention output to the
+//! head (`Backend::precise_products`): rounding there reaches the logits without the damping the
+//! earlier layers' rounding gets from the layers after it. One Q8 pass leaves each element off by
+//! up to half a step of `amax/127`; the residual is at most that half step, so its own pass has a
+//! step about 254× finer, and the sum is off by about 1/254 of what one pass leaves. Both rows go
+//! through the ordinary kernels as a batch of two rows per token, so the weights are streamed
+//! once and each row is computed by the same operations whatever the batch (batch invariance
+//! holds). See docs/testing.md, "Accuracy of the quantized path".
 
 use std::cell::RefCell;
 
@@ -66,8 +66,8 @@ fn residual(kind: ActKind, x: &[f32], qbuf: &mut Vec<u8>, r: &mut [f32]) {
     }
 }
 
-/// `y[t*rows + r] = Σ_c W[r][c] · x[t*cols + c]` for the output head: the quantized product of
-/// each row plus that of its quantization residual (module doc). Exact mode and float weights
+/// `y[t*rows + r] = Σ_c W[r][c] · x[t*cols + c]`: the quantized product of each row plus that of
+/// its quantization residual (module doc). Exact mode and float weights
 /// take the plain path (nothing to correct).
 pub fn matmul_refined(
     pool: &ThreadPool,
