@@ -35,7 +35,8 @@ Output: `$VELA_CACHE/golden/parity/<model>/` (<model> = smollm2 | gemma3 | qwen2
                     "q_logits": "<name>.q.f32", "e_logits": "<name>.e.f32",
                     "argmax_q", "argmax_e", "top10_q", "top10_e",
                     "q_top2_margin", "e_top2_margin", "nmse_q_e",
-                    "nmse_q_variants" ({"kv_f32"}: llama.cpp's distance to E with an F32 KV cache),
+                    "nmse_q_variants" ({"kv_f32", "ubatch_1" (prompts <= 512 tokens)}: llama.cpp's
+                    distance to E with an F32 KV cache / one token per ubatch),
                     "greedy_q", "greedy_e" (<= 32 ids, stop after an EOG token, which is included),
                     "greedy_q_margins", "greedy_e_margins", "greedy_q_text", "greedy_e_text"}]}
     <name>.q.f32, <name>.e.f32   raw little-endian float32, n_vocab values (last-position logits)
@@ -200,18 +201,28 @@ def up_to_date(out: Path, fp: str) -> bool:
     return all((out / p[k]).exists() for p in m["prompts"] for k in ("q_logits", "e_logits"))
 
 
-# llama.cpp's own spread on a prompt: the same quantized model with an F32 KV cache, a setting
-# just as valid as the default F16 one. Its distance to E moves by up to ~30x between the two
-# (docs/testing.md, "Accuracy of the quantized path"); check-parity.py's per-prompt rule compares
-# vela with their geometric mean.
+# llama.cpp's own spread on a prompt: the same quantized model under settings just as valid as
+# the default (an F32 KV cache; one token per ubatch, for prompts up to UB1_MAX_TOKENS). Its
+# distance to E moves by up to ~30x between them (docs/testing.md, "Accuracy of the quantized
+# path"); check-parity.py's per-prompt rule compares vela with their geometric mean.
+UB1_MAX_TOKENS = 512
+
+
+def variant_keys(n_tokens: int) -> set:
+    return {"kv_f32", "ubatch_1"} if n_tokens <= UB1_MAX_TOKENS else {"kv_f32"}
+
+
 def q_variants(mq, toks, e) -> dict:
-    return {"kv_f32": O.nmse(O.eval_logits(mq, toks, kv_f32=True), e)}
+    v = {"kv_f32": O.nmse(O.eval_logits(mq, toks, kv_f32=True), e)}
+    if len(toks) <= UB1_MAX_TOKENS:
+        v["ubatch_1"] = O.nmse(O.eval_logits(mq, toks, n_batch=1, n_ubatch=1), e)
+    return v
 
 
 def add_variants(key: str, out: Path, mq) -> dict:
     """Fill in `nmse_q_variants` where a manifest lacks it (fixtures made before it existed)."""
     m = json.loads((out / "manifest.json").read_text())
-    todo = [p for p in m["prompts"] if "nmse_q_variants" not in p]
+    todo = [p for p in m["prompts"] if set(p.get("nmse_q_variants", {})) != variant_keys(p["n_tokens"])]
     for p in todo:
         e = np.fromfile(out / p["e_logits"], dtype="<f4")
         p["nmse_q_variants"] = q_variants(mq, p["tokens"], e)

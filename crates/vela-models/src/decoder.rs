@@ -628,10 +628,10 @@ impl<B: Backend> DecoderModel<B> {
         // The last layer's FFN output (the others were added by the next layer's first op).
         // Rows 0..n of x are now the logits rows.
         be.add(&mut st.x, &st.o, n * d);
+        be.precise_products(false);
         be.rms_norm(&st.x, &self.output_norm, n, d, c.rms_eps, &mut st.h);
         let head = self.output.as_ref().unwrap_or(&self.embd);
         be.matmul(head, &st.h, n, &mut st.logits);
-        be.precise_products(false);
         if let Some(cap) = c.final_softcap {
             be.softcap(&mut st.logits, n * c.n_vocab, cap);
         }

@@ -439,9 +439,7 @@ impl<B: Backend> Gemma4Model<B> {
         }
         {
             let [h, lg] = pick2(b, H, LOGITS);
-            be.precise_products(true);
             be.matmul(self.lm_head.as_ref().unwrap_or(&self.embd), h, rows, lg);
-            be.precise_products(false);
         }
         if let Some(cap) = c.final_softcap {
             be.softcap(&mut b[LOGITS], rows * c.n_vocab, cap);

@@ -379,7 +379,8 @@ impl Backend for CpuBackend {
         let q = w.qmatrix();
         if self.precise.load(Ordering::Relaxed) {
             let (x, y) = (&x[..n * q.cols], &mut y[..n * q.rows]);
-            return matmul::matmul_refined(&self.pool, &q, w.packed.as_ref(), x, n, y);
+            let p = [w.packed.as_ref()];
+            return matmul::matmul_refined(&self.pool, &[&q], &p, x, n, &mut [y]);
         }
         matmul::matmul_multi_packed(
             &self.pool,
@@ -392,12 +393,6 @@ impl Backend for CpuBackend {
     }
 
     fn matmul_many(&self, ws: &[&CpuWeight], x: &Vec<f32>, n: usize, ys: &mut [&mut Vec<f32>]) {
-        if self.precise.load(Ordering::Relaxed) {
-            for (w, y) in ws.iter().zip(ys.iter_mut()) {
-                self.matmul(w, x, n, y);
-            }
-            return;
-        }
         let qs: Vec<QMatrix> = ws.iter().map(|w| w.qmatrix()).collect();
         let qrefs: Vec<&QMatrix> = qs.iter().collect();
         let cols = qs.first().map(|q| q.cols).unwrap_or(0);
@@ -408,7 +403,11 @@ impl Backend for CpuBackend {
             .collect();
         let packed: Vec<Option<&matmul::PackedMatrix>> =
             ws.iter().map(|w| w.packed.as_ref()).collect();
-        matmul::matmul_multi_packed(&self.pool, &qrefs, &packed, &x[..n * cols], n, &mut outs);
+        if self.precise.load(Ordering::Relaxed) {
+            matmul::matmul_refined(&self.pool, &qrefs, &packed, &x[..n * cols], n, &mut outs);
+        } else {
+            matmul::matmul_multi_packed(&self.pool, &qrefs, &packed, &x[..n * cols], n, &mut outs);
+        }
     }
 
     fn precise_products(&self, on: bool) {

@@ -66,47 +66,53 @@ fn residual(kind: ActKind, x: &[f32], qbuf: &mut Vec<u8>, r: &mut [f32]) {
     }
 }
 
-/// `y[t*rows + r] = Σ_c W[r][c] · x[t*cols + c]`: the quantized product of each row plus that of
-/// its quantization residual (module doc). Exact mode and float weights
-/// take the plain path (nothing to correct).
+/// `ys[i][t*rows_i + r] = Σ_c W_i[r][c] · x[t*cols + c]`: the quantized product of each row plus
+/// that of its quantization residual (module doc), for matrices sharing `x` (one residual per
+/// activation format, one dispatch). Exact mode, float weights and mixed formats take the plain
+/// path (nothing to correct, or not worth a second residual).
 pub fn matmul_refined(
     pool: &ThreadPool,
-    w: &QMatrix,
-    packed: Option<&PackedMatrix>,
+    ws: &[&QMatrix],
+    packed: &[Option<&PackedMatrix>],
     x: &[f32],
     n_tokens: usize,
-    y: &mut [f32],
+    ys: &mut [&mut [f32]],
 ) {
     let kernel = Kernel::selected();
-    let kind = act_kind(w.ty);
-    if exact::enabled() || !matches!(kind, Some(ActKind::Q8 | ActKind::Q8K)) {
-        return super::matmul_multi_packed(pool, &[w], &[packed], x, n_tokens, &mut [y]);
+    let kind = ws.first().and_then(|w| act_kind(w.ty));
+    let same = ws.iter().all(|w| act_kind(w.ty) == kind);
+    if exact::enabled() || !same || !matches!(kind, Some(ActKind::Q8 | ActKind::Q8K)) {
+        return super::matmul_multi_packed(pool, ws, packed, x, n_tokens, ys);
     }
     let kind = kind.expect("checked above");
-    let (rows, cols) = (w.rows, w.cols);
-    assert!(x.len() >= n_tokens * cols && y.len() >= n_tokens * rows);
+    let cols = ws[0].cols;
+    assert!(x.len() >= n_tokens * cols);
     SCRATCH.with(|cell| {
         let mut guard = cell.borrow_mut();
         let (xx, yy, qbuf) = &mut *guard;
         xx.resize(2 * n_tokens * cols, 0.0);
-        yy.resize(2 * n_tokens * rows, 0.0);
+        let total: usize = ws.iter().map(|w| 2 * n_tokens * w.rows).sum();
+        yy.resize(total, 0.0);
         let (xs, rs) = xx.split_at_mut(n_tokens * cols);
         xs.copy_from_slice(&x[..n_tokens * cols]);
         for (xr, rr) in xs.chunks_exact(cols).zip(rs.chunks_exact_mut(cols)) {
             residual(kind, xr, qbuf, rr);
         }
-        matmul_dispatch(
-            kernel,
-            pool,
-            &[w],
-            &[packed],
-            xx,
-            2 * n_tokens,
-            &mut [&mut yy[..]],
-        );
-        let (y0, y1) = yy.split_at(n_tokens * rows);
-        for ((o, a), b) in y[..n_tokens * rows].iter_mut().zip(y0).zip(y1) {
-            *o = a + b;
+        let mut outs: Vec<&mut [f32]> = Vec::with_capacity(ws.len());
+        let mut rest = &mut yy[..];
+        for w in ws {
+            let (a, b) = rest.split_at_mut(2 * n_tokens * w.rows);
+            outs.push(a);
+            rest = b;
+        }
+        matmul_dispatch(kernel, pool, ws, packed, xx, 2 * n_tokens, &mut outs);
+        for ((w, o), y) in ws.iter().zip(&outs).zip(ys.iter_mut()) {
+            let m = n_tokens * w.rows;
+            assert!(y.len() >= m);
+            let (y0, y1) = o.split_at(m);
+            for ((d, a), b) in y[..m].iter_mut().zip(y0).zip(y1) {
+                *d = a + b;
+            }
         }
     });
 }

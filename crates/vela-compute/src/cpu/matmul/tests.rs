@@ -790,7 +790,7 @@ fn kquant_gguf_kernels_are_bit_identical_to_scalar() {
 }
 
 #[test]
-fn refined_head_product_removes_the_activation_rounding() {
+fn refined_product_removes_the_activation_rounding() {
     let mut rng = Rng(2024);
     let (rows, cols, n) = (48, 512, 3);
     let pool = ThreadPool::new(2);
@@ -822,7 +822,7 @@ fn refined_head_product_removes_the_activation_rounding() {
             .collect();
         let plain = run(Kernel::selected(), &pool, ty, &data, rows, cols, &x, n);
         let mut refined = vec![f32::NAN; n * rows];
-        matmul_refined(&pool, &w, None, &x, n, &mut refined);
+        matmul_refined(&pool, &[&w], &[None], &x, n, &mut [&mut refined[..]]);
         let (e_plain, e_ref) = (nmse(&plain, &exact), nmse(&refined, &exact));
         assert!(
             e_ref < e_plain / 100.0,
@@ -832,7 +832,14 @@ fn refined_head_product_removes_the_activation_rounding() {
         // Batch invariance: each row alone gives the same bits as in the batch.
         for t in 0..n {
             let mut one = vec![f32::NAN; rows];
-            matmul_refined(&pool, &w, None, &x[t * cols..(t + 1) * cols], 1, &mut one);
+            matmul_refined(
+                &pool,
+                &[&w],
+                &[None],
+                &x[t * cols..(t + 1) * cols],
+                1,
+                &mut [&mut one[..]],
+            );
             assert_eq!(
                 one,
                 refined[t * rows..(t + 1) * rows],
