@@ -263,8 +263,8 @@ pub trait Backend: Send + Sync {
     /// Products from here on, until `precise_products(false)`, take the backend's most precise
     /// quantized path where it has one (the CPU adds the product of each activation row's
     /// rounding residual: `docs/testing.md`, "Accuracy of the quantized path"). Models turn it on
-    /// for the rows whose logits they return — the last layer after its K/V and the output head
-    /// — where rounding reaches the logits undamped. Default: no change.
+    /// for the rows whose logits they return in the last layer past its K/V, where rounding
+    /// reaches the logits undamped. Default: no change.
     fn precise_products(&self, _on: bool) {}
     // --- fused ops (default: the unfused ops, so results are identical) ---
     /// RoPE of the query rows (`n_head` heads) and the key rows (`n_head_kv` heads) at the

@@ -556,7 +556,7 @@ impl<B: Backend> DecoderModel<B> {
             }
             // The last layer past its K/V serves only the rows whose logits are returned: the
             // others are dropped (llama.cpp does the same), and those rows take the backend's
-            // precise products from here to the logits (`Backend::precise_products`).
+            // precise products up to the head (`Backend::precise_products`).
             let last = il + 1 == self.layers.len();
             if last {
                 if logits_from == n {

@@ -2,14 +2,17 @@
 //! the quantized kernels see it (Q8/Q8_K blocks, ggml's rounding) and `r̂` the same quantization
 //! of the residual `r = x − x̂`.
 //!
-//! Used for the rows whose logits a model returns, from the last layer's attention output to the
-//! head (`Backend::precise_products`): rounding there reaches the logits without the damping the
-//! earlier layers' rounding gets from the layers after it. One Q8 pass leaves each element off by
-//! up to half a step of `amax/127`; the residual is at most that half step, so its own pass has a
-//! step about 254× finer, and the sum is off by about 1/254 of what one pass leaves. Both rows go
-//! through the ordinary kernels as a batch of two rows per token, so the weights are streamed
-//! once and each row is computed by the same operations whatever the batch (batch invariance
-//! holds). See docs/testing.md, "Accuracy of the quantized path".
+//! Used for the rows whose logits a model returns, in the last layer past its K/V
+//! (`Backend::precise_products`): rounding there reaches the logits without the damping the
+//! earlier layers' rounding gets from the layers after it. (The output head keeps one pass: its
+//! two-row product cost ~40 % of decode speed on the real models, docs/perf-log.md.)
+//!
+//! One Q8 pass leaves each element off by up to half a step of `amax/127`; the residual is at most
+//! that half step, so its own pass has a step about 254× finer, and the sum is off by about 1/254
+//! of what one pass leaves. Both rows go through the ordinary kernels as a batch of two rows per
+//! token, so the weights are streamed once and each row is computed by the same operations
+//! whatever the batch (batch invariance holds). See docs/testing.md, "Accuracy of the quantized
+//! path".
 
 use std::cell::RefCell;
 
@@ -33,36 +36,44 @@ fn residual(kind: ActKind, x: &[f32], qbuf: &mut Vec<u8>, r: &mut [f32]) {
     let q = &mut qbuf[off..off + bytes];
     act::quantize_row(kind, x, q);
     match kind {
-        ActKind::Q8 => {
-            // SAFETY: aligned (64) and `x.len() / 32` blocks long, written just above.
-            let blocks =
-                unsafe { std::slice::from_raw_parts(q.as_ptr() as *const ActQ8, x.len() / 32) };
-            for ((b, xb), rb) in blocks
-                .iter()
-                .zip(x.chunks_exact(32))
-                .zip(r.chunks_exact_mut(32))
-            {
-                for ((o, &v), &qi) in rb.iter_mut().zip(xb).zip(&b.qs) {
-                    *o = v - b.d * qi as f32;
-                }
-            }
-        }
-        ActKind::Q8K => {
-            // SAFETY: as above, `x.len() / 256` blocks.
-            let blocks =
-                unsafe { std::slice::from_raw_parts(q.as_ptr() as *const ActQ8K, x.len() / 256) };
-            for ((b, xb), rb) in blocks
-                .iter()
-                .zip(x.chunks_exact(256))
-                .zip(r.chunks_exact_mut(256))
-            {
-                for ((o, &v), &qi) in rb.iter_mut().zip(xb).zip(&b.qs) {
-                    *o = v - b.d * qi as f32;
-                }
-            }
-        }
+        // SAFETY (both arms): aligned (64) and exactly `x.len() / BS` blocks, written just above.
+        ActKind::Q8 => unsafe { subtract::<ActQ8, 32>(q, x, r) },
+        ActKind::Q8K => unsafe { subtract::<ActQ8K, 256>(q, x, r) },
         // Float activations are not rounded beyond their own type: nothing to correct.
         ActKind::F32 | ActKind::F16 | ActKind::Bf16 => r.fill(0.0),
+    }
+}
+
+/// An activation block's scale and quants.
+trait Block {
+    fn parts(&self) -> (f32, &[i8]);
+}
+impl Block for ActQ8 {
+    fn parts(&self) -> (f32, &[i8]) {
+        (self.d, &self.qs)
+    }
+}
+impl Block for ActQ8K {
+    fn parts(&self) -> (f32, &[i8]) {
+        (self.d, &self.qs)
+    }
+}
+
+/// `r = x − d·q` block by block, the blocks (`BS` elements each) read from `q`.
+///
+/// # Safety
+/// `q` is aligned for `B` and holds `x.len() / BS` valid blocks.
+unsafe fn subtract<B: Block, const BS: usize>(q: &[u8], x: &[f32], r: &mut [f32]) {
+    let blocks = std::slice::from_raw_parts(q.as_ptr() as *const B, x.len() / BS);
+    for ((b, xb), rb) in blocks
+        .iter()
+        .zip(x.chunks_exact(BS))
+        .zip(r.chunks_exact_mut(BS))
+    {
+        let (d, qs) = b.parts();
+        for ((o, &v), &qi) in rb.iter_mut().zip(xb).zip(qs) {
+            *o = v - d * qi as f32;
+        }
     }
 }
 
