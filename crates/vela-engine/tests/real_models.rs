@@ -122,8 +122,9 @@ fn chunking_does_not_change_logits() {
 
 /// A BF16 KV cache (8-bit mantissa, f32 range) costs what its rounding predicts and no more: in
 /// exact math (f32 activations), where nothing amplifies a rounding flip, its distance to an F32
-/// cache stays below 1e-4 (measured 8.7e-6 on SmolLM2; F16: 8.2e-8), with the same argmax, after a 290-token prompt on both real models (SmolLM2: 3 KV heads of 64;
-/// Gemma 3: 1 KV head of 256, sliding layers). With int8 activations the comparison would be
+/// cache stays below 1e-4 (measured 8.7e-6 on SmolLM2; F16: 8.2e-8), with the same argmax, after
+/// a 290-token prompt on both real models (SmolLM2: 3 KV heads of 64; Gemma 3: 1 KV head of 256,
+/// sliding layers). With int8 activations the comparison would be
 /// between two draws of the rounding-flip noise (docs/testing.md, "Accuracy of the quantized
 /// path"), not between the cache types.
 #[test]

@@ -377,11 +377,6 @@ impl Backend for CpuBackend {
 
     fn matmul(&self, w: &CpuWeight, x: &Vec<f32>, n: usize, y: &mut Vec<f32>) {
         let q = w.qmatrix();
-        if self.precise.load(Ordering::Relaxed) {
-            let (x, y) = (&x[..n * q.cols], &mut y[..n * q.rows]);
-            let p = [w.packed.as_ref()];
-            return matmul::matmul_refined(&self.pool, &[&q], &p, x, n, &mut [y]);
-        }
         matmul::matmul_multi_packed(
             &self.pool,
             &[&q],
@@ -389,6 +384,7 @@ impl Backend for CpuBackend {
             &x[..n * q.cols],
             n,
             &mut [&mut y[..n * q.rows]],
+            self.precise.load(Ordering::Relaxed),
         );
     }
 
@@ -403,11 +399,9 @@ impl Backend for CpuBackend {
             .collect();
         let packed: Vec<Option<&matmul::PackedMatrix>> =
             ws.iter().map(|w| w.packed.as_ref()).collect();
-        if self.precise.load(Ordering::Relaxed) {
-            matmul::matmul_refined(&self.pool, &qrefs, &packed, &x[..n * cols], n, &mut outs);
-        } else {
-            matmul::matmul_multi_packed(&self.pool, &qrefs, &packed, &x[..n * cols], n, &mut outs);
-        }
+        let precise = self.precise.load(Ordering::Relaxed);
+        let x = &x[..n * cols];
+        matmul::matmul_multi_packed(&self.pool, &qrefs, &packed, x, n, &mut outs, precise);
     }
 
     fn precise_products(&self, on: bool) {

@@ -44,7 +44,6 @@ use vela_formats::quant::GgmlType;
 use super::pool::ThreadPool;
 use act::ActKind;
 pub use packed::PackedMatrix;
-pub use refine::matmul_refined;
 
 /// A weight matrix in GGUF layout: `rows` rows of `cols` elements (`cols` = GGUF `ne0`); row `r`
 /// starts at byte `r * ty.row_bytes(cols)` of `data`.
@@ -349,7 +348,8 @@ pub fn packs(kernel: Kernel, ty: GgmlType) -> bool {
 /// [`matmul_multi`] where `packed[i]`, if present, is the [`PackedMatrix`] copy of `ws[i]`, used
 /// for batches of at least [`PackedMatrix::min_tokens`] tokens (results are bit-identical to the
 /// scalar kernel's). Follows the exact mode ([`exact::enabled`]) like [`matmul_multi`].
-/// `packed` may be shorter than `ws` (missing entries: none).
+/// `packed` may be shorter than `ws` (missing entries: none). With `refine`, each row's
+/// activation rounding residual is multiplied too (`refine.rs`; where it applies).
 pub fn matmul_multi_packed(
     pool: &ThreadPool,
     ws: &[&QMatrix],
@@ -357,11 +357,16 @@ pub fn matmul_multi_packed(
     x: &[f32],
     n_tokens: usize,
     ys: &mut [&mut [f32]],
+    refine: bool,
 ) {
     if exact::enabled() {
         return exact::matmul_multi(pool, ws, x, n_tokens, ys);
     }
-    matmul_dispatch(Kernel::selected(), pool, ws, packed, x, n_tokens, ys)
+    let kernel = Kernel::selected();
+    match refine.then(|| refine::kind(ws)).flatten() {
+        Some(kind) => refine::matmul(kind, kernel, pool, ws, packed, x, n_tokens, ys),
+        None => matmul_dispatch(kernel, pool, ws, packed, x, n_tokens, ys),
+    }
 }
 
 /// [`matmul_multi_packed`] with an explicit kernel family (tests and benchmarks); the packed

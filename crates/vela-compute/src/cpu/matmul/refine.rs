@@ -17,7 +17,7 @@
 use std::cell::RefCell;
 
 use super::act::{self, ActKind, ActQ8, ActQ8K};
-use super::{act_kind, exact, matmul_dispatch, Kernel, PackedMatrix, QMatrix};
+use super::{act_kind, matmul_dispatch, Kernel, PackedMatrix, QMatrix};
 use crate::cpu::pool::ThreadPool;
 
 thread_local! {
@@ -77,11 +77,21 @@ unsafe fn subtract<B: Block, const BS: usize>(q: &[u8], x: &[f32], r: &mut [f32]
     }
 }
 
+/// The activation format to refine for `ws`: `Some` when every matrix has the same quantized one
+/// (float weights have nothing to correct; mixed formats would need a residual each).
+pub(super) fn kind(ws: &[&QMatrix]) -> Option<ActKind> {
+    let kind = ws.first().and_then(|w| act_kind(w.ty));
+    let same = ws.iter().all(|w| act_kind(w.ty) == kind);
+    kind.filter(|k| same && matches!(k, ActKind::Q8 | ActKind::Q8K))
+}
+
 /// `ys[i][t*rows_i + r] = Σ_c W_i[r][c] · x[t*cols + c]`: the quantized product of each row plus
-/// that of its quantization residual (module doc), for matrices sharing `x` (one residual per
-/// activation format, one dispatch). Exact mode, float weights and mixed formats take the plain
-/// path (nothing to correct, or not worth a second residual).
-pub fn matmul_refined(
+/// that of its quantization residual (module doc), for matrices sharing `x` and the activation
+/// format `kind` (one residual, one dispatch).
+#[allow(clippy::too_many_arguments)]
+pub(super) fn matmul(
+    kind: ActKind,
+    kernel: Kernel,
     pool: &ThreadPool,
     ws: &[&QMatrix],
     packed: &[Option<&PackedMatrix>],
@@ -89,13 +99,6 @@ pub fn matmul_refined(
     n_tokens: usize,
     ys: &mut [&mut [f32]],
 ) {
-    let kernel = Kernel::selected();
-    let kind = ws.first().and_then(|w| act_kind(w.ty));
-    let same = ws.iter().all(|w| act_kind(w.ty) == kind);
-    if exact::enabled() || !same || !matches!(kind, Some(ActKind::Q8 | ActKind::Q8K)) {
-        return super::matmul_multi_packed(pool, ws, packed, x, n_tokens, ys);
-    }
-    let kind = kind.expect("checked above");
     let cols = ws[0].cols;
     assert!(x.len() >= n_tokens * cols);
     SCRATCH.with(|cell| {

@@ -822,7 +822,7 @@ fn refined_product_removes_the_activation_rounding() {
             .collect();
         let plain = run(Kernel::selected(), &pool, ty, &data, rows, cols, &x, n);
         let mut refined = vec![f32::NAN; n * rows];
-        matmul_refined(&pool, &[&w], &[None], &x, n, &mut [&mut refined[..]]);
+        matmul_multi_packed(&pool, &[&w], &[None], &x, n, &mut [&mut refined[..]], true);
         let (e_plain, e_ref) = (nmse(&plain, &exact), nmse(&refined, &exact));
         assert!(
             e_ref < e_plain / 100.0,
@@ -832,14 +832,8 @@ fn refined_product_removes_the_activation_rounding() {
         // Batch invariance: each row alone gives the same bits as in the batch.
         for t in 0..n {
             let mut one = vec![f32::NAN; rows];
-            matmul_refined(
-                &pool,
-                &[&w],
-                &[None],
-                &x[t * cols..(t + 1) * cols],
-                1,
-                &mut [&mut one[..]],
-            );
+            let xt = &x[t * cols..(t + 1) * cols];
+            matmul_multi_packed(&pool, &[&w], &[None], xt, 1, &mut [&mut one[..]], true);
             assert_eq!(
                 one,
                 refined[t * rows..(t + 1) * rows],
