@@ -92,23 +92,8 @@ pub fn info(a: InfoArgs) -> Result<()> {
             println!("  {k} = {}", short(&g.metadata[k]));
         }
     }
-    let cfg = if arch == "gemma4" {
-        vela_models::gemma4::Gemma4Config::from_gguf(&g).map(|c| {
-            print_gemma4(&c);
-            None
-        })
-    } else {
-        vela_models::config_from_gguf(&g).map(Some)
-    };
-    match cfg {
-        Ok(None) => {}
-        Ok(Some(c)) => {
-            let windows = c.layers.iter().filter(|l| l.window.is_some()).count();
-            println!(
-                "model: {} layers, d={}, heads {}/{} kv, head_dim {}/{}, ffn {}, vocab {}, ctx {}, {} sliding-window layers",
-                c.n_layer, c.n_embd, c.n_head, c.n_head_kv, c.head_dim_k, c.head_dim_v, c.n_ff, c.n_vocab, c.n_ctx_train, windows
-            );
-        }
+    match vela_models::registry::for_gguf(&g).and_then(|a| a.describe_gguf(&g)) {
+        Ok(d) => println!("model: {d}"),
         Err(e) => println!("model: not runnable by this build: {e:#}"),
     }
     let mut types: BTreeMap<String, (usize, u64)> = BTreeMap::new();
@@ -147,24 +132,6 @@ pub fn info(a: InfoArgs) -> Result<()> {
         Err(e) => println!("tokenizer: unavailable: {e:#}"),
     }
     Ok(())
-}
-
-fn print_gemma4(c: &vela_models::gemma4::Gemma4Config) {
-    use vela_models::gemma4::LayerKind;
-    let sliding = c
-        .layers
-        .iter()
-        .filter(|l| l.kind == LayerKind::Sliding)
-        .count();
-    let shared = c.layers.iter().filter(|l| l.kv_from.is_some()).count();
-    let keqv = c.layers.iter().filter(|l| l.k_eq_v).count();
-    let hd: std::collections::BTreeSet<usize> = c.layers.iter().map(|l| l.head_dim).collect();
-    println!(
-        "model: gemma4, {} layers ({sliding} sliding, window {}), d={}, heads {}, head dims {hd:?}, \
-         vocab {}, {shared} KV-sharing layers, {keqv} k_eq_v layers, per-layer input dim {}, \
-         final soft-cap {:?}",
-        c.n_layer, c.sliding_window, c.n_embd, c.n_head, c.n_vocab, c.ple_dim, c.final_softcap
-    );
 }
 
 /// `vela info` for a Hugging Face checkpoint directory.
@@ -229,13 +196,9 @@ fn info_hf(dir: &std::path::Path, list: bool) -> Result<()> {
             }
         );
     }
-    if mt.starts_with("gemma4") {
-        match vela_models::gemma4::Gemma4Config::from_json(&j) {
-            Ok(c) => print_gemma4(&c),
-            Err(e) => println!("model: not runnable by this build: {e:#}"),
-        }
-    } else {
-        println!("model: not runnable by this build (Hugging Face directories: gemma4 only)");
+    match vela_models::registry::for_hf(&j).and_then(|a| a.describe_hf(&j)) {
+        Ok(d) => println!("model: {d}"),
+        Err(e) => println!("model: not runnable by this build: {e:#}"),
     }
     match vela_tokenizer::Tokenizer::from_hf_dir(dir) {
         Ok(t) => println!(

@@ -7,7 +7,7 @@ use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
 use vela_engine::loader::LoadOptions;
-use vela_engine::speculative::{load_gemma4_mtp, Drafter, ModelDrafter, NgramDrafter, SpecStats};
+use vela_engine::speculative::{load_mtp, Drafter, ModelDrafter, NgramDrafter, SpecStats};
 use vela_engine::Session;
 
 /// Speculative decoding (output distribution identical to plain decoding).
@@ -71,19 +71,10 @@ pub fn drafter(
     }
     let path = match &a.mtp {
         Some(p) => Some(p.clone()),
-        None if l.model.arch() == "gemma4" => {
-            vela_models::gemma4_assistant::discover_assistant(&l.path)
-        }
-        None => None,
+        None => l.model.discover_mtp(&l.path),
     };
     let Some(path) = path else { return Ok(None) };
-    if l.model.arch() != "gemma4" {
-        bail!(
-            "--mtp needs a Gemma 4 target (this model is '{}')",
-            l.model.arch()
-        );
-    }
-    let d = load_gemma4_mtp(target, &path)?;
+    let d = load_mtp(target, &path)?;
     eprintln!("MTP drafting with the assistant {}", path.display());
     Ok(Some(d))
 }

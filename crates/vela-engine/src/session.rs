@@ -373,9 +373,10 @@ impl Session {
         Ok(())
     }
 
-    /// Drop tokens after `n` without a checkpoint. Always valid for full-attention caches; with
-    /// sliding-window layers only if at most `ubatch` tokens are dropped (the ring keeps that
-    /// much slack beyond the window), otherwise use [`Session::checkpoint`].
+    /// Drop tokens after `n` without a checkpoint, within the state's rollback limit
+    /// ([`ModelState::rollback_limit`]: any number for full-attention caches, `ubatch` with
+    /// sliding-window layers, whose ring keeps that much slack beyond the window); beyond it,
+    /// use [`Session::checkpoint`].
     pub fn truncate(&mut self, n: usize) -> Result<()> {
         if self.tokens[..n.min(self.tokens.len())].contains(&PLACEHOLDER) {
             bail!("a pipelined decode step's token is not known yet (argmax_finish first)");
@@ -383,16 +384,20 @@ impl Session {
         if n >= self.tokens.len() {
             return Ok(());
         }
-        let sliding = self.model.has_sliding_window();
-        if sliding && self.tokens.len() - n > self.state.max_batch() {
+        if !self.can_truncate(n) {
             bail!(
-                "cannot drop {} tokens from a sliding-window cache without a checkpoint (max {})",
+                "cannot drop {} tokens from this model's state without a checkpoint (max {})",
                 self.tokens.len() - n,
-                self.state.max_batch()
+                self.state.rollback_limit()
             );
         }
         self.tokens.truncate(n);
         Ok(())
+    }
+
+    /// Whether [`Session::truncate`] to `n` tokens is possible (without a checkpoint).
+    pub fn can_truncate(&self, n: usize) -> bool {
+        n >= self.tokens.len() || self.tokens.len() - n <= self.state.rollback_limit()
     }
 
     /// Clear the sequence.
@@ -412,7 +417,7 @@ impl Session {
         })
     }
 
-    /// The model-specific state (e.g. for a drafter that downcasts it to read hidden states).
+    /// The model's state of this sequence (e.g. for the model's own drafter, which reads it).
     pub fn state(&self) -> &dyn ModelState {
         &*self.state
     }
@@ -452,8 +457,8 @@ mod memory_tests {
         fn n_ctx_train(&self) -> usize {
             0
         }
-        fn has_sliding_window(&self) -> bool {
-            false
+        fn state_layout(&self) -> vela_models::StateLayout {
+            vela_models::StateLayout::default()
         }
         fn weight_bytes_per_token(&self) -> u64 {
             0

@@ -11,8 +11,8 @@
 //! for i in 1..=k: p_i = dist(rows[i-1]); keep d_i with prob min(1, p_i(d_i)/q_i(d_i)) → emit,
 //!                 else t' ~ normalize(max(0, p_i − q_i)); stop
 //! all kept:       t' ~ dist(rows[k])             (bonus token)
-//! target.truncate(n + 1 + kept)                  rejected K/V dropped (sliding rings included:
-//!                                                 a ring keeps max_batch slots of slack)
+//! target.truncate(n + 1 + kept)                  rejected positions dropped (within the state's
+//!                                                 rollback limit: k + 1 ≤ max_batch)
 //! drafter.sync(row = kept)                        e.g. the MTP assistant reads that hidden state
 //! ```
 //!
@@ -21,15 +21,16 @@
 //! drafter's logits go through the same transformation, so both distributions are filtered
 //! identically. Verified tokens are handed to the callback before the next round is computed.
 //!
-//! Drafters plug in through [`Drafter`]: the Gemma 4 assistant ([`Gemma4Mtp`]) and any small
-//! language model with the target's vocabulary ([`ModelDrafter`]).
+//! Drafters plug in through [`Drafter`]: the target model's own drafter ([`MtpDrafter`], e.g.
+//! the Gemma 4 assistant) and any small language model with the target's vocabulary
+//! ([`ModelDrafter`]).
 
 pub mod accept;
 mod drafters;
 mod ngram;
 
 pub use accept::{position_dist, Dist};
-pub use drafters::{load_gemma4_mtp, Gemma4Mtp, ModelDrafter};
+pub use drafters::{load_mtp, ModelDrafter, MtpDrafter};
 pub use ngram::NgramDrafter;
 
 use crate::generate::FinishReason;
@@ -37,7 +38,6 @@ use crate::sampler::{Rng, SamplerConfig};
 use crate::session::{EvalOutcome, Session};
 use anyhow::{bail, Result};
 use std::time::{Duration, Instant};
-pub use vela_models::gemma4_assistant::discover_assistant;
 
 /// One proposed token and the distribution it was drawn from (after the sampler's filtering).
 #[derive(Clone, Debug)]

@@ -44,8 +44,8 @@ impl LanguageModel for Fake {
     fn n_ctx_train(&self) -> usize {
         0
     }
-    fn has_sliding_window(&self) -> bool {
-        false
+    fn state_layout(&self) -> vela_models::StateLayout {
+        vela_models::StateLayout::default()
     }
     fn weight_bytes_per_token(&self) -> u64 {
         0

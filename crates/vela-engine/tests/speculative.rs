@@ -10,13 +10,13 @@ use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
 use vela_compute::KvType;
 use vela_engine::speculative::{
-    generate_speculative, position_dist, AcceptRule, Draft, Drafter, Gemma4Mtp, ModelDrafter,
+    generate_speculative, position_dist, AcceptRule, Draft, Drafter, ModelDrafter, MtpDrafter,
     NgramDrafter, Propose, SpecOptions, SpecStats,
 };
 use vela_engine::{generate, GenerateOptions, Sampler, SamplerConfig, Session, SessionOptions};
 use vela_formats::testdata;
 use vela_models::gemma4::Gemma4Model;
-use vela_models::gemma4_assistant::Gemma4Assistant;
+use vela_models::gemma4_assistant::{Gemma4Assistant, Gemma4Mtp};
 use vela_models::LanguageModel;
 
 fn fixture(name: &str) -> Option<PathBuf> {
@@ -138,7 +138,14 @@ fn mtp(
     k: usize,
     rule: AcceptRule,
 ) -> (Vec<u32>, SpecStats) {
-    let mut drafter = Gemma4Mtp::new(f.assistant.clone(), s).unwrap();
+    let target = s
+        .model
+        .as_any()
+        .downcast_ref::<Gemma4Model<CpuBackend>>()
+        .unwrap();
+    let mut drafter = MtpDrafter::new(Box::new(
+        Gemma4Mtp::new(f.assistant.clone(), target).unwrap(),
+    ));
     spec(s, &mut drafter, cfg, prompt, n, k, rule)
 }
 
@@ -660,7 +667,7 @@ fn greedy_speculation_on_real_models_is_identical_to_plain_decoding() {
 
 #[test]
 fn load_gemma4_mtp_validates_the_assistant_against_the_target() {
-    use vela_engine::speculative::load_gemma4_mtp;
+    use vela_engine::speculative::load_mtp as load_gemma4_mtp;
     let (Some(dir), Some(other)) = (fixture("dense"), fixture("ordered")) else {
         return;
     };

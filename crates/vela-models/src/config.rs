@@ -196,3 +196,23 @@ impl Common {
         }
     }
 }
+
+impl DecoderConfig {
+    /// One line for `vela info`.
+    pub fn summary(&self) -> String {
+        let windows = self.layers.iter().filter(|l| l.window.is_some()).count();
+        format!(
+            "{} layers, d={}, heads {}/{} kv, head_dim {}/{}, ffn {}, vocab {}, ctx {}, {} sliding-window layers",
+            self.n_layer,
+            self.n_embd,
+            self.n_head,
+            self.n_head_kv,
+            self.head_dim_k,
+            self.head_dim_v,
+            self.n_ff,
+            self.n_vocab,
+            self.n_ctx_train,
+            windows
+        )
+    }
+}

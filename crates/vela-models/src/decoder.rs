@@ -10,9 +10,10 @@
 //! ```
 
 use crate::config::DecoderConfig;
+use crate::state::{alloc_kv, LayerState, StateLayout};
 use anyhow::{anyhow, bail, Result};
 use std::sync::Arc;
-use vela_compute::{AttnParams, Backend, HostWeight, KvLayerSpec, KvType};
+use vela_compute::{AttnParams, Backend, HostWeight, KvType};
 use vela_formats::gguf::GgufFile;
 
 struct Layer<B: Backend> {
@@ -274,19 +275,15 @@ impl<B: Backend> DecoderModel<B> {
         })
     }
 
-    /// KV layout for a context of `n_ctx` tokens processed in batches of up to `max_batch`.
-    pub fn kv_layout(&self, n_ctx: usize, max_batch: usize) -> Vec<KvLayerSpec> {
-        self.cfg
-            .layers
-            .iter()
-            .map(|l| KvLayerSpec {
-                n_head_kv: self.cfg.n_head_kv,
-                head_dim_k: self.cfg.head_dim_k,
-                head_dim_v: self.cfg.head_dim_v,
-                capacity: vela_compute::ring_capacity(l.window, n_ctx, max_batch),
-                window: l.window,
-            })
-            .collect()
+    /// The state a sequence keeps: K/V per layer, sliding layers in a ring.
+    pub fn state_layout(&self) -> StateLayout {
+        let c = &self.cfg;
+        StateLayout::new(
+            c.layers
+                .iter()
+                .map(|l| LayerState::kv(c.n_head_kv, c.head_dim_k, c.head_dim_v, l.window))
+                .collect(),
+        )
     }
 
     /// A fresh sequence state.
@@ -296,12 +293,13 @@ impl<B: Backend> DecoderModel<B> {
         max_batch: usize,
         kv_type: KvType,
     ) -> Result<ForwardState<B>> {
-        if n_ctx == 0 || max_batch == 0 {
-            bail!("context size and batch size must be positive");
-        }
-        let kv = self
-            .backend
-            .new_kv(&self.kv_layout(n_ctx, max_batch), kv_type)?;
+        let kv = alloc_kv(
+            &*self.backend,
+            &self.state_layout(),
+            n_ctx,
+            max_batch,
+            kv_type,
+        )?;
         Ok(self.state_with_kv(kv, n_ctx, max_batch))
     }
 
@@ -641,5 +639,77 @@ impl<B: Backend> DecoderModel<B> {
             std::mem::swap(&mut st.x, &mut st.h);
         }
         Ok(n)
+    }
+}
+
+impl<B: Backend + 'static> crate::lm::CausalLm for DecoderModel<B> {
+    type Be = B;
+    type State = ForwardState<B>;
+    fn arch(&self) -> &str {
+        &self.cfg.arch
+    }
+    fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+    fn n_vocab(&self) -> usize {
+        self.cfg.n_vocab
+    }
+    fn n_ctx_train(&self) -> usize {
+        self.cfg.n_ctx_train
+    }
+    fn weight_bytes_per_token(&self) -> u64 {
+        self.weight_bytes_per_token
+    }
+    fn state_layout(&self) -> StateLayout {
+        DecoderModel::state_layout(self)
+    }
+    fn state_with_kv(&self, kv: B::Kv, n_ctx: usize, max_batch: usize) -> Result<ForwardState<B>> {
+        Ok(DecoderModel::state_with_kv(self, kv, n_ctx, max_batch))
+    }
+    fn kv(st: &ForwardState<B>) -> &B::Kv {
+        &st.kv
+    }
+    fn kv_mut(st: &mut ForwardState<B>) -> &mut B::Kv {
+        &mut st.kv
+    }
+    fn forward(
+        &self,
+        st: &mut ForwardState<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<f32>> {
+        DecoderModel::forward(self, st, tokens, positions, logits_from)
+    }
+    fn forward_argmax(
+        &self,
+        st: &mut ForwardState<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<u32>> {
+        DecoderModel::forward_argmax(self, st, tokens, positions, logits_from)
+    }
+    fn forward_top_k(
+        &self,
+        st: &mut ForwardState<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+        k: usize,
+        need_row: &dyn Fn(&vela_compute::TopK) -> bool,
+    ) -> Result<Vec<(vela_compute::TopK, Option<Vec<f32>>)>> {
+        DecoderModel::forward_top_k(self, st, tokens, positions, logits_from, k, need_row)
+    }
+    fn argmax_start(
+        &self,
+        st: &mut ForwardState<B>,
+        token: Option<u32>,
+        pos: u32,
+    ) -> Result<Option<u64>> {
+        DecoderModel::argmax_start(self, st, token, pos)
+    }
+    fn argmax_finish(&self, ticket: u64) -> Result<u32> {
+        DecoderModel::argmax_finish(self, ticket)
     }
 }

@@ -33,10 +33,11 @@
 //! attention, RoPE types other than `default`/`proportional`, activations other than
 //! `gelu_pytorch_tanh`; multimodal towers are ignored (only the text weights are read).
 
+use crate::state::{alloc_kv, LayerState, StateLayout};
 use anyhow::{anyhow, bail, Result};
 use std::path::Path;
 use std::sync::Arc;
-use vela_compute::{Activation, AttnParams, Backend, KvLayerSpec, KvType, TopK};
+use vela_compute::{Activation, AttnParams, Backend, KvType, TopK};
 use vela_formats::gguf::GgufFile;
 
 mod config;
@@ -117,32 +118,22 @@ const PA: usize = 10;
 const PB: usize = 11;
 
 impl<B: Backend> Gemma4Model<B> {
-    /// KV layout: sliding layers keep `window + max_batch` slots, full layers `n_ctx`,
-    /// KV-sharing consumers a dummy slot (they read their producer's layer).
-    pub fn kv_layout(&self, n_ctx: usize, max_batch: usize) -> Vec<KvLayerSpec> {
-        self.cfg
-            .layers
-            .iter()
-            .map(|l| {
-                let window = (l.kind == LayerKind::Sliding).then_some(self.cfg.sliding_window);
-                if l.kv_from.is_some() {
-                    return KvLayerSpec {
-                        n_head_kv: 1,
-                        head_dim_k: 1,
-                        head_dim_v: 1,
-                        capacity: 1,
-                        window: None,
-                    };
-                }
-                KvLayerSpec {
-                    n_head_kv: l.n_head_kv,
-                    head_dim_k: l.head_dim,
-                    head_dim_v: l.head_dim,
-                    capacity: vela_compute::ring_capacity(window, n_ctx, max_batch),
-                    window,
-                }
-            })
-            .collect()
+    /// The state a sequence keeps: K/V per layer (sliding layers in a ring); KV-sharing
+    /// consumers keep nothing (they read their producer's layer).
+    pub fn state_layout(&self) -> StateLayout {
+        let c = &self.cfg;
+        StateLayout::new(
+            c.layers
+                .iter()
+                .map(|l| match l.kv_from {
+                    Some(from) => LayerState::Shared { from },
+                    None => {
+                        let window = (l.kind == LayerKind::Sliding).then_some(c.sliding_window);
+                        LayerState::kv(l.n_head_kv, l.head_dim, l.head_dim, window)
+                    }
+                })
+                .collect(),
+        )
     }
 
     /// A fresh sequence state.
@@ -152,12 +143,13 @@ impl<B: Backend> Gemma4Model<B> {
         max_batch: usize,
         kv_type: KvType,
     ) -> Result<Gemma4State<B>> {
-        if n_ctx == 0 || max_batch == 0 {
-            bail!("context size and batch size must be positive");
-        }
-        let kv = self
-            .backend
-            .new_kv(&self.kv_layout(n_ctx, max_batch), kv_type)?;
+        let kv = alloc_kv(
+            &*self.backend,
+            &self.state_layout(),
+            n_ctx,
+            max_batch,
+            kv_type,
+        )?;
         Ok(self.state_with_kv(kv, n_ctx, max_batch))
     }
 
@@ -492,4 +484,76 @@ pub fn load_gguf_gemma4<B: Backend>(backend: Arc<B>, g: Arc<GgufFile>) -> Result
 /// Load a Gemma 4 text model from a Hugging Face checkpoint directory.
 pub fn load_hf_gemma4<B: Backend>(backend: Arc<B>, dir: &Path) -> Result<Gemma4Model<B>> {
     Gemma4Model::load_hf(backend, dir)
+}
+
+impl<B: Backend + 'static> crate::lm::CausalLm for Gemma4Model<B> {
+    type Be = B;
+    type State = Gemma4State<B>;
+    fn arch(&self) -> &str {
+        "gemma4"
+    }
+    fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+    fn n_vocab(&self) -> usize {
+        self.cfg.n_vocab
+    }
+    fn n_ctx_train(&self) -> usize {
+        0
+    }
+    fn weight_bytes_per_token(&self) -> u64 {
+        self.weight_bytes_per_token
+    }
+    fn state_layout(&self) -> StateLayout {
+        Gemma4Model::state_layout(self)
+    }
+    fn state_with_kv(&self, kv: B::Kv, n_ctx: usize, max_batch: usize) -> Result<Gemma4State<B>> {
+        Ok(Gemma4Model::state_with_kv(self, kv, n_ctx, max_batch))
+    }
+    fn kv(st: &Gemma4State<B>) -> &B::Kv {
+        &st.kv
+    }
+    fn kv_mut(st: &mut Gemma4State<B>) -> &mut B::Kv {
+        &mut st.kv
+    }
+    fn forward(
+        &self,
+        st: &mut Gemma4State<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<f32>> {
+        Gemma4Model::forward(self, st, tokens, positions, logits_from)
+    }
+    fn forward_argmax(
+        &self,
+        st: &mut Gemma4State<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<u32>> {
+        Gemma4Model::forward_argmax(self, st, tokens, positions, logits_from)
+    }
+    fn forward_top_k(
+        &self,
+        st: &mut Gemma4State<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+        k: usize,
+        need_row: &dyn Fn(&TopK) -> bool,
+    ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
+        Gemma4Model::forward_top_k(self, st, tokens, positions, logits_from, k, need_row)
+    }
+    fn discover_mtp(&self, model_path: &Path) -> Option<std::path::PathBuf> {
+        crate::gemma4_assistant::discover_assistant(model_path)
+    }
+    fn load_mtp(&self, path: &Path) -> Option<Result<Box<dyn crate::mtp::MtpHead>>> {
+        use crate::gemma4_assistant::{Gemma4Assistant, Gemma4Mtp};
+        let load = || -> Result<Box<dyn crate::mtp::MtpHead>> {
+            let asst = Gemma4Assistant::load(self.backend.clone(), path)?;
+            Ok(Box::new(Gemma4Mtp::new(Arc::new(asst), self)?))
+        };
+        Some(load())
+    }
 }

@@ -46,7 +46,9 @@ use vela_formats::quant::GgmlType;
 use crate::gemma4::{pick2, pick3, Gemma4Config, Gemma4Layer, Gemma4Model, LayerKind};
 
 mod checkpoint;
+mod mtp;
 use checkpoint::{gguf_image, gguf_name, read_safetensors};
+pub use mtp::Gemma4Mtp;
 
 /// Configuration of an assistant (`Gemma4AssistantConfig` and its text config).
 #[derive(Clone, Debug)]

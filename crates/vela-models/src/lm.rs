@@ -3,17 +3,21 @@
 //! (shared decoder, Gemma 4, …) and every backend (CPU, CUDA).
 //!
 //! A [`LanguageModel`] is the immutable, shared part (weights on a backend); a [`ModelState`] is
-//! one sequence's mutable part (KV cache, scratch buffers) bound to its model. Architecture- or
-//! backend-specific users (e.g. a drafter that reads the target's hidden states) downcast through
-//! [`ModelState::as_any_mut`] to the concrete type ([`DecoderSeq`], [`Gemma4Seq`]).
+//! one sequence's mutable part (its state as the model declares it, [`StateLayout`], and
+//! scratch buffers) bound to its model. An architecture implements [`CausalLm`]; the
+//! [`LanguageModel`] and its sequences ([`Seq`]) come from that, written once here. What only
+//! some architectures have (an MTP drafter) is a capability of the interface
+//! ([`LanguageModel::load_mtp`]), so the engine, the CLI and the server never ask which
+//! architecture they run nor downcast to its types.
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use std::any::Any;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vela_compute::{Backend, KvType, TopK};
 
-use crate::decoder::{DecoderModel, ForwardState};
-use crate::gemma4::{Gemma4Model, Gemma4State, LayerKind};
+use crate::mtp::MtpHead;
+use crate::state::StateLayout;
 
 /// A loaded causal language model (weights on a backend), shared by its sequences.
 pub trait LanguageModel: Send + Sync {
@@ -24,12 +28,14 @@ pub trait LanguageModel: Send + Sync {
     fn n_vocab(&self) -> usize;
     /// Context length the model was trained for (0 when unknown).
     fn n_ctx_train(&self) -> usize;
-    /// Whether some layer keeps only a sliding window of keys (its cache is a ring).
-    fn has_sliding_window(&self) -> bool;
+    /// The state one sequence keeps, layer by layer: what it costs and what it can undo.
+    fn state_layout(&self) -> StateLayout;
     /// Bytes of weights read per decoded token (for bandwidth reports; 0 when unknown).
     fn weight_bytes_per_token(&self) -> u64;
-    /// Bytes of the KV cache a state for `n_ctx` tokens and `max_batch`-token forwards holds.
-    fn kv_bytes_estimate(&self, n_ctx: usize, max_batch: usize, kv: KvType) -> u64;
+    /// Bytes of the state a sequence of `n_ctx` tokens evaluated `max_batch` at a time holds.
+    fn kv_bytes_estimate(&self, n_ctx: usize, max_batch: usize, kv: KvType) -> u64 {
+        self.state_layout().bytes(n_ctx, max_batch, kv)
+    }
     /// Free memory of the backend's device, when it has a fixed one (GPUs).
     fn memory_free(&self) -> Option<u64>;
     /// A fresh sequence state for up to `n_ctx` tokens, evaluated `max_batch` at a time (the state
@@ -40,6 +46,23 @@ pub trait LanguageModel: Send + Sync {
         max_batch: usize,
         kv: KvType,
     ) -> Result<Box<dyn ModelState>>;
+    /// The model's own drafter (an MTP head or assistant) found next to the model at
+    /// `model_path`, for architectures that have one.
+    fn discover_mtp(&self, model_path: &Path) -> Option<PathBuf> {
+        let _ = model_path;
+        None
+    }
+    /// Load this model's drafter from `path`, checked against the model (width, vocabulary,
+    /// geometry). Architectures without one refuse.
+    fn load_mtp(&self, path: &Path) -> Result<Box<dyn MtpHead>> {
+        let _ = path;
+        bail!(
+            "an MTP drafter drafts for {} targets only (the target is '{}' on {})",
+            crate::registry::mtp_arch_names().join(", "),
+            self.arch(),
+            self.backend_name()
+        )
+    }
     fn as_any(&self) -> &dyn Any;
 }
 
@@ -118,232 +141,255 @@ pub trait ModelState: Send {
     fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()>;
     /// An independent copy (same cache contents).
     fn fork(&self) -> Result<Box<dyn ModelState>>;
+    /// Trailing positions that can be dropped without a checkpoint (the tokens after them are
+    /// simply forgotten; `usize::MAX`: any number): [`StateLayout::rollback_limit`].
+    fn rollback_limit(&self) -> usize {
+        usize::MAX
+    }
     /// Bytes held by the cache.
     fn kv_bytes(&self) -> usize;
     fn as_any(&self) -> &dyn Any;
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
-/// Cache bytes of a layout (K and V elements of every slot of every layer).
-fn layout_bytes(layers: &[vela_compute::KvLayerSpec], kv: KvType) -> u64 {
-    let elem = kv.bytes();
-    layers
-        .iter()
-        .map(|l| (l.capacity * l.n_head_kv * (l.head_dim_k + l.head_dim_v) * elem) as u64)
-        .sum()
+/// What an architecture implements to become a [`LanguageModel`] (through the blanket impl
+/// below): its weights on backend `Be`, the state it declares, and its forward pass over a
+/// sequence state `State` that holds the backend cache the declaration allocates.
+pub trait CausalLm: Send + Sync + 'static {
+    type Be: Backend + 'static;
+    /// One sequence's cache and scratch buffers.
+    type State: Send + 'static;
+    /// Architecture name (`general.architecture` of its GGUF files).
+    fn arch(&self) -> &str;
+    fn backend(&self) -> &Arc<Self::Be>;
+    fn n_vocab(&self) -> usize;
+    /// Context length the model was trained for (0 when unknown).
+    fn n_ctx_train(&self) -> usize;
+    fn weight_bytes_per_token(&self) -> u64;
+    /// The state one sequence keeps, layer by layer.
+    fn state_layout(&self) -> StateLayout;
+    /// A sequence state around `kv` (allocated from [`StateLayout::kv_specs`] for the same
+    /// `n_ctx` and `max_batch`): the scratch buffers are allocated here.
+    fn state_with_kv(
+        &self,
+        kv: <Self::Be as Backend>::Kv,
+        n_ctx: usize,
+        max_batch: usize,
+    ) -> Result<Self::State>;
+    fn kv(st: &Self::State) -> &<Self::Be as Backend>::Kv;
+    fn kv_mut(st: &mut Self::State) -> &mut <Self::Be as Backend>::Kv;
+    /// [`ModelState::forward`].
+    fn forward(
+        &self,
+        st: &mut Self::State,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<f32>>;
+    /// [`ModelState::forward_argmax`].
+    fn forward_argmax(
+        &self,
+        st: &mut Self::State,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<u32>>;
+    /// [`ModelState::forward_top_k`].
+    fn forward_top_k(
+        &self,
+        st: &mut Self::State,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+        k: usize,
+        need_row: &dyn Fn(&TopK) -> bool,
+    ) -> Result<Vec<(TopK, Option<Vec<f32>>)>>;
+    /// [`ModelState::argmax_start`] (default: this model does not pipeline).
+    fn argmax_start(
+        &self,
+        st: &mut Self::State,
+        token: Option<u32>,
+        pos: u32,
+    ) -> Result<Option<u64>> {
+        let _ = (st, token, pos);
+        Ok(None)
+    }
+    /// [`ModelState::argmax_finish`].
+    fn argmax_finish(&self, ticket: u64) -> Result<u32> {
+        Err(anyhow!(
+            "argmax ticket {ticket}: this model state does not pipeline"
+        ))
+    }
+    /// [`LanguageModel::discover_mtp`].
+    fn discover_mtp(&self, model_path: &Path) -> Option<PathBuf> {
+        let _ = model_path;
+        None
+    }
+    /// [`LanguageModel::load_mtp`]; `None`: this architecture has no drafter.
+    fn load_mtp(&self, path: &Path) -> Option<Result<Box<dyn MtpHead>>> {
+        let _ = path;
+        None
+    }
 }
 
-fn restore_kv<B: Backend + 'static>(
-    be: &B,
-    kv: &mut B::Kv,
-    snap: &(dyn Any + Send + Sync),
-) -> Result<()> {
-    let s = snap
-        .downcast_ref::<B::KvSnapshot>()
-        .ok_or_else(|| anyhow!("checkpoint belongs to a different model or backend"))?;
-    be.kv_restore(kv, s);
-    Ok(())
+/// A fresh sequence state of `m` for up to `n_ctx` tokens evaluated `max_batch` at a time.
+pub fn new_state<M: CausalLm>(
+    m: &M,
+    n_ctx: usize,
+    max_batch: usize,
+    kv: KvType,
+) -> Result<M::State> {
+    let layout = CausalLm::state_layout(m);
+    let cache = crate::state::alloc_kv(&**m.backend(), &layout, n_ctx, max_batch, kv)?;
+    m.state_with_kv(cache, n_ctx, max_batch)
 }
 
-/// `ModelState` for a `{ model: Arc<M>, state: S }` sequence type whose state has `kv`, `n_ctx`
-/// and `max_batch` and whose model has `backend`, `forward`, `forward_argmax` and
-/// `forward_top_k` (each taking `&mut state` first); `$with_kv`
-/// builds a state around a copied cache (for `fork`); with `pipelined`, the model also has
-/// `argmax_start` / `argmax_finish` (pipelined greedy decoding).
-macro_rules! impl_model_state {
-    ($seq:ident, $with_kv:expr $(, $pipelined:ident)?) => {
-        impl<B: Backend + 'static> ModelState for $seq<B> {
-            $(
-            fn argmax_start(&mut self, token: Option<u32>, pos: u32) -> Result<Option<u64>> {
-                let _ = stringify!($pipelined);
-                self.model.argmax_start(&mut self.state, token, pos)
-            }
-            fn argmax_finish(&mut self, ticket: u64) -> Result<u32> {
-                self.model.argmax_finish(ticket)
-            }
-            )?
-            fn forward_argmax(
-                &mut self,
-                tokens: &[u32],
-                pos: &[u32],
-                logits_from: usize,
-            ) -> Result<Vec<u32>> {
-                self.model
-                    .forward_argmax(&mut self.state, tokens, pos, logits_from)
-            }
-            fn forward_top_k(
-                &mut self,
-                tokens: &[u32],
-                pos: &[u32],
-                logits_from: usize,
-                k: usize,
-                need_row: &dyn Fn(&TopK) -> bool,
-            ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
-                self.model
-                    .forward_top_k(&mut self.state, tokens, pos, logits_from, k, need_row)
-            }
-            fn forward(
-                &mut self,
-                tokens: &[u32],
-                pos: &[u32],
-                logits_from: usize,
-            ) -> Result<Vec<f32>> {
-                self.model
-                    .forward(&mut self.state, tokens, pos, logits_from)
-            }
-            fn n_ctx(&self) -> usize {
-                self.state.n_ctx
-            }
-            fn max_batch(&self) -> usize {
-                self.state.max_batch
-            }
-            fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync> {
-                Box::new(self.model.backend.kv_checkpoint(&self.state.kv, n_past))
-            }
-            fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()> {
-                restore_kv(&*self.model.backend, &mut self.state.kv, snap)
-            }
-            fn fork(&self) -> Result<Box<dyn ModelState>> {
-                let kv = self.model.backend.kv_clone(&self.state.kv);
-                let state = IntoResult::into_result(($with_kv)(self, kv))?;
-                Ok(Box::new($seq {
-                    model: self.model.clone(),
-                    state,
-                }))
-            }
-            fn kv_bytes(&self) -> usize {
-                self.model.backend.kv_bytes(&self.state.kv)
-            }
-            fn as_any(&self) -> &dyn Any {
-                self
-            }
-            fn as_any_mut(&mut self) -> &mut dyn Any {
-                self
-            }
+impl<M: CausalLm> LanguageModel for M {
+    fn arch(&self) -> &str {
+        CausalLm::arch(self)
+    }
+    fn backend_name(&self) -> String {
+        self.backend().name()
+    }
+    fn n_vocab(&self) -> usize {
+        CausalLm::n_vocab(self)
+    }
+    fn n_ctx_train(&self) -> usize {
+        CausalLm::n_ctx_train(self)
+    }
+    fn state_layout(&self) -> StateLayout {
+        CausalLm::state_layout(self)
+    }
+    fn weight_bytes_per_token(&self) -> u64 {
+        CausalLm::weight_bytes_per_token(self)
+    }
+    fn memory_free(&self) -> Option<u64> {
+        self.backend().memory_free()
+    }
+    fn new_state(
+        self: Arc<Self>,
+        n_ctx: usize,
+        max_batch: usize,
+        kv: KvType,
+    ) -> Result<Box<dyn ModelState>> {
+        let state = new_state(&*self, n_ctx, max_batch, kv)?;
+        let rollback_limit = CausalLm::state_layout(&*self).rollback_limit(max_batch);
+        Ok(Box::new(Seq {
+            model: self,
+            state,
+            n_ctx,
+            max_batch,
+            rollback_limit,
+        }))
+    }
+    fn discover_mtp(&self, model_path: &Path) -> Option<PathBuf> {
+        CausalLm::discover_mtp(self, model_path)
+    }
+    fn load_mtp(&self, path: &Path) -> Result<Box<dyn MtpHead>> {
+        match CausalLm::load_mtp(self, path) {
+            Some(r) => r,
+            None => bail!(
+                "an MTP drafter drafts for {} targets only (the target is '{}' on {})",
+                crate::registry::mtp_arch_names().join(", "),
+                CausalLm::arch(self),
+                self.backend().name()
+            ),
         }
-    };
-}
-
-/// Lets `impl_model_state!`'s state constructor return a state or a `Result` of one.
-trait IntoResult<T> {
-    fn into_result(self) -> Result<T>;
-}
-impl<B: Backend> IntoResult<ForwardState<B>> for ForwardState<B> {
-    fn into_result(self) -> Result<ForwardState<B>> {
-        Ok(self)
-    }
-}
-impl<B: Backend> IntoResult<Gemma4State<B>> for Gemma4State<B> {
-    fn into_result(self) -> Result<Gemma4State<B>> {
-        Ok(self)
-    }
-}
-impl<T> IntoResult<T> for Result<T> {
-    fn into_result(self) -> Result<T> {
-        self
-    }
-}
-
-/// A sequence of the shared decoder ([`DecoderModel`]).
-pub struct DecoderSeq<B: Backend> {
-    pub model: Arc<DecoderModel<B>>,
-    pub state: ForwardState<B>,
-}
-
-impl<B: Backend + 'static> LanguageModel for DecoderModel<B> {
-    fn arch(&self) -> &str {
-        &self.cfg.arch
-    }
-    fn backend_name(&self) -> String {
-        self.backend.name()
-    }
-    fn n_vocab(&self) -> usize {
-        self.cfg.n_vocab
-    }
-    fn n_ctx_train(&self) -> usize {
-        self.cfg.n_ctx_train
-    }
-    fn has_sliding_window(&self) -> bool {
-        self.cfg.layers.iter().any(|l| l.window.is_some())
-    }
-    fn weight_bytes_per_token(&self) -> u64 {
-        self.weight_bytes_per_token
-    }
-    fn kv_bytes_estimate(&self, n_ctx: usize, max_batch: usize, kv: KvType) -> u64 {
-        layout_bytes(&self.kv_layout(n_ctx, max_batch), kv)
-    }
-    fn memory_free(&self) -> Option<u64> {
-        self.backend.memory_free()
-    }
-    fn new_state(
-        self: Arc<Self>,
-        n_ctx: usize,
-        max_batch: usize,
-        kv: KvType,
-    ) -> Result<Box<dyn ModelState>> {
-        let state = DecoderModel::new_state(&self, n_ctx, max_batch, kv)?;
-        Ok(Box::new(DecoderSeq { model: self, state }))
     }
     fn as_any(&self) -> &dyn Any {
         self
     }
 }
 
-impl_model_state!(
-    DecoderSeq,
-    |seq: &DecoderSeq<B>, kv| seq
-        .model
-        .state_with_kv(kv, seq.state.n_ctx, seq.state.max_batch),
-    pipelined
-);
+/// One sequence of a [`CausalLm`] model: the model and the sequence's state.
+pub struct Seq<M: CausalLm> {
+    pub model: Arc<M>,
+    pub state: M::State,
+    n_ctx: usize,
+    max_batch: usize,
+    rollback_limit: usize,
+}
 
-impl<B: Backend + 'static> LanguageModel for Gemma4Model<B> {
-    fn arch(&self) -> &str {
-        "gemma4"
+/// A sequence of the shared decoder.
+pub type DecoderSeq<B> = Seq<crate::decoder::DecoderModel<B>>;
+/// A sequence of a Gemma 4 model.
+pub type Gemma4Seq<B> = Seq<crate::gemma4::Gemma4Model<B>>;
+
+type Snapshot<M> = <<M as CausalLm>::Be as Backend>::KvSnapshot;
+
+impl<M: CausalLm> ModelState for Seq<M> {
+    fn forward(&mut self, tokens: &[u32], pos: &[u32], logits_from: usize) -> Result<Vec<f32>> {
+        self.model
+            .forward(&mut self.state, tokens, pos, logits_from)
     }
-    fn backend_name(&self) -> String {
-        self.backend.name()
+    fn forward_argmax(
+        &mut self,
+        tokens: &[u32],
+        pos: &[u32],
+        logits_from: usize,
+    ) -> Result<Vec<u32>> {
+        self.model
+            .forward_argmax(&mut self.state, tokens, pos, logits_from)
     }
-    fn n_vocab(&self) -> usize {
-        self.cfg.n_vocab
+    fn forward_top_k(
+        &mut self,
+        tokens: &[u32],
+        pos: &[u32],
+        logits_from: usize,
+        k: usize,
+        need_row: &dyn Fn(&TopK) -> bool,
+    ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
+        self.model
+            .forward_top_k(&mut self.state, tokens, pos, logits_from, k, need_row)
     }
-    fn n_ctx_train(&self) -> usize {
-        0
+    fn argmax_start(&mut self, token: Option<u32>, pos: u32) -> Result<Option<u64>> {
+        CausalLm::argmax_start(&*self.model, &mut self.state, token, pos)
     }
-    fn has_sliding_window(&self) -> bool {
-        self.cfg.layers.iter().any(|l| l.kind == LayerKind::Sliding)
+    fn argmax_finish(&mut self, ticket: u64) -> Result<u32> {
+        CausalLm::argmax_finish(&*self.model, ticket)
     }
-    fn weight_bytes_per_token(&self) -> u64 {
-        self.weight_bytes_per_token
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
     }
-    fn kv_bytes_estimate(&self, n_ctx: usize, max_batch: usize, kv: KvType) -> u64 {
-        layout_bytes(&self.kv_layout(n_ctx, max_batch), kv)
+    fn max_batch(&self) -> usize {
+        self.max_batch
     }
-    fn memory_free(&self) -> Option<u64> {
-        self.backend.memory_free()
+    fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync> {
+        Box::new(
+            self.model
+                .backend()
+                .kv_checkpoint(M::kv(&self.state), n_past),
+        )
     }
-    fn new_state(
-        self: Arc<Self>,
-        n_ctx: usize,
-        max_batch: usize,
-        kv: KvType,
-    ) -> Result<Box<dyn ModelState>> {
-        let state = Gemma4Model::new_state(&self, n_ctx, max_batch, kv)?;
-        Ok(Box::new(Gemma4Seq { model: self, state }))
+    fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()> {
+        let s = snap
+            .downcast_ref::<Snapshot<M>>()
+            .ok_or_else(|| anyhow!("checkpoint belongs to a different model or backend"))?;
+        self.model
+            .backend()
+            .kv_restore(M::kv_mut(&mut self.state), s);
+        Ok(())
+    }
+    fn fork(&self) -> Result<Box<dyn ModelState>> {
+        let kv = self.model.backend().kv_clone(M::kv(&self.state));
+        Ok(Box::new(Seq {
+            model: self.model.clone(),
+            state: self.model.state_with_kv(kv, self.n_ctx, self.max_batch)?,
+            n_ctx: self.n_ctx,
+            max_batch: self.max_batch,
+            rollback_limit: self.rollback_limit,
+        }))
+    }
+    fn rollback_limit(&self) -> usize {
+        self.rollback_limit
+    }
+    fn kv_bytes(&self) -> usize {
+        self.model.backend().kv_bytes(M::kv(&self.state))
     }
     fn as_any(&self) -> &dyn Any {
         self
     }
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
 }
-
-/// A sequence of a [`Gemma4Model`].
-pub struct Gemma4Seq<B: Backend> {
-    pub model: Arc<Gemma4Model<B>>,
-    pub state: Gemma4State<B>,
-}
-
-impl_model_state!(Gemma4Seq, |seq: &Gemma4Seq<B>, kv| seq.model.state_with_kv(
-    kv,
-    seq.state.n_ctx,
-    seq.state.max_batch
-));

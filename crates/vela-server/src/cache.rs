@@ -1,9 +1,10 @@
 //! Exact prefix cache: several recent sequence states kept within a memory budget.
 //!
 //! A request takes the cached session sharing the longest token prefix with its prompt and rolls
-//! it back to that prefix. Rolling back is [`Session::truncate`] when allowed (always for
-//! full-attention caches; for sliding-window caches only when at most `ubatch` tokens are
-//! dropped), otherwise a restore of the checkpoint taken right after the session's last prompt
+//! it back to that prefix. Rolling back is [`Session::truncate`] when the model's state allows
+//! dropping that many positions (its rollback limit, `vela_models::StateLayout::rollback_limit`:
+//! any number for full-attention caches, `ubatch` for sliding-window rings, the snapshots kept
+//! for recurrent layers), otherwise a restore of the checkpoint taken right after the session's last prompt
 //! was prefilled (so a follow-up turn that re-renders the previous answer differently still
 //! reuses the whole previous prompt), otherwise a reset. At least one prompt token is always
 //! re-evaluated to get logits. Sessions are evicted least-recently-used first.
@@ -36,19 +37,14 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Plan the rollback of a session holding `cached` (checkpoint at `cp`, if any) for `prompt`.
-pub fn plan(
-    cached: &[u32],
-    cp: Option<usize>,
-    sliding: bool,
-    ubatch: usize,
-    prompt: &[u32],
-) -> Reuse {
+/// Plan the rollback of a session holding `cached` (checkpoint at `cp`, if any) for `prompt`;
+/// `rollback_limit`: how many trailing positions the state can drop without a checkpoint.
+pub fn plan(cached: &[u32], cp: Option<usize>, rollback_limit: usize, prompt: &[u32]) -> Reuse {
     let target = common_prefix(cached, prompt).min(prompt.len().saturating_sub(1));
     if target == 0 {
         return Reuse::Reset;
     }
-    if !sliding || cached.len() - target <= ubatch {
+    if cached.len() - target <= rollback_limit {
         return Reuse::Truncate(target);
     }
     match cp {
@@ -61,14 +57,13 @@ pub fn plan(
 /// (tokens, checkpoint position, last-used stamp).
 pub fn choose(
     entries: &[(&[u32], Option<usize>, u64)],
-    sliding: bool,
-    ubatch: usize,
+    rollback_limit: usize,
     prompt: &[u32],
 ) -> Option<(usize, Reuse)> {
     entries
         .iter()
         .enumerate()
-        .map(|(i, (t, cp, used))| (i, plan(t, *cp, sliding, ubatch, prompt), *used))
+        .map(|(i, (t, cp, used))| (i, plan(t, *cp, rollback_limit, prompt), *used))
         .filter(|(_, r, _)| r.reused() > 0)
         .max_by_key(|(_, r, used)| (r.reused(), *used))
         .map(|(i, r, _)| (i, r))
@@ -116,12 +111,7 @@ impl PrefixCache {
     }
 
     /// Take the best entry for `prompt` out of the cache with its plan.
-    pub fn take_best(
-        &mut self,
-        sliding: bool,
-        ubatch: usize,
-        prompt: &[u32],
-    ) -> Option<(Entry, Reuse)> {
+    pub fn take_best(&mut self, rollback_limit: usize, prompt: &[u32]) -> Option<(Entry, Reuse)> {
         let views: Vec<(&[u32], Option<usize>, u64)> = self
             .entries
             .iter()
@@ -133,7 +123,7 @@ impl PrefixCache {
                 )
             })
             .collect();
-        let (i, r) = choose(&views, sliding, ubatch, prompt)?;
+        let (i, r) = choose(&views, rollback_limit, prompt)?;
         Some((self.entries.swap_remove(i), r))
     }
 
@@ -173,16 +163,16 @@ mod tests {
     fn plan_full_attention_truncates() {
         let cached = [1, 2, 3, 4, 5, 6];
         assert_eq!(
-            plan(&cached, None, false, 2, &[1, 2, 3, 9]),
+            plan(&cached, None, usize::MAX, &[1, 2, 3, 9]),
             Reuse::Truncate(3)
         );
         // The whole prompt is cached: keep one token to evaluate.
         assert_eq!(
-            plan(&cached, None, false, 2, &[1, 2, 3]),
+            plan(&cached, None, usize::MAX, &[1, 2, 3]),
             Reuse::Truncate(2)
         );
-        assert_eq!(plan(&cached, None, false, 2, &[7, 2]), Reuse::Reset);
-        assert_eq!(plan(&[], None, false, 2, &[7, 2]), Reuse::Reset);
+        assert_eq!(plan(&cached, None, usize::MAX, &[7, 2]), Reuse::Reset);
+        assert_eq!(plan(&[], None, usize::MAX, &[7, 2]), Reuse::Reset);
     }
 
     #[test]
@@ -191,17 +181,14 @@ mod tests {
         let mut prompt: Vec<u32> = (0..60).collect();
         prompt.push(999);
         // Dropping 40 > ubatch 8 tokens: restore the checkpoint at 50 (≤ 60 common).
-        assert_eq!(
-            plan(&cached, Some(50), true, 8, &prompt),
-            Reuse::Restore(50)
-        );
+        assert_eq!(plan(&cached, Some(50), 8, &prompt), Reuse::Restore(50));
         // Checkpoint beyond the common prefix is useless.
-        assert_eq!(plan(&cached, Some(70), true, 8, &prompt), Reuse::Reset);
-        assert_eq!(plan(&cached, None, true, 8, &prompt), Reuse::Reset);
+        assert_eq!(plan(&cached, Some(70), 8, &prompt), Reuse::Reset);
+        assert_eq!(plan(&cached, None, 8, &prompt), Reuse::Reset);
         // Small rollback: truncate.
         let mut p2: Vec<u32> = (0..95).collect();
         p2.push(999);
-        assert_eq!(plan(&cached, Some(50), true, 8, &p2), Reuse::Truncate(95));
+        assert_eq!(plan(&cached, Some(50), 8, &p2), Reuse::Truncate(95));
     }
 
     #[test]
@@ -211,10 +198,10 @@ mod tests {
         let c: Vec<u32> = vec![1, 2, 3, 4, 5];
         let entries = [(&a[..], None, 5), (&b[..], None, 1), (&c[..], None, 2)];
         assert_eq!(
-            choose(&entries, false, 8, &[1, 2, 3, 4, 5, 6]),
+            choose(&entries, usize::MAX, &[1, 2, 3, 4, 5, 6]),
             Some((2, Reuse::Truncate(5)))
         );
-        assert_eq!(choose(&entries, false, 8, &[9]), None);
+        assert_eq!(choose(&entries, usize::MAX, &[9]), None);
     }
 
     #[test]

@@ -216,16 +216,9 @@ fn load_drafter(
     }
     let path = match &args.mtp {
         Some(p) => Some(p.clone()),
-        None if m.model.arch() == "gemma4" => vela_engine::speculative::discover_assistant(&m.path),
-        None => None,
+        None => m.model.discover_mtp(&m.path),
     };
     let Some(path) = path else { return Ok(None) };
-    if m.model.arch() != "gemma4" {
-        bail!(
-            "--mtp needs a Gemma 4 target (this model is '{}')",
-            m.model.arch()
-        );
-    }
     // The drafter binds to the model, not to one sequence: a small session validates it.
     let probe = vela_engine::Session::new(
         m.model.clone(),
@@ -235,7 +228,7 @@ fn load_drafter(
             kv_type: opts.kv_type,
         },
     )?;
-    let d = vela_engine::speculative::load_gemma4_mtp(&probe, &path)?;
+    let d = vela_engine::speculative::load_mtp(&probe, &path)?;
     eprintln!(
         "vela-server: MTP speculative decoding with {}",
         path.display()

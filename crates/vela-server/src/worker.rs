@@ -127,7 +127,11 @@ pub fn run(
     metrics: Arc<Metrics>,
 ) {
     let mut cache = PrefixCache::new(cfg.cache_bytes);
-    let sliding = model.model.has_sliding_window();
+    // Trailing positions a session can drop without a checkpoint (the same for every session).
+    let rollback_limit = model
+        .model
+        .state_layout()
+        .rollback_limit(cfg.session.ubatch.max(1));
     while let Some(job) = jobs.blocking_recv() {
         metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
         if job.cancel.is_cancelled() || job.out.is_closed() {
@@ -140,7 +144,7 @@ pub fn run(
             &model,
             &cfg,
             &mut cache,
-            sliding,
+            rollback_limit,
             job,
             &metrics,
             &mut drafter,
@@ -188,14 +192,13 @@ fn serve_job(
     model: &Arc<LoadedModel>,
     cfg: &WorkerConfig,
     cache: &mut PrefixCache,
-    sliding: bool,
+    rollback_limit: usize,
     job: Job,
     metrics: &Metrics,
     drafter: &mut Option<Box<dyn Drafter>>,
 ) -> anyhow::Result<()> {
-    let ubatch = cfg.session.ubatch.max(1);
     // Pick a session.
-    let (mut entry, mut reuse) = match cache.take_best(sliding, ubatch, &job.prompt) {
+    let (mut entry, mut reuse) = match cache.take_best(rollback_limit, &job.prompt) {
         Some(x) => x,
         None => {
             let per = cache

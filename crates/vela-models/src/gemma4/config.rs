@@ -440,3 +440,30 @@ impl Gemma4Config {
         Gemma4Config::from_json(&j)
     }
 }
+
+impl Gemma4Config {
+    /// One line for `vela info`.
+    pub fn summary(&self) -> String {
+        let sliding = self
+            .layers
+            .iter()
+            .filter(|l| l.kind == LayerKind::Sliding)
+            .count();
+        let shared = self.layers.iter().filter(|l| l.kv_from.is_some()).count();
+        let keqv = self.layers.iter().filter(|l| l.k_eq_v).count();
+        let hd: std::collections::BTreeSet<usize> =
+            self.layers.iter().map(|l| l.head_dim).collect();
+        format!(
+            "gemma4, {} layers ({sliding} sliding, window {}), d={}, heads {}, head dims {hd:?}, \
+             vocab {}, {shared} KV-sharing layers, {keqv} k_eq_v layers, per-layer input dim {}, \
+             final soft-cap {:?}",
+            self.n_layer,
+            self.sliding_window,
+            self.n_embd,
+            self.n_head,
+            self.n_vocab,
+            self.ple_dim,
+            self.final_softcap
+        )
+    }
+}

@@ -1,0 +1,223 @@
+//! The architectures this build runs: one [`Arch`] entry each, with its names in both formats
+//! (GGUF `general.architecture`, Hugging Face `model_type`), how to read its configuration and
+//! load its weights, and whether it has its own drafter. Loading, `vela info` and the drafter
+//! options go through here: adding an architecture adds its entry and its file, and touches
+//! neither the engine, nor the CLI, nor the server.
+
+use crate::config::DecoderConfig;
+use crate::decoder::DecoderModel;
+use crate::gemma4::Gemma4Config;
+use crate::lm::LanguageModel;
+use crate::{gemma3, llama, qwen2, qwen3};
+use anyhow::{anyhow, bail, Result};
+use serde_json::Value;
+use std::path::Path;
+use std::sync::Arc;
+use vela_compute::Backend;
+use vela_formats::gguf::GgufFile;
+
+/// One architecture.
+pub struct Arch {
+    /// `general.architecture` of its GGUF files.
+    pub gguf: &'static str,
+    /// `model_type`s of its Hugging Face checkpoint directories (empty: GGUF only).
+    pub hf_model_types: &'static [&'static str],
+    /// The family's name for people.
+    pub display: &'static str,
+    /// Whether the architecture has its own drafter (an MTP head or assistant model):
+    /// [`LanguageModel::load_mtp`].
+    pub mtp: bool,
+    family: Family,
+}
+
+/// How an entry is built.
+enum Family {
+    /// The shared decoder with the options a GGUF file's metadata selects.
+    Decoder(fn(&GgufFile) -> Result<DecoderConfig>),
+    Gemma4,
+}
+
+/// Every architecture this build runs.
+pub static ARCHS: &[Arch] = &[
+    Arch {
+        gguf: "llama",
+        hf_model_types: &[],
+        display: "Llama",
+        mtp: false,
+        family: Family::Decoder(llama::config),
+    },
+    Arch {
+        gguf: "qwen2",
+        hf_model_types: &[],
+        display: "Qwen 2",
+        mtp: false,
+        family: Family::Decoder(qwen2::config),
+    },
+    Arch {
+        gguf: "qwen3",
+        hf_model_types: &[],
+        display: "Qwen 3",
+        mtp: false,
+        family: Family::Decoder(qwen3::config),
+    },
+    Arch {
+        gguf: "gemma3",
+        hf_model_types: &[],
+        display: "Gemma 3",
+        mtp: false,
+        family: Family::Decoder(gemma3::config),
+    },
+    Arch {
+        gguf: "gemma4",
+        hf_model_types: &["gemma4", "gemma4_text"],
+        display: "Gemma 4",
+        mtp: true,
+        family: Family::Gemma4,
+    },
+];
+
+/// GGUF architecture names this build runs.
+pub fn gguf_names() -> Vec<&'static str> {
+    ARCHS.iter().map(|a| a.gguf).collect()
+}
+
+/// Names of the architectures with their own drafter (for messages).
+pub fn mtp_arch_names() -> Vec<&'static str> {
+    ARCHS.iter().filter(|a| a.mtp).map(|a| a.display).collect()
+}
+
+/// The entry of a GGUF file (by `general.architecture`).
+pub fn for_gguf(g: &GgufFile) -> Result<&'static Arch> {
+    let name = g.architecture()?;
+    ARCHS.iter().find(|a| a.gguf == name).ok_or_else(|| {
+        anyhow!(
+            "unsupported model architecture '{name}' (supported: {})",
+            gguf_names().join(", ")
+        )
+    })
+}
+
+/// The entry of a Hugging Face `config.json` (by `model_type`).
+pub fn for_hf(config: &Value) -> Result<&'static Arch> {
+    let mt = config
+        .get("model_type")
+        .and_then(|v| v.as_str())
+        .unwrap_or("");
+    ARCHS
+        .iter()
+        .find(|a| a.hf_model_types.contains(&mt))
+        .ok_or_else(|| {
+            let known: Vec<&str> = ARCHS
+                .iter()
+                .flat_map(|a| a.hf_model_types.iter().copied())
+                .collect();
+            anyhow!(
+                "unsupported model_type '{mt}' for a Hugging Face directory (supported: {})",
+                known.join(", ")
+            )
+        })
+}
+
+impl Arch {
+    /// Load a GGUF file of this architecture onto a backend.
+    pub fn load_gguf<B: Backend + 'static>(
+        &self,
+        backend: Arc<B>,
+        g: Arc<GgufFile>,
+    ) -> Result<Arc<dyn LanguageModel>> {
+        Ok(match self.family {
+            Family::Decoder(config) => {
+                let cfg = config(&g)?;
+                Arc::new(DecoderModel::load(backend, g, cfg)?)
+            }
+            Family::Gemma4 => Arc::new(crate::gemma4::load_gguf_gemma4(backend, g)?),
+        })
+    }
+
+    /// Load a Hugging Face checkpoint directory of this architecture onto a backend.
+    pub fn load_hf<B: Backend + 'static>(
+        &self,
+        backend: Arc<B>,
+        dir: &Path,
+    ) -> Result<Arc<dyn LanguageModel>> {
+        Ok(match self.family {
+            Family::Gemma4 => Arc::new(crate::gemma4::load_hf_gemma4(backend, dir)?),
+            Family::Decoder(_) => bail!(
+                "{}: {} models load from GGUF files only",
+                dir.display(),
+                self.display
+            ),
+        })
+    }
+
+    /// The shared decoder's configuration for a GGUF file of this architecture (an error for
+    /// architectures with their own model).
+    pub fn decoder_config(&self, g: &GgufFile) -> Result<DecoderConfig> {
+        match self.family {
+            Family::Decoder(config) => config(g),
+            _ => bail!(
+                "{} has its own model (load it with load_gguf_any)",
+                self.gguf
+            ),
+        }
+    }
+
+    /// One line describing the model a GGUF file holds (`vela info`).
+    pub fn describe_gguf(&self, g: &GgufFile) -> Result<String> {
+        Ok(match self.family {
+            Family::Decoder(config) => config(g)?.summary(),
+            Family::Gemma4 => Gemma4Config::from_gguf(g)?.summary(),
+        })
+    }
+
+    /// One line describing the model of a Hugging Face `config.json` (`vela info`).
+    pub fn describe_hf(&self, config: &Value) -> Result<String> {
+        Ok(match self.family {
+            Family::Gemma4 => Gemma4Config::from_json(config)?.summary(),
+            Family::Decoder(_) => bail!("{} models load from GGUF files only", self.display),
+        })
+    }
+}
+
+/// Load any supported GGUF model onto a backend.
+pub fn load_gguf_any<B: Backend + 'static>(
+    backend: Arc<B>,
+    g: Arc<GgufFile>,
+) -> Result<Arc<dyn LanguageModel>> {
+    for_gguf(&g)?.load_gguf(backend, g)
+}
+
+/// Load a Hugging Face checkpoint directory (`config.json` + safetensors) onto a backend.
+pub fn load_hf_any<B: Backend + 'static>(
+    backend: Arc<B>,
+    dir: &Path,
+) -> Result<Arc<dyn LanguageModel>> {
+    let cfg_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&cfg_path)
+        .map_err(|e| anyhow!("cannot read {}: {e}", cfg_path.display()))?;
+    let j: Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow!("{}: invalid JSON: {e}", cfg_path.display()))?;
+    let arch = for_hf(&j).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
+    arch.load_hf(backend, dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_found() {
+        let mut g: Vec<&str> = gguf_names();
+        g.sort();
+        g.dedup();
+        assert_eq!(g.len(), ARCHS.len());
+        let hf = serde_json::json!({"model_type": "gemma4_text"});
+        assert_eq!(for_hf(&hf).unwrap().gguf, "gemma4");
+        let e = for_hf(&serde_json::json!({"model_type": "mamba"}))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("'mamba'") && e.contains("gemma4_text"), "{e}");
+        assert_eq!(mtp_arch_names(), vec!["Gemma 4"]);
+    }
+}
