@@ -10,7 +10,7 @@
 //! ```
 
 use crate::config::DecoderConfig;
-use crate::state::{alloc_kv, LayerState, StateLayout};
+use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
 use anyhow::{anyhow, bail, Result};
 use std::sync::Arc;
 use vela_compute::{AttnParams, Backend, HostWeight, KvType};
@@ -663,7 +663,14 @@ impl<B: Backend + 'static> crate::lm::CausalLm for DecoderModel<B> {
     fn state_layout(&self) -> StateLayout {
         DecoderModel::state_layout(self)
     }
-    fn state_with_kv(&self, kv: B::Kv, n_ctx: usize, max_batch: usize) -> Result<ForwardState<B>> {
+    fn state_with(
+        &self,
+        kv: B::Kv,
+        extra: ExtraState<B>,
+        n_ctx: usize,
+        max_batch: usize,
+    ) -> Result<ForwardState<B>> {
+        debug_assert!(extra.is_empty(), "this model declares K/V layers only");
         Ok(DecoderModel::state_with_kv(self, kv, n_ctx, max_batch))
     }
     fn kv(st: &ForwardState<B>) -> &B::Kv {

@@ -33,7 +33,7 @@
 //! attention, RoPE types other than `default`/`proportional`, activations other than
 //! `gelu_pytorch_tanh`; multimodal towers are ignored (only the text weights are read).
 
-use crate::state::{alloc_kv, LayerState, StateLayout};
+use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
 use anyhow::{anyhow, bail, Result};
 use std::path::Path;
 use std::sync::Arc;
@@ -507,7 +507,14 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Gemma4Model<B> {
     fn state_layout(&self) -> StateLayout {
         Gemma4Model::state_layout(self)
     }
-    fn state_with_kv(&self, kv: B::Kv, n_ctx: usize, max_batch: usize) -> Result<Gemma4State<B>> {
+    fn state_with(
+        &self,
+        kv: B::Kv,
+        extra: ExtraState<B>,
+        n_ctx: usize,
+        max_batch: usize,
+    ) -> Result<Gemma4State<B>> {
+        debug_assert!(extra.is_empty(), "this model declares K/V layers only");
         Ok(Gemma4Model::state_with_kv(self, kv, n_ctx, max_batch))
     }
     fn kv(st: &Gemma4State<B>) -> &B::Kv {

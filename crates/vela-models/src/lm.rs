@@ -17,7 +17,7 @@ use std::sync::Arc;
 use vela_compute::{Backend, KvType, TopK};
 
 use crate::mtp::MtpHead;
-use crate::state::StateLayout;
+use crate::state::{ExtraSnapshot, ExtraState, StateLayout};
 
 /// A loaded causal language model (weights on a backend), shared by its sequences.
 pub trait LanguageModel: Send + Sync {
@@ -169,15 +169,26 @@ pub trait CausalLm: Send + Sync + 'static {
     /// The state one sequence keeps, layer by layer.
     fn state_layout(&self) -> StateLayout;
     /// A sequence state around `kv` (allocated from [`StateLayout::kv_specs`] for the same
-    /// `n_ctx` and `max_batch`): the scratch buffers are allocated here.
-    fn state_with_kv(
+    /// `n_ctx` and `max_batch`) and `extra` (the recurrent and block storage of the layout,
+    /// empty when it has none): the scratch buffers are allocated here.
+    fn state_with(
         &self,
         kv: <Self::Be as Backend>::Kv,
+        extra: ExtraState<Self::Be>,
         n_ctx: usize,
         max_batch: usize,
     ) -> Result<Self::State>;
     fn kv(st: &Self::State) -> &<Self::Be as Backend>::Kv;
     fn kv_mut(st: &mut Self::State) -> &mut <Self::Be as Backend>::Kv;
+    /// The state's recurrent and block storage (`None`: the model keeps none).
+    fn extra(st: &Self::State) -> Option<&ExtraState<Self::Be>> {
+        let _ = st;
+        None
+    }
+    fn extra_mut(st: &mut Self::State) -> Option<&mut ExtraState<Self::Be>> {
+        let _ = st;
+        None
+    }
     /// [`ModelState::forward`].
     fn forward(
         &self,
@@ -240,8 +251,10 @@ pub fn new_state<M: CausalLm>(
     kv: KvType,
 ) -> Result<M::State> {
     let layout = CausalLm::state_layout(m);
-    let cache = crate::state::alloc_kv(&**m.backend(), &layout, n_ctx, max_batch, kv)?;
-    m.state_with_kv(cache, n_ctx, max_batch)
+    let be = &**m.backend();
+    let cache = crate::state::alloc_kv(be, &layout, n_ctx, max_batch, kv)?;
+    let extra = ExtraState::new(be, &layout, n_ctx, max_batch);
+    m.state_with(cache, extra, n_ctx, max_batch)
 }
 
 impl<M: CausalLm> LanguageModel for M {
@@ -315,10 +328,26 @@ pub type DecoderSeq<B> = Seq<crate::decoder::DecoderModel<B>>;
 /// A sequence of a Gemma 4 model.
 pub type Gemma4Seq<B> = Seq<crate::gemma4::Gemma4Model<B>>;
 
-type Snapshot<M> = <<M as CausalLm>::Be as Backend>::KvSnapshot;
+/// A checkpoint of a [`Seq`]: the backend cache's and the extra storage's.
+struct SeqSnapshot<S> {
+    kv: S,
+    extra: Option<ExtraSnapshot>,
+}
+
+type Snapshot<M> = SeqSnapshot<<<M as CausalLm>::Be as Backend>::KvSnapshot>;
+
+impl<M: CausalLm> Seq<M> {
+    /// Recurrent states restart from zeros when a forward starts at position 0.
+    fn begin(&mut self, positions: &[u32]) {
+        if let (Some(e), Some(&p)) = (M::extra_mut(&mut self.state), positions.first()) {
+            e.begin(&**self.model.backend(), p as usize);
+        }
+    }
+}
 
 impl<M: CausalLm> ModelState for Seq<M> {
     fn forward(&mut self, tokens: &[u32], pos: &[u32], logits_from: usize) -> Result<Vec<f32>> {
+        self.begin(pos);
         self.model
             .forward(&mut self.state, tokens, pos, logits_from)
     }
@@ -328,6 +357,7 @@ impl<M: CausalLm> ModelState for Seq<M> {
         pos: &[u32],
         logits_from: usize,
     ) -> Result<Vec<u32>> {
+        self.begin(pos);
         self.model
             .forward_argmax(&mut self.state, tokens, pos, logits_from)
     }
@@ -339,10 +369,12 @@ impl<M: CausalLm> ModelState for Seq<M> {
         k: usize,
         need_row: &dyn Fn(&TopK) -> bool,
     ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
+        self.begin(pos);
         self.model
             .forward_top_k(&mut self.state, tokens, pos, logits_from, k, need_row)
     }
     fn argmax_start(&mut self, token: Option<u32>, pos: u32) -> Result<Option<u64>> {
+        self.begin(&[pos]);
         CausalLm::argmax_start(&*self.model, &mut self.state, token, pos)
     }
     fn argmax_finish(&mut self, ticket: u64) -> Result<u32> {
@@ -355,26 +387,37 @@ impl<M: CausalLm> ModelState for Seq<M> {
         self.max_batch
     }
     fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync> {
-        Box::new(
-            self.model
-                .backend()
-                .kv_checkpoint(M::kv(&self.state), n_past),
-        )
+        let be = &**self.model.backend();
+        Box::new(SeqSnapshot {
+            kv: be.kv_checkpoint(M::kv(&self.state), n_past),
+            extra: M::extra(&self.state).map(|e| e.checkpoint(be, n_past)),
+        })
     }
     fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()> {
         let s = snap
             .downcast_ref::<Snapshot<M>>()
             .ok_or_else(|| anyhow!("checkpoint belongs to a different model or backend"))?;
-        self.model
-            .backend()
-            .kv_restore(M::kv_mut(&mut self.state), s);
+        let be = &**self.model.backend();
+        match (M::extra_mut(&mut self.state), &s.extra) {
+            (Some(e), Some(x)) => e.restore(be, x)?,
+            (None, None) => {}
+            _ => bail!("checkpoint belongs to a different model or backend"),
+        }
+        be.kv_restore(M::kv_mut(&mut self.state), &s.kv);
         Ok(())
     }
     fn fork(&self) -> Result<Box<dyn ModelState>> {
-        let kv = self.model.backend().kv_clone(M::kv(&self.state));
+        let be = &**self.model.backend();
+        let kv = be.kv_clone(M::kv(&self.state));
+        let extra = match M::extra(&self.state) {
+            Some(e) => e.fork(be),
+            None => ExtraState::new(be, &StateLayout::default(), self.n_ctx, self.max_batch),
+        };
         Ok(Box::new(Seq {
             model: self.model.clone(),
-            state: self.model.state_with_kv(kv, self.n_ctx, self.max_batch)?,
+            state: self
+                .model
+                .state_with(kv, extra, self.n_ctx, self.max_batch)?,
             n_ctx: self.n_ctx,
             max_batch: self.max_batch,
             rollback_limit: self.rollback_limit,
@@ -385,6 +428,7 @@ impl<M: CausalLm> ModelState for Seq<M> {
     }
     fn kv_bytes(&self) -> usize {
         self.model.backend().kv_bytes(M::kv(&self.state))
+            + M::extra(&self.state).map_or(0, |e| e.bytes())
     }
     fn as_any(&self) -> &dyn Any {
         self

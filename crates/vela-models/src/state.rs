@@ -20,6 +20,9 @@
 use anyhow::{bail, Result};
 use vela_compute::{Backend, KvLayerSpec, KvType};
 
+mod store;
+pub use store::{BlocksMut, ExtraSnapshot, ExtraState, RecurrentStep};
+
 /// What one layer keeps for a sequence.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum LayerState {
@@ -34,7 +37,8 @@ pub enum LayerState {
     /// Reads the K/V of an earlier layer (KV sharing) and keeps nothing itself.
     Shared { from: usize },
     /// One row of `width` per complete block of `ratio` positions (compressed or latent K/V,
-    /// pooled index keys); the raw rows (`raw_width`) of the block still open wait in a ring.
+    /// pooled index keys; `ratio` 1: a row per position); the raw rows (`raw_width`) of the
+    /// block still open wait in a ring of `ratio + max_batch` slots. Stored as f32.
     Blocks {
         width: usize,
         ratio: usize,
@@ -74,7 +78,7 @@ impl LayerState {
     }
 
     /// Bytes this layer keeps for a context of `n_ctx` positions evaluated `max_batch` at a time,
-    /// with K/V and block rows stored as `kv`.
+    /// with K/V stored as `kv`.
     pub fn bytes(&self, n_ctx: usize, max_batch: usize, kv: KvType) -> u64 {
         let e = kv.bytes() as u64;
         match *self {
@@ -95,8 +99,8 @@ impl LayerState {
                 raw_width,
             } => {
                 let rows = n_ctx.div_ceil(ratio.max(1)) as u64;
-                let raw = (ratio + max_batch).min(n_ctx) as u64;
-                (rows * width as u64 + raw * raw_width as u64) * e
+                let raw = (ratio.max(1) + max_batch).min(n_ctx.max(1)) as u64;
+                (rows * width as u64 + raw * raw_width as u64) * 4
             }
             LayerState::Recurrent { floats, snapshots } => (floats * 4 * (1 + snapshots)) as u64,
         }
@@ -230,7 +234,7 @@ mod tests {
             ratio: 4,
             raw_width: 1024,
         };
-        assert_eq!(b.bytes(10, 2, kv), (3 * 512 + 6 * 1024) * 2);
+        assert_eq!(b.bytes(10, 2, kv), (3 * 512 + 6 * 1024) * 4);
         let r = LayerState::Recurrent {
             floats: 1000,
             snapshots: 3,
