@@ -4,6 +4,10 @@
 //! one at a time after a 1-token prompt, as llama-bench does. Tokens are random ids (content does
 //! not change the cost). `--json` prints `{"pp": {"n":..,"tps_mean":..,"tps_std":..,"samples":[..]},
 //! "tg": {...}, "weight_bytes_per_token": .., "tg_weight_gbps": ..}`.
+//!
+//! `--parallel 1,4,16` measures batched decoding instead: that many sequences, each after a
+//! 1-token prompt, generate `-n` tokens together, one batched forward per step
+//! (`Session::eval_batch`); the rate is the aggregate over all sequences.
 
 use crate::common::{self, ModelArgs};
 use anyhow::{bail, Result};
@@ -32,6 +36,10 @@ pub struct BenchArgs {
     /// as `vela run` and the server do.
     #[arg(long, default_value_t = 0.0)]
     pub temperature: f32,
+    /// Batched decoding of this many sequences at once (a comma-separated list: one
+    /// measurement per value) instead of pp/tg.
+    #[arg(long, value_delimiter = ',')]
+    pub parallel: Vec<usize>,
     #[arg(long)]
     pub json: bool,
 }
@@ -56,6 +64,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         margs.ctx = (a.depth + a.n_prompt.max(1) + a.n_gen.max(3) + 1).max(256);
     }
     let l = common::load(&margs)?;
+    if !a.parallel.is_empty() {
+        return bench_parallel(&a, &l);
+    }
     let n_vocab = l.model.n_vocab() as u64;
     let mut rng = Rng::new(42);
     let mut rand_tokens = |n: usize| {
@@ -159,6 +170,75 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             println!(
                 "weights read per token: {:.1} MiB → {gbps:.2} GB/s achieved at tg",
                 wb as f64 / (1 << 20) as f64
+            );
+        }
+    }
+    Ok(())
+}
+
+/// `--parallel`: aggregate decode throughput of N sequences stepping together.
+fn bench_parallel(a: &BenchArgs, l: &common::Loaded) -> Result<()> {
+    if a.n_gen == 0 || a.parallel.contains(&0) {
+        bail!("--parallel needs -n ≥ 1 and sequence counts ≥ 1");
+    }
+    let n_vocab = l.model.n_vocab() as u64;
+    let mut rng = Rng::new(42);
+    let mut results = Vec::new();
+    for &n_seq in &a.parallel {
+        let mut sessions = (0..n_seq)
+            .map(|_| l.session())
+            .collect::<Result<Vec<_>>>()?;
+        let mut samples = Vec::new();
+        // One warm-up round, then the measured ones.
+        for rep in 0..=a.reps {
+            for s in sessions.iter_mut() {
+                s.reset();
+            }
+            let mut next: Vec<Vec<u32>> = (0..n_seq)
+                .map(|_| vec![(rng.next_u64() % n_vocab) as u32])
+                .collect();
+            let steps = if rep == 0 { 2 } else { a.n_gen };
+            let t = Instant::now();
+            for _ in 0..steps {
+                let mut refs: Vec<&mut vela_engine::Session> = sessions.iter_mut().collect();
+                let inputs: Vec<&[u32]> = next.iter().map(|v| v.as_slice()).collect();
+                let out = vela_engine::Session::eval_batch(&mut refs, &inputs)?;
+                next = out
+                    .iter()
+                    .map(|lg| vec![vela_compute::argmax(lg)])
+                    .collect();
+            }
+            if rep > 0 {
+                samples.push((n_seq * steps) as f64 / t.elapsed().as_secs_f64());
+            }
+        }
+        results.push((n_seq, samples));
+    }
+    let name = l
+        .path
+        .file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let be = l.model.backend_name();
+    if a.json {
+        let rows: Vec<serde_json::Value> = results
+            .iter()
+            .map(|(n, v)| {
+                let (m, s) = stats(v);
+                serde_json::json!({"n_seq": n, "n_gen": a.n_gen, "tps_mean": m, "tps_std": s, "samples": v})
+            })
+            .collect();
+        let j = serde_json::json!({"model": l.path.display().to_string(), "backend": be, "parallel": rows});
+        println!("{j}");
+    } else {
+        println!("| model | backend | test | sequences | t/s (all sequences) | t/s per sequence |");
+        println!("|---|---|---|---:|---|---:|");
+        for (n, v) in &results {
+            let (m, s) = stats(v);
+            println!(
+                "| {name} | {be} | tg{} | {n} | {m:.2} ± {s:.2} | {:.2} |",
+                a.n_gen,
+                m / *n as f64
             );
         }
     }

@@ -250,7 +250,8 @@ pub trait Backend: Send + Sync {
         p: &AttnParams,
         out: &mut Self::Buf,
     );
-    /// Copy `len` elements starting at row `src_row` (of width `width`) into `dst` row 0.
+    /// Copy `n_rows` rows of width `width` starting at row `src_row` of `src` into `dst` from
+    /// row `dst_row` on.
     fn copy_rows(
         &self,
         src: &Self::Buf,
@@ -258,6 +259,7 @@ pub trait Backend: Send + Sync {
         n_rows: usize,
         width: usize,
         dst: &mut Self::Buf,
+        dst_row: usize,
     );
 
     /// Products from here on, until `precise_products(false)`, take the backend's most precise

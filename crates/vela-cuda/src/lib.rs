@@ -392,20 +392,21 @@ impl Backend for CudaBackend {
         n_rows: usize,
         width: usize,
         dst: &mut CudaBuf,
+        dst_row: usize,
     ) {
         let n = n_rows * width;
         if n == 0 {
             return;
         }
-        let s0 = src_row * width;
+        let (s0, d0) = (src_row * width, dst_row * width);
         assert!(
-            src.len() >= s0 + n && dst.len() >= n,
+            src.len() >= s0 + n && dst.len() >= d0 + n,
             "copy_rows: buffers too small"
         );
         // A kernel rather than a memcpy, so that decode steps can be recorded as launches.
         let args = [
             Arg::P(self.ptr(src) + (s0 * 4) as u64),
-            Arg::P(self.ptr(dst)),
+            Arg::P(self.ptr(dst) + (d0 * 4) as u64),
             Arg::L(n as i64),
         ];
         self.launch_1d("copy_f32", n, &args);

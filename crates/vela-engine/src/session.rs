@@ -5,7 +5,7 @@ use anyhow::{anyhow, bail, Result};
 use std::any::Any;
 use std::sync::Arc;
 use vela_compute::{KvType, TopK};
-use vela_models::{LanguageModel, ModelState};
+use vela_models::{BatchItem, LanguageModel, ModelState};
 
 /// Options of a new session.
 #[derive(Clone, Debug)]
@@ -229,6 +229,62 @@ impl Session {
         rows.into_iter()
             .last()
             .ok_or_else(|| anyhow::anyhow!("no logits row returned"))
+    }
+
+    /// Evaluate a run of tokens on each of several sessions of one model in one batched forward
+    /// ([`vela_models::LanguageModel::forward_batch`]: the products run once over every
+    /// session's rows): `inputs[i]` (1..=ubatch tokens) follows the tokens of `sessions[i]`.
+    /// Returns each session's last-position logits. Prefill chunks and decode tokens mix freely.
+    pub fn eval_batch(sessions: &mut [&mut Session], inputs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        if sessions.len() != inputs.len() {
+            bail!(
+                "eval_batch: {} sessions but {} inputs",
+                sessions.len(),
+                inputs.len()
+            );
+        }
+        let Some(first) = sessions.first() else {
+            return Ok(Vec::new());
+        };
+        let model = first.model.clone();
+        for (s, t) in sessions.iter().zip(inputs) {
+            if !Arc::ptr_eq(&s.model, &model) {
+                bail!("eval_batch: the sessions belong to different models");
+            }
+            if t.is_empty() || t.len() > s.ubatch() {
+                bail!(
+                    "eval_batch takes 1..={} tokens per session, not {}",
+                    s.ubatch(),
+                    t.len()
+                );
+            }
+            s.check_room(t.len())?;
+        }
+        let positions: Vec<Vec<u32>> = sessions
+            .iter()
+            .zip(inputs)
+            .map(|(s, t)| {
+                let p = s.tokens.len() as u32;
+                (p..p + t.len() as u32).collect()
+            })
+            .collect();
+        let mut items: Vec<BatchItem<'_, dyn ModelState>> = sessions
+            .iter_mut()
+            .zip(inputs)
+            .zip(&positions)
+            .map(|((s, t), p)| BatchItem {
+                state: &mut *s.state,
+                tokens: t,
+                positions: p,
+                logits_from: t.len() - 1,
+            })
+            .collect();
+        let out = model.forward_batch(&mut items)?;
+        drop(items);
+        for (s, t) in sessions.iter_mut().zip(inputs) {
+            s.tokens.extend_from_slice(t);
+        }
+        Ok(out)
     }
 
     /// Evaluate `tokens` (at most `ubatch`) and return the logits of every one of them

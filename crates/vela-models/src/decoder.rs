@@ -16,6 +16,8 @@ use std::sync::Arc;
 use vela_compute::{AttnParams, Backend, HostWeight, KvType};
 use vela_formats::gguf::GgufFile;
 
+mod batch;
+
 struct Layer<B: Backend> {
     attn_norm: B::Vector,
     wq: B::Weight,
@@ -96,6 +98,9 @@ pub struct DecoderModel<B: Backend> {
     layers: Vec<Layer<B>>,
     /// Bytes of weights read per decoded token (for bandwidth reports).
     pub weight_bytes_per_token: u64,
+    /// Activations of the last multi-sequence batch (`batch.rs`), kept for the next one: (rows
+    /// it holds, buffers).
+    batch: std::sync::Mutex<Option<(usize, Bufs<B>)>>,
 }
 
 /// Per-sequence state: the KV cache and scratch buffers for up to `max_batch` tokens.
@@ -103,6 +108,15 @@ pub struct ForwardState<B: Backend> {
     pub kv: B::Kv,
     pub n_ctx: usize,
     pub max_batch: usize,
+    b: Bufs<B>,
+    /// Unique per state (the key of its prepared decode steps, `Backend::decode_step_prepare`).
+    id: u64,
+    /// Record the next position's step while the device runs this one (single-token steps).
+    pub prepare_ahead: bool,
+}
+
+/// Activations of a forward pass over up to `rows` tokens.
+pub(crate) struct Bufs<B: Backend> {
     x: B::Buf,
     h: B::Buf,
     q: B::Buf,
@@ -113,10 +127,33 @@ pub struct ForwardState<B: Backend> {
     g: B::Buf,
     u: B::Buf,
     logits: B::Buf,
-    /// Unique per state (the key of its prepared decode steps, `Backend::decode_step_prepare`).
-    id: u64,
-    /// Record the next position's step while the device runs this one (single-token steps).
-    pub prepare_ahead: bool,
+}
+
+impl<B: Backend> Bufs<B> {
+    fn new(be: &B, c: &DecoderConfig, rows: usize) -> Self {
+        let nb = rows;
+        Bufs {
+            x: be.alloc(nb * c.n_embd),
+            h: be.alloc(nb * c.n_embd),
+            q: be.alloc(nb * c.n_head * c.head_dim_k.max(c.head_dim_v)),
+            k: be.alloc(nb * c.n_head_kv * c.head_dim_k),
+            v: be.alloc(nb * c.n_head_kv * c.head_dim_v),
+            a: be.alloc(nb * c.n_head * c.head_dim_k.max(c.head_dim_v)),
+            o: be.alloc(nb * c.n_embd),
+            g: be.alloc(nb * c.n_ff),
+            u: be.alloc(nb * c.n_ff),
+            logits: be.alloc(nb * c.n_vocab),
+        }
+    }
+}
+
+/// What a layer's attention part ([`DecoderModel::pass`]) leaves.
+pub(crate) struct Attended {
+    /// Rows the rest of the pass runs on (the last layer keeps the logits rows only; 0: none).
+    rows: usize,
+    /// Whether the attention part swapped `q`↔`a` (and `x`↔`h`) to move those rows to the front.
+    swap_qa: bool,
+    swap_xh: bool,
 }
 
 /// Source of [`ForwardState`] ids (0 is never used).
@@ -272,6 +309,7 @@ impl<B: Backend> DecoderModel<B> {
             output,
             layers,
             weight_bytes_per_token: bytes,
+            batch: std::sync::Mutex::new(None),
         })
     }
 
@@ -312,16 +350,7 @@ impl<B: Backend> DecoderModel<B> {
             kv,
             n_ctx,
             max_batch,
-            x: be.alloc(nb * c.n_embd),
-            h: be.alloc(nb * c.n_embd),
-            q: be.alloc(nb * c.n_head * c.head_dim_k.max(c.head_dim_v)),
-            k: be.alloc(nb * c.n_head_kv * c.head_dim_k),
-            v: be.alloc(nb * c.n_head_kv * c.head_dim_v),
-            a: be.alloc(nb * c.n_head * c.head_dim_k.max(c.head_dim_v)),
-            o: be.alloc(nb * c.n_embd),
-            g: be.alloc(nb * c.n_ff),
-            u: be.alloc(nb * c.n_ff),
-            logits: be.alloc(nb * c.n_vocab),
+            b: Bufs::new(be, c, nb),
             id: NEXT_STATE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
             prepare_ahead: true,
         }
@@ -340,7 +369,7 @@ impl<B: Backend> DecoderModel<B> {
         let rows = self.run(st, tokens, positions, logits_from)?;
         let mut out = vec![0f32; rows * self.cfg.n_vocab];
         if rows > 0 {
-            self.backend.read(&st.logits, &mut out);
+            self.backend.read(&st.b.logits, &mut out);
         }
         Ok(out)
     }
@@ -355,7 +384,9 @@ impl<B: Backend> DecoderModel<B> {
         logits_from: usize,
     ) -> Result<Vec<u32>> {
         let rows = self.run(st, tokens, positions, logits_from)?;
-        Ok(self.backend.argmax_rows(&st.logits, rows, self.cfg.n_vocab))
+        Ok(self
+            .backend
+            .argmax_rows(&st.b.logits, rows, self.cfg.n_vocab))
     }
 
     /// [`Self::forward`] returning each logits row's `k` best tokens and statistics
@@ -373,7 +404,7 @@ impl<B: Backend> DecoderModel<B> {
         let rows = self.run(st, tokens, positions, logits_from)?;
         Ok(select_top_k(
             &*self.backend,
-            &st.logits,
+            &st.b.logits,
             rows,
             self.cfg.n_vocab,
             k,
@@ -455,7 +486,7 @@ impl<B: Backend> DecoderModel<B> {
             be.decode_step_end();
             return Err(e);
         }
-        match be.argmax_start(&st.logits, self.cfg.n_vocab) {
+        match be.argmax_start(&st.b.logits, self.cfg.n_vocab) {
             Some(t) => Ok(Some(t)),
             None => {
                 be.decode_step_end();
@@ -477,166 +508,235 @@ impl<B: Backend> DecoderModel<B> {
         positions: &[u32],
         logits_from: usize,
     ) -> Result<usize> {
-        let (mut n, mut positions) = (tokens.len(), positions);
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let n = tokens.len();
+        let kv = &mut st.kv;
+        self.pass(&mut st.b, tokens, &mut |b, il| {
+            self.rope_store(il, &mut b.q, &mut b.k, &mut b.v, kv, positions);
+            // The last layer past its K/V serves only the rows whose logits are returned: the
+            // others are dropped (llama.cpp does the same), and those rows take the backend's
+            // precise products up to the head (`Backend::precise_products`).
+            let (mut rows, mut swapped, mut pos) = (n, false, positions);
+            if il + 1 == self.layers.len() {
+                if logits_from == n {
+                    return Ok(Attended {
+                        rows: 0,
+                        swap_qa: false,
+                        swap_xh: false,
+                    });
+                }
+                if logits_from > 0 {
+                    // q's rows go to `a` (both hold the larger head dim's width).
+                    rows = n - logits_from;
+                    be.copy_rows(
+                        &b.q,
+                        logits_from,
+                        rows,
+                        c.n_head * c.head_dim_k,
+                        &mut b.a,
+                        0,
+                    );
+                    std::mem::swap(&mut b.q, &mut b.a);
+                    // (x already holds the previous layer's output: the Q/K/V op added it.)
+                    be.copy_rows(&b.x, logits_from, rows, c.n_embd, &mut b.h, 0);
+                    std::mem::swap(&mut b.x, &mut b.h);
+                    swapped = true;
+                    pos = &positions[logits_from..];
+                }
+                be.precise_products(true);
+            }
+            let l = &self.layers[il];
+            let ap = self.attn_params(il);
+            be.attention_matmul(&b.q, kv, il, pos, &ap, &mut b.a, &l.wo, &mut b.o);
+            Ok(Attended {
+                rows,
+                swap_qa: swapped,
+                swap_xh: swapped,
+            })
+        })
+    }
+
+    /// RoPE of layer `il`'s q and k rows (after their per-head norms, when the model has them)
+    /// and the store of k and v into the cache at `positions`.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_store(
+        &self,
+        il: usize,
+        q: &mut B::Buf,
+        k: &mut B::Buf,
+        v: &mut B::Buf,
+        kv: &mut B::Kv,
+        positions: &[u32],
+    ) {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let (l, lc) = (&self.layers[il], &c.layers[il]);
+        let (heads, dim) = (c.n_head, c.head_dim_k);
+        match (&l.q_norm, &l.k_norm) {
+            (Some(qn), Some(kn)) => be.norm_rope_qk_store(
+                q,
+                k,
+                v,
+                kv,
+                il,
+                heads,
+                c.n_head_kv,
+                dim,
+                positions,
+                &lc.rope,
+                (qn, kn, c.rms_eps),
+                None,
+            ),
+            _ => be.rope_qk_store(
+                q,
+                k,
+                v,
+                kv,
+                il,
+                heads,
+                c.n_head_kv,
+                dim,
+                positions,
+                &lc.rope,
+            ),
+        }
+    }
+
+    /// The attention geometry of layer `il`.
+    fn attn_params(&self, il: usize) -> AttnParams {
+        let c = &self.cfg;
+        AttnParams {
+            n_head: c.n_head,
+            n_head_kv: c.n_head_kv,
+            head_dim_k: c.head_dim_k,
+            head_dim_v: c.head_dim_v,
+            scale: c.attn_scale,
+            window: c.layers[il].window,
+            softcap: c.attn_softcap,
+        }
+    }
+
+    /// The layers and the head over `tokens` in `b`, with each layer's attention part (RoPE,
+    /// K/V store, attention and its output projection into `b.o`) left to `attend`; returns
+    /// the number of logits rows in `b.logits`.
+    pub(crate) fn pass(
+        &self,
+        b: &mut Bufs<B>,
+        tokens: &[u32],
+        attend: &mut dyn FnMut(&mut Bufs<B>, usize) -> Result<Attended>,
+    ) -> Result<usize> {
+        let mut n = tokens.len();
         let be = &*self.backend;
         let c = &self.cfg;
         let d = c.n_embd;
         // Whether the last layer moved the logits rows to the front (and swapped buffers).
-        let mut swapped = false;
-        be.get_rows(&self.embd, tokens, c.embed_scale, &mut st.x)?;
+        let (mut swap_qa, mut swap_xh) = (false, false);
+        be.get_rows(&self.embd, tokens, c.embed_scale, &mut b.x)?;
         for (il, l) in self.layers.iter().enumerate() {
-            let lc = &c.layers[il];
             // The previous layer's FFN output is added here (after its post-FFN norm, Gemma),
             // fused with the norm (and, on a GPU, with the activation quantization of the Q/K/V
             // products); then the biases (Qwen2), which a backend may add in the products.
             let biases = [l.bq.as_ref(), l.bk.as_ref(), l.bv.as_ref()];
-            let mut qkv = [&mut st.q, &mut st.k, &mut st.v];
+            let mut qkv = [&mut b.q, &mut b.k, &mut b.v];
             let prev_post = il
                 .checked_sub(1)
                 .map(|p| self.layers[p].post_ffn_norm.as_ref());
             match prev_post {
                 Some(Some(pn)) => be.post_norm_matmul_many(
-                    &mut st.x,
-                    &mut st.o,
+                    &mut b.x,
+                    &mut b.o,
                     pn,
                     1.0,
                     &l.attn_norm,
                     n,
                     d,
                     c.rms_eps,
-                    &mut st.h,
+                    &mut b.h,
                     &[&l.wq, &l.wk, &l.wv],
                     &biases,
                     &mut qkv,
                 ),
                 _ => be.norm_matmul_many(
-                    &mut st.x,
-                    (il > 0).then_some(&st.o),
+                    &mut b.x,
+                    (il > 0).then_some(&b.o),
                     &l.attn_norm,
                     n,
                     d,
                     c.rms_eps,
-                    &mut st.h,
+                    &mut b.h,
                     &[&l.wq, &l.wk, &l.wv],
                     &biases,
                     &mut qkv,
                 ),
             }
-            let (q, k) = (&mut st.q, &mut st.k);
-            let (heads, dim) = (c.n_head, c.head_dim_k);
-            match (&l.q_norm, &l.k_norm) {
-                (Some(qn), Some(kn)) => be.norm_rope_qk_store(
-                    q,
-                    k,
-                    &mut st.v,
-                    &mut st.kv,
-                    il,
-                    heads,
-                    c.n_head_kv,
-                    dim,
-                    positions,
-                    &lc.rope,
-                    (qn, kn, c.rms_eps),
-                    None,
-                ),
-                _ => be.rope_qk_store(
-                    q,
-                    k,
-                    &st.v,
-                    &mut st.kv,
-                    il,
-                    heads,
-                    c.n_head_kv,
-                    dim,
-                    positions,
-                    &lc.rope,
-                ),
-            }
-            // The last layer past its K/V serves only the rows whose logits are returned: the
-            // others are dropped (llama.cpp does the same), and those rows take the backend's
-            // precise products up to the head (`Backend::precise_products`).
-            let last = il + 1 == self.layers.len();
-            if last {
-                if logits_from == n {
-                    return Ok(0);
+            let att = attend(b, il);
+            let att = match att {
+                Ok(a) => a,
+                Err(e) => {
+                    be.precise_products(false);
+                    return Err(e);
                 }
-                if logits_from > 0 {
-                    // q's rows go to `a` (both hold the larger head dim's width).
-                    let (qw, rows) = (c.n_head * c.head_dim_k, n - logits_from);
-                    be.copy_rows(&st.q, logits_from, rows, qw, &mut st.a);
-                    std::mem::swap(&mut st.q, &mut st.a);
-                    // (x already holds the previous layer's output: the Q/K/V op added it.)
-                    be.copy_rows(&st.x, logits_from, rows, d, &mut st.h);
-                    std::mem::swap(&mut st.x, &mut st.h);
-                    swapped = true;
-                    n = rows;
-                    positions = &positions[logits_from..];
-                }
-                be.precise_products(true);
-            }
-            let ap = AttnParams {
-                n_head: c.n_head,
-                n_head_kv: c.n_head_kv,
-                head_dim_k: c.head_dim_k,
-                head_dim_v: c.head_dim_v,
-                scale: c.attn_scale,
-                window: lc.window,
-                softcap: c.attn_softcap,
             };
-            be.attention_matmul(
-                &st.q, &st.kv, il, positions, &ap, &mut st.a, &l.wo, &mut st.o,
-            );
+            swap_qa |= att.swap_qa;
+            swap_xh |= att.swap_xh;
+            n = att.rows;
+            if n == 0 {
+                return Ok(0);
+            }
             // The attention output is added to x here (after its post-attention norm, Gemma).
-            let mut gu = [&mut st.g, &mut st.u];
+            let mut gu = [&mut b.g, &mut b.u];
             match &l.post_attn_norm {
                 Some(pn) => be.post_norm_matmul_many(
-                    &mut st.x,
-                    &mut st.o,
+                    &mut b.x,
+                    &mut b.o,
                     pn,
                     1.0,
                     &l.ffn_norm,
                     n,
                     d,
                     c.rms_eps,
-                    &mut st.h,
+                    &mut b.h,
                     &[&l.w_gate, &l.w_up],
                     &[],
                     &mut gu,
                 ),
                 None => be.norm_matmul_many(
-                    &mut st.x,
-                    Some(&st.o),
+                    &mut b.x,
+                    Some(&b.o),
                     &l.ffn_norm,
                     n,
                     d,
                     c.rms_eps,
-                    &mut st.h,
+                    &mut b.h,
                     &[&l.w_gate, &l.w_up],
                     &[],
                     &mut gu,
                 ),
             }
-            be.act_mul_matmul(&mut st.g, &st.u, n, c.n_ff, c.act, &l.w_down, &mut st.o);
+            be.act_mul_matmul(&mut b.g, &b.u, n, c.n_ff, c.act, &l.w_down, &mut b.o);
         }
         // The last layer's post-FFN norm (the others' are applied where the next layer adds
         // the output).
         if let Some(pn) = self.layers.last().and_then(|l| l.post_ffn_norm.as_ref()) {
-            be.rms_norm_inplace(&mut st.o, pn, n, d, c.rms_eps);
+            be.rms_norm_inplace(&mut b.o, pn, n, d, c.rms_eps);
         }
         // The last layer's FFN output (the others were added by the next layer's first op).
         // Rows 0..n of x are now the logits rows.
-        be.add(&mut st.x, &st.o, n * d);
+        be.add(&mut b.x, &b.o, n * d);
         be.precise_products(false);
-        be.rms_norm(&st.x, &self.output_norm, n, d, c.rms_eps, &mut st.h);
+        be.rms_norm(&b.x, &self.output_norm, n, d, c.rms_eps, &mut b.h);
         let head = self.output.as_ref().unwrap_or(&self.embd);
-        be.matmul(head, &st.h, n, &mut st.logits);
+        be.matmul(head, &b.h, n, &mut b.logits);
         if let Some(cap) = c.final_softcap {
-            be.softcap(&mut st.logits, n * c.n_vocab, cap);
+            be.softcap(&mut b.logits, n * c.n_vocab, cap);
         }
-        if swapped {
-            // Each buffer back to its own allocation (their sizes may differ).
-            std::mem::swap(&mut st.q, &mut st.a);
-            std::mem::swap(&mut st.x, &mut st.h);
+        // Each buffer back to its own allocation (their sizes may differ).
+        if swap_qa {
+            std::mem::swap(&mut b.q, &mut b.a);
+        }
+        if swap_xh {
+            std::mem::swap(&mut b.x, &mut b.h);
         }
         Ok(n)
     }
@@ -718,5 +818,11 @@ impl<B: Backend + 'static> crate::lm::CausalLm for DecoderModel<B> {
     }
     fn argmax_finish(&self, ticket: u64) -> Result<u32> {
         DecoderModel::argmax_finish(self, ticket)
+    }
+    fn forward_batch(
+        &self,
+        items: &mut [crate::lm::BatchItem<'_, ForwardState<B>>],
+    ) -> Result<Vec<Vec<f32>>> {
+        DecoderModel::forward_batch(self, items)
     }
 }

@@ -423,7 +423,7 @@ impl<B: Backend> Gemma4Model<B> {
         }
         {
             let [x, o] = pick2(b, X, O);
-            be.copy_rows(x, logits_from, rows, d, o);
+            be.copy_rows(x, logits_from, rows, d, o, 0);
         }
         {
             let [o, h] = pick2(b, O, H);

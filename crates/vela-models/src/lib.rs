@@ -24,7 +24,7 @@ pub mod synth;
 pub use config::{DecoderConfig, LayerConfig};
 pub use decoder::{DecoderModel, ForwardState};
 pub use gemma4::{load_gguf_gemma4, load_hf_gemma4, Gemma4Model};
-pub use lm::{CausalLm, LanguageModel, ModelState};
+pub use lm::{BatchItem, CausalLm, LanguageModel, ModelState};
 pub use mtp::MtpHead;
 pub use registry::{load_gguf_any, load_hf_any};
 pub use state::{LayerState, StateLayout};

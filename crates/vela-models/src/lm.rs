@@ -46,6 +46,16 @@ pub trait LanguageModel: Send + Sync {
         max_batch: usize,
         kv: KvType,
     ) -> Result<Box<dyn ModelState>>;
+    /// One forward pass over several sequences of this model (each at most once): per item,
+    /// the logits of its rows `logits_from..`, as [`ModelState::forward`] returns them. A
+    /// model that batches runs the products once over every sequence's rows; the default
+    /// evaluates the items one after the other.
+    fn forward_batch(&self, items: &mut [BatchItem<'_, dyn ModelState>]) -> Result<Vec<Vec<f32>>> {
+        items
+            .iter_mut()
+            .map(|it| it.state.forward(it.tokens, it.positions, it.logits_from))
+            .collect()
+    }
     /// The model's own drafter (an MTP head or assistant) found next to the model at
     /// `model_path`, for architectures that have one.
     fn discover_mtp(&self, model_path: &Path) -> Option<PathBuf> {
@@ -152,6 +162,14 @@ pub trait ModelState: Send {
     fn as_any_mut(&mut self) -> &mut dyn Any;
 }
 
+/// One sequence's part of a batched forward ([`LanguageModel::forward_batch`]).
+pub struct BatchItem<'a, S: ?Sized> {
+    pub state: &'a mut S,
+    pub tokens: &'a [u32],
+    pub positions: &'a [u32],
+    pub logits_from: usize,
+}
+
 /// What an architecture implements to become a [`LanguageModel`] (through the blanket impl
 /// below): its weights on backend `Be`, the state it declares, and its forward pass over a
 /// sequence state `State` that holds the backend cache the declaration allocates.
@@ -231,6 +249,13 @@ pub trait CausalLm: Send + Sync + 'static {
             "argmax ticket {ticket}: this model state does not pipeline"
         ))
     }
+    /// [`LanguageModel::forward_batch`] over this model's states (default: one after the other).
+    fn forward_batch(&self, items: &mut [BatchItem<'_, Self::State>]) -> Result<Vec<Vec<f32>>> {
+        items
+            .iter_mut()
+            .map(|it| self.forward(it.state, it.tokens, it.positions, it.logits_from))
+            .collect()
+    }
     /// [`LanguageModel::discover_mtp`].
     fn discover_mtp(&self, model_path: &Path) -> Option<PathBuf> {
         let _ = model_path;
@@ -294,6 +319,25 @@ impl<M: CausalLm> LanguageModel for M {
             max_batch,
             rollback_limit,
         }))
+    }
+    fn forward_batch(&self, items: &mut [BatchItem<'_, dyn ModelState>]) -> Result<Vec<Vec<f32>>> {
+        let mut typed = Vec::with_capacity(items.len());
+        for it in items.iter_mut() {
+            let seq = it
+                .state
+                .as_any_mut()
+                .downcast_mut::<Seq<M>>()
+                .filter(|s| std::ptr::eq(&*s.model, self))
+                .ok_or_else(|| anyhow!("a batched sequence belongs to another model"))?;
+            seq.begin(it.positions);
+            typed.push(BatchItem {
+                state: &mut seq.state,
+                tokens: it.tokens,
+                positions: it.positions,
+                logits_from: it.logits_from,
+            });
+        }
+        CausalLm::forward_batch(self, &mut typed)
     }
     fn discover_mtp(&self, model_path: &Path) -> Option<PathBuf> {
         CausalLm::discover_mtp(self, model_path)

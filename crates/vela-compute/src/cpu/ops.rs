@@ -669,8 +669,10 @@ impl Backend for CpuBackend {
         n_rows: usize,
         width: usize,
         dst: &mut Vec<f32>,
+        dst_row: usize,
     ) {
-        dst[..n_rows * width].copy_from_slice(&src[src_row * width..(src_row + n_rows) * width]);
+        dst[dst_row * width..(dst_row + n_rows) * width]
+            .copy_from_slice(&src[src_row * width..(src_row + n_rows) * width]);
     }
 }
 

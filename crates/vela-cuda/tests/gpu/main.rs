@@ -348,10 +348,12 @@ fn elementwise_ops_match_cpu() {
     g.softcap(&mut sg, len, 0.3);
     cpu.softcap(&mut scc, len, 0.3);
     check("softcap", &down(&g, &sg, n * w), &scc, 1e-5);
-    let (mut cg, mut cc) = (g.alloc(2 * w), cpu.alloc(2 * w));
-    g.copy_rows(&xg, 3, 2, w, &mut cg);
-    cpu.copy_rows(&xc, 3, 2, w, &mut cc);
-    check("copy_rows", &down(&g, &cg, 2 * w), &cc, 0.0);
+    // Rows 3..5 into rows 1..3 (row 0 is not written).
+    let (mut cg, mut cc) = (g.alloc(3 * w), cpu.alloc(3 * w));
+    g.copy_rows(&xg, 3, 2, w, &mut cg, 1);
+    cpu.copy_rows(&xc, 3, 2, w, &mut cc, 1);
+    let (dg, dc) = (down(&g, &cg, 3 * w), down(&cpu, &cc, 3 * w));
+    check("copy_rows", &dg[w..], &dc[w..], 0.0);
 }
 
 /// Stores `n_pos` positions in batches, checks attention after each batch, then a

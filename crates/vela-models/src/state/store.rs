@@ -122,7 +122,7 @@ impl<B: Backend> ExtraState<B> {
         let Some(z) = &self.zeros else { return };
         for s in &mut self.layers {
             if let Store::Recurrent { slots, floats } = s {
-                be.copy_rows(z, 0, 1, *floats, &mut slots[0]);
+                be.copy_rows(z, 0, 1, *floats, &mut slots[0], 0);
             }
         }
     }
@@ -247,7 +247,7 @@ impl<B: Backend> ExtraState<B> {
     pub fn fork(&self, be: &B) -> Self {
         let copy = |src: &B::Buf, len: usize| {
             let mut d = be.alloc(len.max(1));
-            be.copy_rows(src, 0, 1, len, &mut d);
+            be.copy_rows(src, 0, 1, len, &mut d, 0);
             d
         };
         let layers = self

@@ -1,0 +1,146 @@
+//! The batched multi-sequence forward on the real models: several sessions evaluated in one
+//! pass (ragged: prefill chunks and decode tokens mixed) give the logits each session gets
+//! alone (bit for bit on the CPU), and greedy decoding of every sequence picks the same tokens.
+
+use std::path::Path;
+use vela_compute::KvType;
+use vela_engine::loader::{load_gguf, LoadedModel};
+use vela_engine::{Session, SessionOptions};
+use vela_formats::testdata;
+
+fn load(name: &str) -> Option<LoadedModel> {
+    let p = testdata::model(name)?;
+    Some(load_gguf(Path::new(&p), 2).unwrap())
+}
+
+fn session(m: &LoadedModel, ubatch: usize) -> Session {
+    Session::new(
+        m.model.clone(),
+        &SessionOptions {
+            n_ctx: 512,
+            ubatch,
+            kv_type: KvType::F16,
+        },
+    )
+    .unwrap()
+}
+
+fn argmax(l: &[f32]) -> u32 {
+    vela_compute::argmax(l)
+}
+
+/// Max |a - b| relative to max |b|.
+fn rel_diff(a: &[f32], b: &[f32]) -> f32 {
+    let d = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0f32, f32::max);
+    let m = b.iter().map(|y| y.abs()).fold(0f32, f32::max);
+    d / m
+}
+
+fn batched_matches_alone(name: &str) {
+    let Some(m) = load(name) else {
+        return;
+    };
+    let prompts = [
+        "The capital of France is",
+        "def fibonacci(n):\n    if n < 2:",
+        "1, 2, 3, 4, 5,",
+        "Once upon a time, in a land far away, there lived a",
+    ];
+    let ids: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| m.tokenizer.encode(p, true, false).unwrap())
+        .collect();
+    let ub = 16;
+    // Alone: each prompt, then 6 greedy steps; record every step's logits.
+    let mut alone = Vec::new();
+    for p in &ids {
+        let mut s = session(&m, ub);
+        let mut l = s.eval(p).unwrap();
+        let mut steps = vec![l.clone()];
+        for _ in 0..6 {
+            l = s.eval(&[argmax(&l)]).unwrap();
+            steps.push(l.clone());
+        }
+        alone.push(steps);
+    }
+    // Batched: the prompts in one ragged pass, then the decode steps of all four together;
+    // sequence 3 starts late (prefill chunks mixed with the others' decode tokens).
+    let mut ss: Vec<Session> = (0..4).map(|_| session(&m, ub)).collect();
+    let mut last: Vec<Vec<f32>> = vec![Vec::new(); 4];
+    let mut step = [0usize; 4];
+    let mut next: Vec<Vec<u32>> = ids.clone();
+    for round in 0..9 {
+        let active: Vec<usize> = (0..4)
+            .filter(|&i| (i != 3 || round >= 2) && step[i] <= 6)
+            .collect();
+        if active.is_empty() {
+            break;
+        }
+        let mut refs: Vec<&mut Session> = Vec::new();
+        let mut inputs: Vec<&[u32]> = Vec::new();
+        for (i, s) in ss.iter_mut().enumerate() {
+            if active.contains(&i) {
+                refs.push(s);
+                inputs.push(&next[i]);
+            }
+        }
+        let out = Session::eval_batch(&mut refs, &inputs).unwrap();
+        for (&i, l) in active.iter().zip(out) {
+            let want = &alone[i][step[i]];
+            // The CPU's products give each row the same result whatever the batch: identical.
+            let d = rel_diff(&l, want);
+            assert!(d == 0.0, "{name} seq {i} step {}: rel diff {d}", step[i]);
+            assert_eq!(argmax(&l), argmax(want), "{name} seq {i} step {}", step[i]);
+            step[i] += 1;
+            next[i] = vec![argmax(&l)];
+            last[i] = l;
+        }
+    }
+    assert!(step.iter().all(|&s| s == 7), "{step:?}");
+    // The sessions' token lists are what was evaluated.
+    for (i, s) in ss.iter().enumerate() {
+        assert_eq!(s.n_past(), ids[i].len() + 6);
+    }
+}
+
+#[test]
+fn smollm2_batched_sessions_match_each_alone() {
+    batched_matches_alone(testdata::SMOLLM2);
+}
+
+#[test]
+fn gemma3_batched_sessions_match_each_alone() {
+    batched_matches_alone(testdata::GEMMA3);
+}
+
+#[test]
+fn batch_errors_are_clear_and_change_nothing() {
+    let Some(m) = load(testdata::SMOLLM2) else {
+        return;
+    };
+    let (mut a, mut b) = (session(&m, 4), session(&m, 4));
+    a.eval(&[1, 2]).unwrap();
+    // More tokens than a session's ubatch.
+    let e = Session::eval_batch(&mut [&mut a, &mut b], &[&[3], &[1, 2, 3, 4, 5]])
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("1..=4 tokens"), "{e}");
+    // An empty input.
+    assert!(Session::eval_batch(&mut [&mut a, &mut b], &[&[3], &[]]).is_err());
+    // Mismatched lengths.
+    assert!(Session::eval_batch(&mut [&mut a], &[&[3], &[4]]).is_err());
+    // A session of another model.
+    let other = load(testdata::SMOLLM2).unwrap();
+    let mut c = session(&other, 4);
+    let e = Session::eval_batch(&mut [&mut a, &mut c], &[&[3], &[4]])
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("different models"), "{e}");
+    assert_eq!((a.n_past(), b.n_past(), c.n_past()), (2, 0, 0));
+    // Nothing to do.
+    assert!(Session::eval_batch(&mut [], &[]).unwrap().is_empty());
+}
