@@ -39,7 +39,8 @@
 #       on the synth models of AB_MODELS ("name:geometry:type ...", default Llama-3-8B Q4_0,
 #       Qwen2.5-0.5B Q4_K_M, Gemma-4-31B Q4_0), AB_REPS rounds (default 3) alternating which binary
 #       runs first (AB_TESTS=0 skips the tests); $OUT/ab.md: medians, min-max and new/old. For refactors that must not change
-#       speed or results.
+#       speed or results. Then the new binary's batched decoding (`vela bench --parallel`,
+#       AB_PARALLEL sequence counts) on the first model: $OUT/parallel.md.
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
 #   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
@@ -428,6 +429,11 @@ for n, d in rows.items():
             print(f"| {n} | {t} | {f(o)} | {f(w)} | {st.median(w) / st.median(o):.3f} |")
 PYEOF
   cat $OUT/ab.md
+  # Batched decoding (Session::eval_batch) of the new binary: aggregate tg rate with AB_PARALLEL
+  # sequences (default 1,4,16,64) on the first model of AB_MODELS.
+  n=${models%%:*}
+  /tmp/vela-new bench -m /tmp/$n.gguf --device cuda -n 32 -r 3 --parallel ${AB_PARALLEL:-1,4,16,64} |
+    tee $OUT/parallel.md
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;
 esac

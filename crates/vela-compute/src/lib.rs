@@ -10,18 +10,37 @@ use anyhow::Result;
 use std::sync::Arc;
 use vela_formats::gguf::GgufFile;
 use vela_formats::quant::GgmlType;
+use vela_formats::safetensors::{Checkpoint, Dtype};
 
-/// Where a weight's bytes live on the host before the backend takes them (in place from a map).
+/// Where a weight's bytes live on the host before the backend takes them: in place in a mapped
+/// GGUF or safetensors file, or in memory (a weight quantized at load).
+#[derive(Clone)]
+enum Storage {
+    Gguf(Arc<GgufFile>),
+    /// A checkpoint and the index of the shard holding the tensor.
+    Safetensors(Arc<Checkpoint>, usize),
+    Owned(Arc<Vec<u8>>),
+}
+
+/// Bytes of a row of `cols` elements of `ty` (an error if the row is not whole blocks).
+fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize> {
+    ty.row_bytes(cols as u64)
+        .map(|b| b as usize)
+        .ok_or_else(|| anyhow::anyhow!("{cols} elements are not whole {} blocks", ty.name()))
+}
+
+/// A weight matrix on the host: `rows` rows of `cols` elements of type `ty` (row-major, each row
+/// a whole number of the type's blocks), used in place where it lies.
 #[derive(Clone)]
 pub struct HostWeight {
-    pub file: Arc<GgufFile>,
     pub name: String,
     pub ty: GgmlType,
-    /// Number of rows (product of all but the first GGUF dimension).
+    /// Number of rows (product of all but the first GGUF dimension, all but the last PyTorch one).
     pub rows: usize,
     /// Elements per row (GGUF `ne0`).
     pub cols: usize,
-    /// Byte range of the data in the file image, resolved once (bytes() is on the matmul hot path).
+    storage: Storage,
+    /// Byte range of the data in the storage, resolved once (bytes() is on the matmul hot path).
     range: std::ops::Range<usize>,
 }
 
@@ -30,11 +49,11 @@ impl HostWeight {
     pub fn from_gguf(file: &Arc<GgufFile>, name: &str) -> Option<HostWeight> {
         let t = file.tensor(name)?;
         Some(HostWeight {
-            file: file.clone(),
             name: name.to_string(),
             ty: t.ty,
             rows: t.n_rows(),
             cols: t.ne0(),
+            storage: Storage::Gguf(file.clone()),
             range: {
                 let start = (file.data_offset + t.offset) as usize;
                 start..start + t.size as usize
@@ -42,9 +61,84 @@ impl HostWeight {
         })
     }
 
-    /// The tensor's bytes, in place in the map.
+    /// Look up a tensor of a safetensors checkpoint (F32, F16 or BF16; a PyTorch `[out, in]`
+    /// matrix has `cols = in`; a 3-D `[E, out, in]` tensor is `E·out` rows); `None` if absent.
+    pub fn from_safetensors(cp: &Arc<Checkpoint>, name: &str) -> Option<HostWeight> {
+        let (shard, e) = cp.locate(name)?;
+        let ty = match e.dtype {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::BF16,
+        };
+        let cols = e.shape.last().copied().unwrap_or(1);
+        let rows = e.shape.iter().rev().skip(1).product();
+        Some(HostWeight {
+            name: name.to_string(),
+            ty,
+            rows,
+            cols,
+            storage: Storage::Safetensors(cp.clone(), shard),
+            range: e.start..e.end,
+        })
+    }
+
+    /// A weight held in memory (`data`: `rows` rows of `cols` elements of `ty`).
+    pub fn owned(
+        name: &str,
+        ty: GgmlType,
+        rows: usize,
+        cols: usize,
+        data: Vec<u8>,
+    ) -> Result<Self> {
+        let want = rows * row_bytes(ty, cols)?;
+        if data.len() != want {
+            anyhow::bail!(
+                "weight {name}: {} bytes for [{rows}, {cols}] of {}, expected {want}",
+                data.len(),
+                ty.name()
+            );
+        }
+        Ok(HostWeight {
+            name: name.to_string(),
+            ty,
+            rows,
+            cols,
+            range: 0..data.len(),
+            storage: Storage::Owned(Arc::new(data)),
+        })
+    }
+
+    /// The tensor's bytes, in place.
     pub fn bytes(&self) -> &[u8] {
-        &self.file.bytes()[self.range.clone()]
+        let all: &[u8] = match &self.storage {
+            Storage::Gguf(f) => f.bytes(),
+            Storage::Safetensors(cp, shard) => cp.files[*shard].bytes(),
+            Storage::Owned(v) => v,
+        };
+        &all[self.range.clone()]
+    }
+
+    /// Rows `first..first + n` as a weight of their own (no copy): one expert of a 3-D expert
+    /// tensor, or a part of a fused projection.
+    pub fn row_range(&self, first: usize, n: usize, name: &str) -> Result<HostWeight> {
+        if first + n > self.rows {
+            anyhow::bail!(
+                "{}: rows {first}..{} of {} requested",
+                self.name,
+                first + n,
+                self.rows
+            );
+        }
+        let rb = row_bytes(self.ty, self.cols)?;
+        let start = self.range.start + first * rb;
+        Ok(HostWeight {
+            name: name.to_string(),
+            ty: self.ty,
+            rows: n,
+            cols: self.cols,
+            storage: self.storage.clone(),
+            range: start..start + n * rb,
+        })
     }
 
     /// The weight as f32 (dequantized); for small tensors (norms, biases).
@@ -52,6 +146,23 @@ impl HostWeight {
         let mut out = vec![0f32; self.rows * self.cols];
         vela_formats::quant::dequantize(self.ty, self.bytes(), &mut out)?;
         Ok(out)
+    }
+
+    /// The weight converted to `ty` in memory (llama.cpp's reference quantization, row by
+    /// row through f32).
+    pub fn convert(&self, ty: GgmlType) -> Result<HostWeight> {
+        let (rb_in, rb_out) = (row_bytes(self.ty, self.cols)?, row_bytes(ty, self.cols)?);
+        let mut out = vec![0u8; self.rows * rb_out];
+        let mut row = vec![0f32; self.cols];
+        for (src, dst) in self
+            .bytes()
+            .chunks_exact(rb_in)
+            .zip(out.chunks_exact_mut(rb_out))
+        {
+            vela_formats::quant::dequantize(self.ty, src, &mut row)?;
+            vela_formats::quant::quantize(ty, &row, dst)?;
+        }
+        HostWeight::owned(&self.name, ty, self.rows, self.cols, out)
     }
 }
 

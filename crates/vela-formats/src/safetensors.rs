@@ -95,6 +95,11 @@ impl SafetensorsFile {
     pub fn data(&self, e: &TensorEntry) -> &[u8] {
         &self.map[e.start..e.end]
     }
+
+    /// The whole mapped file (a [`TensorEntry`]'s `start..end` indexes it).
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
 }
 
 fn parse_header(buf: &[u8]) -> Result<(BTreeMap<String, TensorEntry>, BTreeMap<String, String>)> {
@@ -267,6 +272,12 @@ impl Checkpoint {
     /// All tensor names, sorted.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.index.keys().map(String::as_str)
+    }
+
+    /// The shard holding a tensor (an index into `files`) and its entry; `None` if absent.
+    pub fn locate(&self, name: &str) -> Option<(usize, &TensorEntry)> {
+        let i = *self.index.get(name)?;
+        Some((i, &self.files[i].tensors[name]))
     }
 
     /// A tensor's entry and bytes; `None` if absent.

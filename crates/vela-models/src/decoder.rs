@@ -11,9 +11,10 @@
 
 use crate::config::DecoderConfig;
 use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
+use crate::weights::WeightSource;
 use anyhow::{anyhow, bail, Result};
 use std::sync::Arc;
-use vela_compute::{AttnParams, Backend, HostWeight, KvType};
+use vela_compute::{AttnParams, Backend, KvType};
 use vela_formats::gguf::GgufFile;
 
 mod batch;
@@ -159,14 +160,16 @@ pub(crate) struct Attended {
 /// Source of [`ForwardState`] ids (0 is never used).
 static NEXT_STATE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
+/// A matrix `[rows, cols]` on the backend (converted to the source's load-time type) and its
+/// bytes.
 fn weight<B: Backend>(
     be: &B,
-    g: &Arc<GgufFile>,
+    src: &WeightSource,
     name: &str,
     rows: usize,
     cols: usize,
-) -> Result<B::Weight> {
-    let w = HostWeight::from_gguf(g, name).ok_or_else(|| anyhow!("missing tensor {name}"))?;
+) -> Result<(B::Weight, u64)> {
+    let w = src.matrix(name, false)?;
     if w.rows != rows || w.cols != cols {
         bail!(
             "tensor {name} has shape [{}, {}], expected [{cols}, {rows}]",
@@ -174,16 +177,16 @@ fn weight<B: Backend>(
             w.rows
         );
     }
-    be.upload_weight(&w)
+    Ok((be.upload_weight(&w)?, w.bytes().len() as u64))
 }
 
 fn vector<B: Backend>(
     be: &B,
-    g: &Arc<GgufFile>,
+    src: &WeightSource,
     name: &str,
     len: usize,
 ) -> Result<Option<B::Vector>> {
-    let Some(w) = HostWeight::from_gguf(g, name) else {
+    let Some(w) = src.get(name) else {
         return Ok(None);
     };
     if w.rows * w.cols != len {
@@ -201,6 +204,15 @@ fn req<T>(v: Option<T>, name: &str) -> Result<T> {
 
 impl<B: Backend> DecoderModel<B> {
     pub fn load(backend: Arc<B>, g: Arc<GgufFile>, cfg: DecoderConfig) -> Result<Self> {
+        Self::load_from(backend, &WeightSource::gguf(g), cfg)
+    }
+
+    /// Load from a GGUF weight source (llama.cpp tensor names).
+    pub fn load_from(backend: Arc<B>, src: &WeightSource, cfg: DecoderConfig) -> Result<Self> {
+        let g = src
+            .gguf_file()
+            .ok_or_else(|| anyhow!("the shared decoder loads GGUF files only"))?
+            .clone();
         let be = &*backend;
         let (d, q_dim, kv_k, kv_v) = (
             cfg.n_embd,
@@ -208,59 +220,53 @@ impl<B: Backend> DecoderModel<B> {
             cfg.n_head_kv * cfg.head_dim_k,
             cfg.n_head_kv * cfg.head_dim_v,
         );
-        let embd = weight(be, &g, "token_embd.weight", cfg.n_vocab, d)?;
+        let (embd, embd_bytes) = weight(be, src, "token_embd.weight", cfg.n_vocab, d)?;
         let output_norm = req(
-            vector(be, &g, "output_norm.weight", d)?,
+            vector(be, src, "output_norm.weight", d)?,
             "output_norm.weight",
         )?;
-        let out_name = if g.tensor("output.weight").is_some() {
-            "output.weight"
+        // Bytes a decoded token reads: the products and the head (the tied embedding counted
+        // once, as the head).
+        let (output, mut bytes) = if src.has("output.weight") {
+            let (w, b) = weight(be, src, "output.weight", cfg.n_vocab, d)?;
+            (Some(w), b)
         } else {
-            "token_embd.weight"
+            (None, embd_bytes)
         };
-        let output = match out_name {
-            "output.weight" => Some(weight(be, &g, out_name, cfg.n_vocab, d)?),
-            _ => None,
-        };
-        let mut bytes = g.tensor(out_name).unwrap().size;
         let mut layers = Vec::with_capacity(cfg.n_layer);
         for il in 0..cfg.n_layer {
             let n = |s: &str| format!("blk.{il}.{s}");
-            for s in [
-                "attn_q",
-                "attn_k",
-                "attn_v",
-                "attn_output",
-                "ffn_gate",
-                "ffn_up",
-                "ffn_down",
-            ] {
-                bytes += g
-                    .tensor(&n(&format!("{s}.weight")))
-                    .map(|t| t.size)
-                    .unwrap_or(0);
-            }
+            let mut w = |s: &str, rows: usize, cols: usize| -> Result<B::Weight> {
+                let (w, b) = weight(be, src, &n(s), rows, cols)?;
+                bytes += b;
+                Ok(w)
+            };
+            let (wq, wk, wv) = (
+                w("attn_q.weight", q_dim, d)?,
+                w("attn_k.weight", kv_k, d)?,
+                w("attn_v.weight", kv_v, d)?,
+            );
+            let wo = w("attn_output.weight", d, cfg.n_head * cfg.head_dim_v)?;
+            let (w_gate, w_up, w_down) = (
+                w("ffn_gate.weight", cfg.n_ff, d)?,
+                w("ffn_up.weight", cfg.n_ff, d)?,
+                w("ffn_down.weight", d, cfg.n_ff)?,
+            );
             let l = Layer {
                 attn_norm: req(
-                    vector(be, &g, &n("attn_norm.weight"), d)?,
+                    vector(be, src, &n("attn_norm.weight"), d)?,
                     &n("attn_norm.weight"),
                 )?,
-                wq: weight(be, &g, &n("attn_q.weight"), q_dim, d)?,
-                wk: weight(be, &g, &n("attn_k.weight"), kv_k, d)?,
-                wv: weight(be, &g, &n("attn_v.weight"), kv_v, d)?,
-                wo: weight(
-                    be,
-                    &g,
-                    &n("attn_output.weight"),
-                    d,
-                    cfg.n_head * cfg.head_dim_v,
-                )?,
-                bq: vector(be, &g, &n("attn_q.bias"), q_dim)?,
-                bk: vector(be, &g, &n("attn_k.bias"), kv_k)?,
-                bv: vector(be, &g, &n("attn_v.bias"), kv_v)?,
+                wq,
+                wk,
+                wv,
+                wo,
+                bq: vector(be, src, &n("attn_q.bias"), q_dim)?,
+                bk: vector(be, src, &n("attn_k.bias"), kv_k)?,
+                bv: vector(be, src, &n("attn_v.bias"), kv_v)?,
                 q_norm: if cfg.qk_norm {
                     Some(req(
-                        vector(be, &g, &n("attn_q_norm.weight"), cfg.head_dim_k)?,
+                        vector(be, src, &n("attn_q_norm.weight"), cfg.head_dim_k)?,
                         &n("attn_q_norm.weight"),
                     )?)
                 } else {
@@ -268,7 +274,7 @@ impl<B: Backend> DecoderModel<B> {
                 },
                 k_norm: if cfg.qk_norm {
                     Some(req(
-                        vector(be, &g, &n("attn_k_norm.weight"), cfg.head_dim_k)?,
+                        vector(be, src, &n("attn_k_norm.weight"), cfg.head_dim_k)?,
                         &n("attn_k_norm.weight"),
                     )?)
                 } else {
@@ -276,22 +282,22 @@ impl<B: Backend> DecoderModel<B> {
                 },
                 post_attn_norm: if cfg.post_norms {
                     Some(req(
-                        vector(be, &g, &n("post_attention_norm.weight"), d)?,
+                        vector(be, src, &n("post_attention_norm.weight"), d)?,
                         &n("post_attention_norm.weight"),
                     )?)
                 } else {
                     None
                 },
                 ffn_norm: req(
-                    vector(be, &g, &n("ffn_norm.weight"), d)?,
+                    vector(be, src, &n("ffn_norm.weight"), d)?,
                     &n("ffn_norm.weight"),
                 )?,
-                w_gate: weight(be, &g, &n("ffn_gate.weight"), cfg.n_ff, d)?,
-                w_up: weight(be, &g, &n("ffn_up.weight"), cfg.n_ff, d)?,
-                w_down: weight(be, &g, &n("ffn_down.weight"), d, cfg.n_ff)?,
+                w_gate,
+                w_up,
+                w_down,
                 post_ffn_norm: if cfg.post_norms {
                     Some(req(
-                        vector(be, &g, &n("post_ffw_norm.weight"), d)?,
+                        vector(be, src, &n("post_ffw_norm.weight"), d)?,
                         &n("post_ffw_norm.weight"),
                     )?)
                 } else {

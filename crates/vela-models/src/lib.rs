@@ -20,6 +20,7 @@ pub mod qwen3;
 pub mod registry;
 pub mod state;
 pub mod synth;
+pub mod weights;
 
 pub use config::{DecoderConfig, LayerConfig};
 pub use decoder::{DecoderModel, ForwardState};
