@@ -141,6 +141,9 @@ pub trait Backend: Send + Sync {
     type Kv: Send;
     /// Saved state of the sliding-window layers of a KV cache at a given length.
     type KvSnapshot: Send + Sync;
+    /// A buffer of u32 (token ids, expert ids, row indices) where the ops read them: on the
+    /// device for a GPU, so routing and expert products need no host round trip.
+    type Ids: Send;
 
     fn name(&self) -> String;
 
@@ -158,6 +161,12 @@ pub trait Backend: Send + Sync {
     fn upload_weight(&self, w: &HostWeight) -> Result<Self::Weight>;
     /// A small f32 vector (norm weight, bias).
     fn upload_vector(&self, data: &[f32]) -> Result<Self::Vector>;
+    /// A zeroed id buffer of `len` entries.
+    fn alloc_ids(&self, len: usize) -> Self::Ids;
+    /// Copy `data` into the first `data.len()` entries of `ids`.
+    fn write_ids(&self, ids: &mut Self::Ids, data: &[u32]);
+    /// Copy the first `out.len()` entries of `ids` into `out` (waits for the device).
+    fn read_ids(&self, ids: &Self::Ids, out: &mut [u32]);
     fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<Self::Kv>;
     /// Save what later writes could overwrite of a cache holding positions `0..n_past`: the
     /// window of each sliding layer (full layers are append-only and need nothing).

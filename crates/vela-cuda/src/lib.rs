@@ -57,6 +57,7 @@ impl Backend for CudaBackend {
     type Vector = CudaSlice<f32>;
     type Kv = CudaKv;
     type KvSnapshot = CudaKvSnapshot;
+    type Ids = CudaSlice<u32>;
 
     fn memory_free(&self) -> Option<u64> {
         self.memory_info().ok().map(|(free, _)| free)
@@ -96,6 +97,36 @@ impl Backend for CudaBackend {
 
     fn upload_vector(&self, data: &[f32]) -> Result<CudaSlice<f32>> {
         Ok(self.dev.stream.clone_htod(data)?)
+    }
+
+    fn alloc_ids(&self, len: usize) -> CudaSlice<u32> {
+        self.dev
+            .stream
+            .alloc_zeros::<u32>(len.max(1))
+            .unwrap_or_else(|e| panic!("CUDA alloc of {len} ids failed: {e:?}"))
+    }
+
+    fn write_ids(&self, ids: &mut CudaSlice<u32>, data: &[u32]) {
+        if data.is_empty() {
+            return;
+        }
+        self.flush_recording();
+        self.dev
+            .stream
+            .memcpy_htod(data, &mut ids.slice_mut(0..data.len()))
+            .expect("CUDA upload of ids");
+    }
+
+    fn read_ids(&self, ids: &CudaSlice<u32>, out: &mut [u32]) {
+        if out.is_empty() {
+            return;
+        }
+        self.flush_recording();
+        self.dev
+            .stream
+            .memcpy_dtoh(&ids.slice(0..out.len()), out)
+            .expect("CUDA download of ids");
+        self.dev.stream.synchronize().expect("CUDA synchronize");
     }
 
     fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<CudaKv> {

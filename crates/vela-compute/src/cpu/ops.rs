@@ -223,6 +223,7 @@ impl Backend for CpuBackend {
     type Vector = Vec<f32>;
     type Kv = CpuKv;
     type KvSnapshot = CpuKvSnapshot;
+    type Ids = Vec<u32>;
 
     fn name(&self) -> String {
         format!(
@@ -280,6 +281,18 @@ impl Backend for CpuBackend {
 
     fn upload_vector(&self, data: &[f32]) -> Result<Vec<f32>> {
         Ok(data.to_vec())
+    }
+
+    fn alloc_ids(&self, len: usize) -> Vec<u32> {
+        vec![0; len]
+    }
+
+    fn write_ids(&self, ids: &mut Vec<u32>, data: &[u32]) {
+        ids[..data.len()].copy_from_slice(data);
+    }
+
+    fn read_ids(&self, ids: &Vec<u32>, out: &mut [u32]) {
+        out.copy_from_slice(&ids[..out.len()]);
     }
 
     fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<CpuKv> {

@@ -440,4 +440,5 @@ mod gemma4;
 mod kernels2;
 mod mix;
 mod model;
+mod ops;
 mod sample;
