@@ -269,6 +269,18 @@ pub trait Backend: Send + Sync {
         dst: &mut Self::Buf,
     );
 
+    // --- kit ops (MoE and hybrid architectures) ---
+    /// Softmax of each of the `n_rows` rows of `width` elements, in place, in f32: subtract the
+    /// row max, `exp`, divide by the sum. The sum is accumulated in f64 (sequentially on the CPU,
+    /// as a tree on a GPU; the same value up to the final rounding to f32), so backends agree
+    /// within a few ulps (the `exp` implementations differ). -inf entries give 0; a row whose
+    /// max is -inf (all -inf) gives all 0; NaN propagates.
+    fn softmax_rows(&self, x: &mut Self::Buf, n_rows: usize, width: usize);
+    /// x = 1 / (1 + exp(-x)) over `len` elements, in place.
+    fn sigmoid(&self, x: &mut Self::Buf, len: usize);
+    /// x *= y over `len` elements.
+    fn mul(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+
     /// Products from here on, until `precise_products(false)`, take the backend's most precise
     /// quantized path where it has one (the CPU adds the product of each activation row's
     /// rounding residual: `docs/testing.md`, "Accuracy of the quantized path"). Models turn it on

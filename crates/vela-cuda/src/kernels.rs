@@ -31,6 +31,7 @@ pub const GROUPS: &[(&str, &str)] = &[
         ),
     ),
     ("sample", include_str!("../kernels/sample.cu")),
+    ("kit", include_str!("../kernels/kit.cu")),
 ];
 
 /// Every kernel the backend launches, per group (also checked by `tests/ptx.rs`).
@@ -226,6 +227,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
         ],
     ),
     ("sample", &["topk_rows", "topk_part", "topk_merge"]),
+    ("kit", &["kit_softmax_rows", "kit_sigmoid", "kit_mul"]),
 ];
 
 /// Dynamic shared memory of a kernel in bytes (0: static only). The tensor-core decode attention

@@ -15,7 +15,7 @@
 //! `l2pf` work on a `Device`; `backend` defines [`CudaBackend`] (the device, the tuning, the
 //! decode-step recorder, the ops' state) and the launch path every op takes; the ops are
 //! `impl CudaBackend` blocks (`matmul`, `gemm`, `attn`, `attn_gemm`, `kv`, `upload`, `argmax`,
-//! `sample`, `steps`); this file puts the [`Backend`] trait on top. No module below `backend`
+//! `sample`, `steps`, `kit`); this file puts the [`Backend`] trait on top. No module below `backend`
 //! imports it or an op module.
 
 mod argmax;
@@ -28,6 +28,7 @@ mod device;
 mod gemm;
 mod graph;
 pub mod kernels;
+mod kit;
 mod kv;
 mod l2pf;
 mod matmul;
@@ -367,6 +368,18 @@ impl Backend for CudaBackend {
     fn softcap(&self, x: &mut CudaBuf, len: usize, cap: f32) {
         let args = [Arg::P(self.ptr(x)), Arg::F(cap), Arg::L(len as i64)];
         self.launch_1d("softcap", len, &args);
+    }
+
+    fn softmax_rows(&self, x: &mut CudaBuf, n_rows: usize, width: usize) {
+        self.softmax_rows_impl(x, n_rows, width);
+    }
+
+    fn sigmoid(&self, x: &mut CudaBuf, len: usize) {
+        self.sigmoid_impl(x, len);
+    }
+
+    fn mul(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) {
+        self.mul_impl(x, y, len);
     }
 
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, positions: &[u32]) {

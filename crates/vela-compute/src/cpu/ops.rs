@@ -5,6 +5,7 @@
 //! RoPE builds its angle table by repeated f32 multiplication, matmuls quantize activations to the
 //! weight type's dot-product format (see [`super::matmul`]).
 
+use super::kit;
 use super::matmul::{self, QMatrix};
 use super::pool::ThreadPool;
 use super::simd;
@@ -415,6 +416,18 @@ impl Backend for CpuBackend {
         let precise = self.precise.load(Ordering::Relaxed);
         let x = &x[..n * cols];
         matmul::matmul_multi_packed(&self.pool, &qrefs, &packed, x, n, &mut outs, precise);
+    }
+
+    fn softmax_rows(&self, x: &mut Vec<f32>, n_rows: usize, width: usize) {
+        kit::softmax_rows(x, n_rows, width);
+    }
+
+    fn sigmoid(&self, x: &mut Vec<f32>, len: usize) {
+        kit::sigmoid(&mut x[..len]);
+    }
+
+    fn mul(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+        kit::mul(&mut x[..len], &y[..len]);
     }
 
     fn precise_products(&self, on: bool) {

@@ -31,3 +31,71 @@ fn ids_round_trip() {
     let e = up_ids(&g, &[]);
     assert_eq!(down_ids(&g, &e, 0), Vec::<u32>::new());
 }
+
+/// `|a - b| <= ulps` units in the last place of `b` (and exact zeros where `b` is 0 or -inf).
+fn check_ulps(what: &str, gpu: &[f32], cpu: &[f32], ulps: f32) {
+    assert_eq!(gpu.len(), cpu.len());
+    let mut worst = 0f32;
+    for (i, (&a, &b)) in gpu.iter().zip(cpu).enumerate() {
+        let tol = ulps * f32::EPSILON * b.abs().max(f32::MIN_POSITIVE);
+        let ok = (a == b) || (a - b).abs() <= tol;
+        assert!(
+            ok,
+            "{what}[{i}]: GPU {a:e} vs CPU {b:e} (tolerance {ulps} ulps)"
+        );
+        if b != 0.0 {
+            worst = worst.max((a - b).abs() / (f32::EPSILON * b.abs()));
+        }
+    }
+    eprintln!("RESULT | {what} | max {worst:.1} ulps | ok |");
+}
+
+/// Softmax over rows (odd widths up to 5,000, -inf entries, all -inf rows), sigmoid and mul:
+/// within 8 ulps of the CPU (expf vs the host's exp, 2 ulps each way, then one division; the
+/// f64 sums differ in order only); mul is exact.
+#[test]
+fn softmax_sigmoid_mul_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(1);
+    let mut rng = Rng(0x50f7_3a11);
+    for (n_rows, width) in [
+        (1, 1),
+        (3, 7),
+        (5, 33),
+        (2, 129),
+        (7, 1000),
+        (1, 5000),
+        (4, 257),
+    ] {
+        let mut x: Vec<f32> = rng.vec(n_rows * width).iter().map(|v| v * 30.0).collect();
+        if n_rows > 2 {
+            x[width..2 * width].fill(f32::NEG_INFINITY);
+            for i in (0..width).step_by(3) {
+                x[2 * width + i] = f32::NEG_INFINITY;
+            }
+        }
+        let (mut xg, mut xc) = (up(&g, &x), up(&cpu, &x));
+        g.softmax_rows(&mut xg, n_rows, width);
+        cpu.softmax_rows(&mut xc, n_rows, width);
+        let n = n_rows * width;
+        let what = format!("softmax_rows {n_rows}x{width}");
+        check_ulps(&what, &down(&g, &xg, n), &down(&cpu, &xc, n), 8.0);
+
+        let (mut sg, mut sc) = (up(&g, &x), up(&cpu, &x));
+        g.sigmoid(&mut sg, n);
+        cpu.sigmoid(&mut sc, n);
+        check_ulps(
+            &format!("sigmoid {n}"),
+            &down(&g, &sg, n),
+            &down(&cpu, &sc, n),
+            8.0,
+        );
+
+        let y = rng.vec(n);
+        let x2 = rng.vec(n);
+        let (mut mg, mut mc) = (up(&g, &x2), up(&cpu, &x2));
+        g.mul(&mut mg, &up(&g, &y), n);
+        cpu.mul(&mut mc, &up(&cpu, &y), n);
+        assert_eq!(down(&g, &mg, n), down(&cpu, &mc, n), "mul {n}");
+    }
+}

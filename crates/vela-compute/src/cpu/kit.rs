@@ -1,0 +1,129 @@
+//! The CPU reference of the model kit's generic ops (MoE and hybrid architectures): softmax,
+//! sigmoid, elementwise product, row gather and scatter-add. Plain Rust on slices: these run on
+//! a few rows per step (router logits, routed tokens), so clarity beats SIMD here. Semantics
+//! are the [`crate::Backend`] methods' (`softmax_rows`, ...); the trait impl in `ops.rs` calls
+//! these.
+
+/// Softmax of one row in place: max, `exp(x - max)`, f64 sum in index order, divide by the sum
+/// rounded to f32. A row whose max is -inf (or empty) becomes all 0.
+pub fn softmax_row(x: &mut [f32]) {
+    let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+    if max == f32::NEG_INFINITY {
+        x.fill(0.0);
+        return;
+    }
+    let mut sum = 0f64;
+    for v in x.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let s = sum as f32;
+    x.iter_mut().for_each(|v| *v /= s);
+}
+
+/// [`softmax_row`] of `n_rows` rows of `width`.
+pub fn softmax_rows(x: &mut [f32], n_rows: usize, width: usize) {
+    if width == 0 {
+        return;
+    }
+    x[..n_rows * width]
+        .chunks_exact_mut(width)
+        .for_each(softmax_row);
+}
+
+/// The logistic function `1 / (1 + exp(-x))`.
+pub fn sigmoid1(x: f32) -> f32 {
+    1.0 / (1.0 + (-x).exp())
+}
+
+/// [`sigmoid1`] of every element, in place.
+pub fn sigmoid(x: &mut [f32]) {
+    x.iter_mut().for_each(|v| *v = sigmoid1(*v));
+}
+
+/// x *= y elementwise.
+pub fn mul(x: &mut [f32], y: &[f32]) {
+    x.iter_mut().zip(y).for_each(|(a, b)| *a *= b);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) struct Rng(pub u64);
+    impl Rng {
+        pub fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        /// Uniform in [-1, 1).
+        pub fn f(&mut self) -> f32 {
+            (self.next() >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+        }
+    }
+
+    /// Softmax against an f64 reference on odd widths, with -inf entries and all -inf rows.
+    #[test]
+    fn softmax_matches_f64_reference() {
+        let mut rng = Rng(11);
+        for width in [1usize, 2, 3, 7, 33, 129, 1000] {
+            let n_rows = 5;
+            let mut x: Vec<f32> = (0..n_rows * width).map(|_| rng.f() * 20.0).collect();
+            // Row 1: some -inf; row 2: all -inf; row 3: huge values (overflow without the max).
+            for (i, v) in x[width..2 * width].iter_mut().enumerate() {
+                if i % 3 == 1 {
+                    *v = f32::NEG_INFINITY;
+                }
+            }
+            x[2 * width..3 * width].fill(f32::NEG_INFINITY);
+            x[3 * width..4 * width]
+                .iter_mut()
+                .for_each(|v| *v = *v * 1e3 + 1e30);
+            let orig = x.clone();
+            softmax_rows(&mut x, n_rows, width);
+            for r in 0..n_rows {
+                let row = &orig[r * width..(r + 1) * width];
+                // The reference takes the same f32 differences (their rounding is not softmax's).
+                let m = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+                let z: f64 = row.iter().map(|&v| ((v - m) as f64).exp()).sum();
+                for c in 0..width {
+                    let got = x[r * width + c];
+                    let want = if r == 2 {
+                        0.0
+                    } else {
+                        ((row[c] - m) as f64).exp() / z
+                    };
+                    assert!(
+                        (got as f64 - want).abs() <= 4e-7 * want + 1e-30,
+                        "width {width} row {r} col {c}: {got} vs {want}"
+                    );
+                    if row[c] == f32::NEG_INFINITY {
+                        assert_eq!(got, 0.0);
+                    }
+                }
+            }
+        }
+        softmax_rows(&mut [], 0, 0);
+    }
+
+    #[test]
+    fn sigmoid_and_mul() {
+        let mut x = vec![0.0, 1.0, -1.0, 30.0, -30.0, -100.0, f32::INFINITY];
+        let orig = x.clone();
+        sigmoid(&mut x);
+        for (g, o) in x.iter().zip(&orig) {
+            let want = 1.0 / (1.0 + (-*o as f64).exp());
+            // exp(100) overflows f32: sigmoid(-100) is 0 (the true value is subnormal).
+            assert!(
+                (*g as f64 - want).abs() <= 1e-7 * want + 1e-38,
+                "{o}: {g} vs {want}"
+            );
+        }
+        assert_eq!(x[0], 0.5);
+        let mut a = vec![1.5, -2.0, 3.0];
+        mul(&mut a, &[2.0, 0.5, -1.0]);
+        assert_eq!(a, vec![3.0, -1.0, -3.0]);
+    }
+}
