@@ -281,6 +281,32 @@ pub trait Backend: Send + Sync {
     /// x *= y over `len` elements.
     fn mul(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
 
+    /// `out` row i = `src` row `idx[i]` for i < `n` (rows of `width`). An index at or past the
+    /// rows `src` holds is a caller bug: debug-asserted on the CPU; every backend writes a zero
+    /// row for it (never reads out of bounds).
+    fn gather_rows(
+        &self,
+        src: &Self::Buf,
+        idx: &Self::Ids,
+        n: usize,
+        width: usize,
+        out: &mut Self::Buf,
+    );
+    /// `dst` row `idx[i]` += `weights[i]` · `src` row i for i < `n` (rows of `width`; without
+    /// weights, plain adds). Deterministic: rows landing on the same destination are added in
+    /// ascending i, each product and sum rounded to f32 (no fused multiply-add), so every
+    /// backend gives the CPU's bits. An index at or past the rows `dst` holds is a caller bug:
+    /// debug-asserted on the CPU, skipped on every backend.
+    fn scatter_add_rows(
+        &self,
+        dst: &mut Self::Buf,
+        src: &Self::Buf,
+        idx: &Self::Ids,
+        weights: Option<&Self::Buf>,
+        n: usize,
+        width: usize,
+    );
+
     /// Products from here on, until `precise_products(false)`, take the backend's most precise
     /// quantized path where it has one (the CPU adds the product of each activation row's
     /// rounding residual: `docs/testing.md`, "Accuracy of the quantized path"). Models turn it on

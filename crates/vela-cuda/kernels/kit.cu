@@ -54,3 +54,43 @@ extern "C" __global__ void kit_mul(float* x, const float* __restrict__ y, long l
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) x[i] *= y[i];
 }
+
+// out row i = src row idx[i] (block i, threads over the row); an index at or past n_src rows
+// gives a zero row.
+extern "C" __global__ void kit_gather_rows(const float* __restrict__ src, const u32* __restrict__ idx,
+                                           float* __restrict__ out, int width, long long n_src) {
+    PDL_ENTRY();
+    u32 r = idx[blockIdx.x];
+    float* o = out + (size_t)blockIdx.x * width;
+    const float* s = src + (size_t)r * width;
+    bool ok = (long long)r < n_src;
+    for (int c = threadIdx.x; c < width; c += blockDim.x) o[c] = ok ? s[c] : 0.0f;
+}
+
+// dst row idx[j] += w[j] * src row j without float atomics: block i does the work only if i is
+// the first j with idx[j] == idx[i]; it then adds every such row j >= i in ascending j, with a
+// rounded product then a rounded sum (no FMA contraction), like the CPU loop. O(n^2) index scans:
+// meant for the few hundred to few thousand routed rows of an MoE step. w may be null (plain
+// adds); indices at or past n_dst rows are skipped.
+extern "C" __global__ void kit_scatter_add_rows(float* dst, const float* __restrict__ src,
+                                                const u32* __restrict__ idx,
+                                                const float* __restrict__ w, int n, int width,
+                                                long long n_dst) {
+    PDL_ENTRY();
+    int i = blockIdx.x;
+    u32 d = idx[i];
+    if ((long long)d >= n_dst) return;
+    int seen = 0;
+    for (int j = threadIdx.x; j < i; j += blockDim.x) seen |= idx[j] == d;
+    if (__syncthreads_or(seen)) return;
+    float* o = dst + (size_t)d * width;
+    for (int c = threadIdx.x; c < width; c += blockDim.x) {
+        float acc = o[c];
+        for (int j = i; j < n; j++) {
+            if (idx[j] != d) continue;
+            float s = src[(size_t)j * width + c];
+            acc = __fadd_rn(acc, w ? __fmul_rn(w[j], s) : s);
+        }
+        o[c] = acc;
+    }
+}

@@ -227,7 +227,16 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
         ],
     ),
     ("sample", &["topk_rows", "topk_part", "topk_merge"]),
-    ("kit", &["kit_softmax_rows", "kit_sigmoid", "kit_mul"]),
+    (
+        "kit",
+        &[
+            "kit_softmax_rows",
+            "kit_sigmoid",
+            "kit_mul",
+            "kit_gather_rows",
+            "kit_scatter_add_rows",
+        ],
+    ),
 ];
 
 /// Dynamic shared memory of a kernel in bytes (0: static only). The tensor-core decode attention

@@ -382,6 +382,29 @@ impl Backend for CudaBackend {
         self.mul_impl(x, y, len);
     }
 
+    fn gather_rows(
+        &self,
+        src: &CudaBuf,
+        idx: &CudaSlice<u32>,
+        n: usize,
+        width: usize,
+        out: &mut CudaBuf,
+    ) {
+        self.gather_rows_impl(src, idx, n, width, out);
+    }
+
+    fn scatter_add_rows(
+        &self,
+        dst: &mut CudaBuf,
+        src: &CudaBuf,
+        idx: &CudaSlice<u32>,
+        weights: Option<&CudaBuf>,
+        n: usize,
+        width: usize,
+    ) {
+        self.scatter_add_rows_impl(dst, src, idx, weights, n, width);
+    }
+
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, positions: &[u32]) {
         if positions.is_empty() {
             return;

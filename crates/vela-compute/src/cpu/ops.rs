@@ -430,6 +430,23 @@ impl Backend for CpuBackend {
         kit::mul(&mut x[..len], &y[..len]);
     }
 
+    fn gather_rows(&self, src: &Vec<f32>, idx: &Vec<u32>, n: usize, w: usize, out: &mut Vec<f32>) {
+        kit::gather_rows(src, &idx[..n], w, &mut out[..n * w]);
+    }
+
+    fn scatter_add_rows(
+        &self,
+        dst: &mut Vec<f32>,
+        src: &Vec<f32>,
+        idx: &Vec<u32>,
+        weights: Option<&Vec<f32>>,
+        n: usize,
+        w: usize,
+    ) {
+        let weights = weights.map(|v| &v[..n]);
+        kit::scatter_add_rows(dst, &src[..n * w], &idx[..n], weights, w);
+    }
+
     fn precise_products(&self, on: bool) {
         self.precise.store(on, Ordering::Relaxed);
     }
