@@ -133,6 +133,46 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// How router logits become expert scores ([`Backend::route`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Score {
+    /// Softmax over the experts (Qwen3 MoE, Gemma 4).
+    Softmax,
+    /// `1 / (1 + exp(-x))` per expert (DeepSeek V3, GLM).
+    Sigmoid,
+    /// `sqrt(softplus(x))`, softplus as torch's (`x` above 20, else `ln(1 + exp(x))`;
+    /// DeepSeek V4).
+    SqrtSoftplus,
+}
+
+/// Routing settings of an MoE layer ([`Backend::route`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteParams {
+    pub n_expert: usize,
+    /// Experts per token.
+    pub k: usize,
+    pub score: Score,
+    /// Expert groups (DeepSeek V3 `n_group`; 1 = no grouping); must divide `n_expert`.
+    pub n_group: usize,
+    /// Groups kept per token (`topk_group`; ≥ `n_group` = all).
+    pub topk_group: usize,
+    /// Divide the chosen weights by their sum (`norm_topk_prob`).
+    pub renorm: bool,
+    /// Multiplier of the weights (`routed_scaling_factor`; 1 = none).
+    pub scale: f32,
+}
+
+impl RouteParams {
+    /// The renormalisation's epsilon: 1e-20 for the sigmoid-type scores (DeepSeek adds it),
+    /// 0 for softmax (Qwen3 MoE and Gemma 4 divide by the plain sum).
+    pub fn renorm_eps(&self) -> f32 {
+        match self.score {
+            Score::Softmax => 0.0,
+            Score::Sigmoid | Score::SqrtSoftplus => 1e-20,
+        }
+    }
+}
+
 /// The op set. Buffers hold f32 activations laid out row-major `[n_tokens, width]`.
 pub trait Backend: Send + Sync {
     type Buf: Send;
@@ -305,6 +345,46 @@ pub trait Backend: Send + Sync {
         weights: Option<&Self::Buf>,
         n: usize,
         width: usize,
+    );
+
+    /// Mixture-of-experts routing of `n_tokens` rows of router logits (`[n_tokens, n_expert]`),
+    /// on the device (no host read-back): writes `[n_tokens, k]` expert ids into `ids` and their
+    /// f32 weights into `weights`. Per token ([`RouteParams`] for the models' settings):
+    /// scores `s = score(logits)`; selection keys `s + bias` (DeepSeek's
+    /// `e_score_correction_bias`: selection only); with groups, only the `topk_group` groups
+    /// with the largest sum of their two best keys stay eligible; the `k` best keys are chosen,
+    /// in descending order, the lowest expert id first among equal keys (NaN keys rank as -inf);
+    /// weights are the chosen experts' unbiased scores, renormalised where `renorm`
+    /// (`w / (Σw + eps)`, Σ in slot order; eps 1e-20 for the sigmoid-type scores as in
+    /// DeepSeek, 0 for softmax as in Qwen3 / Gemma 4), times `scale`, times
+    /// `expert_scale[id]` where given (Gemma 4's `per_expert_scale`).
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        &self,
+        logits: &Self::Buf,
+        n_tokens: usize,
+        p: &RouteParams,
+        bias: Option<&Self::Vector>,
+        expert_scale: Option<&Self::Vector>,
+        ids: &mut Self::Ids,
+        weights: &mut Self::Buf,
+    );
+    /// Hash routing (DeepSeek V4's first layers): token t's experts are row `tokens[t]` of
+    /// `table` (`[n_vocab, k]` expert ids), its weights the chosen experts' scores
+    /// (`p.score` of its logits row), renormalised and scaled like [`Backend::route`]
+    /// (`p.n_group`, bias and expert scales do not apply). A token id past the table or an
+    /// expert id past `n_expert` is a caller bug (debug-asserted on the CPU): that slot gets
+    /// expert 0 with weight 0 on every backend.
+    #[allow(clippy::too_many_arguments)]
+    fn route_hash(
+        &self,
+        logits: &Self::Buf,
+        tokens: &Self::Ids,
+        table: &Self::Ids,
+        n_tokens: usize,
+        p: &RouteParams,
+        ids: &mut Self::Ids,
+        weights: &mut Self::Buf,
     );
 
     /// Products from here on, until `precise_products(false)`, take the backend's most precise

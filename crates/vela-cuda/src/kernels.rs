@@ -235,6 +235,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "kit_mul",
             "kit_gather_rows",
             "kit_scatter_add_rows",
+            "kit_route",
+            "kit_route_hash",
         ],
     ),
 ];

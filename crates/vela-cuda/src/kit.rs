@@ -5,6 +5,7 @@ use crate::backend::CudaBackend;
 use crate::device::Arg;
 use crate::weight::CudaBuf;
 use cudarc::driver::CudaSlice;
+use vela_compute::{RouteParams, Score};
 
 /// Threads per block of the row-wise kit kernels.
 const ROW_THREADS: u32 = 256;
@@ -88,5 +89,122 @@ impl CudaBackend {
             Arg::L((dst.len() / width) as i64),
         ];
         self.launch("kit_scatter_add_rows", (n as u32, 1, 1), ROW_THREADS, &args);
+    }
+
+    /// See `Backend::route`: `kit_route`, one warp per token.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn route_impl(
+        &self,
+        logits: &CudaBuf,
+        n_tokens: usize,
+        p: &RouteParams,
+        bias: Option<&CudaSlice<f32>>,
+        expert_scale: Option<&CudaSlice<f32>>,
+        ids: &mut CudaSlice<u32>,
+        weights: &mut CudaBuf,
+    ) {
+        check_route(p);
+        let grouped = p.topk_group < p.n_group;
+        assert!(
+            !grouped || p.n_group <= 32,
+            "route: at most 32 expert groups"
+        );
+        if n_tokens == 0 {
+            return;
+        }
+        let (e_n, k) = (p.n_expert, p.k);
+        assert!(
+            logits.len() >= n_tokens * e_n
+                && ids.len() >= n_tokens * k
+                && weights.len() >= n_tokens * k,
+            "route: buffers too small for {n_tokens} tokens"
+        );
+        assert!(bias.is_none_or(|b| b.len() >= e_n) && expert_scale.is_none_or(|b| b.len() >= e_n));
+        let args = [
+            Arg::P(self.ptr(logits)),
+            Arg::I(e_n as i32),
+            Arg::I(k as i32),
+            Arg::I(score_code(p.score)),
+            Arg::I(p.n_group as i32),
+            Arg::I(p.topk_group.min(p.n_group) as i32),
+            Arg::I(p.renorm as i32),
+            Arg::F(p.renorm_eps()),
+            Arg::F(p.scale),
+            Arg::P(bias.map_or(0, |b| self.ptr(b))),
+            Arg::P(expert_scale.map_or(0, |b| self.ptr(b))),
+            Arg::P(self.ptr(ids)),
+            Arg::P(self.ptr(weights)),
+        ];
+        self.launch("kit_route", (n_tokens as u32, 1, 1), 32, &args);
+    }
+
+    /// See `Backend::route_hash`: `kit_route_hash`, one warp per token.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn route_hash_impl(
+        &self,
+        logits: &CudaBuf,
+        tokens: &CudaSlice<u32>,
+        table: &CudaSlice<u32>,
+        n_tokens: usize,
+        p: &RouteParams,
+        ids: &mut CudaSlice<u32>,
+        weights: &mut CudaBuf,
+    ) {
+        check_route(p);
+        if n_tokens == 0 {
+            return;
+        }
+        let (e_n, k) = (p.n_expert, p.k);
+        assert!(
+            logits.len() >= n_tokens * e_n
+                && tokens.len() >= n_tokens
+                && ids.len() >= n_tokens * k
+                && weights.len() >= n_tokens * k,
+            "route_hash: buffers too small for {n_tokens} tokens"
+        );
+        let args = [
+            Arg::P(self.ptr(logits)),
+            Arg::P(self.ptr(tokens)),
+            Arg::P(self.ptr(table)),
+            Arg::L((table.len() / k) as i64),
+            Arg::I(e_n as i32),
+            Arg::I(k as i32),
+            Arg::I(score_code(p.score)),
+            Arg::I(p.renorm as i32),
+            Arg::F(p.renorm_eps()),
+            Arg::F(p.scale),
+            Arg::P(self.ptr(ids)),
+            Arg::P(self.ptr(weights)),
+        ];
+        self.launch("kit_route_hash", (n_tokens as u32, 1, 1), 32, &args);
+    }
+}
+
+/// Experts and slots the routing kernels hold (`KIT_MAX_EXPERTS`, `KIT_MAX_K` in kit.cu).
+const MAX_EXPERTS: usize = 1024;
+const MAX_K: usize = 32;
+
+/// The routing settings the kernels take (the CPU's checks plus their limits).
+fn check_route(p: &RouteParams) {
+    assert!(
+        p.k >= 1 && p.k <= p.n_expert && p.k <= MAX_K && p.n_expert <= MAX_EXPERTS,
+        "route: k = {} of {} experts (the CUDA kernels take up to {MAX_K} of {MAX_EXPERTS})",
+        p.k,
+        p.n_expert
+    );
+    assert!(
+        p.n_group >= 1 && p.n_expert.is_multiple_of(p.n_group),
+        "route: {} groups do not divide {} experts",
+        p.n_group,
+        p.n_expert
+    );
+}
+
+/// The kernels' score code.
+fn score_code(s: Score) -> i32 {
+    match s {
+        Score::Softmax => 0,
+        Score::Sigmoid => 1,
+        Score::SqrtSoftplus => 2,
     }
 }

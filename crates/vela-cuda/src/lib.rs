@@ -50,7 +50,9 @@ pub use weight::{supported, CudaBuf, CudaWeight};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use device::Arg;
-use vela_compute::{Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams};
+use vela_compute::{
+    Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams, RouteParams,
+};
 
 impl Backend for CudaBackend {
     type Buf = CudaBuf;
@@ -403,6 +405,32 @@ impl Backend for CudaBackend {
         width: usize,
     ) {
         self.scatter_add_rows_impl(dst, src, idx, weights, n, width);
+    }
+
+    fn route(
+        &self,
+        logits: &CudaBuf,
+        n_tokens: usize,
+        p: &RouteParams,
+        bias: Option<&CudaSlice<f32>>,
+        expert_scale: Option<&CudaSlice<f32>>,
+        ids: &mut CudaSlice<u32>,
+        weights: &mut CudaBuf,
+    ) {
+        self.route_impl(logits, n_tokens, p, bias, expert_scale, ids, weights);
+    }
+
+    fn route_hash(
+        &self,
+        logits: &CudaBuf,
+        tokens: &CudaSlice<u32>,
+        table: &CudaSlice<u32>,
+        n_tokens: usize,
+        p: &RouteParams,
+        ids: &mut CudaSlice<u32>,
+        weights: &mut CudaBuf,
+    ) {
+        self.route_hash_impl(logits, tokens, table, n_tokens, p, ids, weights);
     }
 
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, positions: &[u32]) {

@@ -88,7 +88,7 @@ pub fn scatter_add_rows(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     pub(crate) struct Rng(pub u64);

@@ -6,5 +6,6 @@ pub mod kit;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
+pub mod route;
 pub mod simd;
 pub use ops::CpuBackend;

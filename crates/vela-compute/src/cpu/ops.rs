@@ -5,11 +5,13 @@
 //! RoPE builds its angle table by repeated f32 multiplication, matmuls quantize activations to the
 //! weight type's dot-product format (see [`super::matmul`]).
 
-use super::kit;
 use super::matmul::{self, QMatrix};
 use super::pool::ThreadPool;
 use super::simd;
-use crate::{Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams};
+use super::{kit, route};
+use crate::{
+    Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams, RouteParams,
+};
 use anyhow::{bail, Result};
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -445,6 +447,33 @@ impl Backend for CpuBackend {
     ) {
         let weights = weights.map(|v| &v[..n]);
         kit::scatter_add_rows(dst, &src[..n * w], &idx[..n], weights, w);
+    }
+
+    fn route(
+        &self,
+        logits: &Vec<f32>,
+        n: usize,
+        p: &RouteParams,
+        bias: Option<&Vec<f32>>,
+        scale: Option<&Vec<f32>>,
+        ids: &mut Vec<u32>,
+        w: &mut Vec<f32>,
+    ) {
+        let (b, s) = (bias.map(|v| &v[..]), scale.map(|v| &v[..]));
+        route::route(logits, n, p, b, s, ids, w);
+    }
+
+    fn route_hash(
+        &self,
+        logits: &Vec<f32>,
+        tokens: &Vec<u32>,
+        table: &Vec<u32>,
+        n: usize,
+        p: &RouteParams,
+        ids: &mut Vec<u32>,
+        w: &mut Vec<f32>,
+    ) {
+        route::route_hash(logits, tokens, table, n, p, ids, w);
     }
 
     fn precise_products(&self, on: bool) {

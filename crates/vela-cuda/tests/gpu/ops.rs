@@ -3,6 +3,7 @@
 //! expert-indexed product. Skipped without a GPU like the other GPU tests.
 
 use super::*;
+use vela_compute::{RouteParams, Score};
 
 fn up_ids<B: Backend>(be: &B, data: &[u32]) -> B::Ids {
     let mut b = be.alloc_ids(data.len());
@@ -149,4 +150,146 @@ fn gather_scatter_match_cpu_bit_exactly() {
     g.gather_rows(&src, &up_ids(&g, &[1, 2]), 2, 2, &mut out);
     assert_eq!(down(&g, &out, 4), vec![3.0, 4.0, 0.0, 0.0]);
     eprintln!("RESULT | gather / scatter_add_rows | bit-exact | ok |");
+}
+
+/// Router logits without near-ties (so a few ulps of score difference cannot change the
+/// experts): each row is a random permutation of a grid over `[-range, range]` with a small
+/// jitter of its spacing.
+fn spread_logits(rng: &mut Rng, n_tokens: usize, n_expert: usize, range: f32) -> Vec<f32> {
+    let gap = 2.0 * range / n_expert as f32;
+    let mut out = Vec::with_capacity(n_tokens * n_expert);
+    for _ in 0..n_tokens {
+        let mut rank: Vec<usize> = (0..n_expert).collect();
+        for i in (1..n_expert).rev() {
+            rank.swap(i, (rng.next() % (i as u64 + 1)) as usize);
+        }
+        out.extend(
+            rank.iter()
+                .map(|&r| -range + (r as f32 + 0.5 + 0.3 * rng.f()) * gap),
+        );
+    }
+    out
+}
+
+fn route_params(n_expert: usize, k: usize, score: Score, groups: (usize, usize)) -> RouteParams {
+    RouteParams {
+        n_expert,
+        k,
+        score,
+        n_group: groups.0,
+        topk_group: groups.1,
+        renorm: true,
+        scale: 1.0,
+    }
+}
+
+/// Routing on the device against the CPU: every score kind, groups (DeepSeek V3's 8 of 256),
+/// selection bias, expert scales, renorm and scale, 1..37 tokens. The experts must be the same
+/// ([`spread_logits`] has no near-ties) and the weights within 16 ulps (the scores' expf / log1pf
+/// differ from the host's by a few ulps; renorm divides by a sum of such values).
+#[test]
+fn route_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(1);
+    let mut rng = Rng(0x0707_2026);
+    let cases = [
+        route_params(8, 2, Score::Softmax, (1, 1)),
+        route_params(128, 8, Score::Softmax, (1, 1)),
+        route_params(7, 3, Score::Softmax, (1, 1)),
+        route_params(256, 8, Score::Sigmoid, (8, 4)),
+        route_params(60, 4, Score::Sigmoid, (4, 2)),
+        route_params(384, 6, Score::SqrtSoftplus, (1, 1)),
+        route_params(1024, 32, Score::Sigmoid, (32, 5)),
+        route_params(5, 5, Score::SqrtSoftplus, (5, 2)),
+    ];
+    for (ci, base) in cases.iter().enumerate() {
+        for variant in 0..4 {
+            let mut p = base.clone();
+            p.renorm = variant != 1;
+            p.scale = if variant == 2 { 2.5 } else { 1.0 };
+            let (e_n, k) = (p.n_expert, p.k);
+            let n_tokens = [1, 3, 37, 8][variant];
+            let logits = spread_logits(&mut rng, n_tokens, e_n, 3.0);
+            // A coarse bias (multiples of 0.01) cannot bring two keys within a few ulps.
+            let bias: Vec<f32> = (0..e_n).map(|_| (rng.next() % 8) as f32 * 0.01).collect();
+            let es: Vec<f32> = rng.vec(e_n).iter().map(|v| 1.0 + v * 0.5).collect();
+            let (bg, bc) = (
+                g.upload_vector(&bias).unwrap(),
+                cpu.upload_vector(&bias).unwrap(),
+            );
+            let (eg, ec) = (
+                g.upload_vector(&es).unwrap(),
+                cpu.upload_vector(&es).unwrap(),
+            );
+            let (bg, bc) = if variant == 3 {
+                (Some(&bg), Some(&bc))
+            } else {
+                (None, None)
+            };
+            let (eg, ec) = if variant == 2 {
+                (Some(&eg), Some(&ec))
+            } else {
+                (None, None)
+            };
+            let (mut ig, mut ic) = (g.alloc_ids(n_tokens * k), cpu.alloc_ids(n_tokens * k));
+            let (mut wg, mut wc) = (g.alloc(n_tokens * k), cpu.alloc(n_tokens * k));
+            g.route(&up(&g, &logits), n_tokens, &p, bg, eg, &mut ig, &mut wg);
+            cpu.route(&up(&cpu, &logits), n_tokens, &p, bc, ec, &mut ic, &mut wc);
+            let what = format!("route case {ci} variant {variant}");
+            let n = n_tokens * k;
+            assert_eq!(
+                down_ids(&g, &ig, n),
+                down_ids(&cpu, &ic, n),
+                "{what}: experts"
+            );
+            check_ulps(&what, &down(&g, &wg, n), &down(&cpu, &wc, n), 16.0);
+        }
+    }
+}
+
+/// Hash routing on the device: the table's experts exactly, weights within 16 ulps; an
+/// out-of-range token gives expert 0 with weight 0 (as on the CPU in release builds).
+#[test]
+fn route_hash_matches_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(1);
+    let mut rng = Rng(0x4a54);
+    for score in [Score::SqrtSoftplus, Score::Sigmoid, Score::Softmax] {
+        let (e_n, k, n_vocab, n_tokens) = (256, 6, 1000, 19);
+        let mut p = route_params(e_n, k, score, (1, 1));
+        p.scale = 1.5;
+        let table: Vec<u32> = (0..n_vocab * k)
+            .map(|_| (rng.next() % e_n as u64) as u32)
+            .collect();
+        let tokens: Vec<u32> = (0..n_tokens)
+            .map(|_| (rng.next() % n_vocab as u64) as u32)
+            .collect();
+        let logits = spread_logits(&mut rng, n_tokens, e_n, 6.0);
+        let (mut ig, mut ic) = (g.alloc_ids(n_tokens * k), cpu.alloc_ids(n_tokens * k));
+        let (mut wg, mut wc) = (g.alloc(n_tokens * k), cpu.alloc(n_tokens * k));
+        let (tg, tc) = (up_ids(&g, &tokens), up_ids(&cpu, &tokens));
+        let (hg, hc) = (up_ids(&g, &table), up_ids(&cpu, &table));
+        g.route_hash(&up(&g, &logits), &tg, &hg, n_tokens, &p, &mut ig, &mut wg);
+        cpu.route_hash(&up(&cpu, &logits), &tc, &hc, n_tokens, &p, &mut ic, &mut wc);
+        let n = n_tokens * k;
+        assert_eq!(
+            down_ids(&g, &ig, n),
+            down_ids(&cpu, &ic, n),
+            "route_hash {score:?}"
+        );
+        check_ulps(
+            &format!("route_hash {score:?}"),
+            &down(&g, &wg, n),
+            &down(&cpu, &wc, n),
+            16.0,
+        );
+    }
+    let p = route_params(4, 2, Score::Sigmoid, (1, 1));
+    let (mut ids, mut w) = (up_ids(&g, &[9, 9]), up(&g, &[9.0, 9.0]));
+    let (tok, table) = (up_ids(&g, &[5]), up_ids(&g, &[1, 2]));
+    g.route_hash(&up(&g, &[0.0; 4]), &tok, &table, 1, &p, &mut ids, &mut w);
+    assert_eq!(
+        (down_ids(&g, &ids, 2), down(&g, &w, 2)),
+        (vec![0, 0], vec![0.0, 0.0])
+    );
 }
