@@ -843,3 +843,48 @@ fn refined_product_removes_the_activation_rounding() {
         }
     }
 }
+
+/// Batch invariance, what `matmul_experts` relies on: a row's result does not depend on how many
+/// activation rows share the call, on every kernel family and type (each tile finishes every
+/// (row, token) pair alone, the same way for any token count). The SIMD families are not
+/// bit-identical to the scalar kernel for the 32-element and float types (their lane order
+/// differs); the packed copies are (`packed_gemm_is_bit_identical_to_scalar`).
+#[test]
+fn rows_do_not_depend_on_batch_size() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(5150);
+    for k in Kernel::all_available() {
+        for ty in TYPES {
+            let (rows, cols) = (37, col_options(ty)[2]);
+            let data = random_weights(&mut rng, ty, rows, cols);
+            let n = 9;
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+            let all = run(k, &pool, ty, &data, rows, cols, &x, n);
+            for m in 1..n {
+                // Rows t0..t0+m alone.
+                let t0 = (m * 5) % (n - m + 1);
+                let part = run(
+                    k,
+                    &pool,
+                    ty,
+                    &data,
+                    rows,
+                    cols,
+                    &x[t0 * cols..(t0 + m) * cols],
+                    m,
+                );
+                let same = part
+                    .iter()
+                    .zip(&all[t0 * rows..(t0 + m) * rows])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{} {} rows {t0}..{} of {n}",
+                    k.name(),
+                    ty.name(),
+                    t0 + m
+                );
+            }
+        }
+    }
+}
