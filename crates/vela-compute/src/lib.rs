@@ -387,6 +387,27 @@ pub trait Backend: Send + Sync {
         weights: &mut Self::Buf,
     );
 
+    /// Expert-indexed product (llama.cpp's `mul_mat_id`): `w` is a 3-D expert tensor
+    /// `[E, rows_per_expert, cols]` uploaded as one weight of `E · rows_per_expert` rows (expert
+    /// e = rows `e · rows_per_expert ..`). For token t < `n_tokens` and slot j < `k`, with
+    /// s = t·k + j: `y` row s (`rows_per_expert` wide) = expert `ids[s]` · `x` row (s if
+    /// `x_per_slot`, else t). Each expert's result is that of [`Backend::matmul`] of a weight
+    /// holding only its rows over the rows routed to it (on the CPU bit-identical, the rows in
+    /// ascending slot order). An expert id ≥ E is a caller bug (debug-asserted on the CPU): its
+    /// `y` row is 0 on every backend.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_experts(
+        &self,
+        w: &Self::Weight,
+        rows_per_expert: usize,
+        x: &Self::Buf,
+        x_per_slot: bool,
+        ids: &Self::Ids,
+        n_tokens: usize,
+        k: usize,
+        y: &mut Self::Buf,
+    );
+
     /// Products from here on, until `precise_products(false)`, take the backend's most precise
     /// quantized path where it has one (the CPU adds the product of each activation row's
     /// rounding residual: `docs/testing.md`, "Accuracy of the quantized path"). Models turn it on

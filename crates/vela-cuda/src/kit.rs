@@ -3,7 +3,8 @@
 
 use crate::backend::CudaBackend;
 use crate::device::Arg;
-use crate::weight::CudaBuf;
+use crate::matmul::MM_WARPS;
+use crate::weight::{ActKind, CudaBuf, CudaWeight};
 use cudarc::driver::CudaSlice;
 use vela_compute::{RouteParams, Score};
 
@@ -177,6 +178,59 @@ impl CudaBackend {
             Arg::P(self.ptr(weights)),
         ];
         self.launch("kit_route_hash", (n_tokens as u32, 1, 1), 32, &args);
+    }
+}
+
+impl CudaBackend {
+    /// See `Backend::matmul_experts`: the activations quantized once (Q8 / Q8_K, or f32 as
+    /// is), then one `mme_*` launch (kernels/experts.cu): a warp per (expert row, slot), the
+    /// expert id read on the device. The exact mode has no expert kernel: it takes these too.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn matmul_experts_impl(
+        &self,
+        w: &CudaWeight,
+        rows_per_expert: usize,
+        x: &CudaBuf,
+        x_per_slot: bool,
+        ids: &CudaSlice<u32>,
+        n_tokens: usize,
+        k: usize,
+        y: &mut CudaBuf,
+    ) {
+        let rpe = rows_per_expert;
+        assert!(
+            rpe > 0 && w.rows.is_multiple_of(rpe),
+            "matmul_experts: {} rows are not experts of {rpe} rows",
+            w.rows
+        );
+        let n_slots = n_tokens * k;
+        if n_slots == 0 {
+            return;
+        }
+        let x_rows = if x_per_slot { n_slots } else { n_tokens };
+        assert!(
+            ids.len() >= n_slots && x.len() >= x_rows * w.cols && y.len() >= n_slots * rpe,
+            "matmul_experts: buffers too small for {n_tokens} tokens x {k} slots"
+        );
+        let (suffix, kind) = w.info();
+        let mut sc = self.scratch();
+        let (xp, nb) = match kind {
+            ActKind::Float => (self.ptr(x), w.cols),
+            _ => self.quantize_act(&mut sc, kind, x, x_rows, w.cols),
+        };
+        let args = [
+            Arg::P(self.ptr(&w.data)),
+            Arg::P(self.ptr(ids)),
+            Arg::P(xp),
+            Arg::P(self.ptr(&*y)),
+            Arg::I(rpe as i32),
+            Arg::I(nb as i32),
+            Arg::I((w.rows / rpe) as i32),
+            Arg::I(k as i32),
+            Arg::I(x_per_slot as i32),
+        ];
+        let grid = ((rpe as u32).div_ceil(MM_WARPS), n_slots as u32, 1);
+        self.launch(&format!("mme_{suffix}"), grid, 32 * MM_WARPS, &args);
     }
 }
 

@@ -433,6 +433,20 @@ impl Backend for CudaBackend {
         self.route_hash_impl(logits, tokens, table, n_tokens, p, ids, weights);
     }
 
+    fn matmul_experts(
+        &self,
+        w: &CudaWeight,
+        rows_per_expert: usize,
+        x: &CudaBuf,
+        x_per_slot: bool,
+        ids: &CudaSlice<u32>,
+        n_tokens: usize,
+        k: usize,
+        y: &mut CudaBuf,
+    ) {
+        self.matmul_experts_impl(w, rows_per_expert, x, x_per_slot, ids, n_tokens, k, y);
+    }
+
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, positions: &[u32]) {
         if positions.is_empty() {
             return;

@@ -2,6 +2,7 @@
 
 #[cfg(target_arch = "x86_64")]
 mod attn;
+pub mod experts;
 pub mod kit;
 pub mod matmul;
 pub mod ops;

@@ -8,7 +8,7 @@
 use super::matmul::{self, QMatrix};
 use super::pool::ThreadPool;
 use super::simd;
-use super::{kit, route};
+use super::{experts, kit, route};
 use crate::{
     Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams, RouteParams,
 };
@@ -474,6 +474,27 @@ impl Backend for CpuBackend {
         w: &mut Vec<f32>,
     ) {
         route::route_hash(logits, tokens, table, n, p, ids, w);
+    }
+
+    fn matmul_experts(
+        &self,
+        w: &CpuWeight,
+        rpe: usize,
+        x: &Vec<f32>,
+        x_per_slot: bool,
+        ids: &Vec<u32>,
+        n_tokens: usize,
+        k: usize,
+        y: &mut Vec<f32>,
+    ) {
+        let (q, p, precise) = (
+            w.qmatrix(),
+            w.packed.as_ref(),
+            self.precise.load(Ordering::Relaxed),
+        );
+        experts::matmul_experts(
+            &self.pool, &q, p, rpe, x, x_per_slot, ids, n_tokens, k, y, precise,
+        );
     }
 
     fn precise_products(&self, on: bool) {
