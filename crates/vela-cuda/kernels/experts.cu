@@ -8,9 +8,9 @@ template <int T>
 __device__ void mme32(const u8* __restrict__ W, const u32* __restrict__ ids,
                       const AQ8* __restrict__ X, float* __restrict__ Y, int rows, int nb,
                       int n_exp, int k, int per_slot) {
-    int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    int r = blockIdx.y * WARPS + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
-    int s = blockIdx.y;
+    int s = blockIdx.x;
     if (r >= rows) return;
     u32 e = ids[s];
     if (e >= (u32)n_exp) {
@@ -40,9 +40,9 @@ template <int T>
 __device__ void mmek(const u8* __restrict__ W, const u32* __restrict__ ids,
                      const AQ8K* __restrict__ X, float* __restrict__ Y, int rows, int nb,
                      int n_exp, int k, int per_slot) {
-    int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    int r = blockIdx.y * WARPS + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
-    int s = blockIdx.y;
+    int s = blockIdx.x;
     if (r >= rows) return;
     u32 e = ids[s];
     if (e >= (u32)n_exp) {
@@ -76,9 +76,9 @@ template <int T>
 __device__ void mmef(const u8* __restrict__ W, const u32* __restrict__ ids,
                      const float* __restrict__ X, float* __restrict__ Y, int rows, int cols,
                      int n_exp, int k, int per_slot) {
-    int r = blockIdx.x * WARPS + threadIdx.x / 32;
+    int r = blockIdx.y * WARPS + threadIdx.x / 32;
     int lane = threadIdx.x & 31;
-    int s = blockIdx.y;
+    int s = blockIdx.x;
     if (r >= rows) return;
     u32 e = ids[s];
     if (e >= (u32)n_exp) {

@@ -203,6 +203,11 @@ impl CudaBackend {
             "matmul_experts: {} rows are not experts of {rpe} rows",
             w.rows
         );
+        // Row blocks of MM_WARPS rows go in grid.y (at most 65,535).
+        assert!(
+            rpe.div_ceil(MM_WARPS as usize) <= 65_535,
+            "matmul_experts: {rpe} rows per expert"
+        );
         let n_slots = n_tokens * k;
         if n_slots == 0 {
             return;
@@ -229,7 +234,7 @@ impl CudaBackend {
             Arg::I(k as i32),
             Arg::I(x_per_slot as i32),
         ];
-        let grid = ((rpe as u32).div_ceil(MM_WARPS), n_slots as u32, 1);
+        let grid = (n_slots as u32, (rpe as u32).div_ceil(MM_WARPS), 1);
         self.launch(&format!("mme_{suffix}"), grid, 32 * MM_WARPS, &args);
     }
 }
