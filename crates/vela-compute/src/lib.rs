@@ -356,7 +356,8 @@ pub trait Backend: Send + Sync {
     /// in descending order, the lowest expert id first among equal keys (NaN keys rank as -inf);
     /// weights are the chosen experts' unbiased scores, renormalised where `renorm`
     /// (`w / (Σw + eps)`, Σ in slot order; eps 1e-20 for the sigmoid-type scores as in
-    /// DeepSeek, 0 for softmax as in Qwen3 / Gemma 4), times `scale`, times
+    /// DeepSeek, 0 for softmax as in Qwen3 / Gemma 4; a zero sum leaves the weights 0, where HF
+    /// gives NaN), times `scale`, times
     /// `expert_scale[id]` where given (Gemma 4's `per_expert_scale`).
     #[allow(clippy::too_many_arguments)]
     fn route(

@@ -150,13 +150,14 @@ __device__ int warp_best(const float* v, const u8* taken, int n) {
 }
 
 // Lane 0: the weights of the k chosen experts (w[j] holds its score): renormalised (sum in slot
-// order, plus eps), times scale, as `finish` in route.rs.
+// order, plus eps; a zero sum is left as is), times scale, as `finish` in route.rs.
 __device__ void route_finish(float* w, int k, int renorm, float eps, float scale) {
     if (renorm) {
         float sum = 0.0f;
         for (int j = 0; j < k; j++) sum = __fadd_rn(sum, w[j]);
         float d = __fadd_rn(sum, eps);
-        for (int j = 0; j < k; j++) w[j] = w[j] / d;
+        if (d != 0.0f)
+            for (int j = 0; j < k; j++) w[j] = w[j] / d;
     }
     for (int j = 0; j < k; j++) w[j] = __fmul_rn(w[j], scale);
 }

@@ -71,12 +71,15 @@ fn check(p: &RouteParams) {
 }
 
 /// The chosen experts' weights in place (`w` holds their scores): renormalised (sum in slot
-/// order, plus [`RouteParams::renorm_eps`]), times `scale`.
+/// order, plus [`RouteParams::renorm_eps`]; a zero sum, all weights 0, is left as is rather
+/// than made NaN), times `scale`.
 fn finish(p: &RouteParams, w: &mut [f32]) {
     if p.renorm {
         let sum: f32 = w.iter().fold(0.0, |a, &b| a + b);
         let d = sum + p.renorm_eps();
-        w.iter_mut().for_each(|v| *v /= d);
+        if d != 0.0 {
+            w.iter_mut().for_each(|v| *v /= d);
+        }
     }
     w.iter_mut().for_each(|v| *v *= p.scale);
 }
@@ -331,10 +334,12 @@ mod tests {
         let p = params(4, 2, Score::Sigmoid, (2, 1));
         route(&[0.5, 0.25, 0.25, 0.5], 1, &p, None, None, &mut ids, &mut w);
         assert_eq!(ids[..2], [0, 1]);
-        let mut p = params(4, 2, Score::Softmax, (1, 1));
-        p.renorm = false;
-        route(&[f32::NEG_INFINITY; 4], 1, &p, None, None, &mut ids, &mut w);
-        assert_eq!((&ids[..2], &w[..2]), (&[0u32, 1][..], &[0f32, 0.0][..]));
+        for renorm in [false, true] {
+            let mut p = params(4, 2, Score::Softmax, (1, 1));
+            p.renorm = renorm;
+            route(&[f32::NEG_INFINITY; 4], 1, &p, None, None, &mut ids, &mut w);
+            assert_eq!((&ids[..2], &w[..2]), (&[0u32, 1][..], &[0f32, 0.0][..]));
+        }
     }
 
     /// Hash routing: the table's experts in table order, weights their renormalised, scaled

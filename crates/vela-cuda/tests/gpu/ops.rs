@@ -358,3 +358,47 @@ fn matmul_experts_match_cpu() {
         "{y:?}"
     );
 }
+
+/// Routing edge cases on the device, as on the CPU: an all -inf softmax row (weights 0, also
+/// renormalised), ties (lowest expert id), NaN logits never chosen over numbers, equal groups
+/// (the lower kept).
+#[test]
+fn route_edge_cases_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(1);
+    let ninf = f32::NEG_INFINITY;
+    let cases: Vec<(RouteParams, Vec<f32>)> = vec![
+        (route_params(4, 2, Score::Softmax, (1, 1)), vec![ninf; 4]),
+        (
+            route_params(6, 3, Score::Sigmoid, (1, 1)),
+            vec![1.0, 2.0, 2.0, f32::NAN, 2.0, 0.0],
+        ),
+        (
+            route_params(4, 2, Score::Sigmoid, (2, 1)),
+            vec![0.5, 0.25, 0.25, 0.5],
+        ),
+        (
+            route_params(5, 4, Score::SqrtSoftplus, (1, 1)),
+            vec![f32::NAN, ninf, 3.0, 3.0, 25.0],
+        ),
+        (route_params(40, 8, Score::Softmax, (1, 1)), vec![0.0; 40]),
+    ];
+    for (i, (p, logits)) in cases.iter().enumerate() {
+        let k = p.k;
+        let (mut ig, mut ic) = (g.alloc_ids(k), cpu.alloc_ids(k));
+        let (mut wg, mut wc) = (g.alloc(k), cpu.alloc(k));
+        g.route(&up(&g, logits), 1, p, None, None, &mut ig, &mut wg);
+        cpu.route(&up(&cpu, logits), 1, p, None, None, &mut ic, &mut wc);
+        assert_eq!(
+            down_ids(&g, &ig, k),
+            down_ids(&cpu, &ic, k),
+            "case {i}: experts"
+        );
+        check_ulps(
+            &format!("route edge case {i}"),
+            &down(&g, &wg, k),
+            &down(&cpu, &wc, k),
+            16.0,
+        );
+    }
+}
