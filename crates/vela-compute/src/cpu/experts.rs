@@ -2,7 +2,7 @@
 //! are grouped by expert, each group's activation rows gathered and multiplied by the expert's
 //! rows of the 3-D weight through the ordinary quantized product (`matmul::matmul_rows_packed`:
 //! the same int8-activation arithmetic, SIMD kernels and, on AVX-512, the repacked copy's row
-//! range), then the rows scattered back.
+//! range), then the rows scattered back. A single token's slots (decode) share one dispatch.
 //!
 //! Bit-identical to [`crate::Backend::matmul`] of a weight holding only the expert's rows over
 //! the same gathered rows (what the Gemma 4 MoE block runs today): a row's product does not
@@ -54,6 +54,32 @@ pub fn matmul_experts(
         }
     }
     order.sort_by_key(|&s| ids[s]);
+    let view = |e: usize| QMatrix {
+        ty: w.ty,
+        rows: rpe,
+        cols,
+        data: &w.data[e * rpe * wrow..(e + 1) * rpe * wrow],
+    };
+    if n_tokens == 1 && !x_per_slot {
+        // Decode: every expert takes the one activation row, so all of them go in one dispatch
+        // (bit-identical to separate products, see `matmul_multi`), repeated experts once.
+        let mut experts: Vec<usize> = order.iter().map(|&s| ids[s] as usize).collect();
+        experts.dedup();
+        let views: Vec<QMatrix> = experts.iter().map(|&e| view(e)).collect();
+        let vrefs: Vec<&QMatrix> = views.iter().collect();
+        let pr: Vec<Option<PackedRows>> = experts
+            .iter()
+            .map(|&e| packed.map(|m| PackedRows { m, row0: e * rpe }))
+            .collect();
+        let mut yg = vec![0f32; experts.len() * rpe];
+        let mut outs: Vec<&mut [f32]> = yg.chunks_exact_mut(rpe).collect();
+        matmul::matmul_rows_packed(pool, &vrefs, &pr, &x[..cols], 1, &mut outs, refine);
+        for &s in &order {
+            let i = experts.binary_search(&(ids[s] as usize)).expect("listed");
+            y[s * rpe..(s + 1) * rpe].copy_from_slice(&yg[i * rpe..(i + 1) * rpe]);
+        }
+        return;
+    }
     let (mut xg, mut yg) = (Vec::new(), Vec::new());
     for group in order.chunk_by(|&a, &b| ids[a] == ids[b]) {
         let e = ids[group[0]] as usize;
@@ -64,14 +90,8 @@ pub fn matmul_experts(
             xg.extend_from_slice(&x[r * cols..(r + 1) * cols]);
         }
         yg.resize(n * rpe, 0.0);
-        let view = QMatrix {
-            ty: w.ty,
-            rows: rpe,
-            cols,
-            data: &w.data[e * rpe * wrow..(e + 1) * rpe * wrow],
-        };
         let pr = packed.map(|m| PackedRows { m, row0: e * rpe });
-        matmul::matmul_rows_packed(pool, &[&view], &[pr], &xg, n, &mut [&mut yg[..]], refine);
+        matmul::matmul_rows_packed(pool, &[&view(e)], &[pr], &xg, n, &mut [&mut yg[..]], refine);
         for (i, &s) in group.iter().enumerate() {
             y[s * rpe..(s + 1) * rpe].copy_from_slice(&yg[i * rpe..(i + 1) * rpe]);
         }
@@ -151,7 +171,7 @@ mod tests {
     /// with its own packed copy) over each expert's gathered rows in ascending slot order, as the
     /// Gemma 4 MoE block computes today: bit-identical, for the 32-element, k-quant and float
     /// types, expert sizes on and off the packed tiles, k = 1..3, repeated experts, shared and
-    /// per-slot activations, 1 to 6 tokens.
+    /// per-slot activations, 1 to 6 tokens, with and without precise products.
     #[test]
     fn matches_per_expert_matmul_bit_exactly() {
         let be = CpuBackend::new(2);
@@ -179,7 +199,9 @@ mod tests {
                 };
                 let all = up("all");
                 let experts: Vec<_> = (0..n_exp).map(|e| up(&format!("e{e}"))).collect();
-                for k in 1..=3usize {
+                for (k, precise) in [(1usize, false), (2, false), (3, false), (2, true)] {
+                    // `precise_products` (the rounding residual's product too) on and off.
+                    be.precise_products(precise);
                     for (n_tokens, per_slot) in [(1usize, false), (2, true), (6, false), (3, true)]
                     {
                         let n_slots = n_tokens * k;
@@ -210,7 +232,8 @@ mod tests {
                                 let same = a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits());
                                 assert!(
                                     same,
-                                    "{} E={n_exp} rows={rpe} k={k} n={n_tokens} slot {s} expert {e}",
+                                    "{} E={n_exp} rows={rpe} k={k} n={n_tokens} \
+                                     precise={precise} slot {s} expert {e}",
                                     ty.name()
                                 );
                             }
@@ -220,7 +243,7 @@ mod tests {
                 }
             }
         }
-        assert_eq!(cases, 7 * 4 * 3 * 4);
+        assert_eq!(cases, 7 * 4 * 4 * 4);
     }
 
     /// An expert id past the tensor (release builds: the debug assertion is off) gives a zero row.
