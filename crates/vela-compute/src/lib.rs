@@ -357,8 +357,9 @@ pub trait Backend: Send + Sync {
     /// weights are the chosen experts' unbiased scores, renormalised where `renorm`
     /// (`w / (Σw + eps)`, Σ in slot order; eps 1e-20 for the sigmoid-type scores as in
     /// DeepSeek, 0 for softmax as in Qwen3 / Gemma 4; a zero sum leaves the weights 0, where HF
-    /// gives NaN), times `scale`, times
-    /// `expert_scale[id]` where given (Gemma 4's `per_expert_scale`).
+    /// gives NaN), times `scale`, times `expert_scale[id]` where given (Gemma 4's
+    /// `per_expert_scale`). The GPU computes the scores with its own `exp`: weights within a
+    /// few ulps, the same experts unless two keys are that close.
     #[allow(clippy::too_many_arguments)]
     fn route(
         &self,
