@@ -19,8 +19,8 @@ from collections import Counter
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 KDIR = "crates/vela-cuda/kernels"
 # Group -> files, as GROUPS in crates/vela-cuda/src/kernels.rs.
-GROUPS = {"quant": ["quant.cu", "matvec.cu"], "elementwise": ["elementwise.cu"],
-          "attention": ["attention.cu", "flash.cu"], "sample": ["sample.cu"]}
+GROUPS = {"quant": ["quant.cu", "matvec.cu", "experts.cu"], "elementwise": ["elementwise.cu"],
+          "attention": ["attention.cu", "flash.cu"], "sample": ["sample.cu"], "kit": ["kit.cu"]}
 REG = re.compile(r"%(?:rd|rs|fd|hh|r|f|p|h|b)\d+")
 LABEL = re.compile(r"\$L__BB\d+_\d+")
 

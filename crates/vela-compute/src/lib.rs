@@ -244,6 +244,46 @@ pub enum Activation {
     GeluTanh,
 }
 
+/// How router logits become expert scores ([`Backend::route`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Score {
+    /// Softmax over the experts (Qwen3 MoE, Gemma 4).
+    Softmax,
+    /// `1 / (1 + exp(-x))` per expert (DeepSeek V3, GLM).
+    Sigmoid,
+    /// `sqrt(softplus(x))`, softplus as torch's (`x` above 20, else `ln(1 + exp(x))`;
+    /// DeepSeek V4).
+    SqrtSoftplus,
+}
+
+/// Routing settings of an MoE layer ([`Backend::route`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct RouteParams {
+    pub n_expert: usize,
+    /// Experts per token.
+    pub k: usize,
+    pub score: Score,
+    /// Expert groups (DeepSeek V3 `n_group`; 1 = no grouping); must divide `n_expert`.
+    pub n_group: usize,
+    /// Groups kept per token (`topk_group`; ≥ `n_group` = all).
+    pub topk_group: usize,
+    /// Divide the chosen weights by their sum (`norm_topk_prob`).
+    pub renorm: bool,
+    /// Multiplier of the weights (`routed_scaling_factor`; 1 = none).
+    pub scale: f32,
+}
+
+impl RouteParams {
+    /// The renormalisation's epsilon: 1e-20 for the sigmoid-type scores (DeepSeek adds it),
+    /// 0 for softmax (Qwen3 MoE and Gemma 4 divide by the plain sum).
+    pub fn renorm_eps(&self) -> f32 {
+        match self.score {
+            Score::Softmax => 0.0,
+            Score::Sigmoid | Score::SqrtSoftplus => 1e-20,
+        }
+    }
+}
+
 /// The op set. Buffers hold f32 activations laid out row-major `[n_tokens, width]`.
 pub trait Backend: Send + Sync {
     type Buf: Send;
@@ -252,6 +292,9 @@ pub trait Backend: Send + Sync {
     type Kv: Send;
     /// Saved state of the sliding-window layers of a KV cache at a given length.
     type KvSnapshot: Send + Sync;
+    /// A buffer of u32 (token ids, expert ids, row indices) where the ops read them: on the
+    /// device for a GPU, so routing and expert products need no host round trip.
+    type Ids: Send;
 
     fn name(&self) -> String;
 
@@ -269,6 +312,12 @@ pub trait Backend: Send + Sync {
     fn upload_weight(&self, w: &HostWeight) -> Result<Self::Weight>;
     /// A small f32 vector (norm weight, bias).
     fn upload_vector(&self, data: &[f32]) -> Result<Self::Vector>;
+    /// A zeroed id buffer of `len` entries.
+    fn alloc_ids(&self, len: usize) -> Self::Ids;
+    /// Copy `data` into the first `data.len()` entries of `ids`.
+    fn write_ids(&self, ids: &mut Self::Ids, data: &[u32]);
+    /// Copy the first `out.len()` entries of `ids` into `out` (waits for the device).
+    fn read_ids(&self, ids: &Self::Ids, out: &mut [u32]);
     fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<Self::Kv>;
     /// Save what later writes could overwrite of a cache holding positions `0..n_past`: the
     /// window of each sliding layer (full layers are append-only and need nothing).
@@ -371,6 +420,107 @@ pub trait Backend: Send + Sync {
         width: usize,
         dst: &mut Self::Buf,
         dst_row: usize,
+    );
+
+    // --- kit ops (MoE and hybrid architectures) ---
+    /// Softmax of each of the `n_rows` rows of `width` elements, in place, in f32: subtract the
+    /// row max, `exp`, divide by the sum. The sum is accumulated in f64 (sequentially on the CPU,
+    /// as a tree on a GPU; the same value up to the final rounding to f32), so backends agree
+    /// within a few ulps (the `exp` implementations differ). -inf entries give 0; a row whose
+    /// max is -inf (all -inf) gives all 0; NaN propagates.
+    fn softmax_rows(&self, x: &mut Self::Buf, n_rows: usize, width: usize);
+    /// x = 1 / (1 + exp(-x)) over `len` elements, in place.
+    fn sigmoid(&self, x: &mut Self::Buf, len: usize);
+    /// x *= y over `len` elements.
+    fn mul(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+
+    /// `out` row i = `src` row `idx[i]` for i < `n` (rows of `width`). An index at or past the
+    /// rows `src` holds is a caller bug: debug-asserted on the CPU; every backend writes a zero
+    /// row for it (never reads out of bounds).
+    fn gather_rows(
+        &self,
+        src: &Self::Buf,
+        idx: &Self::Ids,
+        n: usize,
+        width: usize,
+        out: &mut Self::Buf,
+    );
+    /// `dst` row `idx[i]` += `weights[i]` · `src` row i for i < `n` (rows of `width`; without
+    /// weights, plain adds). Deterministic: rows landing on the same destination are added in
+    /// ascending i, each product and sum rounded to f32 (no fused multiply-add), so every
+    /// backend gives the CPU's bits. An index at or past the rows `dst` holds is a caller bug:
+    /// debug-asserted on the CPU, skipped on every backend.
+    fn scatter_add_rows(
+        &self,
+        dst: &mut Self::Buf,
+        src: &Self::Buf,
+        idx: &Self::Ids,
+        weights: Option<&Self::Buf>,
+        n: usize,
+        width: usize,
+    );
+
+    /// Mixture-of-experts routing of `n_tokens` rows of router logits (`[n_tokens, n_expert]`),
+    /// on the device (no host read-back): writes `[n_tokens, k]` expert ids into `ids` and their
+    /// f32 weights into `weights`. Per token ([`RouteParams`] for the models' settings):
+    /// scores `s = score(logits)`; selection keys `s + bias` (DeepSeek's
+    /// `e_score_correction_bias`: selection only); with groups, only the `topk_group` groups
+    /// with the largest sum of their two best keys stay eligible; the `k` best keys are chosen,
+    /// in descending order, the lowest expert id first among equal keys (NaN keys rank as -inf);
+    /// weights are the chosen experts' unbiased scores, renormalised where `renorm`
+    /// (`w / (Σw + eps)`, Σ in slot order; eps 1e-20 for the sigmoid-type scores as in
+    /// DeepSeek, 0 for softmax as in Qwen3 / Gemma 4; a zero sum leaves the weights 0, where HF
+    /// gives NaN), times `scale`, times `expert_scale[id]` where given (Gemma 4's
+    /// `per_expert_scale`). The GPU computes the scores with its own `exp`: weights within a
+    /// few ulps, the same experts unless two keys are that close.
+    #[allow(clippy::too_many_arguments)]
+    fn route(
+        &self,
+        logits: &Self::Buf,
+        n_tokens: usize,
+        p: &RouteParams,
+        bias: Option<&Self::Vector>,
+        expert_scale: Option<&Self::Vector>,
+        ids: &mut Self::Ids,
+        weights: &mut Self::Buf,
+    );
+    /// Hash routing (DeepSeek V4's first layers): token t's experts are row `tokens[t]` of
+    /// `table` (`[n_vocab, k]` expert ids), its weights the chosen experts' scores
+    /// (`p.score` of its logits row), renormalised and scaled like [`Backend::route`]
+    /// (`p.n_group`, bias and expert scales do not apply). A token id past the table or an
+    /// expert id past `n_expert` is a caller bug (debug-asserted on the CPU): that slot gets
+    /// expert 0 with weight 0 on every backend.
+    #[allow(clippy::too_many_arguments)]
+    fn route_hash(
+        &self,
+        logits: &Self::Buf,
+        tokens: &Self::Ids,
+        table: &Self::Ids,
+        n_tokens: usize,
+        p: &RouteParams,
+        ids: &mut Self::Ids,
+        weights: &mut Self::Buf,
+    );
+
+    /// Expert-indexed product (llama.cpp's `mul_mat_id`): `w` is a 3-D expert tensor
+    /// `[E, rows_per_expert, cols]` uploaded as one weight of `E · rows_per_expert` rows (expert
+    /// e = rows `e · rows_per_expert ..`). For token t < `n_tokens` and slot j < `k`, with
+    /// s = t·k + j: `y` row s (`rows_per_expert` wide) = expert `ids[s]` · `x` row (s if
+    /// `x_per_slot`, else t). Each expert's result is that of [`Backend::matmul`] of a weight
+    /// holding only its rows over the rows routed to it (on the CPU bit-identical, the rows in
+    /// ascending slot order). An expert id ≥ E is a caller bug (debug-asserted on the CPU): its
+    /// `y` row is 0 on every backend.
+    #[allow(clippy::too_many_arguments)]
+    fn matmul_experts(
+        &self,
+        w: &Self::Weight,
+        rows_per_expert: usize,
+        x: &Self::Buf,
+        x_per_slot: bool,
+        ids: &Self::Ids,
+        n_tokens: usize,
+        k: usize,
+        y: &mut Self::Buf,
     );
 
     /// Products from here on, until `precise_products(false)`, take the backend's most precise

@@ -13,13 +13,14 @@ use std::path::PathBuf;
 pub const COMMON: &str = include_str!("../kernels/common.cu");
 
 /// The kernel groups: (name, source without the prelude). The "quant" group is quant.cu
-/// followed by matvec.cu, the "attention" group attention.cu followed by flash.cu.
+/// followed by matvec.cu and experts.cu, the "attention" group attention.cu followed by flash.cu.
 pub const GROUPS: &[(&str, &str)] = &[
     (
         "quant",
         concat!(
             include_str!("../kernels/quant.cu"),
-            include_str!("../kernels/matvec.cu")
+            include_str!("../kernels/matvec.cu"),
+            include_str!("../kernels/experts.cu")
         ),
     ),
     ("elementwise", include_str!("../kernels/elementwise.cu")),
@@ -31,6 +32,7 @@ pub const GROUPS: &[(&str, &str)] = &[
         ),
     ),
     ("sample", include_str!("../kernels/sample.cu")),
+    ("kit", include_str!("../kernels/kit.cu")),
 ];
 
 /// Every kernel the backend launches, per group (also checked by `tests/ptx.rs`).
@@ -152,6 +154,17 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "repack_q4_0",
             "repack_q4_k",
             "repack_q6_k",
+            "mme_q4_0",
+            "mme_q4_0s",
+            "mme_q4_1",
+            "mme_q5_0",
+            "mme_q5_1",
+            "mme_q8_0",
+            "mme_q5_k",
+            "mme_q4_ks",
+            "mme_q6_ks",
+            "mme_f32",
+            "mme_f16",
         ],
     ),
     (
@@ -226,6 +239,18 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
         ],
     ),
     ("sample", &["topk_rows", "topk_part", "topk_merge"]),
+    (
+        "kit",
+        &[
+            "kit_softmax_rows",
+            "kit_sigmoid",
+            "kit_mul",
+            "kit_gather_rows",
+            "kit_scatter_add_rows",
+            "kit_route",
+            "kit_route_hash",
+        ],
+    ),
 ];
 
 /// Dynamic shared memory of a kernel in bytes (0: static only). The tensor-core decode attention

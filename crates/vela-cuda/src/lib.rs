@@ -15,7 +15,7 @@
 //! `l2pf` work on a `Device`; `backend` defines [`CudaBackend`] (the device, the tuning, the
 //! decode-step recorder, the ops' state) and the launch path every op takes; the ops are
 //! `impl CudaBackend` blocks (`matmul`, `gemm`, `attn`, `attn_gemm`, `kv`, `upload`, `argmax`,
-//! `sample`, `steps`); this file puts the [`Backend`] trait on top. No module below `backend`
+//! `sample`, `steps`, `kit`); this file puts the [`Backend`] trait on top. No module below `backend`
 //! imports it or an op module.
 
 mod argmax;
@@ -28,6 +28,7 @@ mod device;
 mod gemm;
 mod graph;
 pub mod kernels;
+mod kit;
 mod kv;
 mod l2pf;
 mod matmul;
@@ -49,7 +50,9 @@ pub use weight::{supported, CudaBuf, CudaWeight};
 use anyhow::Result;
 use cudarc::driver::CudaSlice;
 use device::Arg;
-use vela_compute::{Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams};
+use vela_compute::{
+    Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams, RouteParams,
+};
 
 impl Backend for CudaBackend {
     type Buf = CudaBuf;
@@ -57,6 +60,7 @@ impl Backend for CudaBackend {
     type Vector = CudaSlice<f32>;
     type Kv = CudaKv;
     type KvSnapshot = CudaKvSnapshot;
+    type Ids = CudaSlice<u32>;
 
     fn memory_free(&self) -> Option<u64> {
         self.memory_info().ok().map(|(free, _)| free)
@@ -96,6 +100,36 @@ impl Backend for CudaBackend {
 
     fn upload_vector(&self, data: &[f32]) -> Result<CudaSlice<f32>> {
         Ok(self.dev.stream.clone_htod(data)?)
+    }
+
+    fn alloc_ids(&self, len: usize) -> CudaSlice<u32> {
+        self.dev
+            .stream
+            .alloc_zeros::<u32>(len.max(1))
+            .unwrap_or_else(|e| panic!("CUDA alloc of {len} ids failed: {e:?}"))
+    }
+
+    fn write_ids(&self, ids: &mut CudaSlice<u32>, data: &[u32]) {
+        if data.is_empty() {
+            return;
+        }
+        self.flush_recording();
+        self.dev
+            .stream
+            .memcpy_htod(data, &mut ids.slice_mut(0..data.len()))
+            .expect("CUDA upload of ids");
+    }
+
+    fn read_ids(&self, ids: &CudaSlice<u32>, out: &mut [u32]) {
+        if out.is_empty() {
+            return;
+        }
+        self.flush_recording();
+        self.dev
+            .stream
+            .memcpy_dtoh(&ids.slice(0..out.len()), out)
+            .expect("CUDA download of ids");
+        self.dev.stream.synchronize().expect("CUDA synchronize");
     }
 
     fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<CudaKv> {
@@ -336,6 +370,81 @@ impl Backend for CudaBackend {
     fn softcap(&self, x: &mut CudaBuf, len: usize, cap: f32) {
         let args = [Arg::P(self.ptr(x)), Arg::F(cap), Arg::L(len as i64)];
         self.launch_1d("softcap", len, &args);
+    }
+
+    fn softmax_rows(&self, x: &mut CudaBuf, n_rows: usize, width: usize) {
+        self.softmax_rows_impl(x, n_rows, width);
+    }
+
+    fn sigmoid(&self, x: &mut CudaBuf, len: usize) {
+        self.sigmoid_impl(x, len);
+    }
+
+    fn mul(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) {
+        self.mul_impl(x, y, len);
+    }
+
+    fn gather_rows(
+        &self,
+        src: &CudaBuf,
+        idx: &CudaSlice<u32>,
+        n: usize,
+        width: usize,
+        out: &mut CudaBuf,
+    ) {
+        self.gather_rows_impl(src, idx, n, width, out);
+    }
+
+    fn scatter_add_rows(
+        &self,
+        dst: &mut CudaBuf,
+        src: &CudaBuf,
+        idx: &CudaSlice<u32>,
+        weights: Option<&CudaBuf>,
+        n: usize,
+        width: usize,
+    ) {
+        self.scatter_add_rows_impl(dst, src, idx, weights, n, width);
+    }
+
+    fn route(
+        &self,
+        logits: &CudaBuf,
+        n_tokens: usize,
+        p: &RouteParams,
+        bias: Option<&CudaSlice<f32>>,
+        expert_scale: Option<&CudaSlice<f32>>,
+        ids: &mut CudaSlice<u32>,
+        weights: &mut CudaBuf,
+    ) {
+        self.route_impl(logits, n_tokens, p, bias, expert_scale, ids, weights);
+    }
+
+    fn route_hash(
+        &self,
+        logits: &CudaBuf,
+        tokens: &CudaSlice<u32>,
+        table: &CudaSlice<u32>,
+        n_tokens: usize,
+        p: &RouteParams,
+        ids: &mut CudaSlice<u32>,
+        weights: &mut CudaBuf,
+    ) {
+        self.route_hash_impl(logits, tokens, table, n_tokens, p, ids, weights);
+    }
+
+    fn matmul_experts(
+        &self,
+        w: &CudaWeight,
+        rows_per_expert: usize,
+        x: &CudaBuf,
+        x_per_slot: bool,
+        ids: &CudaSlice<u32>,
+        n_tokens: usize,
+        k: usize,
+        y: &mut CudaBuf,
+    ) {
+        self.matmul_experts_impl(w, rows_per_expert, x, x_per_slot, ids, n_tokens, k, y);
     }
 
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, positions: &[u32]) {

@@ -13,7 +13,7 @@ use vela_compute::{Activation, AttnParams, Backend};
 const AQ8_BYTES: usize = 48;
 const AQ8K_BYTES: usize = 304;
 /// Warps (weight rows) per matmul thread block (`WARPS` in quant.cu).
-const MM_WARPS: u32 = 4;
+pub(crate) const MM_WARPS: u32 = 4;
 
 /// Row groups per warp of `mv_q8_0_r2n` (`MV32_NARROW_G` in kernels/matvec.cu).
 const MV_NARROW_G: u32 = 4;
@@ -122,7 +122,7 @@ impl CudaBackend {
 
     /// Quantize `n` rows of `cols` activations into the scratch buffer as Q8 (32) or Q8_K (256)
     /// blocks; returns the device pointer and the number of blocks per row.
-    fn quantize_act(
+    pub(crate) fn quantize_act(
         &self,
         sc: &mut Scratch,
         kind: ActKind,

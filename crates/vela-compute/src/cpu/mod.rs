@@ -2,8 +2,11 @@
 
 #[cfg(target_arch = "x86_64")]
 mod attn;
+pub mod experts;
+pub mod kit;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
+pub mod route;
 pub mod simd;
 pub use ops::CpuBackend;

@@ -8,7 +8,10 @@
 use super::matmul::{self, QMatrix};
 use super::pool::ThreadPool;
 use super::simd;
-use crate::{Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams};
+use super::{experts, kit, route};
+use crate::{
+    Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams, RouteParams,
+};
 use anyhow::{bail, Result};
 use half::{bf16, f16};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -223,6 +226,7 @@ impl Backend for CpuBackend {
     type Vector = Vec<f32>;
     type Kv = CpuKv;
     type KvSnapshot = CpuKvSnapshot;
+    type Ids = Vec<u32>;
 
     fn name(&self) -> String {
         format!(
@@ -280,6 +284,18 @@ impl Backend for CpuBackend {
 
     fn upload_vector(&self, data: &[f32]) -> Result<Vec<f32>> {
         Ok(data.to_vec())
+    }
+
+    fn alloc_ids(&self, len: usize) -> Vec<u32> {
+        vec![0; len]
+    }
+
+    fn write_ids(&self, ids: &mut Vec<u32>, data: &[u32]) {
+        ids[..data.len()].copy_from_slice(data);
+    }
+
+    fn read_ids(&self, ids: &Vec<u32>, out: &mut [u32]) {
+        out.copy_from_slice(&ids[..out.len()]);
     }
 
     fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<CpuKv> {
@@ -402,6 +418,83 @@ impl Backend for CpuBackend {
         let precise = self.precise.load(Ordering::Relaxed);
         let x = &x[..n * cols];
         matmul::matmul_multi_packed(&self.pool, &qrefs, &packed, x, n, &mut outs, precise);
+    }
+
+    fn softmax_rows(&self, x: &mut Vec<f32>, n_rows: usize, width: usize) {
+        kit::softmax_rows(x, n_rows, width);
+    }
+
+    fn sigmoid(&self, x: &mut Vec<f32>, len: usize) {
+        kit::sigmoid(&mut x[..len]);
+    }
+
+    fn mul(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
+        kit::mul(&mut x[..len], &y[..len]);
+    }
+
+    fn gather_rows(&self, src: &Vec<f32>, idx: &Vec<u32>, n: usize, w: usize, out: &mut Vec<f32>) {
+        kit::gather_rows(src, &idx[..n], w, &mut out[..n * w]);
+    }
+
+    fn scatter_add_rows(
+        &self,
+        dst: &mut Vec<f32>,
+        src: &Vec<f32>,
+        idx: &Vec<u32>,
+        weights: Option<&Vec<f32>>,
+        n: usize,
+        w: usize,
+    ) {
+        let weights = weights.map(|v| &v[..n]);
+        kit::scatter_add_rows(dst, &src[..n * w], &idx[..n], weights, w);
+    }
+
+    fn route(
+        &self,
+        logits: &Vec<f32>,
+        n: usize,
+        p: &RouteParams,
+        bias: Option<&Vec<f32>>,
+        scale: Option<&Vec<f32>>,
+        ids: &mut Vec<u32>,
+        w: &mut Vec<f32>,
+    ) {
+        let (b, s) = (bias.map(|v| &v[..]), scale.map(|v| &v[..]));
+        route::route(logits, n, p, b, s, ids, w);
+    }
+
+    fn route_hash(
+        &self,
+        logits: &Vec<f32>,
+        tokens: &Vec<u32>,
+        table: &Vec<u32>,
+        n: usize,
+        p: &RouteParams,
+        ids: &mut Vec<u32>,
+        w: &mut Vec<f32>,
+    ) {
+        route::route_hash(logits, tokens, table, n, p, ids, w);
+    }
+
+    fn matmul_experts(
+        &self,
+        w: &CpuWeight,
+        rpe: usize,
+        x: &Vec<f32>,
+        x_per_slot: bool,
+        ids: &Vec<u32>,
+        n_tokens: usize,
+        k: usize,
+        y: &mut Vec<f32>,
+    ) {
+        let (q, p, precise) = (
+            w.qmatrix(),
+            w.packed.as_ref(),
+            self.precise.load(Ordering::Relaxed),
+        );
+        experts::matmul_experts(
+            &self.pool, &q, p, rpe, x, x_per_slot, ids, n_tokens, k, y, precise,
+        );
     }
 
     fn precise_products(&self, on: bool) {
@@ -787,154 +880,5 @@ fn rope_head(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kv_allocation_failure_is_an_error() {
-        // Beyond any address space: Layout refuses it; far beyond RAM: the allocator does.
-        assert!(KvData::new(KvType::F32, usize::MAX / 2).is_err());
-        let e = KvData::new(KvType::F16, 1 << 55)
-            .err()
-            .expect("a 64 PiB cache must fail");
-        assert!(e.to_string().contains("--ctx"), "{e}");
-        match KvData::new(KvType::Bf16, 1000).unwrap() {
-            KvData::Bf16(v) => assert!(v.len() == 1000 && v.iter().all(|x| x.to_f32() == 0.0)),
-            _ => unreachable!(),
-        }
-        assert!(host_memory_available().is_none_or(|b| b > 0));
-    }
-
-    #[test]
-    fn chunking_covers_everything() {
-        for n in 0..20 {
-            for parts in 1..5 {
-                let v: Vec<usize> = (0..parts).flat_map(|i| chunk(n, parts, i)).collect();
-                assert_eq!(v, (0..n).collect::<Vec<_>>());
-            }
-        }
-    }
-
-    #[test]
-    fn rope_is_a_rotation_and_identity_at_zero() {
-        let p = RopeParams {
-            n_rot: 8,
-            freq_base: 10000.0,
-            freq_scale: 1.0,
-            neox: true,
-            freq_factors: None,
-        };
-        let mut c = vec![0.0; 8];
-        rope_cache(0, &p, &mut c);
-        let mut x: Vec<f32> = (0..8).map(|i| i as f32).collect();
-        let orig = x.clone();
-        rope_head(&mut x, &c, 8, true);
-        assert_eq!(x, orig);
-        rope_cache(17, &p, &mut c);
-        rope_head(&mut x, &c, 8, false);
-        let n0: f32 = orig.iter().map(|v| v * v).sum();
-        let n1: f32 = x.iter().map(|v| v * v).sum();
-        assert!((n0 - n1).abs() < 1e-3);
-        assert_ne!(x, orig);
-    }
-
-    fn kv_spec(window: Option<usize>, capacity: usize) -> KvLayerSpec {
-        KvLayerSpec {
-            n_head_kv: 1,
-            head_dim_k: 4,
-            head_dim_v: 4,
-            capacity,
-            window,
-        }
-    }
-
-    /// Attention against a naive reference, including a sliding window whose ring wraps.
-    #[test]
-    fn attention_matches_naive_with_window() {
-        let be = CpuBackend::new(2);
-        for (ty, tol) in [
-            (KvType::F32, 1e-5),
-            (KvType::F16, 2e-2),
-            (KvType::Bf16, 2e-2),
-        ] {
-            let mut kv = be.new_kv(&[kv_spec(Some(3), 5)], ty).unwrap();
-            let mut rng = 1u32;
-            let mut rnd = || {
-                rng = rng.wrapping_mul(1664525).wrapping_add(1013904223);
-                (rng >> 8) as f32 / (1 << 24) as f32 - 0.5
-            };
-            let n_pos = 12;
-            let ks: Vec<f32> = (0..n_pos * 4).map(|_| rnd()).collect();
-            let vs: Vec<f32> = (0..n_pos * 4).map(|_| rnd()).collect();
-            let p = AttnParams {
-                n_head: 2,
-                n_head_kv: 1,
-                head_dim_k: 4,
-                head_dim_v: 4,
-                scale: 0.5,
-                window: Some(3),
-                softcap: None,
-            };
-            for pos in 0..n_pos {
-                be.kv_store(
-                    &mut kv,
-                    0,
-                    &ks[pos * 4..pos * 4 + 4].to_vec(),
-                    &vs[pos * 4..pos * 4 + 4].to_vec(),
-                    &[pos as u32],
-                );
-                let q: Vec<f32> = (0..8).map(|_| rnd()).collect();
-                let mut out = vec![0.0; 8];
-                be.attention(&q, &kv, 0, &[pos as u32], &p, &mut out);
-                for h in 0..2 {
-                    let first = pos.saturating_sub(2);
-                    let sc: Vec<f32> = (first..=pos)
-                        .map(|j| (0..4).map(|d| q[h * 4 + d] * ks[j * 4 + d]).sum::<f32>() * 0.5)
-                        .collect();
-                    let m = sc.iter().cloned().fold(f32::MIN, f32::max);
-                    let e: Vec<f32> = sc.iter().map(|s| (s - m).exp()).collect();
-                    let z: f32 = e.iter().sum();
-                    for d in 0..4 {
-                        let r: f32 = (first..=pos)
-                            .zip(&e)
-                            .map(|(j, w)| w / z * vs[j * 4 + d])
-                            .sum();
-                        assert!(
-                            (r - out[h * 4 + d]).abs() < tol,
-                            "pos {pos} h {h}: {r} vs {}",
-                            out[h * 4 + d]
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn checkpoint_restore_undoes_ring_overwrites() {
-        let be = CpuBackend::new(1);
-        let mut kv = be
-            .new_kv(&[kv_spec(Some(3), 4), kv_spec(None, 16)], KvType::F32)
-            .unwrap();
-        let row = |p: usize| vec![p as f32; 4];
-        for p in 0..6 {
-            be.kv_store(&mut kv, 0, &row(p), &row(p), &[p as u32]);
-            be.kv_store(&mut kv, 1, &row(p), &row(p), &[p as u32]);
-        }
-        let snap = be.kv_checkpoint(&kv, 6);
-        for p in 6..10 {
-            be.kv_store(&mut kv, 0, &row(100 + p), &row(100 + p), &[p as u32]);
-        }
-        be.kv_restore(&mut kv, &snap);
-        // Positions 3,4,5 (the window of position 5) must be back in their slots.
-        if let KvData::F32(k) = &kv.layers[0].k {
-            for p in 3..6 {
-                assert_eq!(k[(p % 4) * 4], p as f32);
-            }
-        } else {
-            panic!()
-        }
-        let clone = be.kv_clone(&kv);
-        assert_eq!(be.kv_bytes(&clone), be.kv_bytes(&kv));
-    }
-}
+#[path = "ops_tests.rs"]
+mod tests;

@@ -442,4 +442,5 @@ mod gemma4;
 mod kernels2;
 mod mix;
 mod model;
+mod ops;
 mod sample;

@@ -45,6 +45,32 @@ use super::pool::ThreadPool;
 use act::ActKind;
 pub use packed::PackedMatrix;
 
+/// Rows `row0 .. row0 + rows` of a [`PackedMatrix`] (`rows` = the rows of the weight view it is
+/// paired with): one expert's rows of the packed copy of all experts (`Backend::matmul_experts`).
+/// Tiles ([`PackedRows::ROWS`] rows) that the range only partly covers are computed whole into
+/// a buffer; the results are those of the whole matrix (each row is computed alone).
+#[derive(Clone, Copy)]
+pub struct PackedRows<'a> {
+    pub m: &'a PackedMatrix,
+    pub row0: usize,
+}
+
+impl<'a> PackedRows<'a> {
+    /// Rows per tile of the packed layout.
+    pub const ROWS: usize = packed::ROWS;
+
+    /// The whole matrix.
+    pub fn all(m: &'a PackedMatrix) -> PackedRows<'a> {
+        PackedRows { m, row0: 0 }
+    }
+
+    /// The tiles overlapping `rows` rows from `row0`, if they lie in the matrix.
+    fn tiles(&self, rows: usize) -> Option<std::ops::Range<usize>> {
+        let end = self.row0 + rows;
+        (end <= self.m.rows()).then(|| self.row0 / Self::ROWS..end.div_ceil(Self::ROWS))
+    }
+}
+
 /// A weight matrix in GGUF layout: `rows` rows of `cols` elements (`cols` = GGUF `ne0`); row `r`
 /// starts at byte `r * ty.row_bytes(cols)` of `data`.
 #[derive(Clone, Copy, Debug)]
@@ -359,6 +385,21 @@ pub fn matmul_multi_packed(
     ys: &mut [&mut [f32]],
     refine: bool,
 ) {
+    let packed: Vec<Option<PackedRows>> = packed.iter().map(|p| p.map(PackedRows::all)).collect();
+    matmul_rows_packed(pool, ws, &packed, x, n_tokens, ys, refine)
+}
+
+/// [`matmul_multi_packed`] where each packed copy may cover more rows than its weight, which is
+/// then a row range of the packed matrix ([`PackedRows`]; an expert of a 3-D expert tensor).
+pub fn matmul_rows_packed(
+    pool: &ThreadPool,
+    ws: &[&QMatrix],
+    packed: &[Option<PackedRows>],
+    x: &[f32],
+    n_tokens: usize,
+    ys: &mut [&mut [f32]],
+    refine: bool,
+) {
     if exact::enabled() {
         return exact::matmul_multi(pool, ws, x, n_tokens, ys);
     }
@@ -380,16 +421,17 @@ pub fn matmul_multi_packed_with(
     n_tokens: usize,
     ys: &mut [&mut [f32]],
 ) {
-    matmul_dispatch(kernel, pool, ws, packed, x, n_tokens, ys)
+    let packed: Vec<Option<PackedRows>> = packed.iter().map(|p| p.map(PackedRows::all)).collect();
+    matmul_dispatch(kernel, pool, ws, &packed, x, n_tokens, ys)
 }
 
 /// One validated matrix of a dispatch.
 struct Job<'a> {
     /// The packed copy and its kernels, when used.
     #[cfg(target_arch = "x86_64")]
-    packed: Option<(&'a PackedMatrix, packed::Kernels)>,
+    packed: Option<(PackedRows<'a>, packed::Kernels)>,
     #[cfg(not(target_arch = "x86_64"))]
-    packed: Option<&'a PackedMatrix>,
+    packed: Option<PackedRows<'a>>,
     tiles: Tiles,
     w: SendPtr<u8>,
     wrow: usize,
@@ -416,7 +458,7 @@ fn matmul_dispatch(
     kernel: Kernel,
     pool: &ThreadPool,
     ws: &[&QMatrix],
-    packed: &[Option<&PackedMatrix>],
+    packed: &[Option<PackedRows>],
     x: &[f32],
     n_tokens: usize,
     ys: &mut [&mut [f32]],
@@ -468,14 +510,12 @@ fn matmul_dispatch(
             kinds.push(kind);
             kinds.len() - 1
         });
-        let p = packed
-            .get(i)
-            .copied()
-            .flatten()
-            .filter(|p| packs(kernel, ty) && n_tokens >= p.min_tokens());
+        let p = packed.get(i).copied().flatten().filter(|p| {
+            packs(kernel, ty) && n_tokens >= p.m.min_tokens() && p.tiles(rows).is_some()
+        });
         if let Some(p) = p {
             assert!(
-                p.ty() == ty && p.rows() == rows && p.cols() == cols,
+                p.m.ty() == ty && p.m.cols() == cols,
                 "matmul: packed copy does not match its weight"
             );
         }
@@ -552,7 +592,7 @@ fn matmul_dispatch(
         let n_tiles: Vec<usize> = jobs
             .iter()
             .map(|j| match &j.packed {
-                Some(p) => p.0.n_tiles(),
+                Some(p) => p.0.tiles(j.rows).map_or(0, |r| r.len()),
                 None => j.rows.div_ceil(j.tiles.r_max),
             })
             .collect();
@@ -578,18 +618,23 @@ fn matmul_dispatch(
                 #[cfg(target_arch = "x86_64")]
                 if let (true, Some((p, fns))) = (a < b, &j.packed) {
                     let kind = kinds[j.act];
+                    // The range's first tile in the packed matrix.
+                    let tile0 = p.row0 / PackedRows::ROWS;
                     // SAFETY: `packed` is only chosen for the AVX-512 family (features checked
-                    // by `kernel.available()`); shapes validated above; disjoint output rows.
+                    // by `kernel.available()`); shapes validated above (the tiles lie in the
+                    // matrix); disjoint output rows.
                     unsafe {
                         packed::run_tiles(
-                            p,
+                            p.m,
                             fns,
-                            a - start,
-                            b - start,
+                            a - start + tile0,
+                            b - start + tile0,
                             xq[j.act].get(),
                             kind.row_bytes(cols),
                             n_tokens,
                             j.y.get(),
+                            p.row0,
+                            j.rows,
                         )
                     };
                     start += nt;

@@ -195,11 +195,6 @@ impl PackedMatrix {
         self.data.len() * 64
     }
 
-    /// Number of 16-row tiles.
-    pub(crate) fn n_tiles(&self) -> usize {
-        self.rows.div_ceil(ROWS)
-    }
-
     pub(crate) fn ptr(&self) -> *const u8 {
         self.data.as_ptr() as *const u8
     }
@@ -241,11 +236,13 @@ pub(crate) fn kernels(ty: GgmlType) -> Kernels {
 }
 
 /// Tiles `tile0..tile1` of `p` for all `n_tokens` activation rows (`xq`, rows `xrow` bytes
-/// apart), in cache-sized tile blocks × token groups × tiles.
+/// apart), in cache-sized tile blocks × token groups × tiles. The outputs are rows
+/// `row0..row0 + rows` of `p` (the whole matrix: 0 and `p.rows()`): weight row `r` of token `t`
+/// goes to `y[t * rows + r - row0]`; the tiles must overlap that range.
 ///
 /// # Safety
 /// AVX-512 VNNI available; `xq` covers `n_tokens` activation rows of `p.cols` elements in the
-/// type's activation layout and `y` `n_tokens * p.rows()` floats.
+/// type's activation layout, `y` `n_tokens * rows` floats, and the tiles lie in the row range.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn run_tiles(
@@ -257,9 +254,10 @@ pub(crate) unsafe fn run_tiles(
     xrow: usize,
     n_tokens: usize,
     y: *mut f32,
+    row0: usize,
+    rows: usize,
 ) {
     let nb = p.cols / p.ty.block_size();
-    let rows = p.rows;
     // Two-level cache blocking for L2 (1 MiB on Zen 4): a block of tiles (~384 KiB of packed
     // weights) × a chunk of tokens (~384 KiB of activations); inside, each token group passes
     // over the tile block. Activations are re-read from L3 once per tile block instead of once
@@ -279,16 +277,24 @@ pub(crate) unsafe fn run_tiles(
                 let tn = tm.min(c1 - t0);
                 let x = xq.add(t0 * xrow);
                 for tile in b0..b1 {
-                    let r0 = tile * ROWS;
-                    (ks.fns[tn - 1])(
-                        p.ptr().add(tile * p.tile_bytes),
-                        nb,
-                        x,
-                        xrow,
-                        y.add(t0 * rows + r0),
-                        rows,
-                        ROWS.min(rows - r0),
-                    );
+                    // The range's rows lo..hi (of the packed matrix) in this tile.
+                    let first = tile * ROWS;
+                    let (lo, hi) = (first.max(row0), (first + ROWS).min(row0 + rows));
+                    let w = p.ptr().add(tile * p.tile_bytes);
+                    if lo == first {
+                        let yt = y.add(t0 * rows + first - row0);
+                        (ks.fns[tn - 1])(w, nb, x, xrow, yt, rows, hi - lo);
+                    } else {
+                        // The range starts inside this tile: all its rows into a buffer, then
+                        // the range's part (the same values: every row is computed alone).
+                        let mut buf = [0f32; ROWS * TOKENS];
+                        (ks.fns[tn - 1])(w, nb, x, xrow, buf.as_mut_ptr(), ROWS, ROWS);
+                        for t in 0..tn {
+                            for r in lo..hi {
+                                *y.add((t0 + t) * rows + r - row0) = buf[t * ROWS + r - first];
+                            }
+                        }
+                    }
                 }
                 t0 += tn;
             }

@@ -17,7 +17,7 @@
 use std::cell::RefCell;
 
 use super::act::{self, ActKind, ActQ8, ActQ8K};
-use super::{act_kind, matmul_dispatch, Kernel, PackedMatrix, QMatrix};
+use super::{act_kind, matmul_dispatch, Kernel, PackedRows, QMatrix};
 use crate::cpu::pool::ThreadPool;
 
 thread_local! {
@@ -94,7 +94,7 @@ pub(super) fn matmul(
     kernel: Kernel,
     pool: &ThreadPool,
     ws: &[&QMatrix],
-    packed: &[Option<&PackedMatrix>],
+    packed: &[Option<PackedRows>],
     x: &[f32],
     n_tokens: usize,
     ys: &mut [&mut [f32]],

@@ -843,3 +843,112 @@ fn refined_product_removes_the_activation_rounding() {
         }
     }
 }
+
+/// Batch invariance, what `matmul_experts` relies on: a row's result does not depend on how many
+/// activation rows share the call, on every kernel family and type (each tile finishes every
+/// (row, token) pair alone, the same way for any token count). The SIMD families are not
+/// bit-identical to the scalar kernel for the 32-element and float types (their lane order
+/// differs); the packed copies are (`packed_gemm_is_bit_identical_to_scalar`).
+#[test]
+fn rows_do_not_depend_on_batch_size() {
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(5150);
+    for k in Kernel::all_available() {
+        for ty in TYPES {
+            let (rows, cols) = (37, col_options(ty)[2]);
+            let data = random_weights(&mut rng, ty, rows, cols);
+            let n = 9;
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+            let all = run(k, &pool, ty, &data, rows, cols, &x, n);
+            for m in 1..n {
+                // Rows t0..t0+m alone.
+                let t0 = (m * 5) % (n - m + 1);
+                let part = run(
+                    k,
+                    &pool,
+                    ty,
+                    &data,
+                    rows,
+                    cols,
+                    &x[t0 * cols..(t0 + m) * cols],
+                    m,
+                );
+                let same = part
+                    .iter()
+                    .zip(&all[t0 * rows..(t0 + m) * rows])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "{} {} rows {t0}..{} of {n}",
+                    k.name(),
+                    ty.name(),
+                    t0 + m
+                );
+            }
+        }
+    }
+}
+
+/// A row range of a packed matrix ([`PackedRows`]: one expert of a 3-D expert tensor), aligned
+/// to its tiles or not, gives the same bits as those rows of the whole matrix's product.
+#[test]
+fn packed_row_ranges_match_the_whole_matrix() {
+    if !Kernel::Avx512.available() {
+        eprintln!("skipped: no AVX-512 VNNI");
+        return;
+    }
+    let pool = ThreadPool::new(2);
+    let mut rng = Rng(4242);
+    for ty in [G::Q4_0, G::Q8_0, G::Q5_1, G::Q4_K, G::Q6_K] {
+        let (rows, cols) = (40, if ty.block_size() == 256 { 512 } else { 96 });
+        let data = random_weights(&mut rng, ty, rows, cols);
+        let w = QMatrix {
+            ty,
+            rows,
+            cols,
+            data: &data,
+        };
+        let p = PackedMatrix::new(&w).expect("packable");
+        let wrow = ty.row_bytes(cols as u64).unwrap() as usize;
+        for n in [2usize, 7, 9] {
+            let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+            let mut all = vec![f32::NAN; n * rows];
+            matmul_multi_packed(&pool, &[&w], &[Some(&p)], &x, n, &mut [&mut all[..]], false);
+            for (row0, len) in [
+                (0usize, 16usize),
+                (16, 24),
+                (3, 17),
+                (17, 6),
+                (39, 1),
+                (0, 40),
+            ] {
+                let view = QMatrix {
+                    ty,
+                    rows: len,
+                    cols,
+                    data: &data[row0 * wrow..(row0 + len) * wrow],
+                };
+                let pr = PackedRows { m: &p, row0 };
+                let mut y = vec![f32::NAN; n * len];
+                matmul_rows_packed(
+                    &pool,
+                    &[&view],
+                    &[Some(pr)],
+                    &x,
+                    n,
+                    &mut [&mut y[..]],
+                    false,
+                );
+                for t in 0..n {
+                    let want = &all[t * rows + row0..t * rows + row0 + len];
+                    let got = &y[t * len..(t + 1) * len];
+                    let same = got
+                        .iter()
+                        .zip(want)
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{} rows {row0}+{len} n={n} token {t}", ty.name());
+                }
+            }
+        }
+    }
+}
