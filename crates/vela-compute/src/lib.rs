@@ -39,6 +39,11 @@ pub struct HostWeight {
     pub rows: usize,
     /// Elements per row (GGUF `ne0`).
     pub cols: usize,
+    /// An embedding table or output head: multiplied for a few rows per step (or gathered), so a
+    /// backend keeps it as stored instead of repacking it for batched products. Set by
+    /// [`HostWeight::from_gguf`] for llama.cpp's names (`token_embd.weight`, `output.weight`),
+    /// by the model otherwise ([`HostWeight::as_head`]).
+    pub head: bool,
     storage: Storage,
     /// Byte range of the data in the storage, resolved once (bytes() is on the matmul hot path).
     range: std::ops::Range<usize>,
@@ -53,6 +58,7 @@ impl HostWeight {
             ty: t.ty,
             rows: t.n_rows(),
             cols: t.ne0(),
+            head: matches!(name, "token_embd.weight" | "output.weight"),
             storage: Storage::Gguf(file.clone()),
             range: {
                 let start = (file.data_offset + t.offset) as usize;
@@ -77,6 +83,7 @@ impl HostWeight {
             ty,
             rows,
             cols,
+            head: false,
             storage: Storage::Safetensors(cp.clone(), shard),
             range: e.start..e.end,
         })
@@ -103,6 +110,7 @@ impl HostWeight {
             ty,
             rows,
             cols,
+            head: false,
             range: 0..data.len(),
             storage: Storage::Owned(Arc::new(data)),
         })
@@ -136,6 +144,7 @@ impl HostWeight {
             ty: self.ty,
             rows: n,
             cols: self.cols,
+            head: self.head,
             storage: self.storage.clone(),
             range: start..start + n * rb,
         })
@@ -162,7 +171,13 @@ impl HostWeight {
             vela_formats::quant::dequantize(self.ty, src, &mut row)?;
             vela_formats::quant::quantize(ty, &row, dst)?;
         }
-        HostWeight::owned(&self.name, ty, self.rows, self.cols, out)
+        Ok(HostWeight::owned(&self.name, ty, self.rows, self.cols, out)?.as_head(self.head))
+    }
+
+    /// This weight marked as an embedding table or output head (or not): [`HostWeight::head`].
+    pub fn as_head(mut self, head: bool) -> Self {
+        self.head = head;
+        self
     }
 }
 
@@ -433,6 +448,17 @@ pub trait Backend: Send + Sync {
     fn sigmoid(&self, x: &mut Self::Buf, len: usize);
     /// x *= y over `len` elements.
     fn mul(&self, x: &mut Self::Buf, y: &Self::Buf, len: usize);
+    /// Gated activation of fused gate/up rows: `out` row r = act(`gu` row r's first `width`
+    /// elements) · its last `width` (rows of `2·width`: a fused expert product's output), for
+    /// `n_rows` rows; the same values as [`Backend::act_mul`] of the halves.
+    fn act_mul_split(
+        &self,
+        gu: &Self::Buf,
+        n_rows: usize,
+        width: usize,
+        act: Activation,
+        out: &mut Self::Buf,
+    );
 
     /// `out` row i = `src` row `idx[i]` for i < `n` (rows of `width`). An index at or past the
     /// rows `src` holds is a caller bug: debug-asserted on the CPU; every backend writes a zero
@@ -468,11 +494,13 @@ pub trait Backend: Send + Sync {
     /// with the largest sum of their two best keys stay eligible; the `k` best keys are chosen,
     /// in descending order, the lowest expert id first among equal keys (NaN keys rank as -inf);
     /// weights are the chosen experts' unbiased scores, renormalised where `renorm`
-    /// (`w / (Σw + eps)`, Σ in slot order; eps 1e-20 for the sigmoid-type scores as in
-    /// DeepSeek, 0 for softmax as in Qwen3 / Gemma 4; a zero sum leaves the weights 0, where HF
-    /// gives NaN), times `scale`, times `expert_scale[id]` where given (Gemma 4's
-    /// `per_expert_scale`). The GPU computes the scores with its own `exp`: weights within a
-    /// few ulps, the same experts unless two keys are that close.
+    /// (`w / (Σw + eps)`, Σ in that descending order; eps 1e-20 for the sigmoid-type scores as
+    /// in DeepSeek, 0 for softmax as in Qwen3 / Gemma 4; a zero sum leaves the weights 0, where
+    /// HF gives NaN), times `scale`, times `expert_scale[id]` where given (Gemma 4's
+    /// `per_expert_scale`). The `k` slots are then written in ascending expert id: the order in
+    /// which HF's expert loops add the experts' outputs, which a combine that adds slots in
+    /// order ([`Backend::scatter_add_rows`]) then follows. The GPU computes the scores with its
+    /// own `exp`: weights within a few ulps, the same experts unless two keys are that close.
     #[allow(clippy::too_many_arguments)]
     fn route(
         &self,
@@ -486,7 +514,7 @@ pub trait Backend: Send + Sync {
     );
     /// Hash routing (DeepSeek V4's first layers): token t's experts are row `tokens[t]` of
     /// `table` (`[n_vocab, k]` expert ids), its weights the chosen experts' scores
-    /// (`p.score` of its logits row), renormalised and scaled like [`Backend::route`]
+    /// (`p.score` of its logits row), renormalised, scaled and ordered like [`Backend::route`]
     /// (`p.n_group`, bias and expert scales do not apply). A token id past the table or an
     /// expert id past `n_expert` is a caller bug (debug-asserted on the CPU): that slot gets
     /// expert 0 with weight 0 on every backend.

@@ -55,6 +55,18 @@ extern "C" __global__ void kit_mul(float* x, const float* __restrict__ y, long l
     if (i < n) x[i] *= y[i];
 }
 
+// out[r, i] = act(gu[r, i]) * gu[r, width + i] over len = rows * width elements (rows of 2*width
+// in gu: a fused gate/up product); the functions of act_mul_silu / act_mul_gelu.
+extern "C" __global__ void kit_act_mul_split(const float* __restrict__ gu, float* __restrict__ out,
+                                             long long width, long long len, int gelu) {
+    PDL_ENTRY();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= len) return;
+    long long r = i / width, c = i - r * width;
+    float g = gu[2 * r * width + c], u = gu[2 * r * width + width + c];
+    out[i] = gelu ? act_gelu_mul(g, u) : act_silu_mul(g, u);
+}
+
 // out row i = src row idx[i] (block i, threads over the row); an index at or past n_src rows
 // gives a zero row.
 extern "C" __global__ void kit_gather_rows(const float* __restrict__ src, const u32* __restrict__ idx,
@@ -162,6 +174,27 @@ __device__ void route_finish(float* w, int k, int renorm, float eps, float scale
     for (int j = 0; j < k; j++) w[j] = __fmul_rn(w[j], scale);
 }
 
+// Lane 0: store a token's k slots in ascending expert id (insertion sort, stable; k <= 32).
+__device__ void route_store_sorted(u32* ev, float* w, int k, u32* __restrict__ ids_t,
+                                   float* __restrict__ w_t) {
+    for (int i = 1; i < k; i++) {
+        u32 e = ev[i];
+        float x = w[i];
+        int j = i - 1;
+        while (j >= 0 && ev[j] > e) {
+            ev[j + 1] = ev[j];
+            w[j + 1] = w[j];
+            j--;
+        }
+        ev[j + 1] = e;
+        w[j + 1] = x;
+    }
+    for (int j = 0; j < k; j++) {
+        ids_t[j] = ev[j];
+        w_t[j] = w[j];
+    }
+}
+
 // Top-k routing of token blockIdx.x (see Backend::route): scores, keys = scores + bias (NaN as
 // -inf), group masking (the topk_group groups with the largest sum of their two best keys), the
 // k best keys in descending order, weights from the unbiased scores. bias / escale may be null.
@@ -209,22 +242,20 @@ extern "C" __global__ void kit_route(const float* __restrict__ logits, int n, in
             if (!gtaken[e / gs]) sel[e] = NEG_INF;
         __syncwarp();
     }
-    u32* ids_t = ids + (size_t)t * k;
-    float* w_t = weights + (size_t)t * k;
     float w[KIT_MAX_K];
+    u32 ev[KIT_MAX_K];
     for (int j = 0; j < k; j++) {
         int e = warp_best(sel, taken, n);
-        if (lane == 0) {
-            taken[e] = 1;
-            ids_t[j] = (u32)e;
-        }
+        if (lane == 0) taken[e] = 1;
+        ev[j] = (u32)e;
         w[j] = s[e];
         __syncwarp();
     }
     if (lane == 0) {
         route_finish(w, k, renorm, eps, scale);
-        for (int j = 0; j < k; j++)
-            w_t[j] = escale ? __fmul_rn(w[j], escale[ids_t[j]]) : w[j];
+        if (escale)
+            for (int j = 0; j < k; j++) w[j] = __fmul_rn(w[j], escale[ev[j]]);
+        route_store_sorted(ev, w, k, ids + (size_t)t * k, weights + (size_t)t * k);
     }
 }
 
@@ -243,12 +274,13 @@ extern "C" __global__ void kit_route_hash(const float* __restrict__ logits,
     if (threadIdx.x != 0) return;
     u32 tok = tokens[t];
     float w[KIT_MAX_K];
+    u32 ev[KIT_MAX_K];
     for (int j = 0; j < k; j++) {
         u32 e = (long long)tok < n_vocab ? table[(size_t)tok * k + j] : 0xffffffffu;
         bool ok = e < (u32)n;
-        ids[(size_t)t * k + j] = ok ? e : 0;
+        ev[j] = ok ? e : 0;
         w[j] = ok ? s[e] : 0.0f;
     }
     route_finish(w, k, renorm, eps, scale);
-    for (int j = 0; j < k; j++) weights[(size_t)t * k + j] = w[j];
+    route_store_sorted(ev, w, k, ids + (size_t)t * k, weights + (size_t)t * k);
 }

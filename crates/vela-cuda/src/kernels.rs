@@ -245,6 +245,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "kit_softmax_rows",
             "kit_sigmoid",
             "kit_mul",
+            "kit_act_mul_split",
             "kit_gather_rows",
             "kit_scatter_add_rows",
             "kit_route",

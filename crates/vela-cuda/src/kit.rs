@@ -38,6 +38,30 @@ impl CudaBackend {
         self.launch_1d("kit_mul", len, &args);
     }
 
+    pub(crate) fn act_mul_split_impl(
+        &self,
+        gu: &CudaBuf,
+        n_rows: usize,
+        width: usize,
+        act: vela_compute::Activation,
+        out: &mut CudaBuf,
+    ) {
+        let len = n_rows * width;
+        assert!(
+            gu.len() >= 2 * len && out.len() >= len,
+            "act_mul_split: buffer too small"
+        );
+        let gelu = matches!(act, vela_compute::Activation::GeluTanh) as i32;
+        let args = [
+            Arg::P(self.ptr(gu)),
+            Arg::P(self.ptr(out)),
+            Arg::L(width as i64),
+            Arg::L(len as i64),
+            Arg::I(gelu),
+        ];
+        self.launch_1d("kit_act_mul_split", len, &args);
+    }
+
     pub(crate) fn gather_rows_impl(
         &self,
         src: &CudaBuf,

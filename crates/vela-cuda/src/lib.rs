@@ -384,6 +384,17 @@ impl Backend for CudaBackend {
         self.mul_impl(x, y, len);
     }
 
+    fn act_mul_split(
+        &self,
+        gu: &CudaBuf,
+        n_rows: usize,
+        width: usize,
+        act: Activation,
+        out: &mut CudaBuf,
+    ) {
+        self.act_mul_split_impl(gu, n_rows, width, act, out);
+    }
+
     fn gather_rows(
         &self,
         src: &CudaBuf,

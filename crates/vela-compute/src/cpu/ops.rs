@@ -264,8 +264,7 @@ impl Backend for CpuBackend {
         }
         // The embedding / output head is only multiplied for one token per step (and gathered
         // from the GGUF layout), so a packed copy would only cost memory.
-        let head = matches!(w.name.as_str(), "output.weight" | "token_embd.weight");
-        let packed = if !head && matmul::packs(matmul::Kernel::selected(), w.ty) {
+        let packed = if !w.head && matmul::packs(matmul::Kernel::selected(), w.ty) {
             let q = QMatrix {
                 ty: w.ty,
                 rows: w.rows,
@@ -430,6 +429,27 @@ impl Backend for CpuBackend {
 
     fn mul(&self, x: &mut Vec<f32>, y: &Vec<f32>, len: usize) {
         kit::mul(&mut x[..len], &y[..len]);
+    }
+
+    fn act_mul_split(
+        &self,
+        gu: &Vec<f32>,
+        n_rows: usize,
+        width: usize,
+        act: Activation,
+        out: &mut Vec<f32>,
+    ) {
+        for (src, dst) in gu[..n_rows * 2 * width]
+            .chunks_exact(2 * width)
+            .zip(out[..n_rows * width].chunks_exact_mut(width))
+        {
+            let (g, u) = src.split_at(width);
+            dst.copy_from_slice(g);
+            match act {
+                Activation::Silu => simd::silu_mul(dst, u),
+                Activation::GeluTanh => simd::gelu_mul(dst, u),
+            }
+        }
     }
 
     fn gather_rows(&self, src: &Vec<f32>, idx: &Vec<u32>, n: usize, w: usize, out: &mut Vec<f32>) {

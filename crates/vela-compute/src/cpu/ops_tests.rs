@@ -150,3 +150,28 @@ fn checkpoint_restore_undoes_ring_overwrites() {
     let clone = be.kv_clone(&kv);
     assert_eq!(be.kv_bytes(&clone), be.kv_bytes(&kv));
 }
+
+/// The fused gate/up activation gives what act_mul gives on the separate halves, bit for bit.
+#[test]
+fn act_mul_split_matches_act_mul_of_the_halves() {
+    let be = CpuBackend::new(1);
+    for (rows, width) in [(1, 1), (3, 17), (2, 64), (5, 100)] {
+        let gu: Vec<f32> = (0..rows * 2 * width)
+            .map(|i| ((i * 37 % 101) as f32 - 50.0) / 13.0)
+            .collect();
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let mut out = vec![0f32; rows * width];
+            be.act_mul_split(&gu, rows, width, act, &mut out);
+            for r in 0..rows {
+                let row = &gu[r * 2 * width..(r + 1) * 2 * width];
+                let (mut g, u) = (row[..width].to_vec(), row[width..].to_vec());
+                be.act_mul(&mut g, &u, width, act);
+                assert_eq!(
+                    &out[r * width..(r + 1) * width],
+                    &g[..],
+                    "{act:?} {rows}x{width}"
+                );
+            }
+        }
+    }
+}

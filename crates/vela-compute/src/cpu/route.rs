@@ -84,6 +84,15 @@ fn finish(p: &RouteParams, w: &mut [f32]) {
     w.iter_mut().for_each(|v| *v *= p.scale);
 }
 
+/// One token's slots in ascending expert id (stable: repeated ids keep their order).
+fn sort_slots(ids: &mut [u32], w: &mut [f32]) {
+    let mut p: Vec<(u32, f32)> = ids.iter().copied().zip(w.iter().copied()).collect();
+    p.sort_by_key(|x| x.0);
+    for (j, (e, v)) in p.into_iter().enumerate() {
+        (ids[j], w[j]) = (e, v);
+    }
+}
+
 /// [`crate::Backend::route`] on host slices.
 pub fn route(
     logits: &[f32],
@@ -148,6 +157,7 @@ pub fn route(
                 w_t[j] *= es[ids_t[j] as usize];
             }
         }
+        sort_slots(ids_t, w_t);
     }
 }
 
@@ -189,6 +199,7 @@ pub fn route_hash(
             };
         }
         finish(p, w_t);
+        sort_slots(ids_t, w_t);
     }
 }
 
@@ -259,7 +270,10 @@ mod tests {
         for (v, &e) in w.iter_mut().zip(&ids) {
             *v *= p.scale * es.map_or(1.0, |es| es[e as usize]);
         }
-        (ids, w)
+        // Slots in ascending expert id.
+        let mut pairs: Vec<(u32, f32)> = ids.into_iter().zip(w).collect();
+        pairs.sort_by_key(|x| x.0);
+        pairs.into_iter().unzip()
     }
 
     fn params(n_expert: usize, k: usize, score: Score, groups: (usize, usize)) -> RouteParams {
@@ -342,7 +356,7 @@ mod tests {
         }
     }
 
-    /// Hash routing: the table's experts in table order, weights their renormalised, scaled
+    /// Hash routing: the table's experts in ascending id, weights their renormalised, scaled
     /// scores; an out-of-range token (release builds) gives expert 0 with weight 0.
     #[test]
     fn route_hash_matches_reference() {
@@ -362,7 +376,9 @@ mod tests {
             route_hash(&logits, &tokens, &table, n_tokens, &p, &mut ids, &mut w);
             for t in 0..n_tokens {
                 let tok = tokens[t] as usize;
-                assert_eq!(ids[t * k..(t + 1) * k], table[tok * k..(tok + 1) * k]);
+                let mut want_ids = table[tok * k..(tok + 1) * k].to_vec();
+                want_ids.sort();
+                assert_eq!(ids[t * k..(t + 1) * k], want_ids[..]);
                 let mut s = vec![0f32; e_n];
                 score_row(score, &logits[t * e_n..(t + 1) * e_n], &mut s);
                 let sel: Vec<f32> = ids[t * k..(t + 1) * k]

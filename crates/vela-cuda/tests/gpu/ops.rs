@@ -98,6 +98,16 @@ fn softmax_sigmoid_mul_match_cpu() {
         g.mul(&mut mg, &up(&g, &y), n);
         cpu.mul(&mut mc, &up(&cpu, &y), n);
         assert_eq!(down(&g, &mg, n), down(&cpu, &mc, n), "mul {n}");
+
+        // Fused gate/up rows of 2·width: the activation of the first half times the second.
+        let gu = rng.vec(2 * n);
+        for act in [Activation::Silu, Activation::GeluTanh] {
+            let (mut og, mut oc) = (g.alloc(n), cpu.alloc(n));
+            g.act_mul_split(&up(&g, &gu), n_rows, width, act, &mut og);
+            cpu.act_mul_split(&up(&cpu, &gu), n_rows, width, act, &mut oc);
+            let what = format!("act_mul_split {act:?} {n_rows}x{width}");
+            check_ulps(&what, &down(&g, &og, n), &down(&cpu, &oc, n), 8.0);
+        }
     }
 }
 
