@@ -20,6 +20,10 @@ or by hand:
                                              ($VELA_CACHE/llama-cpp-python/vendor/llama.cpp)
         model-f16.gguf                       the converter's --outtype f16 (norms etc. stay F32)
         model-q8_0.gguf                      model-f32.gguf through llama-quantize Q8_0 (if built)
+        bf16/                                (BF16_FIXTURES) the checkpoint in bfloat16: config.json,
+                                             model.safetensors, the converter's model-bf16.gguf and
+                                             llama-quantize's Q8_0 of it, model-q8_0.gguf — for
+                                             vela's quantization at load (`--quant`)
         llama-{f32,f16,q8_0}.f32             llama.cpp 0c1e570's logits on those files, every
                                              position (scripts/llama_oracle.py, F32 KV cache),
                                              computed in a child process: llama.cpp aborts on
@@ -309,7 +313,7 @@ LLAMA_CPP = os.path.join(os.environ.get("VELA_CACHE", "/root/.cache/vela"),
                          "llama-cpp-python", "vendor", "llama.cpp")
 
 
-def to_gguf(d: str) -> None:
+def to_gguf(d: str, types=("f32", "f16")) -> None:
     """Convert the checkpoint with llama.cpp's own converter (vendored, commit 0c1e570) to
     `model-f32.gguf`, with a synthetic vocabulary (`<tN>`): the converter needs a tokenizer but
     the tests feed token ids."""
@@ -339,7 +343,7 @@ def to_gguf(d: str) -> None:
                        "added_tokens": []}, f)
         argv = sys.argv
         try:
-            for ty in ("f32", "f16"):
+            for ty in types:
                 out = os.path.join(d, f"model-{ty}.gguf")
                 sys.argv = ["convert", tmp, "--outfile", out, "--outtype", ty]
                 convert_hf_to_gguf.main()
@@ -347,8 +351,8 @@ def to_gguf(d: str) -> None:
             sys.argv = argv
 
 
-def quantize(d: str) -> None:
-    """`model-q8_0.gguf` with llama.cpp's llama-quantize when it has been built
+def quantize(d: str, src: str = "model-f32.gguf") -> None:
+    """`model-q8_0.gguf` from `src` with llama.cpp's llama-quantize when it has been built
     (scripts/build-llama-cpp.sh); skipped otherwise."""
     import subprocess
     tool = os.path.join(os.environ.get("VELA_CACHE", "/root/.cache/vela"),
@@ -356,8 +360,28 @@ def quantize(d: str) -> None:
     if not os.path.exists(tool):
         print(f"skipping Q8_0: {tool} not built")
         return
-    subprocess.run([tool, os.path.join(d, "model-f32.gguf"), os.path.join(d, "model-q8_0.gguf"),
+    subprocess.run([tool, os.path.join(d, src), os.path.join(d, "model-q8_0.gguf"),
                     "Q8_0"], check=True, capture_output=True)
+
+
+# Fixtures that also get a bfloat16 copy (`<name>/bf16/`).
+BF16_FIXTURES = ("dense_keqv", "moe")
+
+
+def bf16_variant(d: str) -> None:
+    """`d/bf16/`: the checkpoint cast to bfloat16, its GGUF by the converter (--outtype bf16)
+    and llama-quantize's Q8_0 of that GGUF."""
+    import shutil
+    from safetensors.torch import load_file, save_file
+    b = os.path.join(d, "bf16")
+    os.makedirs(b, exist_ok=True)
+    shutil.copy(os.path.join(d, "config.json"), b)
+    t = load_file(os.path.join(d, "model.safetensors"))
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in t.items()},
+              os.path.join(b, "model.safetensors"), metadata={"format": "pt"})
+    to_gguf(b, types=("bf16",))
+    quantize(b, src="model-bf16.gguf")
+    print(f"  bf16 copy: {sorted(os.listdir(b))}")
 
 
 def llama_logits(d: str) -> None:
@@ -418,6 +442,8 @@ def main() -> None:
         to_gguf(os.path.join(OUT, name))
         quantize(os.path.join(OUT, name))
         llama_logits_isolated(os.path.join(OUT, name))
+        if name in BF16_FIXTURES:
+            bf16_variant(os.path.join(OUT, name))
 
 
 if __name__ == "__main__":

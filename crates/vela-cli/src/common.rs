@@ -20,6 +20,10 @@ pub struct ModelArgs {
     /// Where to run: cpu, cuda, cuda:N, or auto (a usable CUDA GPU, else the CPU).
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// Convert the model's F32/F16/BF16 matrices to this type at load (q8_0, q4_k, q4_0, ...;
+    /// quantized tensors are used as they are).
+    #[arg(long)]
+    pub quant: Option<String>,
     /// Worker threads (default: all cores).
     #[arg(long, short = 't', default_value_t = 0)]
     pub threads: usize,
@@ -113,6 +117,11 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     vela_hub::resolve_model(model)
 }
 
+/// Parse `--quant`.
+pub fn quant(s: Option<&str>) -> Result<Option<vela_formats::quant::GgmlType>> {
+    s.map(vela_models::weights::parse_load_type).transpose()
+}
+
 /// Parse `--device`.
 pub fn device(s: &str) -> Result<Device> {
     s.parse()
@@ -124,6 +133,7 @@ pub fn load(a: &ModelArgs) -> Result<Loaded> {
     let lo = LoadOptions {
         threads: a.threads,
         device: device(&a.device)?,
+        quant: quant(a.quant.as_deref())?,
     };
     let m = vela_engine::loader::load(&path, &lo)?;
     let bos_eos = m.bos_eos_text();

@@ -62,6 +62,9 @@ pub struct LogitsArgs {
     pub ctx: usize,
     #[arg(long, default_value = "f16")]
     pub kv_type: String,
+    /// Convert the model's float matrices to this type at load (q8_0, q4_k, ...).
+    #[arg(long)]
+    pub quant: Option<String>,
 }
 
 /// How tokens are produced: plain sampling, or speculative decoding with a drafter.
@@ -228,6 +231,7 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
         ctx: a.ctx,
         ubatch: a.ubatch,
         kv_type: a.kv_type.clone(),
+        quant: a.quant.clone(),
     };
     let l = common::load(&margs)?;
     let tokens: Vec<u32> = match (&a.tokens, &a.prompt) {

@@ -55,6 +55,7 @@ pub fn drafter(
         let lo = LoadOptions {
             threads: margs.threads,
             device: common::device(&margs.device)?,
+            quant: common::quant(margs.quant.as_deref())?,
         };
         let dm = vela_engine::loader::load(&path, &lo)?;
         if dm.model.n_vocab() != target.model.n_vocab() {

@@ -8,6 +8,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
 use vela_formats::gguf::GgufFile;
+use vela_formats::quant::GgmlType;
 use vela_models::LanguageModel;
 use vela_tokenizer::Tokenizer;
 
@@ -42,12 +43,17 @@ impl FromStr for Device {
     }
 }
 
+/// Parse a `--quant` value (`q8_0`, `q4_k`, ...): [`LoadOptions::quant`].
+pub use vela_models::weights::parse_load_type as parse_quant;
+
 /// How to load a model.
 #[derive(Clone, Debug, Default)]
 pub struct LoadOptions {
     /// CPU threads (0 = all cores); also used by the CPU work of a GPU run.
     pub threads: usize,
     pub device: Device,
+    /// `--quant`: convert the float matrices to this type at load (`vela_models::weights`).
+    pub quant: Option<GgmlType>,
 }
 
 /// A model ready to serve: weights on a backend, tokenizer, chat template.
@@ -91,13 +97,20 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     }
     let gguf = Arc::new(GgufFile::open(path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot load the tokenizer")?;
-    let weight_bytes: u64 = gguf.tensors.iter().map(|t| t.size).sum();
+    let q = opts.quant;
     let model = on_device(opts, |be| match be {
-        AnyBackend::Cpu(b) => vela_models::load_gguf_any(b, gguf.clone()),
+        AnyBackend::Cpu(b) => vela_models::load_gguf_quant(b, gguf.clone(), q),
         #[cfg(feature = "cuda")]
-        AnyBackend::Cuda(b) => upload_checked(&b, weight_bytes, || {
-            vela_models::load_gguf_any(b.clone(), gguf.clone())
-        }),
+        AnyBackend::Cuda(b) => {
+            let shapes = gguf
+                .tensors
+                .iter()
+                .map(|t| (t.ty, t.ne0(), t.n_rows(), t.size));
+            let bytes = vela_models::weights::loaded_bytes(shapes, q);
+            upload_checked(&b, bytes, || {
+                vela_models::load_gguf_quant(b.clone(), gguf.clone(), q)
+            })
+        }
     })?;
     let chat_template = gguf
         .get_str("tokenizer.chat_template")
@@ -120,6 +133,7 @@ pub fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
         &LoadOptions {
             threads,
             device: Device::Cpu,
+            quant: None,
         },
     )
 }
@@ -143,12 +157,13 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         }
         Err(_) => (None, None),
     };
+    let q = opts.quant;
     let model = on_device(opts, |be| match be {
-        AnyBackend::Cpu(b) => vela_models::load_hf_any(b, dir),
+        AnyBackend::Cpu(b) => vela_models::load_hf_quant(b, dir, q),
         #[cfg(feature = "cuda")]
         AnyBackend::Cuda(b) => {
-            let bytes = safetensors_bytes(dir);
-            upload_checked(&b, bytes, || vela_models::load_hf_any(b.clone(), dir))
+            let bytes = safetensors_bytes(dir, q)?;
+            upload_checked(&b, bytes, || vela_models::load_hf_quant(b.clone(), dir, q))
         }
     })?;
     if model.n_vocab() < tokenizer_vocab(&tokenizer) {
@@ -173,18 +188,22 @@ fn tokenizer_vocab(t: &Tokenizer) -> usize {
     t.n_vocab()
 }
 
-/// Bytes of the `*.safetensors` files of a checkpoint directory (the weights to upload).
+/// Bytes of a checkpoint directory's weights once loaded (converted to `quant` when given).
 #[cfg(feature = "cuda")]
-fn safetensors_bytes(dir: &Path) -> u64 {
-    std::fs::read_dir(dir)
-        .map(|rd| {
-            rd.filter_map(|e| e.ok())
-                .filter(|e| e.path().extension().is_some_and(|x| x == "safetensors"))
-                .filter_map(|e| e.metadata().ok())
-                .map(|m| m.len())
-                .sum()
-        })
-        .unwrap_or(0)
+fn safetensors_bytes(dir: &Path, quant: Option<GgmlType>) -> Result<u64> {
+    use vela_formats::safetensors::Dtype;
+    let cp = vela_formats::safetensors::Checkpoint::open(dir)?;
+    let shapes = cp.files.iter().flat_map(|f| f.tensors.values()).map(|e| {
+        let ty = match e.dtype {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::BF16,
+        };
+        let cols = e.shape.last().copied().unwrap_or(1);
+        let rows = e.shape.iter().rev().skip(1).product();
+        (ty, cols, rows, (e.end - e.start) as u64)
+    });
+    Ok(vela_models::weights::loaded_bytes(shapes, quant))
 }
 
 /// Check that `bytes` of weights fit the GPU's free memory (before allocating anything), then
@@ -281,6 +300,7 @@ mod tests {
         let opts = LoadOptions {
             threads: 1,
             device: Device::Cpu,
+            quant: None,
         };
         let e = load(&dir, &opts).err().unwrap();
         assert!(format!("{e:#}").contains("tokenizer"), "{e:#}");

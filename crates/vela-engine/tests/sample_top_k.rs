@@ -295,7 +295,14 @@ fn load_on(device: Device) -> Option<LoadedModel> {
     let p = std::env::var_os("VELA_GPU_MODEL")
         .map(std::path::PathBuf::from)
         .or_else(|| testdata::model(testdata::SMOLLM2))?;
-    match load(Path::new(&p), &LoadOptions { threads: 2, device }) {
+    match load(
+        Path::new(&p),
+        &LoadOptions {
+            threads: 2,
+            device,
+            quant: None,
+        },
+    ) {
         Ok(m) => Some(m),
         Err(e) => {
             if device != Device::Cpu && std::env::var("VELA_REQUIRE_GPU").as_deref() != Ok("1") {

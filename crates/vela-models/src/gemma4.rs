@@ -41,7 +41,6 @@ use vela_compute::{Activation, AttnParams, Backend, KvType, TopK};
 use vela_formats::gguf::GgufFile;
 
 mod config;
-mod image;
 mod load;
 mod moe;
 
@@ -100,6 +99,8 @@ pub struct Gemma4State<B: Backend> {
     pub n_ctx: usize,
     pub max_batch: usize,
     bufs: Vec<B::Buf>,
+    /// The MoE blocks' scratch (MoE models).
+    moe: Option<moe::MoeScratch<B>>,
     pli: Vec<B::Buf>,
 }
 
@@ -164,22 +165,15 @@ impl<B: Backend> Gemma4Model<B> {
         let kvd = max(&|l| l.n_head_kv * l.head_dim);
         let ff = max(&|l| l.n_ff).max(c.ple_dim);
         let lp = c.n_layer * c.ple_dim;
-        let (e_n, i_n) = c.moe.map_or((0, 0), |m| (m.n_expert, m.n_ff_exp));
-        let (md, mi) = if c.moe.is_some() {
-            (c.n_embd, i_n)
-        } else {
-            (0, 0)
-        };
         let sizes = [
-            c.n_embd, c.n_embd, qd, kvd, kvd, qd, c.n_embd, ff, ff, c.n_vocab, lp,
-            lp, // dense
-            md, mi, mi, md, e_n, // MoE: moe::{M_X, M_G, M_U, M_O, M_L}
+            c.n_embd, c.n_embd, qd, kvd, kvd, qd, c.n_embd, ff, ff, c.n_vocab, lp, lp,
         ];
         Gemma4State {
             kv,
             n_ctx,
             max_batch,
             bufs: sizes.iter().map(|&s| be.alloc(nb * s.max(1))).collect(),
+            moe: c.moe.map(|m| moe::MoeScratch::new(be, &m, c.n_embd, nb)),
             pli: (0..if c.ple_dim > 0 { c.n_layer } else { 0 })
                 .map(|_| be.alloc(nb * c.ple_dim))
                 .collect(),
@@ -387,7 +381,8 @@ impl<B: Backend> Gemma4Model<B> {
             }
             if let (Some(m), Some(mc)) = (&l.moe, &c.moe) {
                 be.rms_norm_inplace(&mut b[O], &m.post_norm_1, n, d, c.rms_eps);
-                m.forward(be, b, mc, n, d, c.rms_eps, (X, H, O));
+                let ms = st.moe.as_mut().expect("MoE models have MoE scratch");
+                m.forward(be, b, ms, mc, n, d, c.rms_eps, (X, H, O));
             }
             if l.ple.is_none() && il + 1 < self.layers.len() {
                 pending = Some(l);

@@ -27,7 +27,7 @@ pub use decoder::{DecoderModel, ForwardState};
 pub use gemma4::{load_gguf_gemma4, load_hf_gemma4, Gemma4Model};
 pub use lm::{BatchItem, CausalLm, LanguageModel, ModelState};
 pub use mtp::MtpHead;
-pub use registry::{load_gguf_any, load_hf_any};
+pub use registry::{load_gguf_any, load_gguf_quant, load_hf_any, load_hf_quant};
 pub use state::{LayerState, StateLayout};
 
 use anyhow::Result;

@@ -6,8 +6,9 @@
 
 use crate::config::DecoderConfig;
 use crate::decoder::DecoderModel;
-use crate::gemma4::Gemma4Config;
+use crate::gemma4::{Gemma4Config, Gemma4Model};
 use crate::lm::LanguageModel;
+use crate::weights::WeightSource;
 use crate::{gemma3, llama, qwen2, qwen3};
 use anyhow::{anyhow, bail, Result};
 use serde_json::Value;
@@ -15,6 +16,7 @@ use std::path::Path;
 use std::sync::Arc;
 use vela_compute::Backend;
 use vela_formats::gguf::GgufFile;
+use vela_formats::quant::GgmlType;
 
 /// One architecture.
 pub struct Arch {
@@ -119,18 +121,21 @@ pub fn for_hf(config: &Value) -> Result<&'static Arch> {
 }
 
 impl Arch {
-    /// Load a GGUF file of this architecture onto a backend.
+    /// Load a GGUF file of this architecture onto a backend; `quant`: the load-time type of its
+    /// float matrices ([`crate::weights`]).
     pub fn load_gguf<B: Backend + 'static>(
         &self,
         backend: Arc<B>,
         g: Arc<GgufFile>,
+        quant: Option<GgmlType>,
     ) -> Result<Arc<dyn LanguageModel>> {
         Ok(match self.family {
             Family::Decoder(config) => {
                 let cfg = config(&g)?;
-                Arc::new(DecoderModel::load(backend, g, cfg)?)
+                let src = WeightSource::gguf(g).with_quant(quant);
+                Arc::new(DecoderModel::load_from(backend, &src, cfg)?)
             }
-            Family::Gemma4 => Arc::new(crate::gemma4::load_gguf_gemma4(backend, g)?),
+            Family::Gemma4 => Arc::new(Gemma4Model::load_gguf_with(backend, g, quant)?),
         })
     }
 
@@ -139,9 +144,10 @@ impl Arch {
         &self,
         backend: Arc<B>,
         dir: &Path,
+        quant: Option<GgmlType>,
     ) -> Result<Arc<dyn LanguageModel>> {
         Ok(match self.family {
-            Family::Gemma4 => Arc::new(crate::gemma4::load_hf_gemma4(backend, dir)?),
+            Family::Gemma4 => Arc::new(Gemma4Model::load_hf_with(backend, dir, quant)?),
             Family::Decoder(_) => bail!(
                 "{}: {} models load from GGUF files only",
                 dir.display(),
@@ -184,7 +190,16 @@ pub fn load_gguf_any<B: Backend + 'static>(
     backend: Arc<B>,
     g: Arc<GgufFile>,
 ) -> Result<Arc<dyn LanguageModel>> {
-    for_gguf(&g)?.load_gguf(backend, g)
+    load_gguf_quant(backend, g, None)
+}
+
+/// [`load_gguf_any`] converting float matrices to `quant` at load ([`crate::weights`]).
+pub fn load_gguf_quant<B: Backend + 'static>(
+    backend: Arc<B>,
+    g: Arc<GgufFile>,
+    quant: Option<GgmlType>,
+) -> Result<Arc<dyn LanguageModel>> {
+    for_gguf(&g)?.load_gguf(backend, g, quant)
 }
 
 /// Load a Hugging Face checkpoint directory (`config.json` + safetensors) onto a backend.
@@ -192,13 +207,22 @@ pub fn load_hf_any<B: Backend + 'static>(
     backend: Arc<B>,
     dir: &Path,
 ) -> Result<Arc<dyn LanguageModel>> {
+    load_hf_quant(backend, dir, None)
+}
+
+/// [`load_hf_any`] converting float matrices to `quant` at load ([`crate::weights`]).
+pub fn load_hf_quant<B: Backend + 'static>(
+    backend: Arc<B>,
+    dir: &Path,
+    quant: Option<GgmlType>,
+) -> Result<Arc<dyn LanguageModel>> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path)
         .map_err(|e| anyhow!("cannot read {}: {e}", cfg_path.display()))?;
     let j: Value = serde_json::from_str(&text)
         .map_err(|e| anyhow!("{}: invalid JSON: {e}", cfg_path.display()))?;
     let arch = for_hf(&j).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
-    arch.load_hf(backend, dir)
+    arch.load_hf(backend, dir, quant)
 }
 
 #[cfg(test)]

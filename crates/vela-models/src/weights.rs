@@ -6,9 +6,9 @@
 //!
 //! The load-time policy follows llama.cpp's converter (`convert_hf_to_gguf.py --outtype`): the
 //! matrices a model multiplies with become the type when their rows are whole blocks of it, else
-//! F16; vectors stay as they are; a model keeps chosen matrices exact (e.g. Gemma 4's router
-//! and per-layer projection, which the converter keeps in F32). Already quantized tensors are
-//! used as they are.
+//! F16; vectors stay as they are; the matrices a model asks for exact become F32 (e.g. Gemma 4's
+//! router and per-layer projection, which `llama-quantize` keeps in F32). Already quantized
+//! tensors are used as they are.
 
 use anyhow::{anyhow, Result};
 use std::sync::Arc;
@@ -46,6 +46,23 @@ pub fn load_type(quant: GgmlType, cols: usize) -> GgmlType {
     } else {
         GgmlType::F16
     }
+}
+
+/// Bytes of tensors once loaded with `quant`: `(type, cols, rows, stored bytes)` each; float
+/// matrices converted as [`WeightSource::matrix`] does (an estimate for the memory check: a few
+/// matrices a model keeps exact are counted converted).
+pub fn loaded_bytes(
+    tensors: impl Iterator<Item = (GgmlType, usize, usize, u64)>,
+    quant: Option<GgmlType>,
+) -> u64 {
+    tensors
+        .map(|(ty, cols, rows, stored)| match quant {
+            Some(q) if is_float(ty) && rows > 1 => load_type(q, cols)
+                .row_bytes(cols as u64)
+                .map_or(stored, |b| b * rows as u64),
+            _ => stored,
+        })
+        .sum()
 }
 
 /// Types `--quant` accepts.
@@ -128,22 +145,21 @@ impl WeightSource {
         self.get(name).is_some()
     }
 
-    /// A matrix to multiply with, converted to the load-time type unless `exact` (see the module
-    /// docs); an error if absent.
+    /// A matrix to multiply with, converted to the load-time type (F32 when `exact`; see the
+    /// module docs); as stored without one; an error if absent.
     pub fn matrix(&self, name: &str, exact: bool) -> Result<HostWeight> {
         let w = self
             .get(name)
             .ok_or_else(|| anyhow!("missing tensor {name}"))?;
-        match self.quant {
-            Some(q) if !exact && is_float(w.ty) => {
-                let ty = load_type(q, w.cols);
-                if ty == w.ty {
-                    Ok(w)
-                } else {
-                    w.convert(ty)
-                }
-            }
-            _ => Ok(w),
+        let ty = match self.quant {
+            Some(_) if exact => GgmlType::F32,
+            Some(q) => load_type(q, w.cols),
+            None => w.ty,
+        };
+        if ty == w.ty || !is_float(w.ty) {
+            Ok(w)
+        } else {
+            w.convert(ty)
         }
     }
 }

@@ -37,6 +37,10 @@ pub struct ServeArgs {
     /// Where to run: cpu, cuda, cuda:N, or auto (a usable CUDA GPU, else the CPU).
     #[arg(long, default_value = "auto")]
     pub device: String,
+    /// Convert the model's F32/F16/BF16 matrices to this type at load (q8_0, q4_k, q4_0, ...;
+    /// quantized tensors are used as they are).
+    #[arg(long)]
+    pub quant: Option<String>,
     /// Context size per sequence (0 = the model's, capped at 8192).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
@@ -131,6 +135,11 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
     let lo = vela_engine::loader::LoadOptions {
         threads: args.threads,
         device: args.device.parse()?,
+        quant: args
+            .quant
+            .as_deref()
+            .map(vela_engine::loader::parse_quant)
+            .transpose()?,
     };
     let m = Arc::new(vela_engine::loader::load(&path, &lo)?);
     let opts = SessionOptions {
