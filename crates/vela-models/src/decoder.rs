@@ -11,6 +11,7 @@
 
 use crate::config::DecoderConfig;
 use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
+use crate::stepper::{self, StepCtl, StepState};
 use crate::weights::WeightSource;
 use anyhow::{anyhow, bail, Result};
 use std::sync::Arc;
@@ -66,26 +67,7 @@ pub(crate) fn select_top_k<B: Backend>(
         .collect()
 }
 
-/// Validate a forward batch: 1..=`max_batch` tokens with one position each, all positions inside
-/// the context, `logits_from` within the batch.
-pub(crate) fn check_batch(
-    n: usize,
-    positions: &[u32],
-    max_batch: usize,
-    n_ctx: usize,
-    logits_from: usize,
-) -> Result<()> {
-    if n == 0 || n != positions.len() || n > max_batch || logits_from > n {
-        bail!(
-            "invalid batch: {n} tokens, {} positions, max batch {max_batch}",
-            positions.len()
-        );
-    }
-    if positions.iter().any(|&p| p as usize >= n_ctx) {
-        bail!("position beyond the context size {n_ctx}");
-    }
-    Ok(())
-}
+pub(crate) use crate::stepper::check_batch;
 
 /// A loaded decoder-only transformer.
 pub struct DecoderModel<B: Backend> {
@@ -156,9 +138,6 @@ pub(crate) struct Attended {
     swap_qa: bool,
     swap_xh: bool,
 }
-
-/// Source of [`ForwardState`] ids (0 is never used).
-static NEXT_STATE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
 
 /// A matrix `[rows, cols]` on the backend (converted to the source's load-time type) and its
 /// bytes.
@@ -357,7 +336,7 @@ impl<B: Backend> DecoderModel<B> {
             n_ctx,
             max_batch,
             b: Bufs::new(be, c, nb),
-            id: NEXT_STATE_ID.fetch_add(1, std::sync::atomic::Ordering::Relaxed),
+            id: StepCtl::new().key,
             prepare_ahead: true,
         }
     }
@@ -418,9 +397,8 @@ impl<B: Backend> DecoderModel<B> {
         ))
     }
 
-    /// The forward pass up to the logits in `st.logits`; returns their number of rows. A
-    /// single-token step is announced to the backend ([`Backend::decode_step_begin`]) so it can
-    /// run as one recorded graph.
+    /// The forward pass up to the logits in `st.b.logits`; returns their number of rows
+    /// (single-token steps recorded and prepared ahead: [`crate::stepper::run`]).
     fn run(
         &self,
         st: &mut ForwardState<B>,
@@ -428,77 +406,35 @@ impl<B: Backend> DecoderModel<B> {
         positions: &[u32],
         logits_from: usize,
     ) -> Result<usize> {
-        let n = tokens.len();
-        crate::decoder::check_batch(n, positions, st.max_batch, st.n_ctx, logits_from)?;
-        let be = &*self.backend;
-        let one = n == 1 && logits_from == 0;
-        if !one {
-            // A batch may reallocate buffers a step recorded ahead points at, and leaves no
-            // device token to chain on.
-            be.decode_step_discard();
-        }
-        // A step recorded ahead (below) by the previous call: launched, nothing to issue. (An
-        // out-of-range token takes the normal path, whose embedding lookup rejects it.)
-        let in_range = tokens
-            .first()
-            .is_some_and(|&t| (t as usize) < self.cfg.n_vocab);
-        if !(one && in_range && be.decode_step_launch(tokens[0], positions[0], st.id)) {
-            let step = one && be.decode_step_begin(tokens[0], positions[0], st.id);
-            let rows = self.layers(st, tokens, positions, logits_from);
-            if step {
-                be.decode_step_end();
-            }
-            rows?;
-        }
-        // The step of the next position, recorded while the device runs this one (launched by
-        // the next call if it is that step; the logits of this one are read before). It does
-        // not affect this step: if recording it fails, it is dropped.
-        let next = positions[0] + 1;
-        if one
-            && st.prepare_ahead
-            && (next as usize) < st.n_ctx
-            && be.decode_step_prepare(next, st.id)
-        {
-            match self.layers(st, &[vela_compute::DEVICE_TOKEN], &[next], 0) {
-                Ok(_) => be.decode_step_park(),
-                Err(_) => be.decode_step_discard(),
-            }
-        }
-        Ok(n - logits_from)
+        let nv = self.cfg.n_vocab;
+        let layers =
+            |st: &mut ForwardState<B>, t: &[u32], p: &[u32], lf: usize| self.layers(st, t, p, lf);
+        stepper::run(
+            &*self.backend,
+            st,
+            tokens,
+            positions,
+            logits_from,
+            nv,
+            true,
+            &layers,
+        )
     }
 
-    /// Pipelined greedy decoding: run the one-token step of `token` at `pos` (`None`: the token
-    /// the previous step's [`Self::argmax_start`] left on the device, not yet read back) as one
-    /// recorded step with its argmax, without waiting for it. Returns the ticket for
-    /// [`Self::argmax_finish`], or `None` when the backend cannot (nothing was run; use
-    /// [`Self::forward_argmax`]).
+    /// Pipelined greedy decoding ([`crate::stepper::argmax_start`]): the one-token step of
+    /// `token` at `pos` (`None`: the token the previous step left on the device) with its argmax,
+    /// not waited for. Returns the ticket for [`Self::argmax_finish`], or `None` when the backend
+    /// cannot (nothing was run; use [`Self::forward_argmax`]).
     pub fn argmax_start(
         &self,
         st: &mut ForwardState<B>,
         token: Option<u32>,
         pos: u32,
     ) -> Result<Option<u64>> {
-        crate::decoder::check_batch(1, &[pos], st.max_batch, st.n_ctx, 0)?;
-        let be = &*self.backend;
-        let began = match token {
-            Some(t) => be.decode_step_begin(t, pos, st.id),
-            None => be.decode_step_begin_chained(pos, st.id),
-        };
-        if !began {
-            return Ok(None);
-        }
-        let id = token.unwrap_or(vela_compute::DEVICE_TOKEN);
-        if let Err(e) = self.layers(st, &[id], &[pos], 0) {
-            be.decode_step_end();
-            return Err(e);
-        }
-        match be.argmax_start(&st.b.logits, self.cfg.n_vocab) {
-            Some(t) => Ok(Some(t)),
-            None => {
-                be.decode_step_end();
-                bail!("the backend recorded a decode step but cannot start its argmax")
-            }
-        }
+        let nv = self.cfg.n_vocab;
+        let layers =
+            |st: &mut ForwardState<B>, t: &[u32], p: &[u32], lf: usize| self.layers(st, t, p, lf);
+        stepper::argmax_start(&*self.backend, st, token, pos, nv, true, &layers)
     }
 
     /// The token of an [`Self::argmax_start`] ticket (waits for its step).
@@ -745,6 +681,24 @@ impl<B: Backend> DecoderModel<B> {
             std::mem::swap(&mut b.x, &mut b.h);
         }
         Ok(n)
+    }
+}
+
+impl<B: Backend> StepState<B> for ForwardState<B> {
+    fn ctl(&self) -> StepCtl {
+        StepCtl {
+            key: self.id,
+            prepare_ahead: self.prepare_ahead,
+        }
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+    fn logits(&self) -> &B::Buf {
+        &self.b.logits
     }
 }
 

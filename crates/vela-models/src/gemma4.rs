@@ -34,6 +34,7 @@
 //! `gelu_pytorch_tanh`; multimodal towers are ignored (only the text weights are read).
 
 use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
+use crate::stepper::{self, StepCtl, StepState};
 use anyhow::{anyhow, bail, Result};
 use std::path::Path;
 use std::sync::Arc;
@@ -99,6 +100,10 @@ pub struct Gemma4State<B: Backend> {
     pub n_ctx: usize,
     pub max_batch: usize,
     bufs: Vec<B::Buf>,
+    /// The key of this state's recorded steps ([`crate::stepper`]).
+    key: u64,
+    /// Record the next position's step while the device runs this one.
+    pub prepare_ahead: bool,
     /// The MoE blocks' scratch (MoE models).
     moe: Option<moe::MoeScratch<B>>,
     pli: Vec<B::Buf>,
@@ -173,6 +178,8 @@ impl<B: Backend> Gemma4Model<B> {
             n_ctx,
             max_batch,
             bufs: sizes.iter().map(|&s| be.alloc(nb * s.max(1))).collect(),
+            key: StepCtl::new().key,
+            prepare_ahead: true,
             moe: c.moe.map(|m| moe::MoeScratch::new(be, &m, c.n_embd, nb)),
             pli: (0..if c.ple_dim > 0 { c.n_layer } else { 0 })
                 .map(|_| be.alloc(nb * c.ple_dim))
@@ -280,8 +287,53 @@ impl<B: Backend> Gemma4Model<B> {
         positions: &[u32],
         logits_from: usize,
     ) -> Result<usize> {
+        let nv = self.cfg.n_vocab;
+        let layers =
+            |st: &mut Gemma4State<B>, t: &[u32], p: &[u32], lf: usize| self.layers(st, t, p, lf);
+        let be = &*self.backend;
+        stepper::run(
+            be,
+            st,
+            tokens,
+            positions,
+            logits_from,
+            nv,
+            self.graph_safe(),
+            &layers,
+        )
+    }
+
+    /// Whether a single-token step makes no host round trip, so the stepper may record it as
+    /// a graph and prepare the next one ahead: everything but the per-layer inputs (PLE), which
+    /// are reshuffled on the host.
+    fn graph_safe(&self) -> bool {
+        self.ple.is_none()
+    }
+
+    /// Pipelined greedy decoding ([`crate::stepper::argmax_start`]).
+    pub fn argmax_start(
+        &self,
+        st: &mut Gemma4State<B>,
+        token: Option<u32>,
+        pos: u32,
+    ) -> Result<Option<u64>> {
+        let nv = self.cfg.n_vocab;
+        let layers =
+            |st: &mut Gemma4State<B>, t: &[u32], p: &[u32], lf: usize| self.layers(st, t, p, lf);
+        let be = &*self.backend;
+        stepper::argmax_start(be, st, token, pos, nv, self.graph_safe(), &layers)
+    }
+
+    /// The layers and the head: the logits of rows `logits_from..` into the state's logits
+    /// buffer, left on the device; returns their number of rows.
+    fn layers(
+        &self,
+        st: &mut Gemma4State<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<usize> {
         let n = tokens.len();
-        crate::decoder::check_batch(n, positions, st.max_batch, st.n_ctx, logits_from)?;
         let be = &*self.backend;
         let c = &self.cfg;
         let d = c.n_embd;
@@ -481,6 +533,24 @@ pub fn load_hf_gemma4<B: Backend>(backend: Arc<B>, dir: &Path) -> Result<Gemma4M
     Gemma4Model::load_hf(backend, dir)
 }
 
+impl<B: Backend> StepState<B> for Gemma4State<B> {
+    fn ctl(&self) -> StepCtl {
+        StepCtl {
+            key: self.key,
+            prepare_ahead: self.prepare_ahead,
+        }
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+    fn logits(&self) -> &B::Buf {
+        &self.bufs[LOGITS]
+    }
+}
+
 impl<B: Backend + 'static> crate::lm::CausalLm for Gemma4Model<B> {
     type Be = B;
     type State = Gemma4State<B>;
@@ -546,6 +616,17 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Gemma4Model<B> {
         need_row: &dyn Fn(&TopK) -> bool,
     ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
         Gemma4Model::forward_top_k(self, st, tokens, positions, logits_from, k, need_row)
+    }
+    fn argmax_start(
+        &self,
+        st: &mut Gemma4State<B>,
+        token: Option<u32>,
+        pos: u32,
+    ) -> Result<Option<u64>> {
+        Gemma4Model::argmax_start(self, st, token, pos)
+    }
+    fn argmax_finish(&self, ticket: u64) -> Result<u32> {
+        self.backend.argmax_finish(ticket)
     }
     fn discover_mtp(&self, model_path: &Path) -> Option<std::path::PathBuf> {
         crate::gemma4_assistant::discover_assistant(model_path)

@@ -19,6 +19,7 @@ pub mod qwen2;
 pub mod qwen3;
 pub mod registry;
 pub mod state;
+pub mod stepper;
 pub mod synth;
 pub mod weights;
 
