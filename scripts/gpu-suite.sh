@@ -37,7 +37,7 @@
 #   there:  scripts/gpu-suite.sh ab          # one call, no llama.cpp needed: both GPU test
 #       binaries (on a synth Qwen2.5-0.5B-geometry model), then pp512 + tg128 of both vela binaries
 #       on the synth models of AB_MODELS ("name:geometry:type ...", default Llama-3-8B Q4_0,
-#       Qwen2.5-0.5B Q4_K_M, Gemma-4-31B Q4_0), AB_REPS rounds (default 3) alternating which binary
+#       Qwen2.5-0.5B Q4_K_M, Gemma-4-31B Q4_0, Gemma-4-26B-A4B Q4_0 (MoE)), AB_REPS rounds (default 3) alternating which binary
 #       runs first (AB_TESTS=0 skips the tests); $OUT/ab.md: medians, min-max and new/old. For refactors that must not change
 #       speed or results. Then the new binary's batched decoding (`vela bench --parallel`,
 #       AB_PARALLEL sequence counts) on the first model: $OUT/parallel.md.
@@ -392,7 +392,7 @@ ab)
   for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
-  models=${AB_MODELS:-l8:llama3-8b:q4_0 q05:qwen2.5-0.5b:q4_k_m g31:gemma4-31b:q4_0}
+  models=${AB_MODELS:-l8:llama3-8b:q4_0 q05:qwen2.5-0.5b:q4_k_m g31:gemma4-31b:q4_0 g26:gemma4-26b-a4b:q4_0}
   # The models first (the GPU tests run on the Qwen2.5-0.5B geometry: SmolLM2's synth needs the
   # real model's tokenizer, which does not travel).
   for m in q05:qwen2.5-0.5b:q4_k_m $models; do IFS=: read -r n a t <<<"$m"

@@ -105,7 +105,7 @@ impl CudaBackend {
             .stream
             .memcpy_dtoh(&guard.0.slice(0..n_rows), &mut ids)
             .expect("CUDA download of argmax");
-        self.dev.stream.synchronize().expect("CUDA synchronize");
+        self.dev.wait().expect("CUDA synchronize");
         ids
     }
 
@@ -166,6 +166,9 @@ impl CudaBackend {
             );
         }
         let (slot, ev) = &pipe.slots[(ticket % ARGMAX_TICKETS) as usize];
+        self.dev
+            .host_waits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         ev.synchronize()
             .map_err(|e| anyhow!("waiting for the decode step: {e:?}"))?;
         let ids = slot

@@ -120,6 +120,14 @@ impl CudaBackend {
         self.upload.end()
     }
 
+    /// How many times the host has waited for the device to read something back (results,
+    /// logits, ids, a pipelined argmax): the host synchronizations a decode step costs.
+    pub fn host_waits(&self) -> u64 {
+        self.dev
+            .host_waits
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Wait until every enqueued op has finished.
     pub fn synchronize(&self) -> Result<()> {
         self.dev

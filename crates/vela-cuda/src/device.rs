@@ -38,6 +38,19 @@ pub(crate) struct Device {
     pub(crate) smem_optin: usize,
     /// Programmatic dependent launch: sm_90 and newer.
     pdl: bool,
+    /// Times the host waited for the device to read a result back ([`Device::wait`]).
+    pub(crate) host_waits: std::sync::atomic::AtomicU64,
+}
+
+impl Device {
+    /// Wait for the stream (a host synchronization: counted, see [`Device::host_waits`]).
+    pub(crate) fn wait(&self) -> Result<()> {
+        self.host_waits
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.stream
+            .synchronize()
+            .map_err(|e| anyhow!("CUDA synchronize: {e:?}"))
+    }
 }
 
 fn driver_error(e: DriverError, ordinal: usize) -> anyhow::Error {
@@ -146,6 +159,7 @@ impl Device {
             sms,
             smem_optin,
             pdl: arch >= 90,
+            host_waits: std::sync::atomic::AtomicU64::new(0),
         })
     }
 

@@ -91,7 +91,7 @@ impl Backend for CudaBackend {
             .stream
             .memcpy_dtoh(&buf.slice(0..out.len()), out)
             .expect("CUDA download");
-        self.dev.stream.synchronize().expect("CUDA synchronize");
+        self.dev.wait().expect("CUDA synchronize");
     }
 
     fn upload_weight(&self, w: &HostWeight) -> Result<CudaWeight> {
@@ -129,7 +129,7 @@ impl Backend for CudaBackend {
             .stream
             .memcpy_dtoh(&ids.slice(0..out.len()), out)
             .expect("CUDA download of ids");
-        self.dev.stream.synchronize().expect("CUDA synchronize");
+        self.dev.wait().expect("CUDA synchronize");
     }
 
     fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<CudaKv> {

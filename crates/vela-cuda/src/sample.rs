@@ -138,7 +138,7 @@ impl CudaBackend {
             .stream
             .memcpy_dtoh(&out.slice(0..n_out), &mut h)
             .expect("CUDA download of top-k");
-        self.dev.stream.synchronize().expect("CUDA synchronize");
+        self.dev.wait().expect("CUDA synchronize");
         drop(guard);
         h.chunks_exact(stride)
             .map(|r| {

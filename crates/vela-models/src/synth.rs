@@ -88,6 +88,11 @@ pub struct Geometry {
     pub n_head_kv_full: usize,
     pub k_eq_v: bool,
     pub partial_rotary_full: f32,
+    /// Gemma 4 MoE blocks (`enable_moe_block`): experts per layer (0: dense), experts per
+    /// token, width of one expert.
+    pub n_expert: usize,
+    pub n_expert_used: usize,
+    pub n_ff_exp: usize,
 }
 
 const BASE: Geometry = Geometry {
@@ -114,6 +119,9 @@ const BASE: Geometry = Geometry {
     n_head_kv_full: 0,
     k_eq_v: false,
     partial_rotary_full: 1.0,
+    n_expert: 0,
+    n_expert_used: 0,
+    n_ff_exp: 0,
 };
 
 /// Every geometry `synth` knows. The numbers are the HF `config.json` values of the named
@@ -275,6 +283,66 @@ static GEOMETRIES: &[Geometry] = &[
         n_head_kv_full: 1,
         k_eq_v: true,
         partial_rotary_full: 0.25,
+        ..BASE
+    },
+    // gemma4-tiny with a MoE block in every layer (the GPU tests' MoE shape).
+    Geometry {
+        name: "gemma4-tiny-moe",
+        source: "(test shape)",
+        family: Family::Gemma4,
+        n_layer: 6,
+        n_embd: 256,
+        n_head: 4,
+        n_head_kv: 2,
+        head_dim: 64,
+        n_ff: 512,
+        n_vocab: 262144,
+        n_ctx: 4096,
+        rope_base: 1e6,
+        rms_eps: 1e-6,
+        tied: true,
+        tokenizer: "ggml-vocab-gemma-4.gguf",
+        sliding_window: 64,
+        swa_period: 6,
+        final_softcap: Some(30.0),
+        head_dim_full: 128,
+        n_head_kv_full: 1,
+        k_eq_v: true,
+        partial_rotary_full: 0.25,
+        n_expert: 8,
+        n_expert_used: 2,
+        n_ff_exp: 128,
+        ..BASE
+    },
+    // Gemma 4 26B-A4B (MoE: 128 experts of width 704, 8 per token, next to a dense MLP of 2112;
+    // 25 sliding + 5 full layers). The numbers are third-party spec pages' (no config.json is
+    // reachable here), consistent with the published 25.2B total / 3.8B active: a benchmark shape.
+    Geometry {
+        name: "gemma4-26b-a4b",
+        source: "google/gemma-4-26B-A4B-it (approximate)",
+        family: Family::Gemma4,
+        n_layer: 30,
+        n_embd: 2816,
+        n_head: 16,
+        n_head_kv: 8,
+        head_dim: 256,
+        n_ff: 2112,
+        n_vocab: 262144,
+        n_ctx: 262144,
+        rope_base: 1e6,
+        rms_eps: 1e-6,
+        tied: true,
+        tokenizer: "ggml-vocab-gemma-4.gguf",
+        sliding_window: 1024,
+        swa_period: 6,
+        final_softcap: Some(30.0),
+        head_dim_full: 512,
+        n_head_kv_full: 2,
+        k_eq_v: true,
+        partial_rotary_full: 0.25,
+        n_expert: 128,
+        n_expert_used: 8,
+        n_ff_exp: 704,
         ..BASE
     },
     // Gemma 4 12B (dense; 40 sliding + 8 full layers; shape from the seeds' notes, gem.md 2.1)
@@ -446,6 +514,8 @@ enum Role {
     Bias,
     One,
     RopeFreqs,
+    /// A MoE router (llama-quantize keeps it in F32).
+    Router,
 }
 
 /// llama.cpp's `use_more_bits` (which layers get more bits in the `_M` mixtures).
@@ -489,9 +559,12 @@ fn tensor_type(
     let base = scheme.base();
     let float = matches!(base, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16);
     let ty = match role {
-        Role::Norm | Role::QNormScaled | Role::Bias | Role::One | Role::RopeFreqs => {
-            return GgmlType::F32
-        }
+        Role::Norm
+        | Role::QNormScaled
+        | Role::Bias
+        | Role::One
+        | Role::RopeFreqs
+        | Role::Router => return GgmlType::F32,
         _ if float => return base,
         Role::Output => {
             if !ne0.is_multiple_of(QK_K) || base == GgmlType::Q8_0 {
@@ -559,6 +632,17 @@ fn plan(g: &Geometry) -> Vec<Planned> {
             push(n("post_ffw_norm"), &[d], Role::Norm);
         }
         push(n("ffn_norm"), &[d], Role::Norm);
+        if g.n_expert > 0 {
+            let (e, i) = (g.n_expert, g.n_ff_exp);
+            push(n("ffn_gate_inp"), &[d, e], Role::Router);
+            push(format!("blk.{il}.ffn_gate_inp.scale"), &[d], Role::Norm);
+            push(format!("blk.{il}.ffn_down_exps.scale"), &[e], Role::Norm);
+            push(n("ffn_gate_up_exps"), &[d, 2 * i, e], Role::Matrix);
+            push(n("ffn_down_exps"), &[i, d, e], Role::Matrix);
+            for s in ["pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"] {
+                push(n(s), &[d], Role::Norm);
+            }
+        }
         if gemma {
             push(n("attn_k_norm"), &[hd], Role::Norm);
         }
@@ -659,6 +743,11 @@ fn arch_metadata(g: &Geometry, scheme: QuantScheme, seed: u64) -> Result<Vec<(St
             kv("attention.value_length_swa", u(g.head_dim));
             kv("rope.dimension_count", u(g.head_dim_full));
             kv("rope.dimension_count_swa", u(g.head_dim));
+            if g.n_expert > 0 {
+                kv("expert_count", u(g.n_expert));
+                kv("expert_used_count", u(g.n_expert_used));
+                kv("expert_feed_forward_length", u(g.n_ff_exp));
+            }
         }
     }
     kv("general.file_type", Value::U32(scheme.file_type()?));

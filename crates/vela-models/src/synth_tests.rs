@@ -88,6 +88,8 @@ fn real_geometries_have_their_published_sizes() {
         // come to 7,203.8 MB, 0.2 % under the published Q4_0 file's 7,219,673,216 bytes (which
         // also hold the vocabulary and metadata).
         ("gemma4-12b", 11.9),
+        // The vision tower's ~0.55B excluded from the published 25.2B.
+        ("gemma4-26b-a4b", 25.2 - 0.55),
     ] {
         let g = geometry(name).unwrap();
         let n: u64 = plan(g).iter().map(|t| t.dims.iter().product::<u64>()).sum();
@@ -97,6 +99,21 @@ fn real_geometries_have_their_published_sizes() {
             "{name}: {got:.3}B parameters, expected ≈ {billions}B"
         );
     }
+    // Gemma 4 26B-A4B: about 3.8B parameters active per token (8 of 128 experts).
+    let g = geometry("gemma4-26b-a4b").unwrap();
+    let (all, experts): (u64, u64) = plan(g).iter().fold((0, 0), |(a, e), t| {
+        let n: u64 = t.dims.iter().product();
+        (
+            a + n,
+            e + if t.name.contains("_exps.weight") {
+                n
+            } else {
+                0
+            },
+        )
+    });
+    let active = (all - experts) as f64 + experts as f64 * 8.0 / 128.0;
+    assert!((active / 3.8e9 - 1.0).abs() < 0.05, "{active:.3e} active");
     assert!(geometry("llama-9000b")
         .unwrap_err()
         .to_string()

@@ -1,38 +1,46 @@
 //! Gemma 4 on the GPU (its own model file, `vela_models::gemma4`): a synth `gemma4-tiny` (6
 //! layers: sliding and full attention, head dims 64 / 128, K = V, partial rotary, final softcap)
-//! against the CPU in exact mode (every criterion asserted).
+//! and `gemma4-tiny-moe` (the same with a MoE block in every layer, routed on the device)
+//! against the CPU in exact mode (every criterion asserted), decode steps recorded as graphs;
+//! and the host waits a MoE decode step costs (one per token: the argmax, none per layer).
 //! The synth needs llama.cpp's `ggml-vocab-gemma-4.gguf` (`$VELA_CACHE/vocab/`); without it the
 //! tests are skipped with a message.
 
 use super::*;
 use vela_models::LanguageModel;
 
-/// The synth model (written once per test process, also when tests run in parallel), or None
-/// (with a message) without its tokenizer source.
-fn tiny() -> Option<std::path::PathBuf> {
-    use vela_models::synth::{find_tokenizer, geometry, synth_with, QuantScheme, SynthOptions};
-    static PATH: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
-    PATH.get_or_init(|| {
-        let g = geometry("gemma4-tiny").unwrap();
-        if let Err(e) = find_tokenizer(g.tokenizer) {
-            eprintln!("SKIP (gemma4-tiny): {e:#}");
-            return None;
-        }
-        let name = format!("vela-gpu-gemma4-tiny-{}.gguf", std::process::id());
-        let p = std::env::temp_dir().join(name);
-        let scheme = QuantScheme::Mostly(GgmlType::Q8_0);
-        synth_with(
-            "gemma4-tiny",
-            scheme,
-            4,
-            &p,
-            &SynthOptions::default(),
-            &mut |_, _| {},
-        )
-        .unwrap();
-        Some(p)
-    })
-    .clone()
+/// The synth model of `geometry` (written once per test process, also when tests run in
+/// parallel), or None (with a message) without its tokenizer source.
+fn synth(geometry: &'static str) -> Option<std::path::PathBuf> {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+    use vela_models::synth::{find_tokenizer, synth_with, QuantScheme, SynthOptions};
+    static PATHS: Mutex<Option<HashMap<&'static str, Option<std::path::PathBuf>>>> =
+        Mutex::new(None);
+    let mut paths = PATHS.lock().unwrap_or_else(|e| e.into_inner());
+    let map = paths.get_or_insert_with(HashMap::new);
+    map.entry(geometry)
+        .or_insert_with(|| {
+            let g = vela_models::synth::geometry(geometry).unwrap();
+            if let Err(e) = find_tokenizer(g.tokenizer) {
+                eprintln!("SKIP ({geometry}): {e:#}");
+                return None;
+            }
+            let name = format!("vela-gpu-{geometry}-{}.gguf", std::process::id());
+            let p = std::env::temp_dir().join(name);
+            let scheme = QuantScheme::Mostly(GgmlType::Q8_0);
+            synth_with(
+                geometry,
+                scheme,
+                4,
+                &p,
+                &SynthOptions::default(),
+                &mut |_, _| {},
+            )
+            .unwrap();
+            Some(p)
+        })
+        .clone()
 }
 
 /// Prompt tokens (ids below the real vocabulary's 262,144 rows), past the 64-key window.
@@ -57,10 +65,9 @@ fn run(m: Arc<dyn LanguageModel>, prompt: &[u32], n: usize) -> (Vec<f32>, Vec<u3
 }
 
 /// Exact mode on both backends: argmax and top-10 equal, NMSE <= 1e-4, 16 greedy ids equal.
-#[test]
-fn gemma4_exact_gpu_matches_cpu() {
+fn exact_gpu_matches_cpu(geometry: &'static str) {
     let Some(g) = gpu() else { return };
-    let Some(path) = tiny() else { return };
+    let Some(path) = synth(geometry) else { return };
     g.set_exact_matmul(true);
     vela_compute::cpu::matmul::exact::set_thread_override(Some(true));
     let file = Arc::new(GgufFile::open(&path).unwrap());
@@ -74,7 +81,7 @@ fn gemma4_exact_gpu_matches_cpu() {
     let top = super::model::top_k(&lg, 10) == super::model::top_k(&lc, 10);
     let ok = ig == ic && top && nmse <= 1e-4;
     eprintln!(
-        "RESULT | gemma4-tiny exact logits prompt {} | argmax {}/{} top10 {top} greedy {} | nmse {nmse:.2e} | {} |",
+        "RESULT | {geometry} exact logits prompt {} | argmax {}/{} top10 {top} greedy {} | nmse {nmse:.2e} | {} |",
         p.len(),
         ig[0],
         ic[0],
@@ -83,6 +90,48 @@ fn gemma4_exact_gpu_matches_cpu() {
     );
     assert!(
         ok,
-        "gemma4-tiny exact: gpu {ig:?} cpu {ic:?}, top10 {top}, nmse {nmse:.3e}"
+        "{geometry} exact: gpu {ig:?} cpu {ic:?}, top10 {top}, nmse {nmse:.3e}"
     );
+}
+
+#[test]
+fn gemma4_exact_gpu_matches_cpu() {
+    exact_gpu_matches_cpu("gemma4-tiny");
+}
+
+#[test]
+fn gemma4_moe_exact_gpu_matches_cpu() {
+    exact_gpu_matches_cpu("gemma4-tiny-moe");
+}
+
+/// Pipelined greedy decoding of the MoE model: one host wait per token (its argmax), none for
+/// the routing of its 6 MoE layers.
+#[test]
+fn gemma4_moe_decode_waits_once_per_token() {
+    let Some(g) = gpu() else { return };
+    let Some(path) = synth("gemma4-tiny-moe") else {
+        return;
+    };
+    let g = Arc::new(g);
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let m = vela_models::load_gguf_any(g.clone(), file).unwrap();
+    let mut st = m.new_state(512, 32, KvType::F16).unwrap();
+    let p = prompt();
+    let mut tok = st
+        .forward_argmax(&p[..32], &(0..32).collect::<Vec<u32>>(), 31)
+        .unwrap()[0];
+    let (n, before) = (32usize, g.host_waits());
+    for i in 0..n {
+        let pos = (32 + i) as u32;
+        let ticket = st
+            .argmax_start(Some(tok), pos)
+            .unwrap()
+            .expect("the GPU pipelines");
+        tok = st.argmax_finish(ticket).unwrap();
+    }
+    let per_token = (g.host_waits() - before) as f64 / n as f64;
+    eprintln!(
+        "RESULT | gemma4-tiny-moe decode | host waits per token {per_token:.2} (6 MoE layers) |"
+    );
+    assert!(per_token <= 1.0, "{per_token} host waits per token");
 }
