@@ -7,6 +7,7 @@
 //! implements [`CausalLm`] and declares its per-sequence state ([`state`]); [`lm`] makes that a
 //! [`LanguageModel`] the engine uses without knowing the architecture.
 
+pub mod blocks;
 pub mod config;
 pub mod decoder;
 pub mod gemma3;

@@ -3,6 +3,7 @@
 //! lookup under HF names or llama.cpp names.
 
 use super::*;
+use crate::blocks::experts::{Experts, GateUp};
 use crate::weights::WeightSource;
 use anyhow::Context;
 use serde_json::Value;
@@ -158,10 +159,10 @@ impl<B: Backend> Loader<'_, B> {
         };
         let fused = self.name(&n("experts.gate_up_proj"));
         let gate_up = if self.src.has(&fused) || !self.gguf_names {
-            moe::GateUp::Fused(expert(&fused, e_n * 2 * i_n, d)?)
+            GateUp::Fused(expert(&fused, e_n * 2 * i_n, d)?)
         } else {
             // llama.cpp may store gate and up apart.
-            moe::GateUp::Split(
+            GateUp::Split(
                 expert(&format!("blk.{il}.ffn_gate_exps.weight"), e_n * i_n, d)?,
                 expert(&format!("blk.{il}.ffn_up_exps.weight"), e_n * i_n, d)?,
             )
@@ -174,8 +175,12 @@ impl<B: Backend> Loader<'_, B> {
             pre_norm_2: self.vector(&n("pre_feedforward_layernorm_2.weight"), d)?,
             post_norm_1: self.vector(&n("post_feedforward_layernorm_1.weight"), d)?,
             post_norm_2: self.vector(&n("post_feedforward_layernorm_2.weight"), d)?,
-            gate_up,
-            down,
+            experts: Experts {
+                gate_up,
+                down,
+                n_ff: i_n,
+                act: Activation::GeluTanh,
+            },
         };
         Ok((layer, bytes))
     }

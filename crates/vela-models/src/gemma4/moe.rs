@@ -11,15 +11,15 @@
 //! out = h1 + h2        (then post_feedforward_layernorm and the residual add, as without MoE)
 //! ```
 //!
-//! Everything stays on the backend, with no read-back: [`Backend::route`] picks each token's
-//! experts and weights (slots in ascending expert id), [`Backend::matmul_experts`] runs the
-//! expert products slot by slot straight from the 3-D expert tensors (`[E, 2I, H]` gate+up or
+//! The routed experts are the shared block (`crate::blocks::experts`): everything stays on the
+//! backend, the expert products read the 3-D expert tensors in place (`[E, 2I, H]` gate+up or
 //! separate `[E, I, H]` gate and up, `[E, H, I]` down; llama.cpp's `ffn_*_exps`, the same
-//! bytes), and [`Backend::scatter_add_rows`] adds the weighted outputs per token in slot order,
-//! i.e. in ascending expert order, the order of HF's `index_add_` loop.
+//! bytes), and the weighted outputs are summed in ascending expert order, the order of HF's
+//! `index_add_` loop. This file adds Gemma 4's router input and scales and its extra norms.
 
 use super::pick2;
-use vela_compute::{Activation, Backend, RouteParams, Score};
+use crate::blocks::experts::{ExpertScratch, Experts};
+use vela_compute::{Backend, RouteParams, Score};
 
 /// MoE sizes (`num_experts`, `top_k_experts`, `moe_intermediate_size`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,14 +45,6 @@ impl MoeConfig {
     }
 }
 
-/// The gate and up products of every expert: one fused 3-D tensor or two.
-pub(super) enum GateUp<B: Backend> {
-    /// `[E·2I, H]`: expert e's gate rows, then its up rows.
-    Fused(B::Weight),
-    /// `[E·I, H]` each.
-    Split(B::Weight, B::Weight),
-}
-
 /// The MoE part of one decoder layer.
 pub(super) struct MoeLayer<B: Backend> {
     pub router: B::Weight,
@@ -62,46 +54,21 @@ pub(super) struct MoeLayer<B: Backend> {
     pub pre_norm_2: B::Vector,
     pub post_norm_1: B::Vector,
     pub post_norm_2: B::Vector,
-    pub gate_up: GateUp<B>,
-    /// `[E·H, I]`.
-    pub down: B::Weight,
+    pub experts: Experts<B>,
 }
 
-/// Per-sequence scratch of the MoE blocks, for up to `max_batch` tokens of `k` slots.
+/// Per-sequence scratch of the MoE blocks, for up to `max_batch` tokens.
 pub(super) struct MoeScratch<B: Backend> {
     /// Router logits `[n, E]`.
     logits: B::Buf,
-    /// `[n·k]` expert ids and weights.
-    ids: B::Ids,
-    weights: B::Buf,
-    /// The token of each slot (`s / k`), for the combine.
-    token_of_slot: B::Ids,
-    /// Gate+up products `[n·k, 2I]` (the up products when split), activations `[n·k, I]`,
-    /// expert outputs `[n·k, H]`.
-    gu: B::Buf,
-    act: B::Buf,
-    y: B::Buf,
-    /// `[n, H]` zeros: the combine's starting value.
-    zeros: B::Buf,
+    experts: ExpertScratch<B>,
 }
 
 impl<B: Backend> MoeScratch<B> {
     pub(super) fn new(be: &B, c: &MoeConfig, d: usize, max_batch: usize) -> Self {
-        let (nb, k, i) = (max_batch, c.top_k, c.n_ff_exp);
-        let mut token_of_slot = be.alloc_ids(nb * k);
-        let tos: Vec<u32> = (0..nb * k).map(|s| (s / k) as u32).collect();
-        be.write_ids(&mut token_of_slot, &tos);
-        let mut zeros = be.alloc(nb * d);
-        be.write(&mut zeros, &vec![0f32; nb * d]);
         MoeScratch {
-            logits: be.alloc(nb * c.n_expert),
-            ids: be.alloc_ids(nb * k),
-            weights: be.alloc(nb * k),
-            token_of_slot,
-            gu: be.alloc(nb * k * 2 * i),
-            act: be.alloc(nb * k * i),
-            y: be.alloc(nb * k * d),
-            zeros,
+            logits: be.alloc(max_batch * c.n_expert),
+            experts: ExpertScratch::new(be, c.top_k, c.n_ff_exp, d, max_batch),
         }
     }
 }
@@ -121,7 +88,6 @@ impl<B: Backend> MoeLayer<B> {
         eps: f32,
         (resid, tmp, out): (usize, usize, usize),
     ) {
-        let (k, i_n) = (c.top_k, c.n_ff_exp);
         // Router logits [n, E], then each token's experts and weights.
         {
             let [r, t] = pick2(b, resid, tmp);
@@ -129,39 +95,17 @@ impl<B: Backend> MoeLayer<B> {
             be.scale(t, n * d, (d as f32).powf(-0.5));
             be.matmul(&self.router, t, n, &mut s.logits);
         }
-        let p = c.route_params();
         let es = Some(&self.per_expert_scale);
-        be.route(&s.logits, n, &p, None, es, &mut s.ids, &mut s.weights);
-        // Expert input x2 = pre_feedforward_layernorm_2(r).
+        s.experts
+            .route(be, &s.logits, n, &c.route_params(), None, es);
+        // Expert input x2 = pre_feedforward_layernorm_2(r), replaced by the experts' sum.
         {
             let [r, t] = pick2(b, resid, tmp);
             be.rms_norm(r, &self.pre_norm_2, n, d, eps, t);
         }
-        let x2 = &b[tmp];
-        match &self.gate_up {
-            GateUp::Fused(w) => {
-                be.matmul_experts(w, 2 * i_n, x2, false, &s.ids, n, k, &mut s.gu);
-                be.act_mul_split(&s.gu, n * k, i_n, Activation::GeluTanh, &mut s.act);
-            }
-            GateUp::Split(wg, wu) => {
-                be.matmul_experts(wg, i_n, x2, false, &s.ids, n, k, &mut s.act);
-                be.matmul_experts(wu, i_n, x2, false, &s.ids, n, k, &mut s.gu);
-                be.act_mul(&mut s.act, &s.gu, n * k * i_n, Activation::GeluTanh);
-            }
-        }
-        be.matmul_experts(&self.down, d, &s.act, true, &s.ids, n, k, &mut s.y);
-        // Σ_k w_k · y_k per token, from zero, slots in ascending expert order.
-        be.copy_rows(&s.zeros, 0, n, d, &mut b[tmp], 0);
-        be.scatter_add_rows(
-            &mut b[tmp],
-            &s.y,
-            &s.token_of_slot,
-            Some(&s.weights),
-            n * k,
-            d,
-        );
-        be.rms_norm_inplace(&mut b[tmp], &self.post_norm_2, n, d, eps);
-        let [o, t] = pick2(b, out, tmp);
+        let [t, o] = pick2(b, tmp, out);
+        self.experts.forward(be, t, n, d, &mut s.experts);
+        be.rms_norm_inplace(t, &self.post_norm_2, n, d, eps);
         be.add(o, t, n * d);
     }
 }

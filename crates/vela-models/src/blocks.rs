@@ -1,0 +1,4 @@
+//! Blocks that several architectures share, each mirroring the HF module it implements, so a
+//! model file composes them and reads side by side with its `modeling_<arch>.py`.
+
+pub mod experts;
