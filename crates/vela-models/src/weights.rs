@@ -31,6 +31,16 @@ enum Kind {
 pub struct WeightSource {
     kind: Kind,
     quant: Option<GgmlType>,
+    /// Progress of the load-time conversion (with a load-time type).
+    conversion: Option<Conversion>,
+}
+
+/// The load-time conversion's progress: a bar on a terminal, one line at the end.
+struct Conversion {
+    bar: Option<indicatif::ProgressBar>,
+    /// Source bytes converted so far.
+    done: std::cell::Cell<u64>,
+    t0: std::time::Instant,
 }
 
 /// Whether `ty` is a float type a load-time type converts from.
@@ -96,6 +106,7 @@ impl WeightSource {
         WeightSource {
             kind: Kind::Gguf(g),
             quant: None,
+            conversion: None,
         }
     }
 
@@ -106,13 +117,68 @@ impl WeightSource {
                 prefix: prefix.to_string(),
             },
             quant: None,
+            conversion: None,
         }
     }
 
     /// Convert float matrices to `quant` at load time (`None`: use them as stored).
     pub fn with_quant(mut self, quant: Option<GgmlType>) -> Self {
         self.quant = quant;
+        self.conversion = quant.map(|q| {
+            use std::io::IsTerminal;
+            let total = self.float_matrix_bytes();
+            let bar = (std::io::stderr().is_terminal() && total > 0).then(|| {
+                let b = indicatif::ProgressBar::with_draw_target(
+                    Some(total),
+                    indicatif::ProgressDrawTarget::stderr(),
+                );
+                b.set_style(
+                    indicatif::ProgressStyle::with_template(
+                        "{msg} [{bar:30}] {decimal_bytes}/{decimal_total_bytes} {decimal_bytes_per_sec}",
+                    )
+                    .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+                );
+                b.set_message(format!("converting weights to {}", q.name()));
+                b
+            });
+            Conversion {
+                bar,
+                done: std::cell::Cell::new(0),
+                t0: std::time::Instant::now(),
+            }
+        });
         self
+    }
+
+    /// Stored bytes of the source's float tensors of more than one row (what a load-time type
+    /// converts, about).
+    fn float_matrix_bytes(&self) -> u64 {
+        let sizes: Vec<(GgmlType, usize, u64)> = match &self.kind {
+            Kind::Gguf(g) => g
+                .tensors
+                .iter()
+                .map(|t| (t.ty, t.n_rows(), t.size))
+                .collect(),
+            Kind::Hf { cp, .. } => cp
+                .files
+                .iter()
+                .flat_map(|f| f.tensors.values())
+                .map(|e| {
+                    let ty = match e.dtype {
+                        vela_formats::safetensors::Dtype::F32 => GgmlType::F32,
+                        vela_formats::safetensors::Dtype::F16 => GgmlType::F16,
+                        vela_formats::safetensors::Dtype::BF16 => GgmlType::BF16,
+                    };
+                    let rows = e.shape.iter().rev().skip(1).product();
+                    (ty, rows, (e.end - e.start) as u64)
+                })
+                .collect(),
+        };
+        sizes
+            .into_iter()
+            .filter(|&(ty, rows, _)| is_float(ty) && rows > 1)
+            .map(|x| x.2)
+            .sum()
     }
 
     pub fn quant(&self) -> Option<GgmlType> {
@@ -157,9 +223,33 @@ impl WeightSource {
             None => w.ty,
         };
         if ty == w.ty || !is_float(w.ty) {
-            Ok(w)
-        } else {
-            w.convert(ty)
+            return Ok(w);
+        }
+        let out = w.convert(ty)?;
+        if let Some(c) = &self.conversion {
+            c.done.set(c.done.get() + w.bytes().len() as u64);
+            if let Some(b) = &c.bar {
+                b.set_position(c.done.get());
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for WeightSource {
+    fn drop(&mut self) {
+        if let (Some(c), Some(q)) = (&self.conversion, self.quant) {
+            if let Some(b) = &c.bar {
+                b.finish_and_clear();
+            }
+            if c.done.get() > 0 {
+                eprintln!(
+                    "converted {:.2} GiB of float weights to {} in {:.1} s",
+                    c.done.get() as f64 / (1u64 << 30) as f64,
+                    q.name(),
+                    c.t0.elapsed().as_secs_f64()
+                );
+            }
         }
     }
 }
