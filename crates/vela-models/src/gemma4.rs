@@ -106,7 +106,10 @@ pub struct Gemma4State<B: Backend> {
     pub prepare_ahead: bool,
     /// The MoE blocks' scratch (MoE models).
     moe: Option<moe::MoeScratch<B>>,
+    /// Per-layer inputs `[n, P]` of each layer (PLE models) and, for layer il, the rows
+    /// `t·L + il` (t < max_batch) of the `[n·L, P]` projection they are gathered from.
     pli: Vec<B::Buf>,
+    pli_rows: Vec<B::Ids>,
 }
 
 // Indices into `Gemma4State::bufs`.
@@ -184,6 +187,14 @@ impl<B: Backend> Gemma4Model<B> {
             pli: (0..if c.ple_dim > 0 { c.n_layer } else { 0 })
                 .map(|_| be.alloc(nb * c.ple_dim))
                 .collect(),
+            pli_rows: (0..if c.ple_dim > 0 { c.n_layer } else { 0 })
+                .map(|il| {
+                    let rows: Vec<u32> = (0..nb).map(|t| (t * c.n_layer + il) as u32).collect();
+                    let mut ids = be.alloc_ids(nb);
+                    be.write_ids(&mut ids, &rows);
+                    ids
+                })
+                .collect(),
         }
     }
 
@@ -195,7 +206,13 @@ impl<B: Backend> Gemma4Model<B> {
         let be = &*self.backend;
         let c = &self.cfg;
         let (n, p, l) = (tokens.len(), c.ple_dim, c.n_layer);
-        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= c.ple_vocab) {
+        // (A step's token still on the device is an argmax of the logits: below n_vocab, which
+        // graph_safe requires to be within the per-layer vocabulary.)
+        let on_device = |t: u32| t == vela_compute::DEVICE_TOKEN;
+        if let Some(&t) = tokens
+            .iter()
+            .find(|&&t| !on_device(t) && t as usize >= c.ple_vocab)
+        {
             bail!(
                 "token id {t} is outside the per-layer embedding vocabulary ({})",
                 c.ple_vocab
@@ -208,14 +225,9 @@ impl<B: Backend> Gemma4Model<B> {
         be.rms_norm_inplace(pa, pnorm, n * l, p, c.rms_eps);
         be.add(pa, pb, n * l * p);
         be.scale(pa, n * l * p, std::f32::consts::FRAC_1_SQRT_2);
-        let mut host = vec![0f32; n * l * p];
-        be.read(pa, &mut host);
-        let mut part = vec![0f32; n * p];
-        for (il, buf) in st.pli.iter_mut().enumerate() {
-            for t in 0..n {
-                part[t * p..(t + 1) * p].copy_from_slice(&host[(t * l + il) * p..][..p]);
-            }
-            be.write(buf, &part);
+        // Layer il's rows t·L + il, gathered on the device (no round trip).
+        for (buf, idx) in st.pli.iter_mut().zip(&st.pli_rows) {
+            be.gather_rows(pa, idx, n, p, buf);
         }
         Ok(())
     }
@@ -303,9 +315,10 @@ impl<B: Backend> Gemma4Model<B> {
         )
     }
 
-    /// Whether a single-token step makes no host round trip, so the stepper may record it as
-    /// a graph and prepare the next one ahead: everything but the per-layer inputs (PLE), which
-    /// are reshuffled on the host.
+    /// Whether the stepper may record a single-token step as a graph and prepare the next one
+    /// ahead (no host round trip in it). PLE models have none either since their per-layer
+    /// inputs are gathered on the device, but no GPU test covers their recorded steps yet: they
+    /// stay on plain launches until one does.
     fn graph_safe(&self) -> bool {
         self.ple.is_none()
     }
