@@ -10,7 +10,7 @@ use anyhow::Result;
 use std::sync::Arc;
 use vela_formats::gguf::GgufFile;
 use vela_formats::quant::GgmlType;
-use vela_formats::safetensors::{Checkpoint, Dtype};
+use vela_formats::safetensors::Checkpoint;
 
 /// Where a weight's bytes live on the host before the backend takes them: in place in a mapped
 /// GGUF or safetensors file, or in memory (a weight quantized at load).
@@ -71,11 +71,7 @@ impl HostWeight {
     /// matrix has `cols = in`; a 3-D `[E, out, in]` tensor is `E·out` rows); `None` if absent.
     pub fn from_safetensors(cp: &Arc<Checkpoint>, name: &str) -> Option<HostWeight> {
         let (shard, e) = cp.locate(name)?;
-        let ty = match e.dtype {
-            Dtype::F32 => GgmlType::F32,
-            Dtype::F16 => GgmlType::F16,
-            Dtype::BF16 => GgmlType::BF16,
-        };
+        let ty = e.dtype.ggml();
         let cols = e.shape.last().copied().unwrap_or(1);
         let rows = e.shape.iter().rev().skip(1).product();
         Some(HostWeight {

@@ -191,14 +191,9 @@ fn tokenizer_vocab(t: &Tokenizer) -> usize {
 /// Bytes of a checkpoint directory's weights once loaded (converted to `quant` when given).
 #[cfg(feature = "cuda")]
 fn safetensors_bytes(dir: &Path, quant: Option<GgmlType>) -> Result<u64> {
-    use vela_formats::safetensors::Dtype;
     let cp = vela_formats::safetensors::Checkpoint::open(dir)?;
     let shapes = cp.files.iter().flat_map(|f| f.tensors.values()).map(|e| {
-        let ty = match e.dtype {
-            Dtype::F32 => GgmlType::F32,
-            Dtype::F16 => GgmlType::F16,
-            Dtype::BF16 => GgmlType::BF16,
-        };
+        let ty = e.dtype.ggml();
         let cols = e.shape.last().copied().unwrap_or(1);
         let rows = e.shape.iter().rev().skip(1).product();
         (ty, cols, rows, (e.end - e.start) as u64)

@@ -8,18 +8,20 @@
 //! Every offset, shape and dtype is validated when the file is opened, so later lookups cannot
 //! read outside the map.
 
-use crate::gguf::GgufFile;
 use crate::quant::GgmlType;
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-/// Element types this reader accepts.
+/// Element types this reader accepts (the integer ones for index buffers, such as the Gemma 4
+/// assistant's `token_ordering`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Dtype {
     F32,
     F16,
     BF16,
+    I32,
+    I64,
 }
 
 impl Dtype {
@@ -28,15 +30,29 @@ impl Dtype {
             "F32" => Dtype::F32,
             "F16" => Dtype::F16,
             "BF16" => Dtype::BF16,
+            "I32" => Dtype::I32,
+            "I64" => Dtype::I64,
             _ => return None,
         })
+    }
+
+    /// The GGML type of the same element layout.
+    pub fn ggml(self) -> GgmlType {
+        match self {
+            Dtype::F32 => GgmlType::F32,
+            Dtype::F16 => GgmlType::F16,
+            Dtype::BF16 => GgmlType::BF16,
+            Dtype::I32 => GgmlType::I32,
+            Dtype::I64 => GgmlType::I64,
+        }
     }
 
     /// Bytes per element.
     pub fn size(self) -> usize {
         match self {
-            Dtype::F32 => 4,
+            Dtype::F32 | Dtype::I32 => 4,
             Dtype::F16 | Dtype::BF16 => 2,
+            Dtype::I64 => 8,
         }
     }
 }
@@ -140,7 +156,7 @@ fn parse_header(buf: &[u8]) -> Result<(BTreeMap<String, TensorEntry>, BTreeMap<S
             .and_then(|d| d.as_str())
             .ok_or_else(|| anyhow!("tensor '{name}': missing dtype"))?;
         let dtype = Dtype::parse(dt).ok_or_else(|| {
-            anyhow!("tensor '{name}': dtype {dt} is not supported (F32/F16/BF16)")
+            anyhow!("tensor '{name}': dtype {dt} is not supported (F32/F16/BF16/I32/I64)")
         })?;
         let shape: Vec<usize> = v
             .get("shape")
@@ -287,62 +303,30 @@ impl Checkpoint {
         Some((e, f.data(e)))
     }
 
+    /// An integer tensor (I32 or I64) as i64 values; an error for a float tensor.
+    pub fn to_i64(&self, name: &str) -> Result<Vec<i64>> {
+        let (e, b) = self
+            .get(name)
+            .ok_or_else(|| anyhow!("missing tensor {name}"))?;
+        Ok(match e.dtype {
+            Dtype::I32 => b
+                .chunks_exact(4)
+                .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as i64)
+                .collect(),
+            Dtype::I64 => b
+                .chunks_exact(8)
+                .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+            other => bail!("tensor {name}: {other:?} is not an integer type"),
+        })
+    }
+
     /// A tensor converted to f32 (row-major in PyTorch order).
     pub fn to_f32(&self, name: &str) -> Result<Vec<f32>> {
         let (e, b) = self
             .get(name)
             .ok_or_else(|| anyhow!("missing tensor {name}"))?;
         Ok(bytes_to_f32(e.dtype, b))
-    }
-}
-
-impl Checkpoint {
-    /// Copy tensors into an in-memory GGUF image (no metadata; F32/F16/BF16 kept as they are;
-    /// dimensions reversed into GGUF order, so a `[out, in]` matrix has `ne0 = in`). `rename`
-    /// gives each tensor's name in the image, or `None` to leave it out.
-    pub fn to_gguf_image(&self, rename: impl Fn(&str) -> Option<String>) -> Result<GgufFile> {
-        let mut tensors = Vec::new();
-        for name in self.names() {
-            let Some(short) = rename(name) else { continue };
-            let (e, bytes) = self.get(name).expect("listed tensor exists");
-            let ty = match e.dtype {
-                Dtype::F32 => GgmlType::F32,
-                Dtype::F16 => GgmlType::F16,
-                Dtype::BF16 => GgmlType::BF16,
-            };
-            let mut dims: Vec<u64> = e.shape.iter().rev().map(|&d| d as u64).collect();
-            if dims.is_empty() {
-                dims.push(1);
-            }
-            if dims.contains(&0) {
-                bail!("tensor {name} has an empty dimension {:?}", e.shape);
-            }
-            tensors.push((short, dims, ty.id(), bytes));
-        }
-        const ALIGN: usize = 32;
-        let mut out = Vec::new();
-        out.extend_from_slice(b"GGUF");
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
-        out.extend_from_slice(&0u64.to_le_bytes());
-        let mut off = 0u64;
-        for (name, dims, ty, bytes) in &tensors {
-            out.extend_from_slice(&(name.len() as u64).to_le_bytes());
-            out.extend_from_slice(name.as_bytes());
-            out.extend_from_slice(&(dims.len() as u32).to_le_bytes());
-            for d in dims {
-                out.extend_from_slice(&d.to_le_bytes());
-            }
-            out.extend_from_slice(&ty.to_le_bytes());
-            out.extend_from_slice(&off.to_le_bytes());
-            off += bytes.len().div_ceil(ALIGN) as u64 * ALIGN as u64;
-        }
-        for (_, _, _, bytes) in &tensors {
-            out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
-            out.extend_from_slice(bytes);
-        }
-        out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
-        GgufFile::from_bytes(out).context("building an in-memory GGUF image")
     }
 }
 
@@ -360,6 +344,14 @@ pub fn bytes_to_f32(dtype: Dtype, b: &[u8]) -> Vec<f32> {
         Dtype::BF16 => b
             .chunks_exact(2)
             .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::I32 => b
+            .chunks_exact(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()) as f32)
+            .collect(),
+        Dtype::I64 => b
+            .chunks_exact(8)
+            .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
             .collect(),
     }
 }
@@ -424,17 +416,28 @@ mod tests {
         assert_eq!(cp.to_f32("c").unwrap(), [0.25, 3.0, -1.0]);
         assert_eq!(cp.files[0].metadata["format"], "pt");
         assert!(cp.to_f32("zzz").is_err());
-        // As a GGUF image: reversed dims, same bytes, renamed / filtered.
-        let g = cp
-            .to_gguf_image(|n| (n != "b").then(|| format!("x.{n}")))
-            .unwrap();
-        assert_eq!(g.tensors.len(), 2);
-        let a = g.tensor("x.a").unwrap();
-        assert_eq!((a.ne0(), a.n_rows(), a.ty), (2, 2, GgmlType::F32));
-        assert_eq!(g.tensor_data(a), cp.get("a").unwrap().1);
-        let c = g.tensor("x.c").unwrap();
-        assert_eq!((c.ne0(), c.n_rows(), c.ty), (1, 3, GgmlType::BF16));
-        assert!(g.tensor("x.b").is_none());
+    }
+
+    #[test]
+    fn integer_tensors() {
+        let d = tmpdir("ints");
+        let i64s: Vec<u8> = [7i64, -9].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let i32s: Vec<u8> = [3i32].iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = build(&[
+            ("o", "I64", vec![2], i64s),
+            ("p", "I32", vec![1], i32s),
+            ("f", "F32", vec![1], f32_bytes(&[1.0])),
+        ]);
+        std::fs::write(d.join("model.safetensors"), bytes).unwrap();
+        let cp = Checkpoint::open(&d).unwrap();
+        assert_eq!(cp.to_i64("o").unwrap(), [7, -9]);
+        assert_eq!(cp.to_i64("p").unwrap(), [3]);
+        assert!(cp.to_i64("f").is_err());
+        assert_eq!(cp.get("o").unwrap().0.dtype.ggml(), GgmlType::I64);
+        // A size that does not fit the type is refused at open.
+        let bad = build(&[("o", "I64", vec![3], vec![0; 16])]);
+        std::fs::write(d.join("model.safetensors"), bad).unwrap();
+        assert!(Checkpoint::open(&d).is_err());
     }
 
     #[test]
@@ -471,7 +474,7 @@ mod tests {
         let cases: Vec<(Vec<u8>, &str)> = vec![
             (vec![1, 2, 3], "shorter than"),
             ((1u64 << 40).to_le_bytes().to_vec(), "exceeds"),
-            (build(&[("a", "I64", vec![1], vec![0; 8])]), "not supported"),
+            (build(&[("a", "U8", vec![1], vec![0; 1])]), "not supported"),
             (
                 build(&[("a", "F32", vec![3], f32_bytes(&[1.0, 2.0]))]),
                 "needs 12 bytes",

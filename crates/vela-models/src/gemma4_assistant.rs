@@ -37,17 +37,19 @@
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use vela_compute::{Activation, AttnParams, Backend, HostWeight};
 use vela_formats::gguf::GgufFile;
 use vela_formats::quant::GgmlType;
+use vela_formats::safetensors::Checkpoint;
 
 use crate::gemma4::{pick2, pick3, Gemma4Config, Gemma4Layer, Gemma4Model, LayerKind};
 
 mod checkpoint;
 mod mtp;
-use checkpoint::{gguf_image, gguf_name, read_safetensors};
+use checkpoint::gguf_name;
 pub use mtp::Gemma4Mtp;
 
 /// Configuration of an assistant (`Gemma4AssistantConfig` and its text config).
@@ -431,7 +433,7 @@ impl<B: Backend> Gemma4Assistant<B> {
         }
     }
 
-    /// Load `dir/config.json` + safetensors.
+    /// Load `dir/config.json` + safetensors (mapped in place, as the target's weights are).
     pub fn load_hf(backend: Arc<B>, dir: &Path) -> Result<Self> {
         let cpath = dir.join("config.json");
         let text = std::fs::read_to_string(&cpath)
@@ -439,34 +441,27 @@ impl<B: Backend> Gemma4Assistant<B> {
         let j: Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not valid JSON", cpath.display()))?;
         let cfg = AssistantConfig::from_json(&j)?;
-        let raw = read_safetensors(dir)?;
-        let mut tensors = Vec::new();
-        for (name, (dt, shape, bytes)) in &raw {
-            let Some(g) = gguf_name(name) else { continue };
-            let ty = match dt.as_str() {
-                "F32" => GgmlType::F32,
-                "F16" => GgmlType::F16,
-                "BF16" => GgmlType::BF16,
-                _ => bail!("tensor '{name}': dtype {dt} is not a float type"),
-            };
-            tensors.push((g, shape.clone(), ty, bytes.as_slice()));
+        let cp = Arc::new(Checkpoint::open(dir)?);
+        // llama.cpp's name of each tensor we read → its name in the checkpoint.
+        let names: HashMap<String, String> = cp
+            .names()
+            .filter_map(|n| gguf_name(n).map(|g| (g, n.to_string())))
+            .collect();
+        for (g, hf) in &names {
+            let dt = cp.get(hf).expect("listed").0.dtype.ggml();
+            if !matches!(dt, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+                bail!("tensor '{hf}' ({g}): dtype {dt} is not a float type");
+            }
         }
-        let g = Arc::new(gguf_image(&tensors)?);
-        let ordering = match raw.get("masked_embedding.token_ordering") {
-            Some((dt, _, b)) => Some(match dt.as_str() {
-                "I64" => b
-                    .chunks_exact(8)
-                    .map(|c| i64::from_le_bytes(c.try_into().expect("8 bytes")))
-                    .collect::<Vec<_>>(),
-                "I32" => b
-                    .chunks_exact(4)
-                    .map(|c| i32::from_le_bytes(c.try_into().expect("4 bytes")) as i64)
-                    .collect(),
-                other => bail!("masked_embedding.token_ordering: dtype {other} is not integer"),
-            }),
+        let ordering = match cp.get("masked_embedding.token_ordering") {
+            Some(_) => Some(cp.to_i64("masked_embedding.token_ordering")?),
             None => None,
         };
-        Self::build(backend, g, cfg, ordering)
+        let get = |name: &str| {
+            let w = HostWeight::from_safetensors(&cp, names.get(name)?)?;
+            Some(w.as_head(matches!(name, "token_embd.weight" | "output.weight")))
+        };
+        Self::build(backend, &get, cfg, ordering)
     }
 
     /// Load a llama.cpp `gemma4-assistant` GGUF.
@@ -493,19 +488,20 @@ impl<B: Backend> Gemma4Assistant<B> {
             }
             None => None,
         };
-        Self::build(backend, g, cfg, ordering)
+        let get = |name: &str| HostWeight::from_gguf(&g, name);
+        Self::build(backend, &get, cfg, ordering)
     }
 
+    /// The assistant from its tensors, looked up by llama.cpp's names through `get`.
     fn build(
         backend: Arc<B>,
-        g: Arc<GgufFile>,
+        get: &dyn Fn(&str) -> Option<HostWeight>,
         cfg: AssistantConfig,
         ordering: Option<Vec<i64>>,
     ) -> Result<Self> {
         let be = &*backend;
         let weight = |name: &str, rows: usize, cols: usize| -> Result<B::Weight> {
-            let w = HostWeight::from_gguf(&g, name)
-                .ok_or_else(|| anyhow!("assistant: missing tensor {name}"))?;
+            let w = get(name).ok_or_else(|| anyhow!("assistant: missing tensor {name}"))?;
             if (w.rows, w.cols) != (rows, cols) {
                 bail!(
                     "assistant tensor {name} has shape [{}, {}], expected [{rows}, {cols}]",
@@ -516,8 +512,7 @@ impl<B: Backend> Gemma4Assistant<B> {
             be.upload_weight(&w)
         };
         let raw = |name: &str, len: usize| -> Result<Vec<f32>> {
-            let w = HostWeight::from_gguf(&g, name)
-                .ok_or_else(|| anyhow!("assistant: missing tensor {name}"))?;
+            let w = get(name).ok_or_else(|| anyhow!("assistant: missing tensor {name}"))?;
             if w.rows * w.cols != len {
                 bail!(
                     "assistant tensor {name} has {} elements, expected {len}",
@@ -528,7 +523,7 @@ impl<B: Backend> Gemma4Assistant<B> {
         };
         let vector = |name: &str, len: usize| be.upload_vector(&raw(name, len)?);
         let (d, nh, v) = (cfg.n_embd, cfg.n_head, cfg.n_vocab);
-        let head = if g.tensor("output.weight").is_some() {
+        let head = if get("output.weight").is_some() {
             "output.weight"
         } else {
             "token_embd.weight"
@@ -536,7 +531,7 @@ impl<B: Backend> Gemma4Assistant<B> {
         let mut layers = Vec::with_capacity(cfg.layers.len());
         for (i, l) in cfg.layers.iter().enumerate() {
             let n = |s: &str| format!("blk.{i}.{s}");
-            let scalar = match g.tensor(&n("layer_output_scale.weight")) {
+            let scalar = match get(&n("layer_output_scale.weight")) {
                 Some(_) => raw(&n("layer_output_scale.weight"), 1)?[0],
                 None => 1.0,
             };

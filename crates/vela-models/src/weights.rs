@@ -164,11 +164,7 @@ impl WeightSource {
                 .iter()
                 .flat_map(|f| f.tensors.values())
                 .map(|e| {
-                    let ty = match e.dtype {
-                        vela_formats::safetensors::Dtype::F32 => GgmlType::F32,
-                        vela_formats::safetensors::Dtype::F16 => GgmlType::F16,
-                        vela_formats::safetensors::Dtype::BF16 => GgmlType::BF16,
-                    };
+                    let ty = e.dtype.ggml();
                     let rows = e.shape.iter().rev().skip(1).product();
                     (ty, rows, (e.end - e.start) as u64)
                 })
