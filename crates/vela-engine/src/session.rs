@@ -451,6 +451,12 @@ impl Session {
         Ok(())
     }
 
+    /// Trailing tokens [`Session::truncate`] can drop without a checkpoint
+    /// ([`ModelState::rollback_limit`]; `usize::MAX`: any number).
+    pub fn rollback_limit(&self) -> usize {
+        self.state.rollback_limit()
+    }
+
     /// Whether [`Session::truncate`] to `n` tokens is possible (without a checkpoint).
     pub fn can_truncate(&self, n: usize) -> bool {
         n >= self.tokens.len() || self.tokens.len() - n <= self.state.rollback_limit()

@@ -83,7 +83,8 @@ pub enum AcceptRule {
 pub struct SpecOptions<'a> {
     /// Generated tokens at most (as [`crate::GenerateOptions::max_tokens`]).
     pub max_tokens: usize,
-    /// Drafts per round (K); clamped to the session's `ubatch - 1`.
+    /// Drafts per round (K); clamped to the session's `ubatch - 1` (a verification batch is one
+    /// forward) and to its rollback limit (rejected drafts are dropped without a checkpoint).
     pub draft_max: usize,
     /// Whether a token ends generation (EOS/EOT/EOG).
     pub is_eog: &'a dyn Fn(u32) -> bool,
@@ -178,7 +179,10 @@ pub fn continue_speculative(
             session.n_past()
         );
     }
-    let k_max = opts.draft_max.min(session.ubatch().saturating_sub(1));
+    let k_max = opts
+        .draft_max
+        .min(session.ubatch().saturating_sub(1))
+        .min(session.rollback_limit());
     let mut stats = SpecStats {
         per_round: vec![0; k_max + 1],
         ..Default::default()
