@@ -739,34 +739,14 @@ impl<B: Backend + 'static> crate::lm::CausalLm for DecoderModel<B> {
     fn kv_mut(st: &mut ForwardState<B>) -> &mut B::Kv {
         &mut st.kv
     }
-    fn forward(
+    fn run(
         &self,
         st: &mut ForwardState<B>,
         tokens: &[u32],
         positions: &[u32],
         logits_from: usize,
-    ) -> Result<Vec<f32>> {
-        DecoderModel::forward(self, st, tokens, positions, logits_from)
-    }
-    fn forward_argmax(
-        &self,
-        st: &mut ForwardState<B>,
-        tokens: &[u32],
-        positions: &[u32],
-        logits_from: usize,
-    ) -> Result<Vec<u32>> {
-        DecoderModel::forward_argmax(self, st, tokens, positions, logits_from)
-    }
-    fn forward_top_k(
-        &self,
-        st: &mut ForwardState<B>,
-        tokens: &[u32],
-        positions: &[u32],
-        logits_from: usize,
-        k: usize,
-        need_row: &dyn Fn(&vela_compute::TopK) -> bool,
-    ) -> Result<Vec<(vela_compute::TopK, Option<Vec<f32>>)>> {
-        DecoderModel::forward_top_k(self, st, tokens, positions, logits_from, k, need_row)
+    ) -> Result<usize> {
+        DecoderModel::run(self, st, tokens, positions, logits_from)
     }
     fn argmax_start(
         &self,

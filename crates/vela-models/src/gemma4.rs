@@ -601,34 +601,14 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Gemma4Model<B> {
     fn kv_mut(st: &mut Gemma4State<B>) -> &mut B::Kv {
         &mut st.kv
     }
-    fn forward(
+    fn run(
         &self,
         st: &mut Gemma4State<B>,
         tokens: &[u32],
         positions: &[u32],
         logits_from: usize,
-    ) -> Result<Vec<f32>> {
-        Gemma4Model::forward(self, st, tokens, positions, logits_from)
-    }
-    fn forward_argmax(
-        &self,
-        st: &mut Gemma4State<B>,
-        tokens: &[u32],
-        positions: &[u32],
-        logits_from: usize,
-    ) -> Result<Vec<u32>> {
-        Gemma4Model::forward_argmax(self, st, tokens, positions, logits_from)
-    }
-    fn forward_top_k(
-        &self,
-        st: &mut Gemma4State<B>,
-        tokens: &[u32],
-        positions: &[u32],
-        logits_from: usize,
-        k: usize,
-        need_row: &dyn Fn(&TopK) -> bool,
-    ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
-        Gemma4Model::forward_top_k(self, st, tokens, positions, logits_from, k, need_row)
+    ) -> Result<usize> {
+        Gemma4Model::run(self, st, tokens, positions, logits_from)
     }
     fn argmax_start(
         &self,

@@ -18,6 +18,7 @@ use vela_compute::{Backend, KvType, TopK};
 
 use crate::mtp::MtpHead;
 use crate::state::{ExtraSnapshot, ExtraState, StateLayout};
+use crate::stepper::StepState;
 
 /// A loaded causal language model (weights on a backend), shared by its sequences.
 pub trait LanguageModel: Send + Sync {
@@ -66,14 +67,17 @@ pub trait LanguageModel: Send + Sync {
     /// geometry). Architectures without one refuse.
     fn load_mtp(&self, path: &Path) -> Result<Box<dyn MtpHead>> {
         let _ = path;
-        bail!(
-            "an MTP drafter drafts for {} targets only (the target is '{}' on {})",
-            crate::registry::mtp_arch_names().join(", "),
-            self.arch(),
-            self.backend_name()
-        )
+        Err(no_drafter(self.arch(), &self.backend_name()))
     }
     fn as_any(&self) -> &dyn Any;
+}
+
+/// The error of `load_mtp` for a model without its own drafter.
+fn no_drafter(arch: &str, backend: &str) -> anyhow::Error {
+    anyhow!(
+        "an MTP drafter drafts for {} targets only (the target is '{arch}' on {backend})",
+        crate::registry::mtp_arch_names().join(", ")
+    )
 }
 
 /// One sequence of a [`LanguageModel`]: its cache and scratch buffers.
@@ -176,7 +180,7 @@ pub struct BatchItem<'a, S: ?Sized> {
 pub trait CausalLm: Send + Sync + 'static {
     type Be: Backend + 'static;
     /// One sequence's cache and scratch buffers.
-    type State: Send + 'static;
+    type State: StepState<Self::Be> + Send + 'static;
     /// Architecture name (`general.architecture` of its GGUF files).
     fn arch(&self) -> &str;
     fn backend(&self) -> &Arc<Self::Be>;
@@ -207,6 +211,15 @@ pub trait CausalLm: Send + Sync + 'static {
         let _ = st;
         None
     }
+    /// The forward pass through the decode stepper ([`crate::stepper::run`]): the logits of
+    /// rows `logits_from..` left in [`StepState::logits`]; returns their number.
+    fn run(
+        &self,
+        st: &mut Self::State,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<usize>;
     /// [`ModelState::forward`].
     fn forward(
         &self,
@@ -214,7 +227,14 @@ pub trait CausalLm: Send + Sync + 'static {
         tokens: &[u32],
         positions: &[u32],
         logits_from: usize,
-    ) -> Result<Vec<f32>>;
+    ) -> Result<Vec<f32>> {
+        let rows = self.run(st, tokens, positions, logits_from)?;
+        let mut out = vec![0f32; rows * self.n_vocab()];
+        if rows > 0 {
+            self.backend().read(st.logits(), &mut out);
+        }
+        Ok(out)
+    }
     /// [`ModelState::forward_argmax`].
     fn forward_argmax(
         &self,
@@ -222,7 +242,15 @@ pub trait CausalLm: Send + Sync + 'static {
         tokens: &[u32],
         positions: &[u32],
         logits_from: usize,
-    ) -> Result<Vec<u32>>;
+    ) -> Result<Vec<u32>> {
+        let rows = self.run(st, tokens, positions, logits_from)?;
+        if rows == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self
+            .backend()
+            .argmax_rows(st.logits(), rows, self.n_vocab()))
+    }
     /// [`ModelState::forward_top_k`].
     fn forward_top_k(
         &self,
@@ -232,7 +260,18 @@ pub trait CausalLm: Send + Sync + 'static {
         logits_from: usize,
         k: usize,
         need_row: &dyn Fn(&TopK) -> bool,
-    ) -> Result<Vec<(TopK, Option<Vec<f32>>)>>;
+    ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
+        let rows = self.run(st, tokens, positions, logits_from)?;
+        let (be, nv) = (&**self.backend(), self.n_vocab());
+        Ok(crate::decoder::select_top_k(
+            be,
+            st.logits(),
+            rows,
+            nv,
+            k,
+            need_row,
+        ))
+    }
     /// [`ModelState::argmax_start`] (default: this model does not pipeline).
     fn argmax_start(
         &self,
@@ -345,12 +384,7 @@ impl<M: CausalLm> LanguageModel for M {
     fn load_mtp(&self, path: &Path) -> Result<Box<dyn MtpHead>> {
         match CausalLm::load_mtp(self, path) {
             Some(r) => r,
-            None => bail!(
-                "an MTP drafter drafts for {} targets only (the target is '{}' on {})",
-                crate::registry::mtp_arch_names().join(", "),
-                CausalLm::arch(self),
-                self.backend().name()
-            ),
+            None => Err(no_drafter(CausalLm::arch(self), &self.backend().name())),
         }
     }
     fn as_any(&self) -> &dyn Any {

@@ -2,7 +2,7 @@
 //! [`StateLayout`]. The engine asks the layout, never the architecture, what a sequence costs and
 //! what it can undo: its memory for a context ([`StateLayout::bytes`]), how many trailing
 //! positions can be dropped without a checkpoint ([`StateLayout::rollback_limit`]), and so which
-//! earlier positions a cached sequence can return to ([`StateLayout::can_roll_back`]).
+//! earlier positions a cached sequence can return to.
 //!
 //! Kinds and how each one rolls back:
 //!
@@ -21,7 +21,7 @@ use anyhow::{bail, Result};
 use vela_compute::{Backend, KvLayerSpec, KvType};
 
 mod store;
-pub use store::{BlocksMut, ExtraSnapshot, ExtraState, RecurrentStep};
+pub use store::{BlocksMut, ExtraSnapshot, ExtraState};
 
 /// What one layer keeps for a sequence.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -136,12 +136,6 @@ impl StateLayout {
             .unwrap_or(usize::MAX)
     }
 
-    /// Whether a sequence holding `n_past` positions can return to its first `target` ones
-    /// without a checkpoint.
-    pub fn can_roll_back(&self, n_past: usize, target: usize, max_batch: usize) -> bool {
-        target >= n_past || n_past - target <= self.rollback_limit(max_batch)
-    }
-
     /// The K/V storage the backend allocates ([`vela_compute::Backend::new_kv`]): one entry per
     /// layer; layers that keep no K/V get a one-element placeholder so layer indices match.
     pub fn kv_specs(&self, n_ctx: usize, max_batch: usize) -> Vec<KvLayerSpec> {
@@ -200,15 +194,10 @@ mod tests {
         };
         let l = StateLayout::new(vec![full.clone(), LayerState::Shared { from: 0 }]);
         assert_eq!(l.rollback_limit(64), usize::MAX);
-        assert!(l.can_roll_back(10_000, 1, 64));
         let l = StateLayout::new(vec![full.clone(), sliding]);
         assert_eq!(l.rollback_limit(64), 64);
-        assert!(l.can_roll_back(1000, 936, 64));
-        assert!(!l.can_roll_back(1000, 935, 64));
         let l = StateLayout::new(vec![full, rec]);
         assert_eq!(l.rollback_limit(64), 5);
-        assert!(l.can_roll_back(100, 95, 64) && !l.can_roll_back(100, 94, 64));
-        assert!(l.can_roll_back(100, 100, 64) && l.can_roll_back(100, 200, 64));
         assert_eq!(StateLayout::default().rollback_limit(1), usize::MAX);
     }
 

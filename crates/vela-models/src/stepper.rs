@@ -94,7 +94,7 @@ pub fn run<B: Backend, S: StepState<B>>(
         // device token to chain on.
         be.decode_step_discard();
     }
-    // A step recorded ahead (below) by the previous call: launched, nothing to issue. (An
+    // A step recorded ahead (below) by the previous forward: launched, nothing to issue. (An
     // out-of-range token takes the normal path, whose embedding lookup rejects it.)
     let in_range = tokens.first().is_some_and(|&t| (t as usize) < n_vocab);
     if !(one && in_range && be.decode_step_launch(tokens[0], positions[0], ctl.key)) {
@@ -106,7 +106,7 @@ pub fn run<B: Backend, S: StepState<B>>(
         rows?;
     }
     // The step of the next position, recorded while the device runs this one (launched by
-    // the next call if it is that step; the logits of this one are read before). It does
+    // the next forward if it is that step; the logits of this one are read before). It does
     // not affect this step: if recording it fails, it is dropped.
     let next = positions[0] + 1;
     if one

@@ -124,6 +124,33 @@ const BASE: Geometry = Geometry {
     n_ff_exp: 0,
 };
 
+/// The small Gemma 4 test shape (`gemma4-tiny`).
+const GEMMA4_TINY: Geometry = Geometry {
+    name: "gemma4-tiny",
+    source: "(test shape)",
+    family: Family::Gemma4,
+    n_layer: 6,
+    n_embd: 256,
+    n_head: 4,
+    n_head_kv: 2,
+    head_dim: 64,
+    n_ff: 512,
+    n_vocab: 262144,
+    n_ctx: 4096,
+    rope_base: 1e6,
+    rms_eps: 1e-6,
+    tied: true,
+    tokenizer: "ggml-vocab-gemma-4.gguf",
+    sliding_window: 64,
+    swa_period: 6,
+    final_softcap: Some(30.0),
+    head_dim_full: 128,
+    n_head_kv_full: 1,
+    k_eq_v: true,
+    partial_rotary_full: 0.25,
+    ..BASE
+};
+
 /// Every geometry `synth` knows. The numbers are the HF `config.json` values of the named
 /// checkpoint. Gemma 4 31B: 60 layers (llama.cpp's 60-layer → 31B type), hidden 5376, 32 heads,
 /// sliding layers 16 KV heads × 256, full layers `global_head_dim` 512 with
@@ -260,59 +287,14 @@ static GEOMETRIES: &[Geometry] = &[
         ..BASE
     },
     // A small Gemma 4 (real vocabulary, 12B-style attention layout) for quick tests.
-    Geometry {
-        name: "gemma4-tiny",
-        source: "(test shape)",
-        family: Family::Gemma4,
-        n_layer: 6,
-        n_embd: 256,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim: 64,
-        n_ff: 512,
-        n_vocab: 262144,
-        n_ctx: 4096,
-        rope_base: 1e6,
-        rms_eps: 1e-6,
-        tied: true,
-        tokenizer: "ggml-vocab-gemma-4.gguf",
-        sliding_window: 64,
-        swa_period: 6,
-        final_softcap: Some(30.0),
-        head_dim_full: 128,
-        n_head_kv_full: 1,
-        k_eq_v: true,
-        partial_rotary_full: 0.25,
-        ..BASE
-    },
+    GEMMA4_TINY,
     // gemma4-tiny with a MoE block in every layer (the GPU tests' MoE shape).
     Geometry {
         name: "gemma4-tiny-moe",
-        source: "(test shape)",
-        family: Family::Gemma4,
-        n_layer: 6,
-        n_embd: 256,
-        n_head: 4,
-        n_head_kv: 2,
-        head_dim: 64,
-        n_ff: 512,
-        n_vocab: 262144,
-        n_ctx: 4096,
-        rope_base: 1e6,
-        rms_eps: 1e-6,
-        tied: true,
-        tokenizer: "ggml-vocab-gemma-4.gguf",
-        sliding_window: 64,
-        swa_period: 6,
-        final_softcap: Some(30.0),
-        head_dim_full: 128,
-        n_head_kv_full: 1,
-        k_eq_v: true,
-        partial_rotary_full: 0.25,
         n_expert: 8,
         n_expert_used: 2,
         n_ff_exp: 128,
-        ..BASE
+        ..GEMMA4_TINY
     },
     // Gemma 4 26B-A4B (MoE: 128 experts of width 704, 8 per token, next to a dense MLP of 2112;
     // 25 sliding + 5 full layers). The numbers are third-party spec pages' (no config.json is

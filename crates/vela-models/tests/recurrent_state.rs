@@ -9,8 +9,9 @@
 use anyhow::Result;
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
-use vela_compute::{Backend, KvType, TopK};
+use vela_compute::{Backend, KvType};
 use vela_models::state::ExtraState;
+use vela_models::stepper::{StepCtl, StepState};
 use vela_models::{CausalLm, LanguageModel, LayerState, ModelState, StateLayout};
 
 const V: usize = 6;
@@ -23,6 +24,24 @@ struct Toy {
 struct ToyState {
     kv: <CpuBackend as Backend>::Kv,
     extra: ExtraState<CpuBackend>,
+    logits: Vec<f32>,
+    n_ctx: usize,
+    max_batch: usize,
+}
+
+impl StepState<CpuBackend> for ToyState {
+    fn ctl(&self) -> StepCtl {
+        StepCtl::new()
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+    fn logits(&self) -> &Vec<f32> {
+        &self.logits
+    }
 }
 
 fn onehot(t: u32) -> [f32; V] {
@@ -140,10 +159,16 @@ impl CausalLm for Toy {
         &self,
         kv: <CpuBackend as Backend>::Kv,
         extra: ExtraState<CpuBackend>,
-        _: usize,
-        _: usize,
+        n_ctx: usize,
+        max_batch: usize,
     ) -> Result<ToyState> {
-        Ok(ToyState { kv, extra })
+        Ok(ToyState {
+            kv,
+            extra,
+            logits: Vec::new(),
+            n_ctx,
+            max_batch,
+        })
     }
     fn kv(st: &ToyState) -> &<CpuBackend as Backend>::Kv {
         &st.kv
@@ -157,35 +182,16 @@ impl CausalLm for Toy {
     fn extra_mut(st: &mut ToyState) -> Option<&mut ExtraState<CpuBackend>> {
         Some(&mut st.extra)
     }
-    fn forward(
+    fn run(
         &self,
         st: &mut ToyState,
         tokens: &[u32],
         positions: &[u32],
         logits_from: usize,
-    ) -> Result<Vec<f32>> {
-        Ok(self.run(st, tokens, positions)?[logits_from * V..].to_vec())
-    }
-    fn forward_argmax(
-        &self,
-        st: &mut ToyState,
-        tokens: &[u32],
-        positions: &[u32],
-        logits_from: usize,
-    ) -> Result<Vec<u32>> {
-        let l = self.forward(st, tokens, positions, logits_from)?;
-        Ok(l.chunks(V).map(vela_compute::argmax).collect())
-    }
-    fn forward_top_k(
-        &self,
-        _: &mut ToyState,
-        _: &[u32],
-        _: &[u32],
-        _: usize,
-        _: usize,
-        _: &dyn Fn(&TopK) -> bool,
-    ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
-        anyhow::bail!("not used")
+    ) -> Result<usize> {
+        let rows = Toy::run(self, st, tokens, positions)?;
+        st.logits = rows[logits_from * V..].to_vec();
+        Ok(tokens.len() - logits_from)
     }
 }
 

@@ -144,24 +144,6 @@ impl<B: Backend> ExtraState<B> {
         }
     }
 
-    /// The states of `layer` after `k` positions (read) and after `k + 1` (written); one
-    /// buffer when the layer keeps no snapshot (updated in place).
-    pub fn recurrent_step(&mut self, layer: usize, k: usize) -> Result<RecurrentStep<'_, B>> {
-        let n = self.recurrent_slots(layer)?;
-        let Store::Recurrent { slots, .. } = &mut self.layers[layer] else {
-            unreachable!("checked above")
-        };
-        let (r, w) = (k % n, (k + 1) % n);
-        Ok(if r == w {
-            RecurrentStep::InPlace(&mut slots[r])
-        } else {
-            let [a, b] = slots
-                .get_disjoint_mut([r, w])
-                .expect("distinct slots in range");
-            RecurrentStep::Pair { read: a, write: b }
-        })
-    }
-
     /// The state after `k` positions of `layer`, for writing (a step writes each position's
     /// state it produces).
     pub fn recurrent_mut(&mut self, layer: usize, k: usize) -> Result<&mut B::Buf> {
@@ -310,13 +292,4 @@ impl<B: Backend> ExtraState<B> {
             })
             .sum()
     }
-}
-
-/// The buffers of one recurrent step ([`ExtraState::recurrent_step`]).
-pub enum RecurrentStep<'a, B: Backend> {
-    InPlace(&'a mut B::Buf),
-    Pair {
-        read: &'a mut B::Buf,
-        write: &'a mut B::Buf,
-    },
 }
