@@ -35,6 +35,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// OpenAI/Anthropic-compatible HTTP server with an exact prefix cache.
     Serve(vela_server::ServeArgs),
+    /// Headless evaluation: multi-turn workloads, per-turn metrics, stall probe, A/B gates.
+    Eval(vela_eval::EvalArgs),
     /// Write a random-weight GGUF of a real model geometry (for benchmarks at real sizes).
     Synth(synth::SynthArgs),
 }
@@ -52,7 +54,7 @@ fn default_sigpipe() {
 
 fn main() {
     let cli = Cli::parse();
-    if !matches!(cli.cmd, Cmd::Serve(_)) {
+    if !matches!(cli.cmd, Cmd::Serve(_) | Cmd::Eval(_)) {
         default_sigpipe();
     }
     let r = match cli.cmd {
@@ -64,6 +66,7 @@ fn main() {
         Cmd::Bench(a) => bench::bench(a),
         Cmd::Serve(a) => vela_server::serve(a),
         Cmd::Synth(a) => synth::synth(a),
+        Cmd::Eval(a) => vela_eval::eval(a),
     };
     if let Err(e) = r {
         // One line: the chain of causes joined.

@@ -295,6 +295,15 @@ impl RouteParams {
     }
 }
 
+/// A device's side channel for measurement, usable from another thread while the engine runs.
+pub trait DeviceProbe: Send {
+    /// Enqueue a tiny operation (a 4 KiB copy) on a stream of its own and wait for it: how long
+    /// the device took to get to it, which grows when the engine's work starves other streams.
+    fn canary(&mut self) -> Result<std::time::Duration>;
+    /// Device memory in use (all processes), bytes.
+    fn memory_used(&self) -> Result<u64>;
+}
+
 /// The op set. Buffers hold f32 activations laid out row-major `[n_tokens, width]`.
 pub trait Backend: Send + Sync {
     type Buf: Send;
@@ -313,6 +322,12 @@ pub trait Backend: Send + Sync {
     /// backend's host `MemAvailable`): sessions check their cache size against it before
     /// allocating. None when unknown (no check).
     fn memory_free(&self) -> Option<u64> {
+        None
+    }
+
+    /// A responsiveness probe of the device (`vela eval`'s stall probe): None for the CPU,
+    /// whose stalls a host timer measures.
+    fn device_probe(&self) -> Option<Box<dyn DeviceProbe>> {
         None
     }
 

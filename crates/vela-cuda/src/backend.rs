@@ -346,3 +346,41 @@ impl CudaBackend {
             .expect("CUDA device-to-device copy");
     }
 }
+
+/// [`vela_compute::DeviceProbe`]: a 4 KiB device-to-device copy on a stream of its own.
+pub(crate) struct Canary {
+    ctx: std::sync::Arc<cudarc::driver::CudaContext>,
+    stream: std::sync::Arc<cudarc::driver::CudaStream>,
+    src: cudarc::driver::CudaSlice<u8>,
+    dst: cudarc::driver::CudaSlice<u8>,
+}
+
+impl Canary {
+    pub(crate) fn new(dev: &crate::device::Device) -> Result<Canary> {
+        let stream = dev.ctx.new_stream().context("canary stream")?;
+        let src = stream.alloc_zeros::<u8>(4096).context("canary buffer")?;
+        let dst = stream.alloc_zeros::<u8>(4096).context("canary buffer")?;
+        stream.synchronize().context("canary stream")?;
+        Ok(Canary {
+            ctx: dev.ctx.clone(),
+            stream,
+            src,
+            dst,
+        })
+    }
+}
+
+impl vela_compute::DeviceProbe for Canary {
+    fn canary(&mut self) -> Result<std::time::Duration> {
+        let t = std::time::Instant::now();
+        self.stream
+            .memcpy_dtod(&self.src, &mut self.dst)
+            .context("canary copy")?;
+        self.stream.synchronize().context("canary wait")?;
+        Ok(t.elapsed())
+    }
+    fn memory_used(&self) -> Result<u64> {
+        let (free, total) = self.ctx.mem_get_info().context("querying GPU memory")?;
+        Ok((total - free) as u64)
+    }
+}

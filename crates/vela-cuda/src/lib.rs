@@ -66,6 +66,12 @@ impl Backend for CudaBackend {
         self.memory_info().ok().map(|(free, _)| free)
     }
 
+    fn device_probe(&self) -> Option<Box<dyn vela_compute::DeviceProbe>> {
+        backend::Canary::new(&self.dev)
+            .ok()
+            .map(|c| Box::new(c) as Box<dyn vela_compute::DeviceProbe>)
+    }
+
     fn name(&self) -> String {
         self.dev.name.clone()
     }

@@ -62,11 +62,16 @@ enum StepResult {
 pub struct Checkpoint {
     n_past: usize,
     snapshot: Box<dyn Any + Send + Sync>,
+    bytes: usize,
 }
 
 impl Checkpoint {
     pub fn n_past(&self) -> usize {
         self.n_past
+    }
+    /// Bytes the checkpoint copied ([`ModelState::snapshot_bytes`]).
+    pub fn bytes(&self) -> usize {
+        self.bytes
     }
 }
 
@@ -408,9 +413,11 @@ impl Session {
 
     /// Save the current state.
     pub fn checkpoint(&self) -> Checkpoint {
+        let snapshot = self.state.checkpoint(self.tokens.len());
         Checkpoint {
             n_past: self.tokens.len(),
-            snapshot: self.state.checkpoint(self.tokens.len()),
+            bytes: self.state.snapshot_bytes(&*snapshot),
+            snapshot,
         }
     }
 

@@ -39,6 +39,10 @@ pub trait LanguageModel: Send + Sync {
     }
     /// Free memory of the backend's device, when it has a fixed one (GPUs).
     fn memory_free(&self) -> Option<u64>;
+    /// The backend's device probe ([`vela_compute::Backend::device_probe`]).
+    fn device_probe(&self) -> Option<Box<dyn vela_compute::DeviceProbe>> {
+        None
+    }
     /// A fresh sequence state for up to `n_ctx` tokens, evaluated `max_batch` at a time (the state
     /// keeps a handle on the model, hence `Arc<Self>`).
     fn new_state(
@@ -153,6 +157,11 @@ pub trait ModelState: Send {
     fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync>;
     /// Undo every cache write made since `snap` (from [`ModelState::checkpoint`] of this state).
     fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()>;
+    /// Bytes a checkpoint copied (recurrent states, raw rings); an attention cache's checkpoint
+    /// is a position mark and copies nothing.
+    fn snapshot_bytes(&self, _snap: &(dyn Any + Send + Sync)) -> usize {
+        0
+    }
     /// An independent copy (same cache contents).
     fn fork(&self) -> Result<Box<dyn ModelState>>;
     /// Trailing positions that can be dropped without a checkpoint (the tokens after them are
@@ -343,6 +352,9 @@ impl<M: CausalLm> LanguageModel for M {
     fn memory_free(&self) -> Option<u64> {
         self.backend().memory_free()
     }
+    fn device_probe(&self) -> Option<Box<dyn vela_compute::DeviceProbe>> {
+        self.backend().device_probe()
+    }
     fn new_state(
         self: Arc<Self>,
         n_ctx: usize,
@@ -483,6 +495,11 @@ impl<M: CausalLm> ModelState for Seq<M> {
         }
         be.kv_restore(M::kv_mut(&mut self.state), &s.kv);
         Ok(())
+    }
+    fn snapshot_bytes(&self, snap: &(dyn Any + Send + Sync)) -> usize {
+        snap.downcast_ref::<Snapshot<M>>()
+            .and_then(|s| s.extra.as_ref())
+            .map_or(0, ExtraSnapshot::bytes)
     }
     fn fork(&self) -> Result<Box<dyn ModelState>> {
         let be = &**self.model.backend();

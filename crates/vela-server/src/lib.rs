@@ -79,6 +79,42 @@ pub struct ServeArgs {
 
 /// Run the server until the process is killed (blocking; builds its own tokio runtime).
 pub fn serve(args: ServeArgs) -> Result<()> {
+    let r = spawn(args)?;
+    eprintln!("vela-server: listening on http://{}", r.addr);
+    let Running { rt, server, .. } = r;
+    rt.block_on(server)??;
+    Ok(())
+}
+
+/// A server running in this process: `vela serve`, and `vela eval`'s in-process driver, which
+/// measures through exactly this path.
+pub struct Running {
+    /// The bound address (port 0 in [`ServeArgs::port`] picks a free one).
+    pub addr: std::net::SocketAddr,
+    pub state: Arc<http::AppState>,
+    /// Dropping the runtime stops the HTTP side; the engine thread ends with its job channel.
+    server: tokio::task::JoinHandle<std::io::Result<()>>,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Running {
+    /// Wait until the model is loaded (or its load failed: the error).
+    pub fn wait_ready(&self) -> Result<()> {
+        loop {
+            if self.state.ready.get().is_some() {
+                return Ok(());
+            }
+            if let Some(e) = self.state.load_error.lock().ok().and_then(|e| e.clone()) {
+                bail!("{e}");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+/// Bind, start loading the model on the engine thread and serve HTTP on a runtime of its own;
+/// returns at once (the model may still be loading: [`Running::wait_ready`]).
+pub fn spawn(args: ServeArgs) -> Result<Running> {
     if args.ubatch == 0 || args.queue == 0 {
         bail!("--ubatch and --queue must be at least 1");
     }
@@ -86,10 +122,6 @@ pub fn serve(args: ServeArgs) -> Result<()> {
         .worker_threads(2)
         .enable_all()
         .build()?;
-    rt.block_on(run(args))
-}
-
-async fn run(args: ServeArgs) -> Result<()> {
     let state = Arc::new(http::AppState {
         ready: OnceLock::new(),
         load_error: Mutex::new(None),
@@ -103,13 +135,10 @@ async fn run(args: ServeArgs) -> Result<()> {
         created: http::unix_now(),
     });
     let addr = format!("{}:{}", args.host, args.port);
-    let listener = tokio::net::TcpListener::bind(&addr)
-        .await
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(&addr))
         .with_context(|| format!("cannot listen on {addr}"))?;
-    eprintln!(
-        "vela-server: listening on http://{}",
-        listener.local_addr()?
-    );
+    let addr = listener.local_addr()?;
     let st = state.clone();
     let a = args.clone();
     std::thread::Builder::new()
@@ -122,8 +151,14 @@ async fn run(args: ServeArgs) -> Result<()> {
                 }
             }
         })?;
-    axum::serve(listener, http::router(state, args.max_body)).await?;
-    Ok(())
+    let app = http::router(state.clone(), args.max_body);
+    let server = rt.spawn(async move { axum::serve(listener, app).await });
+    Ok(Running {
+        addr,
+        state,
+        server,
+        rt,
+    })
 }
 
 fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {

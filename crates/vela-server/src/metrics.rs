@@ -67,6 +67,8 @@ pub struct Metrics {
     pub draft_accepted: AtomicU64,
     pub ttft: Histogram,
     pub token_latency: Histogram,
+    /// The engine worker's [`crate::worker::Phase`].
+    pub phase: std::sync::atomic::AtomicU8,
 }
 
 impl Default for Metrics {
@@ -87,11 +89,18 @@ impl Default for Metrics {
             draft_accepted: z(),
             ttft: Histogram::new(TTFT_BOUNDS),
             token_latency: Histogram::new(TOKEN_BOUNDS),
+            phase: std::sync::atomic::AtomicU8::new(0),
         }
     }
 }
 
 impl Metrics {
+    pub fn set_phase(&self, p: crate::worker::Phase) {
+        self.phase.store(p as u8, Relaxed);
+    }
+    pub fn phase(&self) -> crate::worker::Phase {
+        crate::worker::Phase::from_u8(self.phase.load(Relaxed))
+    }
     /// The exposition text.
     pub fn render(&self) -> String {
         let mut s = String::new();

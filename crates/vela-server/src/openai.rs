@@ -84,6 +84,24 @@ fn usage_json(u: &crate::worker::Usage) -> Value {
     })
 }
 
+/// The engine's time for the request (`worker::Timings`), on the finishing chunk of a stream and
+/// on a whole response, as llama-server reports `timings` (its field names where they match).
+fn timings_json(u: &crate::worker::Usage) -> Value {
+    let t = &u.timings;
+    let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
+    json!({
+        "cache_n": u.cached_tokens,
+        "prompt_n": t.prompt_n, "prompt_ms": t.prompt_ms,
+        "prompt_per_second": rate(t.prompt_n, t.prompt_ms),
+        "predicted_n": t.predicted_n, "predicted_ms": t.predicted_ms,
+        "predicted_per_second": rate(t.predicted_n, t.predicted_ms),
+        "draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted,
+        "queue_ms": t.queue_ms,
+        "restore_ms": t.restore_ms, "restore_bytes": t.restore_bytes,
+        "checkpoint_ms": t.checkpoint_ms, "checkpoint_bytes": t.checkpoint_bytes,
+    })
+}
+
 fn chat_logprobs(l: &[TokenLogprob]) -> Value {
     let content: Vec<Value> = l
         .iter()
@@ -219,7 +237,9 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
                 f.push(data(&chunk(Value::Object(d), lp, Value::Null)));
             }
             Out::Done { finish, usage, .. } => {
-                f.push(data(&chunk(json!({}), Value::Null, json!(finish))));
+                let mut last = chunk(json!({}), Value::Null, json!(finish));
+                last["timings"] = timings_json(&usage);
+                f.push(data(&last));
                 if include_usage {
                     let mut u = chunk(json!({}), Value::Null, Value::Null);
                     u["choices"] = json!([]);
@@ -258,6 +278,7 @@ fn chat_body(id: &str, created: u64, model: &str, c: Collected) -> Value {
         "id": id, "object": "chat.completion", "created": created, "model": model, "system_fingerprint": "vela",
         "choices": [{"index": 0, "message": msg, "logprobs": lp, "finish_reason": c.finish}],
         "usage": usage_json(&c.usage),
+        "timings": timings_json(&c.usage),
     })
 }
 
@@ -356,6 +377,7 @@ pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> 
                 };
                 let mut v = obj(&c.content, lp, json!(c.finish));
                 v["usage"] = usage_json(&c.usage);
+                v["timings"] = timings_json(&c.usage);
                 axum::Json(v).into_response()
             }
             Err(e) => openai_err(&st.metrics, e),
@@ -375,7 +397,9 @@ pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> 
                 vec![data(&obj(&content, lp, Value::Null))]
             }
             Out::Done { finish, usage, .. } => {
-                let mut f = vec![data(&obj("", Value::Null, json!(finish)))];
+                let mut last = obj("", Value::Null, json!(finish));
+                last["timings"] = timings_json(&usage);
+                let mut f = vec![data(&last)];
                 if include_usage {
                     let mut u = obj("", Value::Null, Value::Null);
                     u["choices"] = json!([]);

@@ -70,6 +70,68 @@ pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub cached_tokens: usize,
+    pub timings: Timings,
+}
+
+/// Where the engine's time went for one request (the `timings` object of a response, named as
+/// llama-server names them where it has the same quantity; docs/server.md defines each).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Timings {
+    /// From the request's arrival at the HTTP side until the worker took it.
+    pub queue_ms: f64,
+    /// Returning the picked cached sequence to the shared prefix (truncate or checkpoint
+    /// restore), and the bytes a restore copied back.
+    pub restore_ms: f64,
+    pub restore_bytes: usize,
+    /// Prompt tokens evaluated (not taken from the cache) and the time of that evaluation,
+    /// from the first chunk's start until the last chunk's logits are on the host.
+    pub prompt_n: usize,
+    pub prompt_ms: f64,
+    /// The checkpoint taken after the prompt (what a follow-up turn restores).
+    pub checkpoint_ms: f64,
+    pub checkpoint_bytes: usize,
+    /// The decode loop: from the prompt's logits to the loop's exit on any path (end of
+    /// generation, stop string, length, cancellation), including sampling, stop matching and
+    /// output parsing, before the final detokenizer flush.
+    pub predicted_n: usize,
+    pub predicted_ms: f64,
+    /// Speculative decoding: drafted tokens and the drafts verification accepted.
+    pub draft_n: usize,
+    pub draft_n_accepted: usize,
+}
+
+/// What the engine worker is doing ([`Metrics::phase`]), read by probes that attribute
+/// latency to phases (`vela eval`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    Load = 0,
+    Idle = 1,
+    Prefill = 2,
+    Decode = 3,
+}
+
+impl Phase {
+    pub fn from_u8(v: u8) -> Phase {
+        match v {
+            1 => Phase::Idle,
+            2 => Phase::Prefill,
+            3 => Phase::Decode,
+            _ => Phase::Load,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Load => "load",
+            Phase::Idle => "idle",
+            Phase::Prefill => "prefill",
+            Phase::Decode => "decode",
+        }
+    }
+}
+
+fn ms(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e3
 }
 
 /// What the worker reports for a job.
@@ -132,6 +194,7 @@ pub fn run(
         .model
         .state_layout()
         .rollback_limit(cfg.session.ubatch.max(1));
+    metrics.set_phase(Phase::Idle);
     while let Some(job) = jobs.blocking_recv() {
         metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
         if job.cancel.is_cancelled() || job.out.is_closed() {
@@ -150,6 +213,7 @@ pub fn run(
             &mut drafter,
         );
         cfg.drafter = drafter;
+        metrics.set_phase(Phase::Idle);
         if let Err(e) = r {
             eprintln!("vela-server: request failed: {e:#}");
             let _ = out.send(Out::Error(format!("{e:#}")));
@@ -197,6 +261,10 @@ fn serve_job(
     metrics: &Metrics,
     drafter: &mut Option<Box<dyn Drafter>>,
 ) -> anyhow::Result<()> {
+    let mut timings = Timings {
+        queue_ms: ms(job.received),
+        ..Timings::default()
+    };
     // Pick a session.
     let (mut entry, mut reuse) = match cache.take_best(rollback_limit, &job.prompt) {
         Some(x) => x,
@@ -255,13 +323,17 @@ fn serve_job(
             }
         }
     }
+    let t_restore = Instant::now();
     let reused = match reuse {
         Reuse::Truncate(n) => entry.session.truncate(n).map(|_| n).unwrap_or_else(|_| {
             entry.session.reset();
             0
         }),
         Reuse::Restore(n) => match entry.prompt_cp.as_ref().map(|cp| entry.session.restore(cp)) {
-            Some(Ok(())) => n,
+            Some(Ok(())) => {
+                timings.restore_bytes = entry.prompt_cp.as_ref().map_or(0, |cp| cp.bytes());
+                n
+            }
             _ => {
                 entry.session.reset();
                 0
@@ -272,11 +344,12 @@ fn serve_job(
             0
         }
     };
+    timings.restore_ms = ms(t_restore);
     let spec = match drafter {
         Some(d) if job.logprobs.is_none() => Some((&mut **d, cfg.draft_max)),
         _ => None,
     };
-    let result = generate(model, &mut entry, reused, &job, metrics, spec);
+    let result = generate(model, &mut entry, reused, &job, metrics, spec, timings);
     cache.put(entry);
     result
 }
@@ -300,6 +373,7 @@ fn generate(
     job: &Job,
     metrics: &Metrics,
     spec: Option<(&mut (dyn Drafter + 'static), usize)>,
+    mut timings: Timings,
 ) -> anyhow::Result<()> {
     let session = &mut entry.session;
     let tok = &model.tokenizer;
@@ -315,6 +389,8 @@ fn generate(
     let total = new.len();
     let out = &job.out;
     let cancel = &job.cancel;
+    metrics.set_phase(Phase::Prefill);
+    let t_prefill = Instant::now();
     let outcome = session.eval_with(new, &mut |done, total| {
         clock.step();
         let _ = out.send(Out::Progress { done, total });
@@ -330,8 +406,15 @@ fn generate(
             return Ok(());
         }
     };
-    let _ = total;
-    entry.prompt_cp = Some(session.checkpoint());
+    timings.prompt_n = total;
+    timings.prompt_ms = ms(t_prefill);
+    let t_cp = Instant::now();
+    let cp = session.checkpoint();
+    timings.checkpoint_ms = ms(t_cp);
+    timings.checkpoint_bytes = cp.bytes();
+    entry.prompt_cp = Some(cp);
+    metrics.set_phase(Phase::Decode);
+    let t_decode = Instant::now();
     metrics
         .prompt_tokens
         .fetch_add(job.prompt.len() as u64, Ordering::Relaxed);
@@ -388,6 +471,8 @@ fn generate(
                 }
                 true
             })?;
+        timings.draft_n = stats.drafted;
+        timings.draft_n_accepted = stats.accepted;
         metrics
             .draft_tokens
             .fetch_add(stats.drafted as u64, Ordering::Relaxed);
@@ -475,6 +560,8 @@ fn generate(
             clock.step();
         }
     };
+    timings.predicted_n = n_gen;
+    timings.predicted_ms = ms(t_decode);
     if stop_word.is_none() {
         let rest = detok.flush();
         let (mut text, hit) = stop.push(&rest);
@@ -496,6 +583,7 @@ fn generate(
         prompt_tokens: job.prompt.len(),
         completion_tokens: n_gen,
         cached_tokens: reused,
+        timings,
     };
     let _ = out.send(Out::Done {
         finish,

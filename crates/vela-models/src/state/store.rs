@@ -54,6 +54,13 @@ pub struct ExtraSnapshot {
     saved: Vec<Option<Vec<f32>>>,
 }
 
+impl ExtraSnapshot {
+    /// Bytes copied out of the state.
+    pub fn bytes(&self) -> usize {
+        self.saved.iter().flatten().map(|v| v.len() * 4).sum()
+    }
+}
+
 /// A blocks layer's buffers (see the module docs).
 pub struct BlocksMut<'a, B: Backend> {
     /// `[n_blocks, width]`: row `b` = block `b` (positions `b·ratio..(b+1)·ratio`).
