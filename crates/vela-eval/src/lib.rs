@@ -6,3 +6,5 @@
 //! (vela, llama-server, vLLM). Each turn yields one set of metrics (`metrics.rs` defines them);
 //! a stall probe samples responsiveness per engine phase; `vela eval ab` compares two
 //! configurations in fresh processes and gives a verdict.
+
+pub mod stats;
