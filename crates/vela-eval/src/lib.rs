@@ -7,4 +7,5 @@
 //! a stall probe samples responsiveness per engine phase; `vela eval ab` compares two
 //! configurations in fresh processes and gives a verdict.
 
+pub mod gate;
 pub mod stats;
