@@ -51,7 +51,11 @@ fn run_one(c: &Check, tr: &Trace, exec: Option<Duration>) -> CheckResult {
             result(
                 format!("contains all of {v:?}"),
                 m.is_empty(),
-                if m.is_empty() { String::new() } else { format!("missing {m:?}") },
+                if m.is_empty() {
+                    String::new()
+                } else {
+                    format!("missing {m:?}")
+                },
             )
         }
         Check::ContainsAny(v) => {
@@ -59,7 +63,11 @@ fn run_one(c: &Check, tr: &Trace, exec: Option<Duration>) -> CheckResult {
             result(
                 format!("contains one of {v:?}"),
                 ok,
-                if ok { String::new() } else { "none found".into() },
+                if ok {
+                    String::new()
+                } else {
+                    "none found".into()
+                },
             )
         }
         Check::NotContains(v) => {
@@ -71,7 +79,11 @@ fn run_one(c: &Check, tr: &Trace, exec: Option<Duration>) -> CheckResult {
             result(
                 format!("contains none of {v:?}"),
                 found.is_empty(),
-                if found.is_empty() { String::new() } else { format!("found {found:?}") },
+                if found.is_empty() {
+                    String::new()
+                } else {
+                    format!("found {found:?}")
+                },
             )
         }
         Check::MinWords(n) => {
@@ -89,7 +101,11 @@ fn run_one(c: &Check, tr: &Trace, exec: Option<Duration>) -> CheckResult {
             result(
                 "does not end with a question".into(),
                 asks != *want,
-                if asks { format!("last line: {:.120}", last.trim()) } else { String::new() },
+                if asks {
+                    format!("last line: {:.120}", last.trim())
+                } else {
+                    String::new()
+                },
             )
         }
         Check::ToolCall(name) => {
@@ -105,7 +121,10 @@ fn run_one(c: &Check, tr: &Trace, exec: Option<Duration>) -> CheckResult {
                 ),
                 Some(c) => match serde_json::from_str::<serde_json::Value>(&c.arguments) {
                     Ok(v) if v.is_object() => (true, format!("arguments {}", c.arguments)),
-                    _ => (false, format!("arguments are not a JSON object: {:.200}", c.arguments)),
+                    _ => (
+                        false,
+                        format!("arguments are not a JSON object: {:.200}", c.arguments),
+                    ),
                 },
             };
             result(format!("calls tool {name}"), ok, detail)
@@ -218,7 +237,10 @@ fn python(
         if t0.elapsed() > limit {
             let _ = child.kill();
             let _ = child.wait();
-            return Ok((false, format!("timed out after {:.0} s", limit.as_secs_f64())));
+            return Ok((
+                false,
+                format!("timed out after {:.0} s", limit.as_secs_f64()),
+            ));
         }
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -289,7 +311,11 @@ mod tests {
         );
         let passed: Vec<bool> = r.iter().map(|c| c.passed).collect();
         assert_eq!(passed, [true, false, true, false, true, false, true]);
-        let q = run(&[Check::NoQuestionAtEnd(true)], &answer("Done.\nAnything else?\n\n"), EXEC);
+        let q = run(
+            &[Check::NoQuestionAtEnd(true)],
+            &answer("Done.\nAnything else?\n\n"),
+            EXEC,
+        );
         assert!(!q[0].passed);
     }
 
@@ -310,7 +336,10 @@ mod tests {
 
     #[test]
     fn code_blocks() {
-        assert_eq!(code_block("x\n```python\ndef f(): pass\n```\nmore"), "def f(): pass\n");
+        assert_eq!(
+            code_block("x\n```python\ndef f(): pass\n```\nmore"),
+            "def f(): pass\n"
+        );
         assert_eq!(code_block("```\nA\n```\n```py\nB\n```"), "B\n");
         assert_eq!(code_block("def f(): pass"), "def f(): pass");
     }
@@ -340,13 +369,23 @@ mod tests {
         // >= instead of >, and mutating the input: 2 of 3 fail.
         let bad = run(
             std::slice::from_ref(&good),
-            &answer("```python\ndef f(v, t):\n    v[:] = [x for x in v if x >= t]\n    return v\n```"),
+            &answer(
+                "```python\ndef f(v, t):\n    v[:] = [x for x in v if x >= t]\n    return v\n```",
+            ),
             EXEC,
         );
         assert!(!bad[0].passed);
         assert!(bad[0].detail.starts_with("1/3 passed"), "{}", bad[0].detail);
-        let broken = run(std::slice::from_ref(&good), &answer("```python\ndef f(:\n```"), EXEC);
-        assert!(broken[0].detail.contains("does not run"), "{}", broken[0].detail);
+        let broken = run(
+            std::slice::from_ref(&good),
+            &answer("```python\ndef f(:\n```"),
+            EXEC,
+        );
+        assert!(
+            broken[0].detail.contains("does not run"),
+            "{}",
+            broken[0].detail
+        );
         let slow = run(
             &[Check::Python {
                 function: "f".into(),

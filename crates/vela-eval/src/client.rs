@@ -175,7 +175,10 @@ pub fn read_stream(
             .with_context(|| format!("unparsable stream event: {data:.200}"))?;
         let now = clock.now();
         if let Some(e) = v.get("error") {
-            bail!("server error: {}", e["message"].as_str().unwrap_or(&e.to_string()));
+            bail!(
+                "server error: {}",
+                e["message"].as_str().unwrap_or(&e.to_string())
+            );
         }
         if let Some(u) = v.get("usage").filter(|u| u.is_object()) {
             let n = |k: &str| u[k].as_u64().unwrap_or(0) as usize;
@@ -201,7 +204,11 @@ pub fn read_stream(
             (&c["text"], false),
         ] {
             if let Some(s) = field.as_str().filter(|s| !s.is_empty()) {
-                let out = if reasoning { &mut t.reasoning } else { &mut t.content };
+                let out = if reasoning {
+                    &mut t.reasoning
+                } else {
+                    &mut t.content
+                };
                 out.push_str(s);
                 output = true;
             }

@@ -9,10 +9,12 @@
 
 pub mod checks;
 pub mod client;
+pub mod gate;
 pub mod metrics;
 pub mod probe;
 pub mod report;
 pub mod run;
+pub mod stats;
 pub mod workload;
 
 use anyhow::Result;
@@ -28,6 +30,8 @@ pub struct EvalArgs {
 pub enum EvalCmd {
     /// Run a workload and write its report (per-turn metrics, stall probe, checks).
     Run(Box<run::RunArgs>),
+    /// Compare two configurations in fresh processes (ABBA, paired statistics, a verdict).
+    Ab(Box<gate::AbArgs>),
     /// List the built-in workloads.
     List,
     /// Print a built-in workload's file (a starting point for your own).
@@ -40,6 +44,7 @@ pub enum EvalCmd {
 pub fn eval(args: EvalArgs) -> Result<()> {
     match args.cmd {
         EvalCmd::Run(a) => run::run(*a),
+        EvalCmd::Ab(a) => gate::ab(*a),
         EvalCmd::List => {
             for (n, d) in workload::builtin_list() {
                 println!("{n:14} {d}");

@@ -154,7 +154,8 @@ pub fn turn_metrics(
         }
     }
     let r = |w: Option<(f64, f64)>| w.map(|(n, s)| n / s);
-    (m.prefill_tps, m.decode_loop_tps, m.post_prefill_tps) = (r(m.work[0]), r(m.work[1]), r(m.work[2]));
+    (m.prefill_tps, m.decode_loop_tps, m.post_prefill_tps) =
+        (r(m.work[0]), r(m.work[1]), r(m.work[2]));
     if let Some(t) = timings {
         m.queue_ms = num(t, "queue_ms");
         m.restore_ms = num(t, "restore_ms");
@@ -206,7 +207,9 @@ pub fn aggregate(turns: &[TurnMetrics], wall_ms: f64) -> BTreeMap<String, f64> {
         (wall_ms > 0.0).then(|| gen as f64 * 1e3 / wall_ms),
     );
     let max = |f: &dyn Fn(&TurnMetrics) -> Option<f64>| {
-        ok.iter().filter_map(|t| f(t)).fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
+        ok.iter()
+            .filter_map(|t| f(t))
+            .fold(None, |m: Option<f64>, v| Some(m.map_or(v, |m| m.max(v))))
     };
     put("rss_peak_mib", max(&|t| t.rss_peak_mib));
     put("gpu_mem_peak_mib", max(&|t| t.gpu_mem_peak_mib));
@@ -222,7 +225,10 @@ pub fn aggregate(turns: &[TurnMetrics], wall_ms: f64) -> BTreeMap<String, f64> {
     }
     let checks: Vec<&CheckResult> = turns.iter().flat_map(|t| &t.checks).collect();
     if !checks.is_empty() {
-        put("checks_passed", Some(checks.iter().filter(|c| c.passed).count() as f64));
+        put(
+            "checks_passed",
+            Some(checks.iter().filter(|c| c.passed).count() as f64),
+        );
         put("checks_total", Some(checks.len() as f64));
     }
     // Per turn of a single-client run, for gates on one turn (`turn.story.decode_loop_tps`).

@@ -156,13 +156,18 @@ impl Probe {
                         rss_mib: rss_mib(cfg.pid),
                         gpu_mib: gpu,
                     };
-                    let over = match (m.rss_mib, cfg.budget.max_rss_mib, m.gpu_mib, cfg.budget.max_gpu_mib) {
-                        (Some(r), Some(b), _, _) if r > b => {
-                            Some(format!("host RSS {r:.0} MiB exceeds the budget of {b:.0} MiB"))
-                        }
-                        (_, _, Some(g), Some(b)) if g > b => {
-                            Some(format!("device memory {g:.0} MiB exceeds the budget of {b:.0} MiB"))
-                        }
+                    let over = match (
+                        m.rss_mib,
+                        cfg.budget.max_rss_mib,
+                        m.gpu_mib,
+                        cfg.budget.max_gpu_mib,
+                    ) {
+                        (Some(r), Some(b), _, _) if r > b => Some(format!(
+                            "host RSS {r:.0} MiB exceeds the budget of {b:.0} MiB"
+                        )),
+                        (_, _, Some(g), Some(b)) if g > b => Some(format!(
+                            "device memory {g:.0} MiB exceeds the budget of {b:.0} MiB"
+                        )),
                         _ => None,
                     };
                     if let Some(why) = over {
@@ -188,7 +193,11 @@ impl Probe {
     pub fn peaks(&self, a: f64, b: f64) -> (Option<f64>, Option<f64>) {
         let rec = self.recorded.lock().unwrap_or_else(|e| e.into_inner());
         let mut out = (None, None);
-        for m in rec.mem.iter().filter(|m| m.t >= a && m.t <= b + PERIOD.as_secs_f64()) {
+        for m in rec
+            .mem
+            .iter()
+            .filter(|m| m.t >= a && m.t <= b + PERIOD.as_secs_f64())
+        {
             let up = |o: &mut Option<f64>, v: Option<f64>| {
                 if let Some(v) = v {
                     *o = Some(o.map_or(v, |x: f64| x.max(v)));
@@ -267,7 +276,11 @@ impl ClientPhase {
         self.streaming.fetch_add(1, Ordering::SeqCst);
     }
     pub fn end(&self, had_token: bool) {
-        let c = if had_token { &self.streaming } else { &self.waiting };
+        let c = if had_token {
+            &self.streaming
+        } else {
+            &self.waiting
+        };
         c.fetch_sub(1, Ordering::SeqCst);
     }
 }
@@ -300,13 +313,23 @@ mod tests {
 
     #[test]
     fn stats_per_kind_and_phase() {
-        let mut v: Vec<Sample> = (1..=100).map(|i| s("host", i as f64, "decode", "decode")).collect();
+        let mut v: Vec<Sample> = (1..=100)
+            .map(|i| s("host", i as f64, "decode", "decode"))
+            .collect();
         v.push(s("host", 500.0, "prefill", "decode"));
         v.push(s("device", 2.0, "idle", "idle"));
         let st = stall_stats(&v);
-        let get = |k: &str, p: &str| st.iter().find(|x| x.kind == k && x.phase == p).unwrap().clone();
+        let get = |k: &str, p: &str| {
+            st.iter()
+                .find(|x| x.kind == k && x.phase == p)
+                .unwrap()
+                .clone()
+        };
         let d = get("host", "decode");
-        assert_eq!((d.count, d.p50, d.p95, d.p99, d.max), (100, 50.0, 95.0, 99.0, 100.0));
+        assert_eq!(
+            (d.count, d.p50, d.p95, d.p99, d.max),
+            (100, 50.0, 95.0, 99.0, 100.0)
+        );
         assert_eq!(get("host", "prefill").max, 500.0);
         assert_eq!(get("host", "prefill→decode").count, 1);
         assert_eq!(get("device", "idle").count, 1);
@@ -375,7 +398,12 @@ mod tests {
         std::thread::sleep(Duration::from_millis(300));
         let rec = p.finish();
         assert!(abort.load(Ordering::SeqCst));
-        assert!(reason.lock().unwrap().as_ref().unwrap().contains("exceeds the budget of 1 MiB"));
+        assert!(reason
+            .lock()
+            .unwrap()
+            .as_ref()
+            .unwrap()
+            .contains("exceeds the budget of 1 MiB"));
         assert!(rec.samples.is_empty());
     }
 }

@@ -11,6 +11,7 @@ use serde_json::Value;
 use sha2::{Digest, Sha256};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
+use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::Path;
 use std::sync::Mutex;
@@ -32,13 +33,22 @@ pub struct Summary {
     pub vela_version: &'static str,
 }
 
-/// Write a file whole: temp file, fsync, rename.
-pub fn write_atomic(path: &Path, data: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let mut f = std::fs::File::create(&tmp).with_context(|| format!("creating {}", tmp.display()))?;
-    f.write_all(data)?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, path).with_context(|| format!("writing {}", path.display()))
+/// Writes via a temp file in the same directory, fsync, rename, then fsyncs the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let parent = path
+        .parent()
+        .ok_or_else(|| anyhow::anyhow!("{} has no directory", path.display()))?;
+    fs::create_dir_all(parent)?;
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = parent.join(format!(".{name}.tmp"));
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        File::open(parent)?.sync_all()
+    };
+    write().with_context(|| format!("writing {}", path.display()))
 }
 
 pub fn sha256_file(p: &Path) -> Result<String> {
@@ -60,7 +70,8 @@ pub struct EventLog(Mutex<std::fs::File>);
 
 impl EventLog {
     pub fn create(path: &Path) -> Result<EventLog> {
-        let f = std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+        let f =
+            std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
         Ok(EventLog(Mutex::new(f)))
     }
     pub fn emit(&self, v: &Value) {
@@ -76,7 +87,10 @@ pub fn write(dir: &Path, s: &Summary, traces: &[Trace], rec: &Recorded) -> Resul
     write_atomic(&dir.join("summary.json"), &serde_json::to_vec_pretty(s)?)?;
     write_atomic(&dir.join("report.md"), markdown(s).as_bytes())?;
     write_atomic(&dir.join("turns.svg"), turns_svg(&s.turns).as_bytes())?;
-    write_atomic(&dir.join("timeline.svg"), timeline_svg(&s.turns, traces).as_bytes())?;
+    write_atomic(
+        &dir.join("timeline.svg"),
+        timeline_svg(&s.turns, traces).as_bytes(),
+    )?;
     write_atomic(&dir.join("stalls.svg"), stalls_svg(&rec.samples).as_bytes())?;
     Ok(())
 }
@@ -98,12 +112,25 @@ pub fn markdown(s: &Summary) -> String {
         o,
         "- driver: {}{}; server: {}",
         s.driver,
-        s.url.as_deref().map(|u| format!(" ({u})")).unwrap_or_default(),
+        s.url
+            .as_deref()
+            .map(|u| format!(" ({u})"))
+            .unwrap_or_default(),
         s.server
     );
-    let _ = writeln!(o, "- workload digest: {}; clients: {}", w["digest"].as_str().unwrap_or("?"), w["clients"]);
+    let _ = writeln!(
+        o,
+        "- workload digest: {}; clients: {}",
+        w["digest"].as_str().unwrap_or("?"),
+        w["clients"]
+    );
     if let Some(m) = &s.model {
-        let _ = writeln!(o, "- model: {} (sha256 {})", m["path"].as_str().unwrap_or("?"), m["sha256"].as_str().unwrap_or("?"));
+        let _ = writeln!(
+            o,
+            "- model: {} (sha256 {})",
+            m["path"].as_str().unwrap_or("?"),
+            m["sha256"].as_str().unwrap_or("?")
+        );
     }
     let g = |k: &str| s.metrics.get(k).copied();
     let _ = writeln!(
@@ -125,7 +152,13 @@ pub fn markdown(s: &Summary) -> String {
     let _ = writeln!(o, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---|---|");
     for t in &s.turns {
         let passed = t.checks.iter().filter(|c| c.passed).count();
-        let src = |x: crate::metrics::Source| if matches!(x, crate::metrics::Source::Client) { "ᶜ" } else { "" };
+        let src = |x: crate::metrics::Source| {
+            if matches!(x, crate::metrics::Source::Client) {
+                "ᶜ"
+            } else {
+                ""
+            }
+        };
         let _ = writeln!(
             o,
             "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {}{} | {}{} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
@@ -167,18 +200,38 @@ pub fn markdown(s: &Summary) -> String {
         (t.prefill_tps.is_some() && t.prefill_source == Client)
             || (t.decode_loop_tps.is_some() && t.decode_source == Client)
     }) {
-        let _ = writeln!(o, "\nᶜ measured at the client (the server sent no `timings`).");
+        let _ = writeln!(
+            o,
+            "\nᶜ measured at the client (the server sent no `timings`)."
+        );
     }
-    let checks: Vec<_> = s.turns.iter().flat_map(|t| t.checks.iter().map(move |c| (t, c))).collect();
+    let checks: Vec<_> = s
+        .turns
+        .iter()
+        .flat_map(|t| t.checks.iter().map(move |c| (t, c)))
+        .collect();
     if !checks.is_empty() {
         let _ = writeln!(o, "\n## Checks\n");
         for (t, c) in checks {
-            let mark = if c.skipped { "skipped" } else if c.passed { "pass" } else { "FAIL" };
-            let _ = writeln!(o, "- client {} {}: {} — **{mark}** {}", t.client, t.name, c.check, c.detail);
+            let mark = if c.skipped {
+                "skipped"
+            } else if c.passed {
+                "pass"
+            } else {
+                "FAIL"
+            };
+            let _ = writeln!(
+                o,
+                "- client {} {}: {} — **{mark}** {}",
+                t.client, t.name, c.check, c.detail
+            );
         }
     }
     if !s.stalls.is_empty() {
-        let _ = writeln!(o, "\n## Stall probe (ms; host: timer lateness, device: canary completion)\n");
+        let _ = writeln!(
+            o,
+            "\n## Stall probe (ms; host: timer lateness, device: canary completion)\n"
+        );
         let _ = writeln!(o, "| kind | phase | samples | p50 | p95 | p99 | max |\n|---|---|---:|---:|---:|---:|---:|");
         for x in &s.stalls {
             let _ = writeln!(
@@ -196,10 +249,14 @@ pub fn markdown(s: &Summary) -> String {
 
 // --- SVG ---
 
-const COLORS: [&str; 6] = ["#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1"];
+const COLORS: [&str; 6] = [
+    "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#b07aa1",
+];
 
 fn esc(s: &str) -> String {
-    s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;")
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
 }
 
 fn svg_open(w: f64, h: f64, title: &str) -> String {
@@ -212,14 +269,35 @@ fn svg_open(w: f64, h: f64, title: &str) -> String {
 }
 
 /// Bars of one series per panel: (label, value).
-fn bar_panel(o: &mut String, y0: f64, h: f64, w: f64, title: &str, bars: &[(String, Option<f64>)], color: &str) {
-    let max = bars.iter().filter_map(|b| b.1).fold(0.0f64, f64::max).max(1e-9);
+fn bar_panel(
+    o: &mut String,
+    y0: f64,
+    h: f64,
+    w: f64,
+    title: &str,
+    bars: &[(String, Option<f64>)],
+    color: &str,
+) {
+    let max = bars
+        .iter()
+        .filter_map(|b| b.1)
+        .fold(0.0f64, f64::max)
+        .max(1e-9);
     let (left, right) = (50.0, 10.0);
     let bw = (w - left - right) / bars.len().max(1) as f64;
-    let _ = writeln!(o, "<text x=\"{left}\" y=\"{}\" font-weight=\"bold\">{}</text>", y0 + 12.0, esc(title));
+    let _ = writeln!(
+        o,
+        "<text x=\"{left}\" y=\"{}\" font-weight=\"bold\">{}</text>",
+        y0 + 12.0,
+        esc(title)
+    );
     let base = y0 + h - 28.0;
     let top = y0 + 20.0;
-    let _ = writeln!(o, "<line x1=\"{left}\" y1=\"{base}\" x2=\"{}\" y2=\"{base}\" stroke=\"#888\"/>", w - right);
+    let _ = writeln!(
+        o,
+        "<line x1=\"{left}\" y1=\"{base}\" x2=\"{}\" y2=\"{base}\" stroke=\"#888\"/>",
+        w - right
+    );
     for (i, (label, v)) in bars.iter().enumerate() {
         let x = left + i as f64 * bw;
         if let Some(v) = v {
@@ -234,7 +312,13 @@ fn bar_panel(o: &mut String, y0: f64, h: f64, w: f64, title: &str, bars: &[(Stri
                 base - bh - 3.0
             );
         }
-        let _ = writeln!(o, "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>", x + bw / 2.0, base + 14.0, esc(label));
+        let _ = writeln!(
+            o,
+            "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\">{}</text>",
+            x + bw / 2.0,
+            base + 14.0,
+            esc(label)
+        );
     }
 }
 
@@ -242,7 +326,13 @@ fn bar_panel(o: &mut String, y0: f64, h: f64, w: f64, title: &str, bars: &[(Stri
 pub fn turns_svg(turns: &[TurnMetrics]) -> String {
     let (w, ph) = (120.0 + 90.0 * turns.len() as f64, 170.0);
     let mut o = svg_open(w.max(400.0), 30.0 + 3.0 * ph, "per-turn metrics");
-    let label = |t: &TurnMetrics| if turns.iter().any(|x| x.client > 0) { format!("{}:{}", t.client, t.name) } else { t.name.clone() };
+    let label = |t: &TurnMetrics| {
+        if turns.iter().any(|x| x.client > 0) {
+            format!("{}:{}", t.client, t.name)
+        } else {
+            t.name.clone()
+        }
+    };
     let series: [(&str, Box<dyn Fn(&TurnMetrics) -> Option<f64>>); 3] = [
         ("prefill tok/s", Box::new(|t| t.prefill_tps)),
         ("decode-loop tok/s", Box::new(|t| t.decode_loop_tps)),
@@ -250,7 +340,15 @@ pub fn turns_svg(turns: &[TurnMetrics]) -> String {
     ];
     for (i, (title, f)) in series.iter().enumerate() {
         let bars: Vec<_> = turns.iter().map(|t| (label(t), f(t))).collect();
-        bar_panel(&mut o, 30.0 + i as f64 * ph, ph, w.max(400.0), title, &bars, COLORS[i]);
+        bar_panel(
+            &mut o,
+            30.0 + i as f64 * ph,
+            ph,
+            w.max(400.0),
+            title,
+            &bars,
+            COLORS[i],
+        );
     }
     o + "</svg>\n"
 }
@@ -258,15 +356,42 @@ pub fn turns_svg(turns: &[TurnMetrics]) -> String {
 /// Cumulative output events over run time, one line per turn (a dot where it was sent).
 pub fn timeline_svg(turns: &[TurnMetrics], traces: &[Trace]) -> String {
     let (w, h, left, bottom) = (800.0, 400.0, 50.0, 40.0);
-    let mut o = svg_open(w, h, "token timeline (output events per turn over run time)");
-    let t_end = traces.iter().map(|t| t.done).fold(0.0f64, f64::max).max(1e-3);
-    let t_start = traces.iter().filter(|t| t.done > 0.0).map(|t| t.sent).fold(t_end, f64::min);
-    let n_max = traces.iter().map(|t| t.token_events.len()).max().unwrap_or(1).max(1) as f64;
+    let mut o = svg_open(
+        w,
+        h,
+        "token timeline (output events per turn over run time)",
+    );
+    let t_end = traces
+        .iter()
+        .map(|t| t.done)
+        .fold(0.0f64, f64::max)
+        .max(1e-3);
+    let t_start = traces
+        .iter()
+        .filter(|t| t.done > 0.0)
+        .map(|t| t.sent)
+        .fold(t_end, f64::min);
+    let n_max = traces
+        .iter()
+        .map(|t| t.token_events.len())
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
     let x = |t: f64| left + (t - t_start) / (t_end - t_start).max(1e-3) * (w - left - 20.0);
     let y = |k: f64| h - bottom - k / n_max * (h - bottom - 40.0);
-    let _ = writeln!(o, "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#888\"/>", h - bottom, w - 20.0, h - bottom);
+    let _ = writeln!(
+        o,
+        "<line x1=\"{left}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#888\"/>",
+        h - bottom,
+        w - 20.0,
+        h - bottom
+    );
     let _ = writeln!(o, "<text x=\"{left}\" y=\"{}\">{:.1} s</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.1} s</text>", h - bottom + 16.0, 0.0, w - 20.0, h - bottom + 16.0, t_end - t_start);
-    let _ = writeln!(o, "<text x=\"10\" y=\"{}\">{n_max:.0}</text>", y(n_max) + 4.0);
+    let _ = writeln!(
+        o,
+        "<text x=\"10\" y=\"{}\">{n_max:.0}</text>",
+        y(n_max) + 4.0
+    );
     for (i, (m, tr)) in turns.iter().zip(traces).enumerate() {
         if tr.token_events.is_empty() {
             continue;
@@ -278,10 +403,27 @@ pub fn timeline_svg(turns: &[TurnMetrics], traces: &[Trace]) -> String {
             .enumerate()
             .map(|(k, &t)| format!("{:.1},{:.1}", x(t), y(k as f64 + 1.0)))
             .collect();
-        let _ = writeln!(o, "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/>", x(tr.sent), y(0.0));
-        let _ = writeln!(o, "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"1.5\" points=\"{}\"/>", pts.join(" "));
-        let (lx, ly) = (x(*tr.token_events.last().unwrap_or(&tr.done)), y(tr.token_events.len() as f64));
-        let _ = writeln!(o, "<text x=\"{lx:.1}\" y=\"{:.1}\" fill=\"{c}\">{}</text>", ly - 4.0, esc(&format!("{}:{}", m.client, m.name)));
+        let _ = writeln!(
+            o,
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"3\" fill=\"{c}\"/>",
+            x(tr.sent),
+            y(0.0)
+        );
+        let _ = writeln!(
+            o,
+            "<polyline fill=\"none\" stroke=\"{c}\" stroke-width=\"1.5\" points=\"{}\"/>",
+            pts.join(" ")
+        );
+        let (lx, ly) = (
+            x(*tr.token_events.last().unwrap_or(&tr.done)),
+            y(tr.token_events.len() as f64),
+        );
+        let _ = writeln!(
+            o,
+            "<text x=\"{lx:.1}\" y=\"{:.1}\" fill=\"{c}\">{}</text>",
+            ly - 4.0,
+            esc(&format!("{}:{}", m.client, m.name))
+        );
     }
     o + "</svg>\n"
 }
@@ -289,7 +431,10 @@ pub fn timeline_svg(turns: &[TurnMetrics], traces: &[Trace]) -> String {
 /// Histogram of probe latencies in power-of-two buckets, one panel per kind, a bar per phase.
 pub fn stalls_svg(samples: &[Sample]) -> String {
     let bounds: Vec<f64> = (-3..=11).map(|e| 2f64.powi(e)).collect(); // 0.125 ms .. 2048 ms
-    let kinds: Vec<&str> = ["host", "device"].into_iter().filter(|k| samples.iter().any(|s| s.kind == *k)).collect();
+    let kinds: Vec<&str> = ["host", "device"]
+        .into_iter()
+        .filter(|k| samples.iter().any(|s| s.kind == *k))
+        .collect();
     let phases: Vec<&str> = {
         let mut p: Vec<&str> = samples.iter().map(|s| s.phase_start).collect();
         p.sort();
@@ -297,15 +442,25 @@ pub fn stalls_svg(samples: &[Sample]) -> String {
         p
     };
     let (w, ph) = (820.0, 220.0);
-    let mut o = svg_open(w, 40.0 + ph * kinds.len().max(1) as f64, "stall probe: samples per latency bucket (ms), by phase");
+    let mut o = svg_open(
+        w,
+        40.0 + ph * kinds.len().max(1) as f64,
+        "stall probe: samples per latency bucket (ms), by phase",
+    );
     for (pi, kind) in kinds.iter().enumerate() {
         let y0 = 30.0 + pi as f64 * ph;
         let counts: Vec<Vec<usize>> = phases
             .iter()
             .map(|p| {
                 let mut c = vec![0usize; bounds.len() + 1];
-                for s in samples.iter().filter(|s| s.kind == *kind && s.phase_start == *p) {
-                    c[bounds.iter().position(|&b| s.ms <= b).unwrap_or(bounds.len())] += 1;
+                for s in samples
+                    .iter()
+                    .filter(|s| s.kind == *kind && s.phase_start == *p)
+                {
+                    c[bounds
+                        .iter()
+                        .position(|&b| s.ms <= b)
+                        .unwrap_or(bounds.len())] += 1;
                 }
                 c
             })
@@ -314,9 +469,21 @@ pub fn stalls_svg(samples: &[Sample]) -> String {
         let (left, base, top) = (50.0, y0 + ph - 40.0, y0 + 24.0);
         let gw = (w - left - 20.0) / (bounds.len() + 1) as f64;
         let bw = gw * 0.8 / phases.len().max(1) as f64;
-        let _ = writeln!(o, "<text x=\"{left}\" y=\"{}\" font-weight=\"bold\">{kind} (log count scale)</text>", y0 + 14.0);
-        for (bi, b) in bounds.iter().chain(std::iter::once(&f64::INFINITY)).enumerate() {
-            let label = if b.is_finite() { format!("≤{b}") } else { ">2048".into() };
+        let _ = writeln!(
+            o,
+            "<text x=\"{left}\" y=\"{}\" font-weight=\"bold\">{kind} (log count scale)</text>",
+            y0 + 14.0
+        );
+        for (bi, b) in bounds
+            .iter()
+            .chain(std::iter::once(&f64::INFINITY))
+            .enumerate()
+        {
+            let label = if b.is_finite() {
+                format!("≤{b}")
+            } else {
+                ">2048".into()
+            };
             let _ = writeln!(o, "<text x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"middle\" font-size=\"9\">{label}</text>", left + (bi as f64 + 0.5) * gw, base + 14.0);
             for (k, c) in counts.iter().enumerate() {
                 if c[bi] == 0 {
@@ -335,7 +502,11 @@ pub fn stalls_svg(samples: &[Sample]) -> String {
                 );
             }
         }
-        let _ = writeln!(o, "<line x1=\"{left}\" y1=\"{base}\" x2=\"{}\" y2=\"{base}\" stroke=\"#888\"/>", w - 20.0);
+        let _ = writeln!(
+            o,
+            "<line x1=\"{left}\" y1=\"{base}\" x2=\"{}\" y2=\"{base}\" stroke=\"#888\"/>",
+            w - 20.0
+        );
         for (k, p) in phases.iter().enumerate() {
             let _ = writeln!(o, "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"10\" height=\"10\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\">{p}</text>", w - 150.0, y0 + 20.0 + k as f64 * 14.0, COLORS[k % COLORS.len()], w - 136.0, y0 + 29.0 + k as f64 * 14.0);
         }
@@ -354,7 +525,7 @@ mod tests {
         write_atomic(&p, b"one").unwrap();
         write_atomic(&p, b"two").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"two");
-        assert!(!d.path().join("x.tmp").exists());
+        assert!(!d.path().join(".x.json.tmp").exists());
     }
 
     #[test]
@@ -370,8 +541,18 @@ mod tests {
             done: 1.7,
             ..Trace::default()
         };
-        let samples = vec![Sample { kind: "host", t: 0.0, ms: 0.3, phase_start: "idle", phase_end: "idle" }];
-        for s in [turns_svg(std::slice::from_ref(&t)), timeline_svg(std::slice::from_ref(&t), &[tr]), stalls_svg(&samples)] {
+        let samples = vec![Sample {
+            kind: "host",
+            t: 0.0,
+            ms: 0.3,
+            phase_start: "idle",
+            phase_end: "idle",
+        }];
+        for s in [
+            turns_svg(std::slice::from_ref(&t)),
+            timeline_svg(std::slice::from_ref(&t), &[tr]),
+            stalls_svg(&samples),
+        ] {
             assert!(s.starts_with("<svg") && s.ends_with("</svg>\n"));
             assert!(!s.contains("a<b") && !s.contains("NaN"), "{s}");
         }

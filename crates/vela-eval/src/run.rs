@@ -82,7 +82,12 @@ pub fn run(mut args: RunArgs) -> Result<()> {
         }
         let conv = w.conversations[0].clone();
         w.conversations = (0..k)
-            .map(|c| w.conversations.get(c).cloned().unwrap_or_else(|| conv.clone()))
+            .map(|c| {
+                w.conversations
+                    .get(c)
+                    .cloned()
+                    .unwrap_or_else(|| conv.clone())
+            })
             .collect();
         w.clients = k;
     }
@@ -152,7 +157,10 @@ pub fn run(mut args: RunArgs) -> Result<()> {
                     let mut ev = serde_json::to_value(&m).unwrap_or(Value::Null);
                     ev["event"] = json!("turn");
                     log.emit(&ev);
-                    turns.lock().unwrap_or_else(|e| e.into_inner()).push((m, tr));
+                    turns
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((m, tr));
                 });
             });
         }
@@ -170,10 +178,17 @@ pub fn run(mut args: RunArgs) -> Result<()> {
         agg.insert("warmup_ms".into(), ms);
     }
     let stalls = probe::stall_stats(&rec.samples);
-    let reason = abort_reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let reason = abort_reason
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .clone();
     let errors: Vec<String> = metrics
         .iter()
-        .filter_map(|m| m.error.as_ref().map(|e| format!("client {} turn {}: {e}", m.client, m.name)))
+        .filter_map(|m| {
+            m.error
+                .as_ref()
+                .map(|e| format!("client {} turn {}: {e}", m.client, m.name))
+        })
         .collect();
     let status = match (&reason, errors.first()) {
         (Some(r), _) => format!("aborted: {r}"),
@@ -189,7 +204,11 @@ pub fn run(mut args: RunArgs) -> Result<()> {
     let summary = Summary {
         format: "vela-eval-summary/1",
         status: status.clone(),
-        driver: if args.url.is_some() { "url" } else { "in-process" },
+        driver: if args.url.is_some() {
+            "url"
+        } else {
+            "in-process"
+        },
         url: args.url.clone(),
         server: target.info.clone(),
         workload: json!({"name": w.name, "digest": w.digest, "clients": w.clients,
@@ -244,7 +263,10 @@ fn connect(
     s.port = 0;
     if let Some(need) = w.min_ctx {
         if s.ctx != 0 && s.ctx < need {
-            eprintln!("vela eval: --ctx raised from {} to {need}, the workload's min_ctx", s.ctx);
+            eprintln!(
+                "vela eval: --ctx raised from {} to {need}, the workload's min_ctx",
+                s.ctx
+            );
             s.ctx = need;
         }
     }
@@ -345,7 +367,8 @@ fn conversation(
                             let r = results.get(&c.name).cloned().unwrap_or_else(|| {
                                 format!("{{\"error\": \"no result for tool {}\"}}", c.name)
                             });
-                            messages.push(json!({"role": "tool", "tool_call_id": c.id, "content": r}));
+                            messages
+                                .push(json!({"role": "tool", "tool_call_id": c.id, "content": r}));
                         }
                     }
                     (None, None) => unreachable!("validated by workload::expand"),
@@ -366,7 +389,8 @@ fn conversation(
         let r = t
             .client
             .stream(path, body, clock, abort, &|| t.client_phase.first_token());
-        t.client_phase.end(r.as_ref().is_ok_and(|tr| tr.first_token().is_some()));
+        t.client_phase
+            .end(r.as_ref().is_ok_and(|tr| tr.first_token().is_some()));
         let tr = match r {
             Ok(tr) => tr,
             Err(e) => {
@@ -391,8 +415,10 @@ fn conversation(
                     msg["tool_calls"] = tr
                         .tool_calls
                         .iter()
-                        .map(|c| json!({"id": c.id, "type": "function",
-                                        "function": {"name": c.name, "arguments": c.arguments}}))
+                        .map(|c| {
+                            json!({"id": c.id, "type": "function",
+                                        "function": {"name": c.name, "arguments": c.arguments}})
+                        })
                         .collect();
                 }
                 messages.push(msg);

@@ -49,7 +49,10 @@ pub enum Check {
     /// The answer's first fenced code block defines `function`; each test is a Python
     /// statement (usually an `assert`) run against it without network, in a fresh
     /// interpreter with a time limit.
-    Python { function: String, tests: Vec<String> },
+    Python {
+        function: String,
+        tests: Vec<String>,
+    },
 }
 
 /// One turn as written in the file.
@@ -175,7 +178,10 @@ const BUILTIN: &[(&str, &str)] = &[
     ("long-8k", include_str!("../workloads/long-8k.json")),
     ("long-32k", include_str!("../workloads/long-32k.json")),
     ("long-128k", include_str!("../workloads/long-128k.json")),
-    ("concurrent-4", include_str!("../workloads/concurrent-4.json")),
+    (
+        "concurrent-4",
+        include_str!("../workloads/concurrent-4.json"),
+    ),
 ];
 const BUILTIN_DOCS: &[(&str, &str)] = &[(
     "tidepool-readme.md",
@@ -320,14 +326,14 @@ const WORDS: &[&str] = &[
     "been", "if", "more", "when", "will", "would", "who", "so", "no", "out", "up", "into", "than",
     "them", "only", "time", "some", "could", "new", "these", "two", "may", "first", "then", "do",
     "any", "like", "my", "now", "over", "such", "our", "man", "me", "even", "most", "made",
-    "after", "also", "did", "many", "before", "must", "through", "back", "years", "where",
-    "much", "your", "way", "well", "down", "should", "because", "each", "just", "those",
-    "people", "how", "too", "little", "state", "good", "very", "make", "world", "still", "own",
-    "see", "men", "work", "long", "get", "here", "between", "both", "life", "being", "under",
-    "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old",
-    "year", "off", "come", "since", "against", "go", "came", "right", "used", "take", "three",
-    "water", "river", "stone", "light", "house", "road", "field", "city", "ship", "market",
-    "winter", "garden", "letter", "music", "paper", "school", "table", "window", "village",
+    "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much",
+    "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how",
+    "too", "little", "state", "good", "very", "make", "world", "still", "own", "see", "men",
+    "work", "long", "get", "here", "between", "both", "life", "being", "under", "never", "day",
+    "same", "another", "know", "while", "last", "might", "us", "great", "old", "year", "off",
+    "come", "since", "against", "go", "came", "right", "used", "take", "three", "water", "river",
+    "stone", "light", "house", "road", "field", "city", "ship", "market", "winter", "garden",
+    "letter", "music", "paper", "school", "table", "window", "village",
 ];
 
 /// About `n` tokens of seeded text (sentences of common words).
@@ -380,7 +386,10 @@ fn synthetic_turns(s: &Synthetic, max_tokens: usize, seed: u64) -> Vec<ExpandedT
             name: format!("ext-{}", i + 1),
             user: Some(format!(
                 "\n\n{}",
-                synthetic_text(s.extension_tokens, seed.wrapping_mul(31).wrapping_add(i as u64 + 1))
+                synthetic_text(
+                    s.extension_tokens,
+                    seed.wrapping_mul(31).wrapping_add(i as u64 + 1)
+                )
             )),
             tool_results: None,
             max_tokens,
@@ -406,16 +415,25 @@ mod tests {
             assert!(e.digest.starts_with("sha256:"));
         }
         let chat = load("seeds-chat").unwrap();
-        let names: Vec<_> = chat.conversations[0].iter().map(|t| t.name.as_str()).collect();
+        let names: Vec<_> = chat.conversations[0]
+            .iter()
+            .map(|t| t.name.as_str())
+            .collect();
         assert_eq!(names, ["summary", "story", "python"]);
         // The document is spliced in.
-        assert!(chat.conversations[0][0].user.as_ref().unwrap().contains("tidepool"));
+        assert!(chat.conversations[0][0]
+            .user
+            .as_ref()
+            .unwrap()
+            .contains("tidepool"));
     }
 
     #[test]
     fn digest_follows_the_expanded_text() {
         let src = |t: &str| {
-            format!(r#"{{"format":"vela-workload/1","name":"x","turns":[{{"name":"a","user":"{t}"}}]}}"#)
+            format!(
+                r#"{{"format":"vela-workload/1","name":"x","turns":[{{"name":"a","user":"{t}"}}]}}"#
+            )
         };
         let a = expand(&src("hello"), &no_docs).unwrap();
         let b = expand(&src("hello"), &no_docs).unwrap();
@@ -427,13 +445,34 @@ mod tests {
     #[test]
     fn bad_workloads_are_clear_errors() {
         let cases = [
-            (r#"{"format":"vela-workload/2","name":"x","turns":[{"name":"a","user":"u"}]}"#, "format"),
-            (r#"{"format":"vela-workload/1","name":"x"}"#, "either turns or synthetic"),
-            (r#"{"format":"vela-workload/1","name":"x","turns":[{"name":"a"}]}"#, "exactly one of"),
-            (r#"{"format":"vela-workload/1","name":"x","turns":[{"name":"a","tool_results":{}}]}"#, "first turn"),
-            (r#"{"format":"vela-workload/1","name":"x","turns":[{"name":"a","user":"{{d}}"}]}"#, "names no document"),
-            (r#"{"format":"vela-workload/1","name":"x","turns":[{"name":"a","user":"u","bogus":1}]}"#, "unknown field"),
-            (r#"{"format":"vela-workload/1","name":"x","clients":0,"turns":[{"name":"a","user":"u"}]}"#, "clients"),
+            (
+                r#"{"format":"vela-workload/2","name":"x","turns":[{"name":"a","user":"u"}]}"#,
+                "format",
+            ),
+            (
+                r#"{"format":"vela-workload/1","name":"x"}"#,
+                "either turns or synthetic",
+            ),
+            (
+                r#"{"format":"vela-workload/1","name":"x","turns":[{"name":"a"}]}"#,
+                "exactly one of",
+            ),
+            (
+                r#"{"format":"vela-workload/1","name":"x","turns":[{"name":"a","tool_results":{}}]}"#,
+                "first turn",
+            ),
+            (
+                r#"{"format":"vela-workload/1","name":"x","turns":[{"name":"a","user":"{{d}}"}]}"#,
+                "names no document",
+            ),
+            (
+                r#"{"format":"vela-workload/1","name":"x","turns":[{"name":"a","user":"u","bogus":1}]}"#,
+                "unknown field",
+            ),
+            (
+                r#"{"format":"vela-workload/1","name":"x","clients":0,"turns":[{"name":"a","user":"u"}]}"#,
+                "clients",
+            ),
         ];
         for (src, want) in cases {
             let e = format!("{:#}", expand(src, &no_docs).unwrap_err());
