@@ -40,7 +40,8 @@
 #       Qwen2.5-0.5B Q4_K_M, Gemma-4-31B Q4_0, Gemma-4-26B-A4B Q4_0 (MoE)), AB_REPS rounds (default 3) alternating which binary
 #       runs first (AB_TESTS=0 skips the tests); $OUT/ab.md: medians, min-max and new/old. For refactors that must not change
 #       speed or results. Then the new binary's batched decoding (`vela bench --parallel`,
-#       AB_PARALLEL sequence counts) on the first model: $OUT/parallel.md.
+#       AB_PARALLEL sequence counts) on the first model: $OUT/parallel.md; then the `vela eval`
+#       workloads of AB_EVAL (default long-32k) on it with the stall probe: $OUT/eval-NAME/.
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
 #   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
@@ -434,6 +435,14 @@ PYEOF
   n=${models%%:*}
   /tmp/vela-new bench -m /tmp/$n.gguf --device cuda -n 32 -r 3 --parallel ${AB_PARALLEL:-1,4,16,64} |
     tee $OUT/parallel.md
+  # `vela eval` workloads (AB_EVAL, default long-32k; "none" skips) with the stall probe on the
+  # same model: $OUT/eval-NAME/ (report.md, summary.json, events.jsonl, SVGs).
+  for w in ${AB_EVAL:-long-32k}; do
+    [ "$w" = none ] && continue
+    timeout 300 /tmp/vela-new eval run $w -m /tmp/$n.gguf --device cuda -o $OUT/eval-$w 2>$OUT/eval-$w.log |
+      grep -vE '^\| [0-9]+ \| ext-[2-7] '
+    echo "eval $w: exit ${PIPESTATUS[0]}"
+  done
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;
 esac

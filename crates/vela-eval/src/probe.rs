@@ -89,7 +89,9 @@ pub type SharedDevice = Arc<Mutex<Option<Box<dyn vela_compute::DeviceProbe>>>>;
 
 pub struct ProbeConfig {
     pub stalls: bool,
-    pub pid: Option<u32>,
+    /// Whose RSS to sample: this process (None inside) or another (`--server-pid`); the outer
+    /// None: nobody's (a `--url` server of unknown PID).
+    pub rss_of: Option<Option<u32>>,
     pub budget: Budget,
     /// Set with the reason when a budget is exceeded.
     pub abort: Arc<AtomicBool>,
@@ -153,7 +155,7 @@ impl Probe {
                     drop(slot);
                     let m = MemSample {
                         t: clock.now(),
-                        rss_mib: rss_mib(cfg.pid),
+                        rss_mib: cfg.rss_of.and_then(rss_mib),
                         gpu_mib: gpu,
                     };
                     let over = match (
@@ -346,7 +348,7 @@ mod tests {
         }
         let cfg = ProbeConfig {
             stalls: true,
-            pid: None,
+            rss_of: Some(None),
             budget: Budget {
                 max_rss_mib: Some(1e9),
                 max_gpu_mib: None,
@@ -385,7 +387,7 @@ mod tests {
         let reason = Arc::new(Mutex::new(None));
         let cfg = ProbeConfig {
             stalls: false,
-            pid: None,
+            rss_of: Some(None),
             budget: Budget {
                 max_rss_mib: Some(1.0),
                 max_gpu_mib: None,

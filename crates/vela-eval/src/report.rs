@@ -152,8 +152,8 @@ pub fn markdown(s: &Summary) -> String {
     let _ = writeln!(o, "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---|---:|---:|---|---|");
     for t in &s.turns {
         let passed = t.checks.iter().filter(|c| c.passed).count();
-        let src = |x: crate::metrics::Source| {
-            if matches!(x, crate::metrics::Source::Client) {
+        let src = |v: Option<f64>, x: crate::metrics::Source| {
+            if v.is_some() && x == crate::metrics::Source::Client {
                 "ᶜ"
             } else {
                 ""
@@ -172,9 +172,9 @@ pub fn markdown(s: &Summary) -> String {
             n(t.completion_tokens),
             f1(t.ttft_ms),
             f1(t.prefill_tps),
-            src(t.prefill_source),
+            src(t.prefill_tps, t.prefill_source),
             f1(t.decode_loop_tps),
-            src(t.decode_source),
+            src(t.decode_loop_tps, t.decode_source),
             f1(t.post_prefill_tps),
             t.turn_ms,
             match (t.draft_tokens, t.acceptance) {

@@ -110,10 +110,15 @@ pub fn run(mut args: RunArgs) -> Result<()> {
     let device: probe::SharedDevice = Default::default();
     let client_phase = Arc::new(ClientPhase::default());
     let phase_slot: Arc<Mutex<Arc<dyn PhaseSource>>> = Arc::new(Mutex::new(client_phase.clone()));
+    let rss_of = match (&args.url, args.server_pid) {
+        (_, Some(pid)) => Some(Some(pid)),
+        (None, None) => Some(None),
+        (Some(_), None) => None,
+    };
     let probe = Probe::start(
         ProbeConfig {
             stalls: !args.no_probe,
-            pid: args.server_pid,
+            rss_of,
             budget: Budget {
                 max_rss_mib: args.max_rss,
                 max_gpu_mib: args.max_gpu_mem,
@@ -154,8 +159,14 @@ pub fn run(mut args: RunArgs) -> Result<()> {
                 conversation(c, conv, target, w, clock, abort, exec, &mut |m, tr| {
                     let mut m = m;
                     (m.rss_peak_mib, m.gpu_mem_peak_mib) = probe.peaks(tr.sent, tr.done);
+                    // A turn shorter than the probe's period still gets a reading.
+                    if let Some(now) = rss_of.and_then(probe::rss_mib) {
+                        m.rss_peak_mib = Some(m.rss_peak_mib.map_or(now, |p| p.max(now)));
+                    }
                     let mut ev = serde_json::to_value(&m).unwrap_or(Value::Null);
                     ev["event"] = json!("turn");
+                    ev["answer"] = json!({"content": tr.content, "reasoning": tr.reasoning,
+                                         "tool_calls": tr.tool_calls});
                     log.emit(&ev);
                     turns
                         .lock()
@@ -353,11 +364,24 @@ fn conversation(
                     (Some(u), _) => messages.push(json!({"role": "user", "content": u})),
                     (None, Some(results)) => {
                         if last_calls.is_empty() {
+                            // The model did not call a tool: its failure (the previous turn's
+                            // check says so), not the harness's. This turn's checks fail.
+                            let why = "skipped: the previous turn made no tool call to answer";
                             let m = TurnMetrics {
                                 client,
                                 turn: i,
                                 name: turn.name.clone(),
-                                error: Some("the previous turn made no tool call to answer".into()),
+                                finish_reason: Some(why.into()),
+                                checks: turn
+                                    .checks
+                                    .iter()
+                                    .map(|c| crate::checks::CheckResult {
+                                        check: format!("{c:?}"),
+                                        passed: false,
+                                        skipped: true,
+                                        detail: why.into(),
+                                    })
+                                    .collect(),
                                 ..TurnMetrics::default()
                             };
                             done(m, Trace::default());

@@ -254,6 +254,19 @@ impl OutputParser {
                         if t.is_empty() {
                             return;
                         }
+                        // A call fenced as a JSON code block (small Qwen2.5 models): wait
+                        // for the fence's line and what follows it to decide.
+                        if t.starts_with('`') {
+                            match fenced_json_start(t) {
+                                None if !finishing => return,
+                                Some(true) => {
+                                    self.at_start = false;
+                                    self.mode = Mode::LlamaJson;
+                                    continue;
+                                }
+                                _ => {}
+                            }
+                        }
                         self.at_start = false;
                         if t.starts_with('{') || t.starts_with("<|python_tag|>") {
                             self.mode = Mode::LlamaJson;
@@ -397,10 +410,43 @@ fn parse_json_call(t: &str, arg_keys: &[&str]) -> Option<ToolCall> {
     })
 }
 
-/// Llama 3.x: the whole answer is one call or several separated by `;`.
+/// Whether text starting with a backtick opens a fenced JSON block: Some(true) for ```` ``` ```` or
+/// ```` ```json ```` followed by `{`, Some(false) when it cannot be one, None while undecided.
+fn fenced_json_start(t: &str) -> Option<bool> {
+    let Some(rest) = t.strip_prefix("```") else {
+        return if "```".starts_with(t) {
+            None
+        } else {
+            Some(false)
+        };
+    };
+    let Some((tag, body)) = rest.split_once('\n') else {
+        return None;
+    };
+    if !matches!(tag.trim(), "" | "json") {
+        return Some(false);
+    }
+    match body.trim_start().chars().next() {
+        None => None,
+        Some(c) => Some(c == '{'),
+    }
+}
+
+/// Llama 3.x: the whole answer is one call or several separated by `;` (optionally fenced as a
+/// JSON code block).
 pub fn parse_llama_json(text: &str) -> Option<Vec<ToolCall>> {
     let t = text.trim();
     let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim();
+    let t = match t.strip_prefix("```") {
+        Some(r) => {
+            let (tag, body) = r.split_once('\n')?;
+            if !matches!(tag.trim(), "" | "json") {
+                return None;
+            }
+            body.trim_end().strip_suffix("```")?.trim()
+        }
+        None => t,
+    };
     if let Some(c) = parse_json_call(t, &["parameters", "arguments"]) {
         return Some(vec![c]);
     }

@@ -101,6 +101,27 @@ fn qwen_bare_json_call() {
         &[call("f", r#"{"a":1}"#)],
     );
     check_all_splits(&cfg, "{oops} and more", &[content("{oops} and more")]);
+    // The same call fenced as a JSON code block (what Qwen2.5-Coder-0.5B writes).
+    check_all_splits(
+        &cfg,
+        "```json\n{\n  \"name\": \"f\",\n  \"arguments\": {\"a\": 1}\n}\n```",
+        &[call("f", r#"{"a":1}"#)],
+    );
+    check_all_splits(
+        &cfg,
+        "```\n{\"name\": \"f\", \"arguments\": {}}\n```",
+        &[call("f", "{}")],
+    );
+    // Other fenced blocks, a fenced non-call and a broken fence stay text, whole.
+    for text in [
+        "```python\nprint(1)\n```",
+        "```json\n{\"a\": 1}\n```",
+        "```json\n{\"name\": \"f\", \"arguments\": {}}",
+        "`x` is a variable",
+        "``",
+    ] {
+        check_all_splits(&cfg, text, &[content(text)]);
+    }
 }
 
 #[test]
