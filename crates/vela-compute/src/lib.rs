@@ -295,6 +295,8 @@ impl RouteParams {
     }
 }
 
+pub use cpu::recurrent::DeltaDims;
+
 /// A device's side channel for measurement, usable from another thread while the engine runs.
 pub trait DeviceProbe: Send {
     /// Enqueue a tiny operation (a 4 KiB copy) on a stream of its own and wait for it: how long
@@ -560,6 +562,51 @@ pub trait Backend: Send + Sync {
         n_tokens: usize,
         k: usize,
         y: &mut Self::Buf,
+    );
+
+    // --- recurrent layers (Gated DeltaNet, short convolutions) ---
+    /// Depthwise causal convolution over time with a carried state: `x` is `[n, width]`;
+    /// `state` holds the `(k−1)·dilation` rows before it (zeros at a sequence start) and is
+    /// advanced to end after `x`; `w` is `[width, k]` (HF's `[C, 1, K]` conv weight). Row t of
+    /// `out` = Σ_j w[·, j] ⊙ row (t + j·dilation) of [state; x], summed in ascending j, each
+    /// product and sum rounded to f32 (the CPU's bits on every backend), then SiLU when `silu`
+    /// (the backend's `exp`).
+    #[allow(clippy::too_many_arguments)]
+    fn conv1d_causal(
+        &self,
+        x: &Self::Buf,
+        n: usize,
+        width: usize,
+        w: &Self::Vector,
+        k: usize,
+        dilation: usize,
+        silu: bool,
+        state: &mut Self::Buf,
+        out: &mut Self::Buf,
+    );
+
+    /// Each of `n_rows` rows of `width`, in place: x · 1/sqrt(Σx² + eps) (HF's `l2norm`).
+    fn l2_norm_rows(&self, x: &mut Self::Buf, n_rows: usize, width: usize, eps: f32);
+
+    /// The gated delta rule, token by token (its recurrent form, so a result never depends on
+    /// how the sequence is split into calls). For t < n and value head h, with key head
+    /// h / (n_v / n_k) (HF's `repeat_interleave` grouping) and S_h the `[dk, dv]` f32 state:
+    /// S_h ← exp(g[t,h])·S_h; δ = β[t,h]·(v[t,h] − S_hᵀk); S_h += k ⊗ δ; out[t,h] = S_hᵀq.
+    /// q, k are `[n, n_k·dk]`; v, out `[n, n_v·dv]`; g, β `[n, n_v]`; `state` `[n_v, dk, dv]`,
+    /// zeros at a sequence start. q and k arrive normalised and scaled. Each sum runs in
+    /// ascending key index, products and sums rounded separately (every backend gives the
+    /// CPU's bits up to its `exp`).
+    #[allow(clippy::too_many_arguments)]
+    fn gated_delta_rule(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        g: &Self::Buf,
+        beta: &Self::Buf,
+        dims: DeltaDims,
+        state: &mut Self::Buf,
+        out: &mut Self::Buf,
     );
 
     /// Products from here on, until `precise_products(false)`, take the backend's most precise

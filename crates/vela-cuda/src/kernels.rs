@@ -33,6 +33,7 @@ pub const GROUPS: &[(&str, &str)] = &[
     ),
     ("sample", include_str!("../kernels/sample.cu")),
     ("kit", include_str!("../kernels/kit.cu")),
+    ("recurrent", include_str!("../kernels/recurrent.cu")),
 ];
 
 /// Every kernel the backend launches, per group (also checked by `tests/ptx.rs`).
@@ -250,6 +251,14 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "kit_scatter_add_rows",
             "kit_route",
             "kit_route_hash",
+        ],
+    ),
+    (
+        "recurrent",
+        &[
+            "rec_conv1d_causal",
+            "rec_l2_norm_rows",
+            "rec_gated_delta_rule",
         ],
     ),
 ];

@@ -34,6 +34,7 @@ mod l2pf;
 mod matmul;
 pub mod nvrtc;
 mod profile;
+mod recurrent;
 pub mod sample;
 mod steps;
 pub mod tuning;
@@ -380,6 +381,39 @@ impl Backend for CudaBackend {
 
     fn softmax_rows(&self, x: &mut CudaBuf, n_rows: usize, width: usize) {
         self.softmax_rows_impl(x, n_rows, width);
+    }
+
+    fn conv1d_causal(
+        &self,
+        x: &CudaBuf,
+        n: usize,
+        width: usize,
+        w: &CudaSlice<f32>,
+        k: usize,
+        dilation: usize,
+        silu: bool,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) {
+        self.conv1d_causal_impl(x, n, width, w, k, dilation, silu, state, out);
+    }
+
+    fn l2_norm_rows(&self, x: &mut CudaBuf, n_rows: usize, width: usize, eps: f32) {
+        self.l2_norm_rows_impl(x, n_rows, width, eps);
+    }
+
+    fn gated_delta_rule(
+        &self,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        g: &CudaBuf,
+        beta: &CudaBuf,
+        dims: vela_compute::DeltaDims,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) {
+        self.gated_delta_rule_impl(q, k, v, g, beta, dims, state, out);
     }
 
     fn sigmoid(&self, x: &mut CudaBuf, len: usize) {

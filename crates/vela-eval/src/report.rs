@@ -333,7 +333,8 @@ pub fn turns_svg(turns: &[TurnMetrics]) -> String {
             t.name.clone()
         }
     };
-    let series: [(&str, Box<dyn Fn(&TurnMetrics) -> Option<f64>>); 3] = [
+    type Series = Box<dyn Fn(&TurnMetrics) -> Option<f64>>;
+    let series: [(&str, Series); 3] = [
         ("prefill tok/s", Box::new(|t| t.prefill_tps)),
         ("decode-loop tok/s", Box::new(|t| t.decode_loop_tps)),
         ("TTFT ms", Box::new(|t| t.ttft_ms)),

@@ -420,16 +420,11 @@ fn fenced_json_start(t: &str) -> Option<bool> {
             Some(false)
         };
     };
-    let Some((tag, body)) = rest.split_once('\n') else {
-        return None;
-    };
+    let (tag, body) = rest.split_once('\n')?;
     if !matches!(tag.trim(), "" | "json") {
         return Some(false);
     }
-    match body.trim_start().chars().next() {
-        None => None,
-        Some(c) => Some(c == '{'),
-    }
+    body.trim_start().chars().next().map(|c| c == '{')
 }
 
 /// Llama 3.x: the whole answer is one call or several separated by `;` (optionally fenced as a

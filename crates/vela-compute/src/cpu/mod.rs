@@ -7,6 +7,7 @@ pub mod kit;
 pub mod matmul;
 pub mod ops;
 pub mod pool;
+pub mod recurrent;
 pub mod route;
 pub mod simd;
 pub use ops::CpuBackend;

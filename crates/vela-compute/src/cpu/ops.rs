@@ -452,6 +452,39 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn conv1d_causal(
+        &self,
+        x: &Vec<f32>,
+        n: usize,
+        width: usize,
+        w: &Vec<f32>,
+        k: usize,
+        dilation: usize,
+        silu: bool,
+        state: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) {
+        super::recurrent::conv1d_causal(x, n, width, w, k, dilation, silu, state, out);
+    }
+
+    fn l2_norm_rows(&self, x: &mut Vec<f32>, n_rows: usize, width: usize, eps: f32) {
+        super::recurrent::l2_norm_rows(x, n_rows, width, eps);
+    }
+
+    fn gated_delta_rule(
+        &self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        g: &Vec<f32>,
+        beta: &Vec<f32>,
+        dims: crate::DeltaDims,
+        state: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) {
+        super::recurrent::gated_delta_rule(&self.pool, q, k, v, g, beta, dims, state, out);
+    }
+
     fn gather_rows(&self, src: &Vec<f32>, idx: &Vec<u32>, n: usize, w: usize, out: &mut Vec<f32>) {
         kit::gather_rows(src, &idx[..n], w, &mut out[..n * w]);
     }

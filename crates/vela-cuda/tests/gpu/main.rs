@@ -443,4 +443,5 @@ mod kernels2;
 mod mix;
 mod model;
 mod ops;
+mod recurrent;
 mod sample;

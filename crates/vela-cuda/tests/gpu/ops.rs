@@ -34,7 +34,7 @@ fn ids_round_trip() {
 }
 
 /// `|a - b| <= ulps` units in the last place of `b` (and exact zeros where `b` is 0 or -inf).
-fn check_ulps(what: &str, gpu: &[f32], cpu: &[f32], ulps: f32) {
+pub(super) fn check_ulps(what: &str, gpu: &[f32], cpu: &[f32], ulps: f32) {
     assert_eq!(gpu.len(), cpu.len());
     let mut worst = 0f32;
     for (i, (&a, &b)) in gpu.iter().zip(cpu).enumerate() {

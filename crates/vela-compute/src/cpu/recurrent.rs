@@ -1,0 +1,337 @@
+//! Ops of recurrent (linear-attention) layers on the CPU, the reference for every backend:
+//! the causal depthwise convolution with a carried state, row L2 normalisation and the gated
+//! delta rule in its recurrent (token-by-token) form.
+//!
+//! Every result depends only on the tokens before it, never on how a sequence was split into
+//! calls (prefill chunks, verify batches, single steps): the recurrent form evaluates token by
+//! token, and every sum runs in one fixed order with each product and sum rounded to f32.
+
+use super::pool::ThreadPool;
+
+/// Raw pointer shared across pool threads writing disjoint ranges.
+#[derive(Clone, Copy)]
+struct SyncPtr(*mut f32);
+unsafe impl Send for SyncPtr {}
+unsafe impl Sync for SyncPtr {}
+
+impl SyncPtr {
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Depthwise causal convolution: see [`crate::Backend::conv1d_causal`].
+#[allow(clippy::too_many_arguments)]
+pub fn conv1d_causal(
+    x: &[f32],
+    n: usize,
+    width: usize,
+    w: &[f32],
+    k: usize,
+    dilation: usize,
+    silu: bool,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    let s = (k - 1) * dilation;
+    assert!(
+        k >= 1 && dilation >= 1,
+        "conv1d_causal: kernel and dilation at least 1"
+    );
+    assert!(
+        w.len() >= width * k && state.len() >= s * width,
+        "conv1d_causal: buffer too small"
+    );
+    assert!(
+        x.len() >= n * width && out.len() >= n * width,
+        "conv1d_causal: buffer too small"
+    );
+    // Row r of [state; x].
+    let row = |r: usize| -> &[f32] {
+        if r < s {
+            &state[r * width..(r + 1) * width]
+        } else {
+            &x[(r - s) * width..(r - s + 1) * width]
+        }
+    };
+    for t in 0..n {
+        let o = &mut out[t * width..(t + 1) * width];
+        for (c, oc) in o.iter_mut().enumerate() {
+            let mut acc = 0.0f32;
+            for j in 0..k {
+                acc += w[c * k + j] * row(t + j * dilation)[c];
+            }
+            *oc = if silu {
+                acc / (1.0 + (-acc).exp())
+            } else {
+                acc
+            };
+        }
+    }
+    // The state becomes the last s rows of [state; x].
+    if s > 0 {
+        let mut next = vec![0f32; s * width];
+        for (i, dst) in next.chunks_exact_mut(width).enumerate() {
+            dst.copy_from_slice(row(n + i));
+        }
+        state[..s * width].copy_from_slice(&next);
+    }
+}
+
+/// x · 1/sqrt(Σx² + eps) for each row, in place; Σ ascending in f32.
+pub fn l2_norm_rows(x: &mut [f32], n_rows: usize, width: usize, eps: f32) {
+    for r in x[..n_rows * width].chunks_exact_mut(width) {
+        let mut ss = 0.0f32;
+        for v in r.iter() {
+            ss += v * v;
+        }
+        let inv = 1.0 / (ss + eps).sqrt();
+        for v in r.iter_mut() {
+            *v *= inv;
+        }
+    }
+}
+
+/// Shapes of a gated-delta-rule call.
+#[derive(Clone, Copy, Debug)]
+pub struct DeltaDims {
+    pub n: usize,
+    pub n_k: usize,
+    pub n_v: usize,
+    pub dk: usize,
+    pub dv: usize,
+}
+
+/// The gated delta rule: see [`crate::Backend::gated_delta_rule`]. Heads run in parallel;
+/// within a head every sum is in ascending key index.
+#[allow(clippy::too_many_arguments)]
+pub fn gated_delta_rule(
+    pool: &ThreadPool,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    d: DeltaDims,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    let DeltaDims {
+        n,
+        n_k,
+        n_v,
+        dk,
+        dv,
+    } = d;
+    assert!(
+        n_k > 0 && n_v % n_k == 0,
+        "gated_delta_rule: value heads must be a multiple of key heads"
+    );
+    assert!(
+        q.len() >= n * n_k * dk && k.len() >= n * n_k * dk,
+        "gated_delta_rule: q/k too small"
+    );
+    assert!(
+        v.len() >= n * n_v * dv && out.len() >= n * n_v * dv,
+        "gated_delta_rule: v/out too small"
+    );
+    assert!(
+        g.len() >= n * n_v && beta.len() >= n * n_v,
+        "gated_delta_rule: g/beta too small"
+    );
+    assert!(
+        state.len() >= n_v * dk * dv,
+        "gated_delta_rule: state too small"
+    );
+    let group = n_v / n_k;
+    let (sp, op) = (SyncPtr(state.as_mut_ptr()), SyncPtr(out.as_mut_ptr()));
+    let head = |h: usize| {
+        // SAFETY: head h owns state[h·dk·dv ..][..dk·dv] and the h-th dv-wide column block of
+        // every output row; heads are disjoint.
+        let s = unsafe { std::slice::from_raw_parts_mut(sp.get().add(h * dk * dv), dk * dv) };
+        let kh = h / group;
+        let mut kv = vec![0f32; dv];
+        for t in 0..n {
+            let qt = &q[(t * n_k + kh) * dk..][..dk];
+            let kt = &k[(t * n_k + kh) * dk..][..dk];
+            let vt = &v[(t * n_v + h) * dv..][..dv];
+            let (decay, b) = (g[t * n_v + h].exp(), beta[t * n_v + h]);
+            kv.iter_mut().for_each(|x| *x = 0.0);
+            for (i, row) in s.chunks_exact_mut(dv).enumerate() {
+                let ki = kt[i];
+                for (sj, kj) in row.iter_mut().zip(kv.iter_mut()) {
+                    *sj *= decay;
+                    *kj += *sj * ki;
+                }
+            }
+            for (kj, vj) in kv.iter_mut().zip(vt) {
+                *kj = b * (vj - *kj);
+            }
+            // SAFETY: see above.
+            let o = unsafe { std::slice::from_raw_parts_mut(op.get().add((t * n_v + h) * dv), dv) };
+            o.iter_mut().for_each(|x| *x = 0.0);
+            for (i, row) in s.chunks_exact_mut(dv).enumerate() {
+                let (ki, qi) = (kt[i], qt[i]);
+                for ((sj, dj), oj) in row.iter_mut().zip(&kv).zip(o.iter_mut()) {
+                    *sj += ki * dj;
+                    *oj += *sj * qi;
+                }
+            }
+        }
+    };
+    if n_v >= 2 && pool.n_threads() >= 2 {
+        pool.run_chunks(n_v, head);
+    } else {
+        (0..n_v).for_each(head);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rng(seed: u64) -> impl FnMut() -> f32 {
+        let mut s = seed;
+        move || {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+        }
+    }
+
+    /// The convolution written as HF writes it: pad the sequence with the state, convolve.
+    #[test]
+    fn conv_matches_a_direct_convolution_and_any_split() {
+        let (width, k, dil, n) = (5, 4, 3, 17);
+        let mut r = rng(1);
+        let x: Vec<f32> = (0..n * width).map(|_| r()).collect();
+        let w: Vec<f32> = (0..width * k).map(|_| r()).collect();
+        let s = (k - 1) * dil;
+        // Direct: zero history.
+        let mut want = vec![0f32; n * width];
+        for t in 0..n {
+            for c in 0..width {
+                let mut acc = 0.0f32;
+                for j in 0..k {
+                    let src = t as isize + (j * dil) as isize - s as isize;
+                    if src >= 0 {
+                        acc += w[c * k + j] * x[src as usize * width + c];
+                    }
+                }
+                want[t * width + c] = acc;
+            }
+        }
+        for split in [1, 2, 5, 16, 17] {
+            let mut state = vec![0f32; s * width];
+            let mut got = vec![0f32; n * width];
+            let mut t = 0;
+            while t < n {
+                let m = split.min(n - t);
+                let mut o = vec![0f32; m * width];
+                conv1d_causal(
+                    &x[t * width..(t + m) * width],
+                    m,
+                    width,
+                    &w,
+                    k,
+                    dil,
+                    false,
+                    &mut state,
+                    &mut o,
+                );
+                got[t * width..(t + m) * width].copy_from_slice(&o);
+                t += m;
+            }
+            assert_eq!(got, want, "split {split}");
+            // The state is the last s input rows.
+            assert_eq!(state, x[(n - s) * width..].to_vec());
+        }
+    }
+
+    #[test]
+    fn l2_norm() {
+        let mut x = vec![3.0, 4.0, 1.0, 0.0];
+        l2_norm_rows(&mut x, 2, 2, 0.0);
+        assert_eq!(x, [0.6, 0.8, 1.0, 0.0]);
+        let mut y = vec![0.0, 0.0];
+        l2_norm_rows(&mut y, 1, 2, 1e-6);
+        assert_eq!(y, [0.0, 0.0]);
+    }
+
+    /// The recurrence in f64 from its definition, against the f32 op; and every split of the
+    /// sequence into calls gives the same bits.
+    #[test]
+    fn delta_rule_matches_the_definition_and_any_split() {
+        let d = DeltaDims {
+            n: 9,
+            n_k: 2,
+            n_v: 4,
+            dk: 8,
+            dv: 6,
+        };
+        let mut r = rng(7);
+        let q: Vec<f32> = (0..d.n * d.n_k * d.dk).map(|_| r() * 0.3).collect();
+        let k: Vec<f32> = (0..d.n * d.n_k * d.dk).map(|_| r() * 0.3).collect();
+        let v: Vec<f32> = (0..d.n * d.n_v * d.dv).map(|_| r()).collect();
+        let g: Vec<f32> = (0..d.n * d.n_v).map(|_| -0.5 * (r() + 1.0)).collect();
+        let beta: Vec<f32> = (0..d.n * d.n_v).map(|_| 0.5 * (r() + 1.0)).collect();
+        let mut s64 = vec![0f64; d.n_v * d.dk * d.dv];
+        let mut want = vec![0f64; d.n * d.n_v * d.dv];
+        for t in 0..d.n {
+            for h in 0..d.n_v {
+                let kh = h / (d.n_v / d.n_k);
+                let s = &mut s64[h * d.dk * d.dv..][..d.dk * d.dv];
+                let a = (g[t * d.n_v + h] as f64).exp();
+                s.iter_mut().for_each(|x| *x *= a);
+                let kt = |i: usize| k[(t * d.n_k + kh) * d.dk + i] as f64;
+                for j in 0..d.dv {
+                    let mem: f64 = (0..d.dk).map(|i| s[i * d.dv + j] * kt(i)).sum();
+                    let delta =
+                        beta[t * d.n_v + h] as f64 * (v[(t * d.n_v + h) * d.dv + j] as f64 - mem);
+                    for i in 0..d.dk {
+                        s[i * d.dv + j] += kt(i) * delta;
+                    }
+                }
+                for j in 0..d.dv {
+                    want[(t * d.n_v + h) * d.dv + j] = (0..d.dk)
+                        .map(|i| s[i * d.dv + j] * q[(t * d.n_k + kh) * d.dk + i] as f64)
+                        .sum();
+                }
+            }
+        }
+        let pool = ThreadPool::new(2);
+        let run = |split: usize| {
+            let mut state = vec![0f32; d.n_v * d.dk * d.dv];
+            let mut out = vec![0f32; d.n * d.n_v * d.dv];
+            let mut t = 0;
+            while t < d.n {
+                let m = split.min(d.n - t);
+                let dd = DeltaDims { n: m, ..d };
+                let (qk, vv, gg) = (t * d.n_k * d.dk, t * d.n_v * d.dv, t * d.n_v);
+                let mut o = vec![0f32; m * d.n_v * d.dv];
+                gated_delta_rule(
+                    &pool,
+                    &q[qk..],
+                    &k[qk..],
+                    &v[vv..],
+                    &g[gg..],
+                    &beta[gg..],
+                    dd,
+                    &mut state,
+                    &mut o,
+                );
+                out[vv..vv + o.len()].copy_from_slice(&o);
+                t += m;
+            }
+            (out, state)
+        };
+        let (whole, st) = run(d.n);
+        for (a, b) in whole.iter().zip(&want) {
+            assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        for split in [1, 2, 4] {
+            assert_eq!(run(split), (whole.clone(), st.clone()), "split {split}");
+        }
+    }
+}

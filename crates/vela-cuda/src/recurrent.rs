@@ -1,0 +1,127 @@
+//! Recurrent-layer ops on the GPU (kernels/recurrent.cu): causal depthwise convolution with a
+//! carried state, row L2 normalisation, the gated delta rule.
+
+use crate::backend::CudaBackend;
+use crate::device::Arg;
+use crate::weight::CudaBuf;
+use cudarc::driver::CudaSlice;
+use vela_compute::DeltaDims;
+
+impl CudaBackend {
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn conv1d_causal_impl(
+        &self,
+        x: &CudaBuf,
+        n: usize,
+        width: usize,
+        w: &CudaSlice<f32>,
+        k: usize,
+        dilation: usize,
+        silu: bool,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) {
+        assert!(
+            k >= 1 && dilation >= 1,
+            "conv1d_causal: kernel and dilation at least 1"
+        );
+        let s = (k - 1) * dilation;
+        assert!(
+            x.len() >= n * width && out.len() >= n * width && state.len() >= s * width,
+            "conv1d_causal: buffer too small"
+        );
+        assert!(w.len() >= width * k, "conv1d_causal: weight too small");
+        if n == 0 || width == 0 {
+            return;
+        }
+        let args = [
+            Arg::P(self.ptr(x)),
+            Arg::I(n as i32),
+            Arg::I(width as i32),
+            Arg::P(self.ptr(w)),
+            Arg::I(k as i32),
+            Arg::I(dilation as i32),
+            Arg::I(silu as i32),
+            Arg::P(self.ptr(state)),
+            Arg::P(self.ptr(out)),
+        ];
+        self.launch(
+            "rec_conv1d_causal",
+            (width.div_ceil(128) as u32, 1, 1),
+            128,
+            &args,
+        );
+    }
+
+    pub(crate) fn l2_norm_rows_impl(&self, x: &mut CudaBuf, n_rows: usize, width: usize, eps: f32) {
+        assert!(x.len() >= n_rows * width, "l2_norm_rows: buffer too small");
+        if n_rows == 0 || width == 0 {
+            return;
+        }
+        let args = [Arg::P(self.ptr(x)), Arg::I(width as i32), Arg::F(eps)];
+        self.launch("rec_l2_norm_rows", (n_rows as u32, 1, 1), 128, &args);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_delta_rule_impl(
+        &self,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        g: &CudaBuf,
+        beta: &CudaBuf,
+        d: DeltaDims,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) {
+        let DeltaDims {
+            n,
+            n_k,
+            n_v,
+            dk,
+            dv,
+        } = d;
+        assert!(
+            n_k > 0 && n_v % n_k == 0,
+            "gated_delta_rule: value heads must be a multiple of key heads"
+        );
+        assert!(
+            dk <= 256 && dv <= 1024,
+            "gated_delta_rule: head dims up to 256 (keys) and 1024 (values)"
+        );
+        assert!(
+            q.len() >= n * n_k * dk
+                && k.len() >= n * n_k * dk
+                && v.len() >= n * n_v * dv
+                && out.len() >= n * n_v * dv
+                && g.len() >= n * n_v
+                && beta.len() >= n * n_v
+                && state.len() >= n_v * dk * dv,
+            "gated_delta_rule: buffer too small"
+        );
+        if n == 0 {
+            return;
+        }
+        let args = [
+            Arg::P(self.ptr(q)),
+            Arg::P(self.ptr(k)),
+            Arg::P(self.ptr(v)),
+            Arg::P(self.ptr(g)),
+            Arg::P(self.ptr(beta)),
+            Arg::I(n as i32),
+            Arg::I(n_k as i32),
+            Arg::I(n_v as i32),
+            Arg::I(dk as i32),
+            Arg::I(dv as i32),
+            Arg::P(self.ptr(state)),
+            Arg::P(self.ptr(out)),
+        ];
+        let threads = dv.div_ceil(32).max(1) * 32;
+        self.launch(
+            "rec_gated_delta_rule",
+            (n_v as u32, 1, 1),
+            threads as u32,
+            &args,
+        );
+    }
+}
