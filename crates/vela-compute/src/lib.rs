@@ -564,6 +564,30 @@ pub trait Backend: Send + Sync {
         y: &mut Self::Buf,
     );
 
+    // --- hyper-connections (several residual streams per token) ---
+    /// Mean of the `streams` blocks of each row: `x` is `[n, streams·width]`, `out` row t =
+    /// (Σ_s x[t, s]) / streams, summed in ascending s in f32 (HF's `.mean(dim=-2)`).
+    fn mean_streams(
+        &self,
+        x: &Self::Buf,
+        n: usize,
+        streams: usize,
+        width: usize,
+        out: &mut Self::Buf,
+    );
+    /// Add a block's output into every stream with its weight: `x[t, s] += w[t, s] · y[t]` for
+    /// `x` `[n, streams·width]`, `w` `[n, streams]`, `y` `[n, width]` (product, then sum, each
+    /// rounded to f32).
+    fn inject_streams(
+        &self,
+        x: &mut Self::Buf,
+        w: &Self::Buf,
+        y: &Self::Buf,
+        n: usize,
+        streams: usize,
+        width: usize,
+    );
+
     // --- recurrent layers (Gated DeltaNet, short convolutions) ---
     /// Depthwise causal convolution over time with a carried state: `x` is `[n, width]`;
     /// `state` holds the `(k−1)·dilation` rows before it (zeros at a sequence start) and is

@@ -79,3 +79,27 @@ extern "C" __global__ void rec_gated_delta_rule(const float* __restrict__ q,
         out[((size_t)t * n_v + h) * dv + j] = o;
     }
 }
+
+// Hyper-connection streams. out[t, i] = (sum_s x[t, s, i]) / streams, ascending s.
+extern "C" __global__ void rec_mean_streams(const float* __restrict__ x, int streams, int width,
+                                            long long total, float* __restrict__ out) {
+    PDL_ENTRY();
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= total) return;
+    long long t = e / width, i = e % width;
+    const float* r = x + t * streams * width + i;
+    float acc = r[0];
+    for (int s = 1; s < streams; s++) acc = __fadd_rn(acc, r[(size_t)s * width]);
+    out[e] = __fdiv_rn(acc, (float)streams);
+}
+
+// x[t, s, i] += w[t, s] * y[t, i].
+extern "C" __global__ void rec_inject_streams(float* x, const float* __restrict__ w,
+                                              const float* __restrict__ y, int streams, int width,
+                                              long long total) {
+    PDL_ENTRY();
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= total) return;
+    long long ts = e / width, i = e % width, t = ts / streams;
+    x[e] = __fadd_rn(x[e], __fmul_rn(w[ts], y[t * width + i]));
+}

@@ -259,6 +259,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "rec_conv1d_causal",
             "rec_l2_norm_rows",
             "rec_gated_delta_rule",
+            "rec_mean_streams",
+            "rec_inject_streams",
         ],
     ),
 ];

@@ -383,6 +383,22 @@ impl Backend for CudaBackend {
         self.softmax_rows_impl(x, n_rows, width);
     }
 
+    fn mean_streams(&self, x: &CudaBuf, n: usize, streams: usize, width: usize, out: &mut CudaBuf) {
+        self.mean_streams_impl(x, n, streams, width, out);
+    }
+
+    fn inject_streams(
+        &self,
+        x: &mut CudaBuf,
+        w: &CudaBuf,
+        y: &CudaBuf,
+        n: usize,
+        streams: usize,
+        width: usize,
+    ) {
+        self.inject_streams_impl(x, w, y, n, streams, width);
+    }
+
     fn conv1d_causal(
         &self,
         x: &CudaBuf,

@@ -124,4 +124,52 @@ impl CudaBackend {
             &args,
         );
     }
+
+    pub(crate) fn mean_streams_impl(
+        &self,
+        x: &CudaBuf,
+        n: usize,
+        streams: usize,
+        width: usize,
+        out: &mut CudaBuf,
+    ) {
+        let total = n * width;
+        assert!(
+            x.len() >= total * streams && out.len() >= total && streams >= 1,
+            "mean_streams: buffer too small"
+        );
+        let args = [
+            Arg::P(self.ptr(x)),
+            Arg::I(streams as i32),
+            Arg::I(width as i32),
+            Arg::L(total as i64),
+            Arg::P(self.ptr(out)),
+        ];
+        self.launch_1d("rec_mean_streams", total, &args);
+    }
+
+    pub(crate) fn inject_streams_impl(
+        &self,
+        x: &mut CudaBuf,
+        w: &CudaBuf,
+        y: &CudaBuf,
+        n: usize,
+        streams: usize,
+        width: usize,
+    ) {
+        let total = n * streams * width;
+        assert!(
+            x.len() >= total && w.len() >= n * streams && y.len() >= n * width,
+            "inject_streams: buffer too small"
+        );
+        let args = [
+            Arg::P(self.ptr(x)),
+            Arg::P(self.ptr(w)),
+            Arg::P(self.ptr(y)),
+            Arg::I(streams as i32),
+            Arg::I(width as i32),
+            Arg::L(total as i64),
+        ];
+        self.launch_1d("rec_inject_streams", total, &args);
+    }
 }

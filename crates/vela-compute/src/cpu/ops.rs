@@ -452,6 +452,29 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn mean_streams(
+        &self,
+        x: &Vec<f32>,
+        n: usize,
+        streams: usize,
+        width: usize,
+        out: &mut Vec<f32>,
+    ) {
+        super::recurrent::mean_streams(x, n, streams, width, out);
+    }
+
+    fn inject_streams(
+        &self,
+        x: &mut Vec<f32>,
+        w: &Vec<f32>,
+        y: &Vec<f32>,
+        n: usize,
+        streams: usize,
+        width: usize,
+    ) {
+        super::recurrent::inject_streams(x, w, y, n, streams, width);
+    }
+
     fn conv1d_causal(
         &self,
         x: &Vec<f32>,

@@ -92,6 +92,37 @@ pub fn l2_norm_rows(x: &mut [f32], n_rows: usize, width: usize, eps: f32) {
     }
 }
 
+/// See [`crate::Backend::mean_streams`].
+pub fn mean_streams(x: &[f32], n: usize, streams: usize, width: usize, out: &mut [f32]) {
+    for (xr, o) in x[..n * streams * width]
+        .chunks_exact(streams * width)
+        .zip(out[..n * width].chunks_exact_mut(width))
+    {
+        o.copy_from_slice(&xr[..width]);
+        for s in 1..streams {
+            for (a, b) in o.iter_mut().zip(&xr[s * width..(s + 1) * width]) {
+                *a += *b;
+            }
+        }
+        let d = streams as f32;
+        o.iter_mut().for_each(|a| *a /= d);
+    }
+}
+
+/// See [`crate::Backend::inject_streams`].
+pub fn inject_streams(x: &mut [f32], w: &[f32], y: &[f32], n: usize, streams: usize, width: usize) {
+    for t in 0..n {
+        let yr = &y[t * width..(t + 1) * width];
+        for s in 0..streams {
+            let wt = w[t * streams + s];
+            let xr = &mut x[(t * streams + s) * width..][..width];
+            for (a, b) in xr.iter_mut().zip(yr) {
+                *a += wt * *b;
+            }
+        }
+    }
+}
+
 /// Shapes of a gated-delta-rule call.
 #[derive(Clone, Copy, Debug)]
 pub struct DeltaDims {
@@ -247,6 +278,28 @@ mod tests {
             // The state is the last s input rows.
             assert_eq!(state, x[(n - s) * width..].to_vec());
         }
+    }
+
+    #[test]
+    fn streams() {
+        // Two tokens, three streams of width 2.
+        let x = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 0.5, 0.5, 1.0, 1.0, 1.5, 1.5];
+        let mut m = [0f32; 4];
+        mean_streams(&x, 2, 3, 2, &mut m);
+        assert_eq!(m, [3.0, 4.0, 1.0, 1.0]);
+        let mut xx = x;
+        inject_streams(
+            &mut xx,
+            &[1.0, 0.0, 2.0, 0.5, 0.5, 0.5],
+            &[10.0, 20.0, 2.0, 4.0],
+            2,
+            3,
+            2,
+        );
+        assert_eq!(
+            xx,
+            [11.0, 22.0, 3.0, 4.0, 25.0, 46.0, 1.5, 2.5, 2.0, 3.0, 2.5, 3.5]
+        );
     }
 
     #[test]

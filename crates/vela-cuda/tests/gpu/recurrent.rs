@@ -51,6 +51,31 @@ fn conv1d_causal_matches_cpu() {
     }
 }
 
+/// Stream mean and injection: bit-identical to the CPU (same order, no FMA).
+#[test]
+fn hyper_connection_streams_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(1);
+    let mut rng = Rng(0x4c);
+    for (n, streams, width) in [(1, 4, 8), (5, 4, 2560), (3, 3, 7)] {
+        let x = rng.vec(n * streams * width);
+        let (mut mg, mut mc) = (g.alloc(n * width), cpu.alloc(n * width));
+        g.mean_streams(&up(&g, &x), n, streams, width, &mut mg);
+        cpu.mean_streams(&up(&cpu, &x), n, streams, width, &mut mc);
+        assert_eq!(
+            down(&g, &mg, n * width),
+            down(&cpu, &mc, n * width),
+            "mean_streams"
+        );
+        let (w, y) = (rng.vec(n * streams), rng.vec(n * width));
+        let (mut xg, mut xc) = (up(&g, &x), up(&cpu, &x));
+        g.inject_streams(&mut xg, &up(&g, &w), &up(&g, &y), n, streams, width);
+        cpu.inject_streams(&mut xc, &up(&cpu, &w), &up(&cpu, &y), n, streams, width);
+        let len = n * streams * width;
+        assert_eq!(down(&g, &xg, len), down(&cpu, &xc, len), "inject_streams");
+    }
+}
+
 #[test]
 fn l2_norm_rows_matches_cpu() {
     let Some(g) = gpu() else { return };
