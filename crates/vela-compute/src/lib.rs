@@ -191,6 +191,25 @@ pub struct RopeParams {
     pub freq_factors: Option<Arc<Vec<f32>>>,
 }
 
+/// The sparse-attention indexer's selection rule ([`Backend::indexer_select`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexerParams {
+    /// Indexer query heads and their width (the pooled key is one head of the same width).
+    pub n_head: usize,
+    pub head_dim: usize,
+    /// Positions per key block.
+    pub block: usize,
+    /// Blocks kept per query (the budget in blocks).
+    pub max_blocks: usize,
+}
+
+impl IndexerParams {
+    /// Positions one query can select: the kept blocks and an open block's tail.
+    pub fn max_selected(&self) -> usize {
+        self.max_blocks * self.block + self.block - 1
+    }
+}
+
 /// Attention geometry and options of one layer.
 #[derive(Clone, Debug)]
 pub struct AttnParams {
@@ -588,6 +607,60 @@ pub trait Backend: Send + Sync {
         width: usize,
     );
 
+    /// RMSNorm of rows that come in groups with their own weights: row r of `width` uses
+    /// `w[(r % groups)·width ..][..width]` (hyper-connection streams normalised per stream);
+    /// otherwise as [`Backend::rms_norm`].
+    #[allow(clippy::too_many_arguments)]
+    fn rms_norm_grouped(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Vector,
+        n_rows: usize,
+        width: usize,
+        groups: usize,
+        eps: f32,
+        out: &mut Self::Buf,
+    );
+
+    // --- block-sparse attention ---
+    /// The indexer's selection (Qwen3.8's QSA): for the query row t at `positions[t]`, the
+    /// complete blocks b < ⌊(pos+1)/block⌋ of `block` positions are scored
+    /// s_b = Σ_h relu(q_h · key_b) / √head_dim (`q` `[n, n_head·head_dim]`, `keys` one pooled
+    /// row per block `[blocks, head_dim]`). With at most `max_blocks` complete blocks every
+    /// position 0..=pos is selected; otherwise the `max_blocks` best blocks (the lowest block
+    /// first among equal scores) and the open block's tail `block·nb ..= pos`. Row t of `sel`
+    /// (`[n, max_selected]`) gets the selected positions in ascending order, `counts[t]` their
+    /// number.
+    #[allow(clippy::too_many_arguments)]
+    fn indexer_select(
+        &self,
+        q: &Self::Buf,
+        keys: &Self::Buf,
+        positions: &[u32],
+        p: &IndexerParams,
+        sel: &mut Self::Ids,
+        counts: &mut Self::Ids,
+    );
+
+    /// Attention of the `n` query rows (`[n, n_head·hd]`) over the positions row t of `sel`
+    /// selects (`counts[t]` of them, `width` wide), with f32 K and V rows by position
+    /// (`[positions, n_head_kv·hd]`); query head h reads K/V head h / (n_head / n_head_kv);
+    /// softmax in f32 of `scale`·q·k over the selection, in its order (sum in f64).
+    #[allow(clippy::too_many_arguments)]
+    fn attention_selected(
+        &self,
+        q: &Self::Buf,
+        k: &Self::Buf,
+        v: &Self::Buf,
+        sel: &Self::Ids,
+        counts: &Self::Ids,
+        n: usize,
+        width: usize,
+        heads: (usize, usize, usize),
+        scale: f32,
+        out: &mut Self::Buf,
+    );
+
     // --- recurrent layers (Gated DeltaNet, short convolutions) ---
     /// Depthwise causal convolution over time with a carried state: `x` is `[n, width]`;
     /// `state` holds the `(k−1)·dilation` rows before it (zeros at a sequence start) and is
@@ -609,23 +682,38 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buf,
     );
 
-    /// Each of `n_rows` rows of `width`, in place: x · 1/sqrt(Σx² + eps) (HF's `l2norm`).
-    fn l2_norm_rows(&self, x: &mut Self::Buf, n_rows: usize, width: usize, eps: f32);
+    /// Sum of each of `n_rows` rows of `width` into `out[r]`, in ascending order in f32.
+    fn sum_rows(&self, x: &Self::Buf, n_rows: usize, width: usize, out: &mut Self::Buf);
+
+    /// The decay of a gated delta rule, in place over rows of `width` (one value per head):
+    /// x = scale[j] · softplus(x + bias[j]) with softplus(y) = y above 20, else ln(1 + eʸ)
+    /// (Gated DeltaNet's g = −exp(A_log)·softplus(a + dt_bias), `scale` = −exp(A_log)).
+    fn decay_gate(
+        &self,
+        x: &mut Self::Buf,
+        bias: &Self::Vector,
+        scale: &Self::Vector,
+        n_rows: usize,
+        width: usize,
+    );
+
+    /// Qwen3.8's n-gram injection gate, in place over `len` values:
+    /// x = sigmoid(sign(y) · sqrt(max(|y|, 1e-6))) with y = x · `scale` (sign(0) = 0).
+    fn signed_sqrt_gate(&self, x: &mut Self::Buf, len: usize, scale: f32);
 
     /// The gated delta rule, token by token (its recurrent form, so a result never depends on
-    /// how the sequence is split into calls). For t < n and value head h, with key head
-    /// h / (n_v / n_k) (HF's `repeat_interleave` grouping) and S_h the `[dk, dv]` f32 state:
-    /// S_h ← exp(g[t,h])·S_h; δ = β[t,h]·(v[t,h] − S_hᵀk); S_h += k ⊗ δ; out[t,h] = S_hᵀq.
-    /// q, k are `[n, n_k·dk]`; v, out `[n, n_v·dv]`; g, β `[n, n_v]`; `state` `[n_v, dk, dv]`,
-    /// zeros at a sequence start. q and k arrive normalised and scaled. Each sum runs in
-    /// ascending key index, products and sums rounded separately (every backend gives the
-    /// CPU's bits up to its `exp`).
+    /// how the sequence is split into calls). `qkv` rows are `[q (n_k·dk) | k (n_k·dk) | v
+    /// (n_v·dv)]` (Gated DeltaNet's projection after its convolution); each q and k head is
+    /// L2-normalised (x · 1/sqrt(Σx² + 1e-6)) and q scaled by dk^-½ first. Then for t < n and
+    /// value head h, with key head h / (n_v / n_k) (HF's `repeat_interleave` grouping) and S_h
+    /// the `[dk, dv]` f32 state: S_h ← exp(g[t,h])·S_h; δ = β[t,h]·(v[t,h] − S_hᵀk);
+    /// S_h += k ⊗ δ; out[t,h] = S_hᵀq. g, β are `[n, n_v]`; out `[n, n_v·dv]`; `state`
+    /// `[n_v, dk, dv]`, zeros at a sequence start. Each sum over keys runs in ascending key
+    /// index, products and sums rounded separately.
     #[allow(clippy::too_many_arguments)]
     fn gated_delta_rule(
         &self,
-        q: &Self::Buf,
-        k: &Self::Buf,
-        v: &Self::Buf,
+        qkv: &Self::Buf,
         g: &Self::Buf,
         beta: &Self::Buf,
         dims: DeltaDims,

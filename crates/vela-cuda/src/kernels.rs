@@ -257,10 +257,16 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
         "recurrent",
         &[
             "rec_conv1d_causal",
-            "rec_l2_norm_rows",
+            "rec_sum_rows",
+            "rec_decay_gate",
+            "rec_signed_sqrt_gate",
             "rec_gated_delta_rule",
             "rec_mean_streams",
             "rec_inject_streams",
+            "rec_rms_norm_grouped",
+            "sparse_index_scores",
+            "sparse_index_select",
+            "sparse_attention",
         ],
     ),
 ];

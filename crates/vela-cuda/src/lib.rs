@@ -383,6 +383,47 @@ impl Backend for CudaBackend {
         self.softmax_rows_impl(x, n_rows, width);
     }
 
+    fn rms_norm_grouped(
+        &self,
+        x: &CudaBuf,
+        w: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+        groups: usize,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) {
+        self.rms_norm_grouped_impl(x, w, n_rows, width, groups, eps, out);
+    }
+
+    fn indexer_select(
+        &self,
+        q: &CudaBuf,
+        keys: &CudaBuf,
+        positions: &[u32],
+        p: &vela_compute::IndexerParams,
+        sel: &mut CudaSlice<u32>,
+        counts: &mut CudaSlice<u32>,
+    ) {
+        self.indexer_select_impl(q, keys, positions, p, sel, counts);
+    }
+
+    fn attention_selected(
+        &self,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        sel: &CudaSlice<u32>,
+        counts: &CudaSlice<u32>,
+        n: usize,
+        width: usize,
+        heads: (usize, usize, usize),
+        scale: f32,
+        out: &mut CudaBuf,
+    ) {
+        self.attention_selected_impl(q, k, v, sel, counts, n, width, heads, scale, out);
+    }
+
     fn mean_streams(&self, x: &CudaBuf, n: usize, streams: usize, width: usize, out: &mut CudaBuf) {
         self.mean_streams_impl(x, n, streams, width, out);
     }
@@ -414,22 +455,35 @@ impl Backend for CudaBackend {
         self.conv1d_causal_impl(x, n, width, w, k, dilation, silu, state, out);
     }
 
-    fn l2_norm_rows(&self, x: &mut CudaBuf, n_rows: usize, width: usize, eps: f32) {
-        self.l2_norm_rows_impl(x, n_rows, width, eps);
+    fn sum_rows(&self, x: &CudaBuf, n_rows: usize, width: usize, out: &mut CudaBuf) {
+        self.sum_rows_impl(x, n_rows, width, out);
+    }
+
+    fn decay_gate(
+        &self,
+        x: &mut CudaBuf,
+        bias: &CudaSlice<f32>,
+        scale: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+    ) {
+        self.decay_gate_impl(x, bias, scale, n_rows, width);
+    }
+
+    fn signed_sqrt_gate(&self, x: &mut CudaBuf, len: usize, scale: f32) {
+        self.signed_sqrt_gate_impl(x, len, scale);
     }
 
     fn gated_delta_rule(
         &self,
-        q: &CudaBuf,
-        k: &CudaBuf,
-        v: &CudaBuf,
+        qkv: &CudaBuf,
         g: &CudaBuf,
         beta: &CudaBuf,
         dims: vela_compute::DeltaDims,
         state: &mut CudaBuf,
         out: &mut CudaBuf,
     ) {
-        self.gated_delta_rule_impl(q, k, v, g, beta, dims, state, out);
+        self.gated_delta_rule_impl(qkv, g, beta, dims, state, out);
     }
 
     fn sigmoid(&self, x: &mut CudaBuf, len: usize) {

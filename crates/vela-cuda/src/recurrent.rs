@@ -5,7 +5,7 @@ use crate::backend::CudaBackend;
 use crate::device::Arg;
 use crate::weight::CudaBuf;
 use cudarc::driver::CudaSlice;
-use vela_compute::DeltaDims;
+use vela_compute::{Backend, DeltaDims, IndexerParams};
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
@@ -53,21 +53,62 @@ impl CudaBackend {
         );
     }
 
-    pub(crate) fn l2_norm_rows_impl(&self, x: &mut CudaBuf, n_rows: usize, width: usize, eps: f32) {
-        assert!(x.len() >= n_rows * width, "l2_norm_rows: buffer too small");
-        if n_rows == 0 || width == 0 {
+    pub(crate) fn sum_rows_impl(
+        &self,
+        x: &CudaBuf,
+        n_rows: usize,
+        width: usize,
+        out: &mut CudaBuf,
+    ) {
+        assert!(
+            x.len() >= n_rows * width && out.len() >= n_rows,
+            "sum_rows: buffer too small"
+        );
+        if n_rows == 0 {
             return;
         }
-        let args = [Arg::P(self.ptr(x)), Arg::I(width as i32), Arg::F(eps)];
-        self.launch("rec_l2_norm_rows", (n_rows as u32, 1, 1), 128, &args);
+        let args = [
+            Arg::P(self.ptr(x)),
+            Arg::I(n_rows as i32),
+            Arg::I(width as i32),
+            Arg::P(self.ptr(out)),
+        ];
+        self.launch_1d("rec_sum_rows", n_rows, &args);
+    }
+
+    pub(crate) fn decay_gate_impl(
+        &self,
+        x: &mut CudaBuf,
+        bias: &CudaSlice<f32>,
+        scale: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+    ) {
+        let total = n_rows * width;
+        assert!(
+            x.len() >= total && bias.len() >= width && scale.len() >= width,
+            "decay_gate: buffer too small"
+        );
+        let args = [
+            Arg::P(self.ptr(x)),
+            Arg::P(self.ptr(bias)),
+            Arg::P(self.ptr(scale)),
+            Arg::I(width as i32),
+            Arg::L(total as i64),
+        ];
+        self.launch_1d("rec_decay_gate", total, &args);
+    }
+
+    pub(crate) fn signed_sqrt_gate_impl(&self, x: &mut CudaBuf, len: usize, scale: f32) {
+        assert!(x.len() >= len, "signed_sqrt_gate: buffer too small");
+        let args = [Arg::P(self.ptr(x)), Arg::L(len as i64), Arg::F(scale)];
+        self.launch_1d("rec_signed_sqrt_gate", len, &args);
     }
 
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_impl(
         &self,
-        q: &CudaBuf,
-        k: &CudaBuf,
-        v: &CudaBuf,
+        qkv: &CudaBuf,
         g: &CudaBuf,
         beta: &CudaBuf,
         d: DeltaDims,
@@ -90,9 +131,7 @@ impl CudaBackend {
             "gated_delta_rule: head dims up to 256 (keys) and 1024 (values)"
         );
         assert!(
-            q.len() >= n * n_k * dk
-                && k.len() >= n * n_k * dk
-                && v.len() >= n * n_v * dv
+            qkv.len() >= n * (2 * n_k * dk + n_v * dv)
                 && out.len() >= n * n_v * dv
                 && g.len() >= n * n_v
                 && beta.len() >= n * n_v
@@ -103,9 +142,7 @@ impl CudaBackend {
             return;
         }
         let args = [
-            Arg::P(self.ptr(q)),
-            Arg::P(self.ptr(k)),
-            Arg::P(self.ptr(v)),
+            Arg::P(self.ptr(qkv)),
             Arg::P(self.ptr(g)),
             Arg::P(self.ptr(beta)),
             Arg::I(n as i32),
@@ -171,5 +208,133 @@ impl CudaBackend {
             Arg::L(total as i64),
         ];
         self.launch_1d("rec_inject_streams", total, &args);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn rms_norm_grouped_impl(
+        &self,
+        x: &CudaBuf,
+        w: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+        groups: usize,
+        eps: f32,
+        out: &mut CudaBuf,
+    ) {
+        assert!(
+            x.len() >= n_rows * width && out.len() >= n_rows * width && w.len() >= groups * width,
+            "rms_norm_grouped: buffer too small"
+        );
+        if n_rows == 0 {
+            return;
+        }
+        let args = [
+            Arg::P(self.ptr(x)),
+            Arg::P(self.ptr(w)),
+            Arg::P(self.ptr(out)),
+            Arg::I(width as i32),
+            Arg::I(groups.max(1) as i32),
+            Arg::F(eps),
+        ];
+        self.launch("rec_rms_norm_grouped", (n_rows as u32, 1, 1), 256, &args);
+    }
+
+    pub(crate) fn indexer_select_impl(
+        &self,
+        q: &CudaBuf,
+        keys: &CudaBuf,
+        positions: &[u32],
+        p: &IndexerParams,
+        sel: &mut CudaSlice<u32>,
+        counts: &mut CudaSlice<u32>,
+    ) {
+        let n = positions.len();
+        if n == 0 {
+            return;
+        }
+        let width = p.max_selected();
+        assert!(
+            q.len() >= n * p.n_head * p.head_dim && sel.len() >= n * width && counts.len() >= n,
+            "indexer_select: buffer too small"
+        );
+        let max_pos = *positions.iter().max().unwrap_or(&0) as usize;
+        let stride = ((max_pos + 1) / p.block).max(1);
+        let mut pos = self.alloc_ids(n);
+        self.write_ids(&mut pos, positions);
+        let scores = self.alloc(n * stride);
+        let kept = self
+            .dev
+            .stream
+            .alloc_zeros::<u8>(n * stride)
+            .unwrap_or_else(|e| panic!("CUDA alloc of {} bytes failed: {e:?}", n * stride));
+        let args = [
+            Arg::P(self.ptr(q)),
+            Arg::P(self.ptr(keys)),
+            Arg::P(self.ptr(&pos)),
+            Arg::I(p.n_head as i32),
+            Arg::I(p.head_dim as i32),
+            Arg::I(p.block as i32),
+            Arg::I(stride as i32),
+            Arg::P(self.ptr(&scores)),
+        ];
+        self.launch("sparse_index_scores", (n as u32, 1, 1), 256, &args);
+        let args = [
+            Arg::P(self.ptr(&scores)),
+            Arg::P(self.ptr(&pos)),
+            Arg::I(p.block as i32),
+            Arg::I(p.max_blocks as i32),
+            Arg::I(stride as i32),
+            Arg::I(width as i32),
+            Arg::P(self.ptr(&kept)),
+            Arg::P(self.ptr(sel)),
+            Arg::P(self.ptr(counts)),
+        ];
+        self.launch("sparse_index_select", (n as u32, 1, 1), 256, &args);
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn attention_selected_impl(
+        &self,
+        q: &CudaBuf,
+        k: &CudaBuf,
+        v: &CudaBuf,
+        sel: &CudaSlice<u32>,
+        counts: &CudaSlice<u32>,
+        n: usize,
+        width: usize,
+        heads: (usize, usize, usize),
+        scale: f32,
+        out: &mut CudaBuf,
+    ) {
+        let (nh, nkv, hd) = heads;
+        assert!(
+            width <= 4096,
+            "attention_selected: at most 4096 selected positions"
+        );
+        assert!(
+            nkv > 0 && nh % nkv == 0,
+            "attention_selected: heads must group"
+        );
+        assert!(
+            q.len() >= n * nh * hd && out.len() >= n * nh * hd && sel.len() >= n * width,
+            "attention_selected: buffer too small"
+        );
+        if n == 0 {
+            return;
+        }
+        let args = [
+            Arg::P(self.ptr(q)),
+            Arg::P(self.ptr(k)),
+            Arg::P(self.ptr(v)),
+            Arg::P(self.ptr(sel)),
+            Arg::P(self.ptr(counts)),
+            Arg::I(width as i32),
+            Arg::I(nh as i32),
+            Arg::I(nkv as i32),
+            Arg::I(hd as i32),
+            Arg::F(scale),
+            Arg::P(self.ptr(out)),
+        ];
+        self.launch("sparse_attention", (n as u32, nh as u32, 1), 128, &args);
     }
 }

@@ -18,6 +18,7 @@ pub mod lm;
 pub mod mtp;
 pub mod qwen2;
 pub mod qwen3;
+pub mod qwen4exp;
 pub mod registry;
 pub mod state;
 pub mod stepper;

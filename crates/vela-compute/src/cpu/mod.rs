@@ -10,4 +10,5 @@ pub mod pool;
 pub mod recurrent;
 pub mod route;
 pub mod simd;
+pub mod sparse;
 pub use ops::CpuBackend;

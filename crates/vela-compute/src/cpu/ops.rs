@@ -452,6 +452,64 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn rms_norm_grouped(
+        &self,
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        n_rows: usize,
+        width: usize,
+        groups: usize,
+        eps: f32,
+        out: &mut Vec<f32>,
+    ) {
+        assert!(
+            w.len() >= groups * width,
+            "rms_norm_grouped: weight too small"
+        );
+        let x = &x[..n_rows * width];
+        let ptr = SyncPtr(out[..n_rows * width].as_mut_ptr());
+        self.rows_parallel(n_rows, width, |r| {
+            // SAFETY: each row index is visited once; rows are disjoint ranges of `out`.
+            let dst = unsafe { std::slice::from_raw_parts_mut(ptr.get().add(r * width), width) };
+            let g = r % groups;
+            rms_norm_row(
+                &x[r * width..(r + 1) * width],
+                &w[g * width..(g + 1) * width],
+                eps,
+                dst,
+            );
+        });
+    }
+
+    fn indexer_select(
+        &self,
+        q: &Vec<f32>,
+        keys: &Vec<f32>,
+        positions: &[u32],
+        p: &crate::IndexerParams,
+        sel: &mut Vec<u32>,
+        counts: &mut Vec<u32>,
+    ) {
+        super::sparse::indexer_select(q, keys, positions, p, sel, counts);
+    }
+
+    fn attention_selected(
+        &self,
+        q: &Vec<f32>,
+        k: &Vec<f32>,
+        v: &Vec<f32>,
+        sel: &Vec<u32>,
+        counts: &Vec<u32>,
+        n: usize,
+        width: usize,
+        heads: (usize, usize, usize),
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) {
+        let (nh, nkv, hd) = heads;
+        super::sparse::attention_selected(q, k, v, sel, counts, n, width, nh, nkv, hd, scale, out);
+    }
+
     fn mean_streams(
         &self,
         x: &Vec<f32>,
@@ -490,22 +548,35 @@ impl Backend for CpuBackend {
         super::recurrent::conv1d_causal(x, n, width, w, k, dilation, silu, state, out);
     }
 
-    fn l2_norm_rows(&self, x: &mut Vec<f32>, n_rows: usize, width: usize, eps: f32) {
-        super::recurrent::l2_norm_rows(x, n_rows, width, eps);
+    fn sum_rows(&self, x: &Vec<f32>, n_rows: usize, width: usize, out: &mut Vec<f32>) {
+        super::recurrent::sum_rows(x, n_rows, width, out);
+    }
+
+    fn decay_gate(
+        &self,
+        x: &mut Vec<f32>,
+        bias: &Vec<f32>,
+        scale: &Vec<f32>,
+        n_rows: usize,
+        width: usize,
+    ) {
+        super::recurrent::decay_gate(x, bias, scale, n_rows, width);
+    }
+
+    fn signed_sqrt_gate(&self, x: &mut Vec<f32>, len: usize, scale: f32) {
+        super::recurrent::signed_sqrt_gate(&mut x[..len], scale);
     }
 
     fn gated_delta_rule(
         &self,
-        q: &Vec<f32>,
-        k: &Vec<f32>,
-        v: &Vec<f32>,
+        qkv: &Vec<f32>,
         g: &Vec<f32>,
         beta: &Vec<f32>,
         dims: crate::DeltaDims,
         state: &mut Vec<f32>,
         out: &mut Vec<f32>,
     ) {
-        super::recurrent::gated_delta_rule(&self.pool, q, k, v, g, beta, dims, state, out);
+        super::recurrent::gated_delta_rule(&self.pool, qkv, g, beta, dims, state, out);
     }
 
     fn gather_rows(&self, src: &Vec<f32>, idx: &Vec<u32>, n: usize, w: usize, out: &mut Vec<f32>) {

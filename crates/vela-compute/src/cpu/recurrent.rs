@@ -78,17 +78,53 @@ pub fn conv1d_causal(
     }
 }
 
-/// x · 1/sqrt(Σx² + eps) for each row, in place; Σ ascending in f32.
-pub fn l2_norm_rows(x: &mut [f32], n_rows: usize, width: usize, eps: f32) {
+/// x · 1/sqrt(Σx² + eps), Σ ascending in f32, times `scale`.
+fn l2_normalize(x: &[f32], eps: f32, scale: f32, out: &mut [f32]) {
+    let mut ss = 0.0f32;
+    for v in x {
+        ss += v * v;
+    }
+    let inv = 1.0 / (ss + eps).sqrt();
+    for (o, v) in out.iter_mut().zip(x) {
+        *o = *v * inv * scale;
+    }
+}
+
+/// See [`crate::Backend::sum_rows`].
+pub fn sum_rows(x: &[f32], n_rows: usize, width: usize, out: &mut [f32]) {
+    for (r, o) in x[..n_rows * width].chunks_exact(width).zip(out.iter_mut()) {
+        let mut s = 0.0f32;
+        for v in r {
+            s += v;
+        }
+        *o = s;
+    }
+}
+
+/// See [`crate::Backend::decay_gate`].
+pub fn decay_gate(x: &mut [f32], bias: &[f32], scale: &[f32], n_rows: usize, width: usize) {
     for r in x[..n_rows * width].chunks_exact_mut(width) {
-        let mut ss = 0.0f32;
-        for v in r.iter() {
-            ss += v * v;
+        for ((v, b), s) in r.iter_mut().zip(bias).zip(scale) {
+            let y = *v + b;
+            let sp = if y > 20.0 { y } else { y.exp().ln_1p() };
+            *v = s * sp;
         }
-        let inv = 1.0 / (ss + eps).sqrt();
-        for v in r.iter_mut() {
-            *v *= inv;
-        }
+    }
+}
+
+/// See [`crate::Backend::signed_sqrt_gate`].
+pub fn signed_sqrt_gate(x: &mut [f32], scale: f32) {
+    for v in x.iter_mut() {
+        let y = *v * scale;
+        let m = y.abs().max(1e-6).sqrt();
+        let g = if y > 0.0 {
+            m
+        } else if y < 0.0 {
+            -m
+        } else {
+            0.0
+        };
+        *v = 1.0 / (1.0 + (-g).exp());
     }
 }
 
@@ -135,12 +171,9 @@ pub struct DeltaDims {
 
 /// The gated delta rule: see [`crate::Backend::gated_delta_rule`]. Heads run in parallel;
 /// within a head every sum is in ascending key index.
-#[allow(clippy::too_many_arguments)]
 pub fn gated_delta_rule(
     pool: &ThreadPool,
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
+    qkv: &[f32],
     g: &[f32],
     beta: &[f32],
     d: DeltaDims,
@@ -158,13 +191,10 @@ pub fn gated_delta_rule(
         n_k > 0 && n_v % n_k == 0,
         "gated_delta_rule: value heads must be a multiple of key heads"
     );
+    let row = 2 * n_k * dk + n_v * dv;
     assert!(
-        q.len() >= n * n_k * dk && k.len() >= n * n_k * dk,
-        "gated_delta_rule: q/k too small"
-    );
-    assert!(
-        v.len() >= n * n_v * dv && out.len() >= n * n_v * dv,
-        "gated_delta_rule: v/out too small"
+        qkv.len() >= n * row && out.len() >= n * n_v * dv,
+        "gated_delta_rule: buffer too small"
     );
     assert!(
         g.len() >= n * n_v && beta.len() >= n * n_v,
@@ -175,22 +205,24 @@ pub fn gated_delta_rule(
         "gated_delta_rule: state too small"
     );
     let group = n_v / n_k;
+    let q_scale = 1.0 / (dk as f32).sqrt();
     let (sp, op) = (SyncPtr(state.as_mut_ptr()), SyncPtr(out.as_mut_ptr()));
     let head = |h: usize| {
         // SAFETY: head h owns state[h·dk·dv ..][..dk·dv] and the h-th dv-wide column block of
         // every output row; heads are disjoint.
         let s = unsafe { std::slice::from_raw_parts_mut(sp.get().add(h * dk * dv), dk * dv) };
         let kh = h / group;
-        let mut kv = vec![0f32; dv];
+        let (mut qt, mut kt, mut kv) = (vec![0f32; dk], vec![0f32; dk], vec![0f32; dv]);
         for t in 0..n {
-            let qt = &q[(t * n_k + kh) * dk..][..dk];
-            let kt = &k[(t * n_k + kh) * dk..][..dk];
-            let vt = &v[(t * n_v + h) * dv..][..dv];
+            let r = &qkv[t * row..(t + 1) * row];
+            l2_normalize(&r[kh * dk..(kh + 1) * dk], 1e-6, q_scale, &mut qt);
+            l2_normalize(&r[(n_k + kh) * dk..(n_k + kh + 1) * dk], 1e-6, 1.0, &mut kt);
+            let vt = &r[2 * n_k * dk + h * dv..][..dv];
             let (decay, b) = (g[t * n_v + h].exp(), beta[t * n_v + h]);
             kv.iter_mut().for_each(|x| *x = 0.0);
-            for (i, row) in s.chunks_exact_mut(dv).enumerate() {
+            for (i, srow) in s.chunks_exact_mut(dv).enumerate() {
                 let ki = kt[i];
-                for (sj, kj) in row.iter_mut().zip(kv.iter_mut()) {
+                for (sj, kj) in srow.iter_mut().zip(kv.iter_mut()) {
                     *sj *= decay;
                     *kj += *sj * ki;
                 }
@@ -201,9 +233,9 @@ pub fn gated_delta_rule(
             // SAFETY: see above.
             let o = unsafe { std::slice::from_raw_parts_mut(op.get().add((t * n_v + h) * dv), dv) };
             o.iter_mut().for_each(|x| *x = 0.0);
-            for (i, row) in s.chunks_exact_mut(dv).enumerate() {
+            for (i, srow) in s.chunks_exact_mut(dv).enumerate() {
                 let (ki, qi) = (kt[i], qt[i]);
-                for ((sj, dj), oj) in row.iter_mut().zip(&kv).zip(o.iter_mut()) {
+                for ((sj, dj), oj) in srow.iter_mut().zip(&kv).zip(o.iter_mut()) {
                     *sj += ki * dj;
                     *oj += *sj * qi;
                 }
@@ -303,17 +335,21 @@ mod tests {
     }
 
     #[test]
-    fn l2_norm() {
-        let mut x = vec![3.0, 4.0, 1.0, 0.0];
-        l2_norm_rows(&mut x, 2, 2, 0.0);
-        assert_eq!(x, [0.6, 0.8, 1.0, 0.0]);
-        let mut y = vec![0.0, 0.0];
-        l2_norm_rows(&mut y, 1, 2, 1e-6);
-        assert_eq!(y, [0.0, 0.0]);
+    fn small_ops() {
+        let mut o = [0f32; 2];
+        sum_rows(&[1.0, 2.0, 3.0, 4.0], 2, 2, &mut o);
+        assert_eq!(o, [3.0, 7.0]);
+        let mut x = [0.0f32, 30.0];
+        decay_gate(&mut x, &[0.0, 0.0], &[-2.0, -1.0], 1, 2);
+        assert_eq!(x, [-2.0 * 2f32.ln(), -30.0]);
+        let mut y = [4.0f32, -4.0, 0.0];
+        signed_sqrt_gate(&mut y, 0.25);
+        let sg = |v: f32| 1.0 / (1.0 + (-v).exp());
+        assert_eq!(y, [sg(1.0), sg(-1.0), 0.5]);
     }
 
-    /// The recurrence in f64 from its definition, against the f32 op; and every split of the
-    /// sequence into calls gives the same bits.
+    /// The recurrence in f64 from its definition (q, k normalised first), against the f32 op;
+    /// and every split of the sequence into calls gives the same bits.
     #[test]
     fn delta_rule_matches_the_definition_and_any_split() {
         let d = DeltaDims {
@@ -323,33 +359,37 @@ mod tests {
             dk: 8,
             dv: 6,
         };
+        let row = 2 * d.n_k * d.dk + d.n_v * d.dv;
         let mut r = rng(7);
-        let q: Vec<f32> = (0..d.n * d.n_k * d.dk).map(|_| r() * 0.3).collect();
-        let k: Vec<f32> = (0..d.n * d.n_k * d.dk).map(|_| r() * 0.3).collect();
-        let v: Vec<f32> = (0..d.n * d.n_v * d.dv).map(|_| r()).collect();
+        let qkv: Vec<f32> = (0..d.n * row).map(|_| r()).collect();
         let g: Vec<f32> = (0..d.n * d.n_v).map(|_| -0.5 * (r() + 1.0)).collect();
         let beta: Vec<f32> = (0..d.n * d.n_v).map(|_| 0.5 * (r() + 1.0)).collect();
+        let norm = |x: &[f32], s: f64| -> Vec<f64> {
+            let n: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() + 1e-6;
+            x.iter().map(|v| *v as f64 / n.sqrt() * s).collect()
+        };
         let mut s64 = vec![0f64; d.n_v * d.dk * d.dv];
         let mut want = vec![0f64; d.n * d.n_v * d.dv];
         for t in 0..d.n {
+            let rr = &qkv[t * row..(t + 1) * row];
             for h in 0..d.n_v {
                 let kh = h / (d.n_v / d.n_k);
+                let q = norm(&rr[kh * d.dk..(kh + 1) * d.dk], 1.0 / (d.dk as f64).sqrt());
+                let k = norm(&rr[(d.n_k + kh) * d.dk..(d.n_k + kh + 1) * d.dk], 1.0);
+                let v = &rr[2 * d.n_k * d.dk + h * d.dv..][..d.dv];
                 let s = &mut s64[h * d.dk * d.dv..][..d.dk * d.dv];
                 let a = (g[t * d.n_v + h] as f64).exp();
                 s.iter_mut().for_each(|x| *x *= a);
-                let kt = |i: usize| k[(t * d.n_k + kh) * d.dk + i] as f64;
                 for j in 0..d.dv {
-                    let mem: f64 = (0..d.dk).map(|i| s[i * d.dv + j] * kt(i)).sum();
-                    let delta =
-                        beta[t * d.n_v + h] as f64 * (v[(t * d.n_v + h) * d.dv + j] as f64 - mem);
+                    let mem: f64 = (0..d.dk).map(|i| s[i * d.dv + j] * k[i]).sum();
+                    let delta = beta[t * d.n_v + h] as f64 * (v[j] as f64 - mem);
                     for i in 0..d.dk {
-                        s[i * d.dv + j] += kt(i) * delta;
+                        s[i * d.dv + j] += k[i] * delta;
                     }
                 }
                 for j in 0..d.dv {
-                    want[(t * d.n_v + h) * d.dv + j] = (0..d.dk)
-                        .map(|i| s[i * d.dv + j] * q[(t * d.n_k + kh) * d.dk + i] as f64)
-                        .sum();
+                    want[(t * d.n_v + h) * d.dv + j] =
+                        (0..d.dk).map(|i| s[i * d.dv + j] * q[i]).sum();
                 }
             }
         }
@@ -361,20 +401,18 @@ mod tests {
             while t < d.n {
                 let m = split.min(d.n - t);
                 let dd = DeltaDims { n: m, ..d };
-                let (qk, vv, gg) = (t * d.n_k * d.dk, t * d.n_v * d.dv, t * d.n_v);
                 let mut o = vec![0f32; m * d.n_v * d.dv];
+                let gi = t * d.n_v;
                 gated_delta_rule(
                     &pool,
-                    &q[qk..],
-                    &k[qk..],
-                    &v[vv..],
-                    &g[gg..],
-                    &beta[gg..],
+                    &qkv[t * row..],
+                    &g[gi..],
+                    &beta[gi..],
                     dd,
                     &mut state,
                     &mut o,
                 );
-                out[vv..vv + o.len()].copy_from_slice(&o);
+                out[t * d.n_v * d.dv..][..o.len()].copy_from_slice(&o);
                 t += m;
             }
             (out, state)

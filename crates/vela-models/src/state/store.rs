@@ -178,6 +178,14 @@ impl<B: Backend> ExtraState<B> {
         }
     }
 
+    /// The block rows of a blocks layer, for reading.
+    pub fn block_rows(&self, layer: usize) -> Result<&B::Buf> {
+        match self.layers.get(layer) {
+            Some(Store::Blocks { rows, .. }) => Ok(rows),
+            _ => bail!("layer {layer} keeps no blocks"),
+        }
+    }
+
     /// Save what later writes could overwrite in a state holding positions `0..n_past`.
     pub fn checkpoint(&self, be: &B, n_past: usize) -> ExtraSnapshot {
         let saved = self

@@ -1,0 +1,825 @@
+//! Qwen3.8 Flash Next (`qwen4_exp`, text), read side by side with transformers 5.23
+//! `models/qwen4_exp/modeling_qwen4_exp.py`; docs/qwen4exp-spec.md spells out every step with
+//! HF's line numbers:
+//!
+//! ```text
+//! X = E[ids] repeated into S streams                                [n, S·H]
+//! for each layer:
+//!     [PLE layer] X += ngram_injection(X, ids)
+//!     m, inj = HC_attn(X);  y = GDN(m) or QSA(m);  X_s += inj_s · y   (every stream s)
+//!     m, inj = HC_mlp(X);   y = MoE(m);            X_s += inj_s · y
+//! logits = lm_head(Mixer(X))
+//! HC(X): Xn = rms1p_per_stream(X); a = σ(up(silu(down(Xn)/S))); m = mean_s(a ⊙ Xn);
+//!        inj = 2σ(inject(Xn)/S)
+//! ```
+//!
+//! State per sequence ([`StateLayout`]): per GDN layer its convolution tail and its delta-rule
+//! matrix (recurrent), plus the n-gram injection's convolution tail on PLE layers; per QSA layer
+//! its K and V rows and the indexer's pooled block keys with the raw keys of the open block.
+//! The recurrent parts keep no per-position snapshots yet (rollback goes through checkpoints).
+//! The n-gram ids need the token history: kept on the host by position.
+
+use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
+use crate::stepper::{self, StepCtl, StepState};
+use anyhow::{bail, Result};
+use std::sync::Arc;
+use vela_compute::{
+    Activation, Backend, DeltaDims, IndexerParams, KvType, RopeParams, RouteParams, Score,
+};
+
+mod config;
+mod load;
+pub mod ple;
+
+pub use config::{Mixer, PleConfig, Qwen4ExpConfig};
+
+/// A GatedResidual hyper-connection (with `inject` for the blocks; the final mixer has none).
+struct Hc<B: Backend> {
+    /// `1 + hc_norm.weight`, `[S·H]`.
+    norm: B::Vector,
+    down: B::Weight,
+    up: B::Weight,
+    inject: Option<B::Weight>,
+}
+
+struct Gdn<B: Backend> {
+    qkv: B::Weight,
+    z: B::Weight,
+    b: B::Weight,
+    a: B::Weight,
+    /// `[C, K]` depthwise kernel.
+    conv: B::Vector,
+    dt_bias: B::Vector,
+    /// −exp(A_log).
+    neg_a: B::Vector,
+    /// Plain-weight RMSNorm over each value head.
+    norm: B::Vector,
+    out: B::Weight,
+}
+
+struct Qsa<B: Backend> {
+    /// The query rows and the gate rows of `q_proj`, separated (HF interleaves them per head).
+    wq: B::Weight,
+    wgate: B::Weight,
+    wk: B::Weight,
+    wv: B::Weight,
+    wo: B::Weight,
+    q_norm: B::Vector,
+    k_norm: B::Vector,
+    idx_q: B::Weight,
+    idx_k: B::Weight,
+    idx_q_norm: B::Vector,
+    idx_k_norm: B::Vector,
+}
+
+struct Moe<B: Backend> {
+    router: B::Weight,
+    experts: crate::blocks::experts::Experts<B>,
+    sh_gate: B::Weight,
+    sh_up: B::Weight,
+    sh_down: B::Weight,
+    /// `shared_expert_gate`, `[1, H]`.
+    sh_scale: B::Weight,
+}
+
+struct Ple<B: Backend> {
+    table: ple::NgramTable,
+    key: B::Weight,
+    value: B::Weight,
+    norm_key: B::Vector,
+    norm_query: B::Vector,
+    norm_conv: B::Vector,
+    conv: B::Vector,
+}
+
+enum Block<B: Backend> {
+    Gdn(Gdn<B>),
+    Qsa(Qsa<B>),
+}
+
+struct Layer<B: Backend> {
+    attn_hc: Hc<B>,
+    mlp_hc: Hc<B>,
+    mixer: Block<B>,
+    moe: Moe<B>,
+    ple: Option<Ple<B>>,
+    /// Indices of this layer's entries in the state layout.
+    state: Vec<usize>,
+}
+
+/// A loaded model.
+pub struct Qwen4ExpModel<B: Backend> {
+    pub backend: Arc<B>,
+    pub cfg: Qwen4ExpConfig,
+    embd: B::Weight,
+    head: B::Weight,
+    mixer: Hc<B>,
+    layers: Vec<Layer<B>>,
+    layout: StateLayout,
+    weight_bytes_per_token: u64,
+}
+
+/// One sequence: scratch buffers, the recurrent/block state, the token history.
+pub struct Qwen4ExpState<B: Backend> {
+    kv: B::Kv,
+    extra: ExtraState<B>,
+    n_ctx: usize,
+    max_batch: usize,
+    bufs: Vec<B::Buf>,
+    experts: crate::blocks::experts::ExpertScratch<B>,
+    sel: B::Ids,
+    counts: B::Ids,
+    /// Token at each position (the n-gram hash reads predecessors).
+    history: Vec<u32>,
+    key: u64,
+    /// When set, every QSA layer's selection is read back: (layer, position, positions).
+    pub selections: Option<Vec<(usize, u32, Vec<u32>)>>,
+}
+
+// Scratch buffer indices.
+const X: usize = 0; // [n, S·H] residual streams
+const XN: usize = 1; // [n, S·H] normalised streams
+const A: usize = 2; // [n, S·H] mix weights
+const M: usize = 3; // [n, H] block input
+const Y: usize = 4; // [n, max(H, …)] block output
+const T1: usize = 5; // scratch
+const T2: usize = 6;
+const T3: usize = 7;
+const T4: usize = 8;
+const INJ: usize = 9; // [n, S]
+const LOW: usize = 10; // [n, R]
+const LOGITS: usize = 11;
+const N_BUFS: usize = 12;
+
+fn pick2<T>(v: &mut [T], a: usize, b: usize) -> [&mut T; 2] {
+    v.get_disjoint_mut([a, b]).expect("distinct buffers")
+}
+
+fn pick3<T>(v: &mut [T], a: usize, b: usize, c: usize) -> [&mut T; 3] {
+    v.get_disjoint_mut([a, b, c]).expect("distinct buffers")
+}
+
+impl<B: Backend> Qwen4ExpModel<B> {
+    fn rope(&self) -> RopeParams {
+        RopeParams {
+            n_rot: self.cfg.n_rot,
+            freq_base: self.cfg.rope_theta,
+            freq_scale: 1.0,
+            neox: true,
+            freq_factors: None,
+        }
+    }
+
+    fn idx_params(&self) -> IndexerParams {
+        let c = &self.cfg;
+        IndexerParams {
+            n_head: c.idx_heads,
+            head_dim: c.idx_dim,
+            block: c.idx_block,
+            max_blocks: c.idx_blocks,
+        }
+    }
+
+    /// The state layout and each layer's entries in it.
+    fn build_layout(cfg: &Qwen4ExpConfig) -> (StateLayout, Vec<Vec<usize>>) {
+        let mut entries = Vec::new();
+        let mut per_layer = Vec::new();
+        for (il, m) in cfg.mixers.iter().enumerate() {
+            let mut mine = Vec::new();
+            let mut push = |s: LayerState, mine: &mut Vec<usize>| {
+                mine.push(entries.len());
+                entries.push(s);
+            };
+            match m {
+                Mixer::Gdn => {
+                    let conv = (cfg.conv_k - 1) * cfg.qkv_width();
+                    let s = cfg.n_v * cfg.dk * cfg.dv;
+                    push(
+                        LayerState::Recurrent {
+                            floats: conv,
+                            snapshots: 0,
+                        },
+                        &mut mine,
+                    );
+                    push(
+                        LayerState::Recurrent {
+                            floats: s,
+                            snapshots: 0,
+                        },
+                        &mut mine,
+                    );
+                }
+                Mixer::Qsa => {
+                    let kv = cfg.n_head_kv * cfg.head_dim;
+                    let rows = LayerState::Blocks {
+                        width: kv,
+                        ratio: 1,
+                        raw_width: 0,
+                    };
+                    push(rows.clone(), &mut mine);
+                    push(rows, &mut mine);
+                    let d = cfg.idx_dim;
+                    let idx = LayerState::Blocks {
+                        width: d,
+                        ratio: cfg.idx_block,
+                        raw_width: d,
+                    };
+                    push(idx, &mut mine);
+                }
+            }
+            if let Some(p) = cfg.ple.as_ref().filter(|p| p.layers.contains(&il)) {
+                let tail = (p.conv_k - 1) * p.ngram * cfg.streams * cfg.hidden;
+                push(
+                    LayerState::Recurrent {
+                        floats: tail,
+                        snapshots: 0,
+                    },
+                    &mut mine,
+                );
+            }
+            per_layer.push(mine);
+        }
+        (StateLayout::new(entries), per_layer)
+    }
+
+    fn new_state(
+        &self,
+        kv: B::Kv,
+        extra: ExtraState<B>,
+        n_ctx: usize,
+        max_batch: usize,
+    ) -> Qwen4ExpState<B> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let (s, h, nb) = (c.streams, c.hidden, max_batch);
+        let wide = [
+            s * h,
+            c.qkv_width(),
+            c.n_v * c.dv,
+            2 * c.n_head * c.head_dim,
+            (c.idx_heads + 1) * c.idx_dim,
+            c.n_expert,
+            c.n_ff_shared * 2,
+            c.ple.as_ref().map_or(0, |p| p.dim.max(s * h)),
+            c.idx_block * c.idx_dim,
+        ]
+        .into_iter()
+        .max()
+        .unwrap_or(0);
+        let sizes = [
+            nb * s * h,
+            nb * s * h,
+            nb * s * h,
+            nb * h,
+            nb * wide.max(h),
+            nb * wide,
+            nb * wide,
+            nb * wide,
+            nb * wide,
+            nb * s.max(c.n_v),
+            nb * c.lowrank.max(c.n_v),
+            nb * c.n_vocab,
+        ];
+        debug_assert_eq!(sizes.len(), N_BUFS);
+        let p = self.idx_params();
+        Qwen4ExpState {
+            kv,
+            extra,
+            n_ctx,
+            max_batch,
+            bufs: sizes.iter().map(|&n| be.alloc(n.max(1))).collect(),
+            experts: crate::blocks::experts::ExpertScratch::new(be, c.top_k, c.n_ff_exp, h, nb),
+            sel: be.alloc_ids(nb * p.max_selected()),
+            counts: be.alloc_ids(nb),
+            history: vec![0; n_ctx],
+            key: StepCtl::new().key,
+            selections: None,
+        }
+    }
+
+    /// HC: `XN` = normalised streams, `M` = block input, `INJ` = injection weights (when the
+    /// module has them).
+    fn hc(&self, b: &mut [B::Buf], hc: &Hc<B>, n: usize) {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let (s, h, r) = (c.streams, c.hidden, c.lowrank);
+        let inv_s = 1.0 / s as f32;
+        {
+            let [x, xn] = pick2(b, X, XN);
+            be.rms_norm_grouped(x, &hc.norm, n * s, h, s, c.eps, xn);
+        }
+        {
+            let [xn, low, t1] = pick3(b, XN, LOW, T1);
+            be.matmul(&hc.down, xn, n, low);
+            be.scale(low, n * r, inv_s);
+            // silu(x) = x · σ(x)
+            be.copy_rows(low, 0, n, r, t1, 0);
+            be.sigmoid(t1, n * r);
+            be.mul(low, t1, n * r);
+        }
+        {
+            let [low, a] = pick2(b, LOW, A);
+            be.matmul(&hc.up, low, n, a);
+            be.sigmoid(a, n * s * h);
+        }
+        {
+            let [a, xn, m] = pick3(b, A, XN, M);
+            be.mul(a, xn, n * s * h);
+            be.mean_streams(a, n, s, h, m);
+        }
+        if let Some(inj) = &hc.inject {
+            let [xn, w] = pick2(b, XN, INJ);
+            be.matmul(inj, xn, n, w);
+            be.scale(w, n * s, inv_s);
+            be.sigmoid(w, n * s);
+            be.scale(w, n * s, 2.0);
+        }
+    }
+
+    /// The layers and the head (see the module docs).
+    fn layers(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<usize> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let n = tokens.len();
+        let (s, h) = (c.streams, c.hidden);
+        let p0 = positions[0] as usize;
+        if positions
+            .iter()
+            .enumerate()
+            .any(|(i, &p)| p as usize != p0 + i)
+        {
+            bail!("qwen4_exp: a batch's positions must be consecutive");
+        }
+        for (i, &t) in tokens.iter().enumerate() {
+            st.history[p0 + i] = t;
+        }
+        st.extra.begin(be, p0);
+        // The embedding into every stream.
+        be.get_rows(&self.embd, tokens, 1.0, &mut st.bufs[M])?;
+        for t in 0..n {
+            for k in 0..s {
+                let [m, x] = pick2(&mut st.bufs, M, X);
+                be.copy_rows(m, t, 1, h, x, t * s + k);
+            }
+        }
+        for (il, l) in self.layers.iter().enumerate() {
+            if let Some(p) = &l.ple {
+                self.ple(st, l, p, il, tokens, p0)?;
+            }
+            self.hc(&mut st.bufs, &l.attn_hc, n);
+            match &l.mixer {
+                Block::Gdn(g) => self.gdn(st, g, &l.state, n)?,
+                Block::Qsa(q) => {
+                    self.qsa(st, q, &l.state, positions)?;
+                    self.record_selection(st, il, positions);
+                }
+            }
+            {
+                let [x, w, y] = pick3(&mut st.bufs, X, INJ, Y);
+                be.inject_streams(x, w, y, n, s, h);
+            }
+            self.hc(&mut st.bufs, &l.mlp_hc, n);
+            self.moe(st, &l.moe, n);
+            let [x, w, y] = pick3(&mut st.bufs, X, INJ, Y);
+            be.inject_streams(x, w, y, n, s, h);
+        }
+        let rows = n - logits_from;
+        if rows == 0 {
+            return Ok(0);
+        }
+        self.hc(&mut st.bufs, &self.mixer, n);
+        let b = &mut st.bufs;
+        {
+            let [m, t1] = pick2(b, M, T1);
+            be.copy_rows(m, logits_from, rows, h, t1, 0);
+        }
+        let [t1, lg] = pick2(b, T1, LOGITS);
+        be.matmul(&self.head, t1, rows, lg);
+        Ok(rows)
+    }
+
+    /// Gated DeltaNet on `M` → `Y` (§5).
+    fn gdn(&self, st: &mut Qwen4ExpState<B>, g: &Gdn<B>, ent: &[usize], n: usize) -> Result<()> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let (cw, hv, dv) = (c.qkv_width(), c.n_v, c.dv);
+        let b = &mut st.bufs;
+        {
+            let [m, t1] = pick2(b, M, T1);
+            be.matmul(&g.qkv, m, n, t1);
+        }
+        {
+            let [t1, t2] = pick2(b, T1, T2);
+            let conv = st.extra.recurrent_mut(ent[0], 0)?;
+            be.conv1d_causal(t1, n, cw, &g.conv, c.conv_k, 1, true, conv, t2);
+        }
+        {
+            // β = σ(b) in LOW, g = −exp(A_log)·softplus(a + dt_bias) in A (free during the
+            // mixer; INJ holds the injection weights).
+            let [m, lo, ga] = pick3(b, M, LOW, A);
+            be.matmul(&g.b, m, n, lo);
+            be.sigmoid(lo, n * hv);
+            be.matmul(&g.a, m, n, ga);
+            be.decay_gate(ga, &g.dt_bias, &g.neg_a, n, hv);
+        }
+        {
+            let [t2, lo, inj, t3] = b.get_disjoint_mut([T2, LOW, A, T3]).expect("distinct");
+            let dims = DeltaDims {
+                n,
+                n_k: c.n_k,
+                n_v: hv,
+                dk: c.dk,
+                dv,
+            };
+            let state = st.extra.recurrent_mut(ent[1], 0)?;
+            be.gated_delta_rule(t2, inj, lo, dims, state, t3);
+        }
+        // y = rms(o)·w ⊙ gate(z), per value head.
+        {
+            let [t3, t4] = pick2(b, T3, T4);
+            be.rms_norm(t3, &g.norm, n * hv, dv, c.eps, t4);
+        }
+        {
+            let [m, t1] = pick2(b, M, T1);
+            be.matmul(&g.z, m, n, t1);
+        }
+        {
+            let [t1, t4] = pick2(b, T1, T4);
+            if c.gate_sigmoid {
+                be.sigmoid(t1, n * hv * dv);
+                be.mul(t4, t1, n * hv * dv);
+            } else {
+                be.act_mul(t1, t4, n * hv * dv, Activation::Silu);
+                be.copy_rows(t1, 0, n, hv * dv, t4, 0);
+            }
+        }
+        let [t4, y] = pick2(b, T4, Y);
+        be.matmul(&g.out, t4, n, y);
+        Ok(())
+    }
+
+    /// QSA on `M` → `Y` (§6).
+    fn qsa(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        q: &Qsa<B>,
+        ent: &[usize],
+        positions: &[u32],
+    ) -> Result<()> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let n = positions.len();
+        let p0 = positions[0] as usize;
+        let (nh, nkv, hd, di, cb) = (c.n_head, c.n_head_kv, c.head_dim, c.idx_dim, c.idx_block);
+        let rope = self.rope();
+        let b = &mut st.bufs;
+        // Attention q (T1), gate (T2), k (T3), v (T4).
+        {
+            let [m, t1, t2] = pick3(b, M, T1, T2);
+            be.matmul(&q.wq, m, n, t1);
+            be.matmul(&q.wgate, m, n, t2);
+            be.rms_norm_inplace(t1, &q.q_norm, n * nh, hd, c.eps);
+            be.rope(t1, nh, hd, positions, &rope);
+            be.sigmoid(t2, n * nh * hd);
+        }
+        {
+            let [m, t3, t4] = pick3(b, M, T3, T4);
+            be.matmul(&q.wk, m, n, t3);
+            be.rms_norm_inplace(t3, &q.k_norm, n * nkv, hd, c.eps);
+            be.rope(t3, nkv, hd, positions, &rope);
+            be.matmul(&q.wv, m, n, t4);
+        }
+        // K and V rows by position.
+        be.copy_rows(
+            &b[T3],
+            0,
+            n,
+            nkv * hd,
+            st.extra.blocks_mut(ent[0])?.rows,
+            p0,
+        );
+        be.copy_rows(
+            &b[T4],
+            0,
+            n,
+            nkv * hd,
+            st.extra.blocks_mut(ent[1])?.rows,
+            p0,
+        );
+        // Indexer: raw keys into the ring, pooled keys of the blocks completed here, queries.
+        {
+            let [m, t4] = pick2(b, M, T4);
+            be.matmul(&q.idx_k, m, n, t4);
+        }
+        {
+            let blk = st.extra.blocks_mut(ent[2])?;
+            let slots = blk.raw_slots;
+            for i in 0..n {
+                be.copy_rows(&b[T4], i, 1, di, blk.raw, (p0 + i) % slots);
+            }
+            // Block bi completes at position bi·cb + cb − 1: those within p0..p0+n.
+            let first = (p0 + 1).saturating_sub(cb).div_ceil(cb);
+            for bi in first..(p0 + n) / cb {
+                // The block's raw rows (A), their mean (XN): both free during the mixer.
+                let [raw, pooled] = pick2(b, A, XN);
+                for j in 0..cb {
+                    be.copy_rows(blk.raw, (bi * cb + j) % slots, 1, di, raw, j);
+                }
+                be.mean_streams(raw, 1, cb, di, pooled);
+                be.rms_norm_inplace(pooled, &q.idx_k_norm, 1, di, c.eps);
+                be.rope(pooled, 1, di, &[(bi * cb) as u32], &rope);
+                be.copy_rows(pooled, 0, 1, di, blk.rows, bi);
+            }
+        }
+        {
+            let [m, t4] = pick2(b, M, T4);
+            be.matmul(&q.idx_q, m, n, t4);
+            be.rms_norm_inplace(t4, &q.idx_q_norm, n * c.idx_heads, di, c.eps);
+            be.rope(t4, c.idx_heads, di, positions, &rope);
+        }
+        let p = self.idx_params();
+        {
+            let blk = st.extra.blocks_mut(ent[2])?;
+            be.indexer_select(&b[T4], blk.rows, positions, &p, &mut st.sel, &mut st.counts);
+        }
+        {
+            let (k, v) = (st.extra.block_rows(ent[0])?, st.extra.block_rows(ent[1])?);
+            let [t1, t3] = pick2(b, T1, T3);
+            let scale = 1.0 / (hd as f32).sqrt();
+            be.attention_selected(
+                t1,
+                k,
+                v,
+                &st.sel,
+                &st.counts,
+                n,
+                p.max_selected(),
+                (nh, nkv, hd),
+                scale,
+                t3,
+            );
+        }
+        {
+            let [t2, t3] = pick2(b, T2, T3);
+            be.mul(t3, t2, n * nh * hd);
+        }
+        let [t3, y] = pick2(b, T3, Y);
+        be.matmul(&q.wo, t3, n, y);
+        Ok(())
+    }
+
+    /// The last QSA layer's selection to the host, when the state records them (tests).
+    fn record_selection(&self, st: &mut Qwen4ExpState<B>, layer: usize, positions: &[u32]) {
+        let Some(rec) = st.selections.as_mut() else {
+            return;
+        };
+        let be = &*self.backend;
+        let (n, w) = (positions.len(), self.idx_params().max_selected());
+        let (mut sel, mut counts) = (vec![0u32; n * w], vec![0u32; n]);
+        be.read_ids(&st.sel, &mut sel);
+        be.read_ids(&st.counts, &mut counts);
+        for (t, &p) in positions.iter().enumerate() {
+            rec.push((layer, p, sel[t * w..t * w + counts[t] as usize].to_vec()));
+        }
+    }
+
+    /// MoE on `M` → `Y` (§7).
+    fn moe(&self, st: &mut Qwen4ExpState<B>, m: &Moe<B>, n: usize) {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let h = c.hidden;
+        let b = &mut st.bufs;
+        let rp = RouteParams {
+            n_expert: c.n_expert,
+            k: c.top_k,
+            score: Score::Softmax,
+            n_group: 1,
+            topk_group: 1,
+            renorm: c.norm_topk,
+            scale: 1.0,
+        };
+        {
+            let [mm, t1] = pick2(b, M, T1);
+            be.matmul(&m.router, mm, n, t1);
+            st.experts.route(be, t1, n, &rp, None, None);
+        }
+        {
+            let [mm, y] = pick2(b, M, Y);
+            be.copy_rows(mm, 0, n, h, y, 0);
+            m.experts.forward(be, y, n, h, &mut st.experts);
+        }
+        // Shared expert, gated by σ(m·w).
+        let f = c.n_ff_shared;
+        {
+            let [mm, t1, t2] = pick3(b, M, T1, T2);
+            be.matmul(&m.sh_gate, mm, n, t1);
+            be.matmul(&m.sh_up, mm, n, t2);
+            be.act_mul(t1, t2, n * f, Activation::Silu);
+        }
+        {
+            let [t1, t3] = pick2(b, T1, T3);
+            be.matmul(&m.sh_down, t1, n, t3);
+        }
+        {
+            let [mm, t4] = pick2(b, M, T4);
+            be.matmul(&m.sh_scale, mm, n, t4);
+            be.sigmoid(t4, n);
+        }
+        let [y, t4, t3] = pick3(b, Y, T4, T3);
+        be.inject_streams(y, t4, t3, n, 1, h);
+    }
+
+    /// The n-gram injection into `X` (§4.3).
+    fn ple(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        l: &Layer<B>,
+        p: &Ple<B>,
+        il: usize,
+        tokens: &[u32],
+        p0: usize,
+    ) -> Result<()> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let pc = c.ple.as_ref().expect("PLE layers have a PLE config");
+        let (n, s, h, d) = (tokens.len(), c.streams, c.hidden, pc.dim);
+        let w = p.table.width;
+        // e [n, D] gathered on the host.
+        let mut e = vec![0f32; n * d];
+        let mut ids = Vec::new();
+        for t in 0..n {
+            p.table.row_ids(&st.history, p0 + t, pc.eos, &mut ids);
+            for (j, &r) in ids.iter().enumerate() {
+                p.table.row(r, &mut e[t * d + j * w..t * d + (j + 1) * w])?;
+            }
+        }
+        let b = &mut st.bufs;
+        be.write(&mut b[T1], &e);
+        // key [n, S·H] (T2), val [n, H] (T3), query = normalised X (XN).
+        {
+            let [t1, t2, t4] = pick3(b, T1, T2, T4);
+            be.matmul(&p.key, t1, n, t4);
+            be.rms_norm_grouped(t4, &p.norm_key, n * s, h, s, c.eps, t2);
+        }
+        {
+            let [t1, t3] = pick2(b, T1, T3);
+            be.matmul(&p.value, t1, n, t3);
+        }
+        {
+            let [x, xn] = pick2(b, X, XN);
+            be.rms_norm_grouped(x, &p.norm_query, n * s, h, s, c.eps, xn);
+        }
+        {
+            let [t2, xn, inj] = pick3(b, T2, XN, INJ);
+            be.mul(t2, xn, n * s * h);
+            be.sum_rows(t2, n * s, h, inj);
+            be.signed_sqrt_gate(inj, n * s, 1.0 / (h as f32).sqrt());
+        }
+        // gv = σ(g_s)·val per stream (A), gn = norm_conv(gv) (T2), cv = silu(conv(gn)) (T4).
+        {
+            let [a, xn] = pick2(b, A, XN);
+            be.copy_rows(xn, 0, n, s * h, a, 0);
+            be.scale(a, n * s * h, 0.0);
+        }
+        {
+            let [a, inj, t3] = pick3(b, A, INJ, T3);
+            be.inject_streams(a, inj, t3, n, s, h);
+        }
+        {
+            let [a, t2] = pick2(b, A, T2);
+            be.rms_norm_grouped(a, &p.norm_conv, n * s, h, s, c.eps, t2);
+        }
+        let ent = *l.state.last().expect("a PLE layer has its conv state");
+        let _ = il;
+        {
+            let [t2, t4] = pick2(b, T2, T4);
+            let tail = st.extra.recurrent_mut(ent, 0)?;
+            be.conv1d_causal(t2, n, s * h, &p.conv, pc.conv_k, pc.ngram, true, tail, t4);
+        }
+        let [x, a, t4] = pick3(b, X, A, T4);
+        be.add(a, t4, n * s * h);
+        be.add(x, a, n * s * h);
+        Ok(())
+    }
+}
+
+impl<B: Backend> StepState<B> for Qwen4ExpState<B> {
+    fn ctl(&self) -> StepCtl {
+        StepCtl {
+            key: self.key,
+            prepare_ahead: false,
+        }
+    }
+    fn n_ctx(&self) -> usize {
+        self.n_ctx
+    }
+    fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+    fn logits(&self) -> &B::Buf {
+        &self.bufs[LOGITS]
+    }
+}
+
+impl<B: Backend + 'static> crate::lm::CausalLm for Qwen4ExpModel<B> {
+    type Be = B;
+    type State = Qwen4ExpState<B>;
+    fn arch(&self) -> &str {
+        "qwen4_exp"
+    }
+    fn backend(&self) -> &Arc<B> {
+        &self.backend
+    }
+    fn n_vocab(&self) -> usize {
+        self.cfg.n_vocab
+    }
+    fn n_ctx_train(&self) -> usize {
+        0
+    }
+    fn weight_bytes_per_token(&self) -> u64 {
+        self.weight_bytes_per_token
+    }
+    fn state_layout(&self) -> StateLayout {
+        self.layout.clone()
+    }
+    fn state_with(
+        &self,
+        kv: B::Kv,
+        extra: ExtraState<B>,
+        n_ctx: usize,
+        max_batch: usize,
+    ) -> Result<Qwen4ExpState<B>> {
+        Ok(self.new_state(kv, extra, n_ctx, max_batch))
+    }
+    fn kv(st: &Qwen4ExpState<B>) -> &B::Kv {
+        &st.kv
+    }
+    fn kv_mut(st: &mut Qwen4ExpState<B>) -> &mut B::Kv {
+        &mut st.kv
+    }
+    fn extra(st: &Qwen4ExpState<B>) -> Option<&ExtraState<B>> {
+        Some(&st.extra)
+    }
+    fn extra_mut(st: &mut Qwen4ExpState<B>) -> Option<&mut ExtraState<B>> {
+        Some(&mut st.extra)
+    }
+    fn run(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        tokens: &[u32],
+        positions: &[u32],
+        logits_from: usize,
+    ) -> Result<usize> {
+        let layers =
+            |st: &mut Qwen4ExpState<B>, t: &[u32], p: &[u32], lf: usize| self.layers(st, t, p, lf);
+        stepper::run(
+            &*self.backend,
+            st,
+            tokens,
+            positions,
+            logits_from,
+            self.cfg.n_vocab,
+            false,
+            &layers,
+        )
+    }
+    fn argmax_start(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        token: Option<u32>,
+        pos: u32,
+    ) -> Result<Option<u64>> {
+        let layers =
+            |st: &mut Qwen4ExpState<B>, t: &[u32], p: &[u32], lf: usize| self.layers(st, t, p, lf);
+        stepper::argmax_start(
+            &*self.backend,
+            st,
+            token,
+            pos,
+            self.cfg.n_vocab,
+            false,
+            &layers,
+        )
+    }
+    fn argmax_finish(&self, ticket: u64) -> Result<u32> {
+        self.backend.argmax_finish(ticket)
+    }
+}
+
+/// A fresh state outside the engine (tests).
+pub fn new_state<B: Backend + 'static>(
+    m: &Arc<Qwen4ExpModel<B>>,
+    n_ctx: usize,
+    max_batch: usize,
+) -> Result<Qwen4ExpState<B>> {
+    let be = &*m.backend;
+    let kv = alloc_kv(be, &m.layout, n_ctx, max_batch, KvType::F32)?;
+    let extra = ExtraState::new(be, &m.layout, n_ctx, max_batch);
+    Ok(m.new_state(kv, extra, n_ctx, max_batch))
+}

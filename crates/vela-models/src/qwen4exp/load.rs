@@ -1,0 +1,305 @@
+//! Loading `qwen4_exp` weights from an HF checkpoint directory (docs/qwen4exp-spec.md §9):
+//! tensors read in place; the (1+w) norms offset at load; the per-expert tensors stacked into
+//! the 3-D expert layout the shared expert block reads; `q_proj`'s per-head [q | gate]
+//! interleave split into two matrices.
+
+use super::*;
+use crate::blocks::experts::{Experts, GateUp};
+use crate::weights::WeightSource;
+use anyhow::{anyhow, Context};
+use serde_json::Value;
+use std::path::Path;
+use vela_compute::HostWeight;
+use vela_formats::quant::GgmlType;
+use vela_formats::safetensors::Checkpoint;
+
+struct Loader<'a, B: Backend> {
+    be: &'a B,
+    src: &'a WeightSource,
+    /// Weight bytes one token reads (experts at their active share).
+    bytes: u64,
+}
+
+/// Rows of several weights of one type, stacked into one.
+fn stack(name: &str, parts: &[HostWeight]) -> Result<HostWeight> {
+    let first = parts
+        .first()
+        .ok_or_else(|| anyhow!("{name}: nothing to stack"))?;
+    if parts
+        .iter()
+        .any(|p| p.ty != first.ty || p.cols != first.cols)
+    {
+        bail!("{name}: parts differ in type or width");
+    }
+    let rows = parts.iter().map(|p| p.rows).sum();
+    let mut data = Vec::with_capacity(parts.iter().map(|p| p.bytes().len()).sum());
+    for p in parts {
+        data.extend_from_slice(p.bytes());
+    }
+    HostWeight::owned(name, first.ty, rows, first.cols, data)
+}
+
+impl<B: Backend> Loader<'_, B> {
+    fn host(&self, name: &str) -> Result<HostWeight> {
+        self.src.matrix(name, false)
+    }
+    fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
+        self.bytes += (w.bytes().len() as f64 * share) as u64;
+        self.be.upload_weight(w)
+    }
+    fn matrix(&mut self, name: &str) -> Result<B::Weight> {
+        let w = self.host(name)?;
+        self.upload(&w, 1.0)
+    }
+    fn floats(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let w = self
+            .src
+            .get(name)
+            .ok_or_else(|| anyhow!("missing tensor {name}"))?;
+        let v = w.to_f32()?;
+        if v.len() != len {
+            bail!("{name}: {} values, expected {len}", v.len());
+        }
+        Ok(v)
+    }
+    fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
+        self.be.upload_vector(&self.floats(name, len)?)
+    }
+    /// A (1+w) norm weight.
+    fn norm1p(&self, name: &str, len: usize) -> Result<B::Vector> {
+        let v: Vec<f32> = self.floats(name, len)?.iter().map(|w| 1.0 + w).collect();
+        self.be.upload_vector(&v)
+    }
+    fn ints(&self, name: &str) -> Result<Vec<u64>> {
+        let w = self
+            .src
+            .get(name)
+            .ok_or_else(|| anyhow!("missing tensor {name}"))?;
+        match w.ty {
+            GgmlType::I64 => Ok(w
+                .bytes()
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")) as u64)
+                .collect()),
+            GgmlType::I32 => Ok(w
+                .bytes()
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as u64)
+                .collect()),
+            t => bail!("{name}: integer tensor expected, found {}", t.name()),
+        }
+    }
+
+    fn hc(&mut self, p: &str, c: &Qwen4ExpConfig, inject: bool) -> Result<Hc<B>> {
+        let sh = c.streams * c.hidden;
+        Ok(Hc {
+            norm: self.norm1p(&format!("{p}.hc_norm.weight"), sh)?,
+            down: self.matrix(&format!("{p}.input_mix_weight_down.weight"))?,
+            up: self.matrix(&format!("{p}.input_mix_weight_up.weight"))?,
+            inject: if inject {
+                Some(self.matrix(&format!("{p}.block_inject_weight.weight"))?)
+            } else {
+                None
+            },
+        })
+    }
+
+    fn gdn(&mut self, p: &str, c: &Qwen4ExpConfig) -> Result<Gdn<B>> {
+        let a_log = self.floats(&format!("{p}.A_log"), c.n_v)?;
+        let neg_a: Vec<f32> = a_log.iter().map(|a| -a.exp()).collect();
+        Ok(Gdn {
+            qkv: self.matrix(&format!("{p}.in_proj_qkv.weight"))?,
+            z: self.matrix(&format!("{p}.in_proj_z.weight"))?,
+            b: self.matrix(&format!("{p}.in_proj_b.weight"))?,
+            a: self.matrix(&format!("{p}.in_proj_a.weight"))?,
+            conv: self.vector(&format!("{p}.conv1d.weight"), c.qkv_width() * c.conv_k)?,
+            dt_bias: self.vector(&format!("{p}.dt_bias"), c.n_v)?,
+            neg_a: self.be.upload_vector(&neg_a)?,
+            norm: self.vector(&format!("{p}.norm.weight"), c.dv)?,
+            out: self.matrix(&format!("{p}.out_proj.weight"))?,
+        })
+    }
+
+    fn qsa(&mut self, p: &str, c: &Qwen4ExpConfig) -> Result<Qsa<B>> {
+        let hd = c.head_dim;
+        let q = self.host(&format!("{p}.q_proj.weight"))?;
+        if q.rows != 2 * c.n_head * hd {
+            bail!(
+                "{p}.q_proj: {} rows, expected {}",
+                q.rows,
+                2 * c.n_head * hd
+            );
+        }
+        let part = |off: usize| -> Result<Vec<HostWeight>> {
+            (0..c.n_head)
+                .map(|h| q.row_range(h * 2 * hd + off, hd, "q_proj head"))
+                .collect()
+        };
+        let wq = stack("q_proj (q)", &part(0)?)?;
+        let wg = stack("q_proj (gate)", &part(hd)?)?;
+        let idx = self.host(&format!("{p}.indexer.index_qk_proj.weight"))?;
+        let (ni, di) = (c.idx_heads, c.idx_dim);
+        if idx.rows != (ni + 1) * di {
+            bail!(
+                "{p}.indexer.index_qk_proj: {} rows, expected {}",
+                idx.rows,
+                (ni + 1) * di
+            );
+        }
+        Ok(Qsa {
+            wq: self.upload(&wq, 1.0)?,
+            wgate: self.upload(&wg, 1.0)?,
+            wk: self.matrix(&format!("{p}.k_proj.weight"))?,
+            wv: self.matrix(&format!("{p}.v_proj.weight"))?,
+            wo: self.matrix(&format!("{p}.o_proj.weight"))?,
+            q_norm: self.norm1p(&format!("{p}.q_norm.weight"), hd)?,
+            k_norm: self.norm1p(&format!("{p}.k_norm.weight"), hd)?,
+            idx_q: self.upload(&idx.row_range(0, ni * di, "indexer q")?, 1.0)?,
+            idx_k: self.upload(&idx.row_range(ni * di, di, "indexer k")?, 1.0)?,
+            idx_q_norm: self.norm1p(&format!("{p}.indexer.q_layernorm.weight"), di)?,
+            idx_k_norm: self.norm1p(&format!("{p}.indexer.k_layernorm.weight"), di)?,
+        })
+    }
+
+    fn moe(&mut self, p: &str, c: &Qwen4ExpConfig) -> Result<Moe<B>> {
+        let e = c.n_expert;
+        let share = c.top_k as f64 / e as f64;
+        let mut gu = Vec::with_capacity(2 * e);
+        let mut down = Vec::with_capacity(e);
+        for x in 0..e {
+            gu.push(self.host(&format!("{p}.experts.{x}.gate_proj.weight"))?);
+            gu.push(self.host(&format!("{p}.experts.{x}.up_proj.weight"))?);
+            down.push(self.host(&format!("{p}.experts.{x}.down_proj.weight"))?);
+        }
+        let gu = stack(&format!("{p}.experts.gate_up"), &gu)?;
+        let down = stack(&format!("{p}.experts.down"), &down)?;
+        Ok(Moe {
+            router: self.matrix(&format!("{p}.gate.weight"))?,
+            experts: Experts {
+                gate_up: GateUp::Fused(self.upload(&gu, share)?),
+                down: self.upload(&down, share)?,
+                n_ff: c.n_ff_exp,
+                act: Activation::Silu,
+            },
+            sh_gate: self.matrix(&format!("{p}.shared_expert.gate_proj.weight"))?,
+            sh_up: self.matrix(&format!("{p}.shared_expert.up_proj.weight"))?,
+            sh_down: self.matrix(&format!("{p}.shared_expert.down_proj.weight"))?,
+            sh_scale: self.matrix(&format!("{p}.shared_expert_gate.weight"))?,
+        })
+    }
+
+    fn ple(&mut self, p: &str, c: &Qwen4ExpConfig, pc: &PleConfig) -> Result<Ple<B>> {
+        let e = format!("{p}.ple_embedding");
+        let mut shards = Vec::new();
+        while let Some(w) = self.src.get(&format!(
+            "{e}.ngram_embedding.shard_{}.weight",
+            shards.len()
+        )) {
+            shards.push(w);
+        }
+        let table = ple::NgramTable::new(
+            shards,
+            self.ints(&format!("{e}.layer_multipliers"))?,
+            self.ints(&format!("{e}.ngram_heads_vocab_sizes"))?,
+            self.ints(&format!("{e}.ngram_heads_offsets"))?,
+            pc.heads_per_ngram,
+        )
+        .with_context(|| format!("{p}: n-gram table"))?;
+        if table.n_heads() != pc.n_heads() || table.width * pc.n_heads() != pc.dim {
+            bail!("{p}: the n-gram table does not match the config");
+        }
+        let sh = c.streams * c.hidden;
+        Ok(Ple {
+            table,
+            key: self.matrix(&format!("{p}.key_proj.weight"))?,
+            value: self.matrix(&format!("{p}.value_proj.weight"))?,
+            norm_key: self.norm1p(&format!("{p}.norm_key.weight"), sh)?,
+            norm_query: self.norm1p(&format!("{p}.norm_query.weight"), sh)?,
+            norm_conv: self.norm1p(&format!("{p}.norm_conv.weight"), sh)?,
+            conv: self.vector(&format!("{p}.conv1d.weight"), sh * pc.conv_k)?,
+        })
+    }
+}
+
+impl<B: Backend> Qwen4ExpModel<B> {
+    /// Load from an HF checkpoint directory, converting float matrices to `quant` when given.
+    pub fn load_hf(backend: Arc<B>, dir: &Path, quant: Option<GgmlType>) -> Result<Self> {
+        let cpath = dir.join("config.json");
+        let text = std::fs::read_to_string(&cpath)
+            .with_context(|| format!("cannot read {}", cpath.display()))?;
+        let j: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", cpath.display()))?;
+        let cfg = Qwen4ExpConfig::from_json(&j)?;
+        let cp = Arc::new(Checkpoint::open(dir)?);
+        let prefix = if cp.get("model.language_model.embed_tokens.weight").is_some() {
+            "model.language_model."
+        } else if cp.get("model.embed_tokens.weight").is_some() {
+            "model."
+        } else {
+            bail!("checkpoint has no model.embed_tokens.weight (is this a qwen4_exp checkpoint?)");
+        };
+        let src = WeightSource::hf(cp, prefix).with_quant(quant);
+        Self::load(backend, &src, cfg)
+    }
+
+    fn load(backend: Arc<B>, src: &WeightSource, cfg: Qwen4ExpConfig) -> Result<Self> {
+        let mut ld = Loader {
+            be: &*backend,
+            src,
+            bytes: 0,
+        };
+        let embd_host = src
+            .get("embed_tokens.weight")
+            .ok_or_else(|| anyhow!("missing tensor embed_tokens.weight"))?
+            .as_head(true);
+        if embd_host.rows != cfg.n_vocab || embd_host.cols != cfg.hidden {
+            bail!(
+                "embed_tokens: [{}, {}], expected [{}, {}]",
+                embd_host.rows,
+                embd_host.cols,
+                cfg.n_vocab,
+                cfg.hidden
+            );
+        }
+        let embd = backend.upload_weight(&embd_host)?;
+        let head = if cfg.tie_embeddings {
+            ld.upload(&embd_host, 1.0)?
+        } else {
+            let w = src.matrix("lm_head.weight", false)?.as_head(true);
+            ld.upload(&w, 1.0)?
+        };
+        let (layout, entries) = Self::build_layout(&cfg);
+        let mut layers = Vec::with_capacity(cfg.mixers.len());
+        for (i, (m, state)) in cfg.mixers.iter().zip(entries).enumerate() {
+            let p = format!("layers.{i}");
+            let mixer = match m {
+                Mixer::Gdn => Block::Gdn(ld.gdn(&format!("{p}.linear_attn"), &cfg)?),
+                Mixer::Qsa => Block::Qsa(ld.qsa(&format!("{p}.self_attn"), &cfg)?),
+            };
+            let ple = match cfg.ple.as_ref().filter(|pc| pc.layers.contains(&i)) {
+                Some(pc) => Some(ld.ple(&format!("{p}.ple"), &cfg, pc)?),
+                None => None,
+            };
+            layers.push(Layer {
+                attn_hc: ld.hc(&format!("{p}.attn_hyper_connection"), &cfg, true)?,
+                mlp_hc: ld.hc(&format!("{p}.mlp_hyper_connection"), &cfg, true)?,
+                mixer,
+                moe: ld.moe(&format!("{p}.mlp"), &cfg)?,
+                ple,
+                state,
+            });
+        }
+        let mixer = ld.hc("hyper_connection_mixer", &cfg, false)?;
+        let weight_bytes_per_token = ld.bytes;
+        Ok(Qwen4ExpModel {
+            backend,
+            cfg,
+            embd,
+            head,
+            mixer,
+            layers,
+            layout,
+            weight_bytes_per_token,
+        })
+    }
+}

@@ -1,0 +1,162 @@
+//! The n-gram embedding of Qwen3.8's PLE layers (docs/qwen4exp-spec.md §4.1-4.2): token
+//! n-grams hashed into a table of prime-sized heads. The table stays in host memory where the
+//! checkpoint maps it (51B parameters in the real model); only the rows a token needs are read.
+
+use anyhow::{anyhow, bail, Result};
+use vela_compute::HostWeight;
+use vela_formats::quant::GgmlType;
+
+/// One PLE layer's table and hash constants.
+pub struct NgramTable {
+    /// Row shards in order (HF's `ngram_embedding.shard_<p>`), each `rows_per_shard` rows.
+    shards: Vec<HostWeight>,
+    rows_per_shard: usize,
+    /// Width of a head's row (`ple_embed_dim / heads`).
+    pub width: usize,
+    /// `layer_multipliers` (one per n-gram position), head sizes (primes) and offsets.
+    mult: Vec<u64>,
+    sizes: Vec<u64>,
+    offsets: Vec<u64>,
+    heads_per_ngram: usize,
+}
+
+impl NgramTable {
+    pub fn new(
+        shards: Vec<HostWeight>,
+        mult: Vec<u64>,
+        sizes: Vec<u64>,
+        offsets: Vec<u64>,
+        heads_per_ngram: usize,
+    ) -> Result<Self> {
+        let first = shards
+            .first()
+            .ok_or_else(|| anyhow!("PLE: no table shards"))?;
+        let (rows, width) = (first.rows, first.cols);
+        if shards.iter().any(|s| s.cols != width || s.ty != first.ty) {
+            bail!("PLE: table shards differ in width or type");
+        }
+        if !matches!(first.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
+            bail!("PLE: table type {} is not supported", first.ty.name());
+        }
+        let total: usize = shards.iter().map(|s| s.rows).sum();
+        if sizes.len() != offsets.len()
+            || !sizes.len().is_multiple_of(heads_per_ngram)
+            || mult.is_empty()
+        {
+            bail!("PLE: inconsistent hash constants");
+        }
+        let need = sizes
+            .iter()
+            .zip(&offsets)
+            .map(|(s, o)| s + o)
+            .max()
+            .unwrap_or(0);
+        if need as usize > total || sizes.contains(&0) {
+            bail!("PLE: the table has {total} rows, the hash heads need {need}");
+        }
+        if shards[..shards.len() - 1].iter().any(|s| s.rows != rows) {
+            bail!("PLE: table shards of unequal rows");
+        }
+        Ok(NgramTable {
+            shards,
+            rows_per_shard: rows,
+            width,
+            mult,
+            sizes,
+            offsets,
+            heads_per_ngram,
+        })
+    }
+
+    pub fn n_heads(&self) -> usize {
+        self.sizes.len()
+    }
+
+    /// The table rows of the token at position `p` of history `h` (`h[..=p]` known):
+    /// predecessors at or before the last EOS before `p`, or before the sequence, read as EOS.
+    pub fn row_ids(&self, h: &[u32], p: usize, eos: u32, out: &mut Vec<u64>) {
+        out.clear();
+        let orders = self.mult.len();
+        // sh(s): the token s places back, or EOS past the sequence start or the last EOS.
+        let mut shifted = vec![eos as u64; orders];
+        shifted[0] = h[p] as u64;
+        for (s, v) in shifted.iter_mut().enumerate().skip(1) {
+            if s > p {
+                break;
+            }
+            let q = p - s;
+            // Kept only if no EOS lies at q..p (an EOS at q reads as EOS anyway).
+            if h[q..p].contains(&eos) {
+                break;
+            }
+            *v = h[q] as u64;
+        }
+        for o in 2..=orders {
+            let mix = shifted[..o]
+                .iter()
+                .zip(&self.mult)
+                .fold(0u64, |m, (v, k)| m ^ v.wrapping_mul(*k));
+            for j in (o - 2) * self.heads_per_ngram..(o - 1) * self.heads_per_ngram {
+                out.push(mix % self.sizes[j] + self.offsets[j]);
+            }
+        }
+    }
+
+    /// Row `r` of the table as f32 into `out` (`width` values).
+    pub fn row(&self, r: u64, out: &mut [f32]) -> Result<()> {
+        let r = r as usize;
+        let s = self
+            .shards
+            .get(r / self.rows_per_shard)
+            .ok_or_else(|| anyhow!("PLE: row {r} past the table"))?;
+        let i = r % self.rows_per_shard;
+        let w = s.row_range(i, 1, "ple row")?;
+        vela_formats::quant::dequantize(w.ty, w.bytes(), out)?;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table(mult: Vec<u64>, sizes: Vec<u64>) -> NgramTable {
+        let offsets: Vec<u64> = sizes
+            .iter()
+            .scan(0, |a, s| {
+                let o = *a;
+                *a += s;
+                Some(o)
+            })
+            .collect();
+        let rows: u64 = sizes.iter().sum();
+        let w = HostWeight::owned(
+            "t",
+            GgmlType::F32,
+            rows as usize,
+            1,
+            vec![0; rows as usize * 4],
+        )
+        .unwrap();
+        NgramTable::new(vec![w], mult, sizes, offsets, 1).unwrap()
+    }
+
+    /// EOS handling: predecessors at or before the last EOS before p read as EOS; the EOS token
+    /// itself still sees its predecessors.
+    #[test]
+    fn predecessors_stop_at_eos() {
+        let t = table(vec![1, 1000, 1_000_000], vec![1 << 40, 1 << 40]);
+        let eos = 9;
+        let h = [1, 2, 9, 3, 4];
+        let mut ids = Vec::new();
+        // p = 3: its predecessor is the EOS (reads as EOS), the one before that too.
+        t.row_ids(&h, 3, eos, &mut ids);
+        assert_eq!(ids, [3 ^ (9 * 1000), 3 ^ (9 * 1000) ^ (9 * 1_000_000)]);
+        // p = 2 (the EOS itself): sees 2 and 1.
+        t.row_ids(&h, 2, eos, &mut ids);
+        assert_eq!(ids, [9 ^ 2000, 9 ^ 2000 ^ 1_000_000]);
+        // p = 0: everything before is EOS.
+        t.row_ids(&h, 0, eos, &mut ids);
+        assert_eq!(ids, [1 ^ 9000, 1 ^ 9000 ^ 9_000_000]);
+    }
+}
