@@ -209,6 +209,20 @@ pub trait CausalLm: Send + Sync + 'static {
         n_ctx: usize,
         max_batch: usize,
     ) -> Result<Self::State>;
+    /// A copy of `st` around `kv` and `extra` (copies of its backend storage): by default a
+    /// fresh state around them ([`CausalLm::state_with`]); a model that keeps more per sequence
+    /// (host-side history) copies that too.
+    fn fork_state(
+        &self,
+        st: &Self::State,
+        kv: <Self::Be as Backend>::Kv,
+        extra: ExtraState<Self::Be>,
+        n_ctx: usize,
+        max_batch: usize,
+    ) -> Result<Self::State> {
+        let _ = st;
+        self.state_with(kv, extra, n_ctx, max_batch)
+    }
     fn kv(st: &Self::State) -> &<Self::Be as Backend>::Kv;
     fn kv_mut(st: &mut Self::State) -> &mut <Self::Be as Backend>::Kv;
     /// The state's recurrent and block storage (`None`: the model keeps none).
@@ -512,7 +526,7 @@ impl<M: CausalLm> ModelState for Seq<M> {
             model: self.model.clone(),
             state: self
                 .model
-                .state_with(kv, extra, self.n_ctx, self.max_batch)?,
+                .fork_state(&self.state, kv, extra, self.n_ctx, self.max_batch)?,
             n_ctx: self.n_ctx,
             max_batch: self.max_batch,
             rollback_limit: self.rollback_limit,

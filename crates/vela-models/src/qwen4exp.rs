@@ -757,6 +757,18 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Qwen4ExpModel<B> {
     ) -> Result<Qwen4ExpState<B>> {
         Ok(self.new_state(kv, extra, n_ctx, max_batch))
     }
+    fn fork_state(
+        &self,
+        st: &Qwen4ExpState<B>,
+        kv: B::Kv,
+        extra: ExtraState<B>,
+        n_ctx: usize,
+        max_batch: usize,
+    ) -> Result<Qwen4ExpState<B>> {
+        let mut s = self.new_state(kv, extra, n_ctx, max_batch);
+        s.history.clone_from(&st.history);
+        Ok(s)
+    }
     fn kv(st: &Qwen4ExpState<B>) -> &B::Kv {
         &st.kv
     }

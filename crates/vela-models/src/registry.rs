@@ -8,6 +8,7 @@ use crate::config::DecoderConfig;
 use crate::decoder::DecoderModel;
 use crate::gemma4::{Gemma4Config, Gemma4Model};
 use crate::lm::LanguageModel;
+use crate::qwen4exp::{Qwen4ExpConfig, Qwen4ExpModel};
 use crate::weights::WeightSource;
 use crate::{gemma3, llama, qwen2, qwen3};
 use anyhow::{anyhow, bail, Result};
@@ -37,6 +38,7 @@ enum Family {
     /// The shared decoder with the options a GGUF file's metadata selects.
     Decoder(fn(&GgufFile) -> Result<DecoderConfig>),
     Gemma4,
+    Qwen4Exp,
 }
 
 /// Every architecture this build runs.
@@ -75,6 +77,13 @@ pub static ARCHS: &[Arch] = &[
         display: "Gemma 4",
         mtp: true,
         family: Family::Gemma4,
+    },
+    Arch {
+        gguf: "qwen4exp",
+        hf_model_types: &["qwen4_exp", "qwen4_exp_text"],
+        display: "Qwen3.8 Flash Next",
+        mtp: false,
+        family: Family::Qwen4Exp,
     },
 ];
 
@@ -136,6 +145,10 @@ impl Arch {
                 Arc::new(DecoderModel::load_from(backend, &src, cfg)?)
             }
             Family::Gemma4 => Arc::new(Gemma4Model::load_gguf_with(backend, g, quant)?),
+            Family::Qwen4Exp => bail!(
+                "qwen4exp GGUF files are not supported yet: load the Hugging Face checkpoint \
+                 directory (--quant converts its weights at load)"
+            ),
         })
     }
 
@@ -148,6 +161,7 @@ impl Arch {
     ) -> Result<Arc<dyn LanguageModel>> {
         Ok(match self.family {
             Family::Gemma4 => Arc::new(Gemma4Model::load_hf_with(backend, dir, quant)?),
+            Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_hf(backend, dir, quant)?),
             Family::Decoder(_) => bail!(
                 "{}: {} models load from GGUF files only",
                 dir.display(),
@@ -173,6 +187,7 @@ impl Arch {
         Ok(match self.family {
             Family::Decoder(config) => config(g)?.summary(),
             Family::Gemma4 => Gemma4Config::from_gguf(g)?.summary(),
+            Family::Qwen4Exp => bail!("qwen4exp GGUF files are not supported yet"),
         })
     }
 
@@ -180,6 +195,7 @@ impl Arch {
     pub fn describe_hf(&self, config: &Value) -> Result<String> {
         Ok(match self.family {
             Family::Gemma4 => Gemma4Config::from_json(config)?.summary(),
+            Family::Qwen4Exp => Qwen4ExpConfig::from_json(config)?.summary(),
             Family::Decoder(_) => bail!("{} models load from GGUF files only", self.display),
         })
     }

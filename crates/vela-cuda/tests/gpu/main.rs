@@ -443,5 +443,6 @@ mod kernels2;
 mod mix;
 mod model;
 mod ops;
+mod qwen4exp;
 mod recurrent;
 mod sample;

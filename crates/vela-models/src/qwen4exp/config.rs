@@ -253,6 +253,26 @@ impl Qwen4ExpConfig {
         })
     }
 
+    /// One line for `vela info`.
+    pub fn summary(&self) -> String {
+        let gdn = self.mixers.iter().filter(|m| **m == Mixer::Gdn).count();
+        format!(
+            "qwen4_exp: {} layers ({gdn} Gated DeltaNet, {} QSA), hidden {}, {} streams, \
+             {} experts top-{} (+shared), {} vocab{}",
+            self.mixers.len(),
+            self.mixers.len() - gdn,
+            self.hidden,
+            self.streams,
+            self.n_expert,
+            self.top_k,
+            self.n_vocab,
+            match &self.ple {
+                Some(p) => format!(", n-gram injection on {} layer(s)", p.layers.len()),
+                None => String::new(),
+            }
+        )
+    }
+
     /// Width of the GDN projection `[q | k | v]`.
     pub fn qkv_width(&self) -> usize {
         2 * self.n_k * self.dk + self.n_v * self.dv

@@ -1,0 +1,61 @@
+//! Qwen3.8 Flash Next (`qwen4_exp`) on the GPU against transformers' logits on the tiny fixture
+//! `gdn_qsa` (`scripts/gen-qwen4exp-fixtures.py`; skipped when absent): every position of the
+//! 128-token prompt (the indexer dropping blocks), and the same bits whatever the chunking.
+
+use super::*;
+use vela_models::qwen4exp::Qwen4ExpModel;
+use vela_models::LanguageModel;
+
+fn f32s(p: &std::path::Path) -> Vec<f32> {
+    std::fs::read(p)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+#[test]
+fn qwen4exp_gpu_matches_transformers_and_any_split() {
+    let Some(g) = gpu() else { return };
+    let dir = vela_formats::testdata::golden_dir().join("qwen4exp/gdn_qsa");
+    if vela_formats::testdata::require(dir.join("logits_long.f32")).is_none() {
+        return;
+    }
+    let m: Arc<dyn LanguageModel> =
+        Arc::new(Qwen4ExpModel::load_hf(Arc::new(g), &dir, None).unwrap());
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
+    let toks: Vec<u32> = p["prompts"]["long"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let run = |chunk: usize| {
+        let mut st = m.clone().new_state(256, chunk, KvType::F32).unwrap();
+        let mut out = Vec::new();
+        for (ci, c) in toks.chunks(chunk).enumerate() {
+            let pos: Vec<u32> = (0..c.len()).map(|i| (ci * chunk + i) as u32).collect();
+            out.extend(st.forward(c, &pos, 0).unwrap());
+        }
+        out
+    };
+    let whole = run(toks.len());
+    let want = f32s(&dir.join("logits_long.f32"));
+    let nv = want.len() / toks.len();
+    let mut worst = 0f64;
+    for t in 0..toks.len() {
+        let (a, b) = (&whole[t * nv..(t + 1) * nv], &want[t * nv..(t + 1) * nv]);
+        let err: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+        let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+        worst = worst.max(err / norm);
+    }
+    eprintln!("RESULT | qwen4exp gdn_qsa GPU vs HF | worst position NMSE {worst:.3e} |");
+    assert!(worst <= 1e-5, "worst position NMSE {worst:.3e}");
+    for chunk in [1, 7] {
+        assert!(
+            run(chunk) == whole,
+            "chunks of {chunk} differ from one pass"
+        );
+    }
+}
