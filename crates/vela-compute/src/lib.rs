@@ -705,7 +705,8 @@ pub trait Backend: Send + Sync {
     /// how the sequence is split into calls). `qkv` rows are `[q (n_k·dk) | k (n_k·dk) | v
     /// (n_v·dv)]` (Gated DeltaNet's projection after its convolution); each q and k head is
     /// L2-normalised (x · 1/sqrt(Σx² + 1e-6)) and q scaled by dk^-½ first. Then for t < n and
-    /// value head h, with key head h / (n_v / n_k) (HF's `repeat_interleave` grouping) and S_h
+    /// value head h, with key head [`DeltaDims::key_head`] (HF's grouping or llama.cpp's tiled
+    /// order) and S_h
     /// the `[dk, dv]` f32 state: S_h ← exp(g[t,h])·S_h; δ = β[t,h]·(v[t,h] − S_hᵀk);
     /// S_h += k ⊗ δ; out[t,h] = S_hᵀq. g, β are `[n, n_v]`; out `[n, n_v·dv]`; `state`
     /// `[n_v, dk, dv]`, zeros at a sequence start. Each sum over keys runs in ascending key

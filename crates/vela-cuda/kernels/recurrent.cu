@@ -73,12 +73,12 @@ extern "C" __global__ void rec_signed_sqrt_gate(float* x, long long n, float sca
 extern "C" __global__ void rec_gated_delta_rule(const float* __restrict__ qkv,
                                                 const float* __restrict__ g,
                                                 const float* __restrict__ beta, int n, int n_k,
-                                                int n_v, int dk, int dv, float* state,
+                                                int n_v, int dk, int dv, int tiled, float* state,
                                                 float* __restrict__ out) {
     PDL_ENTRY();
     __shared__ float ks[256], qs[256], inv[2];
     int h = blockIdx.x, j = threadIdx.x;
-    int kh = h / (n_v / n_k);
+    int kh = tiled ? h % n_k : h / (n_v / n_k);
     size_t row = (size_t)2 * n_k * dk + (size_t)n_v * dv;
     float qscale = 1.0f / sqrtf((float)dk);
     float* S = state + (size_t)h * dk * dv;

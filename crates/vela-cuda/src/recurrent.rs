@@ -121,6 +121,7 @@ impl CudaBackend {
             n_v,
             dk,
             dv,
+            ..
         } = d;
         assert!(
             n_k > 0 && n_v % n_k == 0,
@@ -150,6 +151,7 @@ impl CudaBackend {
             Arg::I(n_v as i32),
             Arg::I(dk as i32),
             Arg::I(dv as i32),
+            Arg::I(d.tiled as i32),
             Arg::P(self.ptr(state)),
             Arg::P(self.ptr(out)),
         ];

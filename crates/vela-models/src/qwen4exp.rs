@@ -28,6 +28,7 @@ use vela_compute::{
 };
 
 mod config;
+mod gguf;
 mod load;
 pub mod ple;
 
@@ -436,6 +437,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 n_v: hv,
                 dk: c.dk,
                 dv,
+                tiled: c.tiled_heads,
             };
             let state = st.extra.recurrent_mut(ent[1], 0)?;
             be.gated_delta_rule(t2, inj, lo, dims, state, t3);

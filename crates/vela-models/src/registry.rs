@@ -145,10 +145,7 @@ impl Arch {
                 Arc::new(DecoderModel::load_from(backend, &src, cfg)?)
             }
             Family::Gemma4 => Arc::new(Gemma4Model::load_gguf_with(backend, g, quant)?),
-            Family::Qwen4Exp => bail!(
-                "qwen4exp GGUF files are not supported yet: load the Hugging Face checkpoint \
-                 directory (--quant converts its weights at load)"
-            ),
+            Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_gguf(backend, g, quant)?),
         })
     }
 
@@ -187,7 +184,7 @@ impl Arch {
         Ok(match self.family {
             Family::Decoder(config) => config(g)?.summary(),
             Family::Gemma4 => Gemma4Config::from_gguf(g)?.summary(),
-            Family::Qwen4Exp => bail!("qwen4exp GGUF files are not supported yet"),
+            Family::Qwen4Exp => Qwen4ExpConfig::from_gguf(g)?.summary(),
         })
     }
 

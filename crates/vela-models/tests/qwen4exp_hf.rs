@@ -170,3 +170,25 @@ fn qsa_selections_match_transformers() {
         }
     }
 }
+
+/// llama.cpp 0c1e570's conversion of the `ple` fixture (tiled value heads, −exp(A_log) and the
+/// (1+w) offsets applied, the experts stacked, the n-gram table flattened) gives the logits of
+/// the safetensors checkpoint (only the order of sums over permuted heads differs).
+#[test]
+fn gguf_conversion_matches_the_checkpoint() {
+    let Some(dir) = golden_fixture("qwen4exp", "ple", "model-f32.gguf") else {
+        return;
+    };
+    let g = Arc::new(vela_formats::gguf::GgufFile::open(&dir.join("model-f32.gguf")).unwrap());
+    let gm: Arc<dyn LanguageModel> =
+        vela_models::load_gguf_any(Arc::new(CpuBackend::new(2)), g).unwrap();
+    let hm = load(&dir);
+    let toks = id_list(&prompts(&dir)["prompts"]["long"]);
+    let a = logits(&hm, &toks, toks.len());
+    let mut st = gm.new_state(256, toks.len(), KvType::F32).unwrap();
+    let pos: Vec<u32> = (0..toks.len() as u32).collect();
+    let b = st.forward(&toks, &pos, 0).unwrap();
+    let e = nmse(&b, &a);
+    eprintln!("ple: GGUF vs safetensors NMSE {e:.3e}");
+    assert!(e <= 1e-10, "GGUF vs safetensors NMSE {e:.3e}");
+}

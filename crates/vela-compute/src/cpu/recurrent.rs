@@ -167,6 +167,20 @@ pub struct DeltaDims {
     pub n_v: usize,
     pub dk: usize,
     pub dv: usize,
+    /// Value head h reads key head h % n_k (llama.cpp's reordered "tiled" heads) instead of
+    /// h / (n_v / n_k) (HF's grouping).
+    pub tiled: bool,
+}
+
+impl DeltaDims {
+    /// The key head of value head `h`.
+    pub fn key_head(&self, h: usize) -> usize {
+        if self.tiled {
+            h % self.n_k
+        } else {
+            h / (self.n_v / self.n_k)
+        }
+    }
 }
 
 /// The gated delta rule: see [`crate::Backend::gated_delta_rule`]. Heads run in parallel;
@@ -186,6 +200,7 @@ pub fn gated_delta_rule(
         n_v,
         dk,
         dv,
+        ..
     } = d;
     assert!(
         n_k > 0 && n_v % n_k == 0,
@@ -204,14 +219,13 @@ pub fn gated_delta_rule(
         state.len() >= n_v * dk * dv,
         "gated_delta_rule: state too small"
     );
-    let group = n_v / n_k;
     let q_scale = 1.0 / (dk as f32).sqrt();
     let (sp, op) = (SyncPtr(state.as_mut_ptr()), SyncPtr(out.as_mut_ptr()));
     let head = |h: usize| {
         // SAFETY: head h owns state[h·dk·dv ..][..dk·dv] and the h-th dv-wide column block of
         // every output row; heads are disjoint.
         let s = unsafe { std::slice::from_raw_parts_mut(sp.get().add(h * dk * dv), dk * dv) };
-        let kh = h / group;
+        let kh = d.key_head(h);
         let (mut qt, mut kt, mut kv) = (vec![0f32; dk], vec![0f32; dk], vec![0f32; dv]);
         for t in 0..n {
             let r = &qkv[t * row..(t + 1) * row];
@@ -358,6 +372,7 @@ mod tests {
             n_v: 4,
             dk: 8,
             dv: 6,
+            tiled: false,
         };
         let row = 2 * d.n_k * d.dk + d.n_v * d.dv;
         let mut r = rng(7);

@@ -210,6 +210,7 @@ fn gated_delta_rule_matches_cpu_and_is_split_invariant() {
             n_v: 6,
             dk: 16,
             dv: 24,
+            tiled: false,
         },
         DeltaDims {
             n: 33,
@@ -217,6 +218,7 @@ fn gated_delta_rule_matches_cpu_and_is_split_invariant() {
             n_v: 48,
             dk: 128,
             dv: 128,
+            tiled: false,
         },
     ] {
         let qkv = rng.vec(d.n * (2 * d.n_k * d.dk + d.n_v * d.dv));

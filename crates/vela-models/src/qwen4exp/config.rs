@@ -49,6 +49,9 @@ pub struct Qwen4ExpConfig {
     pub n_v: usize,
     pub dk: usize,
     pub dv: usize,
+    /// Value heads in llama.cpp's tiled order (value head h reads key head h % n_k; its GGUF
+    /// files) rather than HF's grouped order (h / (n_v / n_k)).
+    pub tiled_heads: bool,
     // QSA.
     pub n_head: usize,
     pub n_head_kv: usize,
@@ -229,6 +232,7 @@ impl Qwen4ExpConfig {
             n_v: uint(j, "linear_num_value_heads")?,
             dk: uint(j, "linear_key_head_dim")?,
             dv: uint(j, "linear_value_head_dim")?,
+            tiled_heads: false,
             n_head: uint(j, "num_attention_heads")?,
             n_head_kv: uint(j, "num_key_value_heads")?,
             head_dim,

@@ -13,11 +13,11 @@ use vela_compute::HostWeight;
 use vela_formats::quant::GgmlType;
 use vela_formats::safetensors::Checkpoint;
 
-struct Loader<'a, B: Backend> {
+pub(super) struct Loader<'a, B: Backend> {
     be: &'a B,
     src: &'a WeightSource,
     /// Weight bytes one token reads (experts at their active share).
-    bytes: u64,
+    pub(super) bytes: u64,
 }
 
 /// Rows of several weights of one type, stacked into one.
@@ -39,17 +39,40 @@ fn stack(name: &str, parts: &[HostWeight]) -> Result<HostWeight> {
     HostWeight::owned(name, first.ty, rows, first.cols, data)
 }
 
-impl<B: Backend> Loader<'_, B> {
+impl<'a, B: Backend> Loader<'a, B> {
+    pub(super) fn new(be: &'a B, src: &'a WeightSource) -> Self {
+        Loader { be, src, bytes: 0 }
+    }
     fn host(&self, name: &str) -> Result<HostWeight> {
         self.src.matrix(name, false)
     }
-    fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
+    pub(super) fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
         self.bytes += (w.bytes().len() as f64 * share) as u64;
         self.be.upload_weight(w)
     }
-    fn matrix(&mut self, name: &str) -> Result<B::Weight> {
+    pub(super) fn matrix(&mut self, name: &str) -> Result<B::Weight> {
         let w = self.host(name)?;
         self.upload(&w, 1.0)
+    }
+    /// `q_proj`'s per-head [q | gate] rows as two matrices (queries, gates).
+    pub(super) fn split_q(
+        &mut self,
+        name: &str,
+        c: &Qwen4ExpConfig,
+    ) -> Result<(B::Weight, B::Weight)> {
+        let hd = c.head_dim;
+        let q = self.host(name)?;
+        if q.rows != 2 * c.n_head * hd {
+            bail!("{name}: {} rows, expected {}", q.rows, 2 * c.n_head * hd);
+        }
+        let part = |off: usize| -> Result<Vec<HostWeight>> {
+            (0..c.n_head)
+                .map(|h| q.row_range(h * 2 * hd + off, hd, "q_proj head"))
+                .collect()
+        };
+        let wq = stack(&format!("{name} (q)"), &part(0)?)?;
+        let wg = stack(&format!("{name} (gate)"), &part(hd)?)?;
+        Ok((self.upload(&wq, 1.0)?, self.upload(&wg, 1.0)?))
     }
     fn floats(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let w = self
@@ -62,7 +85,7 @@ impl<B: Backend> Loader<'_, B> {
         }
         Ok(v)
     }
-    fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
+    pub(super) fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
         self.be.upload_vector(&self.floats(name, len)?)
     }
     /// A (1+w) norm weight.
@@ -122,21 +145,7 @@ impl<B: Backend> Loader<'_, B> {
 
     fn qsa(&mut self, p: &str, c: &Qwen4ExpConfig) -> Result<Qsa<B>> {
         let hd = c.head_dim;
-        let q = self.host(&format!("{p}.q_proj.weight"))?;
-        if q.rows != 2 * c.n_head * hd {
-            bail!(
-                "{p}.q_proj: {} rows, expected {}",
-                q.rows,
-                2 * c.n_head * hd
-            );
-        }
-        let part = |off: usize| -> Result<Vec<HostWeight>> {
-            (0..c.n_head)
-                .map(|h| q.row_range(h * 2 * hd + off, hd, "q_proj head"))
-                .collect()
-        };
-        let wq = stack("q_proj (q)", &part(0)?)?;
-        let wg = stack("q_proj (gate)", &part(hd)?)?;
+        let (wq, wgate) = self.split_q(&format!("{p}.q_proj.weight"), c)?;
         let idx = self.host(&format!("{p}.indexer.index_qk_proj.weight"))?;
         let (ni, di) = (c.idx_heads, c.idx_dim);
         if idx.rows != (ni + 1) * di {
@@ -147,8 +156,8 @@ impl<B: Backend> Loader<'_, B> {
             );
         }
         Ok(Qsa {
-            wq: self.upload(&wq, 1.0)?,
-            wgate: self.upload(&wg, 1.0)?,
+            wq,
+            wgate,
             wk: self.matrix(&format!("{p}.k_proj.weight"))?,
             wv: self.matrix(&format!("{p}.v_proj.weight"))?,
             wo: self.matrix(&format!("{p}.o_proj.weight"))?,
@@ -243,11 +252,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
     }
 
     fn load(backend: Arc<B>, src: &WeightSource, cfg: Qwen4ExpConfig) -> Result<Self> {
-        let mut ld = Loader {
-            be: &*backend,
-            src,
-            bytes: 0,
-        };
+        let mut ld = Loader::new(&*backend, src);
         let embd_host = src
             .get("embed_tokens.weight")
             .ok_or_else(|| anyhow!("missing tensor embed_tokens.weight"))?
