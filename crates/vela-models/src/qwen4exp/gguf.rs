@@ -125,7 +125,7 @@ impl Qwen4ExpConfig {
             norm_topk: true,
             ple,
         };
-        if cfg.n_v == 0 || cfg.n_v % cfg.n_k.max(1) != 0 || cfg.n_rot > cfg.idx_dim {
+        if cfg.n_v == 0 || !cfg.n_v.is_multiple_of(cfg.n_k.max(1)) || cfg.n_rot > cfg.idx_dim {
             bail!("qwen4exp: inconsistent head counts in the metadata");
         }
         Ok(cfg)
