@@ -179,7 +179,7 @@ fn gguf_conversion_matches_the_checkpoint() {
     let Some(dir) = golden_fixture("qwen4exp", "ple", "model-f32.gguf") else {
         return;
     };
-    let g = Arc::new(vela_formats::gguf::GgufFile::open(&dir.join("model-f32.gguf")).unwrap());
+    let g = Arc::new(vela_formats::gguf::GgufFile::open(dir.join("model-f32.gguf")).unwrap());
     let gm: Arc<dyn LanguageModel> =
         vela_models::load_gguf_any(Arc::new(CpuBackend::new(2)), g).unwrap();
     let hm = load(&dir);
