@@ -24,9 +24,8 @@
 //! rotate-half layout over the whole head. We express that with the backend's NEOX RoPE over
 //! `gd` dims and per-frequency divisors of `+∞` for the identity part.
 //!
-//! Weights: the checkpoint's F32/F16/BF16 tensors are copied into an in-memory GGUF image so that
-//! every backend can take them through the existing [`HostWeight`] path unchanged (a zero-copy
-//! path for big checkpoints is future work).
+//! Weights: the checkpoint's tensors are read in place where the files are mapped
+//! ([`crate::weights::WeightSource`]); `--quant` converts the float matrices at load.
 //!
 //! MoE blocks (`enable_moe_block`, 26B-A4B style) are supported: the routed-experts branch is in
 //! `gemma4/moe.rs`. Not supported (clear errors at load): attention biases, bidirectional
