@@ -662,9 +662,9 @@ pub trait Backend: Send + Sync {
     );
 
     // --- recurrent layers (Gated DeltaNet, short convolutions) ---
-    /// Depthwise causal convolution over time with a carried state: `x` is `[n, width]`;
-    /// `state` holds the `(k−1)·dilation` rows before it (zeros at a sequence start) and is
-    /// advanced to end after `x`; `w` is `[width, k]` (HF's `[C, 1, K]` conv weight). Row t of
+    /// Depthwise causal convolution over time with a carried state, over rows `from..from + n`
+    /// of `x` and `out` (`width` wide): `state` holds the `(k−1)·dilation` rows before them
+    /// (zeros at a sequence start) and is advanced to end after them; `w` is `[width, k]` (HF's `[C, 1, K]` conv weight). Row t of
     /// `out` = Σ_j w[·, j] ⊙ row (t + j·dilation) of [state; x], summed in ascending j, each
     /// product and sum rounded to f32 (the CPU's bits on every backend), then SiLU when `silu`
     /// (the backend's `exp`).
@@ -672,6 +672,7 @@ pub trait Backend: Send + Sync {
     fn conv1d_causal(
         &self,
         x: &Self::Buf,
+        from: usize,
         n: usize,
         width: usize,
         w: &Self::Vector,
@@ -704,7 +705,8 @@ pub trait Backend: Send + Sync {
     /// The gated delta rule, token by token (its recurrent form, so a result never depends on
     /// how the sequence is split into calls). `qkv` rows are `[q (n_k·dk) | k (n_k·dk) | v
     /// (n_v·dv)]` (Gated DeltaNet's projection after its convolution); each q and k head is
-    /// L2-normalised (x · 1/sqrt(Σx² + 1e-6)) and q scaled by dk^-½ first. Then for t < n and
+    /// L2-normalised (x · 1/sqrt(Σx² + 1e-6)) and q scaled by dk^-½ first. Rows
+    /// `dims.from..dims.from + dims.n` of `qkv`, g, β and `out` are processed. Then for t < n and
     /// value head h, with key head [`DeltaDims::key_head`] (HF's grouping or llama.cpp's tiled
     /// order) and S_h
     /// the `[dk, dv]` f32 state: S_h ← exp(g[t,h])·S_h; δ = β[t,h]·(v[t,h] − S_hᵀk);

@@ -443,6 +443,7 @@ impl Backend for CudaBackend {
     fn conv1d_causal(
         &self,
         x: &CudaBuf,
+        from: usize,
         n: usize,
         width: usize,
         w: &CudaSlice<f32>,
@@ -452,7 +453,7 @@ impl Backend for CudaBackend {
         state: &mut CudaBuf,
         out: &mut CudaBuf,
     ) {
-        self.conv1d_causal_impl(x, n, width, w, k, dilation, silu, state, out);
+        self.conv1d_causal_impl(x, from, n, width, w, k, dilation, silu, state, out);
     }
 
     fn sum_rows(&self, x: &CudaBuf, n_rows: usize, width: usize, out: &mut CudaBuf) {

@@ -12,6 +12,7 @@ impl CudaBackend {
     pub(crate) fn conv1d_causal_impl(
         &self,
         x: &CudaBuf,
+        from: usize,
         n: usize,
         width: usize,
         w: &CudaSlice<f32>,
@@ -27,15 +28,18 @@ impl CudaBackend {
         );
         let s = (k - 1) * dilation;
         assert!(
-            x.len() >= n * width && out.len() >= n * width && state.len() >= s * width,
+            x.len() >= (from + n) * width
+                && out.len() >= (from + n) * width
+                && state.len() >= s * width,
             "conv1d_causal: buffer too small"
         );
         assert!(w.len() >= width * k, "conv1d_causal: weight too small");
         if n == 0 || width == 0 {
             return;
         }
+        let off = (from * width * 4) as u64;
         let args = [
-            Arg::P(self.ptr(x)),
+            Arg::P(self.ptr(x) + off),
             Arg::I(n as i32),
             Arg::I(width as i32),
             Arg::P(self.ptr(w)),
@@ -43,7 +47,7 @@ impl CudaBackend {
             Arg::I(dilation as i32),
             Arg::I(silu as i32),
             Arg::P(self.ptr(state)),
-            Arg::P(self.ptr(out)),
+            Arg::P(self.ptr(out) + off),
         ];
         self.launch(
             "rec_conv1d_causal",
@@ -121,8 +125,10 @@ impl CudaBackend {
             n_v,
             dk,
             dv,
+            from,
             ..
         } = d;
+        let row = 2 * n_k * dk + n_v * dv;
         assert!(
             n_k > 0 && n_v % n_k == 0,
             "gated_delta_rule: value heads must be a multiple of key heads"
@@ -132,10 +138,10 @@ impl CudaBackend {
             "gated_delta_rule: head dims up to 256 (keys) and 1024 (values)"
         );
         assert!(
-            qkv.len() >= n * (2 * n_k * dk + n_v * dv)
-                && out.len() >= n * n_v * dv
-                && g.len() >= n * n_v
-                && beta.len() >= n * n_v
+            qkv.len() >= (from + n) * row
+                && out.len() >= (from + n) * n_v * dv
+                && g.len() >= (from + n) * n_v
+                && beta.len() >= (from + n) * n_v
                 && state.len() >= n_v * dk * dv,
             "gated_delta_rule: buffer too small"
         );
@@ -143,9 +149,9 @@ impl CudaBackend {
             return;
         }
         let args = [
-            Arg::P(self.ptr(qkv)),
-            Arg::P(self.ptr(g)),
-            Arg::P(self.ptr(beta)),
+            Arg::P(self.ptr(qkv) + (from * row * 4) as u64),
+            Arg::P(self.ptr(g) + (from * n_v * 4) as u64),
+            Arg::P(self.ptr(beta) + (from * n_v * 4) as u64),
             Arg::I(n as i32),
             Arg::I(n_k as i32),
             Arg::I(n_v as i32),
@@ -153,7 +159,7 @@ impl CudaBackend {
             Arg::I(dv as i32),
             Arg::I(d.tiled as i32),
             Arg::P(self.ptr(state)),
-            Arg::P(self.ptr(out)),
+            Arg::P(self.ptr(out) + (from * n_v * dv * 4) as u64),
         ];
         let threads = dv.div_ceil(32).max(1) * 32;
         self.launch(

@@ -16,8 +16,10 @@
 //! State per sequence ([`StateLayout`]): per GDN layer its convolution tail and its delta-rule
 //! matrix (recurrent), plus the n-gram injection's convolution tail on PLE layers; per QSA layer
 //! its K and V rows and the indexer's pooled block keys with the raw keys of the open block.
-//! The recurrent parts keep no per-position snapshots yet (rollback goes through checkpoints).
-//! The n-gram ids need the token history: kept on the host by position.
+//! The recurrent parts keep the state after each of the last [`SNAPSHOTS`] positions, so that
+//! as many trailing positions can be dropped without a checkpoint (speculative verification, a
+//! follow-up turn that re-renders the end of the previous answer). The n-gram ids need the
+//! token history: kept on the host by position.
 
 use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
 use crate::stepper::{self, StepCtl, StepState};
@@ -137,6 +139,34 @@ pub struct Qwen4ExpState<B: Backend> {
     pub selections: Option<Vec<(usize, u32, Vec<u32>)>>,
 }
 
+/// Per-position snapshots of every recurrent state (the rollback limit without a checkpoint).
+pub const SNAPSHOTS: usize = 4;
+
+/// Run a recurrent op over rows `0..n` of a forward at positions `k..k + n` so that entry `ent`
+/// holds the state after each of its last [`SNAPSHOTS`] positions: the rows before those in one
+/// call, then one call per row, each starting from a copy of the previous position's state.
+/// `step(first_row, rows, state)`. The results do not depend on the split (recurrent ops are
+/// split-invariant).
+fn segments<B: Backend>(
+    be: &B,
+    extra: &mut ExtraState<B>,
+    ent: usize,
+    k: usize,
+    n: usize,
+    step: &mut dyn FnMut(usize, usize, &mut B::Buf),
+) -> Result<()> {
+    let bulk = n - n.min(SNAPSHOTS);
+    if bulk > 0 {
+        extra.copy_recurrent(be, ent, k, k + bulk)?;
+        step(0, bulk, extra.recurrent_mut(ent, k + bulk)?);
+    }
+    for j in bulk..n {
+        extra.copy_recurrent(be, ent, k + j, k + j + 1)?;
+        step(j, 1, extra.recurrent_mut(ent, k + j + 1)?);
+    }
+    Ok(())
+}
+
 // Scratch buffer indices.
 const X: usize = 0; // [n, S·H] residual streams
 const XN: usize = 1; // [n, S·H] normalised streams
@@ -198,14 +228,14 @@ impl<B: Backend> Qwen4ExpModel<B> {
                     push(
                         LayerState::Recurrent {
                             floats: conv,
-                            snapshots: 0,
+                            snapshots: SNAPSHOTS,
                         },
                         &mut mine,
                     );
                     push(
                         LayerState::Recurrent {
                             floats: s,
-                            snapshots: 0,
+                            snapshots: SNAPSHOTS,
                         },
                         &mut mine,
                     );
@@ -233,7 +263,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 push(
                     LayerState::Recurrent {
                         floats: tail,
-                        snapshots: 0,
+                        snapshots: SNAPSHOTS,
                     },
                     &mut mine,
                 );
@@ -375,7 +405,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             }
             self.hc(&mut st.bufs, &l.attn_hc, n);
             match &l.mixer {
-                Block::Gdn(g) => self.gdn(st, g, &l.state, n)?,
+                Block::Gdn(g) => self.gdn(st, g, &l.state, p0, n)?,
                 Block::Qsa(q) => {
                     self.qsa(st, q, &l.state, positions)?;
                     self.record_selection(st, il, positions);
@@ -406,7 +436,14 @@ impl<B: Backend> Qwen4ExpModel<B> {
     }
 
     /// Gated DeltaNet on `M` → `Y` (§5).
-    fn gdn(&self, st: &mut Qwen4ExpState<B>, g: &Gdn<B>, ent: &[usize], n: usize) -> Result<()> {
+    fn gdn(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        g: &Gdn<B>,
+        ent: &[usize],
+        p0: usize,
+        n: usize,
+    ) -> Result<()> {
         let be = &*self.backend;
         let c = &self.cfg;
         let (cw, hv, dv) = (c.qkv_width(), c.n_v, c.dv);
@@ -417,8 +454,9 @@ impl<B: Backend> Qwen4ExpModel<B> {
         }
         {
             let [t1, t2] = pick2(b, T1, T2);
-            let conv = st.extra.recurrent_mut(ent[0], 0)?;
-            be.conv1d_causal(t1, n, cw, &g.conv, c.conv_k, 1, true, conv, t2);
+            segments(be, &mut st.extra, ent[0], p0, n, &mut |from, m, state| {
+                be.conv1d_causal(t1, from, m, cw, &g.conv, c.conv_k, 1, true, state, t2)
+            })?;
         }
         {
             // β = σ(b) in LOW, g = −exp(A_log)·softplus(a + dt_bias) in A (free during the
@@ -431,16 +469,18 @@ impl<B: Backend> Qwen4ExpModel<B> {
         }
         {
             let [t2, lo, inj, t3] = b.get_disjoint_mut([T2, LOW, A, T3]).expect("distinct");
-            let dims = DeltaDims {
-                n,
-                n_k: c.n_k,
-                n_v: hv,
-                dk: c.dk,
-                dv,
-                tiled: c.tiled_heads,
-            };
-            let state = st.extra.recurrent_mut(ent[1], 0)?;
-            be.gated_delta_rule(t2, inj, lo, dims, state, t3);
+            segments(be, &mut st.extra, ent[1], p0, n, &mut |from, m, state| {
+                let dims = DeltaDims {
+                    n: m,
+                    n_k: c.n_k,
+                    n_v: hv,
+                    dk: c.dk,
+                    dv,
+                    tiled: c.tiled_heads,
+                    from,
+                };
+                be.gated_delta_rule(t2, inj, lo, dims, state, t3)
+            })?;
         }
         // y = rms(o)·w ⊙ gate(z), per value head.
         {
@@ -701,8 +741,10 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let _ = il;
         {
             let [t2, t4] = pick2(b, T2, T4);
-            let tail = st.extra.recurrent_mut(ent, 0)?;
-            be.conv1d_causal(t2, n, s * h, &p.conv, pc.conv_k, pc.ngram, true, tail, t4);
+            segments(be, &mut st.extra, ent, p0, n, &mut |from, m, state| {
+                let (k, dil) = (pc.conv_k, pc.ngram);
+                be.conv1d_causal(t2, from, m, s * h, &p.conv, k, dil, true, state, t4)
+            })?;
         }
         let [x, a, t4] = pick3(b, X, A, T4);
         be.add(a, t4, n * s * h);

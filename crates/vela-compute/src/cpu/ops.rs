@@ -536,6 +536,7 @@ impl Backend for CpuBackend {
     fn conv1d_causal(
         &self,
         x: &Vec<f32>,
+        from: usize,
         n: usize,
         width: usize,
         w: &Vec<f32>,
@@ -545,7 +546,7 @@ impl Backend for CpuBackend {
         state: &mut Vec<f32>,
         out: &mut Vec<f32>,
     ) {
-        super::recurrent::conv1d_causal(x, n, width, w, k, dilation, silu, state, out);
+        super::recurrent::conv1d_causal(x, from, n, width, w, k, dilation, silu, state, out);
     }
 
     fn sum_rows(&self, x: &Vec<f32>, n_rows: usize, width: usize, out: &mut Vec<f32>) {

@@ -24,6 +24,7 @@ impl SyncPtr {
 #[allow(clippy::too_many_arguments)]
 pub fn conv1d_causal(
     x: &[f32],
+    from: usize,
     n: usize,
     width: usize,
     w: &[f32],
@@ -33,6 +34,7 @@ pub fn conv1d_causal(
     state: &mut [f32],
     out: &mut [f32],
 ) {
+    let (x, out) = (&x[from * width..], &mut out[from * width..]);
     let s = (k - 1) * dilation;
     assert!(
         k >= 1 && dilation >= 1,
@@ -170,6 +172,8 @@ pub struct DeltaDims {
     /// Value head h reads key head h % n_k (llama.cpp's reordered "tiled" heads) instead of
     /// h / (n_v / n_k) (HF's grouping).
     pub tiled: bool,
+    /// The first row of the inputs and the output to process.
+    pub from: usize,
 }
 
 impl DeltaDims {
@@ -200,13 +204,16 @@ pub fn gated_delta_rule(
         n_v,
         dk,
         dv,
+        from,
         ..
     } = d;
+    let row = 2 * n_k * dk + n_v * dv;
+    let (qkv, g, beta) = (&qkv[from * row..], &g[from * n_v..], &beta[from * n_v..]);
+    let out = &mut out[from * n_v * dv..];
     assert!(
         n_k > 0 && n_v % n_k == 0,
         "gated_delta_rule: value heads must be a multiple of key heads"
     );
-    let row = 2 * n_k * dk + n_v * dv;
     assert!(
         qkv.len() >= n * row && out.len() >= n * n_v * dv,
         "gated_delta_rule: buffer too small"
@@ -308,6 +315,7 @@ mod tests {
                 let mut o = vec![0f32; m * width];
                 conv1d_causal(
                     &x[t * width..(t + m) * width],
+                    0,
                     m,
                     width,
                     &w,
@@ -373,6 +381,7 @@ mod tests {
             dk: 8,
             dv: 6,
             tiled: false,
+            from: 0,
         };
         let row = 2 * d.n_k * d.dk + d.n_v * d.dv;
         let mut r = rng(7);

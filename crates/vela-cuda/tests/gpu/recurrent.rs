@@ -31,8 +31,30 @@ fn conv1d_causal_matches_cpu() {
                     let m = split.min(n - t);
                     let xs = &x[t * width..(t + m) * width];
                     let (mut og, mut oc) = (g.alloc(m * width), cpu.alloc(m * width));
-                    g.conv1d_causal(&up(&g, xs), m, width, &wg, k, dil, silu, &mut sg, &mut og);
-                    cpu.conv1d_causal(&up(&cpu, xs), m, width, &wc, k, dil, silu, &mut sc, &mut oc);
+                    g.conv1d_causal(
+                        &up(&g, xs),
+                        0,
+                        m,
+                        width,
+                        &wg,
+                        k,
+                        dil,
+                        silu,
+                        &mut sg,
+                        &mut og,
+                    );
+                    cpu.conv1d_causal(
+                        &up(&cpu, xs),
+                        0,
+                        m,
+                        width,
+                        &wc,
+                        k,
+                        dil,
+                        silu,
+                        &mut sc,
+                        &mut oc,
+                    );
                     let (a, b) = (down(&g, &og, m * width), down(&cpu, &oc, m * width));
                     let what = format!("conv1d {width}x{k} dil {dil} silu {silu} split {split}");
                     if silu {
@@ -211,6 +233,7 @@ fn gated_delta_rule_matches_cpu_and_is_split_invariant() {
             dk: 16,
             dv: 24,
             tiled: false,
+            from: 0,
         },
         DeltaDims {
             n: 33,
@@ -219,6 +242,7 @@ fn gated_delta_rule_matches_cpu_and_is_split_invariant() {
             dk: 128,
             dv: 128,
             tiled: false,
+            from: 0,
         },
     ] {
         let qkv = rng.vec(d.n * (2 * d.n_k * d.dk + d.n_v * d.dv));

@@ -161,6 +161,26 @@ impl<B: Backend> ExtraState<B> {
         }
     }
 
+    /// Copy the state after `from` positions of a recurrent layer to the slot of `to`
+    /// positions (a step then advances it there, keeping the earlier slot for rollback).
+    pub fn copy_recurrent(&mut self, be: &B, layer: usize, from: usize, to: usize) -> Result<()> {
+        let n = self.recurrent_slots(layer)?;
+        let (a, b) = (from % n, to % n);
+        if a == b {
+            return Ok(());
+        }
+        match &mut self.layers[layer] {
+            Store::Recurrent { slots, floats } => {
+                let [src, dst] = slots
+                    .get_disjoint_mut([a, b])
+                    .expect("distinct slots in range");
+                be.copy_rows(src, 0, 1, *floats, dst, 0);
+                Ok(())
+            }
+            _ => unreachable!("checked above"),
+        }
+    }
+
     /// The buffers of a blocks layer.
     pub fn blocks_mut(&mut self, layer: usize) -> Result<BlocksMut<'_, B>> {
         match self.layers.get_mut(layer) {
