@@ -378,6 +378,8 @@ pub fn parse_block(syn: ToolSyntax, body: &str) -> Option<Vec<ToolCall>> {
             let t = body.trim();
             if t.starts_with('{') {
                 parse_json_call(t, &["arguments", "parameters"]).map(|c| vec![c])
+            } else if t.starts_with("<function=") {
+                parse_qwen_xml(t).map(|c| vec![c])
             } else {
                 parse_glm(t).map(|c| vec![c])
             }
@@ -482,6 +484,44 @@ fn parse_glm(t: &str) -> Option<ToolCall> {
         let ve = r.find("</arg_value>")?;
         args.insert(key, loose_value(&r[..ve]));
         rest = &r[ve + "</arg_value>".len()..];
+    }
+    Some(ToolCall {
+        name: name.to_string(),
+        arguments: Value::Object(args).to_string(),
+    })
+}
+
+/// Qwen3-Coder / Qwen3.5: `<function=NAME>` then `<parameter=KEY>\nVALUE\n</parameter>` blocks
+/// and `</function>`. A value is JSON when it parses as a number, boolean, null, object or array
+/// (the template writes those with `tojson`), otherwise the string between the newlines.
+fn parse_qwen_xml(t: &str) -> Option<ToolCall> {
+    let r = t.strip_prefix("<function=")?;
+    let ne = r.find('>')?;
+    let name = r[..ne].trim();
+    if name.is_empty() || name.contains(['<', '\n']) {
+        return None;
+    }
+    let body = r[ne + 1..].trim_end();
+    let mut rest = body.strip_suffix("</function>")?;
+    let mut args = Map::new();
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        let r = rest.strip_prefix("<parameter=")?;
+        let ke = r.find('>')?;
+        let key = r[..ke].trim().to_string();
+        let r = &r[ke + 1..];
+        let ve = r.find("</parameter>")?;
+        let raw = r[..ve].strip_prefix('\n').unwrap_or(&r[..ve]);
+        let raw = raw.strip_suffix('\n').unwrap_or(raw);
+        let value = match serde_json::from_str::<Value>(raw) {
+            Ok(v) if !v.is_string() => v,
+            _ => Value::String(raw.to_string()),
+        };
+        args.insert(key, value);
+        rest = &r[ve + "</parameter>".len()..];
     }
     Some(ToolCall {
         name: name.to_string(),

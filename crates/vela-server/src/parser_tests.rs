@@ -206,3 +206,71 @@ fn multibyte_text_survives() {
         &[content("héllo <thi 世界 "), reasoning("思考")],
     );
 }
+
+/// Qwen3.5 / Qwen3-Coder XML calls inside `<tool_call>`, at every split point; typed values;
+/// malformed blocks stay text.
+#[test]
+fn qwen_xml_calls() {
+    let cfg = cfg_for("<tool_call>\n<function=example_function_name>");
+    check_all_splits(
+        &cfg,
+        "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nLisbon\n</parameter>\n<parameter=days>\n3\n</parameter>\n<parameter=opts>\n{\"unit\": \"c\"}\n</parameter>\n</function>\n</tool_call>",
+        &[
+            content("Let me check.\n"),
+            call("get_weather", r#"{"city":"Lisbon","days":3,"opts":{"unit":"c"}}"#),
+        ],
+    );
+    // Multi-line string values keep their inner newlines.
+    check_all_splits(
+        &cfg,
+        "<tool_call>\n<function=write>\n<parameter=text>\nline 1\nline 2\n</parameter>\n</function>\n</tool_call>",
+        &[call("write", r#"{"text":"line 1\nline 2"}"#)],
+    );
+    let broken = "<tool_call>\n<function=f>\n<parameter=x>\n1\n</function>\n</tool_call>";
+    check_all_splits(&cfg, broken, &[content(broken)]);
+}
+
+/// The official Qwen3.5 template renders an assistant tool call as XML, which parses back to
+/// the same call (skipped without llama.cpp's template file).
+#[test]
+fn qwen35_template_round_trip() {
+    let path = std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default())
+        .join(".cache/vela/llama-cpp-python/vendor/llama.cpp/models/templates/Qwen3.5-4B.jinja");
+    let path = match std::env::var_os("VELA_CACHE") {
+        Some(c) => std::path::PathBuf::from(c)
+            .join("llama-cpp-python/vendor/llama.cpp/models/templates/Qwen3.5-4B.jinja"),
+        None => path,
+    };
+    let Ok(src) = std::fs::read_to_string(&path) else {
+        eprintln!("SKIP: {} missing", path.display());
+        return;
+    };
+    let t = vela_template::ChatTemplate::new(&src, "", "<|im_end|>").unwrap();
+    let args = serde_json::json!({"city": "Lisbon", "days": 3});
+    let req = vela_template::RenderRequest {
+        messages: serde_json::json!([
+            {"role": "user", "content": "Weather?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": args}}]}
+        ]),
+        tools: Some(
+            serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}]),
+        ),
+        add_generation_prompt: false,
+        extra: Default::default(),
+    };
+    let text = t.render(&req).unwrap();
+    let start = text
+        .rfind("<tool_call>")
+        .expect("the template renders the call");
+    let end = text.rfind("</tool_call>").unwrap() + "</tool_call>".len();
+    let block = &text[start..end];
+    let cfg = ParserConfig::from_template(&src, true);
+    let ev = run_chunks(&cfg, &[block]);
+    assert_eq!(
+        ev,
+        [call("get_weather", r#"{"city":"Lisbon","days":3}"#)],
+        "{block}"
+    );
+}
