@@ -197,7 +197,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             freq_base: self.cfg.rope_theta,
             freq_scale: 1.0,
             neox: true,
-            freq_factors: None,
+            freq_factors: self.cfg.rope_divisors.clone().map(Arc::new),
         }
     }
 
@@ -297,10 +297,12 @@ impl<B: Backend> Qwen4ExpModel<B> {
         .into_iter()
         .max()
         .unwrap_or(0);
+        // A and XN also hold a block's raw indexer keys and their mean during the mixer, and A
+        // the GDN decay.
         let sizes = [
             nb * s * h,
-            nb * s * h,
-            nb * s * h,
+            (nb * s * h).max(c.idx_dim),
+            (nb * s * h).max(c.idx_block * c.idx_dim).max(nb * c.n_v),
             nb * h,
             nb * wide.max(h),
             nb * wide,

@@ -12,8 +12,9 @@ use vela_compute::KvType;
 use vela_models::qwen4exp::Qwen4ExpModel;
 use vela_models::LanguageModel;
 
-/// The fixtures this build supports (`variant_yarn` needs YaRN RoPE: not yet).
-const FIXTURES: &[&str] = &["gdn_qsa", "ple", "ple2_silu"];
+/// Every fixture: the real options, PLE on one and two layers with EOS resets and a SiLU gate,
+/// and YaRN with 2 streams, top-3 unnormalised routing, dk ≠ dv and blocks of 8.
+const FIXTURES: &[&str] = &["gdn_qsa", "ple", "ple2_silu", "variant_yarn"];
 
 fn load(dir: &Path) -> Arc<Qwen4ExpModel<CpuBackend>> {
     Arc::new(Qwen4ExpModel::load_hf(Arc::new(CpuBackend::new(2)), dir, None).unwrap())

@@ -58,6 +58,10 @@ pub struct Qwen4ExpConfig {
     pub head_dim: usize,
     pub n_rot: usize,
     pub rope_theta: f32,
+    /// YaRN: per-frequency divisors of the default angles, and the factor cos and sin are
+    /// scaled by (1 without YaRN).
+    pub rope_divisors: Option<Vec<f32>>,
+    pub rope_attn_factor: f32,
     pub idx_heads: usize,
     pub idx_dim: usize,
     pub idx_block: usize,
@@ -84,6 +88,61 @@ fn uint_or(j: &Value, k: &str, d: usize) -> Result<usize> {
         None | Some(Value::Null) => Ok(d),
         Some(_) => uint(j, k),
     }
+}
+
+/// YaRN as transformers computes it (`_compute_yarn_parameters`): the inverse frequencies mix
+/// extrapolation (`θ^(−2i/d)`) and interpolation (`/factor`) along a linear ramp between the
+/// correction dims of `beta_fast` and `beta_slow`; returned as divisors of the default angles
+/// (what the backends' RoPE takes as frequency factors), with the attention factor.
+fn yarn(rope: &Value, j: &Value, dim: usize, base: f64) -> Result<(Vec<f32>, f32)> {
+    let g = |k: &str| rope.get(k).and_then(Value::as_f64);
+    let omax = g("original_max_position_embeddings")
+        .ok_or_else(|| anyhow!("yarn needs original_max_position_embeddings"))?;
+    let factor = match g("factor") {
+        Some(f) => f,
+        None => uint(j, "max_position_embeddings")? as f64 / omax,
+    };
+    let mscale = |s: f64, m: f64| {
+        if s <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * s.ln() + 1.0
+        }
+    };
+    let attn = match (g("attention_factor"), g("mscale"), g("mscale_all_dim")) {
+        (Some(a), _, _) => a,
+        (None, Some(m), Some(ma)) if m != 0.0 && ma != 0.0 => {
+            mscale(factor, m) / mscale(factor, ma)
+        }
+        _ => mscale(factor, 1.0),
+    };
+    let beta_fast = g("beta_fast").filter(|&b| b != 0.0).unwrap_or(32.0);
+    let beta_slow = g("beta_slow").filter(|&b| b != 0.0).unwrap_or(1.0);
+    let truncate = rope
+        .get("truncate")
+        .and_then(Value::as_bool)
+        .unwrap_or(true);
+    let corr = |rot: f64| {
+        (dim as f64 * (omax / (rot * 2.0 * std::f64::consts::PI)).ln()) / (2.0 * base.ln())
+    };
+    let (mut lo, mut hi) = (corr(beta_fast), corr(beta_slow));
+    if truncate {
+        (lo, hi) = (lo.floor(), hi.ceil());
+    }
+    let (lo, mut hi) = (lo.max(0.0), hi.min(dim as f64 - 1.0));
+    if lo == hi {
+        hi += 0.001;
+    }
+    // The ramp in f32 like HF; inv = inv_extra · (e + (1 − e)/factor) with e = 1 − ramp, so the
+    // default angle is divided by 1 / (e + (1 − e)/factor).
+    let divisors = (0..dim / 2)
+        .map(|i| {
+            let ramp = ((i as f32 - lo as f32) / (hi as f32 - lo as f32)).clamp(0.0, 1.0);
+            let e = 1.0 - ramp;
+            1.0 / (e + (1.0 - e) / factor as f32)
+        })
+        .collect();
+    Ok((divisors, attn as f32))
 }
 
 impl Qwen4ExpConfig {
@@ -131,20 +190,28 @@ impl Qwen4ExpConfig {
             Some(o) => bail!("output_gate_type {o} is not supported"),
         };
         let rope = j.get("rope_parameters").cloned().unwrap_or(Value::Null);
-        match rope
-            .get("rope_type")
-            .and_then(Value::as_str)
-            .unwrap_or("default")
-        {
-            "default" => {}
-            t => bail!("rope_type {t} is not supported yet (default only)"),
-        }
         let head_dim = uint(j, "head_dim")?;
         let partial = rope
             .get("partial_rotary_factor")
             .and_then(Value::as_f64)
             .unwrap_or(1.0);
         let n_rot = (head_dim as f64 * partial) as usize;
+        let theta = rope
+            .get("rope_theta")
+            .and_then(Value::as_f64)
+            .unwrap_or(10000.0);
+        let (rope_divisors, rope_attn_factor) = match rope
+            .get("rope_type")
+            .and_then(Value::as_str)
+            .unwrap_or("default")
+        {
+            "default" => (None, 1.0),
+            "yarn" => {
+                let (d, f) = yarn(&rope, j, n_rot, theta)?;
+                (Some(d), f)
+            }
+            t => bail!("rope_type {t} is not supported (default, yarn)"),
+        };
         let idx_dim = uint(j, "indexer_head_dim")?;
         let idx_block = uint(j, "indexer_compress_ratio")?;
         let budget = uint(j, "indexer_budget")?;
@@ -237,10 +304,9 @@ impl Qwen4ExpConfig {
             n_head_kv: uint(j, "num_key_value_heads")?,
             head_dim,
             n_rot,
-            rope_theta: rope
-                .get("rope_theta")
-                .and_then(Value::as_f64)
-                .unwrap_or(10000.0) as f32,
+            rope_theta: theta as f32,
+            rope_divisors,
+            rope_attn_factor,
             idx_heads: uint(j, "indexer_n_heads")?,
             idx_dim,
             idx_block,

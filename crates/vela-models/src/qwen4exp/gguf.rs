@@ -113,6 +113,8 @@ impl Qwen4ExpConfig {
             head_dim,
             n_rot: key_u(g, "rope.dimension_count")?,
             rope_theta: g.get_f64("qwen4exp.rope.freq_base")? as f32,
+            rope_divisors: None,
+            rope_attn_factor: 1.0,
             idx_heads: key_u(g, "attention.indexer.head_count")?,
             idx_dim: key_u(g, "attention.indexer.key_length")?,
             idx_block,

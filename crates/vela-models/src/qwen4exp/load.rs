@@ -93,6 +93,15 @@ impl<'a, B: Backend> Loader<'a, B> {
         let v: Vec<f32> = self.floats(name, len)?.iter().map(|w| 1.0 + w).collect();
         self.be.upload_vector(&v)
     }
+    /// A (1+w) norm applied right before RoPE, with YaRN's attention factor folded into its
+    /// rotated dims (RoPE is linear: scaling its input scales cos and sin alike).
+    fn norm1p_rope(&self, name: &str, len: usize, c: &Qwen4ExpConfig) -> Result<B::Vector> {
+        let mut v: Vec<f32> = self.floats(name, len)?.iter().map(|w| 1.0 + w).collect();
+        for w in v.iter_mut().take(c.n_rot) {
+            *w *= c.rope_attn_factor;
+        }
+        self.be.upload_vector(&v)
+    }
     fn ints(&self, name: &str) -> Result<Vec<u64>> {
         let w = self
             .src
@@ -161,12 +170,12 @@ impl<'a, B: Backend> Loader<'a, B> {
             wk: self.matrix(&format!("{p}.k_proj.weight"))?,
             wv: self.matrix(&format!("{p}.v_proj.weight"))?,
             wo: self.matrix(&format!("{p}.o_proj.weight"))?,
-            q_norm: self.norm1p(&format!("{p}.q_norm.weight"), hd)?,
-            k_norm: self.norm1p(&format!("{p}.k_norm.weight"), hd)?,
+            q_norm: self.norm1p_rope(&format!("{p}.q_norm.weight"), hd, c)?,
+            k_norm: self.norm1p_rope(&format!("{p}.k_norm.weight"), hd, c)?,
             idx_q: self.upload(&idx.row_range(0, ni * di, "indexer q")?, 1.0)?,
             idx_k: self.upload(&idx.row_range(ni * di, di, "indexer k")?, 1.0)?,
-            idx_q_norm: self.norm1p(&format!("{p}.indexer.q_layernorm.weight"), di)?,
-            idx_k_norm: self.norm1p(&format!("{p}.indexer.k_layernorm.weight"), di)?,
+            idx_q_norm: self.norm1p_rope(&format!("{p}.indexer.q_layernorm.weight"), di, c)?,
+            idx_k_norm: self.norm1p_rope(&format!("{p}.indexer.k_layernorm.weight"), di, c)?,
         })
     }
 
