@@ -131,6 +131,9 @@ pub struct Qwen4ExpState<B: Backend> {
     bufs: Vec<B::Buf>,
     experts: crate::blocks::experts::ExpertScratch<B>,
     sel: B::Ids,
+    /// `t` for row `t·S + s` (the embedding gathered into every stream), and zeros `[nb, S·H]`.
+    stream_rows: B::Ids,
+    zeros: B::Buf,
     counts: B::Ids,
     /// Token at each position (the n-gram hash reads predecessors).
     history: Vec<u32>,
@@ -323,6 +326,17 @@ impl<B: Backend> Qwen4ExpModel<B> {
             bufs: sizes.iter().map(|&n| be.alloc(n.max(1))).collect(),
             experts: crate::blocks::experts::ExpertScratch::new(be, c.top_k, c.n_ff_exp, h, nb),
             sel: be.alloc_ids(nb * p.max_selected()),
+            stream_rows: {
+                let mut ids = be.alloc_ids(nb * s);
+                let rows: Vec<u32> = (0..nb * s).map(|r| (r / s) as u32).collect();
+                be.write_ids(&mut ids, &rows);
+                ids
+            },
+            zeros: {
+                let mut z = be.alloc(nb * s * h);
+                be.write(&mut z, &vec![0f32; nb * s * h]);
+                z
+            },
             counts: be.alloc_ids(nb),
             history: vec![0; n_ctx],
             key: StepCtl::new().key,
@@ -395,11 +409,10 @@ impl<B: Backend> Qwen4ExpModel<B> {
         st.extra.begin(be, p0);
         // The embedding into every stream.
         be.get_rows(&self.embd, tokens, 1.0, &mut st.bufs[M])?;
-        for t in 0..n {
-            for k in 0..s {
-                let [m, x] = pick2(&mut st.bufs, M, X);
-                be.copy_rows(m, t, 1, h, x, t * s + k);
-            }
+        {
+            // Every stream starts as the embedding: row t·S + s of X = row t.
+            let [m, x] = pick2(&mut st.bufs, M, X);
+            be.gather_rows(m, &st.stream_rows, n * s, h, x);
         }
         for (il, l) in self.layers.iter().enumerate() {
             if let Some(p) = &l.ple {
@@ -726,11 +739,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             be.signed_sqrt_gate(inj, n * s, 1.0 / (h as f32).sqrt());
         }
         // gv = σ(g_s)·val per stream (A), gn = norm_conv(gv) (T2), cv = silu(conv(gn)) (T4).
-        {
-            let [a, xn] = pick2(b, A, XN);
-            be.copy_rows(xn, 0, n, s * h, a, 0);
-            be.scale(a, n * s * h, 0.0);
-        }
+        be.copy_rows(&st.zeros, 0, n, s * h, &mut b[A], 0);
         {
             let [a, inj, t3] = pick3(b, A, INJ, T3);
             be.inject_streams(a, inj, t3, n, s, h);
