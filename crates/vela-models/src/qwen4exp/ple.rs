@@ -120,25 +120,33 @@ impl NgramTable {
 mod tests {
     use super::*;
 
+    /// Hash constants only (the table rows are never read by `row_ids`).
     fn table(mult: Vec<u64>, sizes: Vec<u64>) -> NgramTable {
-        let offsets: Vec<u64> = sizes
-            .iter()
-            .scan(0, |a, s| {
-                let o = *a;
-                *a += s;
-                Some(o)
-            })
-            .collect();
-        let rows: u64 = sizes.iter().sum();
-        let w = HostWeight::owned(
-            "t",
-            GgmlType::F32,
-            rows as usize,
-            1,
-            vec![0; rows as usize * 4],
-        )
-        .unwrap();
-        NgramTable::new(vec![w], mult, sizes, offsets, 1).unwrap()
+        let offsets = vec![0; sizes.len()];
+        NgramTable {
+            shards: Vec::new(),
+            rows_per_shard: 1,
+            width: 1,
+            mult,
+            sizes,
+            offsets,
+            heads_per_ngram: 1,
+        }
+    }
+
+    /// The constructor checks the table against the hash heads.
+    #[test]
+    fn table_checks() {
+        let w = |rows: usize| {
+            HostWeight::owned("t", GgmlType::F32, rows, 2, vec![0; rows * 8]).unwrap()
+        };
+        assert!(NgramTable::new(vec![w(10)], vec![1, 3], vec![4, 6], vec![0, 4], 1).is_ok());
+        let e = NgramTable::new(vec![w(9)], vec![1, 3], vec![4, 6], vec![0, 4], 1)
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("9 rows"), "{e}");
+        assert!(NgramTable::new(vec![], vec![1], vec![4], vec![0], 1).is_err());
     }
 
     /// EOS handling: predecessors at or before the last EOS before p read as EOS; the EOS token
