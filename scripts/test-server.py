@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end test of `vela serve` (crate vela-server) with the official openai/anthropic clients.
 
-Usage: scripts/test-server.py --bin target/release/examples/serve --kind smol|qwen|gemma --model PATH
+Usage: scripts/test-server.py --bin target/release/examples/serve --kind smol|qwen|gemma|gemma4|qwen4exp --model PATH
 (scripts/test-server.sh builds the binary and runs all three kinds). The script starts its own
 servers on free ports (a warm one, and cold ones to compare against), prints a report and exits
 non-zero on failure. Re-runnable; needs `pip install openai anthropic httpx`.
@@ -449,10 +449,90 @@ def test_gemma4_tools(args):
         s.stop()
 
 
+def test_qwen4exp_tools(args, s):
+    """A tiny qwen4_exp with the real Qwen3.5 vocabulary and chat template, trained to think + call
+    get_weather in Qwen3.5's XML and to answer from the tool result
+    (scripts/gen-qwen4exp-toolcall.py): the server renders and tokenizes exactly the trained
+    prompts; reasoning_content, tool_calls with JSON arguments, finish_reason tool_calls (the same
+    streamed); the answer from the tool result reusing the first turn from the prefix cache; a
+    further turn after a rollback equals a fresh server's."""
+    exp = json.load(open(os.path.join(os.path.dirname(args.model), "expected.json")))
+    print("== qwen4_exp tool call + thinking round trip (trained tiny model, Qwen3.5 vocabulary/template)")
+    c = oai(s)
+    msgs = [{"role": "system", "content": exp["system"]}, {"role": "user", "content": exp["question"]}]
+    kw = dict(model=s.model, tools=exp["tools"], temperature=0, max_tokens=64)
+    t = httpx.post(s.base + "/apply-template", json={"messages": msgs, "tools": exp["tools"]}).json()
+    check(t["prompt"] == exp["prompts"][0], "rendered prompt 1 == the trained one (template, tools, generation prompt `<think>\\n`)")
+    check(t["tokens"] == exp["prompt_ids"][0], f"prompt 1 tokens == llama.cpp's on the same vocabulary ({len(t['tokens'])} tokens)")
+    r = c.chat.completions.create(messages=msgs, **kw)
+    m = r.choices[0].message
+    reasoning = (m.model_extra or {}).get("reasoning_content")
+    calls = [(tc.function.name, json.loads(tc.function.arguments)) for tc in (m.tool_calls or [])]
+    print(f"  message: content={m.content!r} reasoning={reasoning!r} tool_calls={calls}")
+    print(f"  usage: prompt {r.usage.prompt_tokens}, completion {r.usage.completion_tokens}")
+    check(r.choices[0].finish_reason == "tool_calls", f"finish_reason tool_calls ({r.choices[0].finish_reason})")
+    check(calls == [(exp["call"]["name"], exp["call"]["arguments"])], "tool call get_weather({city: Paris}) with JSON arguments")
+    # vela keeps the newline before </think> (llama.cpp strips reasoning; the template trims it when
+    # re-rendering, so the round trip is the same either way).
+    check((reasoning or "").strip() == exp["reasoning"], f"<think> block -> reasoning_content ({reasoning!r})")
+    check(not (m.content or "").strip(), "no markup or text leaked into content")
+    n_ans = len(exp["answer_ids"][0])
+    check(r.usage.prompt_tokens == len(exp["prompt_ids"][0]) and r.usage.completion_tokens in (n_ans - 1, n_ans),
+          f"usage: {len(exp['prompt_ids'][0])} prompt tokens, {r.usage.completion_tokens} completion (the trained answer: {n_ans} tokens with the final <|im_end|>)")
+    sr, sc, fin = "", [], None
+    for ch in c.chat.completions.create(messages=msgs, stream=True, **kw):
+        for ci in ch.choices:
+            sr += (ci.delta.model_extra or {}).get("reasoning_content") or ""
+            sc += [(tc.function.name, tc.function.arguments) for tc in (ci.delta.tool_calls or [])]
+            fin = ci.finish_reason or fin
+    check(sr == (reasoning or "") and [(n, json.loads(x)) for n, x in sc] == calls and fin == "tool_calls",
+          "streamed: same reasoning, tool call and finish_reason")
+    tc = m.tool_calls[0] if m.tool_calls else None
+    if tc is None:
+        return
+    msgs2 = msgs + [{"role": "assistant", "content": None, "reasoning_content": reasoning, "tool_calls": [tc.model_dump()]},
+                    {"role": "tool", "tool_call_id": tc.id, "content": exp["tool_result"]}]
+    t2 = httpx.post(s.base + "/apply-template", json={"messages": msgs2, "tools": exp["tools"]}).json()
+    check(t2["tokens"] == exp["prompt_ids"][1], f"prompt 2 (the call re-rendered as XML with its thinking, the tool result) == the trained one ({len(t2['tokens'])} tokens)")
+    r2 = c.chat.completions.create(messages=msgs2, **kw)
+    m2 = r2.choices[0].message
+    reasoning2 = (m2.model_extra or {}).get("reasoning_content")
+    cached = r2.usage.prompt_tokens_details.cached_tokens if r2.usage.prompt_tokens_details else None
+    turn1 = len(exp["prompt_ids"][0]) + len(exp["answer_ids"][0])
+    print(f"  final answer: {m2.content!r} reasoning={reasoning2!r}")
+    print(f"  turn 2 usage: prompt {r2.usage.prompt_tokens}, cached {cached}, completion {r2.usage.completion_tokens} (turn 1: prompt + answer = {turn1} tokens)")
+    # vela keeps the "\n\n" after </think> in content (llama.cpp strips it; the template trims it).
+    check((m2.content or "").strip() == exp["final"] and (reasoning2 or "").strip() == exp["reasoning_2"] and r2.choices[0].finish_reason == "stop",
+          f"answer from the tool result ({m2.content!r}), its reasoning, finish_reason stop")
+    # The server keeps the sequence's state through the last generated token that was fed back:
+    # everything but the final <|im_end|> (sampled, never evaluated) is reused.
+    check(cached is not None and cached >= turn1 - 1, f"turn 2 reuses turn 1 from the prefix cache: cached {cached} >= {turn1 - 1}")
+    # A new user turn: the template now renders the earlier assistant turns without their thinking,
+    # so the prompt leaves the cached sequence inside turn 1's generation prompt (`<think>\n` is
+    # gone); the recurrent state can only be rolled back a few positions (snapshots) or to a
+    # checkpoint. Whatever is reused, the answer equals a fresh server's.
+    msgs3 = msgs2 + [{"role": "assistant", "content": m2.content, "reasoning_content": reasoning2},
+                     {"role": "user", "content": "And tomorrow?"}]
+    p3 = httpx.post(s.base + "/apply-template", json={"messages": msgs3, "tools": exp["tools"]}).json()["tokens"]
+    common = next((i for i, (x, y) in enumerate(zip(p3, t2["tokens"])) if x != y), 0)
+    r3 = chat(s, msgs3, tools=exp["tools"], temperature=0, max_tokens=16)
+    fresh = Server(args)
+    try:
+        r3f = chat(fresh, msgs3, tools=exp["tools"], temperature=0, max_tokens=16)
+    finally:
+        fresh.stop()
+    u3 = r3["usage"]
+    print(f"  turn 3 usage: prompt {u3['prompt_tokens']}, cached {u3['prompt_tokens_details']['cached_tokens']}, "
+          f"completion {u3['completion_tokens']}; shares {common} tokens with prompt 2 "
+          f"(prompt 1 is {len(exp['prompt_ids'][0])}: turn 1's generation prompt minus {len(exp['prompt_ids'][0]) - common})")
+    check(r3["choices"][0]["message"] == r3f["choices"][0]["message"] and u3["completion_tokens"] == r3f["usage"]["completion_tokens"],
+          "turn 3 (history re-rendered without thinking) == a fresh server's answer")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True); ap.add_argument("--model", required=True)
-    ap.add_argument("--kind", choices=["smol", "qwen", "gemma", "gemma4"], required=True)
+    ap.add_argument("--kind", choices=["smol", "qwen", "gemma", "gemma4", "qwen4exp"], required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip", default="", help="comma list of sections to skip: basic,cache,cancel,bad,load,tools")
     args = ap.parse_args()
@@ -474,6 +554,8 @@ def main():
         elif args.kind == "gemma4":
             test_gemma4_mtp(args, s)
             test_gemma4_tools(args)
+        elif args.kind == "qwen4exp":
+            test_qwen4exp_tools(args, s)
         else:
             if "cache" not in skip:
                 test_prefix_cache(args, s, "gemma")

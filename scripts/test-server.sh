@@ -4,16 +4,19 @@
 # input, cancellation, load, prefix cache), Qwen2.5-Coder-0.5B (tool calls) and Gemma 3 270M
 # (prefix cache beyond its 512-token sliding window), and a random-weight Gemma 4 with the real
 # tokenizer/template plus its assistant (scripts/gen-gemma4-e2e.py: MTP speculative decoding in
-# the server equals plain decoding; Gemma 4 tool rendering). Each run starts and stops its own servers.
+# the server equals plain decoding; Gemma 4 tool rendering), and a tiny qwen4_exp trained to think and
+# call a tool in Qwen3.5's XML with the real Qwen3.5 vocabulary/template (scripts/gen-qwen4exp-toolcall.py:
+# reasoning_content, tool_calls, the answer from the tool result with turn 1 from the prefix cache).
+# Each run starts and stops its own servers.
 # Models come from $VELA_CACHE/models (default ~/.cache/vela/models); missing ones are skipped.
-# Usage: scripts/test-server.sh [smol|qwen|gemma ...]
+# Usage: scripts/test-server.sh [smol|qwen|gemma|gemma4|qwen4exp ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M="${VELA_CACHE:-$HOME/.cache/vela}/models"
 python3 -m pip install -q openai anthropic httpx >/dev/null 2>&1 || echo "warning: pip install failed" >&2
 cargo build --release -p vela-server --example serve
 BIN=target/release/examples/serve
-kinds=("${@:-smol qwen gemma gemma4}")
+kinds=("${@:-smol qwen gemma gemma4 qwen4exp}")
 status=0
 for k in ${kinds[*]}; do
   case $k in
@@ -21,6 +24,7 @@ for k in ${kinds[*]}; do
     qwen) f=$M/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf ;;
     gemma) f=$M/gemma-3-270m-q4_k_m.gguf ;;
     gemma4) f=${VELA_CACHE:-$HOME/.cache/vela}/golden/gemma4_e2e/model-f32.gguf ;;
+    qwen4exp) f=${VELA_CACHE:-$HOME/.cache/vela}/golden/qwen4exp_toolcall/model-f32.gguf ;;
     *) echo "unknown kind $k" >&2; exit 2 ;;
   esac
   if [ ! -f "$f" ]; then echo "SKIP $k: $f missing"; continue; fi
