@@ -527,6 +527,10 @@ def test_qwen4exp_tools(args, s):
           f"(prompt 1 is {len(exp['prompt_ids'][0])}: turn 1's generation prompt minus {len(exp['prompt_ids'][0]) - common})")
     check(r3["choices"][0]["message"] == r3f["choices"][0]["message"] and u3["completion_tokens"] == r3f["usage"]["completion_tokens"],
           "turn 3 (history re-rendered without thinking) == a fresh server's answer")
+    # The recurrent state drops at most a few positions without a checkpoint; the server keeps
+    # checkpoints 16 tokens before each prompt's end (EARLY_CHECKPOINT in vela-server's cache.rs).
+    cached3 = u3["prompt_tokens_details"]["cached_tokens"]
+    check(cached3 >= common - 16, f"turn 3 reuses turn 1's early checkpoint: cached {cached3} >= {common} - 16")
 
 
 def main():

@@ -4,9 +4,12 @@
 //! it back to that prefix. Rolling back is [`Session::truncate`] when the model's state allows
 //! dropping that many positions (its rollback limit, `vela_models::StateLayout::rollback_limit`:
 //! any number for full-attention caches, `ubatch` for sliding-window rings, the snapshots kept
-//! for recurrent layers), otherwise a restore of the checkpoint taken right after the session's last prompt
-//! was prefilled (so a follow-up turn that re-renders the previous answer differently still
-//! reuses the whole previous prompt), otherwise a reset. At least one prompt token is always
+//! for recurrent layers), otherwise a restore of the latest checkpoint at or before the shared
+//! prefix: the one taken right after the session's last prompt was prefilled (so a follow-up
+//! turn that re-renders the previous answer differently still reuses the whole previous prompt)
+//! or, for states that cannot drop many positions, one taken a few tokens before the prompt's
+//! end (a template that re-renders the previous generation prompt, such as thinking dropped from
+//! the history), otherwise a reset. At least one prompt token is always
 //! re-evaluated to get logits. Sessions are evicted least-recently-used first.
 
 use vela_engine::{Checkpoint, Session};
@@ -16,7 +19,7 @@ use vela_engine::{Checkpoint, Session};
 pub enum Reuse {
     /// Drop tokens after `n` (cheap).
     Truncate(usize),
-    /// Restore the prompt-end checkpoint at `n` tokens.
+    /// Restore the session's checkpoint at `n` tokens.
     Restore(usize),
     /// Nothing reusable: reset.
     Reset,
@@ -37,9 +40,10 @@ pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-/// Plan the rollback of a session holding `cached` (checkpoint at `cp`, if any) for `prompt`;
-/// `rollback_limit`: how many trailing positions the state can drop without a checkpoint.
-pub fn plan(cached: &[u32], cp: Option<usize>, rollback_limit: usize, prompt: &[u32]) -> Reuse {
+/// Plan the rollback of a session holding `cached` (checkpoints at the positions `cps`) for
+/// `prompt`; `rollback_limit`: how many trailing positions the state can drop without a
+/// checkpoint.
+pub fn plan(cached: &[u32], cps: &[usize], rollback_limit: usize, prompt: &[u32]) -> Reuse {
     let target = common_prefix(cached, prompt).min(prompt.len().saturating_sub(1));
     if target == 0 {
         return Reuse::Reset;
@@ -47,23 +51,28 @@ pub fn plan(cached: &[u32], cp: Option<usize>, rollback_limit: usize, prompt: &[
     if cached.len() - target <= rollback_limit {
         return Reuse::Truncate(target);
     }
-    match cp {
-        Some(c) if c <= target && c > 0 && c <= cached.len() => Reuse::Restore(c),
-        _ => Reuse::Reset,
+    match cps
+        .iter()
+        .copied()
+        .filter(|&c| c <= target && c > 0 && c <= cached.len())
+        .max()
+    {
+        Some(c) => Reuse::Restore(c),
+        None => Reuse::Reset,
     }
 }
 
 /// Pick the entry with the most reusable tokens (ties: most recently used). `entries` are
-/// (tokens, checkpoint position, last-used stamp).
+/// (tokens, checkpoint positions, last-used stamp).
 pub fn choose(
-    entries: &[(&[u32], Option<usize>, u64)],
+    entries: &[(&[u32], Vec<usize>, u64)],
     rollback_limit: usize,
     prompt: &[u32],
 ) -> Option<(usize, Reuse)> {
     entries
         .iter()
         .enumerate()
-        .map(|(i, (t, cp, used))| (i, plan(t, *cp, rollback_limit, prompt), *used))
+        .map(|(i, (t, cps, used))| (i, plan(t, cps, rollback_limit, prompt), *used))
         .filter(|(_, r, _)| r.reused() > 0)
         .max_by_key(|(_, r, used)| (r.reused(), *used))
         .map(|(i, r, _)| (i, r))
@@ -91,7 +100,29 @@ pub struct Entry {
     pub session: Session,
     /// Checkpoint right after the last prompt's prefill.
     pub prompt_cp: Option<Checkpoint>,
+    /// For states with a short rollback limit: checkpoints a few tokens before the end of the
+    /// last prompts ([`EARLY_CHECKPOINT`]; the latest [`EARLY_KEEP`], oldest first), so a turn
+    /// whose history re-renders an earlier turn's generation prompt still finds one.
+    pub early: Vec<Checkpoint>,
     pub last_used: u64,
+}
+
+/// How far before a prompt's end the early checkpoint is taken (covers the generation prompt a
+/// template renders differently once the turn is history).
+pub const EARLY_CHECKPOINT: usize = 16;
+
+/// Early checkpoints an entry keeps.
+pub const EARLY_KEEP: usize = 3;
+
+impl Entry {
+    pub fn new(session: Session) -> Self {
+        Entry {
+            session,
+            prompt_cp: None,
+            early: Vec::new(),
+            last_used: 0,
+        }
+    }
 }
 
 /// The cache itself (owned by the engine worker).
@@ -112,15 +143,17 @@ impl PrefixCache {
 
     /// Take the best entry for `prompt` out of the cache with its plan.
     pub fn take_best(&mut self, rollback_limit: usize, prompt: &[u32]) -> Option<(Entry, Reuse)> {
-        let views: Vec<(&[u32], Option<usize>, u64)> = self
+        let views: Vec<(&[u32], Vec<usize>, u64)> = self
             .entries
             .iter()
             .map(|e| {
-                (
-                    e.session.tokens(),
-                    e.prompt_cp.as_ref().map(|c| c.n_past()),
-                    e.last_used,
-                )
+                let cps = e
+                    .prompt_cp
+                    .iter()
+                    .chain(&e.early)
+                    .map(|c| c.n_past())
+                    .collect();
+                (e.session.tokens(), cps, e.last_used)
             })
             .collect();
         let (i, r) = choose(&views, rollback_limit, prompt)?;
@@ -163,16 +196,16 @@ mod tests {
     fn plan_full_attention_truncates() {
         let cached = [1, 2, 3, 4, 5, 6];
         assert_eq!(
-            plan(&cached, None, usize::MAX, &[1, 2, 3, 9]),
+            plan(&cached, &[], usize::MAX, &[1, 2, 3, 9]),
             Reuse::Truncate(3)
         );
         // The whole prompt is cached: keep one token to evaluate.
         assert_eq!(
-            plan(&cached, None, usize::MAX, &[1, 2, 3]),
+            plan(&cached, &[], usize::MAX, &[1, 2, 3]),
             Reuse::Truncate(2)
         );
-        assert_eq!(plan(&cached, None, usize::MAX, &[7, 2]), Reuse::Reset);
-        assert_eq!(plan(&[], None, usize::MAX, &[7, 2]), Reuse::Reset);
+        assert_eq!(plan(&cached, &[], usize::MAX, &[7, 2]), Reuse::Reset);
+        assert_eq!(plan(&[], &[], usize::MAX, &[7, 2]), Reuse::Reset);
     }
 
     #[test]
@@ -181,14 +214,28 @@ mod tests {
         let mut prompt: Vec<u32> = (0..60).collect();
         prompt.push(999);
         // Dropping 40 > ubatch 8 tokens: restore the checkpoint at 50 (≤ 60 common).
-        assert_eq!(plan(&cached, Some(50), 8, &prompt), Reuse::Restore(50));
+        assert_eq!(plan(&cached, &[50], 8, &prompt), Reuse::Restore(50));
         // Checkpoint beyond the common prefix is useless.
-        assert_eq!(plan(&cached, Some(70), 8, &prompt), Reuse::Reset);
-        assert_eq!(plan(&cached, None, 8, &prompt), Reuse::Reset);
+        assert_eq!(plan(&cached, &[70], 8, &prompt), Reuse::Reset);
+        assert_eq!(plan(&cached, &[], 8, &prompt), Reuse::Reset);
         // Small rollback: truncate.
         let mut p2: Vec<u32> = (0..95).collect();
         p2.push(999);
-        assert_eq!(plan(&cached, Some(50), 8, &p2), Reuse::Truncate(95));
+        assert_eq!(plan(&cached, &[50], 8, &p2), Reuse::Truncate(95));
+    }
+
+    /// A recurrent state (rollback limit 4) with an early checkpoint: a prompt that leaves the
+    /// previous one a few tokens before its end restores the early checkpoint.
+    #[test]
+    fn plan_picks_the_latest_checkpoint_before_the_split() {
+        let cached: Vec<u32> = (0..130).collect();
+        let mut prompt: Vec<u32> = (0..98).collect();
+        prompt.push(999);
+        assert_eq!(plan(&cached, &[84, 100], 4, &prompt), Reuse::Restore(84));
+        let mut p2: Vec<u32> = (0..120).collect();
+        p2.push(999);
+        assert_eq!(plan(&cached, &[84, 100], 4, &p2), Reuse::Restore(100));
+        assert_eq!(plan(&cached, &[100], 4, &prompt), Reuse::Reset);
     }
 
     #[test]
@@ -196,7 +243,11 @@ mod tests {
         let a: Vec<u32> = vec![1, 2, 3];
         let b: Vec<u32> = vec![1, 2, 3, 4, 5];
         let c: Vec<u32> = vec![1, 2, 3, 4, 5];
-        let entries = [(&a[..], None, 5), (&b[..], None, 1), (&c[..], None, 2)];
+        let entries = [
+            (&a[..], vec![], 5),
+            (&b[..], vec![], 1),
+            (&c[..], vec![], 2),
+        ];
         assert_eq!(
             choose(&entries, usize::MAX, &[1, 2, 3, 4, 5, 6]),
             Some((2, Reuse::Truncate(5)))

@@ -6,7 +6,7 @@
 //! decode step, so at most one forward pass runs after it is set (counted in
 //! `vela_steps_after_cancel_total`).
 
-use crate::cache::{Entry, PrefixCache, Reuse};
+use crate::cache::{Entry, PrefixCache, Reuse, EARLY_CHECKPOINT, EARLY_KEEP};
 use crate::metrics::Metrics;
 use crate::parser::{Event, OutputParser, ParserConfig, ToolCall};
 use crate::stop::StopMatcher;
@@ -281,11 +281,7 @@ fn serve_job(
             };
             let e = match e {
                 Some(e) => e,
-                None => Entry {
-                    session: Session::new(model.model.clone(), &cfg.session)?,
-                    prompt_cp: None,
-                    last_used: 0,
-                },
+                None => Entry::new(Session::new(model.model.clone(), &cfg.session)?),
             };
             (e, Reuse::Reset)
         }
@@ -299,11 +295,7 @@ fn serve_job(
             let fits_two = cache.total_bytes() + 2 * bytes <= cache.budget;
             if n >= 256 && fits_two {
                 if let Ok(copy) = entry.session.fork() {
-                    let copy = Entry {
-                        session: copy,
-                        prompt_cp: None,
-                        last_used: 0,
-                    };
+                    let copy = Entry::new(copy);
                     cache.put(std::mem::replace(&mut entry, copy));
                 }
             } else if n < n_past / 2 && !follow_up(&entry, n) {
@@ -312,11 +304,7 @@ fn serve_job(
                 let recycled = if fits_one { None } else { cache.take_lru() };
                 let replacement = match recycled {
                     Some(e) => e,
-                    None => Entry {
-                        session: Session::new(model.model.clone(), &cfg.session)?,
-                        prompt_cp: None,
-                        last_used: 0,
-                    },
+                    None => Entry::new(Session::new(model.model.clone(), &cfg.session)?),
                 };
                 cache.put(std::mem::replace(&mut entry, replacement));
                 reuse = Reuse::Reset;
@@ -329,16 +317,32 @@ fn serve_job(
             entry.session.reset();
             0
         }),
-        Reuse::Restore(n) => match entry.prompt_cp.as_ref().map(|cp| entry.session.restore(cp)) {
-            Some(Ok(())) => {
-                timings.restore_bytes = entry.prompt_cp.as_ref().map_or(0, |cp| cp.bytes());
-                n
+        Reuse::Restore(n) => {
+            let Entry {
+                session,
+                prompt_cp,
+                early,
+                ..
+            } = &mut entry;
+            let cp = prompt_cp
+                .iter()
+                .chain(early.iter())
+                .find(|c| c.n_past() == n);
+            let restored = match cp {
+                Some(cp) => session.restore(cp).map(|_| cp.bytes()),
+                None => Err(anyhow::anyhow!("no checkpoint at {n}")),
+            };
+            match restored {
+                Ok(bytes) => {
+                    timings.restore_bytes = bytes;
+                    n
+                }
+                Err(_) => {
+                    entry.session.reset();
+                    0
+                }
             }
-            _ => {
-                entry.session.reset();
-                0
-            }
-        },
+        }
         Reuse::Reset => {
             entry.session.reset();
             0
@@ -391,11 +395,43 @@ fn generate(
     let cancel = &job.cancel;
     metrics.set_phase(Phase::Prefill);
     let t_prefill = Instant::now();
-    let outcome = session.eval_with(new, &mut |done, total| {
+    // Checkpoints past the tokens kept are stale.
+    if entry
+        .prompt_cp
+        .as_ref()
+        .is_some_and(|c| c.n_past() > reused)
+    {
+        entry.prompt_cp = None;
+    }
+    entry.early.retain(|c| c.n_past() <= reused);
+    // A state that cannot drop many positions also keeps a checkpoint shortly before the
+    // prompt's end (the part a template renders differently once the turn is history).
+    let early = job.prompt.len().saturating_sub(EARLY_CHECKPOINT);
+    let split = if session.rollback_limit() < EARLY_CHECKPOINT && early > reused {
+        early - reused
+    } else {
+        0
+    };
+    let mut progress = |done: usize, total: usize| {
         clock.step();
         let _ = out.send(Out::Progress { done, total });
         !(cancel.is_cancelled() || out.is_closed())
-    })?;
+    };
+    let mut outcome = EvalOutcome::Cancelled { n_done: 0 };
+    let mut first_done = true;
+    if split > 0 {
+        outcome = session.eval_with(&new[..split], &mut progress)?;
+        first_done = matches!(outcome, EvalOutcome::Done(_));
+        if first_done {
+            if entry.early.len() >= EARLY_KEEP {
+                entry.early.remove(0);
+            }
+            entry.early.push(session.checkpoint());
+        }
+    }
+    if first_done {
+        outcome = session.eval_with(&new[split..], &mut progress)?;
+    }
     let mut logits = match outcome {
         EvalOutcome::Done(l) => l,
         EvalOutcome::Cancelled { .. } => {
