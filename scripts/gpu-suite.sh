@@ -382,6 +382,14 @@ pack-ab)
   for v in llama-bpe qwen2 gemma-4; do
     xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" >$A/vocab-$v.gguf.xz
   done
+  # The qwen4_exp fixture the GPU model test compares against (scripts/gen-qwen4exp-fixtures.py).
+  q4=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/qwen4exp/gdn_qsa
+  if [ -d "$q4" ]; then
+    mkdir -p $A/q4
+    for f in config.json model.safetensors prompts.json logits_long.f32 tokenizer.json tokenizer_config.json generation_config.json; do
+      cp "$q4/$f" $A/q4/
+    done
+  fi
   du -sh $A
   ;;
 ab)
@@ -391,6 +399,9 @@ ab)
     xz -dc $A/vela-$b.xz >/tmp/vela-$b && xz -dc $A/gpu-test-$b.xz >/tmp/gpu-test-$b && chmod +x /tmp/vela-$b /tmp/gpu-test-$b
   done
   for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  if [ -d $A/q4 ]; then
+    mkdir -p "$VELA_CACHE/golden/qwen4exp/gdn_qsa" && cp $A/q4/* "$VELA_CACHE/golden/qwen4exp/gdn_qsa/"
+  fi
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
   models=${AB_MODELS:-l8:llama3-8b:q4_0 q05:qwen2.5-0.5b:q4_k_m g31:gemma4-31b:q4_0 g26:gemma4-26b-a4b:q4_0}
