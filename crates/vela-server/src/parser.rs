@@ -67,6 +67,9 @@ pub struct ParserConfig {
     /// Reasoning text is trimmed at both ends (Gemma 4 writes `<|channel>thought\n…\n<channel|>`;
     /// the template adds those newlines back when it re-renders `reasoning_content`).
     pub trim_reasoning: bool,
+    /// The content right after a reasoning block loses its leading whitespace (`<think>…
+    /// </think>\n\n`, as llama.cpp's parser returns it; the template writes it back).
+    pub lstrip_after_reasoning: bool,
 }
 
 const DSML_OPEN: &str = "<｜DSML｜tool_calls>";
@@ -81,6 +84,8 @@ impl ParserConfig {
         let mut c = ParserConfig::default();
         if template.contains("<think>") {
             c.reasoning.push(("<think>".into(), "</think>".into()));
+            c.trim_reasoning = true;
+            c.lstrip_after_reasoning = true;
         }
         if template.contains("<|channel>") {
             c.reasoning
@@ -135,6 +140,8 @@ pub struct OutputParser {
     at_start: bool,
     /// Non-whitespace reasoning text has been emitted in the current block (trimming).
     reasoning_started: bool,
+    /// A reasoning block just closed: drop the whitespace that starts the content.
+    lstrip: bool,
 }
 
 /// What a marker found in plain text starts.
@@ -198,6 +205,7 @@ impl OutputParser {
             mode,
             at_start: true,
             reasoning_started: false,
+            lstrip: false,
         }
     }
 
@@ -249,6 +257,14 @@ impl OutputParser {
         loop {
             match self.mode.clone() {
                 Mode::Text => {
+                    if self.lstrip {
+                        let lead = self.buf.len() - self.buf.trim_start().len();
+                        self.buf.drain(..lead);
+                        if self.buf.is_empty() {
+                            return;
+                        }
+                        self.lstrip = false;
+                    }
                     if self.at_start && self.cfg.llama_json {
                         let t = self.buf.trim_start();
                         if t.is_empty() {
@@ -334,6 +350,7 @@ impl OutputParser {
                         push_event(out, Event::Reasoning(text.to_string()));
                         self.buf.drain(..p + close.len());
                         self.mode = Mode::Text;
+                        self.lstrip = self.cfg.lstrip_after_reasoning;
                         continue;
                     }
                     if finishing {

@@ -66,6 +66,13 @@ fn hermes_qwen_calls_and_reasoning() {
         "<think>hmm</think>Let me check.<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
         &[reasoning("hmm"), content("Let me check."), call("get_weather", r#"{"city":"Paris"}"#)],
     );
+    // Whitespace around the reasoning and at the start of the answer goes (llama.cpp's
+    // rendering; the template writes it back).
+    check_all_splits(
+        &cfg,
+        "<think>\nhmm\n</think>\n\nIt is sunny.",
+        &[reasoning("hmm"), content("It is sunny.")],
+    );
     // Two calls, text after.
     check_all_splits(
         &cfg,
