@@ -52,6 +52,7 @@ __device__ __forceinline__ float warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
     return v;
 }
+
 __device__ __forceinline__ double warp_sum_d(double v) {
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -88,6 +89,23 @@ __device__ __forceinline__ u32 ld32(const u8* p) {
 __device__ __forceinline__ float ldh(const u8* p) { return h2f(*(const u16*)p); }
 
 #define NEG_INF __int_as_float(0xff800000)
+
+// Maximum over the whole block of one float per thread (blockDim.x a multiple of 32, at most
+// 1024; NaN ignored like fmaxf); every thread gets it. Contains two __syncthreads.
+__device__ __forceinline__ float block_max(float m) {
+    __shared__ float part[32];
+    m = warp_max(m);
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (lane == 0) part[warp] = m;
+    __syncthreads();
+    if (warp == 0) {
+        float t = lane < (int)(blockDim.x / 32) ? part[lane] : NEG_INF;
+        t = warp_max(t);
+        if (lane == 0) part[0] = t;
+    }
+    __syncthreads();
+    return part[0];
+}
 
 // Gated activations of act_mul (element-wise) and act_q8* (fused with the quantization): the same
 // expressions in both, so both give the same values.

@@ -3,23 +3,6 @@
 // backend (crates/vela-compute/src/cpu/kit.rs, route.rs) is the reference: same operation order
 // where it matters (scatter-add is bit-identical), expf for exp (a few ulps from the host's).
 
-// Maximum over the whole block of one float per thread (blockDim.x a multiple of 32, at most
-// 1024; NaN ignored like fmaxf); every thread gets it. Contains two __syncthreads.
-__device__ __forceinline__ float block_max(float m) {
-    __shared__ float part[32];
-    m = warp_max(m);
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (lane == 0) part[warp] = m;
-    __syncthreads();
-    if (warp == 0) {
-        float t = lane < (int)(blockDim.x / 32) ? part[lane] : NEG_INF;
-        t = warp_max(t);
-        if (lane == 0) part[0] = t;
-    }
-    __syncthreads();
-    return part[0];
-}
-
 // Softmax of one row per block, in place: max, expf(x - max), f64 block sum, divide. A row
 // whose max is -inf becomes all 0 (as on the CPU).
 extern "C" __global__ void kit_softmax_rows(float* x, int width) {

@@ -228,22 +228,6 @@ extern "C" __global__ void sparse_index_select(const float* __restrict__ scores,
     }
 }
 
-// Maximum over the whole block (blockDim.x a multiple of 32; NaN ignored like fmaxf).
-__device__ __forceinline__ float rec_block_max(float m) {
-    __shared__ float part[32];
-    m = warp_max(m);
-    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (lane == 0) part[warp] = m;
-    __syncthreads();
-    if (warp == 0) {
-        float x = lane < (int)(blockDim.x / 32) ? part[lane] : NEG_INF;
-        x = warp_max(x);
-        if (lane == 0) part[0] = x;
-    }
-    __syncthreads();
-    return part[0];
-}
-
 // One block per (query, head): softmax of scale*q.k over the selected positions (f64 sum),
 // then the weighted sum of their V rows in selection order. At most SPARSE_MAX_SEL positions.
 #define SPARSE_MAX_SEL 4096
@@ -267,7 +251,7 @@ extern "C" __global__ void sparse_attention(const float* __restrict__ q, const f
     __syncthreads();
     float m = NEG_INF;
     for (int j = threadIdx.x; j < n; j += blockDim.x) m = fmaxf(m, w[j]);
-    m = rec_block_max(m);
+    m = block_max(m);
     double sum = 0.0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         float e = expf(w[j] - m);
