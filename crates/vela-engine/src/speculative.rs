@@ -61,9 +61,11 @@ pub trait Drafter {
     /// Propose up to `k` tokens following `target.tokens() ++ [last]` (`last` sits at position
     /// `target.n_past()`, not evaluated yet). Each token must come from `propose(logits)`, called
     /// in order, so that its proposal distribution is the one verification uses.
+    /// The target's state may be written past `target.n_past()` (a head whose cache lives
+    /// there); the next target forward overwrites it.
     fn draft(
         &mut self,
-        target: &Session,
+        target: &mut Session,
         last: u32,
         k: usize,
         propose: Propose,

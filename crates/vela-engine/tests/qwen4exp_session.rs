@@ -131,7 +131,7 @@ fn speculative_greedy_equals_plain_greedy() {
         }
         fn draft(
             &mut self,
-            target: &Session,
+            target: &mut Session,
             _last: u32,
             k: usize,
             propose: Propose,

@@ -107,7 +107,13 @@ impl Drafter for Wrong {
     fn sync(&mut self, _: &Session, _: usize) -> Result<()> {
         Ok(())
     }
-    fn draft(&mut self, _: &Session, last: u32, k: usize, propose: Propose) -> Result<Vec<Draft>> {
+    fn draft(
+        &mut self,
+        _: &mut Session,
+        last: u32,
+        k: usize,
+        propose: Propose,
+    ) -> Result<Vec<Draft>> {
         let mut out = Vec::new();
         let mut t = last;
         for _ in 0..k {

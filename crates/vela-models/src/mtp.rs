@@ -15,9 +15,11 @@ pub trait MtpHead: Send {
 
     /// `k` draft steps after `last`, the token at position `pos` (not evaluated by the target
     /// yet): each step's logits go to `next`, which returns the token the next step extends.
+    /// A head whose cache is part of the target's state writes its draft rows there, past
+    /// `pos` (the target's next forward overwrites them).
     fn draft(
         &mut self,
-        target: &dyn ModelState,
+        target: &mut dyn ModelState,
         last: u32,
         pos: usize,
         k: usize,

@@ -24,6 +24,8 @@
 use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
 use crate::stepper::{self, StepCtl, StepState};
 use anyhow::{bail, Result};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use vela_compute::{
     Activation, Backend, DeltaDims, IndexerParams, KvType, RopeParams, RouteParams, Score,
@@ -32,6 +34,7 @@ use vela_compute::{
 mod config;
 mod gguf;
 mod load;
+mod mtp;
 pub mod ple;
 
 pub use config::{Mixer, PleConfig, Qwen4ExpConfig};
@@ -118,6 +121,12 @@ pub struct Qwen4ExpModel<B: Backend> {
     head: B::Weight,
     mixer: Hc<B>,
     layers: Vec<Layer<B>>,
+    /// The MTP layer, when the checkpoint has one (`mtp.*`).
+    mtp: Option<mtp::Mtp<B>>,
+    /// Set once a drafter is bound to the model: forwards then keep the MTP layer's cache.
+    mtp_on: AtomicBool,
+    /// The checkpoint directory the model (and its MTP layer) came from.
+    source: Option<PathBuf>,
     layout: StateLayout,
     weight_bytes_per_token: u64,
 }
@@ -135,6 +144,8 @@ pub struct Qwen4ExpState<B: Backend> {
     stream_rows: B::Ids,
     zeros: B::Buf,
     counts: B::Ids,
+    /// `[max_batch, S·H]`: the MTP layer's input streams (models with an MTP layer).
+    mtp_in: Option<B::Buf>,
     /// Token at each position (the n-gram hash reads predecessors).
     history: Vec<u32>,
     key: u64,
@@ -214,64 +225,52 @@ impl<B: Backend> Qwen4ExpModel<B> {
         }
     }
 
-    /// The state layout and each layer's entries in it.
-    fn build_layout(cfg: &Qwen4ExpConfig) -> (StateLayout, Vec<Vec<usize>>) {
+    /// The state layout and each layer's entries in it; with `mtp`, the MTP layer's entries
+    /// last (its QSA rows, then the target's pre-mixer streams after each position).
+    fn build_layout(cfg: &Qwen4ExpConfig, mtp: bool) -> (StateLayout, Vec<Vec<usize>>) {
+        let recurrent = |floats| LayerState::Recurrent {
+            floats,
+            snapshots: SNAPSHOTS,
+        };
+        let qsa = || {
+            let rows = LayerState::Blocks {
+                width: cfg.n_head_kv * cfg.head_dim,
+                ratio: 1,
+                raw_width: 0,
+            };
+            let idx = LayerState::Blocks {
+                width: cfg.idx_dim,
+                ratio: cfg.idx_block,
+                raw_width: cfg.idx_dim,
+            };
+            vec![rows.clone(), rows, idx]
+        };
         let mut entries = Vec::new();
         let mut per_layer = Vec::new();
+        let push = |states: Vec<LayerState>, entries: &mut Vec<LayerState>| {
+            let first = entries.len();
+            entries.extend(states);
+            (first..entries.len()).collect::<Vec<usize>>()
+        };
         for (il, m) in cfg.mixers.iter().enumerate() {
-            let mut mine = Vec::new();
-            let mut push = |s: LayerState, mine: &mut Vec<usize>| {
-                mine.push(entries.len());
-                entries.push(s);
+            let mut states = match m {
+                Mixer::Gdn => vec![
+                    recurrent((cfg.conv_k - 1) * cfg.qkv_width()),
+                    recurrent(cfg.n_v * cfg.dk * cfg.dv),
+                ],
+                Mixer::Qsa => qsa(),
             };
-            match m {
-                Mixer::Gdn => {
-                    let conv = (cfg.conv_k - 1) * cfg.qkv_width();
-                    let s = cfg.n_v * cfg.dk * cfg.dv;
-                    push(
-                        LayerState::Recurrent {
-                            floats: conv,
-                            snapshots: SNAPSHOTS,
-                        },
-                        &mut mine,
-                    );
-                    push(
-                        LayerState::Recurrent {
-                            floats: s,
-                            snapshots: SNAPSHOTS,
-                        },
-                        &mut mine,
-                    );
-                }
-                Mixer::Qsa => {
-                    let kv = cfg.n_head_kv * cfg.head_dim;
-                    let rows = LayerState::Blocks {
-                        width: kv,
-                        ratio: 1,
-                        raw_width: 0,
-                    };
-                    push(rows.clone(), &mut mine);
-                    push(rows, &mut mine);
-                    let d = cfg.idx_dim;
-                    let idx = LayerState::Blocks {
-                        width: d,
-                        ratio: cfg.idx_block,
-                        raw_width: d,
-                    };
-                    push(idx, &mut mine);
-                }
-            }
             if let Some(p) = cfg.ple.as_ref().filter(|p| p.layers.contains(&il)) {
-                let tail = (p.conv_k - 1) * p.ngram * cfg.streams * cfg.hidden;
-                push(
-                    LayerState::Recurrent {
-                        floats: tail,
-                        snapshots: SNAPSHOTS,
-                    },
-                    &mut mine,
-                );
+                states.push(recurrent(
+                    (p.conv_k - 1) * p.ngram * cfg.streams * cfg.hidden,
+                ));
             }
-            per_layer.push(mine);
+            per_layer.push(push(states, &mut entries));
+        }
+        if mtp {
+            let mut states = qsa();
+            states.push(recurrent(cfg.streams * cfg.hidden));
+            per_layer.push(push(states, &mut entries));
         }
         (StateLayout::new(entries), per_layer)
     }
@@ -338,6 +337,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 z
             },
             counts: be.alloc_ids(nb),
+            mtp_in: self.mtp.as_ref().map(|_| be.alloc(nb * s * h)),
             history: vec![0; n_ctx],
             key: StepCtl::new().key,
             selections: None,
@@ -415,39 +415,62 @@ impl<B: Backend> Qwen4ExpModel<B> {
             be.gather_rows(m, &st.stream_rows, n * s, h, x);
         }
         for (il, l) in self.layers.iter().enumerate() {
-            if let Some(p) = &l.ple {
-                self.ple(st, l, p, il, tokens, p0)?;
-            }
-            self.hc(&mut st.bufs, &l.attn_hc, n);
-            match &l.mixer {
-                Block::Gdn(g) => self.gdn(st, g, &l.state, p0, n)?,
-                Block::Qsa(q) => {
-                    self.qsa(st, q, &l.state, positions)?;
-                    self.record_selection(st, il, positions);
-                }
-            }
+            self.layer(st, l, il, tokens, positions)?;
+        }
+        let mtp = self.active_mtp();
+        if let Some(mt) = mtp {
+            self.mtp_stage(st, mt, p0, n)?;
+        }
+        let rows = n - logits_from;
+        if rows > 0 {
+            self.hc(&mut st.bufs, &self.mixer, n);
+            let b = &mut st.bufs;
             {
-                let [x, w, y] = pick3(&mut st.bufs, X, INJ, Y);
-                be.inject_streams(x, w, y, n, s, h);
+                let [m, t1] = pick2(b, M, T1);
+                be.copy_rows(m, logits_from, rows, h, t1, 0);
             }
-            self.hc(&mut st.bufs, &l.mlp_hc, n);
-            self.moe(st, &l.moe, n);
+            let [t1, lg] = pick2(b, T1, LOGITS);
+            be.matmul(&self.head, t1, rows, lg);
+        }
+        if let Some(mt) = mtp {
+            self.mtp_cache(st, mt, tokens, p0)?;
+        }
+        Ok(rows)
+    }
+
+    /// One decoder layer on the streams `X` of `tokens` at `positions` (`il`: its index, for
+    /// the recorded selections).
+    fn layer(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        l: &Layer<B>,
+        il: usize,
+        tokens: &[u32],
+        positions: &[u32],
+    ) -> Result<()> {
+        let be = &*self.backend;
+        let (n, s, h) = (tokens.len(), self.cfg.streams, self.cfg.hidden);
+        let p0 = positions[0] as usize;
+        if let Some(p) = &l.ple {
+            self.ple(st, l, p, tokens, p0)?;
+        }
+        self.hc(&mut st.bufs, &l.attn_hc, n);
+        match &l.mixer {
+            Block::Gdn(g) => self.gdn(st, g, &l.state, p0, n)?,
+            Block::Qsa(q) => {
+                self.qsa(st, q, &l.state, positions)?;
+                self.record_selection(st, il, positions);
+            }
+        }
+        {
             let [x, w, y] = pick3(&mut st.bufs, X, INJ, Y);
             be.inject_streams(x, w, y, n, s, h);
         }
-        let rows = n - logits_from;
-        if rows == 0 {
-            return Ok(0);
-        }
-        self.hc(&mut st.bufs, &self.mixer, n);
-        let b = &mut st.bufs;
-        {
-            let [m, t1] = pick2(b, M, T1);
-            be.copy_rows(m, logits_from, rows, h, t1, 0);
-        }
-        let [t1, lg] = pick2(b, T1, LOGITS);
-        be.matmul(&self.head, t1, rows, lg);
-        Ok(rows)
+        self.hc(&mut st.bufs, &l.mlp_hc, n);
+        self.moe(st, &l.moe, n);
+        let [x, w, y] = pick3(&mut st.bufs, X, INJ, Y);
+        be.inject_streams(x, w, y, n, s, h);
+        Ok(())
     }
 
     /// Gated DeltaNet on `M` → `Y` (§5).
@@ -529,14 +552,14 @@ impl<B: Backend> Qwen4ExpModel<B> {
         ent: &[usize],
         positions: &[u32],
     ) -> Result<()> {
+        self.qsa_cache(st, q, ent, positions)?;
         let be = &*self.backend;
         let c = &self.cfg;
         let n = positions.len();
-        let p0 = positions[0] as usize;
-        let (nh, nkv, hd, di, cb) = (c.n_head, c.n_head_kv, c.head_dim, c.idx_dim, c.idx_block);
+        let (nh, nkv, hd, di) = (c.n_head, c.n_head_kv, c.head_dim, c.idx_dim);
         let rope = self.rope();
         let b = &mut st.bufs;
-        // Attention q (T1), gate (T2), k (T3), v (T4).
+        // Attention q (T1), gate (T2).
         {
             let [m, t1, t2] = pick3(b, M, T1, T2);
             be.matmul(&q.wq, m, n, t1);
@@ -545,6 +568,60 @@ impl<B: Backend> Qwen4ExpModel<B> {
             be.rope(t1, nh, hd, positions, &rope);
             be.sigmoid(t2, n * nh * hd);
         }
+        {
+            let [m, t4] = pick2(b, M, T4);
+            be.matmul(&q.idx_q, m, n, t4);
+            be.rms_norm_inplace(t4, &q.idx_q_norm, n * c.idx_heads, di, c.eps);
+            be.rope(t4, c.idx_heads, di, positions, &rope);
+        }
+        let p = self.idx_params();
+        {
+            let blk = st.extra.blocks_mut(ent[2])?;
+            be.indexer_select(&b[T4], blk.rows, positions, &p, &mut st.sel, &mut st.counts);
+        }
+        {
+            let (k, v) = (st.extra.block_rows(ent[0])?, st.extra.block_rows(ent[1])?);
+            let [t1, t3] = pick2(b, T1, T3);
+            let scale = 1.0 / (hd as f32).sqrt();
+            be.attention_selected(
+                t1,
+                k,
+                v,
+                &st.sel,
+                &st.counts,
+                n,
+                p.max_selected(),
+                (nh, nkv, hd),
+                scale,
+                t3,
+            );
+        }
+        {
+            let [t2, t3] = pick2(b, T2, T3);
+            be.mul(t3, t2, n * nh * hd);
+        }
+        let [t3, y] = pick2(b, T3, Y);
+        be.matmul(&q.wo, t3, n, y);
+        Ok(())
+    }
+
+    /// What a QSA layer keeps of the rows of `M` at `positions`: their K and V rows, their raw
+    /// indexer keys, and the pooled keys of the blocks they complete.
+    fn qsa_cache(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        q: &Qsa<B>,
+        ent: &[usize],
+        positions: &[u32],
+    ) -> Result<()> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let n = positions.len();
+        let p0 = positions[0] as usize;
+        let (nkv, hd, di, cb) = (c.n_head_kv, c.head_dim, c.idx_dim, c.idx_block);
+        let rope = self.rope();
+        let b = &mut st.bufs;
+        // k (T3), v (T4).
         {
             let [m, t3, t4] = pick3(b, M, T3, T4);
             be.matmul(&q.wk, m, n, t3);
@@ -594,40 +671,6 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 be.copy_rows(pooled, 0, 1, di, blk.rows, bi);
             }
         }
-        {
-            let [m, t4] = pick2(b, M, T4);
-            be.matmul(&q.idx_q, m, n, t4);
-            be.rms_norm_inplace(t4, &q.idx_q_norm, n * c.idx_heads, di, c.eps);
-            be.rope(t4, c.idx_heads, di, positions, &rope);
-        }
-        let p = self.idx_params();
-        {
-            let blk = st.extra.blocks_mut(ent[2])?;
-            be.indexer_select(&b[T4], blk.rows, positions, &p, &mut st.sel, &mut st.counts);
-        }
-        {
-            let (k, v) = (st.extra.block_rows(ent[0])?, st.extra.block_rows(ent[1])?);
-            let [t1, t3] = pick2(b, T1, T3);
-            let scale = 1.0 / (hd as f32).sqrt();
-            be.attention_selected(
-                t1,
-                k,
-                v,
-                &st.sel,
-                &st.counts,
-                n,
-                p.max_selected(),
-                (nh, nkv, hd),
-                scale,
-                t3,
-            );
-        }
-        {
-            let [t2, t3] = pick2(b, T2, T3);
-            be.mul(t3, t2, n * nh * hd);
-        }
-        let [t3, y] = pick2(b, T3, Y);
-        be.matmul(&q.wo, t3, n, y);
         Ok(())
     }
 
@@ -698,7 +741,6 @@ impl<B: Backend> Qwen4ExpModel<B> {
         st: &mut Qwen4ExpState<B>,
         l: &Layer<B>,
         p: &Ple<B>,
-        il: usize,
         tokens: &[u32],
         p0: usize,
     ) -> Result<()> {
@@ -749,7 +791,6 @@ impl<B: Backend> Qwen4ExpModel<B> {
             be.rms_norm_grouped(a, &p.norm_conv, n * s, h, s, c.eps, t2);
         }
         let ent = *l.state.last().expect("a PLE layer has its conv state");
-        let _ = il;
         {
             let [t2, t4] = pick2(b, T2, T4);
             segments(be, &mut st.extra, ent, p0, n, &mut |from, m, state| {
@@ -876,6 +917,12 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Qwen4ExpModel<B> {
     }
     fn argmax_finish(&self, ticket: u64) -> Result<u32> {
         self.backend.argmax_finish(ticket)
+    }
+    fn discover_mtp(&self, model_path: &std::path::Path) -> Option<PathBuf> {
+        self.mtp_path(model_path)
+    }
+    fn load_mtp(&self, path: &std::path::Path) -> Option<Result<Box<dyn crate::mtp::MtpHead>>> {
+        Some(self.bind_mtp(path))
     }
 }
 

@@ -196,7 +196,8 @@ impl WeightSource {
             Kind::Gguf(g) => HostWeight::from_gguf(g, name),
             Kind::Hf { cp, prefix } => HostWeight::from_safetensors(cp, &format!("{prefix}{name}"))
                 .or_else(|| {
-                    (name == "lm_head.weight")
+                    // The head and the MTP layer sit outside the text model's prefix.
+                    (name == "lm_head.weight" || name.starts_with("mtp."))
                         .then(|| HostWeight::from_safetensors(cp, name))
                         .flatten()
                 }),

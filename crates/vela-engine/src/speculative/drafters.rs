@@ -25,14 +25,15 @@ impl Drafter for MtpDrafter {
 
     fn draft(
         &mut self,
-        target: &Session,
+        target: &mut Session,
         last: u32,
         k: usize,
         propose: Propose,
     ) -> Result<Vec<Draft>> {
         let mut out = Vec::with_capacity(k);
+        let pos = target.n_past();
         self.head
-            .draft(target.state(), last, target.n_past(), k, &mut |logits| {
+            .draft(target.state_mut(), last, pos, k, &mut |logits| {
                 let d = propose(logits)?;
                 let t = d.token;
                 out.push(d);
@@ -63,7 +64,7 @@ impl Drafter for ModelDrafter {
 
     fn draft(
         &mut self,
-        target: &Session,
+        target: &mut Session,
         last: u32,
         k: usize,
         propose: Propose,

@@ -57,7 +57,7 @@ impl Drafter for NgramDrafter {
 
     fn draft(
         &mut self,
-        target: &Session,
+        target: &mut Session,
         last: u32,
         k: usize,
         _propose: Propose,

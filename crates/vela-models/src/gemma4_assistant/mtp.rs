@@ -47,7 +47,7 @@ impl<B: Backend + 'static> MtpHead for Gemma4Mtp<B> {
 
     fn draft(
         &mut self,
-        target: &dyn ModelState,
+        target: &mut dyn ModelState,
         last: u32,
         pos: usize,
         k: usize,
@@ -56,7 +56,7 @@ impl<B: Backend + 'static> MtpHead for Gemma4Mtp<B> {
         if self.hidden.is_empty() {
             bail!("Gemma 4 assistant: draft before the first sync");
         }
-        let seq = target_seq::<B>(target)?;
+        let seq = target_seq::<B>(&*target)?;
         let mut tok = last;
         let mut hidden = self.hidden.clone();
         for _ in 0..k {

@@ -163,7 +163,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 },
             })
         };
-        let (layout, entries) = Self::build_layout(&cfg);
+        let (layout, entries) = Self::build_layout(&cfg, false);
         let mut layers = Vec::with_capacity(cfg.mixers.len());
         for (i, (m, state)) in cfg.mixers.iter().zip(entries).enumerate() {
             let p = format!("blk.{i}");
@@ -269,6 +269,9 @@ impl<B: Backend> Qwen4ExpModel<B> {
             head,
             mixer,
             layers,
+            mtp: None,
+            mtp_on: AtomicBool::new(false),
+            source: None,
             layout,
             weight_bytes_per_token,
         })

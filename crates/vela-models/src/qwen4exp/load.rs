@@ -89,7 +89,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.be.upload_vector(&self.floats(name, len)?)
     }
     /// A (1+w) norm weight.
-    fn norm1p(&self, name: &str, len: usize) -> Result<B::Vector> {
+    pub(super) fn norm1p(&self, name: &str, len: usize) -> Result<B::Vector> {
         let v: Vec<f32> = self.floats(name, len)?.iter().map(|w| 1.0 + w).collect();
         self.be.upload_vector(&v)
     }
@@ -122,7 +122,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         }
     }
 
-    fn hc(&mut self, p: &str, c: &Qwen4ExpConfig, inject: bool) -> Result<Hc<B>> {
+    pub(super) fn hc(&mut self, p: &str, c: &Qwen4ExpConfig, inject: bool) -> Result<Hc<B>> {
         let sh = c.streams * c.hidden;
         Ok(Hc {
             norm: self.norm1p(&format!("{p}.hc_norm.weight"), sh)?,
@@ -152,7 +152,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
-    fn qsa(&mut self, p: &str, c: &Qwen4ExpConfig) -> Result<Qsa<B>> {
+    pub(super) fn qsa(&mut self, p: &str, c: &Qwen4ExpConfig) -> Result<Qsa<B>> {
         let hd = c.head_dim;
         let (wq, wgate) = self.split_q(&format!("{p}.q_proj.weight"), c)?;
         let idx = self.host(&format!("{p}.indexer.index_qk_proj.weight"))?;
@@ -179,7 +179,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
-    fn moe(&mut self, p: &str, c: &Qwen4ExpConfig) -> Result<Moe<B>> {
+    pub(super) fn moe(&mut self, p: &str, c: &Qwen4ExpConfig) -> Result<Moe<B>> {
         let e = c.n_expert;
         let share = c.top_k as f64 / e as f64;
         let mut gu = Vec::with_capacity(2 * e);
@@ -257,7 +257,9 @@ impl<B: Backend> Qwen4ExpModel<B> {
             bail!("checkpoint has no model.embed_tokens.weight (is this a qwen4_exp checkpoint?)");
         };
         let src = WeightSource::hf(cp, prefix).with_quant(quant);
-        Self::load(backend, &src, cfg)
+        let mut m = Self::load(backend, &src, cfg)?;
+        m.source = Some(dir.to_path_buf());
+        Ok(m)
     }
 
     fn load(backend: Arc<B>, src: &WeightSource, cfg: Qwen4ExpConfig) -> Result<Self> {
@@ -282,7 +284,9 @@ impl<B: Backend> Qwen4ExpModel<B> {
             let w = src.matrix("lm_head.weight", false)?.as_head(true);
             ld.upload(&w, 1.0)?
         };
-        let (layout, entries) = Self::build_layout(&cfg);
+        let has_mtp = src.has("mtp.fc_hidden.weight");
+        let (layout, mut entries) = Self::build_layout(&cfg, has_mtp);
+        let mtp_entries = if has_mtp { entries.pop() } else { None };
         let mut layers = Vec::with_capacity(cfg.mixers.len());
         for (i, (m, state)) in cfg.mixers.iter().zip(entries).enumerate() {
             let p = format!("layers.{i}");
@@ -305,6 +309,10 @@ impl<B: Backend> Qwen4ExpModel<B> {
         }
         let mixer = ld.hc("hyper_connection_mixer", &cfg, false)?;
         let weight_bytes_per_token = ld.bytes;
+        let mtp = match mtp_entries {
+            Some(ent) => Some(ld.mtp(&cfg, ent)?),
+            None => None,
+        };
         Ok(Qwen4ExpModel {
             backend,
             cfg,
@@ -312,6 +320,9 @@ impl<B: Backend> Qwen4ExpModel<B> {
             head,
             mixer,
             layers,
+            mtp,
+            mtp_on: AtomicBool::new(false),
+            source: None,
             layout,
             weight_bytes_per_token,
         })

@@ -1,0 +1,274 @@
+//! The MTP layer of `qwen4_exp` (transformers drops `mtp.*`; the structure is
+//! ../shared/notes/next-archs.md §1 "MTP", the reference `scripts/gen-qwen4exp-mtp.py`):
+//!
+//! ```text
+//! row r (the target's pre-mixer streams X_r, the token t_{r+1} after position r), at RoPE position r:
+//!     x_s = fc_hidden(rms1p(X_r)_s) + fc_embedding(rms1p(E[t_{r+1}]))   one RMS over all S·H
+//!     O   = one QSA + MoE decoder layer (its two hyper-connections, no PLE) over the rows 0..=r
+//!     logits = lm_head(Mixer_mtp(O))
+//! a chained draft: row r + 1 from (O_r, the draft drawn from row r's logits)
+//! ```
+//!
+//! The layer's cache (K/V rows, indexer keys) holds one row per target position, so it is
+//! sequence state like any other ([`Qwen4ExpModel::build_layout`]): a target forward over
+//! positions `p0..p0+n` writes rows `p0−1..p0+n−1` (row `p0−1` from the streams of position
+//! `p0−1`, kept as a recurrent entry with snapshots, and the batch's first token), touching only
+//! what the cache needs; the last row waits for the token that follows. Prefix reuse, rollback
+//! and checkpoints then cover it with no code of their own. Drafting runs the whole layer on the
+//! rows from `n_past − 1` on; those rows are rewritten by the verification forward.
+
+use super::*;
+use crate::lm::{ModelState, Seq};
+use crate::mtp::MtpHead;
+use anyhow::anyhow;
+use std::path::Path;
+
+/// The MTP layer's weights.
+pub(super) struct Mtp<B: Backend> {
+    /// `1 + pre_fc_norm_embedding.weight`, `[H]`.
+    norm_emb: B::Vector,
+    /// `1 + pre_fc_norm_hidden.weight`, `[S·H]` (one RMS over every stream).
+    norm_hidden: B::Vector,
+    fc_emb: B::Weight,
+    fc_hidden: B::Weight,
+    /// QSA + MoE; its state entries are the QSA rows.
+    layer: Layer<B>,
+    mixer: Hc<B>,
+    /// The state entry holding the target's pre-mixer streams after each position.
+    pending: usize,
+}
+
+impl<B: Backend> load::Loader<'_, B> {
+    /// The MTP layer of an HF checkpoint (`mtp.*`), with its state entries `ent`
+    /// (QSA rows, then the pending streams).
+    pub(super) fn mtp(&mut self, c: &Qwen4ExpConfig, ent: Vec<usize>) -> Result<Mtp<B>> {
+        let (h, sh) = (c.hidden, c.streams * c.hidden);
+        let pending = *ent.last().expect("MTP state entries");
+        let layer = Layer {
+            attn_hc: self.hc("mtp.layers.0.attn_hyper_connection", c, true)?,
+            mlp_hc: self.hc("mtp.layers.0.mlp_hyper_connection", c, true)?,
+            mixer: Block::Qsa(self.qsa("mtp.layers.0.self_attn", c)?),
+            moe: self.moe("mtp.layers.0.mlp", c)?,
+            ple: None,
+            state: ent[..ent.len() - 1].to_vec(),
+        };
+        Ok(Mtp {
+            norm_emb: self.norm1p("mtp.pre_fc_norm_embedding.weight", h)?,
+            norm_hidden: self.norm1p("mtp.pre_fc_norm_hidden.weight", sh)?,
+            fc_emb: self.matrix("mtp.fc_embedding.weight")?,
+            fc_hidden: self.matrix("mtp.fc_hidden.weight")?,
+            layer,
+            mixer: self.hc("mtp.hyper_connection_mixer", c, false)?,
+            pending,
+        })
+    }
+}
+
+impl<B: Backend> Qwen4ExpModel<B> {
+    /// The MTP layer, when a drafter is bound (forwards keep its cache only then).
+    pub(super) fn active_mtp(&self) -> Option<&Mtp<B>> {
+        self.mtp
+            .as_ref()
+            .filter(|_| self.mtp_on.load(Ordering::Relaxed))
+    }
+
+    /// After the trunk of a forward at positions `p0..p0+n` (its pre-mixer streams in `X`):
+    /// the cache rows' streams into `mtp_in` (the pending streams of `p0 − 1`, then rows
+    /// `0..n−1` of `X`), and the streams after each position into the pending entry.
+    pub(super) fn mtp_stage(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        mt: &Mtp<B>,
+        p0: usize,
+        n: usize,
+    ) -> Result<()> {
+        let be = &*self.backend;
+        let w = self.cfg.streams * self.cfg.hidden;
+        let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
+        let mut r = 0;
+        if p0 > 0 {
+            be.copy_rows(st.extra.recurrent(mt.pending, p0)?, 0, 1, w, dst, 0);
+            r = 1;
+        }
+        if n > 1 {
+            be.copy_rows(&st.bufs[X], 0, n - 1, w, dst, r);
+        }
+        // As `segments` writes a recurrent state: the last SNAPSHOTS positions one by one.
+        let bulk = n - n.min(SNAPSHOTS);
+        if bulk > 0 {
+            let slot = st.extra.recurrent_mut(mt.pending, p0 + bulk)?;
+            be.copy_rows(&st.bufs[X], bulk - 1, 1, w, slot, 0);
+        }
+        for j in bulk..n {
+            let slot = st.extra.recurrent_mut(mt.pending, p0 + j + 1)?;
+            be.copy_rows(&st.bufs[X], j, 1, w, slot, 0);
+        }
+        Ok(())
+    }
+
+    /// The layer's input streams into `X` for the streams in `mtp_in` and `tokens` (one row
+    /// each).
+    fn mtp_input(&self, st: &mut Qwen4ExpState<B>, mt: &Mtp<B>, tokens: &[u32]) -> Result<()> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let (m, s, h) = (tokens.len(), c.streams, c.hidden);
+        let src = st.mtp_in.as_ref().ok_or_else(no_mtp_state)?;
+        let b = &mut st.bufs;
+        be.rms_norm(src, &mt.norm_hidden, m, s * h, c.eps, &mut b[XN]);
+        {
+            let [xn, x] = pick2(b, XN, X);
+            be.matmul(&mt.fc_hidden, xn, m * s, x);
+        }
+        be.get_rows(&self.embd, tokens, 1.0, &mut b[M])?;
+        {
+            let [mm, t1] = pick2(b, M, T1);
+            be.rms_norm(mm, &mt.norm_emb, m, h, c.eps, t1);
+        }
+        {
+            let [t1, t2] = pick2(b, T1, T2);
+            be.matmul(&mt.fc_emb, t1, m, t2);
+        }
+        {
+            let [t2, t3] = pick2(b, T2, T3);
+            be.gather_rows(t2, &st.stream_rows, m * s, h, t3);
+        }
+        let [x, t3] = pick2(b, X, T3);
+        be.add(x, t3, m * s * h);
+        Ok(())
+    }
+
+    /// The cache-only pass of a forward at positions `p0..p0+n` ([`Self::mtp_stage`] ran):
+    /// rows `p0−1..p0+n−1` (from row 0 when `p0 = 0`) of the layer's K/V and indexer keys.
+    pub(super) fn mtp_cache(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        mt: &Mtp<B>,
+        tokens: &[u32],
+        p0: usize,
+    ) -> Result<()> {
+        let (r0, next) = if p0 > 0 {
+            (p0 - 1, tokens)
+        } else {
+            (0, &tokens[1..])
+        };
+        if next.is_empty() {
+            return Ok(());
+        }
+        self.mtp_input(st, mt, next)?;
+        self.hc(&mut st.bufs, &mt.layer.attn_hc, next.len());
+        let Block::Qsa(q) = &mt.layer.mixer else {
+            unreachable!("the MTP layer is a QSA layer")
+        };
+        let rows: Vec<u32> = (r0..r0 + next.len()).map(|p| p as u32).collect();
+        self.qsa_cache(st, q, &mt.layer.state, &rows)
+    }
+
+    /// One draft: the whole layer on row `r` (its streams in `mtp_in` row 0, `tok` the token
+    /// after it); leaves the layer's output streams in `mtp_in` row 0 for the next draft and
+    /// returns the logits.
+    fn mtp_step(
+        &self,
+        st: &mut Qwen4ExpState<B>,
+        mt: &Mtp<B>,
+        tok: u32,
+        r: usize,
+    ) -> Result<Vec<f32>> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        self.mtp_input(st, mt, &[tok])?;
+        self.layer(st, &mt.layer, self.layers.len(), &[tok], &[r as u32])?;
+        let w = c.streams * c.hidden;
+        let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
+        be.copy_rows(&st.bufs[X], 0, 1, w, dst, 0);
+        self.hc(&mut st.bufs, &mt.mixer, 1);
+        {
+            let [mm, lg] = pick2(&mut st.bufs, M, LOGITS);
+            be.matmul(&self.head, mm, 1, lg);
+        }
+        let mut out = vec![0f32; c.n_vocab];
+        be.read(&st.bufs[LOGITS], &mut out);
+        Ok(out)
+    }
+
+    /// [`crate::lm::CausalLm::discover_mtp`]: the checkpoint itself, when it has the layer.
+    pub(super) fn mtp_path(&self, model_path: &Path) -> Option<PathBuf> {
+        self.mtp.as_ref().map(|_| model_path.to_path_buf())
+    }
+
+    /// [`crate::lm::CausalLm::load_mtp`]: the layer loaded with the model, bound as a drafter.
+    pub(super) fn bind_mtp(&self, path: &Path) -> Result<Box<dyn MtpHead>>
+    where
+        B: 'static,
+    {
+        if self.mtp.is_none() {
+            bail!(
+                "this qwen4_exp checkpoint has no MTP layer (no mtp.* tensors; llama.cpp's GGUF \
+                 conversion drops them: use the HF checkpoint directory)"
+            );
+        }
+        let same = match (&self.source, path.canonicalize()) {
+            (Some(src), Ok(p)) => src.canonicalize().map(|s| s == p).unwrap_or(false),
+            _ => false,
+        };
+        if !same {
+            bail!(
+                "qwen4_exp's MTP layer is part of its checkpoint: --mtp takes the model's own \
+                 directory, not {}",
+                path.display()
+            );
+        }
+        self.mtp_on.store(true, Ordering::Relaxed);
+        Ok(Box::new(Qwen4ExpMtp::<B> {
+            _be: std::marker::PhantomData,
+        }))
+    }
+}
+
+fn no_mtp_state() -> anyhow::Error {
+    anyhow!("qwen4_exp: this sequence state was made without the MTP layer")
+}
+
+/// The MTP layer as a drafter of its own model's sequences.
+pub struct Qwen4ExpMtp<B: Backend> {
+    _be: std::marker::PhantomData<fn() -> B>,
+}
+
+impl<B: Backend + 'static> MtpHead for Qwen4ExpMtp<B> {
+    fn sync(&mut self, _target: &dyn ModelState, _row: usize) -> Result<()> {
+        // The target's forwards keep the layer's cache.
+        Ok(())
+    }
+
+    fn draft(
+        &mut self,
+        target: &mut dyn ModelState,
+        last: u32,
+        pos: usize,
+        k: usize,
+        next: &mut dyn FnMut(Vec<f32>) -> Result<u32>,
+    ) -> Result<()> {
+        let seq = target
+            .as_any_mut()
+            .downcast_mut::<Seq<Qwen4ExpModel<B>>>()
+            .ok_or_else(|| anyhow!("the qwen4_exp MTP layer drafts for its own model only"))?;
+        let model = seq.model.clone();
+        let st = &mut seq.state;
+        let mt = model.active_mtp().ok_or_else(no_mtp_state)?;
+        if pos == 0 {
+            bail!("MTP drafting needs an evaluated prompt");
+        }
+        let k = k.min(st.n_ctx.saturating_sub(pos));
+        let w = model.cfg.streams * model.cfg.hidden;
+        {
+            let be = &*model.backend;
+            let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
+            be.copy_rows(st.extra.recurrent(mt.pending, pos)?, 0, 1, w, dst, 0);
+        }
+        let mut tok = last;
+        for j in 0..k {
+            let logits = model.mtp_step(st, mt, tok, pos - 1 + j)?;
+            tok = next(logits)?;
+        }
+        Ok(())
+    }
+}
