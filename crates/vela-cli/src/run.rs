@@ -5,7 +5,9 @@ use crate::spec::{self, SpecArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::{BufRead, Write};
-use vela_engine::speculative::{generate_speculative, AcceptRule, Drafter, SpecOptions};
+use vela_engine::speculative::{
+    generate_speculative, AcceptRule, DepthModel, Drafter, SpecOptions,
+};
 use vela_engine::{generate, GenerateOptions, Sampler, SamplerConfig};
 use vela_template::{ChatTemplate, RenderRequest};
 
@@ -73,6 +75,8 @@ struct Gen {
     cfg: SamplerConfig,
     drafter: Option<Box<dyn Drafter>>,
     draft_max: usize,
+    /// The depth cost model (`None` with `--draft-fixed`).
+    depth: Option<DepthModel>,
 }
 
 impl Gen {
@@ -88,6 +92,7 @@ impl Gen {
             drafter: spec::drafter(a, l, margs, session)?,
             cfg,
             draft_max: a.draft_max,
+            depth: (!a.draft_fixed).then(|| DepthModel::new(a.draft_max)),
         })
     }
 }
@@ -121,6 +126,7 @@ fn stream_generate(
         None => generate(session, &mut gen.sampler, prompt, &opts, &mut emit)?.0,
         Some(d) => {
             let so = SpecOptions {
+                depth: gen.depth.as_ref(),
                 max_tokens,
                 draft_max: gen.draft_max,
                 is_eog: &is_eog,

@@ -28,9 +28,13 @@ pub struct SpecArgs {
     /// the last 2-4 tokens (no draft model; pays off when the output repeats the context).
     #[arg(long, conflicts_with_all = ["mtp", "draft_model"])]
     pub lookup: bool,
-    /// Drafted tokens per verification round (K).
+    /// Drafted tokens per verification round at most (K); each round's depth comes from a cost
+    /// model measured while generating (0 when drafting does not pay), unless `--draft-fixed`.
     #[arg(long, default_value_t = 4)]
     pub draft_max: usize,
+    /// Always draft `--draft-max` tokens per round.
+    #[arg(long)]
+    pub draft_fixed: bool,
 }
 
 /// The drafter these options ask for, if any (validated against the target).

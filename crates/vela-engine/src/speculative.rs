@@ -26,10 +26,12 @@
 //! ([`ModelDrafter`]).
 
 pub mod accept;
+mod depth;
 mod drafters;
 mod ngram;
 
 pub use accept::{position_dist, Dist};
+pub use depth::{DepthEstimate, DepthModel, PROBE_EVERY};
 pub use drafters::{load_mtp, ModelDrafter, MtpDrafter};
 pub use ngram::NgramDrafter;
 
@@ -88,6 +90,9 @@ pub struct SpecOptions<'a> {
     /// Drafts per round (K); clamped to the session's `ubatch - 1` (a verification batch is one
     /// forward) and to its rollback limit (rejected drafts are dropped without a checkpoint).
     pub draft_max: usize,
+    /// The cost model choosing each round's depth up to `draft_max` (`None`: always
+    /// `draft_max`); it keeps learning across calls.
+    pub depth: Option<&'a DepthModel>,
     /// Whether a token ends generation (EOS/EOT/EOG).
     pub is_eog: &'a dyn Fn(u32) -> bool,
     pub rule: AcceptRule,
@@ -217,7 +222,10 @@ pub fn continue_speculative(
             return Ok((out, r, stats));
         }
         hist.push(t);
-        let k = k_max.min(opts.max_tokens - out.len()).min(n_ctx - pos - 1);
+        let mut k = k_max.min(opts.max_tokens - out.len()).min(n_ctx - pos - 1);
+        if let Some(dm) = opts.depth {
+            k = dm.choose(k);
+        }
         let td = Instant::now();
         let drafts = if k > 0 {
             let (hist_ref, rng_ref) = (&hist, &mut rng);
@@ -241,12 +249,14 @@ pub fn continue_speculative(
         if drafts.len() > k {
             bail!("drafter returned {} drafts for k = {k}", drafts.len());
         }
-        stats.draft_time += td.elapsed();
+        let draft_s = td.elapsed();
+        stats.draft_time += draft_s;
         let mut batch = vec![t];
         batch.extend(drafts.iter().map(|d| d.token));
         let tv = Instant::now();
         let rows = session.eval_all_logits(&batch)?;
-        stats.verify_time += tv.elapsed();
+        let verify_s = tv.elapsed();
+        stats.verify_time += verify_s;
         let ts = Instant::now();
         let mut kept = 0;
         let mut next = None;
@@ -284,6 +294,14 @@ pub fn continue_speculative(
         };
         stats.sample_time += ts.elapsed();
         count_round(&mut stats, drafts.len(), kept);
+        if let Some(dm) = opts.depth {
+            dm.observe(
+                drafts.len(),
+                kept,
+                draft_s.as_secs_f64(),
+                verify_s.as_secs_f64(),
+            );
+        }
         session.truncate(pos + 1 + kept)?;
         drafter.sync(session, kept)?;
         t = t_next;

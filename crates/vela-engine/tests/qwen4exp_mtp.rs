@@ -122,6 +122,7 @@ fn spec(
     rule: AcceptRule,
 ) -> (Vec<u32>, SpecStats) {
     let opts = SpecOptions {
+        depth: None,
         max_tokens: n,
         draft_max: k,
         is_eog: &never,
@@ -278,4 +279,40 @@ fn stochastic_mtp_is_distributed_as_plain_decoding() {
     let (chi2, p, cells, _) = chi2_run(&m, &dir, true, AcceptRule::AlwaysAccept, n);
     eprintln!("always-accept: χ² {chi2:.1} over {cells} cells, p = {p:.3e}");
     assert!(p < 1e-6, "always-accept not caught: p {p:.2e}");
+}
+
+/// The depth cost model turns a useless drafter off (a few probes) and keeps the output exact.
+#[test]
+fn depth_model_switches_a_useless_mtp_off() {
+    use vela_engine::speculative::{DepthModel, PROBE_EVERY};
+    let Some(dir) = fixture() else { return };
+    let m = model(&dir);
+    let cfg = SamplerConfig::greedy();
+    let p = prompt(&dir, "mid");
+    let n = 96;
+    let want = {
+        let mut s = session(&m, 8);
+        let mut d = drafter(&m, &dir, false);
+        spec(&mut s, &mut *d, &cfg, &p, n, 0, AcceptRule::Exact).0
+    };
+    let dm = DepthModel::new(4);
+    let mut s = session(&m, 8);
+    let mut d = drafter(&m, &dir, false);
+    let opts = SpecOptions {
+        depth: Some(&dm),
+        max_tokens: n,
+        draft_max: 4,
+        is_eog: &never,
+        rule: AcceptRule::Exact,
+    };
+    let (got, _, st) =
+        generate_speculative(&mut s, &mut *d, &cfg, &p, &opts, &mut |_| true).unwrap();
+    eprintln!("adaptive, random MTP: {st:?}; {:?}", dm.estimate());
+    assert_eq!(got, want);
+    // One exploration round of 4, then only probes of one draft.
+    assert!(
+        st.drafted <= 4 + st.rounds / PROBE_EVERY as usize + 1,
+        "{st:?}"
+    );
+    assert_eq!(dm.estimate().best, 0);
 }

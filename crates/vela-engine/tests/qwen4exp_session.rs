@@ -103,6 +103,7 @@ fn speculative_greedy_equals_plain_greedy() {
     let mut s = Session::new(m.clone(), &opts).unwrap();
     let mut d = NgramDrafter::new(1, 3).unwrap();
     let sopts = SpecOptions {
+        depth: None,
         max_tokens: 48,
         draft_max: 8,
         is_eog: &never,

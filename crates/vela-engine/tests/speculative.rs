@@ -161,6 +161,7 @@ fn spec(
     rule: AcceptRule,
 ) -> (Vec<u32>, SpecStats) {
     let opts = SpecOptions {
+        depth: None,
         max_tokens: n,
         draft_max: k,
         is_eog: &never,
@@ -244,6 +245,7 @@ fn greedy_case(name: &str) {
         let mut s = session(&f, 8);
         let mut d = Perturbed::new(&f);
         let opts = SpecOptions {
+            depth: None,
             max_tokens: n,
             draft_max: 5,
             is_eog: &is_eog,
@@ -532,6 +534,7 @@ fn model_drafter_with_the_target_accepts_everything() {
         session: session(&f, 8),
     };
     let opts = SpecOptions {
+        depth: None,
         max_tokens: 60,
         draft_max: 4,
         is_eog: &never,

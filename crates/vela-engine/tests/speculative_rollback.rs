@@ -139,6 +139,7 @@ fn drafts_are_clamped_to_the_rollback_limit() {
         ..Default::default()
     };
     let spec = SpecOptions {
+        depth: None,
         max_tokens: 12,
         draft_max: 6,
         is_eog: &|_| false,

@@ -72,9 +72,13 @@ pub struct ServeArgs {
     /// Prompt-lookup speculative decoding (drafts copied from the context; no draft model).
     #[arg(long, conflicts_with = "mtp")]
     pub lookup: bool,
-    /// Drafted tokens per verification round.
+    /// Drafted tokens per verification round at most; each round's depth comes from a cost
+    /// model measured while serving (0 when drafting does not pay), unless `--draft-fixed`.
     #[arg(long, default_value_t = 4)]
     pub draft_max: usize,
+    /// Always draft `--draft-max` tokens per round.
+    #[arg(long)]
+    pub draft_fixed: bool,
 }
 
 /// Run the server until the process is killed (blocking; builds its own tokio runtime).
@@ -235,6 +239,8 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
         cache_bytes: args.cache_mb << 20,
         drafter,
         draft_max: args.draft_max,
+        depth: (!args.draft_fixed)
+            .then(|| vela_engine::speculative::DepthModel::new(args.draft_max)),
     };
     worker::run(m, cfg, rx, st.metrics.clone());
     Ok(())

@@ -15,7 +15,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tokio::sync::mpsc;
 use vela_engine::loader::LoadedModel;
-use vela_engine::speculative::{continue_speculative, AcceptRule, Drafter, SpecOptions};
+use vela_engine::speculative::{
+    continue_speculative, AcceptRule, DepthModel, Drafter, SpecOptions,
+};
 use vela_engine::FinishReason;
 use vela_engine::{sampler, EvalOutcome, Sampler, SamplerConfig, Session, SessionOptions};
 
@@ -179,6 +181,8 @@ pub struct WorkerConfig {
     /// Speculative decoding (requests without logprobs): the drafter and drafts per round.
     pub drafter: Option<Box<dyn Drafter>>,
     pub draft_max: usize,
+    /// The depth cost model shared by every request (`None`: always `draft_max`).
+    pub depth: Option<DepthModel>,
 }
 
 /// Run the worker loop until the job channel closes.
@@ -350,7 +354,7 @@ fn serve_job(
     };
     timings.restore_ms = ms(t_restore);
     let spec = match drafter {
-        Some(d) if job.logprobs.is_none() => Some((&mut **d, cfg.draft_max)),
+        Some(d) if job.logprobs.is_none() => Some((&mut **d, cfg.draft_max, cfg.depth.as_ref())),
         _ => None,
     };
     let result = generate(model, &mut entry, reused, &job, metrics, spec, timings);
@@ -376,7 +380,7 @@ fn generate(
     reused: usize,
     job: &Job,
     metrics: &Metrics,
-    spec: Option<(&mut (dyn Drafter + 'static), usize)>,
+    spec: Option<(&mut (dyn Drafter + 'static), usize, Option<&DepthModel>)>,
     mut timings: Timings,
 ) -> anyhow::Result<()> {
     let session = &mut entry.session;
@@ -469,13 +473,14 @@ fn generate(
     let mut any_tool = false;
     let mut first = true;
     let mut step_start = Instant::now();
-    let (finish, stop_word) = if let Some((drafter, draft_max)) = spec {
+    let (finish, stop_word) = if let Some((drafter, draft_max, depth)) = spec {
         // Speculative decoding: verified tokens arrive through the callback, in order.
         drafter.sync(session, 0)?;
         let mut stop_word = None;
         let mut cancelled = false;
         let is_eog = |t: u32| tok.is_eog(t);
         let opts = SpecOptions {
+            depth,
             max_tokens: job.max_tokens.min(n_ctx - 1 - session.n_past()).max(1),
             draft_max,
             is_eog: &is_eog,
