@@ -42,9 +42,20 @@ pub struct BenchArgs {
     pub parallel: Vec<usize>,
     #[arg(long)]
     pub json: bool,
+    /// Speculative decoding's verification cost: a forward of K + 1 tokens vs one decode step,
+    /// K = 0..=--draft-max, at --depth (instead of pp/tg).
+    #[arg(long)]
+    pub spec_cost: bool,
+    /// Greedy speculative generation with the model's drafter forced to these acceptance
+    /// probabilities (comma-separated), at every K ≤ --draft-max and adaptive, vs plain.
+    #[arg(long, value_delimiter = ',')]
+    pub spec_accept: Vec<f64>,
+    /// Deepest speculative round of --spec-cost / --spec-accept.
+    #[arg(long, default_value_t = 7)]
+    pub draft_max: usize,
 }
 
-fn stats(v: &[f64]) -> (f64, f64) {
+pub(crate) fn stats(v: &[f64]) -> (f64, f64) {
     let m = v.iter().sum::<f64>() / v.len() as f64;
     let var = if v.len() > 1 {
         v.iter().map(|x| (x - m).powi(2)).sum::<f64>() / (v.len() - 1) as f64
@@ -66,6 +77,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     let l = common::load(&margs)?;
     if !a.parallel.is_empty() {
         return bench_parallel(&a, &l);
+    }
+    if a.spec_cost {
+        return crate::bench_spec::spec_cost(&a, &l);
+    }
+    if !a.spec_accept.is_empty() {
+        return crate::bench_spec::spec_accept(&a, &l);
     }
     let n_vocab = l.model.n_vocab() as u64;
     let mut rng = Rng::new(42);

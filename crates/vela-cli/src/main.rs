@@ -4,6 +4,7 @@
 //! with exit status 1 (2 for usage errors, from clap).
 
 mod bench;
+mod bench_spec;
 mod common;
 mod info;
 mod run;

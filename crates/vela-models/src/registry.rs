@@ -82,7 +82,7 @@ pub static ARCHS: &[Arch] = &[
         gguf: "qwen4exp",
         hf_model_types: &["qwen4_exp", "qwen4_exp_text"],
         display: "Qwen3.8 Flash Next",
-        mtp: false,
+        mtp: true,
         family: Family::Qwen4Exp,
     },
 ];
