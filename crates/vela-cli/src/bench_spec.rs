@@ -149,6 +149,9 @@ impl Drafter for Forced {
     }
 }
 
+/// A speculative variant: the acceptance probability and a fixed depth (`None`: adaptive).
+type Forcing = (f64, Option<usize>);
+
 /// `--spec-accept`.
 pub fn spec_accept(a: &BenchArgs, l: &Loaded) -> Result<()> {
     if a.n_gen < 2 {
@@ -183,7 +186,7 @@ pub fn spec_accept(a: &BenchArgs, l: &Loaded) -> Result<()> {
         .min(s.ubatch().saturating_sub(1))
         .min(s.rollback_limit());
     // Variants: plain, then per acceptance every fixed K and the cost model.
-    let mut variants: Vec<(String, Option<(f64, Option<usize>)>)> = vec![("plain".into(), None)];
+    let mut variants: Vec<(String, Option<Forcing>)> = vec![("plain".into(), None)];
     for &p in &a.spec_accept {
         for k in 1..=k_max {
             variants.push((format!("p={p} K={k}"), Some((p, Some(k)))));
