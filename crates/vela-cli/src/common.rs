@@ -110,7 +110,7 @@ impl Loaded {
 pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     if let Some(m) = model {
         let p = PathBuf::from(m);
-        if p.is_dir() {
+        if p.is_dir() || m.starts_with("synth:") {
             return Ok(p);
         }
     }

@@ -90,8 +90,12 @@ impl LoadedModel {
     }
 }
 
-/// Load a GGUF file or a Hugging Face checkpoint directory onto the chosen device.
+/// Load a GGUF file or a Hugging Face checkpoint directory onto the chosen device; or generate
+/// a model in memory: `synth:GEOMETRY[:TYPE[:SEED]]` ([`load_synth`]).
 pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
+    if let Some(spec) = path.to_str().and_then(|s| s.strip_prefix("synth:")) {
+        return load_synth(spec, opts);
+    }
     if path.is_dir() {
         return load_hf_dir(path, opts);
     }
@@ -122,6 +126,55 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         model,
         tokenizer,
         chat_template,
+        special_texts: None,
+    })
+}
+
+/// `synth:GEOMETRY[:TYPE[:SEED]]`: a geometry of `vela_models::qwen4exp::synth` with random
+/// weights generated in memory (matrices in TYPE, default q4_0; seed default 1), for measuring
+/// real sizes without a file; the tokenizer is llama.cpp's `ggml-vocab-qwen35.gguf` (found as
+/// `vela synth` finds vocabularies).
+pub fn load_synth(spec: &str, opts: &LoadOptions) -> Result<LoadedModel> {
+    let mut it = spec.split(':');
+    let geometry = it.next().unwrap_or_default();
+    let ty = match it.next() {
+        Some(t) => parse_quant(t)?,
+        None => GgmlType::Q4_0,
+    };
+    let seed = match it.next() {
+        Some(s) => s
+            .parse()
+            .map_err(|_| anyhow!("synth:{spec}: the seed must be an integer"))?,
+        None => 1,
+    };
+    if it.next().is_some() {
+        bail!("synth:{spec}: expected synth:GEOMETRY[:TYPE[:SEED]]");
+    }
+    vela_models::qwen4exp::synth::config(geometry)?;
+    let vocab = vela_models::synth::find_tokenizer("ggml-vocab-qwen35.gguf")?;
+    let tokenizer = Tokenizer::from_gguf(&GgufFile::open(&vocab)?)
+        .with_context(|| format!("cannot load the tokenizer {}", vocab.display()))?;
+    let t0 = std::time::Instant::now();
+    let model = on_device(opts, |be| -> Result<Arc<dyn LanguageModel>> {
+        use vela_models::qwen4exp::Qwen4ExpModel;
+        Ok(match be {
+            AnyBackend::Cpu(b) => Arc::new(Qwen4ExpModel::synth(b, geometry, ty, seed)?),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(b) => Arc::new(Qwen4ExpModel::synth(b, geometry, ty, seed)?),
+        })
+    })?;
+    eprintln!(
+        "synthesized {geometry} ({}, seed {seed}) on {} in {:.1} s",
+        ty.name(),
+        model.backend_name(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(LoadedModel {
+        path: PathBuf::from(format!("synth:{spec}")),
+        gguf: None,
+        model,
+        tokenizer,
+        chat_template: None,
         special_texts: None,
     })
 }

@@ -36,6 +36,7 @@ mod gguf;
 mod load;
 mod mtp;
 pub mod ple;
+pub mod synth;
 
 pub use config::{Mixer, PleConfig, Qwen4ExpConfig};
 

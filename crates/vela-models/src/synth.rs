@@ -811,7 +811,7 @@ fn mix64(mut z: u64) -> u64 {
 }
 
 /// The per-tensor stream key: FNV-1a of the name mixed with the seed.
-fn tensor_key(seed: u64, name: &str) -> u64 {
+pub(crate) fn tensor_key(seed: u64, name: &str) -> u64 {
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for b in name.bytes() {
         h = (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3);
@@ -822,7 +822,7 @@ fn tensor_key(seed: u64, name: &str) -> u64 {
 /// Irwin–Hall normal approximation for counter `j` of stream `key`: four 16-bit uniforms summed,
 /// centred and scaled to unit variance (sum of 4 U(0,1) has variance 1/3).
 #[inline]
-fn normal(key: u64, j: u64) -> f32 {
+pub(crate) fn normal(key: u64, j: u64) -> f32 {
     let h = mix64(key ^ j.wrapping_mul(0x9e37_79b9_7f4a_7c15));
     let s = (h & 0xffff) + ((h >> 16) & 0xffff) + ((h >> 32) & 0xffff) + (h >> 48);
     // (s + 2) / 65536 is the sum of four uniforms on (0, 1); its mean is 2.

@@ -208,6 +208,17 @@ impl<'a, B: Backend> Loader<'a, B> {
 
     fn ple(&mut self, p: &str, c: &Qwen4ExpConfig, pc: &PleConfig) -> Result<Ple<B>> {
         let e = format!("{p}.ple_embedding");
+        if let Some(seed) = self.src.synthetic_seed() {
+            let table = ple::NgramTable::synthetic(
+                crate::synth::tensor_key(seed, &format!("{e}.ngram_embedding")),
+                pc.dim / pc.n_heads(),
+                self.ints(&format!("{e}.layer_multipliers"))?,
+                self.ints(&format!("{e}.ngram_heads_vocab_sizes"))?,
+                self.ints(&format!("{e}.ngram_heads_offsets"))?,
+                pc.heads_per_ngram,
+            )?;
+            return self.ple_with(p, c, pc, table);
+        }
         let mut shards = Vec::new();
         while let Some(w) = self.src.get(&format!(
             "{e}.ngram_embedding.shard_{}.weight",
@@ -223,6 +234,16 @@ impl<'a, B: Backend> Loader<'a, B> {
             pc.heads_per_ngram,
         )
         .with_context(|| format!("{p}: n-gram table"))?;
+        self.ple_with(p, c, pc, table)
+    }
+
+    fn ple_with(
+        &mut self,
+        p: &str,
+        c: &Qwen4ExpConfig,
+        pc: &PleConfig,
+        table: ple::NgramTable,
+    ) -> Result<Ple<B>> {
         if table.n_heads() != pc.n_heads() || table.width * pc.n_heads() != pc.dim {
             bail!("{p}: the n-gram table does not match the config");
         }
@@ -262,7 +283,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
         Ok(m)
     }
 
-    fn load(backend: Arc<B>, src: &WeightSource, cfg: Qwen4ExpConfig) -> Result<Self> {
+    pub(super) fn load(backend: Arc<B>, src: &WeightSource, cfg: Qwen4ExpConfig) -> Result<Self> {
         let mut ld = Loader::new(&*backend, src);
         let embd_host = src
             .get("embed_tokens.weight")

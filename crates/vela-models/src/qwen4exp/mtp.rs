@@ -206,9 +206,11 @@ impl<B: Backend> Qwen4ExpModel<B> {
                  conversion drops them: use the HF checkpoint directory)"
             );
         }
+        // A generated model (no source directory) has its layer whatever the path says.
         let same = match (&self.source, path.canonicalize()) {
+            (None, _) => true,
             (Some(src), Ok(p)) => src.canonicalize().map(|s| s == p).unwrap_or(false),
-            _ => false,
+            (Some(_), Err(_)) => false,
         };
         if !same {
             bail!(

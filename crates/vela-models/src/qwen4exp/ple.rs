@@ -11,6 +11,8 @@ pub struct NgramTable {
     /// Row shards in order (HF's `ngram_embedding.shard_<p>`), each `rows_per_shard` rows.
     shards: Vec<HostWeight>,
     rows_per_shard: usize,
+    /// A generated table instead (`vela_models::qwen4exp::synth`): its stream key and rows.
+    synthetic: Option<(u64, u64)>,
     /// Width of a head's row (`ple_embed_dim / heads`).
     pub width: usize,
     /// `layer_multipliers` (one per n-gram position), head sizes (primes) and offsets.
@@ -60,6 +62,38 @@ impl NgramTable {
         Ok(NgramTable {
             shards,
             rows_per_shard: rows,
+            synthetic: None,
+            width,
+            mult,
+            sizes,
+            offsets,
+            heads_per_ngram,
+        })
+    }
+
+    /// A table of N(0, 1) rows generated from stream `key` (never materialised), as large as
+    /// the hash heads need.
+    pub fn synthetic(
+        key: u64,
+        width: usize,
+        mult: Vec<u64>,
+        sizes: Vec<u64>,
+        offsets: Vec<u64>,
+        heads_per_ngram: usize,
+    ) -> Result<Self> {
+        if sizes.len() != offsets.len() || mult.is_empty() || width == 0 {
+            bail!("PLE: inconsistent hash constants");
+        }
+        let rows = sizes
+            .iter()
+            .zip(&offsets)
+            .map(|(s, o)| s + o)
+            .max()
+            .unwrap_or(0);
+        Ok(NgramTable {
+            shards: Vec::new(),
+            rows_per_shard: 1,
+            synthetic: Some((key, rows)),
             width,
             mult,
             sizes,
@@ -104,6 +138,15 @@ impl NgramTable {
 
     /// Row `r` of the table as f32 into `out` (`width` values).
     pub fn row(&self, r: u64, out: &mut [f32]) -> Result<()> {
+        if let Some((key, rows)) = self.synthetic {
+            if r >= rows {
+                bail!("PLE: row {r} past the table");
+            }
+            for (j, x) in out.iter_mut().enumerate() {
+                *x = crate::synth::normal(key, r * self.width as u64 + j as u64);
+            }
+            return Ok(());
+        }
         let r = r as usize;
         let s = self
             .shards
@@ -126,6 +169,7 @@ mod tests {
         NgramTable {
             shards: Vec::new(),
             rows_per_shard: 1,
+            synthetic: None,
             width: 1,
             mult,
             sizes,
