@@ -32,6 +32,8 @@
 #       switches; QUICK_DEPTHS="1024 8192" other depths; QUICK_CTX="8192 8192:SWITCH=value" the 8B's
 #       tg128 with that context size, as a server allocates it), with QUICK_PROF8K=1 per-kernel GPU times of the 8B decode at 8K and 0 depth,
 #       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_GRAPH=0" bash ... quick
+#   there:  scripts/gpu-suite.sh q4x         # from the same carry: Qwen3.8 Flash Next at real size
+#       generated in memory (qwen4_exp GPU tests, pp/tg at 0 and 8K, MTP cost model): $OUT/q4x-*
 #   here:   scripts/gpu-suite.sh pack-ab OLD_VELA OLD_GPU_TEST  # one carry (target/gpu-data/ab):
 #                                         #    a reference build's binaries next to this tree's
 #   there:  scripts/gpu-suite.sh ab          # one call, no llama.cpp needed: both GPU test
@@ -54,7 +56,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -379,7 +381,7 @@ pack-ab)
   xz -T2 -6 -c target/release/vela >$A/vela-new.xz
   bin=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -1)
   xz -T2 -6 -c "$bin" >$A/gpu-test-new.xz
-  for v in llama-bpe qwen2 gemma-4; do
+  for v in llama-bpe qwen2 qwen35 gemma-4; do
     xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" >$A/vocab-$v.gguf.xz
   done
   # The qwen4_exp fixture the GPU model test compares against (scripts/gen-qwen4exp-fixtures.py).
@@ -388,6 +390,14 @@ pack-ab)
     mkdir -p $A/q4
     for f in config.json model.safetensors prompts.json logits_long.f32 tokenizer.json tokenizer_config.json generation_config.json; do
       cp "$q4/$f" $A/q4/
+    done
+  fi
+  # ... and the MTP one (scripts/gen-qwen4exp-mtp.py).
+  q4m=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/qwen4exp/mtp
+  if [ -d "$q4m" ]; then
+    mkdir -p $A/q4m
+    for f in config.json model.safetensors prompts.json mtp_rows_long.f32 tokenizer.json tokenizer_config.json generation_config.json; do
+      cp "$q4m/$f" $A/q4m/
     done
   fi
   du -sh $A
@@ -401,6 +411,9 @@ ab)
   for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
   if [ -d $A/q4 ]; then
     mkdir -p "$VELA_CACHE/golden/qwen4exp/gdn_qsa" && cp $A/q4/* "$VELA_CACHE/golden/qwen4exp/gdn_qsa/"
+  fi
+  if [ -d $A/q4m ]; then
+    mkdir -p "$VELA_CACHE/golden/qwen4exp/mtp" && cp $A/q4m/* "$VELA_CACHE/golden/qwen4exp/mtp/"
   fi
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   nvidia-smi --query-gpu=name,driver_version,clocks.sm --format=csv,noheader
@@ -454,6 +467,35 @@ PYEOF
       grep -vE '^\| [0-9]+ \| ext-[2-7] '
     echo "eval $w: exit ${PIPESTATUS[0]}"
   done
+  ;;
+q4x)
+  # Qwen3.8 Flash Next at real size (issue 33), from the pack of `pack-ab` (its new binary): the
+  # weights generated in memory (`--model synth:GEOMETRY:TYPE`, no file; Q4X_GEOMETRY default
+  # qwen3.8-flash-next, Q4X_TYPE q4_0). First the qwen4_exp GPU tests (gdn_qsa and MTP fixtures),
+  # then pp512 + tg128, pp8192 + tg128 at depth 8192, the verification cost of K + 1 tokens
+  # (K = 0..7) and greedy speculation with the MTP head forced to 50/70/90 % acceptance:
+  # $OUT/q4x-*.md, GPU memory sampled every 0.5 s into $OUT/q4x-mem.csv.
+  A=target/gpu-data/ab
+  mkdir -p "$OUT" "$VELA_CACHE/vocab"
+  xz -dc $A/vela-new.xz >/tmp/vela-new && xz -dc $A/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/vela-new /tmp/gpu-test-new
+  for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  for d in q4:gdn_qsa q4m:mtp; do
+    [ -d $A/${d%%:*} ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/${d#*:}" && cp $A/${d%%:*}/* "$VELA_CACHE/golden/qwen4exp/${d#*:}/"
+  done
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  VELA_REQUIRE_GPU=1 timeout 120 /tmp/gpu-test-new --test-threads 1 qwen4exp recurrent >$OUT/q4x-tests.log 2>&1
+  echo "qwen4_exp GPU tests: exit $? $(grep -E '^test result' $OUT/q4x-tests.log)"
+  grep -E '^test .* FAILED|RESULT|panicked' $OUT/q4x-tests.log | head -20
+  m=synth:${Q4X_GEOMETRY:-qwen3.8-flash-next}:${Q4X_TYPE:-q4_0}
+  nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 >$OUT/q4x-mem.csv &
+  smi=$!
+  /tmp/vela-new bench -m $m --device cuda -p 512 -n 128 -r 3 2>&1 | tee $OUT/q4x-bench.md
+  /tmp/vela-new bench -m $m --device cuda -p 8192 -n 128 -d 8192 -r 2 2>&1 | tee $OUT/q4x-bench8k.md
+  /tmp/vela-new bench -m $m --device cuda --spec-cost -d 512 -r 3 --draft-max 7 \
+    --spec-accept 0.5,0.7,0.9 -n 128 2>&1 | tee $OUT/q4x-spec.md
+  kill $smi
+  echo "peak GPU memory: $(sort -t, -k2 -n $OUT/q4x-mem.csv | tail -1)"
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;
 esac

@@ -78,11 +78,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     if !a.parallel.is_empty() {
         return bench_parallel(&a, &l);
     }
-    if a.spec_cost {
-        return crate::bench_spec::spec_cost(&a, &l);
-    }
-    if !a.spec_accept.is_empty() {
-        return crate::bench_spec::spec_accept(&a, &l);
+    if a.spec_cost || !a.spec_accept.is_empty() {
+        if a.spec_cost {
+            crate::bench_spec::spec_cost(&a, &l)?;
+        }
+        if !a.spec_accept.is_empty() {
+            crate::bench_spec::spec_accept(&a, &l)?;
+        }
+        return Ok(());
     }
     let n_vocab = l.model.n_vocab() as u64;
     let mut rng = Rng::new(42);

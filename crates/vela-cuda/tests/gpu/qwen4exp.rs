@@ -59,3 +59,50 @@ fn qwen4exp_gpu_matches_transformers_and_any_split() {
         );
     }
 }
+
+/// The MTP layer on the GPU (its cache kept by the target's forwards): the first draft after
+/// every prefix of the prompt, one token and 7 tokens per forward, vs the reference of
+/// `scripts/gen-qwen4exp-mtp.py`.
+#[test]
+fn qwen4exp_mtp_gpu_matches_the_reference() {
+    let Some(g) = gpu() else { return };
+    let dir = vela_formats::testdata::golden_dir().join("qwen4exp/mtp");
+    if vela_formats::testdata::require(dir.join("mtp_rows_long.f32")).is_none() {
+        return;
+    }
+    let m: Arc<dyn LanguageModel> =
+        Arc::new(Qwen4ExpModel::load_hf(Arc::new(g), &dir, None).unwrap());
+    let mut head = m.load_mtp(&dir).unwrap();
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
+    let toks: Vec<u32> = p["prompts"]["long"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect();
+    let want = f32s(&dir.join("mtp_rows_long.f32"));
+    let nv = m.n_vocab();
+    for chunk in [1usize, 7] {
+        let mut st = m.clone().new_state(256, 8, KvType::F32).unwrap();
+        let (mut n, mut worst) = (0, 0f64);
+        while n < toks.len() - 1 {
+            let c = chunk.min(toks.len() - 1 - n);
+            let pos: Vec<u32> = (n..n + c).map(|i| i as u32).collect();
+            st.forward(&toks[n..n + c], &pos, c).unwrap();
+            n += c;
+            let mut got = Vec::new();
+            head.draft(&mut *st, toks[n], n, 1, &mut |lg| {
+                got = lg;
+                Ok(0)
+            })
+            .unwrap();
+            let b = &want[(n - 1) * nv..n * nv];
+            let err: f64 = got.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+            let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+            worst = worst.max(err / norm);
+        }
+        eprintln!("RESULT | qwen4exp MTP GPU vs reference, chunks of {chunk} | worst NMSE {worst:.3e} |");
+        assert!(worst <= 1e-5, "chunks of {chunk}: worst NMSE {worst:.3e}");
+    }
+}
