@@ -472,8 +472,8 @@ q4x)
   # Qwen3.8 Flash Next at real size (issue 33), from the pack of `pack-ab` (its new binary): the
   # weights generated in memory (`--model synth:GEOMETRY:TYPE`, no file; Q4X_GEOMETRY default
   # qwen3.8-flash-next, Q4X_TYPE q4_0). First the qwen4_exp GPU tests (gdn_qsa and MTP fixtures),
-  # then pp512 + tg128, pp8192 + tg128 at depth 8192, the verification cost of K + 1 tokens
-  # (K = 0..7) and greedy speculation with the MTP head forced to 50/70/90 % acceptance:
+  # then pp512 + tg128, the verification cost of K + 1 tokens (K = 0..7) and greedy speculation
+  # with the MTP head forced to 50/70/90 % acceptance, pp8192 + tg128 at depth 8192:
   # $OUT/q4x-*.md, GPU memory sampled every 0.5 s into $OUT/q4x-mem.csv.
   A=target/gpu-data/ab
   mkdir -p "$OUT" "$VELA_CACHE/vocab"
@@ -490,10 +490,11 @@ q4x)
   m=synth:${Q4X_GEOMETRY:-qwen3.8-flash-next}:${Q4X_TYPE:-q4_0}
   nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 >$OUT/q4x-mem.csv &
   smi=$!
+  # (8K last: the GPU indexer's selection is O(blocks²) per query, the slowest part.)
   /tmp/vela-new bench -m $m --device cuda -p 512 -n 128 -r 3 2>&1 | tee $OUT/q4x-bench.md
-  /tmp/vela-new bench -m $m --device cuda -p 8192 -n 128 -d 8192 -r 2 2>&1 | tee $OUT/q4x-bench8k.md
   /tmp/vela-new bench -m $m --device cuda --spec-cost -d 512 -r 3 --draft-max 7 \
     --spec-accept 0.5,0.7,0.9 -n 128 2>&1 | tee $OUT/q4x-spec.md
+  /tmp/vela-new bench -m $m --device cuda -p 8192 -n 128 -d 8192 -r 2 2>&1 | tee $OUT/q4x-bench8k.md
   kill $smi
   echo "peak GPU memory: $(sort -t, -k2 -n $OUT/q4x-mem.csv | tail -1)"
   ;;
