@@ -99,11 +99,14 @@ impl Inner {
             return 0;
         };
         let mut best = (0, 1.0 / v0);
-        let mut e = 1.0;
+        let (mut e, mut floor) = (1.0, v0);
         for k in 1..=cap {
             e += a.powi(k as i32);
             let Some(v) = self.verify_at(k) else { break };
-            let rate = e / (k as f64 * d + v);
+            // A verification of more tokens is never cheaper: noise in the measurements must
+            // not make drafting look free.
+            floor = floor.max(v);
+            let rate = e / (k as f64 * d + floor);
             if rate > best.1 {
                 best = (k, rate);
             }
@@ -233,6 +236,16 @@ mod tests {
         let h = simulate(0.7, 0.15, 0.15, 7, 600);
         let top = h.iter().enumerate().max_by_key(|(_, &c)| c).unwrap().0;
         assert!((1..=3).contains(&top), "{h:?}");
+    }
+
+    #[test]
+    fn noisy_times_do_not_make_drafting_free() {
+        // v(1) measured below v(0) (noise), nothing accepted: plain decoding stays best.
+        let m = DepthModel::new(4);
+        m.observe(0, 0, 0.0, 1.0);
+        m.observe(4, 0, 0.2, 1.5);
+        m.observe(1, 0, 0.05, 0.6);
+        assert_eq!(m.estimate().best, 0);
     }
 
     #[test]
