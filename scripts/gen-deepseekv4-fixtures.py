@@ -9,8 +9,9 @@ or by hand:
     $VELA_CACHE/venv-torch/bin/python scripts/gen-deepseekv4-fixtures.py [fixture names...]   # default: all
     (names: the FIXTURES keys below and `flash_mini_fp8`, which needs `flash_mini` built first)
 
-Two CPU threads at most (torch.set_num_threads(1)); about a minute for everything, ~40 MB. The
-forward pass is spelled out in docs/deepseekv4-spec.md (HF line numbers). Output, per fixture `<name>`:
+One CPU thread (torch.set_num_threads(1)); about 15 s for everything, ~27 MB. The forward pass is
+spelled out in docs/deepseekv4-spec.md (HF line numbers); scripts/deepseekv4_ref.py re-implements it
+from that document and checks every file below. Output, per fixture `<name>`:
 
     $VELA_CACHE/golden/deepseekv4/<name>/     (VELA_CACHE defaults to ~/.cache/vela)
         config.json, model.safetensors      DeepseekV4ForCausalLM.save_pretrained, float32, in the
@@ -953,12 +954,13 @@ def build_fp8(base: dict) -> None:
     assert not weight_diff, f"HF dequantized differently: {weight_diff[:5]}"
     files = {}
     probe = Probe(hf)
-    rows = {}
+    rows, router_gap = {}, math.inf
     for p, ids in prompts.items():
         probe.reset()
         with torch.no_grad():
             lg = logits_nocache(hf, ids)
         rows[p] = probe.rows
+        router_gap = min(router_gap, probe.router_gap)
         assert torch.equal(lg, want[p]), f"{name}: HF's load differs from the spec's dequantization on {p}"
         files[f"logits_{p}.f32"] = {"dtype": "f32", "shape": write_f32(os.path.join(d, f"logits_{p}.f32"), lg),
                                     "what": f"prompts[{p!r}], no-cache forward of the HF-loaded model cast to f32"}
@@ -999,7 +1001,8 @@ def build_fp8(base: dict) -> None:
         "deviations": {"bf16_compute_vs_f32_long_max_abs": float((bf16_logits - want["long"]).abs().max()),
                        "fp8_vs_f32_fixture_long_max_abs": float((want["long"] - base["logits"]["long"]).abs().max())},
         "margins": {"indexer_min_cutoff_gap_prompts": min([g for g in (min_gap(rows[p]) for p in prompts)
-                                                           if g is not None], default=None)},
+                                                           if g is not None], default=None),
+                    "router_min_topk_gap_prompts": router_gap},
         "files": files,
     }
     with open(os.path.join(d, "meta.json"), "w") as f:
