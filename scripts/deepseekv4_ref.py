@@ -199,7 +199,7 @@ def compress(st, name, P, x, cfg, pe):
     return torch.stack(ent) if ent else torch.zeros(0, d, dtype=D)
 
 
-def attention(i, x, qr_pos, st, P, cfg, ids_pos, rec):
+def attention(i, x, st, P, cfg, ids_pos, rec):
     t = x.shape[0]
     nh, hd, H = cfg["nh"], cfg["hd"], cfg["H"]
     kind = cfg["types"][i]
@@ -284,7 +284,7 @@ def forward(ids, states, P, cfg, rec):
     for i in range(cfg["n"]):
         L = f"layers.{i}."
         c, post, comb = mhc(X, P[L + "hc_attn_fn"], P[L + "hc_attn_base"], P[L + "hc_attn_scale"], cfg)
-        y = attention(i, rms(c, P[L + "attn_norm.weight"], cfg["eps"]), None, states[i], P, cfg, pos, rec)
+        y = attention(i, rms(c, P[L + "attn_norm.weight"], cfg["eps"]), states[i], P, cfg, pos, rec)
         X = hc_out(X, y, post, comb)
         c, post, comb = mhc(X, P[L + "hc_ffn_fn"], P[L + "hc_ffn_base"], P[L + "hc_ffn_scale"], cfg)
         y = moe(i, rms(c, P[L + "ffn_norm.weight"], cfg["eps"]), ids_t, P, cfg)
@@ -316,7 +316,6 @@ def check(d: str) -> bool:
     cfg = parse_config(cj)
     P = load_weights(d, cfg)
     pj = json.load(open(os.path.join(d, "prompts.json")))
-    V = cj["vocab_size"]
     ok = []
     print(os.path.basename(d.rstrip("/")))
 
@@ -366,7 +365,6 @@ def check(d: str) -> bool:
         same = {(r["layer"], r["pos"]): r["selected"] for r in rec} == want
         print(f"  {'indexer_gen':34s} {len(want)} queries  {'identical' if same else 'DIFFERENT'}")
         ok.append(same)
-    _ = V
     return all(ok)
 
 
