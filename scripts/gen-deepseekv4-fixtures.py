@@ -72,6 +72,8 @@ from that document and checks every file below. Output, per fixture `<name>`:
         model cast to float32: logits_<prompt>.f32, indexer_long.json, and logits_long_bf16.f32
         (HF's own dtype="auto" load, i.e. bf16 compute, for information). meta.json says how the
         weights were quantized and that HF's dequantized weights equal the spec's exactly.
+        deq_<name>.f32: HF's dequantization of a few FP8 and MXFP4 matrices (release names), for a
+        loader's own decoding.
 
 Fixtures (hidden 64, vocab 512, eager attention, eager experts):
     flash_mini   the real Flash layer pattern in miniature: compress_ratios [0, 0, 4, 128, 4] (two
@@ -953,6 +955,15 @@ def build_fp8(base: dict) -> None:
     weight_diff = [k for k, v in ref.items() if not torch.equal(got_sd[k].to(v.dtype), v)]
     assert not weight_diff, f"HF dequantized differently: {weight_diff[:5]}"
     files = {}
+    # a few of HF's dequantized matrices, for a loader's own FP8 / MXFP4 decoding (release names)
+    I = cfg.moe_intermediate_size
+    gu, dn = got_sd["model.layers.2.mlp.experts.gate_up_proj"], got_sd["model.layers.2.mlp.experts.down_proj"]
+    for up, t in (("layers.2.attn.wq_a", got_sd["model.layers.2.self_attn.q_a_proj.weight"]),
+                  ("layers.2.attn.wq_b", got_sd["model.layers.2.self_attn.q_b_proj.weight"]),
+                  ("layers.2.ffn.experts.1.w1", gu[1, :I]), ("layers.2.ffn.experts.1.w3", gu[1, I:]),
+                  ("layers.2.ffn.experts.1.w2", dn[1])):
+        files[f"deq_{up}.f32"] = {"dtype": "f32", "shape": write_f32(os.path.join(d, f"deq_{up}.f32"), t),
+                                  "what": f"{up}.weight as HF's loader dequantizes it (FP8 / MXFP4 + e8m0 scale)"}
     probe = Probe(hf)
     rows, router_gap = {}, math.inf
     for p, ids in prompts.items():

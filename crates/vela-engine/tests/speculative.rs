@@ -630,9 +630,6 @@ fn load_gemma4_mtp_validates_the_assistant_against_the_target() {
         let s = Session::new(m.model.clone(), &opts).unwrap();
         let e = load_gemma4_mtp(&s, &dir.join("assistant")).err().unwrap();
         let msg = format!("{e:#}");
-        assert!(
-            msg.contains("targets only") && !msg.contains('\n'),
-            "{msg}"
-        );
+        assert!(msg.contains("targets only") && !msg.contains('\n'), "{msg}");
     }
 }

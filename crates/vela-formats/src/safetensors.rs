@@ -22,6 +22,11 @@ pub enum Dtype {
     BF16,
     I32,
     I64,
+    I8,
+    /// e4m3fn bytes and e8m0 scale bytes (DeepSeek V4's release; decoded by
+    /// [`crate::quant::fp8`]).
+    F8E4M3,
+    F8E8M0,
 }
 
 impl Dtype {
@@ -32,11 +37,14 @@ impl Dtype {
             "BF16" => Dtype::BF16,
             "I32" => Dtype::I32,
             "I64" => Dtype::I64,
+            "I8" => Dtype::I8,
+            "F8_E4M3" => Dtype::F8E4M3,
+            "F8_E8M0" => Dtype::F8E8M0,
             _ => return None,
         })
     }
 
-    /// The GGML type of the same element layout.
+    /// The GGML type of the same element layout (the one-byte float formats as raw `I8` bytes).
     pub fn ggml(self) -> GgmlType {
         match self {
             Dtype::F32 => GgmlType::F32,
@@ -44,6 +52,7 @@ impl Dtype {
             Dtype::BF16 => GgmlType::BF16,
             Dtype::I32 => GgmlType::I32,
             Dtype::I64 => GgmlType::I64,
+            Dtype::I8 | Dtype::F8E4M3 | Dtype::F8E8M0 => GgmlType::I8,
         }
     }
 
@@ -53,6 +62,7 @@ impl Dtype {
             Dtype::F32 | Dtype::I32 => 4,
             Dtype::F16 | Dtype::BF16 => 2,
             Dtype::I64 => 8,
+            Dtype::I8 | Dtype::F8E4M3 | Dtype::F8E8M0 => 1,
         }
     }
 }
@@ -330,7 +340,7 @@ impl Checkpoint {
     }
 }
 
-/// Decode little-endian F32/F16/BF16 bytes.
+/// Decode little-endian element bytes to f32.
 pub fn bytes_to_f32(dtype: Dtype, b: &[u8]) -> Vec<f32> {
     match dtype {
         Dtype::F32 => b
@@ -353,6 +363,10 @@ pub fn bytes_to_f32(dtype: Dtype, b: &[u8]) -> Vec<f32> {
             .chunks_exact(8)
             .map(|c| i64::from_le_bytes(c.try_into().unwrap()) as f32)
             .collect(),
+        Dtype::I8 => b.iter().map(|&x| x as i8 as f32).collect(),
+        // Unscaled element values (the block scales live in another tensor).
+        Dtype::F8E4M3 => b.iter().map(|&x| crate::quant::fp8::e4m3(x)).collect(),
+        Dtype::F8E8M0 => b.iter().map(|&x| crate::quant::fp8::e8m0(x)).collect(),
     }
 }
 

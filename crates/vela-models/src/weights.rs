@@ -222,7 +222,8 @@ impl WeightSource {
     pub fn get(&self, name: &str) -> Option<HostWeight> {
         match &self.kind {
             Kind::Gguf(g) => HostWeight::from_gguf(g, name),
-            Kind::Hf { cp, prefix } => HostWeight::from_safetensors(cp, &format!("{prefix}{name}"))
+            Kind::Hf { cp, prefix } => microscaled(cp, &format!("{prefix}{name}"))
+                .or_else(|| HostWeight::from_safetensors(cp, &format!("{prefix}{name}")))
                 .or_else(|| {
                     // The head and the MTP layer sit outside the text model's prefix.
                     (name == "lm_head.weight" || name.starts_with("mtp."))
@@ -259,6 +260,52 @@ impl WeightSource {
             }
         }
         Ok(out)
+    }
+}
+
+/// A matrix stored as FP8 or MXFP4 with an e8m0 `.scale` beside it (DeepSeek V4's release,
+/// docs/deepseekv4-spec.md §10), decoded exactly: FP8 to BF16, MXFP4 to Q8_0 (f32 for a block
+/// scale outside f16). `None` for any other tensor; a malformed pair is reported on stderr and
+/// left to the plain reader (raw `I8` bytes, refused wherever a matrix is needed).
+fn microscaled(cp: &Checkpoint, name: &str) -> Option<HostWeight> {
+    use vela_formats::quant::fp8;
+    use vela_formats::safetensors::Dtype;
+    let (e, q) = cp.get(name)?;
+    if !matches!(e.dtype, Dtype::F8E4M3 | Dtype::I8) || e.shape.len() != 2 {
+        return None;
+    }
+    let stem = name.strip_suffix(".weight").unwrap_or(name);
+    let (se, s) = cp.get(&format!("{stem}.scale"))?;
+    if se.dtype != Dtype::F8E8M0 {
+        return None;
+    }
+    let (rows, stored) = (e.shape[0], e.shape[1]);
+    let r = match e.dtype {
+        Dtype::F8E4M3 => fp8::dequant_fp8(q, rows, stored, s).and_then(|v| {
+            let b: Vec<u8> = v
+                .iter()
+                .flat_map(|x| half::bf16::from_f32(*x).to_le_bytes())
+                .collect();
+            HostWeight::owned(name, GgmlType::BF16, rows, stored, b)
+        }),
+        _ => {
+            let cols = stored * 2;
+            fp8::mxfp4_to_q8_0(q, rows, cols, s).and_then(|b| match b {
+                Some(b) => HostWeight::owned(name, GgmlType::Q8_0, rows, cols, b),
+                None => {
+                    let v = fp8::dequant_mxfp4(q, rows, cols, s)?;
+                    let b = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+                    HostWeight::owned(name, GgmlType::F32, rows, cols, b)
+                }
+            })
+        }
+    };
+    match r {
+        Ok(w) => Some(w),
+        Err(err) => {
+            eprintln!("{name}: {err:#}");
+            None
+        }
     }
 }
 

@@ -98,11 +98,17 @@ fn qwen4exp_mtp_gpu_matches_the_reference() {
             })
             .unwrap();
             let b = &want[(n - 1) * nv..n * nv];
-            let err: f64 = got.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+            let err: f64 = got
+                .iter()
+                .zip(b)
+                .map(|(x, y)| ((x - y) as f64).powi(2))
+                .sum();
             let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
             worst = worst.max(err / norm);
         }
-        eprintln!("RESULT | qwen4exp MTP GPU vs reference, chunks of {chunk} | worst NMSE {worst:.3e} |");
+        eprintln!(
+            "RESULT | qwen4exp MTP GPU vs reference, chunks of {chunk} | worst NMSE {worst:.3e} |"
+        );
         assert!(worst <= 1e-5, "chunks of {chunk}: worst NMSE {worst:.3e}");
     }
 }

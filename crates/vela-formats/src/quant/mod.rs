@@ -4,6 +4,7 @@
 //! `vela-compute` and are tested against these functions.
 
 mod dequant;
+pub mod fp8;
 mod kquant;
 mod quantize;
 mod types;
