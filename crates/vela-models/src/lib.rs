@@ -10,6 +10,7 @@
 pub mod blocks;
 pub mod config;
 pub mod decoder;
+pub mod deepseekv4;
 pub mod gemma3;
 pub mod gemma4;
 pub mod gemma4_assistant;
