@@ -255,6 +255,6 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("'mamba'") && e.contains("gemma4_text"), "{e}");
-        assert_eq!(mtp_arch_names(), vec!["Gemma 4"]);
+        assert_eq!(mtp_arch_names(), vec!["Gemma 4", "Qwen3.8 Flash Next"]);
     }
 }
