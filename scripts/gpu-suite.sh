@@ -490,7 +490,10 @@ q4x)
   m=synth:${Q4X_GEOMETRY:-qwen3.8-flash-next}:${Q4X_TYPE:-q4_0}
   nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 >$OUT/q4x-mem.csv &
   smi=$!
-  # (8K last: the GPU indexer's selection is O(blocks²) per query, the slowest part.)
+  # The reduced depth first (a quarter of the size: fails fast), then the full geometry; 8K
+  # last (the GPU indexer's selection is O(blocks²) per query, the slowest part).
+  /tmp/vela-new bench -m synth:qwen3.8-flash-next-12l:${Q4X_TYPE:-q4_0} --device cuda -p 512 -n 128 -r 2 2>&1 |
+    tee $OUT/q4x-bench-12l.md
   /tmp/vela-new bench -m $m --device cuda -p 512 -n 128 -r 3 2>&1 | tee $OUT/q4x-bench.md
   /tmp/vela-new bench -m $m --device cuda --spec-cost -d 512 -r 3 --draft-max 7 \
     --spec-accept 0.5,0.7,0.9 -n 128 2>&1 | tee $OUT/q4x-spec.md
