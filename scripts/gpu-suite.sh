@@ -492,7 +492,8 @@ q4x)
   smi=$!
   # The reduced depth first (a quarter of the size: fails fast), then the full geometry; 8K
   # last (the GPU indexer's selection is O(blocks²) per query, the slowest part).
-  /tmp/vela-new bench -m synth:qwen3.8-flash-next-12l:${Q4X_TYPE:-q4_0} --device cuda -p 512 -n 128 -r 2 2>&1 |
+  [ "${Q4X_GEOMETRY:-}" = qwen3.8-flash-next-12l ] ||
+    /tmp/vela-new bench -m synth:qwen3.8-flash-next-12l:${Q4X_TYPE:-q4_0} --device cuda -p 512 -n 128 -r 2 2>&1 |
     tee $OUT/q4x-bench-12l.md
   /tmp/vela-new bench -m $m --device cuda -p 512 -n 128 -r 3 2>&1 | tee $OUT/q4x-bench.md
   /tmp/vela-new bench -m $m --device cuda --spec-cost -d 512 -r 3 --draft-max 7 \

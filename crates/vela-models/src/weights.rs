@@ -11,6 +11,7 @@
 //! tensors are used as they are.
 
 use anyhow::{anyhow, Result};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use vela_compute::HostWeight;
 use vela_formats::gguf::GgufFile;
@@ -47,7 +48,7 @@ pub struct WeightSource {
 struct Conversion {
     bar: Option<indicatif::ProgressBar>,
     /// Source bytes converted so far.
-    done: std::cell::Cell<u64>,
+    done: std::sync::atomic::AtomicU64,
     t0: std::time::Instant,
 }
 
@@ -170,7 +171,7 @@ impl WeightSource {
             });
             Conversion {
                 bar,
-                done: std::cell::Cell::new(0),
+                done: std::sync::atomic::AtomicU64::new(0),
                 t0: std::time::Instant::now(),
             }
         });
@@ -254,9 +255,10 @@ impl WeightSource {
         }
         let out = w.convert(ty)?;
         if let Some(c) = &self.conversion {
-            c.done.set(c.done.get() + w.bytes().len() as u64);
+            let done = c.done.fetch_add(w.bytes().len() as u64, Ordering::Relaxed)
+                + w.bytes().len() as u64;
             if let Some(b) = &c.bar {
-                b.set_position(c.done.get());
+                b.set_position(done);
             }
         }
         Ok(out)
@@ -315,10 +317,10 @@ impl Drop for WeightSource {
             if let Some(b) = &c.bar {
                 b.finish_and_clear();
             }
-            if c.done.get() > 0 {
+            if c.done.load(Ordering::Relaxed) > 0 {
                 eprintln!(
                     "converted {:.2} GiB of float weights to {} in {:.1} s",
-                    c.done.get() as f64 / (1u64 << 30) as f64,
+                    c.done.load(Ordering::Relaxed) as f64 / (1u64 << 30) as f64,
                     q.name(),
                     c.t0.elapsed().as_secs_f64()
                 );

@@ -208,12 +208,26 @@ fn sparse_attention_matches_cpu() {
     g.attention_selected(&qg, &kg, &vg, &sel_g, &cnt_g, n, w, heads, scale, &mut og);
     let (qc, kc, vc) = (up(&cpu, &qa), up(&cpu, &k), up(&cpu, &v));
     cpu.attention_selected(&qc, &kc, &vc, &sel_c, &cnt_c, n, w, heads, scale, &mut oc);
+    // Each output is a weighted sum of ±1-scale values that cancels to small numbers: the
+    // bound is 64 ulps of the largest |output| of its head row (expf vs the host's exp, the
+    // softmax sum in another order), not of the cancelled value itself.
     let m = n * nh * hd;
-    check_ulps(
-        "attention_selected",
-        &down(&g, &og, m),
-        &down(&cpu, &oc, m),
-        64.0,
+    let (a, b) = (down(&g, &og, m), down(&cpu, &oc, m));
+    let mut worst = 0f32;
+    for (ra, rb) in a.chunks(hd).zip(b.chunks(hd)) {
+        let scale = rb
+            .iter()
+            .fold(0f32, |x, y| x.max(y.abs()))
+            .max(f32::MIN_POSITIVE);
+        for (x, y) in ra.iter().zip(rb) {
+            let ulps = (x - y).abs() / (f32::EPSILON * scale);
+            worst = worst.max(ulps);
+        }
+    }
+    eprintln!("RESULT | attention_selected | max {worst:.1} ulps of the row scale |");
+    assert!(
+        worst <= 64.0,
+        "attention_selected: {worst} ulps of the row scale"
     );
 }
 

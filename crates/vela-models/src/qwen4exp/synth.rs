@@ -366,7 +366,8 @@ fn generate(
         .row_bytes(cols as u64)
         .ok_or_else(|| anyhow!("{name}: {} rows of {cols}", ty.name()))? as usize;
     let mut data = vec![0u8; rows * rb];
-    let threads = if rows * cols < 1 << 20 { 1 } else { threads };
+    // (Experts, a few million values each, come in parallel from the loader.)
+    let threads = if rows * cols < 1 << 23 { 1 } else { threads };
     let per = rows.div_ceil(threads).max(1);
     std::thread::scope(|sc| -> Result<()> {
         let mut hs = Vec::new();
