@@ -309,6 +309,23 @@ impl Session {
         Ok(out)
     }
 
+    /// [`Session::eval_all_logits`] returning each row's argmax instead of the rows (lowest id on
+    /// ties): a GPU copies back one id per row, not the vocabulary.
+    pub fn eval_all_argmax(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {
+        if tokens.is_empty() || tokens.len() > self.state.max_batch() {
+            bail!(
+                "eval_all_argmax takes 1..={} tokens",
+                self.state.max_batch()
+            );
+        }
+        self.check_room(tokens.len())?;
+        let start = self.tokens.len() as u32;
+        let pos: Vec<u32> = (start..start + tokens.len() as u32).collect();
+        let out = self.state.forward_argmax(tokens, &pos, 0)?;
+        self.tokens.extend_from_slice(tokens);
+        Ok(out)
+    }
+
     /// Pipelined greedy decoding: evaluate one more token and start its argmax without waiting
     /// for it. `input` is the token, or the unfinished step whose result it is: a GPU backend
     /// then runs this step on the id its previous step left on the device, so the host records

@@ -195,6 +195,7 @@ pub fn continue_speculative(
         ..Default::default()
     };
     let mut rng = Rng::new(cfg.seed);
+    let greedy = cfg.is_plain_greedy();
     let mut hist: Vec<u32> = session.tokens().to_vec();
     let v = session.model.n_vocab();
     let mut out = Vec::new();
@@ -254,18 +255,31 @@ pub fn continue_speculative(
         let mut batch = vec![t];
         batch.extend(drafts.iter().map(|d| d.token));
         let tv = Instant::now();
-        let rows = session.eval_all_logits(&batch)?;
+        // Greedy: the target's distributions are one-hot at each row's argmax, so only the ids
+        // come back (the rule then keeps a draft iff it is that id, and the residual is the id).
+        let (rows, ids) = if greedy {
+            (Vec::new(), session.eval_all_argmax(&batch)?)
+        } else {
+            (session.eval_all_logits(&batch)?, Vec::new())
+        };
         let verify_s = tv.elapsed();
         stats.verify_time += verify_s;
         let ts = Instant::now();
         let mut kept = 0;
         let mut next = None;
         for (i, d) in drafts.iter().enumerate() {
-            let mut row = rows[i * v..(i + 1) * v].to_vec();
-            let p = position_dist(cfg, &hist, &[], &mut row);
-            let verdict = match opts.rule {
-                AcceptRule::Exact => accept::verify(&p, &d.q, d.token, &mut rng),
-                AcceptRule::AlwaysAccept => None,
+            let verdict = if greedy {
+                match opts.rule {
+                    AcceptRule::Exact => (d.token != ids[i]).then_some(ids[i]),
+                    AcceptRule::AlwaysAccept => None,
+                }
+            } else {
+                let mut row = rows[i * v..(i + 1) * v].to_vec();
+                let p = position_dist(cfg, &hist, &[], &mut row);
+                match opts.rule {
+                    AcceptRule::Exact => accept::verify(&p, &d.q, d.token, &mut rng),
+                    AcceptRule::AlwaysAccept => None,
+                }
             };
             match verdict {
                 None => {
@@ -286,6 +300,7 @@ pub fn continue_speculative(
         }
         let t_next = match next {
             Some(tok) => tok,
+            None if greedy => ids[drafts.len()],
             None => {
                 let n = drafts.len();
                 let mut row = rows[n * v..(n + 1) * v].to_vec();
