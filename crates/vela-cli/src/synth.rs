@@ -31,7 +31,9 @@ pub struct SynthArgs {
     #[arg(long, short = 'o', required_unless_present = "list")]
     pub out: Option<PathBuf>,
     /// Tokenizer source GGUF (default: the geometry's own, found in llama.cpp's vocab files or
-    /// $VELA_CACHE/vocab/).
+    /// $VELA_CACHE/vocab/; for the real qwen4exp geometries ggml-vocab-qwen35.gguf, the one
+    /// --model synth: uses, if found, else, as for the tiny ones, a synthetic vocabulary <t0>,
+    /// <t1>, ...).
     #[arg(long)]
     pub tokenizer: Option<PathBuf>,
     /// Worker threads (default: all cores).
@@ -46,7 +48,7 @@ pub struct SynthArgs {
     /// qwen4exp geometries: write the indexer's compress ratio on the QSA layers (llama.cpp then
     /// runs its QSA block selection) instead of the zeros llama.cpp's converter writes under
     /// transformers >= 5.23 (llama.cpp then attends densely on those layers; vela always runs
-    /// QSA). Without --tokenizer these files carry a synthetic vocabulary (<t0>, <t1>, ...).
+    /// QSA).
     #[arg(long)]
     pub compress_ratios: bool,
 }

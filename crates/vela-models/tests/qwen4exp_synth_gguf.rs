@@ -258,5 +258,10 @@ fn tables_too_large_are_refused() {
     .unwrap();
     eprintln!("qwen3.8-flash-next-12l-smallple q4_0: {n} bytes");
     assert!((17e9..19e9).contains(&(n as f64)), "{n}");
+    for s in ["q8_0", "q4_k_m", "bf16"] {
+        let q = QuantScheme::parse(s).unwrap();
+        let n = synth_gguf::file_size("qwen3.8-flash-next-12l-smallple", q, 1, &o, false).unwrap();
+        eprintln!("qwen3.8-flash-next-12l-smallple {s}: {n} bytes");
+    }
     assert!(synth_gguf::is_geometry("qwen4exp-tiny") && !synth_gguf::is_geometry("llama3-8b"));
 }

@@ -25,8 +25,10 @@
 //! tensor order is the converter's (HF names sorted) for float files and llama-quantize's (by
 //! layer, then name) for quantized ones.
 //!
-//! **Not the converter's.** The tokenizer: a synthetic vocabulary (`<t{i}>`, the fixtures' own,
-//! plus the one-entry merges list llama.cpp's BPE loader needs) unless a tokenizer GGUF is given;
+//! **Not the converter's.** The tokenizer: the one given (`SynthOptions::tokenizer`), else for
+//! the real geometries llama.cpp's `ggml-vocab-qwen35.gguf` padded to 248,320 tokens (what
+//! `--model synth:` tokenizes with) when `find_tokenizer` finds it, else a synthetic vocabulary
+//! (`<t{i}>`, the fixtures' own, plus the one-entry merges list llama.cpp's BPE loader needs);
 //! `general.name`. `attention.compress_ratios` is 0 on every layer, as the converter writes it
 //! whenever transformers ≥ 5.23 is importable (llama.cpp then runs dense attention on the QSA
 //! layers); `compress_ratios` writes the indexer's ratio instead (the converter without
@@ -39,7 +41,9 @@ mod rules;
 
 use super::synth::{config, plan, vector_len, vector_make, Make, Plan};
 use super::{Mixer, Qwen4ExpConfig};
-use crate::synth::{normal, tensor_key, tokenizer_metadata, Progress, QuantScheme, SynthOptions};
+use crate::synth::{
+    find_tokenizer, normal, tensor_key, tokenizer_metadata, Progress, QuantScheme, SynthOptions,
+};
 use anyhow::{anyhow, bail, Context, Result};
 use rules::{converter_type, quantize_types, size_label, synthetic_tokenizer};
 use serde_json::Value as Json;
@@ -49,6 +53,9 @@ use std::path::Path;
 use vela_formats::gguf::{GgufFile, Value};
 use vela_formats::gguf_write::{GgufWriter, TensorSpec};
 use vela_formats::quant::{quantize, GgmlType};
+
+/// Tokens of llama.cpp's `ggml-vocab-qwen35.gguf` (the real geometries' default tokenizer).
+const QWEN35_VOCAB: usize = 151_936;
 
 /// The largest n-gram table (as written) this will write.
 pub const MAX_TABLE_BYTES: u64 = 4 << 30;
@@ -685,9 +692,16 @@ fn prepare(
     if float {
         kv("general.quantization_version", Value::U32(2))?;
     }
-    let tok = match &opts.tokenizer {
+    // The tokenizer: the one given; for the real vocabulary size the one `--model synth:` uses
+    // (llama.cpp's ggml-vocab-qwen35.gguf, padded), when it is found; else the synthetic one.
+    let src = match &opts.tokenizer {
+        Some(p) => Some(p.clone()),
+        None if c.n_vocab >= QWEN35_VOCAB => find_tokenizer("ggml-vocab-qwen35.gguf").ok(),
+        None => None,
+    };
+    let tok = match src {
         Some(p) => {
-            let g = GgufFile::open(p)
+            let g = GgufFile::open(&p)
                 .with_context(|| format!("reading the tokenizer of {}", p.display()))?;
             tokenizer_metadata(&g, c.n_vocab)?
         }
@@ -767,7 +781,39 @@ pub fn write(
     Ok(())
 }
 
-/// Generate, convert and stream one tensor in chunks of rows, `threads` row ranges at a time.
+/// Rows `r0..r0 + n` of a tensor into `data`, `threads` row ranges at a time.
+fn generate_rows(
+    spec: &TensorSpec,
+    fill: &Fill,
+    threads: usize,
+    r0: usize,
+    n: usize,
+    data: &mut [u8],
+) -> Result<()> {
+    let ne0 = spec.ne0();
+    let rb = data.len() / n;
+    let per = n.div_ceil(if n * ne0 < 1 << 16 { 1 } else { threads });
+    std::thread::scope(|s| -> Result<()> {
+        let mut hs = Vec::new();
+        for (ti, part) in data.chunks_mut(per * rb).enumerate() {
+            hs.push(s.spawn(move || -> Result<()> {
+                let mut v = vec![0f32; ne0];
+                for (k, orow) in part.chunks_mut(rb).enumerate() {
+                    fill((r0 + ti * per + k) as u64, &mut v);
+                    quantize(spec.ty, &v, orow)?;
+                }
+                Ok(())
+            }));
+        }
+        for h in hs {
+            h.join().map_err(|_| anyhow!("a synth thread panicked"))??;
+        }
+        Ok(())
+    })
+}
+
+/// Generate, convert and stream one tensor in chunks of rows; the next chunk is generated while
+/// one is written.
 fn write_tensor(
     spec: &TensorSpec,
     fill: &Fill,
@@ -782,34 +828,29 @@ fn write_tensor(
         .row_bytes(ne0 as u64)
         .ok_or_else(|| anyhow!("{}: rows of {ne0}", spec.name))? as usize;
     let chunk = ((1 << 22) / ne0).clamp(1, rows);
-    let mut buf = vec![0u8; chunk * rb];
-    let mut r0 = 0;
-    while r0 < rows {
-        let nr = chunk.min(rows - r0);
-        let data = &mut buf[..nr * rb];
-        let per = nr.div_ceil(if nr * ne0 < 1 << 16 { 1 } else { threads });
+    let (mut cur, mut next) = (vec![0u8; chunk * rb], vec![0u8; chunk * rb]);
+    let (mut r0, mut nr) = (0, chunk);
+    generate_rows(spec, fill, threads, 0, nr, &mut cur[..nr * rb])?;
+    loop {
+        let r1 = r0 + nr;
+        let n1 = chunk.min(rows - r1);
+        let data = &cur[..nr * rb];
+        let ahead = &mut next[..n1 * rb];
         std::thread::scope(|s| -> Result<()> {
-            let mut hs = Vec::new();
-            for (ti, part) in data.chunks_mut(per * rb).enumerate() {
-                hs.push(s.spawn(move || -> Result<()> {
-                    let mut v = vec![0f32; ne0];
-                    for (k, orow) in part.chunks_mut(rb).enumerate() {
-                        fill((r0 + ti * per + k) as u64, &mut v);
-                        quantize(spec.ty, &v, orow)?;
-                    }
-                    Ok(())
-                }));
-            }
-            for h in hs {
+            let h = (n1 > 0).then(|| s.spawn(|| generate_rows(spec, fill, threads, r1, n1, ahead)));
+            let w = sink.write_all(data);
+            if let Some(h) = h {
                 h.join().map_err(|_| anyhow!("a synth thread panicked"))??;
             }
-            Ok(())
+            Ok(w?)
         })?;
-        sink.write_all(data)?;
         advanced(data.len() as u64);
-        r0 += nr;
+        if n1 == 0 {
+            return Ok(());
+        }
+        std::mem::swap(&mut cur, &mut next);
+        (r0, nr) = (r1, n1);
     }
-    Ok(())
 }
 
 #[cfg(test)]
