@@ -37,6 +37,7 @@ mod load;
 mod mtp;
 pub mod ple;
 pub mod synth;
+pub mod synth_gguf;
 
 pub use config::{Mixer, PleConfig, Qwen4ExpConfig};
 

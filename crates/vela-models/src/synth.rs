@@ -506,7 +506,7 @@ fn use_more_bits(i: usize, n: usize) -> bool {
 }
 
 /// llama-quantize's replacement when a row is not a multiple of the type's block size.
-fn fallback(ty: GgmlType, ne0: usize) -> GgmlType {
+pub(crate) fn fallback(ty: GgmlType, ne0: usize) -> GgmlType {
     if ne0.is_multiple_of(ty.block_size()) {
         return ty;
     }
@@ -762,7 +762,7 @@ pub fn find_tokenizer(name: &str) -> Result<PathBuf> {
 
 /// The `tokenizer.*` metadata of `src`, with the token arrays padded to `n_vocab` the way the
 /// converter pads a vocabulary smaller than the embedding (`[PAD<i>]`, type UNUSED, score 0).
-fn tokenizer_metadata(src: &GgufFile, n_vocab: usize) -> Result<Vec<(String, Value)>> {
+pub(crate) fn tokenizer_metadata(src: &GgufFile, n_vocab: usize) -> Result<Vec<(String, Value)>> {
     let n_tok = src.get_array("tokenizer.ggml.tokens")?.len();
     if n_tok > n_vocab {
         bail!("the tokenizer has {n_tok} tokens but the geometry only {n_vocab} embedding rows");

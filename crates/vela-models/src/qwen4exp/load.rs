@@ -240,9 +240,13 @@ impl<'a, B: Backend> Loader<'a, B> {
     fn ple(&mut self, p: &str, c: &Qwen4ExpConfig, pc: &PleConfig) -> Result<Ple<B>> {
         let e = format!("{p}.ple_embedding");
         if let Some(seed) = self.src.synthetic_seed() {
+            // The rows' type, when the source names one (`Qwen4ExpModel::synth_typed`).
+            let t = format!("{e}.ngram_embedding");
+            let ty = self.src.get(&t).map_or(GgmlType::F32, |w| w.ty);
             let table = ple::NgramTable::synthetic(
-                crate::synth::tensor_key(seed, &format!("{e}.ngram_embedding")),
+                crate::synth::tensor_key(seed, &t),
                 pc.dim / pc.n_heads(),
+                ty,
                 self.ints(&format!("{e}.layer_multipliers"))?,
                 self.ints(&format!("{e}.ngram_heads_vocab_sizes"))?,
                 self.ints(&format!("{e}.ngram_heads_offsets"))?,

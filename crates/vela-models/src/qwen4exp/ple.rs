@@ -11,8 +11,9 @@ pub struct NgramTable {
     /// Row shards in order (HF's `ngram_embedding.shard_<p>`), each `rows_per_shard` rows.
     shards: Vec<HostWeight>,
     rows_per_shard: usize,
-    /// A generated table instead (`vela_models::qwen4exp::synth`): its stream key and rows.
-    synthetic: Option<(u64, u64)>,
+    /// A generated table instead (`vela_models::qwen4exp::synth`): its stream key, rows and the
+    /// type its rows are rounded through.
+    synthetic: Option<(u64, u64, GgmlType)>,
     /// Width of a head's row (`ple_embed_dim / heads`).
     pub width: usize,
     /// `layer_multipliers` (one per n-gram position), head sizes (primes) and offsets.
@@ -37,9 +38,13 @@ impl NgramTable {
         if shards.iter().any(|s| s.cols != width || s.ty != first.ty) {
             bail!("PLE: table shards differ in width or type");
         }
-        if !matches!(first.ty, GgmlType::F32 | GgmlType::F16 | GgmlType::BF16) {
-            bail!("PLE: table type {} is not supported", first.ty.name());
-        }
+        // Any type a row dequantizes from: llama-quantize quantizes `per_layer_token_embd` like
+        // `token_embd` (Q4_0 in a Q4_0 file).
+        let mut probe = vec![0f32; width];
+        first
+            .row_range(0, 1, "ple row")
+            .and_then(|r| vela_formats::quant::dequantize(r.ty, r.bytes(), &mut probe))
+            .map_err(|e| anyhow!("PLE: table type {}: {e}", first.ty.name()))?;
         let total: usize = shards.iter().map(|s| s.rows).sum();
         if sizes.len() != offsets.len()
             || !sizes.len().is_multiple_of(heads_per_ngram)
@@ -72,10 +77,11 @@ impl NgramTable {
     }
 
     /// A table of N(0, 1) rows generated from stream `key` (never materialised), as large as
-    /// the hash heads need.
+    /// the hash heads need, each row rounded through type `ty` (as a file of that type holds it).
     pub fn synthetic(
         key: u64,
         width: usize,
+        ty: GgmlType,
         mult: Vec<u64>,
         sizes: Vec<u64>,
         offsets: Vec<u64>,
@@ -83,6 +89,9 @@ impl NgramTable {
     ) -> Result<Self> {
         if sizes.len() != offsets.len() || mult.is_empty() || width == 0 {
             bail!("PLE: inconsistent hash constants");
+        }
+        if ty.row_bytes(width as u64).is_none() {
+            bail!("PLE: rows of {width} cannot be {}", ty.name());
         }
         let rows = sizes
             .iter()
@@ -93,7 +102,7 @@ impl NgramTable {
         Ok(NgramTable {
             shards: Vec::new(),
             rows_per_shard: 1,
-            synthetic: Some((key, rows)),
+            synthetic: Some((key, rows, ty)),
             width,
             mult,
             sizes,
@@ -138,12 +147,17 @@ impl NgramTable {
 
     /// Row `r` of the table as f32 into `out` (`width` values).
     pub fn row(&self, r: u64, out: &mut [f32]) -> Result<()> {
-        if let Some((key, rows)) = self.synthetic {
+        if let Some((key, rows, ty)) = self.synthetic {
             if r >= rows {
                 bail!("PLE: row {r} past the table");
             }
             for (j, x) in out.iter_mut().enumerate() {
                 *x = crate::synth::normal(key, r * self.width as u64 + j as u64);
+            }
+            if ty != GgmlType::F32 {
+                let mut q = vec![0u8; ty.row_bytes(out.len() as u64).unwrap_or(0) as usize];
+                vela_formats::quant::quantize(ty, out, &mut q)?;
+                vela_formats::quant::dequantize(ty, &q, out)?;
             }
             return Ok(());
         }

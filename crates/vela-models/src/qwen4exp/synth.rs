@@ -5,8 +5,12 @@
 //! 51B-parameter n-gram table is never materialised: a row is generated when a token reads it.
 //!
 //! Geometries: `qwen3.8-flash-next` (the published config, ../shared/notes/next-archs.md §1),
-//! `qwen3.8-flash-next-12l` (its first 12 layers: 9 GDN + 3 QSA, the PLE layer included) and
-//! `qwen4exp-tiny` (a test-sized sibling). Each includes the MTP layer.
+//! `qwen3.8-flash-next-12l` (its first 12 layers: 9 GDN + 3 QSA, the PLE layer included),
+//! `qwen3.8-flash-next-12l-smallple` (the same with an n-gram table of 0.5B instead of 51B
+//! parameters: `ngram_vocab_size_base` 200,000, the same compute per token; small enough for a
+//! GGUF, `super::synth_gguf`), `qwen4exp-tiny` (a test-sized sibling) and
+//! `qwen4exp-tiny-llamacpp` (the tiny one with `ple_embed_dim == hidden_size`, which llama.cpp
+//! requires, and value heads of 32). Each includes the MTP layer.
 
 use super::*;
 use crate::synth::{normal, tensor_key};
@@ -21,7 +25,9 @@ use vela_formats::quant::{quantize, GgmlType};
 pub const GEOMETRIES: &[&str] = &[
     "qwen3.8-flash-next",
     "qwen3.8-flash-next-12l",
+    "qwen3.8-flash-next-12l-smallple",
     "qwen4exp-tiny",
+    "qwen4exp-tiny-llamacpp",
 ];
 
 /// The config.json of a geometry.
@@ -53,7 +59,12 @@ pub fn config(name: &str) -> Result<Value> {
     Ok(match name {
         "qwen3.8-flash-next" => real(48),
         "qwen3.8-flash-next-12l" => real(12),
-        "qwen4exp-tiny" => {
+        "qwen3.8-flash-next-12l-smallple" => {
+            let mut j = real(12);
+            j["ngram_vocab_size_base"] = json!(200_000);
+            j
+        }
+        "qwen4exp-tiny" | "qwen4exp-tiny-llamacpp" => {
             let mut j = real(8);
             let o = j.as_object_mut().expect("an object");
             for (k, v) in [
@@ -78,6 +89,16 @@ pub fn config(name: &str) -> Result<Value> {
             ] {
                 o.insert(k.into(), v);
             }
+            if name == "qwen4exp-tiny-llamacpp" {
+                // llama.cpp needs ple_embed_dim == hidden_size; value heads of 32 keep llama.cpp's
+                // tiled reordering of ssm_out's columns from regrouping Q8_0/Q4_0 blocks.
+                o.insert("ple_embed_dim".into(), json!(64));
+                o.insert("linear_key_head_dim".into(), json!(32));
+                o.insert("linear_value_head_dim".into(), json!(32));
+            }
+            // The fixtures' rotary sections (they sum to rot/2 = 8) and context.
+            j["rope_parameters"]["mrope_section"] = json!([3, 3, 2]);
+            j["max_position_embeddings"] = json!(4096);
             j
         }
         _ => bail!(
@@ -155,7 +176,7 @@ pub fn ple_constants(
 
 /// How a tensor's values are made.
 #[derive(Clone, Copy, Debug)]
-enum Make {
+pub(super) enum Make {
     /// A matrix, N(0, 1/cols) (N(0, 1) for the embedding), in the load type.
     Matrix { std: f32 },
     /// f32 values `mean + std·N`.
@@ -165,12 +186,12 @@ enum Make {
 }
 
 /// The tensors of a geometry's HF checkpoint (no prefix; `lm_head` and `mtp.*` at the root).
-struct Plan {
-    shapes: HashMap<String, (usize, usize, Make)>,
-    ints: HashMap<String, Vec<u64>>,
+pub(super) struct Plan {
+    pub(super) shapes: HashMap<String, (usize, usize, Make)>,
+    pub(super) ints: HashMap<String, Vec<u64>>,
 }
 
-fn plan(c: &Qwen4ExpConfig, j: &Value) -> Result<Plan> {
+pub(super) fn plan(c: &Qwen4ExpConfig, j: &Value) -> Result<Plan> {
     let mut shapes = HashMap::new();
     let mut ints = HashMap::new();
     let (h, sh, s, r) = (c.hidden, c.streams * c.hidden, c.streams, c.lowrank);
@@ -297,7 +318,7 @@ fn plan(c: &Qwen4ExpConfig, j: &Value) -> Result<Plan> {
 }
 
 /// The f32 vector a name stands for (norms, gates, conv kernels), or `None`.
-fn vector_make(name: &str) -> Option<Make> {
+pub(super) fn vector_make(name: &str) -> Option<Make> {
     let f = |mean, std| Some(Make::Floats { mean, std });
     if name.ends_with("linear_attn.norm.weight") {
         f(1.0, 0.02) // a plain weight
@@ -322,7 +343,7 @@ fn vector_make(name: &str) -> Option<Make> {
 }
 
 /// The length of a vector tensor of the config.
-fn vector_len(c: &Qwen4ExpConfig, name: &str) -> Option<usize> {
+pub(super) fn vector_len(c: &Qwen4ExpConfig, name: &str) -> Option<usize> {
     let sh = c.streams * c.hidden;
     let pk = c.ple.as_ref().map_or(0, |p| p.conv_k);
     Some(if name.ends_with("linear_attn.norm.weight") {
@@ -395,6 +416,20 @@ fn generate(
 impl<B: Backend> Qwen4ExpModel<B> {
     /// The geometry `name` with random weights (matrices in `qtype`), deterministic from `seed`.
     pub fn synth(backend: Arc<B>, name: &str, qtype: GgmlType, seed: u64) -> Result<Self> {
+        Self::synth_typed(backend, name, qtype, seed, &HashMap::new())
+    }
+
+    /// [`Self::synth`] with the types of `types` for the tensors it names (matrices, vectors, and
+    /// the n-gram table's rows under `layers.{i}.ple.ple_embedding.ngram_embedding`): with
+    /// `synth_gguf::hf_types` the types `vela synth` writes for the geometry.
+    pub fn synth_typed(
+        backend: Arc<B>,
+        name: &str,
+        qtype: GgmlType,
+        seed: u64,
+        types: &HashMap<String, GgmlType>,
+    ) -> Result<Self> {
+        let types = types.clone();
         let j = config(name)?;
         let cfg = Qwen4ExpConfig::from_json(&j)?;
         let plan = Arc::new(plan(&cfg, &j)?);
@@ -408,7 +443,10 @@ impl<B: Backend> Qwen4ExpModel<B> {
             } else if let Some(&(rows, cols, Make::Matrix { std })) = plan.shapes.get(n) {
                 generate(
                     n,
-                    load_type(qtype, cols),
+                    types
+                        .get(n)
+                        .copied()
+                        .unwrap_or_else(|| load_type(qtype, cols)),
                     rows,
                     cols,
                     (0.0, std),
@@ -418,7 +456,12 @@ impl<B: Backend> Qwen4ExpModel<B> {
             } else if let (Some(Make::Floats { mean, std }), Some(len)) =
                 (vector_make(n), vector_len(&c2, n))
             {
-                generate(n, GgmlType::F32, 1, len, (mean, std), key, threads)
+                let ty = types.get(n).copied().unwrap_or(GgmlType::F32);
+                generate(n, ty, 1, len, (mean, std), key, threads)
+            } else if let Some(&ty) = types.get(n).filter(|_| n.ends_with(".ngram_embedding")) {
+                // The table's row type: a one-row stand-in (rows are generated when read).
+                let bs = ty.block_size();
+                HostWeight::owned(n, ty, 1, bs, vec![0; ty.type_size()])
             } else {
                 return None;
             };
