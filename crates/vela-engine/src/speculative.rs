@@ -37,7 +37,7 @@ pub use ngram::NgramDrafter;
 
 use crate::generate::FinishReason;
 use crate::sampler::{Rng, SamplerConfig};
-use crate::session::{EvalOutcome, Session};
+use crate::session::{EvalOutcome, Session, StepInput};
 use anyhow::{bail, Result};
 use std::time::{Duration, Instant};
 
@@ -226,6 +226,58 @@ pub fn continue_speculative(
         let mut k = k_max.min(opts.max_tokens - out.len()).min(n_ctx - pos - 1);
         if let Some(dm) = opts.depth {
             k = dm.choose(k);
+            // Plain decoding is the better choice: until the next probe, the pipelined greedy
+            // steps of plain decoding (the device computes the next step while the host handles
+            // this one), not rounds of one verification each.
+            let run = dm
+                .plain_run()
+                .min(opts.max_tokens - out.len())
+                .min(n_ctx - pos - 1);
+            if k == 0 && greedy && run >= 2 {
+                let tr = Instant::now();
+                let mut cur = session.argmax_start(StepInput::Token(t))?;
+                for done in 1..=run {
+                    let ahead = if done < run {
+                        match session.argmax_start(StepInput::After(&mut cur)) {
+                            Ok(a) => Some(a),
+                            Err(e) => {
+                                let _ = session.argmax_finish(cur);
+                                return Err(e);
+                            }
+                        }
+                    } else {
+                        None
+                    };
+                    let tn = match session.argmax_finish(cur) {
+                        Ok(tn) => tn,
+                        Err(e) => {
+                            if let Some(a) = ahead {
+                                session.argmax_discard(a);
+                            }
+                            return Err(e);
+                        }
+                    };
+                    count_round(&mut stats, 0, 0);
+                    let Some(a) = ahead else {
+                        // The run's last token: emitted at the top of the next round.
+                        t = tn;
+                        break;
+                    };
+                    if let Some(r) = emit(tn, pos + done, &mut out) {
+                        session.argmax_discard(a);
+                        session.truncate(pos + done)?;
+                        dm.observe_plain(done, tr.elapsed().as_secs_f64());
+                        return Ok((out, r, stats));
+                    }
+                    hist.push(tn);
+                    cur = a;
+                }
+                let el = tr.elapsed();
+                stats.verify_time += el;
+                dm.observe_plain(run, el.as_secs_f64());
+                drafter.sync(session, 0)?;
+                continue;
+            }
         }
         let td = Instant::now();
         let drafts = if k > 0 {

@@ -5,7 +5,9 @@
 //! draft step, v(K) the time of a verification forward of K + 1 tokens (v(0) is a plain decode
 //! step). The model picks the K in 0..=K_max with the most tokens per second, E(K)/T(K); K = 0
 //! is plain decoding, so a drafter that does not pay is switched off, and re-probed with one
-//! draft every [`PROBE_EVERY`] rounds in case the text turns predictable.
+//! draft every [`PROBE_EVERY`] rounds in case the text turns predictable; in greedy decoding the
+//! rounds in between run as plain decoding does (pipelined device steps,
+//! [`DepthModel::plain_run`]), so switching a drafter off costs nothing beyond the probes.
 //!
 //! Everything is measured: v(K) per batch size (linear in K between measured sizes), d per
 //! draft, α as a decayed ratio of kept drafts to tried ones (a round that kept m of k drafts
@@ -153,6 +155,24 @@ impl DepthModel {
             return 1;
         }
         k
+    }
+
+    /// Rounds until the next one-draft probe (at least 1): how long a run of plain steps may
+    /// last once [`DepthModel::choose`] picked plain decoding.
+    pub fn plain_run(&self) -> usize {
+        let s = self.lock();
+        PROBE_EVERY.saturating_sub(s.rounds - s.last_probe).max(1) as usize
+    }
+
+    /// A run of `n` plain decoding steps (the first counted by `choose` already) that took
+    /// `secs` in all: the cost of a step without drafts, v(0).
+    pub fn observe_plain(&self, n: usize, secs: f64) {
+        if n == 0 {
+            return;
+        }
+        let mut s = self.lock();
+        s.rounds += n as u64 - 1;
+        s.verify[0] = ema(s.verify[0], secs / n as f64);
     }
 
     /// A finished round: `k` drafts (as many as the drafter returned), `kept` of them accepted,
