@@ -128,7 +128,11 @@ impl SafetensorsFile {
     }
 }
 
-fn parse_header(buf: &[u8]) -> Result<(BTreeMap<String, TensorEntry>, BTreeMap<String, String>)> {
+/// A file's tensor entries and `__metadata__`, validated against `buf` (the whole file): every
+/// byte range lies in the data section and matches its shape and dtype.
+pub fn parse_header(
+    buf: &[u8],
+) -> Result<(BTreeMap<String, TensorEntry>, BTreeMap<String, String>)> {
     if buf.len() < 8 {
         bail!(
             "file is {} bytes, shorter than the 8-byte header length",
@@ -166,7 +170,10 @@ fn parse_header(buf: &[u8]) -> Result<(BTreeMap<String, TensorEntry>, BTreeMap<S
             .and_then(|d| d.as_str())
             .ok_or_else(|| anyhow!("tensor '{name}': missing dtype"))?;
         let dtype = Dtype::parse(dt).ok_or_else(|| {
-            anyhow!("tensor '{name}': dtype {dt} is not supported (F32/F16/BF16/I32/I64)")
+            anyhow!(
+                "tensor '{name}': dtype {dt} is not supported \
+                 (F32/F16/BF16/I32/I64/I8/F8_E4M3/F8_E8M0)"
+            )
         })?;
         let shape: Vec<usize> = v
             .get("shape")

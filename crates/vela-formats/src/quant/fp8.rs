@@ -20,9 +20,9 @@ pub fn e4m3(b: u8) -> f32 {
         return f32::NAN;
     }
     let mag = if e == 0 {
-        m as f32 / 8.0 * 2f32.powi(-6)
+        m as f32 / 8.0 * pow2(-6)
     } else {
-        (1.0 + m as f32 / 8.0) * 2f32.powi(e as i32 - 7)
+        (1.0 + m as f32 / 8.0) * pow2(e as i32 - 7)
     };
     sign * mag
 }
@@ -32,7 +32,18 @@ pub fn e8m0(b: u8) -> f32 {
     if b == 255 {
         f32::NAN
     } else {
-        2f32.powi(b as i32 - 127)
+        pow2(b as i32 - 127)
+    }
+}
+
+/// `2^e` exactly, subnormals included (`powi` goes through `2^−e` and loses `e ≤ −128`).
+fn pow2(e: i32) -> f32 {
+    if e >= -126 {
+        f32::from_bits(((e + 127) as u32) << 23)
+    } else if e >= -149 {
+        f32::from_bits(1u32 << (e + 149))
+    } else {
+        0.0
     }
 }
 
@@ -75,7 +86,7 @@ pub fn mxfp4_to_q8_0(q: &[u8], rows: usize, cols: usize, scale: &[u8]) -> Result
         if s == 255 {
             bail!("MXFP4 tensor holds a NaN scale");
         }
-        let d = 2f32.powi(s as i32 - 128);
+        let d = pow2(s as i32 - 128);
         let h = f16::from_f32(d);
         if h.to_f32() != d {
             return Ok(None);
@@ -171,5 +182,17 @@ mod tests {
         assert_eq!((one[0], one[1]), (0.5, 1.0));
         // A scale beyond f16: no Q8_0, the f32 path still decodes.
         assert!(mxfp4_to_q8_0(&[0x21; 16], 1, 32, &[10]).unwrap().is_none());
+        // The smallest scales are subnormal, not zero (found by fuzzing: `powi` flushed
+        // 2^−128 to 0, and Q8_0 then took the block as exact zeros).
+        assert_eq!(e8m0(0), f32::from_bits(1 << 22));
+        assert!(mxfp4_to_q8_0(&[0x21; 16], 1, 32, &[0]).unwrap().is_none());
+        let tiny = dequant_mxfp4(&[0x21; 16], 1, 32, &[0]).unwrap();
+        assert_eq!(
+            (tiny[0], tiny[1]),
+            (f32::from_bits(1 << 21), f32::from_bits(1 << 22))
+        );
+        for e in -149..=127 {
+            assert_eq!(pow2(e) as f64, 2f64.powi(e), "2^{e}");
+        }
     }
 }
