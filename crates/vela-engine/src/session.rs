@@ -309,6 +309,25 @@ impl Session {
         Ok(out)
     }
 
+    /// Hold exactly `tokens`: keep the common prefix (dropping the rest, or starting over when
+    /// the state cannot drop that much without a checkpoint) and evaluate what follows it.
+    pub fn follow(&mut self, tokens: &[u32]) -> Result<()> {
+        let common = self
+            .tokens
+            .iter()
+            .zip(tokens)
+            .take_while(|(a, b)| a == b)
+            .count();
+        if common < self.tokens.len() && self.truncate(common).is_err() {
+            self.reset();
+        }
+        let have = self.n_past();
+        if have < tokens.len() {
+            self.eval(&tokens[have..])?;
+        }
+        Ok(())
+    }
+
     /// [`Session::eval_all_logits`] returning each row's argmax instead of the rows (lowest id on
     /// ties): a GPU copies back one id per row, not the vocabulary.
     pub fn eval_all_argmax(&mut self, tokens: &[u32]) -> Result<Vec<u32>> {

@@ -73,16 +73,7 @@ impl Drafter for Guided {
         k: usize,
         propose: Propose,
     ) -> anyhow::Result<Vec<Draft>> {
-        let want = target.tokens().to_vec();
-        let own = self.oracle.tokens();
-        let common = own.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        if common < own.len() && self.oracle.truncate(common).is_err() {
-            self.oracle.reset();
-        }
-        let have = self.oracle.n_past();
-        if have < want.len() {
-            self.oracle.eval(&want[have..])?;
-        }
+        self.oracle.follow(target.tokens())?;
         let mut target_logits = self.oracle.eval(&[last])?;
         let (oracle, w) = (&mut self.oracle, self.w);
         self.mtp.draft(target, last, k, &mut |lg: Vec<f32>| {
@@ -112,25 +103,7 @@ fn drafter(m: &Arc<dyn LanguageModel>, dir: &Path, guided: bool) -> Box<dyn Draf
     }
 }
 
-fn spec(
-    s: &mut Session,
-    d: &mut dyn Drafter,
-    cfg: &SamplerConfig,
-    prompt: &[u32],
-    n: usize,
-    k: usize,
-    rule: AcceptRule,
-) -> (Vec<u32>, SpecStats) {
-    let opts = SpecOptions {
-        depth: None,
-        max_tokens: n,
-        draft_max: k,
-        is_eog: &never,
-        rule,
-    };
-    let (out, _, st) = generate_speculative(s, d, cfg, prompt, &opts, &mut |_| true).unwrap();
-    (out, st)
-}
+use common::spec;
 
 /// The MTP layer's first-draft logits after `s`'s tokens, `last` following them.
 fn first_draft(m: &Arc<dyn LanguageModel>, dir: &Path, s: &mut Session, last: u32) -> Vec<f32> {

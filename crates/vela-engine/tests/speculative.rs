@@ -151,31 +151,7 @@ fn mtp(
     spec(s, &mut drafter, cfg, prompt, n, k, rule)
 }
 
-fn spec(
-    s: &mut Session,
-    drafter: &mut dyn Drafter,
-    cfg: &SamplerConfig,
-    prompt: &[u32],
-    n: usize,
-    k: usize,
-    rule: AcceptRule,
-) -> (Vec<u32>, SpecStats) {
-    let opts = SpecOptions {
-        depth: None,
-        max_tokens: n,
-        draft_max: k,
-        is_eog: &never,
-        rule,
-    };
-    let mut streamed = Vec::new();
-    let (out, _, stats) = generate_speculative(s, drafter, cfg, prompt, &opts, &mut |t| {
-        streamed.push(t);
-        true
-    })
-    .unwrap();
-    assert_eq!(streamed, out, "every token goes through the callback");
-    (out, stats)
-}
+use common::spec;
 
 fn report(name: &str, st: &SpecStats) {
     eprintln!(

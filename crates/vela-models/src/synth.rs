@@ -974,31 +974,49 @@ fn write_tensor(
     while r0 < rows {
         let nr = chunk_rows.min(rows - r0);
         let out = &mut buf[..nr * row_bytes];
-        let per = nr.div_ceil(threads);
-        std::thread::scope(|s| -> Result<()> {
-            let mut handles = Vec::new();
-            for (ti, part) in out.chunks_mut(per * row_bytes).enumerate() {
-                handles.push(s.spawn(move || -> Result<()> {
-                    let mut vals = vec![0f32; ne0];
-                    for (k, orow) in part.chunks_mut(row_bytes).enumerate() {
-                        let row = (r0 + ti * per + k) as u64;
-                        gen_values(role, std, g, key, row * ne0 as u64, &mut vals);
-                        quantize(spec.ty, &vals, orow)?;
-                    }
-                    Ok(())
-                }));
-            }
-            for h in handles {
-                h.join()
-                    .map_err(|_| anyhow!("a synth worker thread panicked"))??;
-            }
-            Ok(())
+        quantize_rows(spec.ty, ne0, r0 as u64, threads, out, &|row, vals| {
+            gen_values(role, std, g, key, row * ne0 as u64, vals)
         })?;
         sink.write_all(out)?;
         advanced(out.len() as u64);
         r0 += nr;
     }
     Ok(())
+}
+
+/// Whole rows of a `ty` tensor with `cols` values each into `out`, row `r0 + i` from
+/// `fill(r0 + i, values)`, the rows split over `threads`.
+pub(crate) fn quantize_rows(
+    ty: GgmlType,
+    cols: usize,
+    r0: u64,
+    threads: usize,
+    out: &mut [u8],
+    fill: &(dyn Fn(u64, &mut [f32]) + Sync),
+) -> Result<()> {
+    let rb = ty
+        .row_bytes(cols as u64)
+        .ok_or_else(|| anyhow!("{} rows of {cols} values", ty.name()))? as usize;
+    let rows = out.len() / rb.max(1);
+    let per = rows.div_ceil(threads.max(1)).max(1);
+    std::thread::scope(|s| -> Result<()> {
+        let mut handles = Vec::new();
+        for (ti, part) in out.chunks_mut(per * rb).enumerate() {
+            handles.push(s.spawn(move || -> Result<()> {
+                let mut vals = vec![0f32; cols];
+                for (k, orow) in part.chunks_mut(rb).enumerate() {
+                    fill(r0 + (ti * per + k) as u64, &mut vals);
+                    quantize(ty, &vals, orow)?;
+                }
+                Ok(())
+            }));
+        }
+        for h in handles {
+            h.join()
+                .map_err(|_| anyhow!("a synth worker thread panicked"))??;
+        }
+        Ok(())
+    })
 }
 
 #[cfg(test)]

@@ -17,6 +17,18 @@ fn f32s(p: &std::path::Path) -> Vec<f32> {
 /// In exact mode (f32 products on the device, as the CPU computes them) within 1e-5 NMSE of HF
 /// at every position and the same bits whatever the chunking; the default mode (the device's
 /// fast products) is reported.
+/// The fixture's 128-token prompt.
+fn long_prompt(dir: &std::path::Path) -> Vec<u32> {
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
+    p["prompts"]["long"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
 #[test]
 fn qwen4exp_gpu_matches_transformers_and_any_split() {
     for exact in [true, false] {
@@ -33,14 +45,7 @@ fn gpu_vs_hf(exact: bool) {
     g.set_exact_matmul(exact);
     let m: Arc<dyn LanguageModel> =
         Arc::new(Qwen4ExpModel::load_hf(Arc::new(g), &dir, None).unwrap());
-    let p: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
-    let toks: Vec<u32> = p["prompts"]["long"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let toks = long_prompt(&dir);
     let run = |chunk: usize| {
         let mut st = m.clone().new_state(256, chunk, KvType::F32).unwrap();
         let mut out = Vec::new();
@@ -99,14 +104,7 @@ fn qwen4exp_mtp_gpu_matches_the_reference() {
     let m: Arc<dyn LanguageModel> =
         Arc::new(Qwen4ExpModel::load_hf(Arc::new(g), &dir, None).unwrap());
     let mut head = m.load_mtp(&dir).unwrap();
-    let p: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
-    let toks: Vec<u32> = p["prompts"]["long"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
+    let toks = long_prompt(&dir);
     let want = f32s(&dir.join("mtp_rows_long.f32"));
     let nv = m.n_vocab();
     for chunk in [1usize, 7] {

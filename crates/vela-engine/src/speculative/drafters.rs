@@ -76,17 +76,7 @@ impl Drafter for ModelDrafter {
                 target.model.n_vocab()
             );
         }
-        let want = target.tokens();
-        let own = self.session.tokens();
-        let common = own.iter().zip(want).take_while(|(a, b)| a == b).count();
-        if common < own.len() && self.session.truncate(common).is_err() {
-            // The state cannot drop that much without a checkpoint: start over.
-            self.session.reset();
-        }
-        let have = self.session.n_past();
-        if have < want.len() {
-            self.session.eval(&want[have..])?;
-        }
+        self.session.follow(target.tokens())?;
         let mut logits = self.session.eval(&[last])?;
         let mut out = Vec::with_capacity(k);
         for i in 0..k {

@@ -1,10 +1,40 @@
-//! Helpers shared by the speculative-decoding tests: the exact distribution of three sampled
-//! tokens under plain decoding and a χ² goodness-of-fit test against it.
+//! Helpers shared by the speculative-decoding tests: a speculative run, the exact distribution of
+//! three sampled tokens under plain decoding and a χ² goodness-of-fit test against it.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
-use vela_engine::speculative::position_dist;
+use vela_engine::speculative::{
+    generate_speculative, position_dist, AcceptRule, Drafter, SpecOptions, SpecStats,
+};
 use vela_engine::{SamplerConfig, Session};
+
+/// `n` tokens after `prompt` with `drafter`, `k` drafts per round (no depth model, no end
+/// token); checks that every token went through the callback.
+pub fn spec(
+    s: &mut Session,
+    drafter: &mut dyn Drafter,
+    cfg: &SamplerConfig,
+    prompt: &[u32],
+    n: usize,
+    k: usize,
+    rule: AcceptRule,
+) -> (Vec<u32>, SpecStats) {
+    let opts = SpecOptions {
+        depth: None,
+        max_tokens: n,
+        draft_max: k,
+        is_eog: &|_| false,
+        rule,
+    };
+    let mut streamed = Vec::new();
+    let (out, _, stats) = generate_speculative(s, drafter, cfg, prompt, &opts, &mut |t| {
+        streamed.push(t);
+        true
+    })
+    .unwrap();
+    assert_eq!(streamed, out, "every token goes through the callback");
+    (out, stats)
+}
 
 /// Upper tail of the χ² distribution (Wilson–Hilferty normal approximation; fine for the
 /// p-value scale these tests need).

@@ -19,7 +19,7 @@ use anyhow::{anyhow, Context};
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use vela_compute::HostWeight;
-use vela_formats::quant::{quantize, GgmlType};
+use vela_formats::quant::GgmlType;
 
 /// Names of the geometries [`config`] knows.
 pub const GEOMETRIES: &[&str] = &[
@@ -389,26 +389,10 @@ fn generate(
     let mut data = vec![0u8; rows * rb];
     // (Experts, a few million values each, come in parallel from the loader.)
     let threads = if rows * cols < 1 << 23 { 1 } else { threads };
-    let per = rows.div_ceil(threads).max(1);
-    std::thread::scope(|sc| -> Result<()> {
-        let mut hs = Vec::new();
-        for (ti, part) in data.chunks_mut(per * rb).enumerate() {
-            hs.push(sc.spawn(move || -> Result<()> {
-                let mut v = vec![0f32; cols];
-                for (k, out) in part.chunks_mut(rb).enumerate() {
-                    let r = (ti * per + k) as u64;
-                    for (c, x) in v.iter_mut().enumerate() {
-                        *x = mean + std * normal(key, r * cols as u64 + c as u64);
-                    }
-                    quantize(ty, &v, out)?;
-                }
-                Ok(())
-            }));
+    crate::synth::quantize_rows(ty, cols, 0, threads, &mut data, &|r, v| {
+        for (c, x) in v.iter_mut().enumerate() {
+            *x = mean + std * normal(key, r * cols as u64 + c as u64);
         }
-        for h in hs {
-            h.join().map_err(|_| anyhow!("a synth thread panicked"))??;
-        }
-        Ok(())
     })?;
     HostWeight::owned(name, ty, rows, cols, data)
 }

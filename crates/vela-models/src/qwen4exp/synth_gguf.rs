@@ -52,7 +52,7 @@ use std::io::Write;
 use std::path::Path;
 use vela_formats::gguf::{GgufFile, Value};
 use vela_formats::gguf_write::{GgufWriter, TensorSpec};
-use vela_formats::quant::{quantize, GgmlType};
+use vela_formats::quant::GgmlType;
 
 /// Tokens of llama.cpp's `ggml-vocab-qwen35.gguf` (the real geometries' default tokenizer).
 const QWEN35_VOCAB: usize = 151_936;
@@ -791,25 +791,8 @@ fn generate_rows(
     data: &mut [u8],
 ) -> Result<()> {
     let ne0 = spec.ne0();
-    let rb = data.len() / n;
-    let per = n.div_ceil(if n * ne0 < 1 << 16 { 1 } else { threads });
-    std::thread::scope(|s| -> Result<()> {
-        let mut hs = Vec::new();
-        for (ti, part) in data.chunks_mut(per * rb).enumerate() {
-            hs.push(s.spawn(move || -> Result<()> {
-                let mut v = vec![0f32; ne0];
-                for (k, orow) in part.chunks_mut(rb).enumerate() {
-                    fill((r0 + ti * per + k) as u64, &mut v);
-                    quantize(spec.ty, &v, orow)?;
-                }
-                Ok(())
-            }));
-        }
-        for h in hs {
-            h.join().map_err(|_| anyhow!("a synth thread panicked"))??;
-        }
-        Ok(())
-    })
+    let threads = if n * ne0 < 1 << 16 { 1 } else { threads };
+    crate::synth::quantize_rows(spec.ty, ne0, r0 as u64, threads, data, &|r, v| fill(r, v))
 }
 
 /// Generate, convert and stream one tensor in chunks of rows; the next chunk is generated while
