@@ -7,312 +7,11 @@
 pub mod cpu;
 
 use anyhow::Result;
-use std::sync::Arc;
-use vela_formats::gguf::GgufFile;
-use vela_formats::quant::GgmlType;
-use vela_formats::safetensors::Checkpoint;
 
-/// Where a weight's bytes live on the host before the backend takes them: in place in a mapped
-/// GGUF or safetensors file, or in memory (a weight quantized at load).
-#[derive(Clone)]
-enum Storage {
-    Gguf(Arc<GgufFile>),
-    /// A checkpoint and the index of the shard holding the tensor.
-    Safetensors(Arc<Checkpoint>, usize),
-    Owned(Arc<Vec<u8>>),
-}
-
-/// Bytes of a row of `cols` elements of `ty` (an error if the row is not whole blocks).
-fn row_bytes(ty: GgmlType, cols: usize) -> Result<usize> {
-    ty.row_bytes(cols as u64)
-        .map(|b| b as usize)
-        .ok_or_else(|| anyhow::anyhow!("{cols} elements are not whole {} blocks", ty.name()))
-}
-
-/// A weight matrix on the host: `rows` rows of `cols` elements of type `ty` (row-major, each row
-/// a whole number of the type's blocks), used in place where it lies.
-#[derive(Clone)]
-pub struct HostWeight {
-    pub name: String,
-    pub ty: GgmlType,
-    /// Number of rows (product of all but the first GGUF dimension, all but the last PyTorch one).
-    pub rows: usize,
-    /// Elements per row (GGUF `ne0`).
-    pub cols: usize,
-    /// An embedding table or output head: multiplied for a few rows per step (or gathered), so a
-    /// backend keeps it as stored instead of repacking it for batched products. Set by
-    /// [`HostWeight::from_gguf`] for llama.cpp's names (`token_embd.weight`, `output.weight`),
-    /// by the model otherwise ([`HostWeight::as_head`]).
-    pub head: bool,
-    storage: Storage,
-    /// Byte range of the data in the storage, resolved once (bytes() is on the matmul hot path).
-    range: std::ops::Range<usize>,
-}
-
-impl HostWeight {
-    /// Look up a tensor by name; `None` if absent.
-    pub fn from_gguf(file: &Arc<GgufFile>, name: &str) -> Option<HostWeight> {
-        let t = file.tensor(name)?;
-        Some(HostWeight {
-            name: name.to_string(),
-            ty: t.ty,
-            rows: t.n_rows(),
-            cols: t.ne0(),
-            head: matches!(name, "token_embd.weight" | "output.weight"),
-            storage: Storage::Gguf(file.clone()),
-            range: {
-                let start = (file.data_offset + t.offset) as usize;
-                start..start + t.size as usize
-            },
-        })
-    }
-
-    /// Look up a tensor of a safetensors checkpoint (F32, F16 or BF16; a PyTorch `[out, in]`
-    /// matrix has `cols = in`; a 3-D `[E, out, in]` tensor is `E·out` rows); `None` if absent.
-    pub fn from_safetensors(cp: &Arc<Checkpoint>, name: &str) -> Option<HostWeight> {
-        let (shard, e) = cp.locate(name)?;
-        let ty = e.dtype.ggml();
-        let cols = e.shape.last().copied().unwrap_or(1);
-        let rows = e.shape.iter().rev().skip(1).product();
-        Some(HostWeight {
-            name: name.to_string(),
-            ty,
-            rows,
-            cols,
-            head: false,
-            storage: Storage::Safetensors(cp.clone(), shard),
-            range: e.start..e.end,
-        })
-    }
-
-    /// A weight held in memory (`data`: `rows` rows of `cols` elements of `ty`).
-    pub fn owned(
-        name: &str,
-        ty: GgmlType,
-        rows: usize,
-        cols: usize,
-        data: Vec<u8>,
-    ) -> Result<Self> {
-        let want = rows * row_bytes(ty, cols)?;
-        if data.len() != want {
-            anyhow::bail!(
-                "weight {name}: {} bytes for [{rows}, {cols}] of {}, expected {want}",
-                data.len(),
-                ty.name()
-            );
-        }
-        Ok(HostWeight {
-            name: name.to_string(),
-            ty,
-            rows,
-            cols,
-            head: false,
-            range: 0..data.len(),
-            storage: Storage::Owned(Arc::new(data)),
-        })
-    }
-
-    /// The tensor's bytes, in place.
-    pub fn bytes(&self) -> &[u8] {
-        let all: &[u8] = match &self.storage {
-            Storage::Gguf(f) => f.bytes(),
-            Storage::Safetensors(cp, shard) => cp.files[*shard].bytes(),
-            Storage::Owned(v) => v,
-        };
-        &all[self.range.clone()]
-    }
-
-    /// Rows `first..first + n` as a weight of their own (no copy): one expert of a 3-D expert
-    /// tensor, or a part of a fused projection.
-    pub fn row_range(&self, first: usize, n: usize, name: &str) -> Result<HostWeight> {
-        if first + n > self.rows {
-            anyhow::bail!(
-                "{}: rows {first}..{} of {} requested",
-                self.name,
-                first + n,
-                self.rows
-            );
-        }
-        let rb = row_bytes(self.ty, self.cols)?;
-        let start = self.range.start + first * rb;
-        Ok(HostWeight {
-            name: name.to_string(),
-            ty: self.ty,
-            rows: n,
-            cols: self.cols,
-            head: self.head,
-            storage: self.storage.clone(),
-            range: start..start + n * rb,
-        })
-    }
-
-    /// The weight as f32 (dequantized); for small tensors (norms, biases).
-    pub fn to_f32(&self) -> Result<Vec<f32>> {
-        let mut out = vec![0f32; self.rows * self.cols];
-        vela_formats::quant::dequantize(self.ty, self.bytes(), &mut out)?;
-        Ok(out)
-    }
-
-    /// The weight converted to `ty` in memory (llama.cpp's reference quantization, row by
-    /// row through f32).
-    pub fn convert(&self, ty: GgmlType) -> Result<HostWeight> {
-        let (rb_in, rb_out) = (row_bytes(self.ty, self.cols)?, row_bytes(ty, self.cols)?);
-        let mut out = vec![0u8; self.rows * rb_out];
-        let mut row = vec![0f32; self.cols];
-        for (src, dst) in self
-            .bytes()
-            .chunks_exact(rb_in)
-            .zip(out.chunks_exact_mut(rb_out))
-        {
-            vela_formats::quant::dequantize(self.ty, src, &mut row)?;
-            vela_formats::quant::quantize(ty, &row, dst)?;
-        }
-        Ok(HostWeight::owned(&self.name, ty, self.rows, self.cols, out)?.as_head(self.head))
-    }
-
-    /// This weight marked as an embedding table or output head (or not): [`HostWeight::head`].
-    pub fn as_head(mut self, head: bool) -> Self {
-        self.head = head;
-        self
-    }
-}
-
-/// Rotary embedding parameters of one layer.
-#[derive(Clone, Debug)]
-pub struct RopeParams {
-    /// Number of rotated dimensions per head (≤ head_dim).
-    pub n_rot: usize,
-    pub freq_base: f32,
-    /// Linear position scaling (1.0 = none).
-    pub freq_scale: f32,
-    /// NEOX style rotates (x[i], x[i + n_rot/2]); normal style rotates (x[2i], x[2i+1]).
-    pub neox: bool,
-    /// Per-frequency divisors (Llama 3 rope scaling stores them as `rope_freqs.weight`).
-    pub freq_factors: Option<Arc<Vec<f32>>>,
-}
-
-/// The sparse-attention indexer's selection rule ([`Backend::indexer_select`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IndexerParams {
-    /// Indexer query heads and their width (the pooled key is one head of the same width).
-    pub n_head: usize,
-    pub head_dim: usize,
-    /// Positions per key block.
-    pub block: usize,
-    /// Blocks kept per query (the budget in blocks).
-    pub max_blocks: usize,
-}
-
-impl IndexerParams {
-    /// Positions one query can select: the kept blocks and an open block's tail.
-    pub fn max_selected(&self) -> usize {
-        self.max_blocks * self.block + self.block - 1
-    }
-}
-
-/// Attention geometry and options of one layer.
-#[derive(Clone, Debug)]
-pub struct AttnParams {
-    pub n_head: usize,
-    pub n_head_kv: usize,
-    pub head_dim_k: usize,
-    pub head_dim_v: usize,
-    /// Multiplier applied to q·k.
-    pub scale: f32,
-    /// Sliding window: a query at position p sees keys at p-window+1 ..= p.
-    pub window: Option<usize>,
-    /// Attention logit soft-capping: s = cap * tanh(s / cap).
-    pub softcap: Option<f32>,
-}
-
-/// KV cache element type. F16 and BF16 round to nearest even when stored; BF16 keeps f32's range
-/// (no overflow for large activations) at 8 bits of mantissa.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum KvType {
-    F32,
-    F16,
-    Bf16,
-}
-
-impl KvType {
-    /// Bytes per cached element.
-    pub fn bytes(self) -> usize {
-        match self {
-            KvType::F32 => 4,
-            KvType::F16 | KvType::Bf16 => 2,
-        }
-    }
-
-    /// Parse `f32`, `f16` or `bf16` (the `--kv-type` values).
-    pub fn parse(s: &str) -> Option<KvType> {
-        match s {
-            "f32" => Some(KvType::F32),
-            "f16" => Some(KvType::F16),
-            "bf16" => Some(KvType::Bf16),
-            _ => None,
-        }
-    }
-}
-
-/// KV storage of one layer.
-#[derive(Clone, Debug)]
-pub struct KvLayerSpec {
-    pub n_head_kv: usize,
-    pub head_dim_k: usize,
-    pub head_dim_v: usize,
-    /// Number of slots; position p lives in slot p % capacity. Full-attention layers have
-    /// capacity = context length; sliding layers window + max batch.
-    pub capacity: usize,
-    pub window: Option<usize>,
-}
-
-/// Activation functions of gated FFNs.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Activation {
-    Silu,
-    /// GELU, tanh approximation.
-    GeluTanh,
-}
-
-/// How router logits become expert scores ([`Backend::route`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Score {
-    /// Softmax over the experts (Qwen3 MoE, Gemma 4).
-    Softmax,
-    /// `1 / (1 + exp(-x))` per expert (DeepSeek V3, GLM).
-    Sigmoid,
-    /// `sqrt(softplus(x))`, softplus as torch's (`x` above 20, else `ln(1 + exp(x))`;
-    /// DeepSeek V4).
-    SqrtSoftplus,
-}
-
-/// Routing settings of an MoE layer ([`Backend::route`]).
-#[derive(Clone, Debug, PartialEq)]
-pub struct RouteParams {
-    pub n_expert: usize,
-    /// Experts per token.
-    pub k: usize,
-    pub score: Score,
-    /// Expert groups (DeepSeek V3 `n_group`; 1 = no grouping); must divide `n_expert`.
-    pub n_group: usize,
-    /// Groups kept per token (`topk_group`; ≥ `n_group` = all).
-    pub topk_group: usize,
-    /// Divide the chosen weights by their sum (`norm_topk_prob`).
-    pub renorm: bool,
-    /// Multiplier of the weights (`routed_scaling_factor`; 1 = none).
-    pub scale: f32,
-}
-
-impl RouteParams {
-    /// The renormalisation's epsilon: 1e-20 for the sigmoid-type scores (DeepSeek adds it),
-    /// 0 for softmax (Qwen3 MoE and Gemma 4 divide by the plain sum).
-    pub fn renorm_eps(&self) -> f32 {
-        match self.score {
-            Score::Softmax => 0.0,
-            Score::Sigmoid | Score::SqrtSoftplus => 1e-20,
-        }
-    }
-}
+mod host_weight;
+pub use host_weight::HostWeight;
+mod params;
+pub use params::*;
 
 pub use cpu::recurrent::DeltaDims;
 
@@ -657,6 +356,117 @@ pub trait Backend: Send + Sync {
         n: usize,
         width: usize,
         heads: (usize, usize, usize),
+        scale: f32,
+        out: &mut Self::Buf,
+    );
+
+    // --- DeepSeek V4: mHC streams, compressed entries, attention with sinks ---
+    /// mHC mixing weights, in place. Row t of `mix` (the normalised streams' products with the
+    /// mixing matrix) is `[pre S | post S | C S×S]` (`(2+S)·S` wide; with `head`, `[pre S]`):
+    /// pre = σ(pre·scale[0] + base) + eps; post = 2σ(post·scale[1] + base); C = softmax over k
+    /// of each row j of C·scale[2] + base, + eps, then columns normalised (x / (Σ_j + eps)), then
+    /// `iters − 1` times rows then columns. All f32 (HF computes them in f32).
+    #[allow(clippy::too_many_arguments)]
+    fn mhc_weights(
+        &self,
+        mix: &mut Self::Buf,
+        base: &Self::Vector,
+        scale: [f32; 3],
+        n: usize,
+        streams: usize,
+        iters: usize,
+        eps: f32,
+        head: bool,
+    );
+    /// The block input of `x` (`[n, S·width]`): out row t = Σ_s w[t·stride + s] · x[t, s], in
+    /// ascending s, each product and sum rounded to f32.
+    #[allow(clippy::too_many_arguments)]
+    fn mhc_collapse(
+        &self,
+        x: &Self::Buf,
+        w: &Self::Buf,
+        stride: usize,
+        n: usize,
+        streams: usize,
+        width: usize,
+        out: &mut Self::Buf,
+    );
+    /// The streams after a block: x[t, k] = post[t, k] · y[t] + Σ_j C[t, j, k] · x[t, j] (j
+    /// ascending), with `w` rows of [`Backend::mhc_weights`].
+    fn mhc_expand(
+        &self,
+        x: &mut Self::Buf,
+        w: &Self::Buf,
+        y: &Self::Buf,
+        n: usize,
+        streams: usize,
+        width: usize,
+    );
+    /// Rotate the trailing `2·inv_freq.len()` channels of each of the `n_head` heads of every
+    /// row in interleaved (GPT-J) pairs: angle = f32(pos) · inv_freq[i] in f32;
+    /// (a, b) → (a·cos − b·sin, b·cos + a·sin); `inverse` negates the sine.
+    fn rope_trailing(
+        &self,
+        x: &mut Self::Buf,
+        n_head: usize,
+        head_dim: usize,
+        positions: &[u32],
+        inv_freq: &[f32],
+        inverse: bool,
+    );
+    /// A compressor's entries for windows `first..first + n_windows` of `m` positions into rows
+    /// `0..n_windows` of `out` (`width` wide). `raw` is a ring of `raw_slots` rows (position p
+    /// in slot p % raw_slots) of `[values | gate logits]`, each half `width` wide, or `2·width`
+    /// with `overlap`. Per channel, a softmax over the window's slots of logit + `ape[j]` weighs
+    /// the values. With `overlap` (CSA) the slots are the previous window's first halves
+    /// (logits + ape's first half; none for window 0) then this window's second halves (ape's
+    /// second half). All f32, the softmax's sum in slot order.
+    #[allow(clippy::too_many_arguments)]
+    fn compress_pool(
+        &self,
+        raw: &Self::Buf,
+        raw_slots: usize,
+        raw_width: usize,
+        width: usize,
+        ape: &Self::Vector,
+        m: usize,
+        overlap: bool,
+        first: usize,
+        n_windows: usize,
+        out: &mut Self::Buf,
+    );
+    /// The Lightning indexer's selection: for the query row t at `positions[t]`, the visible
+    /// entries e < ⌊(pos+1)/ratio⌋ of `keys` (`[entries, head_dim]`) are scored
+    /// Σ_h relu(q_h · key_e) · scale · w[t, h] (`q` `[n, n_head·head_dim]`, `w` `[n, n_head]`).
+    /// With at most `top_k` visible entries all of them are selected; otherwise the `top_k`
+    /// best (the lower entry first among equal scores, NaN lowest). Row t of `sel`
+    /// (`[n, top_k]`) gets them in ascending order, `counts[t]` their number.
+    #[allow(clippy::too_many_arguments)]
+    fn lightning_select(
+        &self,
+        q: &Self::Buf,
+        w: &Self::Buf,
+        keys: &Self::Buf,
+        positions: &[u32],
+        p: &LightningParams,
+        sel: &mut Self::Ids,
+        counts: &mut Self::Ids,
+    );
+    /// Attention with sinks over K=V rows (one head of `head_dim`, shared by every query head):
+    /// query row t (`[n, n_head·head_dim]`) reads the rows of `a` selected by its row of
+    /// `a_sel` (`a_counts[t]` of them, `a_width` wide), then those of `b`; per head h the
+    /// softmax of `scale`·q·k over them and the sink logit `sinks[h]` (which takes probability
+    /// but adds no value; f32, the sum in f64), times the rows.
+    #[allow(clippy::too_many_arguments)]
+    fn attention_sink(
+        &self,
+        q: &Self::Buf,
+        a: (&Self::Buf, &Self::Ids, &Self::Ids, usize),
+        b: (&Self::Buf, &Self::Ids, &Self::Ids, usize),
+        sinks: &Self::Vector,
+        n: usize,
+        n_head: usize,
+        head_dim: usize,
         scale: f32,
         out: &mut Self::Buf,
     );

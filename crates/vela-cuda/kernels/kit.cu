@@ -39,15 +39,23 @@ extern "C" __global__ void kit_mul(float* x, const float* __restrict__ y, long l
 }
 
 // out[r, i] = act(gu[r, i]) * gu[r, width + i] over len = rows * width elements (rows of 2*width
-// in gu: a fused gate/up product); the functions of act_mul_silu / act_mul_gelu.
+// in gu: a fused gate/up product); the functions of act_mul_silu / act_mul_gelu (kind 0 / 1),
+// kind 2 DeepSeek V4's SwiGLU with a limit.
 extern "C" __global__ void kit_act_mul_split(const float* __restrict__ gu, float* __restrict__ out,
-                                             long long width, long long len, int gelu) {
+                                             long long width, long long len, int kind,
+                                             float limit) {
     PDL_ENTRY();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= len) return;
     long long r = i / width, c = i - r * width;
     float g = gu[2 * r * width + c], u = gu[2 * r * width + width + c];
-    out[i] = gelu ? act_gelu_mul(g, u) : act_silu_mul(g, u);
+    if (kind == 2) {
+        // SwiGLU with a limit: silu(min(g, L)) * clamp(u, -L, L).
+        float x = fminf(g, limit);
+        out[i] = x / (1.0f + expf(-x)) * fminf(fmaxf(u, -limit), limit);
+        return;
+    }
+    out[i] = kind == 1 ? act_gelu_mul(g, u) : act_silu_mul(g, u);
 }
 
 // out row i = src row idx[i] (block i, threads over the row); an index at or past n_src rows

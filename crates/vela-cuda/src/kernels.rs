@@ -34,6 +34,7 @@ pub const GROUPS: &[(&str, &str)] = &[
     ("sample", include_str!("../kernels/sample.cu")),
     ("kit", include_str!("../kernels/kit.cu")),
     ("recurrent", include_str!("../kernels/recurrent.cu")),
+    ("compressed", include_str!("../kernels/compressed.cu")),
 ];
 
 /// Every kernel the backend launches, per group (also checked by `tests/ptx.rs`).
@@ -267,6 +268,20 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "sparse_index_scores",
             "sparse_index_select",
             "sparse_attention",
+        ],
+    ),
+    (
+        "compressed",
+        &[
+            "dsv4_mhc_weights",
+            "dsv4_mhc_collapse",
+            "dsv4_mhc_expand",
+            "dsv4_rope_trailing",
+            "dsv4_compress_pool",
+            "dsv4_lightning_scores",
+            "dsv4_lightning_select",
+            "dsv4_attention_sink",
+            "dsv4_act_mul_silu_limit",
         ],
     ),
 ];

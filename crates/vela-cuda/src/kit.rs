@@ -51,13 +51,18 @@ impl CudaBackend {
             gu.len() >= 2 * len && out.len() >= len,
             "act_mul_split: buffer too small"
         );
-        let gelu = matches!(act, vela_compute::Activation::GeluTanh) as i32;
+        let (kind, limit) = match act {
+            vela_compute::Activation::Silu => (0, 0.0),
+            vela_compute::Activation::GeluTanh => (1, 0.0),
+            vela_compute::Activation::SiluLimit(l) => (2, l),
+        };
         let args = [
             Arg::P(self.ptr(gu)),
             Arg::P(self.ptr(out)),
             Arg::L(width as i64),
             Arg::L(len as i64),
-            Arg::I(gelu),
+            Arg::I(kind),
+            Arg::F(limit),
         ];
         self.launch_1d("kit_act_mul_split", len, &args);
     }

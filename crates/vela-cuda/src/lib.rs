@@ -23,6 +23,7 @@ mod attn;
 mod attn_gemm;
 mod attn_parts;
 mod backend;
+mod compressed;
 mod cublas;
 mod device;
 mod gemm;
@@ -365,6 +366,7 @@ impl Backend for CudaBackend {
         let name = match act {
             Activation::Silu => "act_mul_silu",
             Activation::GeluTanh => "act_mul_gelu",
+            Activation::SiluLimit(l) => return self.act_mul_limit_impl(gate, up, len, l),
         };
         let args = [
             Arg::P(self.ptr(gate)),
@@ -422,6 +424,103 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) {
         self.attention_selected_impl(q, k, v, sel, counts, n, width, heads, scale, out);
+    }
+
+    fn mhc_weights(
+        &self,
+        mix: &mut CudaBuf,
+        base: &CudaSlice<f32>,
+        scale: [f32; 3],
+        n: usize,
+        streams: usize,
+        iters: usize,
+        eps: f32,
+        head: bool,
+    ) {
+        self.mhc_weights_impl(mix, base, scale, n, streams, iters, eps, head);
+    }
+
+    fn mhc_collapse(
+        &self,
+        x: &CudaBuf,
+        w: &CudaBuf,
+        stride: usize,
+        n: usize,
+        streams: usize,
+        width: usize,
+        out: &mut CudaBuf,
+    ) {
+        self.mhc_collapse_impl(x, w, stride, n, streams, width, out);
+    }
+
+    fn mhc_expand(
+        &self,
+        x: &mut CudaBuf,
+        w: &CudaBuf,
+        y: &CudaBuf,
+        n: usize,
+        streams: usize,
+        width: usize,
+    ) {
+        self.mhc_expand_impl(x, w, y, n, streams, width);
+    }
+
+    fn rope_trailing(
+        &self,
+        x: &mut CudaBuf,
+        n_head: usize,
+        head_dim: usize,
+        positions: &[u32],
+        inv_freq: &[f32],
+        inverse: bool,
+    ) {
+        self.rope_trailing_impl(x, n_head, head_dim, positions, inv_freq, inverse);
+    }
+
+    fn compress_pool(
+        &self,
+        raw: &CudaBuf,
+        raw_slots: usize,
+        raw_width: usize,
+        width: usize,
+        ape: &CudaSlice<f32>,
+        m: usize,
+        overlap: bool,
+        first: usize,
+        n_windows: usize,
+        out: &mut CudaBuf,
+    ) {
+        self.compress_pool_impl(
+            raw, raw_slots, raw_width, width, ape, m, overlap, first, n_windows, out,
+        );
+    }
+
+    fn lightning_select(
+        &self,
+        q: &CudaBuf,
+        w: &CudaBuf,
+        keys: &CudaBuf,
+        positions: &[u32],
+        p: &vela_compute::LightningParams,
+        sel: &mut CudaSlice<u32>,
+        counts: &mut CudaSlice<u32>,
+    ) {
+        self.lightning_select_impl(q, w, keys, positions, p, sel, counts);
+    }
+
+    fn attention_sink(
+        &self,
+        q: &CudaBuf,
+        a: (&CudaBuf, &CudaSlice<u32>, &CudaSlice<u32>, usize),
+        b: (&CudaBuf, &CudaSlice<u32>, &CudaSlice<u32>, usize),
+        sinks: &CudaSlice<f32>,
+        n: usize,
+        n_head: usize,
+        head_dim: usize,
+        scale: f32,
+        out: &mut CudaBuf,
+    ) {
+        self.attention_sink_impl(q, a, b, sinks, n, n_head, head_dim, scale, out);
     }
 
     fn mean_streams(&self, x: &CudaBuf, n: usize, streams: usize, width: usize, out: &mut CudaBuf) {

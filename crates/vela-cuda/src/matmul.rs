@@ -449,6 +449,7 @@ impl CudaBackend {
             && w.cols == width
             && matches!(kind, Some(ActKind::Q8 | ActKind::Q8K))
             && !self.use_gemm(n_rows, &[w]);
+        let fusable = fusable && !matches!(act, Activation::SiluLimit(_));
         let Some(kind) = kind.filter(|_| fusable) else {
             self.act_mul(gate, up, n_rows * width, act);
             self.matmul(w, gate, n_rows, y);
@@ -468,6 +469,7 @@ impl CudaBackend {
             (ActKind::Q8, Activation::GeluTanh) => "act_q8_gelu",
             (_, Activation::Silu) => "act_q8k_silu",
             (_, Activation::GeluTanh) => "act_q8k_gelu",
+            (_, Activation::SiluLimit(_)) => unreachable!("not fused (above)"),
         };
         let n_blocks = n_rows * width / bs;
         let mut sc = self.scratch();

@@ -2,8 +2,10 @@
 
 #[cfg(target_arch = "x86_64")]
 mod attn;
+pub mod compressed;
 pub mod experts;
 pub mod kit;
+mod kvdata;
 pub mod matmul;
 pub mod ops;
 pub mod pool;

@@ -5,6 +5,9 @@
 //! RoPE builds its angle table by repeated f32 multiplication, matmuls quantize activations to the
 //! weight type's dot-product format (see [`super::matmul`]).
 
+use super::compressed;
+use super::kvdata::{concat, host_memory_available, KvData, KvLayer};
+pub use super::kvdata::{CpuKv, CpuKvSnapshot};
 use super::matmul::{self, QMatrix};
 use super::pool::ThreadPool;
 use super::simd;
@@ -13,7 +16,6 @@ use crate::{
     Activation, AttnParams, Backend, HostWeight, KvLayerSpec, KvType, RopeParams, RouteParams,
 };
 use anyhow::{bail, Result};
-use half::{bf16, f16};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -61,113 +63,6 @@ impl CpuWeight {
             data: self.host.bytes(),
         }
     }
-}
-
-enum KvData {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    Bf16(Vec<bf16>),
-}
-
-/// Types whose all-zero bit pattern is the value 0.0 (so a zeroed allocation is a valid vector).
-trait ZeroBits: Copy {}
-impl ZeroBits for f32 {}
-impl ZeroBits for f16 {}
-impl ZeroBits for bf16 {}
-
-/// `vec![0; n]` that reports an allocation failure as an error instead of aborting. Zeroed pages
-/// come from the allocator (calloc), so untouched parts of a large cache cost no memory.
-fn zeroed_vec<T: ZeroBits>(n: usize) -> Result<Vec<T>> {
-    if n == 0 {
-        return Ok(Vec::new());
-    }
-    let layout = std::alloc::Layout::array::<T>(n).map_err(|_| {
-        anyhow::anyhow!("a KV cache of {n} values is larger than the address space")
-    })?;
-    // SAFETY: `layout` has a non-zero size (n > 0, T is a 2- or 4-byte float).
-    let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
-    if p.is_null() {
-        bail!(
-            "could not allocate {:.2} GiB of host memory for the KV cache: use a smaller --ctx \
-             (or --kv-type f16)",
-            layout.size() as f64 / (1u64 << 30) as f64
-        );
-    }
-    // SAFETY: `p` was allocated by the global allocator with the layout of `[T; n]`, and every
-    // element is initialized: all-zero bits are 0.0 for every `ZeroBits` type.
-    Ok(unsafe { Vec::from_raw_parts(p, n, n) })
-}
-
-/// Available host memory (`MemAvailable` of /proc/meminfo) in bytes; None where unknown.
-fn host_memory_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
-
-impl KvData {
-    /// A zeroed cache of `n` values, or an error when the allocator refuses (a huge `--ctx` must
-    /// not abort the process; `vec![0; n]` would).
-    fn new(ty: KvType, n: usize) -> Result<KvData> {
-        Ok(match ty {
-            KvType::F32 => KvData::F32(zeroed_vec(n)?),
-            KvType::F16 => KvData::F16(zeroed_vec(n)?),
-            KvType::Bf16 => KvData::Bf16(zeroed_vec(n)?),
-        })
-    }
-    fn write(&mut self, off: usize, src: &[f32]) {
-        match self {
-            KvData::F32(d) => d[off..off + src.len()].copy_from_slice(src),
-            KvData::F16(d) => simd::f32_to_f16(src, &mut d[off..off + src.len()]),
-            KvData::Bf16(d) => simd::f32_to_bf16(src, &mut d[off..off + src.len()]),
-        }
-    }
-    fn clone_range(&self, off: usize, n: usize) -> KvData {
-        match self {
-            KvData::F32(d) => KvData::F32(d[off..off + n].to_vec()),
-            KvData::F16(d) => KvData::F16(d[off..off + n].to_vec()),
-            KvData::Bf16(d) => KvData::Bf16(d[off..off + n].to_vec()),
-        }
-    }
-    fn copy_from(&mut self, off: usize, src: &KvData) {
-        match (self, src) {
-            (KvData::F32(d), KvData::F32(s)) => d[off..off + s.len()].copy_from_slice(s),
-            (KvData::F16(d), KvData::F16(s)) => d[off..off + s.len()].copy_from_slice(s),
-            (KvData::Bf16(d), KvData::Bf16(s)) => d[off..off + s.len()].copy_from_slice(s),
-            _ => unreachable!("snapshot type matches cache type"),
-        }
-    }
-    fn bytes(&self) -> usize {
-        match self {
-            KvData::F32(d) => d.len() * 4,
-            KvData::F16(d) => d.len() * 2,
-            KvData::Bf16(d) => d.len() * 2,
-        }
-    }
-    fn deep_clone(&self) -> KvData {
-        match self {
-            KvData::F32(d) => KvData::F32(d.clone()),
-            KvData::F16(d) => KvData::F16(d.clone()),
-            KvData::Bf16(d) => KvData::Bf16(d.clone()),
-        }
-    }
-}
-
-struct KvLayer {
-    spec: KvLayerSpec,
-    k: KvData,
-    v: KvData,
-}
-
-/// Per-layer K/V rings.
-pub struct CpuKv {
-    layers: Vec<KvLayer>,
-}
-
-/// Saved sliding-window slots: (layer, first position, K rows, V rows).
-pub struct CpuKvSnapshot {
-    saved: Vec<(usize, usize, KvData, KvData)>,
 }
 
 /// Raw pointer that may be shared across pool threads writing disjoint ranges.
@@ -218,6 +113,20 @@ fn chunk(n: usize, parts: usize, i: usize) -> std::ops::Range<usize> {
     let rem = n % parts;
     let start = i * per + i.min(rem);
     start..start + per + usize::from(i < rem)
+}
+
+/// gate = act(gate) · up.
+fn act_mul_slice(act: Activation, gate: &mut [f32], up: &[f32]) {
+    match act {
+        Activation::Silu => simd::silu_mul(gate, up),
+        Activation::GeluTanh => simd::gelu_mul(gate, up),
+        Activation::SiluLimit(l) => {
+            for (g, &u) in gate.iter_mut().zip(up) {
+                let x = g.min(l);
+                *g = x / (1.0 + (-x).exp()) * u.clamp(-l, l);
+            }
+        }
+    }
 }
 
 impl Backend for CpuBackend {
@@ -445,10 +354,7 @@ impl Backend for CpuBackend {
         {
             let (g, u) = src.split_at(width);
             dst.copy_from_slice(g);
-            match act {
-                Activation::Silu => simd::silu_mul(dst, u),
-                Activation::GeluTanh => simd::gelu_mul(dst, u),
-            }
+            act_mul_slice(act, dst, u);
         }
     }
 
@@ -508,6 +414,104 @@ impl Backend for CpuBackend {
     ) {
         let (nh, nkv, hd) = heads;
         super::sparse::attention_selected(q, k, v, sel, counts, n, width, nh, nkv, hd, scale, out);
+    }
+
+    fn mhc_weights(
+        &self,
+        mix: &mut Vec<f32>,
+        base: &Vec<f32>,
+        scale: [f32; 3],
+        n: usize,
+        streams: usize,
+        iters: usize,
+        eps: f32,
+        head: bool,
+    ) {
+        compressed::mhc_weights(mix, base, scale, n, streams, iters, eps, head);
+    }
+
+    fn mhc_collapse(
+        &self,
+        x: &Vec<f32>,
+        w: &Vec<f32>,
+        stride: usize,
+        n: usize,
+        streams: usize,
+        width: usize,
+        out: &mut Vec<f32>,
+    ) {
+        compressed::mhc_collapse(x, w, stride, n, streams, width, out);
+    }
+
+    fn mhc_expand(
+        &self,
+        x: &mut Vec<f32>,
+        w: &Vec<f32>,
+        y: &Vec<f32>,
+        n: usize,
+        streams: usize,
+        width: usize,
+    ) {
+        compressed::mhc_expand(x, w, y, n, streams, width);
+    }
+
+    fn rope_trailing(
+        &self,
+        x: &mut Vec<f32>,
+        n_head: usize,
+        head_dim: usize,
+        positions: &[u32],
+        inv_freq: &[f32],
+        inverse: bool,
+    ) {
+        compressed::rope_trailing(x, n_head, head_dim, positions, inv_freq, inverse);
+    }
+
+    fn compress_pool(
+        &self,
+        raw: &Vec<f32>,
+        raw_slots: usize,
+        raw_width: usize,
+        width: usize,
+        ape: &Vec<f32>,
+        m: usize,
+        overlap: bool,
+        first: usize,
+        n_windows: usize,
+        out: &mut Vec<f32>,
+    ) {
+        compressed::compress_pool(
+            raw, raw_slots, raw_width, width, ape, m, overlap, first, n_windows, out,
+        );
+    }
+
+    fn lightning_select(
+        &self,
+        q: &Vec<f32>,
+        w: &Vec<f32>,
+        keys: &Vec<f32>,
+        positions: &[u32],
+        p: &crate::LightningParams,
+        sel: &mut Vec<u32>,
+        counts: &mut Vec<u32>,
+    ) {
+        compressed::lightning_select(q, w, keys, positions, p, sel, counts);
+    }
+
+    fn attention_sink(
+        &self,
+        q: &Vec<f32>,
+        a: (&Vec<f32>, &Vec<u32>, &Vec<u32>, usize),
+        b: (&Vec<f32>, &Vec<u32>, &Vec<u32>, usize),
+        sinks: &Vec<f32>,
+        n: usize,
+        n_head: usize,
+        head_dim: usize,
+        scale: f32,
+        out: &mut Vec<f32>,
+    ) {
+        let (a, b) = (compressed::RowSet::from(a), compressed::RowSet::from(b));
+        compressed::attention_sink(q, [&a, &b], sinks, n, n_head, head_dim, scale, out);
     }
 
     fn mean_streams(
@@ -733,10 +737,7 @@ impl Backend for CpuBackend {
         let up = &up[..len];
         if len < 1 << 14 {
             // Decode-sized: a dispatch would cost more than the work.
-            match act {
-                Activation::Silu => simd::silu_mul(&mut gate[..len], up),
-                Activation::GeluTanh => simd::gelu_mul(&mut gate[..len], up),
-            }
+            act_mul_slice(act, &mut gate[..len], up);
             return;
         }
         let ptr = SyncPtr(gate.as_mut_ptr());
@@ -745,10 +746,7 @@ impl Backend for CpuBackend {
             // SAFETY: each thread takes a disjoint range of `gate`.
             let ptr = &ptr; // capture the Sync wrapper, not its raw-pointer field
             let g = unsafe { std::slice::from_raw_parts_mut(ptr.0.add(r.start), r.len()) };
-            match act {
-                Activation::Silu => simd::silu_mul(g, &up[r]),
-                Activation::GeluTanh => simd::gelu_mul(g, &up[r]),
-            }
+            act_mul_slice(act, g, &up[r]);
         });
     }
 
@@ -914,52 +912,6 @@ impl Backend for CpuBackend {
     ) {
         dst[dst_row * width..(dst_row + n_rows) * width]
             .copy_from_slice(&src[src_row * width..(src_row + n_rows) * width]);
-    }
-}
-
-fn concat(parts: Vec<KvData>) -> KvData {
-    let mut it = parts.into_iter();
-    let Some(first) = it.next() else {
-        return KvData::F32(Vec::new());
-    };
-    match first {
-        KvData::F32(mut v) => {
-            for p in it {
-                if let KvData::F32(x) = p {
-                    v.extend_from_slice(&x)
-                }
-            }
-            KvData::F32(v)
-        }
-        KvData::F16(mut v) => {
-            for p in it {
-                if let KvData::F16(x) = p {
-                    v.extend_from_slice(&x)
-                }
-            }
-            KvData::F16(v)
-        }
-        KvData::Bf16(mut v) => {
-            for p in it {
-                if let KvData::Bf16(x) = p {
-                    v.extend_from_slice(&x)
-                }
-            }
-            KvData::Bf16(v)
-        }
-    }
-}
-
-impl KvData {
-    fn len_elems(&self) -> usize {
-        match self {
-            KvData::F32(d) => d.len(),
-            KvData::F16(d) => d.len(),
-            KvData::Bf16(d) => d.len(),
-        }
-    }
-    fn slice(&self, off: usize, n: usize) -> KvData {
-        self.clone_range(off, n)
     }
 }
 

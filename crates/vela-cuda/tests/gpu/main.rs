@@ -437,6 +437,7 @@ fn attention_and_kv_match_cpu() {
 }
 
 mod attn;
+mod dsv4;
 mod gemm;
 mod gemma4;
 mod kernels2;

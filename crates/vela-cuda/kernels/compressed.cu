@@ -1,0 +1,291 @@
+// DeepSeek V4's ops: mHC stream mixing, trailing interleaved rotation, the compressors' gated
+// pooling, the Lightning indexer and attention with sinks over two row sets. The CPU backend
+// (crates/vela-compute/src/cpu/compressed.rs) is the reference; these follow it step by step
+// (the attention's and indexer's sums run in another order: results within rounding).
+
+__device__ __forceinline__ float dsv4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// One thread per token: the row of mix becomes [pre | post | C] (head: [pre]).
+extern "C" __global__ void dsv4_mhc_weights(float* mix, const float* __restrict__ base, float s0,
+                                            float s1, float s2, int n, int S, int iters, float eps,
+                                            int head) {
+    PDL_ENTRY();
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n) return;
+    int stride = head ? S : (2 + S) * S;
+    float* row = mix + (size_t)t * stride;
+    for (int i = 0; i < S; i++) row[i] = dsv4_sigmoid(row[i] * s0 + base[i]) + eps;
+    if (head) return;
+    for (int i = S; i < 2 * S; i++) row[i] = 2.0f * dsv4_sigmoid(row[i] * s1 + base[i]);
+    float* c = row + 2 * S;
+    for (int j = 0; j < S; j++) {
+        float m = NEG_INF;
+        for (int k = 0; k < S; k++) {
+            float v = c[j * S + k] * s2 + base[2 * S + j * S + k];
+            c[j * S + k] = v;
+            m = fmaxf(m, v);
+        }
+        float sum = 0.0f;
+        for (int k = 0; k < S; k++) {
+            float e = expf(c[j * S + k] - m);
+            c[j * S + k] = e;
+            sum += e;
+        }
+        for (int k = 0; k < S; k++) c[j * S + k] = c[j * S + k] / sum + eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0)
+            for (int j = 0; j < S; j++) {
+                float sum = 0.0f;
+                for (int k = 0; k < S; k++) sum += c[j * S + k];
+                for (int k = 0; k < S; k++) c[j * S + k] /= sum + eps;
+            }
+        for (int k = 0; k < S; k++) {
+            float sum = 0.0f;
+            for (int j = 0; j < S; j++) sum += c[j * S + k];
+            for (int j = 0; j < S; j++) c[j * S + k] /= sum + eps;
+        }
+    }
+}
+
+// out[t, i] = sum_s w[t*stride + s] * x[t, s, i].
+extern "C" __global__ void dsv4_mhc_collapse(const float* __restrict__ x, const float* __restrict__ w,
+                                             int stride, int S, int width, long long total,
+                                             float* __restrict__ out) {
+    PDL_ENTRY();
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= total) return;
+    long long t = e / width, i = e % width;
+    const float* xt = x + t * S * width + i;
+    const float* wt = w + t * stride;
+    float acc = 0.0f;
+    for (int s = 0; s < S; s++) acc = __fadd_rn(acc, __fmul_rn(wt[s], xt[(size_t)s * width]));
+    out[e] = acc;
+}
+
+// x[t, k, i] = post[t, k] * y[t, i] + sum_j C[t, j, k] * x[t, j, i] (one thread per (t, i)).
+#define DSV4_MAX_STREAMS 16
+extern "C" __global__ void dsv4_mhc_expand(float* x, const float* __restrict__ w,
+                                           const float* __restrict__ y, int S, int width,
+                                           long long total) {
+    PDL_ENTRY();
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= total) return;
+    long long t = e / width, i = e % width;
+    float* xt = x + t * S * width + i;
+    const float* wt = w + t * (2 + S) * S;
+    const float *post = wt + S, *c = wt + 2 * S;
+    float col[DSV4_MAX_STREAMS];
+    for (int j = 0; j < S; j++) col[j] = xt[(size_t)j * width];
+    float yi = y[t * width + i];
+    for (int k = 0; k < S; k++) {
+        float acc = 0.0f;
+        for (int j = 0; j < S; j++) acc = __fadd_rn(acc, __fmul_rn(c[j * S + k], col[j]));
+        xt[(size_t)k * width] = __fadd_rn(__fmul_rn(post[k], yi), acc);
+    }
+}
+
+// One thread per (row, head, pair) of the trailing 2*npairs channels.
+extern "C" __global__ void dsv4_rope_trailing(float* x, const u32* __restrict__ pos,
+                                              const float* __restrict__ inv, int n_head, int hd,
+                                              int npairs, float sign, long long total) {
+    PDL_ENTRY();
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= total) return;
+    int i = (int)(e % npairs);
+    long long th = e / npairs;
+    long long t = th / n_head;
+    float a = __fmul_rn((float)pos[t], inv[i]);
+    float c = cosf(a), s = sign * sinf(a);
+    float* v = x + th * hd + hd - 2 * npairs + 2 * i;
+    float x0 = v[0], x1 = v[1];
+    v[0] = x0 * c - x1 * s;
+    v[1] = x1 * c + x0 * s;
+}
+
+// One thread per (window, channel): softmax over the window's slots of logit + ape, times values.
+extern "C" __global__ void dsv4_compress_pool(const float* __restrict__ raw, int raw_slots,
+                                              int raw_width, int d, const float* __restrict__ ape,
+                                              int m, int overlap, int first, int n_windows,
+                                              float* __restrict__ out) {
+    PDL_ENTRY();
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (long long)n_windows * d) return;
+    int c = (int)(e % d), w = first + (int)(e / d);
+    int half = overlap ? 2 * d : d;
+    // Slot j of 2m (overlap; the first m are the previous window's) or of m.
+    int n_slots = overlap ? 2 * m : m, j0 = (overlap && w == 0) ? m : 0;
+    float mx = NEG_INF;
+    for (int j = j0; j < n_slots; j++) {
+        long long p; int vc, ac;
+        if (overlap) {
+            bool prev = j < m;
+            int jj = prev ? j : j - m;
+            p = prev ? (long long)(w - 1) * m + jj : (long long)w * m + jj;
+            vc = prev ? c : d + c;
+            ac = jj * 2 * d + vc;
+        } else {
+            p = (long long)w * m + j;
+            vc = c;
+            ac = j * d + c;
+        }
+        const float* r = raw + (p % raw_slots) * raw_width;
+        mx = fmaxf(mx, r[half + vc] + ape[ac]);
+    }
+    float sum = 0.0f;
+    for (int pass = 0; pass < 2; pass++) {
+        float acc = 0.0f;
+        for (int j = j0; j < n_slots; j++) {
+            long long p; int vc, ac;
+            if (overlap) {
+                bool prev = j < m;
+                int jj = prev ? j : j - m;
+                p = prev ? (long long)(w - 1) * m + jj : (long long)w * m + jj;
+                vc = prev ? c : d + c;
+                ac = jj * 2 * d + vc;
+            } else {
+                p = (long long)w * m + j;
+                vc = c;
+                ac = j * d + c;
+            }
+            const float* r = raw + (p % raw_slots) * raw_width;
+            float ex = expf(r[half + vc] + ape[ac] - mx);
+            if (pass == 0) sum += ex;
+            else acc += ex / sum * r[vc];
+        }
+        if (pass == 1) out[(size_t)(e / d) * d + c] = acc;
+    }
+}
+
+// One block per query: the scores of the visible entries into scores row t.
+extern "C" __global__ void dsv4_lightning_scores(const float* __restrict__ q, const float* __restrict__ w,
+                                                 const float* __restrict__ keys,
+                                                 const u32* __restrict__ pos, int nh, int di,
+                                                 int ratio, float scale, int stride,
+                                                 float* __restrict__ scores) {
+    PDL_ENTRY();
+    int t = blockIdx.x;
+    int nv = ((int)pos[t] + 1) / ratio;
+    const float* qt = q + (size_t)t * nh * di;
+    const float* wt = w + (size_t)t * nh;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    for (int b = warp; b < nv; b += nw) {
+        const float* kb = keys + (size_t)b * di;
+        float s = 0.0f;
+        for (int h = 0; h < nh; h++) {
+            float dot = 0.0f;
+            for (int i = lane; i < di; i += 32) dot += qt[h * di + i] * kb[i];
+            dot = warp_sum(dot);
+            s += fmaxf(dot, 0.0f) * scale * wt[h];
+        }
+        if (lane == 0) scores[(size_t)t * stride + b] = isnan(s) ? NEG_INF : s;
+    }
+}
+
+// One block per query: the top_k entries by rank (the lower entry first among equal scores),
+// in ascending order. Rank counting is O(entries^2) per query.
+extern "C" __global__ void dsv4_lightning_select(const float* __restrict__ scores,
+                                                 const u32* __restrict__ pos, int ratio, int top_k,
+                                                 int stride, unsigned char* __restrict__ kept,
+                                                 u32* sel, u32* counts) {
+    PDL_ENTRY();
+    int t = blockIdx.x;
+    int nv = ((int)pos[t] + 1) / ratio;
+    u32* row = sel + (size_t)t * top_k;
+    if (nv <= top_k) {
+        for (int x = threadIdx.x; x < nv; x += blockDim.x) row[x] = (u32)x;
+        if (threadIdx.x == 0) counts[t] = (u32)nv;
+        return;
+    }
+    const float* s = scores + (size_t)t * stride;
+    unsigned char* kt = kept + (size_t)t * stride;
+    for (int b = threadIdx.x; b < nv; b += blockDim.x) {
+        float sb = s[b];
+        int rank = 0;
+        for (int o = 0; o < nv; o++) rank += (s[o] > sb) || (s[o] == sb && o < b);
+        kt[b] = rank < top_k;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int n = 0;
+        for (int b = 0; b < nv; b++)
+            if (kt[b]) row[n++] = (u32)b;
+        counts[t] = (u32)n;
+    }
+}
+
+// One block per (query, head): online softmax (with the sink) over the selected rows of two
+// sets, in tiles of DSV4_TILE rows; threads over the head's channels for the weighted sum.
+#define DSV4_TILE 256
+extern "C" __global__ void dsv4_attention_sink(const float* __restrict__ q,
+                                               const float* __restrict__ ra, const u32* __restrict__ sa,
+                                               const u32* __restrict__ ca, int wa,
+                                               const float* __restrict__ rb, const u32* __restrict__ sb,
+                                               const u32* __restrict__ cb, int wb,
+                                               const float* __restrict__ sinks, int nh, int hd,
+                                               float scale, float* __restrict__ out) {
+    PDL_ENTRY();
+    __shared__ float p[DSV4_TILE];
+    __shared__ float tile_max;
+    int t = blockIdx.x, h = blockIdx.y;
+    int na = (int)ca[t], nb = (int)cb[t], total = na + nb;
+    const float* qh = q + ((size_t)t * nh + h) * hd;
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
+    float run_max = sinks[h];
+    double run_sum = 1.0;  // exp(sink - run_max)
+    // Each thread owns channels threadIdx.x, + blockDim.x, ... (hd <= 4 * blockDim.x).
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int base = 0; base < total; base += DSV4_TILE) {
+        int nt = min(DSV4_TILE, total - base);
+        for (int j = warp; j < nt; j += nw) {
+            int g = base + j;
+            const float* r = g < na ? ra + (size_t)sa[(size_t)t * wa + g] * hd
+                                    : rb + (size_t)sb[(size_t)t * wb + g - na] * hd;
+            float dot = 0.0f;
+            for (int i = lane; i < hd; i += 32) dot += qh[i] * r[i];
+            dot = warp_sum(dot);
+            if (lane == 0) p[j] = dot * scale;
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            float m = run_max;
+            for (int j = 0; j < nt; j++) m = fmaxf(m, p[j]);
+            tile_max = m;
+        }
+        __syncthreads();
+        float m = tile_max;
+        float corr = expf(run_max - m);
+        for (int c = 0; c < 4; c++) acc[c] *= corr;
+        double tsum = 0.0;
+        for (int j = 0; j < nt; j++) tsum += (double)expf(p[j] - m);
+        run_sum = run_sum * (double)corr + tsum;
+        run_max = m;
+        for (int j = 0; j < nt; j++) {
+            int g = base + j;
+            const float* r = g < na ? ra + (size_t)sa[(size_t)t * wa + g] * hd
+                                    : rb + (size_t)sb[(size_t)t * wb + g - na] * hd;
+            float e = expf(p[j] - m);
+            for (int c = 0; c < 4; c++) {
+                int i = threadIdx.x + c * blockDim.x;
+                if (i < hd) acc[c] += e * r[i];
+            }
+        }
+        __syncthreads();
+    }
+    float z = (float)run_sum;
+    float* o = out + ((size_t)t * nh + h) * hd;
+    for (int c = 0; c < 4; c++) {
+        int i = threadIdx.x + c * blockDim.x;
+        if (i < hd) o[i] = acc[c] / z;
+    }
+}
+
+// gate = silu(min(gate, L)) * clamp(up, -L, L).
+extern "C" __global__ void dsv4_act_mul_silu_limit(float* g, const float* __restrict__ u, long long n,
+                                                   float limit) {
+    PDL_ENTRY();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float x = fminf(g[i], limit);
+    g[i] = x / (1.0f + expf(-x)) * fminf(fmaxf(u[i], -limit), limit);
+}

@@ -1,0 +1,258 @@
+//! DeepSeek V4's ops against the CPU backend (mHC weights / collapse / expansion, trailing
+//! rotation, compressor pooling, the Lightning indexer, attention with sinks, SwiGLU with a
+//! limit), and the model on the GPU against transformers' logits on the `flash_mini` fixture
+//! (`scripts/gen-deepseekv4-fixtures.py`; skipped when absent).
+
+use super::*;
+use vela_compute::LightningParams;
+use vela_models::deepseekv4::DeepseekV4Model;
+use vela_models::LanguageModel;
+
+/// Relative error of the largest difference against the largest |value| (outputs that cancel).
+fn rel(a: &[f32], b: &[f32]) -> f32 {
+    let scale = b
+        .iter()
+        .fold(0f32, |x, y| x.max(y.abs()))
+        .max(f32::MIN_POSITIVE);
+    a.iter().zip(b).fold(0f32, |w, (x, y)| w.max((x - y).abs())) / scale
+}
+
+#[test]
+fn dsv4_ops_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(1);
+    let mut rng = Rng(0x0d54);
+    let (n, s, h) = (5usize, 4usize, 96usize);
+    // mHC weights, collapse, expansion.
+    let mix = rng.vec(n * (2 + s) * s);
+    let base = rng.vec((2 + s) * s);
+    let (bg, bc) = (
+        g.upload_vector(&base).unwrap(),
+        cpu.upload_vector(&base).unwrap(),
+    );
+    let (mut mg, mut mc) = (up(&g, &mix), up(&cpu, &mix));
+    g.mhc_weights(&mut mg, &bg, [0.7, 1.3, 2.0], n, s, 20, 1e-6, false);
+    cpu.mhc_weights(&mut mc, &bc, [0.7, 1.3, 2.0], n, s, 20, 1e-6, false);
+    let w = n * (2 + s) * s;
+    let e = rel(&down(&g, &mg, w), &down(&cpu, &mc, w));
+    eprintln!("RESULT | mhc_weights | rel {e:.2e} |");
+    assert!(e < 1e-5, "mhc_weights: {e}");
+    let x = rng.vec(n * s * h);
+    let y = rng.vec(n * h);
+    let (mut og, mut oc) = (g.alloc(n * h), cpu.alloc(n * h));
+    g.mhc_collapse(&up(&g, &x), &mg, (2 + s) * s, n, s, h, &mut og);
+    cpu.mhc_collapse(&up(&cpu, &x), &mc, (2 + s) * s, n, s, h, &mut oc);
+    let e = rel(&down(&g, &og, n * h), &down(&cpu, &oc, n * h));
+    assert!(e < 1e-5, "mhc_collapse: {e}");
+    let (mut xg, mut xc) = (up(&g, &x), up(&cpu, &x));
+    g.mhc_expand(&mut xg, &mg, &up(&g, &y), n, s, h);
+    cpu.mhc_expand(&mut xc, &mc, &up(&cpu, &y), n, s, h);
+    let e = rel(&down(&g, &xg, n * s * h), &down(&cpu, &xc, n * s * h));
+    eprintln!("RESULT | mhc_collapse/expand | rel {e:.2e} |");
+    assert!(e < 1e-5, "mhc_expand: {e}");
+    // Trailing rotation, forward and inverse.
+    let inv = [1.0f32, 0.3, 0.01, 1e-4];
+    let pos = [0u32, 7, 300, 65_000, 9];
+    let xr = rng.vec(n * 3 * 32);
+    for inverse in [false, true] {
+        let (mut rg, mut rc) = (up(&g, &xr), up(&cpu, &xr));
+        g.rope_trailing(&mut rg, 3, 32, &pos, &inv, inverse);
+        cpu.rope_trailing(&mut rc, 3, 32, &pos, &inv, inverse);
+        let e = rel(&down(&g, &rg, xr.len()), &down(&cpu, &rc, xr.len()));
+        assert!(e < 1e-5, "rope_trailing inverse {inverse}: {e}");
+    }
+    // Pooling, with and without overlap, over a ring that wraps.
+    for (overlap, m) in [(true, 4usize), (false, 8)] {
+        let d = 16;
+        let half = if overlap { 2 * d } else { d };
+        let slots = 2 * m + 5;
+        let raw = rng.vec(slots * 2 * half);
+        let ape = rng.vec(m * half);
+        let (ag, ac) = (
+            g.upload_vector(&ape).unwrap(),
+            cpu.upload_vector(&ape).unwrap(),
+        );
+        let (first, k) = (3usize, 2usize);
+        let (mut pg, mut pc) = (g.alloc(k * d), cpu.alloc(k * d));
+        g.compress_pool(
+            &up(&g, &raw),
+            slots,
+            2 * half,
+            d,
+            &ag,
+            m,
+            overlap,
+            first,
+            k,
+            &mut pg,
+        );
+        cpu.compress_pool(
+            &up(&cpu, &raw),
+            slots,
+            2 * half,
+            d,
+            &ac,
+            m,
+            overlap,
+            first,
+            k,
+            &mut pc,
+        );
+        let e = rel(&down(&g, &pg, k * d), &down(&cpu, &pc, k * d));
+        eprintln!("RESULT | compress_pool overlap {overlap} | rel {e:.2e} |");
+        assert!(e < 1e-5, "compress_pool overlap {overlap}: {e}");
+    }
+    // The indexer: more entries than it keeps, ties at zero; the same selections.
+    let p = LightningParams {
+        n_head: 4,
+        head_dim: 32,
+        ratio: 4,
+        top_k: 8,
+        scale: 32f32.powf(-0.5),
+    };
+    let positions: Vec<u32> = (90..97).collect();
+    let nq = positions.len();
+    let q = rng.vec(nq * p.n_head * p.head_dim);
+    let wts = rng.vec(nq * p.n_head);
+    let mut keys = rng.vec(25 * p.head_dim);
+    keys[..2 * p.head_dim].fill(0.0);
+    let (mut sg, mut cg) = (g.alloc_ids(nq * p.top_k), g.alloc_ids(nq));
+    let (mut sc, mut cc) = (cpu.alloc_ids(nq * p.top_k), cpu.alloc_ids(nq));
+    let kg = up(&g, &keys);
+    g.lightning_select(
+        &up(&g, &q),
+        &up(&g, &wts),
+        &kg,
+        &positions,
+        &p,
+        &mut sg,
+        &mut cg,
+    );
+    let kc = up(&cpu, &keys);
+    cpu.lightning_select(
+        &up(&cpu, &q),
+        &up(&cpu, &wts),
+        &kc,
+        &positions,
+        &p,
+        &mut sc,
+        &mut cc,
+    );
+    let (mut a, mut b) = (vec![0u32; nq * p.top_k], vec![0u32; nq * p.top_k]);
+    g.read_ids(&sg, &mut a);
+    cpu.read_ids(&sc, &mut b);
+    assert_eq!(a, b, "lightning_select");
+    // Attention with sinks over both sets (the window and the selected entries).
+    let (nh, hd, win) = (4usize, 64usize, 6usize);
+    let qa = rng.vec(nq * nh * hd);
+    let rows = rng.vec(20 * hd);
+    let ents = rng.vec(25 * hd);
+    let sinks = rng.vec(nh);
+    let wsel: Vec<u32> = (0..nq * win).map(|i| (i * 7 % 20) as u32).collect();
+    let wcnt: Vec<u32> = (0..nq).map(|t| (t % win + 1) as u32).collect();
+    let (mut wsg, mut wcg) = (g.alloc_ids(wsel.len()), g.alloc_ids(nq));
+    g.write_ids(&mut wsg, &wsel);
+    g.write_ids(&mut wcg, &wcnt);
+    let (mut wsc, mut wcc) = (cpu.alloc_ids(wsel.len()), cpu.alloc_ids(nq));
+    cpu.write_ids(&mut wsc, &wsel);
+    cpu.write_ids(&mut wcc, &wcnt);
+    let (skg, skc) = (
+        g.upload_vector(&sinks).unwrap(),
+        cpu.upload_vector(&sinks).unwrap(),
+    );
+    let (mut og, mut oc) = (g.alloc(nq * nh * hd), cpu.alloc(nq * nh * hd));
+    let (rg, rc, eg, ec) = (
+        up(&g, &rows),
+        up(&cpu, &rows),
+        up(&g, &ents),
+        up(&cpu, &ents),
+    );
+    let scale = (hd as f32).powf(-0.5);
+    g.attention_sink(
+        &up(&g, &qa),
+        (&rg, &wsg, &wcg, win),
+        (&eg, &sg, &cg, p.top_k),
+        &skg,
+        nq,
+        nh,
+        hd,
+        scale,
+        &mut og,
+    );
+    cpu.attention_sink(
+        &up(&cpu, &qa),
+        (&rc, &wsc, &wcc, win),
+        (&ec, &sc, &cc, p.top_k),
+        &skc,
+        nq,
+        nh,
+        hd,
+        scale,
+        &mut oc,
+    );
+    let e = rel(&down(&g, &og, nq * nh * hd), &down(&cpu, &oc, nq * nh * hd));
+    eprintln!("RESULT | attention_sink | rel {e:.2e} |");
+    assert!(e < 1e-5, "attention_sink: {e}");
+    // SwiGLU with a limit (values past it on both sides).
+    let gate: Vec<f32> = rng.vec(300).iter().map(|v| v * 30.0).collect();
+    let upv: Vec<f32> = rng.vec(300).iter().map(|v| v * 30.0).collect();
+    let act = vela_compute::Activation::SiluLimit(10.0);
+    let (mut gg, mut gc) = (up(&g, &gate), up(&cpu, &gate));
+    g.act_mul(&mut gg, &up(&g, &upv), 300, act);
+    cpu.act_mul(&mut gc, &up(&cpu, &upv), 300, act);
+    let e = rel(&down(&g, &gg, 300), &down(&cpu, &gc, 300));
+    assert!(e < 1e-5, "act_mul SiluLimit: {e}");
+}
+
+/// The `flash_mini` fixture on the GPU: in exact mode within 1e-8 NMSE of HF at every position
+/// of the 300-token prompt, and the same logits fed token by token; the default mode reported.
+#[test]
+fn deepseekv4_gpu_matches_transformers() {
+    for exact in [true, false] {
+        let Some(g) = gpu() else { return };
+        let dir = vela_formats::testdata::golden_dir().join("deepseekv4/flash_mini");
+        if vela_formats::testdata::require(dir.join("logits_long.f32")).is_none() {
+            return;
+        }
+        g.set_exact_matmul(exact);
+        let m: Arc<dyn LanguageModel> =
+            Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, None).unwrap());
+        let p: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap())
+                .unwrap();
+        let toks: Vec<u32> = p["prompts"]["long"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect();
+        let want: Vec<f32> = std::fs::read(dir.join("logits_long.f32"))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let nv = want.len() / toks.len();
+        for chunk in [toks.len(), 1] {
+            let mut st = m.clone().new_state(512, chunk, KvType::F32).unwrap();
+            let mut out = Vec::new();
+            for (ci, c) in toks.chunks(chunk).enumerate() {
+                let pos: Vec<u32> = (0..c.len()).map(|i| (ci * chunk + i) as u32).collect();
+                out.extend(st.forward(c, &pos, 0).unwrap());
+            }
+            let mut worst = 0f64;
+            for t in 0..toks.len() {
+                let (a, b) = (&out[t * nv..(t + 1) * nv], &want[t * nv..(t + 1) * nv]);
+                let err: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+                let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+                worst = worst.max(err / norm);
+            }
+            let mode = if exact { "exact" } else { "default" };
+            eprintln!(
+                "RESULT | deepseekv4 flash_mini GPU ({mode}, chunk {chunk}) vs HF | worst NMSE {worst:.3e} |"
+            );
+            if exact {
+                assert!(worst <= 1e-8, "worst position NMSE {worst:.3e}");
+            }
+        }
+    }
+}
