@@ -11,7 +11,7 @@
 //! | [`LayerState::Kv`], no window | K/V rows of every position | always (later writes overwrite) |
 //! | [`LayerState::Kv`], window w | a ring of w + max_batch slots | n ≤ max_batch (the ring's slack) |
 //! | [`LayerState::Shared`] | nothing (reads another layer's K/V) | always |
-//! | [`LayerState::Blocks`] | one row per `ratio` positions, raw rows of the open block | n ≤ max_batch (raw rows kept in a ring of ratio + max_batch) |
+//! | [`LayerState::Blocks`] | one row per `ratio` positions, raw rows of the open block | n ≤ max_batch (raw rows kept in a ring of 2·ratio + max_batch) |
 //! | [`LayerState::Recurrent`] | a fixed-size state every position updates | n ≤ `snapshots` (per-position copies) |
 //!
 //! Anything beyond the limit goes through a checkpoint (`ModelState::checkpoint` / `restore`),
@@ -38,7 +38,8 @@ pub enum LayerState {
     Shared { from: usize },
     /// One row of `width` per complete block of `ratio` positions (compressed or latent K/V,
     /// pooled index keys; `ratio` 1: a row per position); the raw rows (`raw_width`) of the
-    /// block still open wait in a ring of `ratio + max_batch` slots. Stored as f32.
+    /// block still open wait in a ring of `2·ratio + max_batch` slots (the block before it too:
+    /// overlapping compressors pool it again). Stored as f32.
     Blocks {
         width: usize,
         ratio: usize,
@@ -99,7 +100,7 @@ impl LayerState {
                 raw_width,
             } => {
                 let rows = n_ctx.div_ceil(ratio.max(1)) as u64;
-                let raw = (ratio.max(1) + max_batch).min(n_ctx.max(1)) as u64;
+                let raw = (2 * ratio.max(1) + max_batch).min(n_ctx.max(1)) as u64;
                 (rows * width as u64 + raw * raw_width as u64) * 4
             }
             LayerState::Recurrent { floats, snapshots } => (floats * 4 * (1 + snapshots)) as u64,
@@ -223,7 +224,7 @@ mod tests {
             ratio: 4,
             raw_width: 1024,
         };
-        assert_eq!(b.bytes(10, 2, kv), (3 * 512 + 6 * 1024) * 4);
+        assert_eq!(b.bytes(10, 2, kv), (3 * 512 + 10 * 1024) * 4);
         let r = LayerState::Recurrent {
             floats: 1000,
             snapshots: 3,

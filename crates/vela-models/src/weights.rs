@@ -10,7 +10,7 @@
 //! router and per-layer projection, which `llama-quantize` keeps in F32). Already quantized
 //! tensors are used as they are.
 
-use anyhow::{anyhow, Result};
+use anyhow::{anyhow, bail, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use vela_compute::HostWeight;
@@ -250,7 +250,8 @@ impl WeightSource {
             Some(q) => load_type(q, w.cols),
             None => w.ty,
         };
-        if ty == w.ty || !is_float(w.ty) {
+        // FP8 / MXFP4 storage is float data too, decoded to BF16 / Q8_0 (converted like floats).
+        if ty == w.ty || !(is_float(w.ty) || self.microscaled(name)) {
             return Ok(w);
         }
         let out = w.convert(ty)?;
@@ -262,6 +263,19 @@ impl WeightSource {
             }
         }
         Ok(out)
+    }
+}
+
+impl WeightSource {
+    /// Whether `name` is stored as FP8 or MXFP4 with a `.scale` (decoded by [`microscaled`]).
+    fn microscaled(&self, name: &str) -> bool {
+        match &self.kind {
+            Kind::Hf { cp, prefix } => {
+                let full = format!("{prefix}{name}");
+                cp.get(&full).is_some() && microscaled(cp, &full).is_some()
+            }
+            _ => false,
+        }
     }
 }
 
@@ -327,6 +341,25 @@ impl Drop for WeightSource {
             }
         }
     }
+}
+
+/// Rows of several weights of one type, stacked into one.
+pub fn stack(name: &str, parts: &[HostWeight]) -> Result<HostWeight> {
+    let first = parts
+        .first()
+        .ok_or_else(|| anyhow!("{name}: nothing to stack"))?;
+    if parts
+        .iter()
+        .any(|p| p.ty != first.ty || p.cols != first.cols)
+    {
+        bail!("{name}: parts differ in type or width");
+    }
+    let rows = parts.iter().map(|p| p.rows).sum();
+    let mut data = Vec::with_capacity(parts.iter().map(|p| p.bytes().len()).sum());
+    for p in parts {
+        data.extend_from_slice(p.bytes());
+    }
+    HostWeight::owned(name, first.ty, rows, first.cols, data)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use super::*;
 use crate::blocks::experts::{Experts, GateUp};
-use crate::weights::WeightSource;
+use crate::weights::{stack, WeightSource};
 use anyhow::{anyhow, Context};
 use serde_json::Value;
 use std::path::Path;
@@ -18,25 +18,6 @@ pub(super) struct Loader<'a, B: Backend> {
     src: &'a WeightSource,
     /// Weight bytes one token reads (experts at their active share).
     pub(super) bytes: u64,
-}
-
-/// Rows of several weights of one type, stacked into one.
-fn stack(name: &str, parts: &[HostWeight]) -> Result<HostWeight> {
-    let first = parts
-        .first()
-        .ok_or_else(|| anyhow!("{name}: nothing to stack"))?;
-    if parts
-        .iter()
-        .any(|p| p.ty != first.ty || p.cols != first.cols)
-    {
-        bail!("{name}: parts differ in type or width");
-    }
-    let rows = parts.iter().map(|p| p.rows).sum();
-    let mut data = Vec::with_capacity(parts.iter().map(|p| p.bytes().len()).sum());
-    for p in parts {
-        data.extend_from_slice(p.bytes());
-    }
-    HostWeight::owned(name, first.ty, rows, first.cols, data)
 }
 
 impl<'a, B: Backend> Loader<'a, B> {

@@ -10,7 +10,7 @@
 //!   up to `snapshots` trailing positions is then free: the slot of the kept length still holds
 //!   its state.
 //! - **Blocks**: `rows` holds one row per complete block of `ratio` positions (block `b` in row
-//!   `b`, written once the block completes); `raw` is a ring of `ratio + max_batch` raw rows
+//!   `b`, written once the block completes); `raw` is a ring of `2·ratio + max_batch` raw rows
 //!   (position `p` in slot `p % raw_slots`), from which the open block is pooled. Dropping up to
 //!   `max_batch` positions keeps the raw rows of the new open block in the ring.
 //!
@@ -93,7 +93,7 @@ impl<B: Backend> ExtraState<B> {
                 } => {
                     let ratio = ratio.max(1);
                     let n_rows = n_ctx.div_ceil(ratio);
-                    let raw_slots = (ratio + max_batch).min(n_ctx.max(1));
+                    let raw_slots = (2 * ratio + max_batch).min(n_ctx.max(1));
                     Store::Blocks {
                         rows: be.alloc((n_rows * width).max(1)),
                         raw: be.alloc((raw_slots * raw_width).max(1)),
@@ -202,6 +202,14 @@ impl<B: Backend> ExtraState<B> {
     pub fn block_rows(&self, layer: usize) -> Result<&B::Buf> {
         match self.layers.get(layer) {
             Some(Store::Blocks { rows, .. }) => Ok(rows),
+            _ => bail!("layer {layer} keeps no blocks"),
+        }
+    }
+
+    /// The raw ring of a blocks layer and its number of slots, for reading.
+    pub fn block_raw(&self, layer: usize) -> Result<(&B::Buf, usize)> {
+        match self.layers.get(layer) {
+            Some(Store::Blocks { raw, raw_slots, .. }) => Ok((raw, *raw_slots)),
             _ => bail!("layer {layer} keeps no blocks"),
         }
     }

@@ -1,0 +1,354 @@
+//! Loading `deepseek_v4` weights from a checkpoint directory (docs/deepseekv4-spec.md §10):
+//! the release's names and storage (FP8 / MXFP4 decoded by the weight source) or what
+//! transformers' `save_pretrained` writes (a `model.` prefix and a few other names); the
+//! per-expert matrices stacked into the 3-D expert layout, each expert's gate and up rows
+//! together; a compressor's value and gate projections stacked into one product.
+
+use super::*;
+use crate::blocks::experts::{Experts, GateUp};
+use crate::weights::{stack, WeightSource};
+use anyhow::{anyhow, Context};
+use serde_json::Value;
+use std::path::Path;
+use vela_compute::HostWeight;
+use vela_formats::quant::GgmlType;
+use vela_formats::safetensors::Checkpoint;
+
+/// The `save_pretrained` spelling of a release name, where it differs.
+fn hf_alias(name: &str) -> Option<String> {
+    if name == "embed.weight" {
+        return Some("embed_tokens.weight".into());
+    }
+    if let Some(k) = name.strip_prefix("hc_head_") {
+        return Some(format!("hc_head.hc_{k}"));
+    }
+    name.strip_suffix(".attn.kv_norm.weight")
+        .map(|l| format!("{l}.attn.norm.weight"))
+}
+
+struct Loader<'a, B: Backend> {
+    be: &'a B,
+    src: &'a WeightSource,
+    /// The same checkpoint without the text model's prefix (`head.weight`).
+    top: &'a WeightSource,
+    bytes: u64,
+}
+
+impl<'a, B: Backend> Loader<'a, B> {
+    /// The source and name holding a release-named tensor.
+    fn locate(&self, name: &str) -> Result<(&'a WeightSource, String)> {
+        let alias = hf_alias(name);
+        [
+            (self.src, Some(name.to_string())),
+            (self.src, alias),
+            (self.top, Some(name.to_string())),
+        ]
+        .into_iter()
+        .find_map(|(s, n)| n.filter(|n| s.has(n)).map(|n| (s, n)))
+        .ok_or_else(|| anyhow!("missing tensor {name}"))
+    }
+    fn get(&self, name: &str) -> Result<HostWeight> {
+        let (s, n) = self.locate(name)?;
+        s.get(&n).ok_or_else(|| anyhow!("missing tensor {name}"))
+    }
+    /// A matrix in its load type (`exact`: F32).
+    fn host(&self, name: &str, exact: bool) -> Result<HostWeight> {
+        let (s, n) = self.locate(name)?;
+        s.matrix(&n, exact)
+    }
+    fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
+        self.bytes += (w.bytes().len() as f64 * share) as u64;
+        self.be.upload_weight(w)
+    }
+    fn matrix(&mut self, name: &str) -> Result<B::Weight> {
+        let w = self.host(name, false)?;
+        self.upload(&w, 1.0)
+    }
+    fn floats(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let v = self.get(name)?.to_f32()?;
+        if v.len() != len {
+            bail!("{name}: {} values, expected {len}", v.len());
+        }
+        Ok(v)
+    }
+    fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
+        self.be.upload_vector(&self.floats(name, len)?)
+    }
+    fn ints(&self, name: &str) -> Result<Vec<u32>> {
+        let w = self.get(name)?;
+        let v: Vec<i64> = match w.ty {
+            GgmlType::I64 => w
+                .bytes()
+                .chunks_exact(8)
+                .map(|b| i64::from_le_bytes(b.try_into().expect("8 bytes")))
+                .collect(),
+            GgmlType::I32 => w
+                .bytes()
+                .chunks_exact(4)
+                .map(|b| i32::from_le_bytes(b.try_into().expect("4 bytes")) as i64)
+                .collect(),
+            t => bail!("{name}: integer tensor expected, found {}", t.name()),
+        };
+        v.into_iter()
+            .map(|x| u32::try_from(x).map_err(|_| anyhow!("{name}: value {x} out of range")))
+            .collect()
+    }
+
+    fn hc(&mut self, p: &str, rows: usize, width: usize) -> Result<Hc<B>> {
+        let mix = self.host(&format!("{p}_fn"), true)?;
+        if mix.rows != rows || mix.cols != width {
+            bail!(
+                "{p}_fn: [{}, {}], expected [{rows}, {width}]",
+                mix.rows,
+                mix.cols
+            );
+        }
+        let sc = self.get(&format!("{p}_scale"))?.to_f32()?;
+        let scale = match sc.as_slice() {
+            [a] => [*a, 0.0, 0.0],
+            [a, b, c] => [*a, *b, *c],
+            _ => bail!("{p}_scale: {} values", sc.len()),
+        };
+        Ok(Hc {
+            mix: self.upload(&mix, 1.0)?,
+            base: self.vector(&format!("{p}_base"), rows)?,
+            scale,
+        })
+    }
+
+    fn compressor(
+        &mut self,
+        p: &str,
+        width: usize,
+        m: usize,
+        overlap: bool,
+        entry: usize,
+    ) -> Result<Compressor<B>> {
+        let half = if overlap { 2 * width } else { width };
+        let kv = self.host(&format!("{p}.wkv.weight"), false)?;
+        let gate = self.host(&format!("{p}.wgate.weight"), false)?;
+        if kv.rows != half || gate.rows != half {
+            bail!(
+                "{p}: projections of {} / {} rows, expected {half}",
+                kv.rows,
+                gate.rows
+            );
+        }
+        let proj = stack(&format!("{p}.wkv+wgate"), &[kv, gate])?;
+        Ok(Compressor {
+            proj: self.upload(&proj, 1.0)?,
+            ape: self.vector(&format!("{p}.ape"), m * half)?,
+            norm: self.vector(&format!("{p}.norm.weight"), width)?,
+            width,
+            overlap,
+            entry,
+        })
+    }
+
+    fn attention(
+        &mut self,
+        i: usize,
+        c: &DeepseekV4Config,
+        ents: [Option<usize>; 3],
+    ) -> Result<Attention<B>> {
+        let p = format!("layers.{i}.attn");
+        let kind = c.attn[i];
+        let (comp, indexer) = match kind {
+            Attn::Sliding => (None, None),
+            Attn::Hca => {
+                let e = ents[1].ok_or_else(|| anyhow!("layer {i}: no compressor entry"))?;
+                let cp =
+                    self.compressor(&format!("{p}.compressor"), c.head_dim, c.hca_rate, false, e)?;
+                (Some(cp), None)
+            }
+            Attn::Csa => {
+                let (e, ie) = ents[1]
+                    .zip(ents[2])
+                    .ok_or_else(|| anyhow!("layer {i}: no entries"))?;
+                let cp =
+                    self.compressor(&format!("{p}.compressor"), c.head_dim, c.csa_rate, true, e)?;
+                let q = format!("{p}.indexer");
+                let ix = Indexer {
+                    wq: self.matrix(&format!("{q}.wq_b.weight"))?,
+                    weights: self.matrix(&format!("{q}.weights_proj.weight"))?,
+                    comp: self.compressor(
+                        &format!("{q}.compressor"),
+                        c.idx_dim,
+                        c.csa_rate,
+                        true,
+                        ie,
+                    )?,
+                };
+                (Some(cp), Some(ix))
+            }
+        };
+        let wo_a = self.host(&format!("{p}.wo_a.weight"), false)?;
+        let gw = c.n_head * c.head_dim / c.o_groups;
+        if wo_a.rows != c.o_groups * c.o_rank || wo_a.cols != gw {
+            bail!(
+                "{p}.wo_a: [{}, {}], expected [{}, {gw}]",
+                wo_a.rows,
+                wo_a.cols,
+                c.o_groups * c.o_rank
+            );
+        }
+        Ok(Attention {
+            kind,
+            wq_a: self.matrix(&format!("{p}.wq_a.weight"))?,
+            q_norm: self.vector(&format!("{p}.q_norm.weight"), c.q_rank)?,
+            wq_b: self.matrix(&format!("{p}.wq_b.weight"))?,
+            wkv: self.matrix(&format!("{p}.wkv.weight"))?,
+            kv_norm: self.vector(&format!("{p}.kv_norm.weight"), c.head_dim)?,
+            sinks: self.vector(&format!("{p}.attn_sink"), c.n_head)?,
+            wo_a: self.upload(&wo_a, 1.0)?,
+            wo_b: self.matrix(&format!("{p}.wo_b.weight"))?,
+            comp,
+            indexer,
+            window: ents[0].ok_or_else(|| anyhow!("layer {i}: no window entry"))?,
+        })
+    }
+
+    fn moe(&mut self, i: usize, c: &DeepseekV4Config) -> Result<Moe<B>> {
+        let p = format!("layers.{i}.ffn");
+        let e = c.n_expert;
+        let share = c.top_k as f64 / e as f64;
+        let mut gu = Vec::with_capacity(2 * e);
+        let mut down = Vec::with_capacity(e);
+        for x in 0..e {
+            let m = |w: &str| self.host(&format!("{p}.experts.{x}.{w}.weight"), false);
+            gu.push(m("w1")?);
+            gu.push(m("w3")?);
+            down.push(m("w2")?);
+        }
+        let gu = stack(&format!("{p}.experts.gate_up"), &gu)?;
+        let down = stack(&format!("{p}.experts.down"), &down)?;
+        let (bias, table) = match c.routing[i] {
+            Routing::TopK => (Some(self.vector(&format!("{p}.gate.bias"), e)?), None),
+            Routing::Hash => {
+                let t = self.ints(&format!("{p}.gate.tid2eid"))?;
+                if t.len() != c.n_vocab * c.top_k || t.iter().any(|&x| x as usize >= e) {
+                    bail!(
+                        "{p}.gate.tid2eid: expected [{}, {}] expert ids below {e}",
+                        c.n_vocab,
+                        c.top_k
+                    );
+                }
+                let mut ids = self.be.alloc_ids(t.len());
+                self.be.write_ids(&mut ids, &t);
+                (None, Some(std::sync::Mutex::new(ids)))
+            }
+        };
+        Ok(Moe {
+            router: self.matrix(&format!("{p}.gate.weight"))?,
+            bias,
+            table,
+            experts: Experts {
+                gate_up: GateUp::Fused(self.upload(&gu, share)?),
+                down: self.upload(&down, share)?,
+                n_ff: c.n_ff,
+                act: Activation::SiluLimit(c.swiglu_limit),
+            },
+            sh_gate: self.matrix(&format!("{p}.shared_experts.w1.weight"))?,
+            sh_up: self.matrix(&format!("{p}.shared_experts.w3.weight"))?,
+            sh_down: self.matrix(&format!("{p}.shared_experts.w2.weight"))?,
+        })
+    }
+}
+
+impl<B: Backend> DeepseekV4Model<B> {
+    /// Load from a checkpoint directory (release or `save_pretrained` layout), converting float
+    /// matrices to `quant` when given.
+    pub fn load_hf(backend: Arc<B>, dir: &Path, quant: Option<GgmlType>) -> Result<Self> {
+        let cpath = dir.join("config.json");
+        let text = std::fs::read_to_string(&cpath)
+            .with_context(|| format!("cannot read {}", cpath.display()))?;
+        let j: Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not valid JSON", cpath.display()))?;
+        let cfg = DeepseekV4Config::from_json(&j)?;
+        let cp = Arc::new(Checkpoint::open(dir)?);
+        let prefix = if cp.get("model.embed_tokens.weight").is_some() {
+            "model."
+        } else if cp.get("embed.weight").is_some() {
+            ""
+        } else {
+            bail!("checkpoint has neither embed.weight nor model.embed_tokens.weight (is this a deepseek_v4 checkpoint?)");
+        };
+        let src = WeightSource::hf(cp.clone(), prefix).with_quant(quant);
+        let top = WeightSource::hf(cp, "").with_quant(quant);
+        Self::load(backend, &src, &top, cfg)
+    }
+
+    fn load(
+        backend: Arc<B>,
+        src: &WeightSource,
+        top: &WeightSource,
+        cfg: DeepseekV4Config,
+    ) -> Result<Self> {
+        if cfg.mlp_bias {
+            bail!("deepseek_v4: mlp_bias (biases on the shared expert) is not supported");
+        }
+        for r in [&cfg.rope_main, &cfg.rope_compress] {
+            if r.yarn.as_ref().is_some_and(|y| y.attention_factor != 1.0) {
+                bail!("deepseek_v4: a YaRN attention_factor other than 1 is not supported");
+            }
+        }
+        if cfg.hc > 16 {
+            bail!("deepseek_v4: at most 16 mHC streams (hc_mult {})", cfg.hc);
+        }
+        let mut ld = Loader {
+            be: &*backend,
+            src,
+            top,
+            bytes: 0,
+        };
+        let (s, h) = (cfg.hc, cfg.hidden);
+        let embd_host = ld.get("embed.weight")?.as_head(true);
+        if embd_host.rows != cfg.n_vocab || embd_host.cols != h {
+            bail!(
+                "embed: [{}, {}], expected [{}, {}]",
+                embd_host.rows,
+                embd_host.cols,
+                cfg.n_vocab,
+                h
+            );
+        }
+        let embd = backend.upload_weight(&embd_host)?;
+        let head = if cfg.tie_embeddings {
+            ld.upload(&embd_host, 1.0)?
+        } else {
+            let w = ld.host("head.weight", false)?.as_head(true);
+            ld.upload(&w, 1.0)?
+        };
+        let (layout, entries) = Self::build_layout(&cfg);
+        let mut layers = Vec::with_capacity(cfg.attn.len());
+        for (i, ents) in entries.into_iter().enumerate() {
+            let p = format!("layers.{i}");
+            layers.push(Layer {
+                attn_hc: ld.hc(&format!("{p}.hc_attn"), (2 + s) * s, s * h)?,
+                ffn_hc: ld.hc(&format!("{p}.hc_ffn"), (2 + s) * s, s * h)?,
+                attn_norm: ld.vector(&format!("{p}.attn_norm.weight"), h)?,
+                ffn_norm: ld.vector(&format!("{p}.ffn_norm.weight"), h)?,
+                attn: ld.attention(i, &cfg, ents)?,
+                moe: ld.moe(i, &cfg)?,
+            });
+        }
+        let head_hc = ld.hc("hc_head", s, s * h)?;
+        let norm = ld.vector("norm.weight", h)?;
+        let ones = backend.upload_vector(&vec![1.0; (s * h).max(cfg.head_dim)])?;
+        let weight_bytes_per_token = ld.bytes;
+        Ok(DeepseekV4Model {
+            inv_main: inv_freq(&cfg.rope_main, cfg.n_rot),
+            inv_comp: inv_freq(&cfg.rope_compress, cfg.n_rot),
+            backend,
+            embd,
+            head,
+            head_hc,
+            norm,
+            layers,
+            ones,
+            layout,
+            weight_bytes_per_token,
+            cfg,
+        })
+    }
+}

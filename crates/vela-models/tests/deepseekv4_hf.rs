@@ -1,0 +1,207 @@
+//! DeepSeek V4 (`deepseek_v4`) vs transformers 5.23 on tiny random checkpoints
+//! (`scripts/gen-deepseekv4-fixtures.py` → `$VELA_CACHE/golden/deepseekv4/<name>/`): logits at
+//! every position of three prompts, HF's cached split and chunked prefills, the 64-step greedy
+//! continuation with its logits, and the Lightning indexer's selections.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::sync::Arc;
+use vela_compute::cpu::CpuBackend;
+use vela_compute::KvType;
+use vela_models::deepseekv4::DeepseekV4Model;
+use vela_models::LanguageModel;
+
+/// The real Flash layer pattern (release config keys), HF's default schedule (`save_pretrained`
+/// keys), every other knob, and the release's FP8 / MXFP4 storage.
+const FIXTURES: &[&str] = &["flash_mini", "pro_mini", "knobs", "flash_mini_fp8"];
+
+/// The release's FP8 / MXFP4 / BF16 matrices at load type F32 (their exact values: HF's
+/// dequantized weights), the others as stored (F32).
+fn load(dir: &Path) -> Arc<DeepseekV4Model<CpuBackend>> {
+    let be = Arc::new(CpuBackend::new(2));
+    let quant = Some(vela_formats::quant::GgmlType::F32);
+    Arc::new(DeepseekV4Model::load_hf(be, dir, quant).unwrap())
+}
+
+fn prompts(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap()
+}
+
+fn id_list(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// Every position's logits, fed in chunks of the given sizes (the last repeats).
+fn logits(m: &Arc<DeepseekV4Model<CpuBackend>>, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
+    let lm: Arc<dyn LanguageModel> = m.clone();
+    let max = *chunks.iter().max().unwrap();
+    let mut st = lm.new_state(512, max, KvType::F32).unwrap();
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut i = 0;
+    while at < tokens.len() {
+        let n = chunks[i.min(chunks.len() - 1)].min(tokens.len() - at);
+        let pos: Vec<u32> = (at..at + n).map(|p| p as u32).collect();
+        out.extend(st.forward(&tokens[at..at + n], &pos, 0).unwrap());
+        at += n;
+        i += 1;
+    }
+    out
+}
+
+fn worst_nmse(ours: &[f32], want: &[f32], nv: usize, what: &str) -> f64 {
+    assert_eq!(ours.len(), want.len(), "{what}");
+    let mut worst = 0f64;
+    for t in 0..want.len() / nv {
+        let e = nmse(&ours[t * nv..(t + 1) * nv], &want[t * nv..(t + 1) * nv]);
+        worst = worst.max(e);
+        assert!(e <= 1e-8, "{what} position {t}: NMSE {e:.3e}");
+    }
+    worst
+}
+
+#[test]
+fn logits_match_transformers() {
+    for name in FIXTURES {
+        let Some(dir) = golden_fixture("deepseekv4", name, "logits_long.f32") else {
+            continue;
+        };
+        let m = load(&dir);
+        let nv = m.cfg.n_vocab;
+        let p = prompts(&dir);
+        for prompt in ["long", "mid", "short"] {
+            let toks = id_list(&p["prompts"][prompt]);
+            let want = f32s(&dir.join(format!("logits_{prompt}.f32")));
+            let ours = logits(&m, &toks, &[toks.len()]);
+            let w = worst_nmse(&ours, &want, nv, &format!("{name} {prompt}"));
+            eprintln!(
+                "{name} {prompt}: {} positions, worst NMSE {w:.3e}",
+                toks.len()
+            );
+        }
+    }
+}
+
+/// HF's cached continuations (one split, and chunks that complete a window out of buffered
+/// tokens or none), and every split ours: the same logits as one pass.
+#[test]
+fn chunked_prefill_matches() {
+    for name in FIXTURES {
+        let Some(dir) = golden_fixture("deepseekv4", name, "logits_long_chunks.f32") else {
+            continue;
+        };
+        let m = load(&dir);
+        let nv = m.cfg.n_vocab;
+        let toks = id_list(&prompts(&dir)["prompts"]["long"]);
+        let one = logits(&m, &toks, &[toks.len()]);
+        for (file, chunks) in [
+            ("logits_long_split150.f32", vec![150, 150]),
+            ("logits_long_chunks.f32", vec![150, 3, 1, 146]),
+        ] {
+            let ours = logits(&m, &toks, &chunks);
+            let want = f32s(&dir.join(file));
+            let w = worst_nmse(&ours[150 * nv..], &want, nv, &format!("{name} {file}"));
+            eprintln!("{name} {file}: worst NMSE {w:.3e}");
+        }
+        for chunk in [1, 7, 64] {
+            let ours = logits(&m, &toks, &[chunk]);
+            let w = worst_nmse(&ours, &one, nv, &format!("{name} chunk {chunk}"));
+            assert!(w < 1e-10, "{name} chunk {chunk}: {w:.3e}");
+        }
+    }
+}
+
+/// Greedy decoding after the `mid` prompt: HF's 64 tokens and each step's logits.
+#[test]
+fn greedy_continuation_matches() {
+    for name in FIXTURES {
+        let Some(dir) = golden_fixture("deepseekv4", name, "logits_gen.f32") else {
+            continue;
+        };
+        let m = load(&dir);
+        let nv = m.cfg.n_vocab;
+        let p = prompts(&dir);
+        let prompt = id_list(&p["prompts"]["mid"]);
+        let want_toks = id_list(&p["generate"]["tokens"]);
+        let want = f32s(&dir.join("logits_gen.f32"));
+        let lm: Arc<dyn LanguageModel> = m.clone();
+        let mut st = lm.new_state(512, prompt.len(), KvType::F32).unwrap();
+        let pos: Vec<u32> = (0..prompt.len() as u32).collect();
+        let mut last = st.forward(&prompt, &pos, prompt.len() - 1).unwrap();
+        let mut got = Vec::new();
+        let mut worst = 0f64;
+        for (i, &wt) in want_toks.iter().enumerate() {
+            let e = nmse(&last, &want[i * nv..(i + 1) * nv]);
+            worst = worst.max(e);
+            assert!(e <= 1e-8, "{name} step {i}: NMSE {e:.3e}");
+            let t = last
+                .iter()
+                .enumerate()
+                .fold(
+                    (0, f32::NEG_INFINITY),
+                    |b, (j, &v)| if v > b.1 { (j, v) } else { b },
+                )
+                .0 as u32;
+            got.push(t);
+            assert_eq!(t, wt, "{name}: token {i}");
+            let p = (prompt.len() + i) as u32;
+            last = st.forward(&[t], &[p], 0).unwrap();
+        }
+        eprintln!("{name}: 64 greedy tokens equal to HF's, worst step NMSE {worst:.3e}");
+    }
+}
+
+/// The Lightning indexer picks HF's entries for every CSA layer and query, in one pass and
+/// token by token (the fixtures keep a score gap at every cutoff).
+#[test]
+fn indexer_selections_match_transformers() {
+    use vela_models::CausalLm;
+    for name in FIXTURES {
+        let Some(dir) = golden_fixture("deepseekv4", name, "indexer_long.json") else {
+            continue;
+        };
+        let m = load(&dir);
+        let toks = id_list(&prompts(&dir)["prompts"]["long"]);
+        let q: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("indexer_long.json")).unwrap())
+                .unwrap();
+        for chunk in [toks.len(), 1] {
+            let mut st = vela_models::deepseekv4::new_state(&m, 512, chunk).unwrap();
+            st.selections = Some(Vec::new());
+            for (ci, c) in toks.chunks(chunk).enumerate() {
+                let pos: Vec<u32> = (0..c.len()).map(|i| (ci * chunk + i) as u32).collect();
+                m.forward(&mut st, c, &pos, c.len()).unwrap();
+            }
+            let got = st.selections.take().unwrap();
+            let mut checked = 0;
+            let mut pruned = 0;
+            for (layer, rows) in q["layers"].as_object().unwrap() {
+                let layer: usize = layer.parse().unwrap();
+                for r in rows.as_array().unwrap() {
+                    let pos = r["pos"].as_u64().unwrap() as u32;
+                    let want = id_list(&r["selected"]);
+                    let ours = got
+                        .iter()
+                        .find(|(l, p, _)| *l == layer && *p == pos)
+                        .map(|x| &x.2)
+                        .unwrap_or_else(|| panic!("{name}: no selection, layer {layer} pos {pos}"));
+                    assert_eq!(ours, &want, "{name}: layer {layer} position {pos}");
+                    checked += 1;
+                    pruned += (r["n_visible"].as_u64().unwrap() as usize > want.len()) as usize;
+                }
+            }
+            assert!(
+                pruned > 0,
+                "{name}: no query had more entries than the indexer keeps"
+            );
+            eprintln!(
+                "{name}: {checked} selections equal to HF's ({pruned} pruned; chunk {chunk})"
+            );
+        }
+    }
+}
