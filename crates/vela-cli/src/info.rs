@@ -177,15 +177,10 @@ fn info_hf(dir: &std::path::Path, list: bool) -> Result<()> {
             *b as f64 / (1 << 20) as f64
         );
     }
-    let text = [
-        "model.language_model",
-        "model.embed_tokens",
-        "model.norm",
-        "model",
-        "lm_head",
-    ];
+    // Multimodal towers and their projections (Gemma 4's vision and audio parts).
+    let other_modalities = ["vision", "audio", "multi_modal"];
     for (p, (n, b)) in &by_prefix {
-        let used = text.contains(&p.as_str()) || p.starts_with("model.layers");
+        let used = !other_modalities.iter().any(|m| p.contains(m));
         println!(
             "  {p:32} {n:5} tensors, {:10.1} MiB{}",
             *b as f64 / (1 << 20) as f64,

@@ -6,6 +6,7 @@
 
 use crate::config::DecoderConfig;
 use crate::decoder::DecoderModel;
+use crate::deepseekv4::{DeepseekV4Config, DeepseekV4Model};
 use crate::gemma4::{Gemma4Config, Gemma4Model};
 use crate::lm::LanguageModel;
 use crate::qwen4exp::{Qwen4ExpConfig, Qwen4ExpModel};
@@ -39,6 +40,7 @@ enum Family {
     Decoder(fn(&GgufFile) -> Result<DecoderConfig>),
     Gemma4,
     Qwen4Exp,
+    DeepseekV4,
 }
 
 /// Every architecture this build runs.
@@ -84,6 +86,13 @@ pub static ARCHS: &[Arch] = &[
         display: "Qwen3.8 Flash Next",
         mtp: true,
         family: Family::Qwen4Exp,
+    },
+    Arch {
+        gguf: "deepseek4",
+        hf_model_types: &["deepseek_v4"],
+        display: "DeepSeek V4",
+        mtp: false,
+        family: Family::DeepseekV4,
     },
 ];
 
@@ -146,6 +155,10 @@ impl Arch {
             }
             Family::Gemma4 => Arc::new(Gemma4Model::load_gguf_with(backend, g, quant)?),
             Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_gguf(backend, g, quant)?),
+            Family::DeepseekV4 => bail!(
+                "DeepSeek V4 GGUF files are not supported yet: load the Hugging Face checkpoint \
+                 directory (release FP8/MXFP4 or save_pretrained layout)"
+            ),
         })
     }
 
@@ -159,6 +172,7 @@ impl Arch {
         Ok(match self.family {
             Family::Gemma4 => Arc::new(Gemma4Model::load_hf_with(backend, dir, quant)?),
             Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_hf(backend, dir, quant)?),
+            Family::DeepseekV4 => Arc::new(DeepseekV4Model::load_hf(backend, dir, quant)?),
             Family::Decoder(_) => bail!(
                 "{}: {} models load from GGUF files only",
                 dir.display(),
@@ -185,6 +199,7 @@ impl Arch {
             Family::Decoder(config) => config(g)?.summary(),
             Family::Gemma4 => Gemma4Config::from_gguf(g)?.summary(),
             Family::Qwen4Exp => Qwen4ExpConfig::from_gguf(g)?.summary(),
+            Family::DeepseekV4 => bail!("DeepSeek V4 GGUF files are not supported yet"),
         })
     }
 
@@ -193,6 +208,7 @@ impl Arch {
         Ok(match self.family {
             Family::Gemma4 => Gemma4Config::from_json(config)?.summary(),
             Family::Qwen4Exp => Qwen4ExpConfig::from_json(config)?.summary(),
+            Family::DeepseekV4 => DeepseekV4Config::from_json(config)?.summary(),
             Family::Decoder(_) => bail!("{} models load from GGUF files only", self.display),
         })
     }

@@ -2,6 +2,8 @@
 //! three sampled tokens under plain decoding and a χ² goodness-of-fit test against it.
 #![allow(dead_code)]
 
+pub mod hybrid;
+
 use std::collections::HashMap;
 use vela_engine::speculative::{
     generate_speculative, position_dist, AcceptRule, Drafter, SpecOptions, SpecStats,
