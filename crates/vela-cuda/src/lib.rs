@@ -15,7 +15,7 @@
 //! `l2pf` work on a `Device`; `backend` defines [`CudaBackend`] (the device, the tuning, the
 //! decode-step recorder, the ops' state) and the launch path every op takes; the ops are
 //! `impl CudaBackend` blocks (`matmul`, `gemm`, `attn`, `attn_gemm`, `kv`, `upload`, `argmax`,
-//! `sample`, `steps`, `kit`); this file puts the [`Backend`] trait on top. No module below `backend`
+//! `sample`, `steps`, `kit`, `recurrent`, `sparse`); this file puts the [`Backend`] trait on top. No module below `backend`
 //! imports it or an op module.
 
 mod argmax;
@@ -36,6 +36,7 @@ pub mod nvrtc;
 mod profile;
 mod recurrent;
 pub mod sample;
+mod sparse;
 mod steps;
 pub mod tuning;
 mod upload;

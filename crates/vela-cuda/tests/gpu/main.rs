@@ -446,3 +446,4 @@ mod ops;
 mod qwen4exp;
 mod recurrent;
 mod sample;
+mod sparse;
