@@ -269,3 +269,51 @@ extern "C" __global__ void sparse_attn_combine(const float* __restrict__ part_ac
         o[d] = acc * inv;
     }
 }
+
+// ---- what a QSA layer stores, at positions read on the device (a decode step's `io` slot) ----
+
+// Grid (rows), threads over the width: row i of src into row positions[i] of dst (with ring > 0:
+// row positions[i] % ring).
+extern "C" __global__ void store_rows_at(const float* __restrict__ src, float* __restrict__ dst,
+                                         int width, const u32* __restrict__ positions,
+                                         int ring) {
+    PDL_ENTRY();
+    int i = blockIdx.x;
+    u32 p = positions[i];
+    size_t r = ring > 0 ? p % (u32)ring : p;
+    for (int c = threadIdx.x; c < width; c += blockDim.x)
+        dst[r * width + c] = src[(size_t)i * width + c];
+}
+
+// Grid (rows), threads over the width: row i of out = the mean of the raw rows (ring of `slots`)
+// of the last complete block at positions[i] (block 0 when none is: the row is then not
+// stored), summed in order then divided as rec_mean_streams; pool_pos[i] = its first position
+// (the RoPE position of the pooled key).
+extern "C" __global__ void sparse_pool_mean(const float* __restrict__ raw, int slots, int width,
+                                            int block, const u32* __restrict__ positions,
+                                            float* __restrict__ out, u32* __restrict__ pool_pos) {
+    PDL_ENTRY();
+    int i = blockIdx.x;
+    int b = max(((int)positions[i] + 1) / block - 1, 0);
+    for (int c = threadIdx.x; c < width; c += blockDim.x) {
+        float acc = raw[(size_t)((b * block) % slots) * width + c];
+        for (int j = 1; j < block; j++)
+            acc = __fadd_rn(acc, raw[(size_t)((b * block + j) % slots) * width + c]);
+        out[(size_t)i * width + c] = __fdiv_rn(acc, (float)block);
+    }
+    if (threadIdx.x == 0) pool_pos[i] = (u32)(b * block);
+}
+
+// Grid (rows): row i of pooled into row positions[i] / block of rows when positions[i]
+// completes its block.
+extern "C" __global__ void sparse_pool_store(const float* __restrict__ pooled,
+                                             const u32* __restrict__ positions, int width,
+                                             int block, float* __restrict__ rows) {
+    PDL_ENTRY();
+    int i = blockIdx.x;
+    u32 p = positions[i];
+    if ((p + 1) % (u32)block != 0) return;
+    size_t b = p / (u32)block;
+    for (int c = threadIdx.x; c < width; c += blockDim.x)
+        rows[b * width + c] = pooled[(size_t)i * width + c];
+}

@@ -278,6 +278,9 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "sparse_topk",
             "sparse_attn_part",
             "sparse_attn_combine",
+            "store_rows_at",
+            "sparse_pool_mean",
+            "sparse_pool_store",
         ],
     ),
 ];

@@ -93,6 +93,17 @@ impl Backend for CudaBackend {
             .expect("CUDA upload");
     }
 
+    fn write_step_input(&self, buf: &mut CudaBuf, data: &[f32]) {
+        if !self.recording_inputs() {
+            return self.write(buf, data);
+        }
+        // Stream-ordered ahead of the step's launches, which run when the step ends.
+        self.dev
+            .stream
+            .memcpy_htod(data, &mut buf.slice_mut(0..data.len()))
+            .expect("CUDA upload");
+    }
+
     fn read(&self, buf: &CudaBuf, out: &mut [f32]) {
         self.flush_recording();
         self.dev
@@ -395,6 +406,35 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) {
         self.rms_norm_grouped_impl(x, w, n_rows, width, groups, eps, out);
+    }
+
+    fn store_rows_at(
+        &self,
+        src: &CudaBuf,
+        width: usize,
+        positions: &[u32],
+        ring: usize,
+        dst: &mut CudaBuf,
+    ) {
+        self.store_rows_at_impl(src, width, positions, ring, dst);
+    }
+
+    fn pool_blocks(
+        &self,
+        raw: &CudaBuf,
+        raw_slots: usize,
+        width: usize,
+        block: usize,
+        positions: &[u32],
+        norm: (&CudaSlice<f32>, f32),
+        rope: &vela_compute::RopeParams,
+        scratch: [&mut CudaBuf; 2],
+        rows: &mut CudaBuf,
+    ) {
+        let [_, pooled] = scratch;
+        self.pool_blocks_impl(
+            raw, raw_slots, width, block, positions, norm, rope, pooled, rows,
+        );
     }
 
     fn indexer_select(

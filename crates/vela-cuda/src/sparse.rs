@@ -179,6 +179,99 @@ impl CudaBackend {
         }
     }
 
+    pub(crate) fn store_rows_at_impl(
+        &self,
+        src: &CudaBuf,
+        width: usize,
+        positions: &[u32],
+        ring: usize,
+        dst: &mut CudaBuf,
+    ) {
+        let n = positions.len();
+        if n == 0 || width == 0 {
+            return;
+        }
+        let last = if ring > 0 {
+            ring
+        } else {
+            *positions.iter().max().unwrap_or(&0) as usize + 1
+        };
+        assert!(
+            src.len() >= n * width && dst.len() >= last * width,
+            "store_rows_at: buffer too small"
+        );
+        let mut sc = self.scratch();
+        let pp = self.positions(&mut sc, positions);
+        drop(sc);
+        let args = [
+            Arg::P(self.ptr(src)),
+            Arg::P(self.ptr(dst)),
+            Arg::I(width as i32),
+            Arg::P(pp),
+            Arg::I(ring as i32),
+        ];
+        self.launch("store_rows_at", (n as u32, 1, 1), 256, &args);
+    }
+
+    /// [`vela_compute::Backend::pool_blocks`] with every launch the same for any position: each
+    /// row's last complete block is pooled (into the second scratch) and stored only where the
+    /// row completes it.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn pool_blocks_impl(
+        &self,
+        raw: &CudaBuf,
+        raw_slots: usize,
+        width: usize,
+        block: usize,
+        positions: &[u32],
+        norm: (&CudaSlice<f32>, f32),
+        rope: &vela_compute::RopeParams,
+        pooled: &mut CudaBuf,
+        rows: &mut CudaBuf,
+    ) {
+        let n = positions.len();
+        if n == 0 || width == 0 {
+            return;
+        }
+        assert!(
+            block >= 1 && raw_slots >= 1,
+            "pool_blocks: no block or ring"
+        );
+        assert!(
+            raw.len() >= raw_slots * width && pooled.len() >= n * width,
+            "pool_blocks: buffer too small"
+        );
+        let last = *positions.iter().max().unwrap_or(&0) as usize;
+        assert!(
+            rows.len() >= (last + 1) / block * width,
+            "pool_blocks: rows too small"
+        );
+        let mut sc = self.scratch();
+        let pp = self.positions(&mut sc, positions);
+        drop(sc);
+        let pool_pos = self.grown_zeroed(&self.sparse_pool_pos, n, "pooled key positions");
+        let args = [
+            Arg::P(self.ptr(raw)),
+            Arg::I(raw_slots as i32),
+            Arg::I(width as i32),
+            Arg::I(block as i32),
+            Arg::P(pp),
+            Arg::P(self.ptr(pooled)),
+            Arg::P(pool_pos),
+        ];
+        self.launch("sparse_pool_mean", (n as u32, 1, 1), 128, &args);
+        self.rms_norm_inplace(pooled, norm.0, n, width, norm.1);
+        self.rope_at(pooled, n, pool_pos, 1, width, rope);
+        let args = [
+            Arg::P(self.ptr(pooled)),
+            Arg::P(pp),
+            Arg::I(width as i32),
+            Arg::I(block as i32),
+            Arg::P(self.ptr(rows)),
+        ];
+        self.launch("sparse_pool_store", (n as u32, 1, 1), 128, &args);
+    }
+
     /// The reference selection (recurrent.cu; O(blocks²) per query): shapes the fast kernels
     /// do not take.
     pub(crate) fn indexer_select_ref(

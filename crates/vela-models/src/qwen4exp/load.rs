@@ -369,6 +369,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             Some(ent) => Some(ld.mtp(&cfg, ent)?),
             None => None,
         };
+        let rope_factors = cfg.rope_divisors.clone().map(std::sync::Arc::new);
         Ok(Qwen4ExpModel {
             backend,
             cfg,
@@ -381,6 +382,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             source: None,
             layout,
             weight_bytes_per_token,
+            rope_factors,
         })
     }
 }
