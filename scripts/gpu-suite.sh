@@ -34,6 +34,10 @@
 #       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_GRAPH=0" bash ... quick
 #   there:  scripts/gpu-suite.sh q4x         # from the same carry: Qwen3.8 Flash Next at real size
 #       generated in memory (qwen4_exp GPU tests, pp/tg at 0 and 8K, MTP cost model): $OUT/q4x-*
+#   there:  scripts/gpu-suite.sh q4x-llama   # from the carry of pack-ab + the llama.cpp source (or its
+#       bundle in target/gpu-data/lb): Qwen3.8 Flash Next (reduced depth, one GGUF) vs llama.cpp CUDA
+#   there:  scripts/gpu-suite.sh q4x-fast    # the same carry: the qwen4_exp / sparse / recurrent
+#       GPU tests first, then q4x-llama with tg128 at 8K depth and without the MTP numbers
 #   here:   scripts/gpu-suite.sh pack-ab OLD_VELA OLD_GPU_TEST  # one carry (target/gpu-data/ab):
 #                                         #    a reference build's binaries next to this tree's
 #   there:  scripts/gpu-suite.sh ab          # one call, no llama.cpp needed: both GPU test
@@ -56,7 +60,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -501,6 +505,65 @@ q4x)
   /tmp/vela-new bench -m $m --device cuda -p 8192 -n 128 -d 8192 -r 2 2>&1 | tee $OUT/q4x-bench8k.md
   kill $smi
   echo "peak GPU memory: $(sort -t, -k2 -n $OUT/q4x-mem.csv | tail -1)"
+  ;;
+q4x-fast)
+  # The qwen4_exp GPU work in one call, from the carry of q4x-llama: first the GPU tests of the
+  # sparse kernels, the recurrent ops and the model (graph decode = plain decode; the HF fixture
+  # ones when pack-ab carried them; Q4X_TESTS filters, default "qwen4exp recurrent sparse"),
+  # then the q4x-llama stage without the MTP numbers (Q4X_SPEC=0) and with tg128 at depth
+  # Q4X_DEPTH (default 8192): $OUT/q4x-tests.log, $OUT/q4x-vs-llama*.md.
+  A=target/gpu-data/ab
+  mkdir -p "$OUT" "$VELA_CACHE/golden/qwen4exp"
+  xz -dc $A/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/gpu-test-new
+  [ -d $A/q4 ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/gdn_qsa" && cp $A/q4/* "$VELA_CACHE/golden/qwen4exp/gdn_qsa/"
+  [ -d $A/q4m ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/mtp" && cp $A/q4m/* "$VELA_CACHE/golden/qwen4exp/mtp/"
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  t0=$(date +%s)
+  VELA_REQUIRE_GPU=1 timeout ${Q4X_TESTS_S:-180} /tmp/gpu-test-new --test-threads 1 ${Q4X_TESTS:-qwen4exp recurrent sparse} \
+    >$OUT/q4x-tests.log 2>&1
+  echo "GPU tests exit $? ($(( $(date +%s) - t0 )) s)"
+  grep -E "^(test |RESULT)|panicked|test result" $OUT/q4x-tests.log
+  Q4X_SPEC=${Q4X_SPEC:-0} Q4X_DEPTH=${Q4X_DEPTH:-8192} bash "$0" q4x-llama
+  ;;
+q4x-llama)
+  # Qwen3.8 Flash Next side by side with llama.cpp CUDA (issue 33), from the carry of `pack-ab`
+  # plus target/gpu-data/llama-src.tar.gz (`scripts/build-llama-cpp-cuda.sh pack`) or, once built,
+  # target/gpu-data/lb/llama-bench-cuda.tar.xz (a bundle this stage writes to $OUT). One GGUF of
+  # the reduced geometry in llama.cpp's own layout (`vela synth --arch
+  # qwen3.8-flash-next-12l-smallple`, Q4X_TYPE default q4_0) read by both engines:
+  # scripts/bench-vs-llama.py, 3 interleaved rounds, pp512 + tg128 ($OUT/q4x-vs-llama.md) and,
+  # with Q4X_DEPTH (e.g. 8192), tg128 at that depth ($OUT/q4x-vs-llama-d.md). While llama.cpp
+  # builds: the MTP speculation numbers of the in-memory reduced geometry ($OUT/q4x-spec.md).
+  A=target/gpu-data/ab
+  mkdir -p "$OUT" "$VELA_CACHE/vocab" "$VELA_CACHE/llama.cpp-cuda"
+  t0=$(date +%s)
+  xz -dc $A/vela-new.xz >/tmp/vela-new && chmod +x /tmp/vela-new
+  for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  if [ -s target/gpu-data/lb/llama-bench-cuda.tar.xz ]; then
+    tar xJf target/gpu-data/lb/llama-bench-cuda.tar.xz -C /tmp && echo "build exit 0 (bundle)" >/tmp/llama-build.log &
+  else
+    (nice -n 19 bash scripts/build-llama-cpp-cuda.sh build >/tmp/llama-build.log 2>&1; echo "build exit $?" >>/tmp/llama-build.log
+     grep -q "build exit 0" /tmp/llama-build.log && XZ_OPT=-T8 bash scripts/build-llama-cpp-cuda.sh bundle $OUT >>/tmp/llama-build.log 2>&1
+     tar xJf $OUT/llama-bench-cuda.tar.xz -C /tmp) &
+  fi
+  bpid=$!
+  /tmp/vela-new synth --arch qwen3.8-flash-next-12l-smallple --type ${Q4X_TYPE:-q4_0} -o /tmp/q12.gguf -t 8 >$OUT/q4x-synth.log 2>&1
+  echo "synth exit $? ($(( $(date +%s) - t0 )) s) $(ls -la /tmp/q12.gguf)"
+  [ "${Q4X_SPEC:-1}" = 1 ] && timeout 240 /tmp/vela-new bench -m synth:qwen3.8-flash-next-12l:${Q4X_TYPE:-q4_0} --device cuda \
+    --spec-cost -d 512 -r 3 --draft-max 7 --spec-accept 0.5,0.7,0.9 -n 128 2>&1 | tee $OUT/q4x-spec.md
+  wait $bpid
+  tail -4 /tmp/llama-build.log; echo "llama.cpp ready ($(( $(date +%s) - t0 )) s)"
+  ln -sfn /tmp/llama-bench-cuda "$VELA_CACHE/llama.cpp-cuda/bin"
+  B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela-new --flavors cuda --threads 16 --reps 3
+     "--llama-args=-ngl 99" "--vela-args=--device cuda" --models /tmp/q12.gguf)
+  timeout ${Q4X_PPTG_S:-240} "${B[@]}" --out $OUT/q4x-vs-llama.md --json-out $OUT/q4x-vs-llama.json 2>$OUT/q4x-vs-llama.log
+  echo "pp/tg done ($(( $(date +%s) - t0 )) s)"
+  [ -n "${Q4X_DEPTH:-}" ] && timeout 300 "${B[@]}" -p 0 -n 128 --depth $Q4X_DEPTH --out $OUT/q4x-vs-llama-d.md 2>>$OUT/q4x-vs-llama.log
+  /tmp/vela-new bench -m /tmp/q12.gguf --device cuda -p 0 -n 4 -r 1 --json 2>/dev/null |
+    python3 -c "import json,sys; j=json.load(sys.stdin); print('weight bytes per token', j['weight_bytes_per_token'])"
+  echo "done ($(( $(date +%s) - t0 )) s)"
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;
 esac
