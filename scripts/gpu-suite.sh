@@ -36,6 +36,8 @@
 #       generated in memory (qwen4_exp GPU tests, pp/tg at 0 and 8K, MTP cost model): $OUT/q4x-*
 #   there:  scripts/gpu-suite.sh q4x-llama   # from the carry of pack-ab + the llama.cpp source (or its
 #       bundle in target/gpu-data/lb): Qwen3.8 Flash Next (reduced depth, one GGUF) vs llama.cpp CUDA
+#   there:  scripts/gpu-suite.sh q4x-fast    # the same carry: the qwen4_exp / sparse / recurrent
+#       GPU tests first, then q4x-llama with tg128 at 8K depth and without the MTP numbers
 #   here:   scripts/gpu-suite.sh pack-ab OLD_VELA OLD_GPU_TEST  # one carry (target/gpu-data/ab):
 #                                         #    a reference build's binaries next to this tree's
 #   there:  scripts/gpu-suite.sh ab          # one call, no llama.cpp needed: both GPU test
@@ -58,7 +60,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -503,6 +505,25 @@ q4x)
   /tmp/vela-new bench -m $m --device cuda -p 8192 -n 128 -d 8192 -r 2 2>&1 | tee $OUT/q4x-bench8k.md
   kill $smi
   echo "peak GPU memory: $(sort -t, -k2 -n $OUT/q4x-mem.csv | tail -1)"
+  ;;
+q4x-fast)
+  # The qwen4_exp GPU work in one call, from the carry of q4x-llama: first the GPU tests of the
+  # sparse kernels, the recurrent ops and the model (graph decode = plain decode; the HF fixture
+  # ones when pack-ab carried them; Q4X_TESTS filters, default "qwen4exp recurrent sparse"),
+  # then the q4x-llama stage without the MTP numbers (Q4X_SPEC=0) and with tg128 at depth
+  # Q4X_DEPTH (default 8192): $OUT/q4x-tests.log, $OUT/q4x-vs-llama*.md.
+  A=target/gpu-data/ab
+  mkdir -p "$OUT" "$VELA_CACHE/golden/qwen4exp"
+  xz -dc $A/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/gpu-test-new
+  [ -d $A/q4 ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/gdn_qsa" && cp $A/q4/* "$VELA_CACHE/golden/qwen4exp/gdn_qsa/"
+  [ -d $A/q4m ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/mtp" && cp $A/q4m/* "$VELA_CACHE/golden/qwen4exp/mtp/"
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  t0=$(date +%s)
+  VELA_REQUIRE_GPU=1 timeout ${Q4X_TESTS_S:-180} /tmp/gpu-test-new --test-threads 1 ${Q4X_TESTS:-qwen4exp recurrent sparse} \
+    >$OUT/q4x-tests.log 2>&1
+  echo "GPU tests exit $? ($(( $(date +%s) - t0 )) s)"
+  grep -E "^(test |RESULT)|panicked|test result" $OUT/q4x-tests.log
+  Q4X_SPEC=${Q4X_SPEC:-0} Q4X_DEPTH=${Q4X_DEPTH:-8192} bash "$0" q4x-llama
   ;;
 q4x-llama)
   # Qwen3.8 Flash Next side by side with llama.cpp CUDA (issue 33), from the carry of `pack-ab`

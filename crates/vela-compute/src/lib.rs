@@ -54,6 +54,13 @@ pub trait Backend: Send + Sync {
     // --- memory ---
     fn alloc(&self, len: usize) -> Self::Buf;
     fn write(&self, buf: &mut Self::Buf, data: &[f32]);
+    /// [`Backend::write`] of a forward's input that only launches after this call read, into a
+    /// buffer no earlier launch of the forward touches (host-gathered rows): while a decode step
+    /// is recorded a backend may upload it at once, ahead of the step's launches, instead of
+    /// ending the recording.
+    fn write_step_input(&self, buf: &mut Self::Buf, data: &[f32]) {
+        self.write(buf, data);
+    }
     fn read(&self, buf: &Self::Buf, out: &mut [f32]);
     fn upload_weight(&self, w: &HostWeight) -> Result<Self::Weight>;
     /// A small f32 vector (norm weight, bias).
@@ -340,6 +347,62 @@ pub trait Backend: Send + Sync {
         sel: &mut Self::Ids,
         counts: &mut Self::Ids,
     );
+
+    /// Row i of `src` (`width` wide) into row `positions[i]` of `dst`, or with `ring > 0` into
+    /// row `positions[i] % ring` (a ring of raw rows). The rows go where the positions say on
+    /// the device too (a recorded decode step's launches do not depend on its position).
+    fn store_rows_at(
+        &self,
+        src: &Self::Buf,
+        width: usize,
+        positions: &[u32],
+        ring: usize,
+        dst: &mut Self::Buf,
+    ) {
+        for (i, &p) in positions.iter().enumerate() {
+            let r = if ring > 0 {
+                p as usize % ring
+            } else {
+                p as usize
+            };
+            self.copy_rows(src, i, 1, width, dst, r);
+        }
+    }
+
+    /// The indexer's pooled keys of the blocks the rows at `positions` complete: for each
+    /// position p with (p + 1) % `block` = 0, block b = p / `block`: the mean of its `block`
+    /// raw rows (`raw`, position x in row x % `raw_slots`, `width` wide; summed in order, then
+    /// divided), RMS-normalised with `norm`, rotated at position b·`block`, into row b of
+    /// `rows`. `scratch`: two buffers of `max(block, positions.len())·width` floats.
+    #[allow(clippy::too_many_arguments)]
+    fn pool_blocks(
+        &self,
+        raw: &Self::Buf,
+        raw_slots: usize,
+        width: usize,
+        block: usize,
+        positions: &[u32],
+        norm: (&Self::Vector, f32),
+        rope: &RopeParams,
+        scratch: [&mut Self::Buf; 2],
+        rows: &mut Self::Buf,
+    ) {
+        let [gathered, pooled] = scratch;
+        for &p in positions {
+            let p = p as usize;
+            if !(p + 1).is_multiple_of(block) {
+                continue;
+            }
+            let bi = p / block;
+            for j in 0..block {
+                self.copy_rows(raw, (bi * block + j) % raw_slots, 1, width, gathered, j);
+            }
+            self.mean_streams(gathered, 1, block, width, pooled);
+            self.rms_norm_inplace(pooled, norm.0, 1, width, norm.1);
+            self.rope(pooled, 1, width, &[(bi * block) as u32], rope);
+            self.copy_rows(pooled, 0, 1, width, rows, bi);
+        }
+    }
 
     /// Attention of the `n` query rows (`[n, n_head·hd]`) over the positions row t of `sel`
     /// selects (`counts[t]` of them, `width` wide), with f32 K and V rows by position

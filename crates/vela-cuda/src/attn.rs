@@ -112,11 +112,28 @@ impl CudaBackend {
         if positions.is_empty() || p.n_rot == 0 {
             return;
         }
+        let mut sc = self.scratch();
+        let pp = self.positions(&mut sc, positions);
+        drop(sc);
+        self.rope_at(x, positions.len(), pp, n_head, head_dim, p);
+    }
+
+    /// [`Self::rope_impl`] of `rows` rows at the positions in device memory at `pp`.
+    pub(crate) fn rope_at(
+        &self,
+        x: &mut CudaBuf,
+        rows: usize,
+        pp: u64,
+        n_head: usize,
+        head_dim: usize,
+        p: &RopeParams,
+    ) {
+        if rows == 0 || p.n_rot == 0 {
+            return;
+        }
         // Same expression as the CPU backend, so both use the identical f32 ratio.
         let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
         let ff = p.freq_factors.as_ref().map(|f| self.rope_factors_ptr(f));
-        let mut sc = self.scratch();
-        let pp = self.positions(&mut sc, positions);
         let args = [
             Arg::P(self.ptr(x)),
             Arg::P(pp),
@@ -128,7 +145,7 @@ impl CudaBackend {
             Arg::P(ff.unwrap_or(0)),
             Arg::I(i32::from(p.neox)),
         ];
-        self.launch("rope", (positions.len() as u32, 1, 1), 256, &args);
+        self.launch("rope", (rows as u32, 1, 1), 256, &args);
     }
 
     #[allow(clippy::too_many_arguments)]

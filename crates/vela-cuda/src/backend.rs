@@ -33,6 +33,11 @@ pub struct CudaBackend {
     scratch: Mutex<Scratch>,
     /// Partial results of the split-K decode attention.
     pub(crate) attn_part: Mutex<CudaSlice<f32>>,
+    /// The indexer's block scores and the parts of the sparse attention (sparse.rs).
+    pub(crate) sparse_scores: Mutex<CudaSlice<f32>>,
+    pub(crate) sparse_part: Mutex<CudaSlice<f32>>,
+    /// The RoPE positions of the indexer's pooled keys (sparse.rs).
+    pub(crate) sparse_pool_pos: Mutex<CudaSlice<u32>>,
     /// The decode-step recorder and graph cache (graph.rs, steps.rs).
     pub(crate) rec: Mutex<Recorder>,
     /// `[token, position]` of the decode step being recorded, and its device address.
@@ -81,6 +86,9 @@ impl CudaBackend {
             prof: Profiler::new(tuning.profile),
             scratch: Mutex::new(scratch),
             attn_part: Mutex::new(attn_part),
+            sparse_scores: Mutex::new(stream.alloc_zeros::<f32>(1)?),
+            sparse_part: Mutex::new(stream.alloc_zeros::<f32>(1)?),
+            sparse_pool_pos: Mutex::new(stream.alloc_zeros::<u32>(1)?),
             rec: Mutex::new(Recorder::default()),
             io: Mutex::new(io),
             io_ptr,

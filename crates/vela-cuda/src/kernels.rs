@@ -13,7 +13,8 @@ use std::path::PathBuf;
 pub const COMMON: &str = include_str!("../kernels/common.cu");
 
 /// The kernel groups: (name, source without the prelude). The "quant" group is quant.cu
-/// followed by matvec.cu and experts.cu, the "attention" group attention.cu followed by flash.cu.
+/// followed by matvec.cu and experts.cu, the "attention" group attention.cu followed by flash.cu,
+/// the "recurrent" group recurrent.cu followed by sparse.cu.
 pub const GROUPS: &[(&str, &str)] = &[
     (
         "quant",
@@ -33,7 +34,13 @@ pub const GROUPS: &[(&str, &str)] = &[
     ),
     ("sample", include_str!("../kernels/sample.cu")),
     ("kit", include_str!("../kernels/kit.cu")),
-    ("recurrent", include_str!("../kernels/recurrent.cu")),
+    (
+        "recurrent",
+        concat!(
+            include_str!("../kernels/recurrent.cu"),
+            include_str!("../kernels/sparse.cu")
+        ),
+    ),
     ("compressed", include_str!("../kernels/compressed.cu")),
 ];
 
@@ -268,6 +275,13 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "sparse_index_scores",
             "sparse_index_select",
             "sparse_attention",
+            "sparse_scores_t",
+            "sparse_topk",
+            "sparse_attn_part",
+            "sparse_attn_combine",
+            "store_rows_at",
+            "sparse_pool_mean",
+            "sparse_pool_store",
         ],
     ),
     (

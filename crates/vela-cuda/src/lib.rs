@@ -15,7 +15,7 @@
 //! `l2pf` work on a `Device`; `backend` defines [`CudaBackend`] (the device, the tuning, the
 //! decode-step recorder, the ops' state) and the launch path every op takes; the ops are
 //! `impl CudaBackend` blocks (`matmul`, `gemm`, `attn`, `attn_gemm`, `kv`, `upload`, `argmax`,
-//! `sample`, `steps`, `kit`); this file puts the [`Backend`] trait on top. No module below `backend`
+//! `sample`, `steps`, `kit`, `recurrent`, `sparse`); this file puts the [`Backend`] trait on top. No module below `backend`
 //! imports it or an op module.
 
 mod argmax;
@@ -37,6 +37,7 @@ pub mod nvrtc;
 mod profile;
 mod recurrent;
 pub mod sample;
+mod sparse;
 mod steps;
 pub mod tuning;
 mod upload;
@@ -87,6 +88,17 @@ impl Backend for CudaBackend {
 
     fn write(&self, buf: &mut CudaBuf, data: &[f32]) {
         self.flush_recording();
+        self.dev
+            .stream
+            .memcpy_htod(data, &mut buf.slice_mut(0..data.len()))
+            .expect("CUDA upload");
+    }
+
+    fn write_step_input(&self, buf: &mut CudaBuf, data: &[f32]) {
+        if !self.recording_inputs() {
+            return self.write(buf, data);
+        }
+        // Stream-ordered ahead of the step's launches, which run when the step ends.
         self.dev
             .stream
             .memcpy_htod(data, &mut buf.slice_mut(0..data.len()))
@@ -396,6 +408,35 @@ impl Backend for CudaBackend {
         out: &mut CudaBuf,
     ) {
         self.rms_norm_grouped_impl(x, w, n_rows, width, groups, eps, out);
+    }
+
+    fn store_rows_at(
+        &self,
+        src: &CudaBuf,
+        width: usize,
+        positions: &[u32],
+        ring: usize,
+        dst: &mut CudaBuf,
+    ) {
+        self.store_rows_at_impl(src, width, positions, ring, dst);
+    }
+
+    fn pool_blocks(
+        &self,
+        raw: &CudaBuf,
+        raw_slots: usize,
+        width: usize,
+        block: usize,
+        positions: &[u32],
+        norm: (&CudaSlice<f32>, f32),
+        rope: &vela_compute::RopeParams,
+        scratch: [&mut CudaBuf; 2],
+        rows: &mut CudaBuf,
+    ) {
+        let [_, pooled] = scratch;
+        self.pool_blocks_impl(
+            raw, raw_slots, width, block, positions, norm, rope, pooled, rows,
+        );
     }
 
     fn indexer_select(

@@ -5,7 +5,7 @@ use crate::backend::CudaBackend;
 use crate::device::Arg;
 use crate::weight::CudaBuf;
 use cudarc::driver::CudaSlice;
-use vela_compute::{Backend, DeltaDims, IndexerParams};
+use vela_compute::DeltaDims;
 
 impl CudaBackend {
     #[allow(clippy::too_many_arguments)]
@@ -245,104 +245,5 @@ impl CudaBackend {
             Arg::F(eps),
         ];
         self.launch("rec_rms_norm_grouped", (n_rows as u32, 1, 1), 256, &args);
-    }
-
-    pub(crate) fn indexer_select_impl(
-        &self,
-        q: &CudaBuf,
-        keys: &CudaBuf,
-        positions: &[u32],
-        p: &IndexerParams,
-        sel: &mut CudaSlice<u32>,
-        counts: &mut CudaSlice<u32>,
-    ) {
-        let n = positions.len();
-        if n == 0 {
-            return;
-        }
-        let width = p.max_selected();
-        assert!(
-            q.len() >= n * p.n_head * p.head_dim && sel.len() >= n * width && counts.len() >= n,
-            "indexer_select: buffer too small"
-        );
-        let max_pos = *positions.iter().max().unwrap_or(&0) as usize;
-        let stride = ((max_pos + 1) / p.block).max(1);
-        let mut pos = self.alloc_ids(n);
-        self.write_ids(&mut pos, positions);
-        let scores = self.alloc(n * stride);
-        let kept = self
-            .dev
-            .stream
-            .alloc_zeros::<u8>(n * stride)
-            .unwrap_or_else(|e| panic!("CUDA alloc of {} bytes failed: {e:?}", n * stride));
-        let args = [
-            Arg::P(self.ptr(q)),
-            Arg::P(self.ptr(keys)),
-            Arg::P(self.ptr(&pos)),
-            Arg::I(p.n_head as i32),
-            Arg::I(p.head_dim as i32),
-            Arg::I(p.block as i32),
-            Arg::I(stride as i32),
-            Arg::P(self.ptr(&scores)),
-        ];
-        self.launch("sparse_index_scores", (n as u32, 1, 1), 256, &args);
-        let args = [
-            Arg::P(self.ptr(&scores)),
-            Arg::P(self.ptr(&pos)),
-            Arg::I(p.block as i32),
-            Arg::I(p.max_blocks as i32),
-            Arg::I(stride as i32),
-            Arg::I(width as i32),
-            Arg::P(self.ptr(&kept)),
-            Arg::P(self.ptr(sel)),
-            Arg::P(self.ptr(counts)),
-        ];
-        self.launch("sparse_index_select", (n as u32, 1, 1), 256, &args);
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn attention_selected_impl(
-        &self,
-        q: &CudaBuf,
-        k: &CudaBuf,
-        v: &CudaBuf,
-        sel: &CudaSlice<u32>,
-        counts: &CudaSlice<u32>,
-        n: usize,
-        width: usize,
-        heads: (usize, usize, usize),
-        scale: f32,
-        out: &mut CudaBuf,
-    ) {
-        let (nh, nkv, hd) = heads;
-        assert!(
-            width <= 4096,
-            "attention_selected: at most 4096 selected positions"
-        );
-        assert!(
-            nkv > 0 && nh % nkv == 0,
-            "attention_selected: heads must group"
-        );
-        assert!(
-            q.len() >= n * nh * hd && out.len() >= n * nh * hd && sel.len() >= n * width,
-            "attention_selected: buffer too small"
-        );
-        if n == 0 {
-            return;
-        }
-        let args = [
-            Arg::P(self.ptr(q)),
-            Arg::P(self.ptr(k)),
-            Arg::P(self.ptr(v)),
-            Arg::P(self.ptr(sel)),
-            Arg::P(self.ptr(counts)),
-            Arg::I(width as i32),
-            Arg::I(nh as i32),
-            Arg::I(nkv as i32),
-            Arg::I(hd as i32),
-            Arg::F(scale),
-            Arg::P(self.ptr(out)),
-        ];
-        self.launch("sparse_attention", (n as u32, nh as u32, 1), 128, &args);
     }
 }

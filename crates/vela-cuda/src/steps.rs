@@ -175,6 +175,13 @@ impl CudaBackend {
         self.scratch_gen.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// A step with its token known on the host is being recorded (not one recorded ahead, whose
+    /// launches may run after later uploads): inputs uploaded now precede its launches.
+    pub(crate) fn recording_inputs(&self) -> bool {
+        let r = self.recorder();
+        r.active && !r.preparing
+    }
+
     /// The position and sequence key of the step being recorded, if one is.
     pub(crate) fn recording_pos(&self) -> Option<(u32, u64)> {
         let r = self.recorder();

@@ -131,6 +131,9 @@ pub struct Qwen4ExpModel<B: Backend> {
     source: Option<PathBuf>,
     layout: StateLayout,
     weight_bytes_per_token: u64,
+    /// The RoPE frequency factors, one vector for the model's life (a backend keeps its device
+    /// copy by this vector).
+    rope_factors: Option<Arc<Vec<f32>>>,
 }
 
 /// One sequence: scratch buffers, the recurrent/block state, the token history.
@@ -148,6 +151,9 @@ pub struct Qwen4ExpState<B: Backend> {
     counts: B::Ids,
     /// `[max_batch, S·H]`: the MTP layer's input streams (models with an MTP layer).
     mtp_in: Option<B::Buf>,
+    /// Per PLE layer, `[max_batch, D]`: the n-gram rows gathered on the host (only that layer's
+    /// injection reads them, so a recorded step may upload them ahead of its launches).
+    ple_in: Vec<B::Buf>,
     /// Token at each position (the n-gram hash reads predecessors).
     history: Vec<u32>,
     key: u64,
@@ -213,7 +219,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             freq_base: self.cfg.rope_theta,
             freq_scale: 1.0,
             neox: true,
-            freq_factors: self.cfg.rope_divisors.clone().map(Arc::new),
+            freq_factors: self.rope_factors.clone(),
         }
     }
 
@@ -340,6 +346,12 @@ impl<B: Backend> Qwen4ExpModel<B> {
             },
             counts: be.alloc_ids(nb),
             mtp_in: self.mtp.as_ref().map(|_| be.alloc(nb * s * h)),
+            ple_in: self
+                .layers
+                .iter()
+                .filter(|l| l.ple.is_some())
+                .map(|_| be.alloc(nb * c.ple.as_ref().map_or(1, |p| p.dim)))
+                .collect(),
             history: vec![0; n_ctx],
             key: StepCtl::new().key,
             selections: None,
@@ -619,7 +631,6 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let be = &*self.backend;
         let c = &self.cfg;
         let n = positions.len();
-        let p0 = positions[0] as usize;
         let (nkv, hd, di, cb) = (c.n_head_kv, c.head_dim, c.idx_dim, c.idx_block);
         let rope = self.rope();
         let b = &mut st.bufs;
@@ -632,21 +643,19 @@ impl<B: Backend> Qwen4ExpModel<B> {
             be.matmul(&q.wv, m, n, t4);
         }
         // K and V rows by position.
-        be.copy_rows(
+        be.store_rows_at(
             &b[T3],
-            0,
-            n,
             nkv * hd,
+            positions,
+            0,
             st.extra.blocks_mut(ent[0])?.rows,
-            p0,
         );
-        be.copy_rows(
+        be.store_rows_at(
             &b[T4],
-            0,
-            n,
             nkv * hd,
+            positions,
+            0,
             st.extra.blocks_mut(ent[1])?.rows,
-            p0,
         );
         // Indexer: raw keys into the ring, pooled keys of the blocks completed here, queries.
         {
@@ -656,22 +665,21 @@ impl<B: Backend> Qwen4ExpModel<B> {
         {
             let blk = st.extra.blocks_mut(ent[2])?;
             let slots = blk.raw_slots;
-            for i in 0..n {
-                be.copy_rows(&b[T4], i, 1, di, blk.raw, (p0 + i) % slots);
-            }
-            // Block bi completes at position bi·cb + cb − 1: those within p0..p0+n.
-            let first = (p0 + 1).saturating_sub(cb).div_ceil(cb);
-            for bi in first..(p0 + n) / cb {
-                // The block's raw rows (A), their mean (XN): both free during the mixer.
-                let [raw, pooled] = pick2(b, A, XN);
-                for j in 0..cb {
-                    be.copy_rows(blk.raw, (bi * cb + j) % slots, 1, di, raw, j);
-                }
-                be.mean_streams(raw, 1, cb, di, pooled);
-                be.rms_norm_inplace(pooled, &q.idx_k_norm, 1, di, c.eps);
-                be.rope(pooled, 1, di, &[(bi * cb) as u32], &rope);
-                be.copy_rows(pooled, 0, 1, di, blk.rows, bi);
-            }
+            be.store_rows_at(&b[T4], di, positions, slots, blk.raw);
+            // The blocks completed here (scratch: A and XN, free during the mixer).
+            let [raw, pooled] = pick2(b, A, XN);
+            let norm = (&q.idx_k_norm, c.eps);
+            be.pool_blocks(
+                blk.raw,
+                slots,
+                di,
+                cb,
+                positions,
+                norm,
+                &rope,
+                [raw, pooled],
+                blk.rows,
+            );
         }
         Ok(())
     }
@@ -737,6 +745,25 @@ impl<B: Backend> Qwen4ExpModel<B> {
         be.inject_streams(y, t4, t3, n, 1, h);
     }
 
+    /// Which of the PLE layers `l` is (its `ple_in` buffer).
+    fn ple_index(&self, l: &Layer<B>) -> usize {
+        self.layers
+            .iter()
+            .filter(|x| x.ple.is_some())
+            .position(|x| std::ptr::eq(x, l))
+            .expect("a PLE layer")
+    }
+
+    /// Whether a one-token step runs the same launches at every position, reading its token and
+    /// position on the device (`stepper`): the QSA stores and selection take the positions on
+    /// the device, the recurrent states cycle through their snapshot slots (a few distinct
+    /// steps), and the n-gram rows are gathered on the host from the token (`host_token`: the
+    /// step's token is known there, not left on the device by the previous step) and uploaded
+    /// ahead of the step. The MTP layer's cache is written by position on the host: not with it.
+    fn graph_safe(&self, host_token: bool) -> bool {
+        self.active_mtp().is_none() && (host_token || self.cfg.ple.is_none())
+    }
+
     /// The n-gram injection into `X` (§4.3).
     fn ple(
         &self,
@@ -760,18 +787,16 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 p.table.row(r, &mut e[t * d + j * w..t * d + (j + 1) * w])?;
             }
         }
+        let ple_in = &mut st.ple_in[self.ple_index(l)];
+        be.write_step_input(ple_in, &e);
         let b = &mut st.bufs;
-        be.write(&mut b[T1], &e);
         // key [n, S·H] (T2), val [n, H] (T3), query = normalised X (XN).
         {
-            let [t1, t2, t4] = pick3(b, T1, T2, T4);
-            be.matmul(&p.key, t1, n, t4);
+            let [t2, t4] = pick2(b, T2, T4);
+            be.matmul(&p.key, ple_in, n, t4);
             be.rms_norm_grouped(t4, &p.norm_key, n * s, h, s, c.eps, t2);
         }
-        {
-            let [t1, t3] = pick2(b, T1, T3);
-            be.matmul(&p.value, t1, n, t3);
-        }
+        be.matmul(&p.value, ple_in, n, &mut b[T3]);
         {
             let [x, xn] = pick2(b, X, XN);
             be.rms_norm_grouped(x, &p.norm_query, n * s, h, s, c.eps, xn);
@@ -895,7 +920,7 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Qwen4ExpModel<B> {
             positions,
             logits_from,
             self.cfg.n_vocab,
-            false,
+            self.graph_safe(true),
             &layers,
         )
     }
@@ -913,7 +938,7 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Qwen4ExpModel<B> {
             token,
             pos,
             self.cfg.n_vocab,
-            false,
+            self.graph_safe(token.is_some()),
             &layers,
         )
     }

@@ -447,3 +447,4 @@ mod ops;
 mod qwen4exp;
 mod recurrent;
 mod sample;
+mod sparse;

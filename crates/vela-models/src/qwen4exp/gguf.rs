@@ -262,6 +262,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
         }
         let mixer = hc(&mut ld, "output_hc", false)?;
         let weight_bytes_per_token = ld.bytes;
+        let rope_factors = cfg.rope_divisors.clone().map(std::sync::Arc::new);
         Ok(Qwen4ExpModel {
             backend,
             cfg,
@@ -274,6 +275,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             source: None,
             layout,
             weight_bytes_per_token,
+            rope_factors,
         })
     }
 }

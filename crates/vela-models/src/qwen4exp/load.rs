@@ -350,6 +350,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             Some(ent) => Some(ld.mtp(&cfg, ent)?),
             None => None,
         };
+        let rope_factors = cfg.rope_divisors.clone().map(std::sync::Arc::new);
         Ok(Qwen4ExpModel {
             backend,
             cfg,
@@ -362,6 +363,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             source: None,
             layout,
             weight_bytes_per_token,
+            rope_factors,
         })
     }
 }
