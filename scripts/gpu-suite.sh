@@ -404,6 +404,14 @@ pack-ab)
       cp "$q4m/$f" $A/q4m/
     done
   fi
+  # ... and the deepseek_v4 one (scripts/gen-deepseekv4-fixtures.py).
+  d4=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/deepseekv4/flash_mini
+  if [ -d "$d4" ]; then
+    mkdir -p $A/d4
+    for f in config.json model.safetensors prompts.json logits_long.f32 tokenizer.json tokenizer_config.json; do
+      cp "$d4/$f" $A/d4/
+    done
+  fi
   du -sh $A
   ;;
 ab)
@@ -509,7 +517,8 @@ q4x)
 q4x-fast)
   # The qwen4_exp GPU work in one call, from the carry of q4x-llama: first the GPU tests of the
   # sparse kernels, the recurrent ops and the model (graph decode = plain decode; the HF fixture
-  # ones when pack-ab carried them; Q4X_TESTS filters, default "qwen4exp recurrent sparse"),
+  # ones when pack-ab carried them, DeepSeek V4's ops and model; Q4X_TESTS filters, default
+  # "qwen4exp recurrent sparse dsv4 deepseekv4"),
   # then the q4x-llama stage without the MTP numbers (Q4X_SPEC=0) and with tg128 at depth
   # Q4X_DEPTH (default 8192): $OUT/q4x-tests.log, $OUT/q4x-vs-llama*.md.
   A=target/gpu-data/ab
@@ -517,12 +526,20 @@ q4x-fast)
   xz -dc $A/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/gpu-test-new
   [ -d $A/q4 ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/gdn_qsa" && cp $A/q4/* "$VELA_CACHE/golden/qwen4exp/gdn_qsa/"
   [ -d $A/q4m ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/mtp" && cp $A/q4m/* "$VELA_CACHE/golden/qwen4exp/mtp/"
+  [ -d $A/d4 ] && mkdir -p "$VELA_CACHE/golden/deepseekv4/flash_mini" && cp $A/d4/* "$VELA_CACHE/golden/deepseekv4/flash_mini/"
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   t0=$(date +%s)
-  VELA_REQUIRE_GPU=1 timeout ${Q4X_TESTS_S:-180} /tmp/gpu-test-new --test-threads 1 ${Q4X_TESTS:-qwen4exp recurrent sparse} \
+  # The GGUF of q4x-llama generated meanwhile (the tests are GPU-bound).
+  xz -dc $A/vela-new.xz >/tmp/vela-new && chmod +x /tmp/vela-new
+  for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); mkdir -p "$VELA_CACHE/vocab"; xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  (/tmp/vela-new synth --arch qwen3.8-flash-next-12l-smallple --type ${Q4X_TYPE:-q4_0} -o /tmp/q12.gguf -t 16 \
+     >$OUT/q4x-synth.log 2>&1 && touch /tmp/q12.done) &
+  spid=$!
+  VELA_REQUIRE_GPU=1 timeout ${Q4X_TESTS_S:-180} /tmp/gpu-test-new --test-threads 1 ${Q4X_TESTS:-qwen4exp recurrent sparse dsv4 deepseekv4} \
     >$OUT/q4x-tests.log 2>&1
   echo "GPU tests exit $? ($(( $(date +%s) - t0 )) s)"
   grep -E "^(test |RESULT)|panicked|test result" $OUT/q4x-tests.log
+  wait $spid
   Q4X_SPEC=${Q4X_SPEC:-0} Q4X_DEPTH=${Q4X_DEPTH:-8192} bash "$0" q4x-llama
   ;;
 q4x-llama)
@@ -549,7 +566,8 @@ q4x-llama)
      tar xJf $OUT/llama-bench-cuda.tar.xz -C /tmp) &
   fi
   bpid=$!
-  /tmp/vela-new synth --arch qwen3.8-flash-next-12l-smallple --type ${Q4X_TYPE:-q4_0} -o /tmp/q12.gguf -t 8 >$OUT/q4x-synth.log 2>&1
+  [ -f /tmp/q12.done ] ||
+    /tmp/vela-new synth --arch qwen3.8-flash-next-12l-smallple --type ${Q4X_TYPE:-q4_0} -o /tmp/q12.gguf -t 8 >$OUT/q4x-synth.log 2>&1
   echo "synth exit $? ($(( $(date +%s) - t0 )) s) $(ls -la /tmp/q12.gguf)"
   [ "${Q4X_SPEC:-1}" = 1 ] && timeout 240 /tmp/vela-new bench -m synth:qwen3.8-flash-next-12l:${Q4X_TYPE:-q4_0} --device cuda \
     --spec-cost -d 512 -r 3 --draft-max 7 --spec-accept 0.5,0.7,0.9 -n 128 2>&1 | tee $OUT/q4x-spec.md
