@@ -72,6 +72,11 @@ from that document and checks every file below. Output, per fixture `<name>`:
         model cast to float32: logits_<prompt>.f32, indexer_long.json, and logits_long_bf16.f32
         (HF's own dtype="auto" load, i.e. bf16 compute, for information). meta.json says how the
         weights were quantized and that HF's dequantized weights equal the spec's exactly.
+        model-llamacpp.gguf: llama.cpp 0c1e570's convert_hf_to_gguf.py of this directory (--outtype
+        f32; a synthetic vocabulary, the tests feed ids): MXFP4 experts repacked as GGML MXFP4,
+        FP8 matrices dequantized and requantized to Q8_0, BF16 / F32 as stored.
+        logits_long_gguf.f32: HF's logits of prompts['long'] with the GGUF's values of those Q8_0
+        matrices (the oracle of a GGUF loader; every other tensor decodes to the release's values).
         deq_<name>.f32: HF's dequantization of a few FP8 and MXFP4 matrices (release names), for a
         loader's own decoding.
 
@@ -121,6 +126,7 @@ torch.set_num_threads(1)
 
 VELA_CACHE = os.environ.get("VELA_CACHE", os.path.expanduser("~/.cache/vela"))
 OUT = os.path.join(VELA_CACHE, "golden", "deepseekv4")
+LLAMA_CPP = os.path.join(VELA_CACHE, "llama-cpp-python", "vendor", "llama.cpp")
 
 VOCAB = 512
 BOS, EOS = 0, 1  # the real config's ids
@@ -757,6 +763,9 @@ def quant_fp4(w: torch.Tensor):
     return packed, sc.reshape(r, c // FP4_BLOCK).to(E8M0), deq
 
 
+FP8_HF: dict = {}  # release name of each FP8 matrix -> its HF parameter (filled by release_layout)
+
+
 def release_layout(model, cfg, gen: torch.Generator):
     """(tensors in the released checkpoint's names/dtypes, the HF state dict they dequantize to,
     per-tensor storage kinds)."""
@@ -766,6 +775,7 @@ def release_layout(model, cfg, gen: torch.Generator):
         q, s, deq = quant_fp8(w.detach())
         sd[up + ".weight"], sd[up + ".scale"], ref[hf] = q, s, deq
         kinds[up + ".weight"] = "F8_E4M3 + .scale F8_E8M0 [ceil(r/128), ceil(c/128)]"
+        FP8_HF[up + ".weight"] = hf
 
     def bf16(up, hf, w):
         sd[up] = w.detach().to(torch.bfloat16)
@@ -1023,7 +1033,128 @@ def build_fp8(base: dict) -> None:
           f"dtype=float32 load: {f32load_note[:60]}, {size / 1e6:.1f} MB, {time.time() - t0:.0f} s")
 
 
+def to_gguf(name: str) -> None:
+    """llama.cpp's converter on the fixture (in a child process: it imports llama.cpp's gguf-py)
+    -> model-llamacpp.gguf; its tensor list and metadata are recorded in meta.json["gguf"]."""
+    import subprocess
+    d = os.path.join(OUT, name)
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--gguf-child", d],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"llama.cpp's converter failed on {name}:\n{r.stderr[-3000:]}")
+    meta_path = os.path.join(d, "meta.json")
+    meta = json.load(open(meta_path))
+    meta["gguf"] = json.loads(r.stdout.strip().splitlines()[-1])
+    meta["files"]["model-llamacpp.gguf"] = {"what": "llama.cpp 0c1e570 convert_hf_to_gguf.py --outtype f32 "
+                                                    "(synthetic vocabulary)"}
+    json.dump(meta, open(meta_path, "w"), indent=1, default=str)
+    print(f"  gguf: {meta['gguf']['tensor_count']} tensors, types {meta['gguf']['types']}")
+
+
+# llama.cpp's names of the release's FP8 matrices (the ones its converter requantizes to Q8_0).
+GGUF_FP8 = {"attn.wq_a": "attn_q_a", "attn.wq_b": "attn_q_b", "attn.wkv": "attn_kv",
+            "attn.wo_a": "attn_output_a", "attn.wo_b": "attn_output_b",
+            "attn.indexer.wq_b": "indexer.attn_q_b", "ffn.shared_experts.w1": "ffn_gate_shexp",
+            "ffn.shared_experts.w2": "ffn_down_shexp", "ffn.shared_experts.w3": "ffn_up_shexp"}
+
+
+def gguf_reference(name: str) -> None:
+    """HF's logits of the long prompt with the GGUF's own values of the matrices the converter
+    requantized (FP8 -> Q8_0), every other weight the release's (the GGUF holds those exactly):
+    the oracle of a GGUF loader -> logits_long_gguf.f32."""
+    import subprocess
+    d = os.path.join(OUT, name)
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--gguf-values", d],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"reading the GGUF failed:\n{r.stderr[-3000:]}")
+    vals = torch.load(os.path.join(d, ".gguf-values.pt"))
+    os.remove(os.path.join(d, ".gguf-values.pt"))
+    model = DeepseekV4ForCausalLM.from_pretrained(os.path.join(OUT, FP8_FROM), dtype=torch.float32,
+                                                  attn_implementation="eager",
+                                                  experts_implementation="eager").eval()
+    _, ref, _, _ = release_layout(model, model.config, torch.Generator().manual_seed(FP8_SEED))
+    n = 0
+    for up, hf in FP8_HF.items():
+        i, rest = up.removeprefix("layers.").split(".", 1)
+        g = f"blk.{i}.{GGUF_FP8[rest.removesuffix('.weight')]}.weight"
+        assert vals[g].shape == ref[hf].shape, (g, vals[g].shape, ref[hf].shape)
+        ref[hf] = vals[g]
+        n += 1
+    model.load_state_dict(ref, strict=True)
+    ids = prompts_for()["long"]
+    with torch.no_grad():
+        out = logits_nocache(model, ids)
+    write_f32(os.path.join(d, "logits_long_gguf.f32"), out)
+    meta_path = os.path.join(d, "meta.json")
+    meta = json.load(open(meta_path))
+    meta["files"]["logits_long_gguf.f32"] = {
+        "dtype": "f32", "shape": list(out.shape),
+        "what": f"no-cache forward of prompts['long'] with the GGUF's values of the {n} matrices its "
+                "converter requantized to Q8_0 (every other tensor decodes to the release's values)"}
+    json.dump(meta, open(meta_path, "w"), indent=1, default=str)
+    print(f"  gguf reference: {n} requantized matrices, max |logit - release logit| "
+          f"{float((out - torch.tensor(np.fromfile(os.path.join(d, 'logits_long.f32'), dtype=np.float32)).reshape(out.shape)).abs().max()):.3e}")
+
+
+def gguf_values(d: str) -> None:
+    sys.path[:0] = [os.path.join(LLAMA_CPP, "gguf-py")]
+    import gguf
+    from gguf.quants import dequantize
+    rd = gguf.GGUFReader(os.path.join(d, "model-llamacpp.gguf"))
+    vals = {}
+    for t in rd.tensors:
+        if t.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+            a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+            vals[t.name] = torch.tensor(a.reshape([int(x) for x in reversed(t.shape)]))
+    torch.save(vals, os.path.join(d, ".gguf-values.pt"))
+
+
+def gguf_child(d: str) -> None:
+    import tempfile
+    sys.path[:0] = [LLAMA_CPP, os.path.join(LLAMA_CPP, "gguf-py")]
+    import gguf
+    import convert_hf_to_gguf
+    from conversion import deepseek
+
+    def set_vocab(self):
+        n = self.hparams["vocab_size"]
+        self.gguf_writer.add_tokenizer_model("gpt2")
+        self.gguf_writer.add_tokenizer_pre("deepseek-v3")
+        self.gguf_writer.add_token_list([f"<t{i}>" for i in range(n)])
+        self.gguf_writer.add_token_types([1] * n)
+        self.gguf_writer.add_token_merges(["<t0> <t1>"])  # llama.cpp refuses a BPE vocab without merges
+        self.gguf_writer.add_bos_token_id(BOS)
+        self.gguf_writer.add_eos_token_id(EOS)
+
+    deepseek.DeepseekV4Model.set_vocab = set_vocab
+    out = os.path.join(d, "model-llamacpp.gguf")
+    with tempfile.TemporaryDirectory() as tmpd:
+        # a fixed directory name: the converter writes it as general.name
+        tmp = os.path.join(tmpd, f"deepseekv4-{os.path.basename(d)}")
+        os.makedirs(tmp)
+        for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
+            shutil.copy(os.path.join(d, f), tmp)
+        argv = sys.argv
+        sys.argv = ["convert", tmp, "--outfile", out, "--outtype", "f32"]
+        try:
+            convert_hf_to_gguf.main()
+        finally:
+            sys.argv = argv
+    rd = gguf.GGUFReader(out)
+    types = {}
+    for t in rd.tensors:
+        types[t.tensor_type.name] = types.get(t.tensor_type.name, 0) + 1
+    print(json.dumps({"tensor_count": len(rd.tensors), "types": types}))
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--gguf-child"]:
+        gguf_child(sys.argv[2])
+        return
+    if sys.argv[1:2] == ["--gguf-values"]:
+        gguf_values(sys.argv[2])
+        return
     only = sys.argv[1:]
     t0 = time.time()
     os.makedirs(OUT, exist_ok=True)
@@ -1034,6 +1165,8 @@ def main() -> None:
         built[name] = build(name, dict(kw))
     if FP8_FROM in built:
         build_fp8(built[FP8_FROM])
+        to_gguf(FP8_FROM + "_fp8")
+        gguf_reference(FP8_FROM + "_fp8")
     print(f"done in {time.time() - t0:.0f} s: {OUT}")
 
 

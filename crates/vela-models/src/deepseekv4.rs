@@ -27,6 +27,7 @@ use std::sync::Arc;
 use vela_compute::{Activation, Backend, KvType, LightningParams, RouteParams, Score};
 
 mod config;
+mod gguf;
 mod load;
 
 pub use config::{Attn, DeepseekV4Config, Rope, Routing, Scoring, Yarn};

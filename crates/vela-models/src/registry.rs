@@ -155,10 +155,7 @@ impl Arch {
             }
             Family::Gemma4 => Arc::new(Gemma4Model::load_gguf_with(backend, g, quant)?),
             Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_gguf(backend, g, quant)?),
-            Family::DeepseekV4 => bail!(
-                "DeepSeek V4 GGUF files are not supported yet: load the Hugging Face checkpoint \
-                 directory (release FP8/MXFP4 or save_pretrained layout)"
-            ),
+            Family::DeepseekV4 => Arc::new(DeepseekV4Model::load_gguf(backend, g, quant)?),
         })
     }
 
@@ -199,7 +196,7 @@ impl Arch {
             Family::Decoder(config) => config(g)?.summary(),
             Family::Gemma4 => Gemma4Config::from_gguf(g)?.summary(),
             Family::Qwen4Exp => Qwen4ExpConfig::from_gguf(g)?.summary(),
-            Family::DeepseekV4 => bail!("DeepSeek V4 GGUF files are not supported yet"),
+            Family::DeepseekV4 => DeepseekV4Config::from_gguf(g)?.summary(),
         })
     }
 

@@ -222,7 +222,7 @@ impl WeightSource {
     /// without the prefix); `None` if absent.
     pub fn get(&self, name: &str) -> Option<HostWeight> {
         match &self.kind {
-            Kind::Gguf(g) => HostWeight::from_gguf(g, name),
+            Kind::Gguf(g) => HostWeight::from_gguf(g, name).map(ggml_mxfp4),
             Kind::Hf { cp, prefix } => microscaled(cp, &format!("{prefix}{name}"))
                 .or_else(|| HostWeight::from_safetensors(cp, &format!("{prefix}{name}")))
                 .or_else(|| {
@@ -267,14 +267,43 @@ impl WeightSource {
 }
 
 impl WeightSource {
-    /// Whether `name` is stored as FP8 or MXFP4 with a `.scale` (decoded by [`microscaled`]).
+    /// Whether `name` is stored as FP8 or MXFP4 (with a `.scale`, decoded by [`microscaled`]; or
+    /// GGML's MXFP4 blocks, by [`ggml_mxfp4`]).
     fn microscaled(&self, name: &str) -> bool {
         match &self.kind {
             Kind::Hf { cp, prefix } => {
                 let full = format!("{prefix}{name}");
                 cp.get(&full).is_some() && microscaled(cp, &full).is_some()
             }
-            _ => false,
+            Kind::Gguf(g) => g.tensor(name).is_some_and(|t| t.ty == GgmlType::MXFP4),
+            Kind::Synthetic { .. } => false,
+        }
+    }
+}
+
+/// A GGUF tensor of GGML's MXFP4 type (llama.cpp's DeepSeek V4 experts) decoded exactly, as
+/// Q8_0 (f32 for a block scale outside f16); any other tensor as it is. A malformed one is
+/// reported on stderr and left as stored (refused wherever a matrix is needed).
+fn ggml_mxfp4(w: HostWeight) -> HostWeight {
+    use vela_formats::quant::fp8;
+    if w.ty != GgmlType::MXFP4 {
+        return w;
+    }
+    let r = fp8::ggml_mxfp4_to_q8_0(w.bytes()).and_then(|q| match q {
+        Some(q) => HostWeight::owned(&w.name, GgmlType::Q8_0, w.rows, w.cols, q),
+        None => {
+            let f: Vec<u8> = fp8::dequant_ggml_mxfp4(w.bytes())?
+                .iter()
+                .flat_map(|x| x.to_le_bytes())
+                .collect();
+            HostWeight::owned(&w.name, GgmlType::F32, w.rows, w.cols, f)
+        }
+    });
+    match r {
+        Ok(d) => d.as_head(w.head),
+        Err(e) => {
+            eprintln!("warning: {}: {e:#}", w.name);
+            w
         }
     }
 }

@@ -208,3 +208,45 @@ fn indexer_selections_match_transformers() {
         }
     }
 }
+
+/// llama.cpp 0c1e570's conversion of `flash_mini_fp8` (MXFP4 experts repacked as GGML MXFP4,
+/// FP8 matrices requantized to Q8_0 by the converter) at load type F32 against HF's forward
+/// with the GGUF's values of those Q8_0 matrices (every other tensor decodes to the release's
+/// values), in exact matmul mode: within 1e-8 NMSE at every position. Against the release checkpoint itself the
+/// converter's requantization moves the logits (reported).
+#[test]
+fn llama_cpp_gguf_matches_transformers() {
+    let Some(dir) = golden_fixture("deepseekv4", "flash_mini_fp8", "logits_long_gguf.f32") else {
+        return;
+    };
+    let m = load(&dir);
+    let g = Arc::new(vela_formats::gguf::GgufFile::open(dir.join("model-llamacpp.gguf")).unwrap());
+    let be = Arc::new(CpuBackend::new(2));
+    let quant = Some(vela_formats::quant::GgmlType::F32);
+    let mg = Arc::new(DeepseekV4Model::load_gguf(be, g, quant).unwrap());
+    // The same model; only the storage flag (the release's FP8 quantization_config) differs.
+    let release = vela_models::deepseekv4::DeepseekV4Config {
+        fp8: false,
+        ..m.cfg.clone()
+    };
+    assert_eq!(
+        mg.cfg, release,
+        "the GGUF's metadata gives the release config"
+    );
+    let nv = m.cfg.n_vocab;
+    let toks = id_list(&prompts(&dir)["prompts"]["long"]);
+    // Exact products (`VELA_MATMUL=f32`): the Q8_0 matrices' values without activation rounding.
+    vela_compute::cpu::matmul::exact::set_thread_override(Some(true));
+    let ours = logits(&mg, &toks, &[toks.len()]);
+    vela_compute::cpu::matmul::exact::set_thread_override(None);
+    let want = f32s(&dir.join("logits_long_gguf.f32"));
+    let w = worst_nmse(&ours, &want, nv, "flash_mini_fp8 GGUF");
+    let release = f32s(&dir.join("logits_long.f32"));
+    let moved = (0..toks.len())
+        .map(|t| nmse(&ours[t * nv..(t + 1) * nv], &release[t * nv..(t + 1) * nv]))
+        .fold(0f64, f64::max);
+    eprintln!(
+        "flash_mini_fp8 GGUF: worst position NMSE {w:.3e} vs HF on its values; {moved:.3e} vs the \
+         release's logits (the converter's Q8_0 requantization)"
+    );
+}

@@ -117,6 +117,59 @@ pub fn dequant_mxfp4(q: &[u8], rows: usize, cols: usize, scale: &[u8]) -> Result
     Ok(out)
 }
 
+/// GGML's MXFP4 blocks (17 bytes: the e8m0 scale, then 16 bytes holding element `j` in the low
+/// nibble and `j + 16` in the high one; llama.cpp `dequantize_row_mxfp4`) as Q8_0 blocks, exactly:
+/// the e2m1 codes doubled are the int8 values, the scale 2^(e−128) the f16 `d`. `None` when a
+/// block's scale is no f16 number (the caller then decodes to f32 with [`dequant_ggml_mxfp4`]).
+pub fn ggml_mxfp4_to_q8_0(blocks: &[u8]) -> Result<Option<Vec<u8>>> {
+    if !blocks.len().is_multiple_of(17) {
+        bail!(
+            "MXFP4 data of {} bytes is not whole 17-byte blocks",
+            blocks.len()
+        );
+    }
+    let mut out = vec![0u8; blocks.len() / 17 * 34];
+    for (src, blk) in blocks.chunks_exact(17).zip(out.chunks_exact_mut(34)) {
+        if src[0] == 255 {
+            bail!("MXFP4 tensor holds a NaN scale");
+        }
+        let d = pow2(src[0] as i32 - 128);
+        let h = f16::from_f32(d);
+        if h.to_f32() != d {
+            return Ok(None);
+        }
+        blk[..2].copy_from_slice(&h.to_le_bytes());
+        for (j, &b) in src[1..].iter().enumerate() {
+            for (k, nib) in [b & 0xF, b >> 4].into_iter().enumerate() {
+                let v = FP4_X2[(nib & 7) as usize];
+                blk[2 + j + 16 * k] = (if nib & 8 != 0 { -v } else { v }) as u8;
+            }
+        }
+    }
+    Ok(Some(out))
+}
+
+/// GGML's MXFP4 blocks as f32 (see [`ggml_mxfp4_to_q8_0`]).
+pub fn dequant_ggml_mxfp4(blocks: &[u8]) -> Result<Vec<f32>> {
+    if !blocks.len().is_multiple_of(17) {
+        bail!(
+            "MXFP4 data of {} bytes is not whole 17-byte blocks",
+            blocks.len()
+        );
+    }
+    let mut out = vec![0f32; blocks.len() / 17 * 32];
+    for (src, y) in blocks.chunks_exact(17).zip(out.chunks_exact_mut(32)) {
+        let s = e8m0(src[0]) / 2.0;
+        for (j, &b) in src[1..].iter().enumerate() {
+            for (k, nib) in [b & 0xF, b >> 4].into_iter().enumerate() {
+                let v = FP4_X2[(nib & 7) as usize] as f32 * s;
+                y[j + 16 * k] = if nib & 8 != 0 { -v } else { v };
+            }
+        }
+    }
+    Ok(out)
+}
+
 fn check_mxfp4(q: &[u8], rows: usize, cols: usize, scale: &[u8]) -> Result<()> {
     if !cols.is_multiple_of(32) || q.len() != rows * cols / 2 || scale.len() != rows * cols / 32 {
         bail!(
@@ -133,6 +186,28 @@ fn check_mxfp4(q: &[u8], rows: usize, cols: usize, scale: &[u8]) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn ggml_mxfp4_blocks_as_q8_0_and_f32() {
+        // Scale byte 127 (d = 2^-1: the doubled codes times ½); element 0 = +1 (code 2),
+        // element 16 = −6 (code 0xF), element 5 = +0.5 (code 1), element 21 = −0 (code 8).
+        let mut b = [0u8; 17];
+        b[0] = 127;
+        b[1] = 0xF2;
+        b[6] = 0x81;
+        let f = dequant_ggml_mxfp4(&b).unwrap();
+        assert_eq!((f[0], f[16], f[5], f[21]), (1.0, -6.0, 0.5, -0.0));
+        let q = ggml_mxfp4_to_q8_0(&b).unwrap().unwrap();
+        let mut back = [0f32; 32];
+        crate::quant::dequantize(crate::quant::GgmlType::Q8_0, &q, &mut back).unwrap();
+        for (x, y) in back.iter().zip(&f) {
+            assert_eq!(x, y);
+        }
+        // A scale outside f16: no Q8_0 form.
+        b[0] = 250;
+        assert!(ggml_mxfp4_to_q8_0(&b).unwrap().is_none());
+        assert!(ggml_mxfp4_to_q8_0(&b[..16]).is_err());
+    }
 
     #[test]
     fn e4m3_codes() {

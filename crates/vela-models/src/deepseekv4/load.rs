@@ -31,13 +31,19 @@ struct Loader<'a, B: Backend> {
     src: &'a WeightSource,
     /// The same checkpoint without the text model's prefix (`head.weight`).
     top: &'a WeightSource,
+    /// A llama.cpp GGUF (its own tensor names, stacked experts).
+    gguf: bool,
     bytes: u64,
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
     /// The source and name holding a release-named tensor.
     fn locate(&self, name: &str) -> Result<(&'a WeightSource, String)> {
-        let alias = hf_alias(name);
+        let alias = if self.gguf {
+            super::gguf::gguf_name(name)
+        } else {
+            hf_alias(name)
+        };
         [
             (self.src, Some(name.to_string())),
             (self.src, alias),
@@ -212,16 +218,35 @@ impl<'a, B: Backend> Loader<'a, B> {
         let p = format!("layers.{i}.ffn");
         let e = c.n_expert;
         let share = c.top_k as f64 / e as f64;
-        let mut gu = Vec::with_capacity(2 * e);
-        let mut down = Vec::with_capacity(e);
-        for x in 0..e {
-            let m = |w: &str| self.host(&format!("{p}.experts.{x}.{w}.weight"), false);
-            gu.push(m("w1")?);
-            gu.push(m("w3")?);
-            down.push(m("w2")?);
-        }
-        let gu = stack(&format!("{p}.experts.gate_up"), &gu)?;
-        let down = stack(&format!("{p}.experts.down"), &down)?;
+        let (gate_up, down) = if self.gguf {
+            // The converter's stacked expert tensors, gate and up apart.
+            let m = |w: &str| -> Result<HostWeight> {
+                let n = format!("blk.{i}.ffn_{w}_exps.weight");
+                let t = self.src.matrix(&n, false)?;
+                if t.rows % e != 0 {
+                    bail!("{n}: {} rows for {e} experts", t.rows);
+                }
+                Ok(t)
+            };
+            let (g, u, d) = (m("gate")?, m("up")?, m("down")?);
+            let gate_up = GateUp::Split(self.upload(&g, share)?, self.upload(&u, share)?);
+            (gate_up, self.upload(&d, share)?)
+        } else {
+            let mut gu = Vec::with_capacity(2 * e);
+            let mut down = Vec::with_capacity(e);
+            for x in 0..e {
+                let m = |w: &str| self.host(&format!("{p}.experts.{x}.{w}.weight"), false);
+                gu.push(m("w1")?);
+                gu.push(m("w3")?);
+                down.push(m("w2")?);
+            }
+            let gu = stack(&format!("{p}.experts.gate_up"), &gu)?;
+            let down = stack(&format!("{p}.experts.down"), &down)?;
+            (
+                GateUp::Fused(self.upload(&gu, share)?),
+                self.upload(&down, share)?,
+            )
+        };
         let (bias, table) = match c.routing[i] {
             Routing::TopK => (Some(self.vector(&format!("{p}.gate.bias"), e)?), None),
             Routing::Hash => {
@@ -243,8 +268,8 @@ impl<'a, B: Backend> Loader<'a, B> {
             bias,
             table,
             experts: Experts {
-                gate_up: GateUp::Fused(self.upload(&gu, share)?),
-                down: self.upload(&down, share)?,
+                gate_up,
+                down,
                 n_ff: c.n_ff,
                 act: Activation::SiluLimit(c.swiglu_limit),
             },
@@ -275,13 +300,27 @@ impl<B: Backend> DeepseekV4Model<B> {
         };
         let src = WeightSource::hf(cp.clone(), prefix).with_quant(quant);
         let top = WeightSource::hf(cp, "").with_quant(quant);
-        Self::load(backend, &src, &top, cfg)
+        Self::load(backend, &src, &top, false, cfg)
+    }
+
+    /// Load a llama.cpp 0c1e570 GGUF conversion (`deepseek4`), converting float matrices to
+    /// `quant` when given.
+    pub fn load_gguf(
+        backend: Arc<B>,
+        g: Arc<vela_formats::gguf::GgufFile>,
+        quant: Option<GgmlType>,
+    ) -> Result<Self> {
+        let cfg = DeepseekV4Config::from_gguf(&g)?;
+        let src = WeightSource::gguf(g.clone()).with_quant(quant);
+        let top = WeightSource::gguf(g).with_quant(quant);
+        Self::load(backend, &src, &top, true, cfg)
     }
 
     fn load(
         backend: Arc<B>,
         src: &WeightSource,
         top: &WeightSource,
+        gguf: bool,
         cfg: DeepseekV4Config,
     ) -> Result<Self> {
         if cfg.mlp_bias {
@@ -299,6 +338,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             be: &*backend,
             src,
             top,
+            gguf,
             bytes: 0,
         };
         let (s, h) = (cfg.hc, cfg.hidden);
