@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end test of `vela serve` (crate vela-server) with the official openai/anthropic clients.
 
-Usage: scripts/test-server.py --bin target/release/examples/serve --kind smol|qwen|gemma|gemma4|qwen4exp --model PATH
+Usage: scripts/test-server.py --bin target/release/examples/serve --kind smol|qwen|gemma|gemma4|qwen4exp|deepseekv4 --model PATH
 (scripts/test-server.sh builds the binary and runs all three kinds). The script starts its own
 servers on free ports (a warm one, and cold ones to compare against), prints a report and exits
 non-zero on failure. Re-runnable; needs `pip install openai anthropic httpx`.
@@ -532,10 +532,136 @@ def test_qwen4exp_tools(args, s):
     check(cached3 >= common - 16, f"turn 3 reuses turn 1's early checkpoint: cached {cached3} >= {common} - 16")
 
 
+def test_deepseekv4_tools(args, s):
+    """A tiny deepseek_v4 with the real DeepSeek V3/V4 vocabulary and the V4 chat template, trained to
+    think + call get_weather in DSML and to answer from the tool result
+    (scripts/gen-deepseekv4-toolcall.py; an HF checkpoint directory): the server renders and
+    tokenizes exactly the trained prompts (thinking on through chat_template_kwargs);
+    reasoning_content, tool_calls with JSON arguments, finish_reason tool_calls (the same streamed);
+    the answer from the tool result (the same streamed) reusing turn 1 from the prefix cache; a third
+    turn reusing turns 1-2 exactly (with tools defined the template keeps every turn's thinking) and
+    equal to a fresh server's answer; without tools, a follow-up whose re-rendered history drops
+    turn 1's thinking, answered as a fresh server does."""
+    exp = json.load(open(os.path.join(args.model, "expected.json")))
+    print("== deepseek_v4 DSML tool call + thinking round trip (trained tiny model, DeepSeek V3/V4 vocabulary, V4 template)")
+    c = oai(s)
+    kwargs = exp["chat_template_kwargs"]
+    msgs = [{"role": "system", "content": exp["system"]}, {"role": "user", "content": exp["question"]}]
+    kw = dict(model=s.model, tools=exp["tools"], temperature=0, max_tokens=96,
+              extra_body={"chat_template_kwargs": kwargs})
+
+    def render(m):
+        return httpx.post(s.base + "/apply-template", json={"messages": m, "tools": exp["tools"],
+                                                            "chat_template_kwargs": kwargs}).json()
+
+    def streamed(m):
+        sc, sr, calls, fin, usage = "", "", [], None, None
+        for ch in c.chat.completions.create(messages=m, stream=True, stream_options={"include_usage": True}, **kw):
+            usage = ch.usage or usage
+            for ci in ch.choices:
+                sc += ci.delta.content or ""
+                sr += (ci.delta.model_extra or {}).get("reasoning_content") or ""
+                calls += [(tc.function.name, json.loads(tc.function.arguments)) for tc in (ci.delta.tool_calls or [])]
+                fin = ci.finish_reason or fin
+        return sc, sr, calls, fin, usage
+
+    t = render(msgs)
+    check(t["prompt"] == exp["prompts"][0], "rendered prompt 1 == the trained one (V4 template, tools, thinking on: ends `<｜Assistant｜><think>`)")
+    check(t["tokens"] == exp["prompt_ids"][0], f"prompt 1 tokens == the tokenizers library's on the same tokenizer.json ({len(t['tokens'])} tokens)")
+    r = c.chat.completions.create(messages=msgs, **kw)
+    m = r.choices[0].message
+    reasoning = (m.model_extra or {}).get("reasoning_content")
+    calls = [(tc.function.name, json.loads(tc.function.arguments)) for tc in (m.tool_calls or [])]
+    print(f"  message: content={m.content!r} reasoning={reasoning!r} tool_calls={calls}")
+    print(f"  usage: prompt {r.usage.prompt_tokens}, completion {r.usage.completion_tokens}")
+    check(r.choices[0].finish_reason == "tool_calls", f"finish_reason tool_calls ({r.choices[0].finish_reason})")
+    check(calls == [(exp["call"]["name"], exp["call"]["arguments"])], "DSML call -> tool_calls get_weather({city: Paris}) with JSON arguments")
+    check(reasoning == exp["reasoning"], f"<think> ... </think> -> reasoning_content ({reasoning!r})")
+    check(not (m.content or "").strip(), "no DSML markup or text leaked into content")
+    n_ans = len(exp["answer_ids"][0])
+    check(r.usage.prompt_tokens == len(exp["prompt_ids"][0]) and r.usage.completion_tokens in (n_ans - 1, n_ans),
+          f"usage: {len(exp['prompt_ids'][0])} prompt tokens, {r.usage.completion_tokens} completion (the trained answer: {n_ans} tokens with the end-of-sentence token)")
+    sc, sr, scalls, fin, _ = streamed(msgs)
+    check(sr == (reasoning or "") and scalls == calls and fin == "tool_calls" and not sc.strip(),
+          "streamed: same reasoning, tool call and finish_reason, no content")
+    tc = m.tool_calls[0] if m.tool_calls else None
+    if tc is None:
+        return
+    msgs2 = msgs + [{"role": "assistant", "content": None, "reasoning_content": reasoning, "tool_calls": [tc.model_dump()]},
+                    {"role": "tool", "tool_call_id": tc.id, "content": exp["tool_result"]}]
+    t2 = render(msgs2)
+    check(t2["tokens"] == exp["prompt_ids"][1], f"prompt 2 (the call re-rendered as DSML with its thinking, the tool result) == the trained one ({len(t2['tokens'])} tokens)")
+    turn1 = exp["prompt_ids"][0] + exp["answer_ids"][0]
+    check(t2["tokens"][:len(turn1)] == turn1, f"prompt 2 starts with prompt 1 + answer 1 token for token ({len(turn1)} tokens)")
+    r2 = c.chat.completions.create(messages=msgs2, **kw)
+    m2 = r2.choices[0].message
+    reasoning2 = (m2.model_extra or {}).get("reasoning_content")
+    cached = r2.usage.prompt_tokens_details.cached_tokens if r2.usage.prompt_tokens_details else None
+    print(f"  final answer: {m2.content!r} reasoning={reasoning2!r}")
+    print(f"  turn 2 usage: prompt {r2.usage.prompt_tokens}, cached {cached}, completion {r2.usage.completion_tokens} (turn 1: prompt + answer = {len(turn1)} tokens)")
+    check(m2.content == exp["final"] and reasoning2 == exp["reasoning_2"] and r2.choices[0].finish_reason == "stop",
+          f"answer from the tool result ({m2.content!r}), its reasoning, finish_reason stop")
+    # The server keeps the sequence's state through the last generated token that was fed back:
+    # everything but the final end-of-sentence token (sampled, never evaluated) is reused.
+    check(cached is not None and cached >= len(turn1) - 1, f"turn 2 reuses turn 1 from the prefix cache: cached {cached} >= {len(turn1) - 1}")
+    sc2, sr2, scalls2, fin2, su2 = streamed(msgs2)
+    check(sc2 == m2.content and sr2 == reasoning2 and not scalls2 and fin2 == "stop",
+          "turn 2 streamed: same answer, reasoning and finish_reason")
+    check(su2 is not None and su2.prompt_tokens_details.cached_tokens >= len(exp["prompt_ids"][1]) - 1,
+          f"turn 2 streamed again: its prompt from the cache ({su2.prompt_tokens_details.cached_tokens if su2 else None} of {len(exp['prompt_ids'][1])})")
+    # A new user turn: with tools defined the V4 template keeps every assistant turn's thinking, so
+    # prompt 3 extends prompt 2 + answer 2 exactly and only the new user text is prefilled.
+    msgs3 = msgs2 + [{"role": "assistant", "content": m2.content, "reasoning_content": reasoning2},
+                     {"role": "user", "content": "And tomorrow?"}]
+    p3 = render(msgs3)["tokens"]
+    turn2 = exp["prompt_ids"][1] + exp["answer_ids"][1]
+    check(p3[:len(turn2)] == turn2, f"prompt 3 starts with prompt 2 + answer 2 token for token ({len(turn2)} of {len(p3)} tokens)")
+    body3 = dict(tools=exp["tools"], temperature=0, max_tokens=16, chat_template_kwargs=kwargs)
+    r3 = chat(s, msgs3, **body3)
+    fresh = Server(args)
+    try:
+        r3f = chat(fresh, msgs3, **body3)
+    finally:
+        fresh.stop()
+    u3 = r3["usage"]
+    cached3 = u3["prompt_tokens_details"]["cached_tokens"]
+    print(f"  turn 3 usage: prompt {u3['prompt_tokens']}, cached {cached3}, completion {u3['completion_tokens']} "
+          f"(turns 1-2: {len(turn2)} tokens); fresh server cached {r3f['usage']['prompt_tokens_details']['cached_tokens']}")
+    check(r3["choices"][0]["message"] == r3f["choices"][0]["message"] and u3["completion_tokens"] == r3f["usage"]["completion_tokens"],
+          "turn 3 after the cached turns == a fresh server's answer")
+    check(cached3 >= len(turn2) - 1, f"turn 3 reuses turns 1-2 exactly: cached {cached3} >= {len(turn2) - 1}")
+    # Without tools the template drops the thinking of assistant turns before the last user message
+    # (`<｜Assistant｜></think>content`): a follow-up leaves the cached sequence right after turn 1's
+    # `<｜Assistant｜>`, so the server rolls its state back into turn 1's prompt. The answer must equal
+    # a fresh server's either way. The system text makes prompt 1 120 tokens, so turn 1's answer
+    # completes the first 128-token HCA window that the rollback has to undo.
+    plain = [{"role": "system", "content": exp["system"] + " Answer briefly." * 36}, {"role": "user", "content": "Hello!"}]
+    body = dict(temperature=0, max_tokens=12, chat_template_kwargs=kwargs)
+    pa = httpx.post(s.base + "/apply-template", json={"messages": plain, "chat_template_kwargs": kwargs}).json()["tokens"]
+    ja = chat(s, plain, **body)
+    ra = ja["choices"][0]["message"]
+    follow = plain + [{"role": "assistant", "content": ra.get("content") or "", "reasoning_content": ra.get("reasoning_content")},
+                      {"role": "user", "content": "And tomorrow?"}]
+    pb = httpx.post(s.base + "/apply-template", json={"messages": follow, "chat_template_kwargs": kwargs}).json()["tokens"]
+    common = next((i for i, (x, y) in enumerate(zip(pa, pb)) if x != y), min(len(pa), len(pb)))
+    rb = chat(s, follow, **body)
+    fresh = Server(args)
+    try:
+        rbf = chat(fresh, follow, **body)
+    finally:
+        fresh.stop()
+    cb = rb["usage"]["prompt_tokens_details"]["cached_tokens"]
+    print(f"  no tools: turn 1 prompt {len(pa)} + answer {ja['usage']['completion_tokens']} tokens; the follow-up ({len(pb)} tokens) shares {common} (thinking dropped "
+          f"from turn 1); cached {cb}")
+    check(common == len(pa) - 1, "no tools: the follow-up re-renders turn 1 without its thinking (shares all of prompt 1 but `<think>`)")
+    check(rb["choices"][0]["message"] == rbf["choices"][0]["message"], "no tools: the follow-up after a rollback == a fresh server's answer")
+    check(cb <= common, f"no tools: reuse stops where the prompts differ (cached {cb} <= {common})")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--bin", required=True); ap.add_argument("--model", required=True)
-    ap.add_argument("--kind", choices=["smol", "qwen", "gemma", "gemma4", "qwen4exp"], required=True)
+    ap.add_argument("--kind", choices=["smol", "qwen", "gemma", "gemma4", "qwen4exp", "deepseekv4"], required=True)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--skip", default="", help="comma list of sections to skip: basic,cache,cancel,bad,load,tools")
     args = ap.parse_args()
@@ -559,6 +685,8 @@ def main():
             test_gemma4_tools(args)
         elif args.kind == "qwen4exp":
             test_qwen4exp_tools(args, s)
+        elif args.kind == "deepseekv4":
+            test_deepseekv4_tools(args, s)
         else:
             if "cache" not in skip:
                 test_prefix_cache(args, s, "gemma")

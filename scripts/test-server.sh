@@ -6,17 +6,20 @@
 # tokenizer/template plus its assistant (scripts/gen-gemma4-e2e.py: MTP speculative decoding in
 # the server equals plain decoding; Gemma 4 tool rendering), and a tiny qwen4_exp trained to think and
 # call a tool in Qwen3.5's XML with the real Qwen3.5 vocabulary/template (scripts/gen-qwen4exp-toolcall.py:
-# reasoning_content, tool_calls, the answer from the tool result with turn 1 from the prefix cache).
+# reasoning_content, tool_calls, the answer from the tool result with turn 1 from the prefix cache),
+# and a tiny deepseek_v4 trained the same way in DSML with the real DeepSeek V3/V4 vocabulary and V4
+# template (scripts/gen-deepseekv4-toolcall.py, an HF checkpoint directory; turns 2 and 3 reuse the
+# earlier turns exactly).
 # Each run starts and stops its own servers.
 # Models come from $VELA_CACHE/models (default ~/.cache/vela/models); missing ones are skipped.
-# Usage: scripts/test-server.sh [smol|qwen|gemma|gemma4|qwen4exp ...]
+# Usage: scripts/test-server.sh [smol|qwen|gemma|gemma4|qwen4exp|deepseekv4 ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M="${VELA_CACHE:-$HOME/.cache/vela}/models"
 python3 -m pip install -q openai anthropic httpx >/dev/null 2>&1 || echo "warning: pip install failed" >&2
 cargo build --release -p vela-server --example serve
-BIN=target/release/examples/serve
-kinds=("${@:-smol qwen gemma gemma4 qwen4exp}")
+BIN=${CARGO_TARGET_DIR:-target}/release/examples/serve
+kinds=("${@:-smol qwen gemma gemma4 qwen4exp deepseekv4}")
 status=0
 for k in ${kinds[*]}; do
   case $k in
@@ -25,9 +28,10 @@ for k in ${kinds[*]}; do
     gemma) f=$M/gemma-3-270m-q4_k_m.gguf ;;
     gemma4) f=${VELA_CACHE:-$HOME/.cache/vela}/golden/gemma4_e2e/model-f32.gguf ;;
     qwen4exp) f=${VELA_CACHE:-$HOME/.cache/vela}/golden/qwen4exp_toolcall/model-f32.gguf ;;
+    deepseekv4) f=${VELA_CACHE:-$HOME/.cache/vela}/golden/deepseekv4_toolcall ;;
     *) echo "unknown kind $k" >&2; exit 2 ;;
   esac
-  if [ ! -f "$f" ]; then echo "SKIP $k: $f missing"; continue; fi
+  if [ ! -e "$f" ]; then echo "SKIP $k: $f missing"; continue; fi
   echo "######## $k ($f)"
   python3 scripts/test-server.py --bin "$BIN" --model "$f" --kind "$k" || status=1
 done

@@ -1,7 +1,8 @@
 //! DeepSeek V4 (`deepseek_v4`) vs transformers 5.23 on tiny random checkpoints
 //! (`scripts/gen-deepseekv4-fixtures.py` → `$VELA_CACHE/golden/deepseekv4/<name>/`): logits at
 //! every position of three prompts, HF's cached split and chunked prefills, the 64-step greedy
-//! continuation with its logits, and the Lightning indexer's selections.
+//! continuation with its logits, and the Lightning indexer's selections; and greedy decoding of the
+//! tiny model trained for the server's tool-call round trip (`scripts/gen-deepseekv4-toolcall.py`).
 
 mod common;
 use common::*;
@@ -249,4 +250,52 @@ fn llama_cpp_gguf_matches_transformers() {
         "flash_mini_fp8 GGUF: worst position NMSE {w:.3e} vs HF on its values; {moved:.3e} vs the \
          release's logits (the converter's Q8_0 requantization)"
     );
+}
+
+/// The tiny model trained to think and call a tool with the real vocabulary
+/// (`scripts/gen-deepseekv4-toolcall.py` → `$VELA_CACHE/golden/deepseekv4_toolcall/`): greedy
+/// decoding from both chat prompts gives HF's answers token for token (through the end-of-sentence
+/// token), each step with the trained top-2 margin.
+#[test]
+fn trained_toolcall_answers_are_greedy() {
+    let Some(exp) = vela_formats::testdata::require(
+        vela_formats::testdata::golden_dir().join("deepseekv4_toolcall/expected.json"),
+    ) else {
+        return;
+    };
+    let dir = exp.parent().unwrap();
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&exp).unwrap()).unwrap();
+    let m = load(dir);
+    let lm: Arc<dyn LanguageModel> = m.clone();
+    for i in 0..2 {
+        let prompt = id_list(&e["prompt_ids"][i]);
+        let want = id_list(&e["answer_ids"][i]);
+        let mut st = lm.clone().new_state(1024, 128, KvType::F32).unwrap();
+        let mut last = Vec::new();
+        for (c, chunk) in prompt.chunks(128).enumerate() {
+            let pos: Vec<u32> = (c * 128..c * 128 + chunk.len()).map(|p| p as u32).collect();
+            last = st.forward(chunk, &pos, chunk.len() - 1).unwrap();
+        }
+        let mut margin = f32::INFINITY;
+        for (k, &wt) in want.iter().enumerate() {
+            let mut top = [(0usize, f32::NEG_INFINITY); 2];
+            for (j, &v) in last.iter().enumerate() {
+                if v > top[0].1 {
+                    top = [(j, v), top[0]];
+                } else if v > top[1].1 {
+                    top[1] = (j, v);
+                }
+            }
+            assert_eq!(top[0].0 as u32, wt, "answer {i} token {k}");
+            margin = margin.min(top[0].1 - top[1].1);
+            let p = (prompt.len() + k) as u32;
+            last = st.forward(&[wt], &[p], 0).unwrap();
+        }
+        assert!(margin >= 3.0, "answer {i}: top-2 margin {margin}");
+        eprintln!(
+            "toolcall answer {i}: {} greedy tokens equal to HF's, top-2 margin {margin:.3}",
+            want.len()
+        );
+    }
 }

@@ -18,6 +18,10 @@ pub struct HfTokenizer {
     pub eos: Option<u32>,
     pub eog: BTreeSet<u32>,
     pub add_bos: bool,
+    /// The tokenizer.json post-processor inserts BOS itself; when it does not but the config
+    /// says `add_bos_token` (DeepSeek V3's ByteLevel post-processor), `encode` prepends it, as
+    /// HF's LlamaTokenizerFast does.
+    post_adds_bos: bool,
     /// Ids of added tokens flagged `special`.
     special_ids: BTreeSet<u32>,
     /// The model maps bytes to GPT-2 printable characters.
@@ -88,13 +92,12 @@ impl HfTokenizer {
             .map(|(id, _)| id)
             .collect();
         // BOS is added when the post-processor inserts it (or the config says so).
-        let add_bos = cfg["add_bos_token"].as_bool().unwrap_or_else(|| {
-            bos.is_some_and(|b| {
-                parse
-                    .encode("a", true)
-                    .is_ok_and(|e| e.get_ids().first() == Some(&b))
-            })
+        let post_adds_bos = bos.is_some_and(|b| {
+            parse
+                .encode("a", true)
+                .is_ok_and(|e| e.get_ids().first() == Some(&b))
         });
+        let add_bos = cfg["add_bos_token"].as_bool().unwrap_or(post_adds_bos);
         Ok(HfTokenizer {
             parse,
             plain,
@@ -102,6 +105,7 @@ impl HfTokenizer {
             eos,
             eog,
             add_bos,
+            post_adds_bos,
             special_ids,
             byte_level,
         })
@@ -118,7 +122,13 @@ impl HfTokenizer {
         let enc = t
             .encode(text, add_special)
             .map_err(|e| anyhow!("tokenization failed: {e}"))?;
-        Ok(enc.get_ids().to_vec())
+        let mut ids = enc.get_ids().to_vec();
+        if add_special && self.add_bos && !self.post_adds_bos {
+            if let Some(b) = self.bos {
+                ids.insert(0, b);
+            }
+        }
+        Ok(ids)
     }
 
     /// Decode to a string with the tokenizer's own decoder.
@@ -168,5 +178,87 @@ impl HfTokenizer {
             return text.into_bytes();
         }
         text.replace('\u{2581}', " ").into_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A byte-level BPE over "a", "b" with BOS `<s>` (id 0) and the given post-processor.
+    fn write_dir(name: &str, post: Json, add_bos_token: Option<bool>) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("vela-hf-bos-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let tj = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [{"id": 0, "content": "<s>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "normalizer": null,
+            "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+            "post_processor": post,
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                      "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                      "ignore_merges": false, "vocab": {"<s>": 0, "a": 1, "b": 2}, "merges": []}
+        });
+        std::fs::write(dir.join("tokenizer.json"), tj.to_string()).unwrap();
+        let mut cfg = serde_json::json!({"bos_token": "<s>"});
+        if let Some(v) = add_bos_token {
+            cfg["add_bos_token"] = Json::Bool(v);
+        }
+        std::fs::write(dir.join("tokenizer_config.json"), cfg.to_string()).unwrap();
+        dir
+    }
+
+    #[test]
+    fn bos_from_config_when_the_post_processor_adds_none() {
+        let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": true,
+                                            "trim_offsets": false, "use_regex": true});
+        let template = serde_json::json!({"type": "TemplateProcessing",
+            "single": [{"SpecialToken": {"id": "<s>", "type_id": 0}}, {"Sequence": {"id": "A", "type_id": 0}}],
+            "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+            "special_tokens": {"<s>": {"id": "<s>", "ids": [0], "tokens": ["<s>"]}}});
+        // (post-processor, add_bos_token) -> encode("ab", add_special) and add_bos
+        let cases = [
+            (
+                "bytelevel-cfg",
+                byte_level.clone(),
+                Some(true),
+                vec![0, 1, 2],
+                true,
+            ),
+            (
+                "bytelevel-nocfg",
+                byte_level.clone(),
+                None,
+                vec![1, 2],
+                false,
+            ),
+            ("bytelevel-off", byte_level, Some(false), vec![1, 2], false),
+            (
+                "template-cfg",
+                template.clone(),
+                Some(true),
+                vec![0, 1, 2],
+                true,
+            ),
+            ("template-nocfg", template, None, vec![0, 1, 2], true),
+        ];
+        for (name, post, cfg, want, add_bos) in cases {
+            let dir = write_dir(name, post, cfg);
+            let t = HfTokenizer::from_dir(&dir).unwrap();
+            assert_eq!(t.add_bos, add_bos, "{name}: add_bos");
+            assert_eq!(
+                t.encode("ab", true, true).unwrap(),
+                want,
+                "{name}: add_special"
+            );
+            assert_eq!(
+                t.encode("ab", false, true).unwrap(),
+                vec![1, 2],
+                "{name}: no specials"
+            );
+            std::fs::remove_dir_all(&dir).unwrap();
+        }
     }
 }

