@@ -597,6 +597,34 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buf,
     );
 
+    // --- fused elementwise chains: the listed ops' values (on the CPU bit for bit), one launch ---
+    /// x = v·σ(v), v = x·`s` over `len` values ([`Backend::scale`], then SiLU as v · σ(v)).
+    fn silu_scaled(&self, x: &mut Self::Buf, len: usize, s: f32);
+    /// x = `post`·σ(`pre`·x) over `len` values (scale, [`Backend::sigmoid`], scale).
+    fn sigmoid_scaled(&self, x: &mut Self::Buf, len: usize, pre: f32, post: f32);
+    /// x *= σ(g) over `len` values ([`Backend::sigmoid`] of g, then [`Backend::mul`]; g kept).
+    fn sigmoid_mul(&self, x: &mut Self::Buf, g: &Self::Buf, len: usize);
+    /// `out` = [`Backend::mean_streams`] of σ(a) ⊙ xn (`a`, `xn` `[n, streams·width]`; a kept).
+    fn sigmoid_mix_streams(
+        &self,
+        a: &Self::Buf,
+        xn: &Self::Buf,
+        n: usize,
+        streams: usize,
+        width: usize,
+        out: &mut Self::Buf,
+    );
+    /// Gated DeltaNet's gates over `[n_rows, width]`: b = σ(b), and [`Backend::decay_gate`] of a.
+    fn delta_gates(
+        &self,
+        b: &mut Self::Buf,
+        a: &mut Self::Buf,
+        bias: &Self::Vector,
+        scale: &Self::Vector,
+        n_rows: usize,
+        width: usize,
+    );
+
     /// Products from here on, until `precise_products(false)`, take the backend's most precise
     /// quantized path where it has one (the CPU adds the product of each activation row's
     /// rounding residual: `docs/testing.md`, "Accuracy of the quantized path"). Models turn it on

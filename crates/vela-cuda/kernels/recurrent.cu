@@ -270,3 +270,65 @@ extern "C" __global__ void sparse_attention(const float* __restrict__ q, const f
         o[i] = acc;
     }
 }
+
+// Fused elementwise chains (Backend::silu_scaled, sigmoid_scaled, sigmoid_mul,
+// sigmoid_mix_streams, delta_gates): the values of the kernels they replace (scale, kit_sigmoid,
+// kit_mul, rec_mean_streams, rec_decay_gate), the same operations in the same order; a product
+// that feeds a sum is spelled __fmul_rn / __fadd_rn so that it cannot contract into an FMA.
+__device__ __forceinline__ float fu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+
+// x = v * sigmoid(v), v = x * s.
+extern "C" __global__ void fu_silu_scaled(float* x, float s, long long n) {
+    PDL_ENTRY();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    float v = x[i] * s;
+    x[i] = v * fu_sigmoid(v);
+}
+
+// x = post * sigmoid(pre * x).
+extern "C" __global__ void fu_sigmoid_scaled(float* x, float pre, float post, long long n) {
+    PDL_ENTRY();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = fu_sigmoid(x[i] * pre) * post;
+}
+
+// x *= sigmoid(g).
+extern "C" __global__ void fu_sigmoid_mul(float* x, const float* __restrict__ g, long long n) {
+    PDL_ENTRY();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = x[i] * fu_sigmoid(g[i]);
+}
+
+// out[t, i] = (sum_s sigmoid(a[t, s, i]) * xn[t, s, i]) / streams, ascending s.
+extern "C" __global__ void fu_sigmoid_mix_streams(const float* __restrict__ a,
+                                                  const float* __restrict__ xn, int streams,
+                                                  int width, long long total,
+                                                  float* __restrict__ out) {
+    PDL_ENTRY();
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= total) return;
+    long long t = e / width, i = e % width;
+    const float* ar = a + t * streams * width + i;
+    const float* xr = xn + t * streams * width + i;
+    float acc = __fmul_rn(fu_sigmoid(ar[0]), xr[0]);
+    for (int s = 1; s < streams; s++) {
+        size_t o = (size_t)s * width;
+        acc = __fadd_rn(acc, __fmul_rn(fu_sigmoid(ar[o]), xr[o]));
+    }
+    out[e] = __fdiv_rn(acc, (float)streams);
+}
+
+// b = sigmoid(b); a = scale[j] * softplus(a + bias[j]) (rec_decay_gate), both [rows, width].
+extern "C" __global__ void fu_delta_gates(float* b, float* a, const float* __restrict__ bias,
+                                          const float* __restrict__ scale, int width,
+                                          long long total) {
+    PDL_ENTRY();
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= total) return;
+    b[e] = fu_sigmoid(b[e]);
+    int j = (int)(e % width);
+    float y = a[e] + bias[j];
+    float sp = y > 20.0f ? y : log1pf(expf(y));
+    a[e] = scale[j] * sp;
+}

@@ -282,6 +282,11 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "store_rows_at",
             "sparse_pool_mean",
             "sparse_pool_store",
+            "fu_silu_scaled",
+            "fu_sigmoid_scaled",
+            "fu_sigmoid_mul",
+            "fu_sigmoid_mix_streams",
+            "fu_delta_gates",
         ],
     ),
     (

@@ -26,6 +26,7 @@ mod backend;
 mod compressed;
 mod cublas;
 mod device;
+mod fused;
 mod gemm;
 mod graph;
 pub mod kernels;
@@ -633,6 +634,42 @@ impl Backend for CudaBackend {
 
     fn mul(&self, x: &mut CudaBuf, y: &CudaBuf, len: usize) {
         self.mul_impl(x, y, len);
+    }
+
+    fn silu_scaled(&self, x: &mut CudaBuf, len: usize, s: f32) {
+        self.silu_scaled_impl(x, len, s);
+    }
+
+    fn sigmoid_scaled(&self, x: &mut CudaBuf, len: usize, pre: f32, post: f32) {
+        self.sigmoid_scaled_impl(x, len, pre, post);
+    }
+
+    fn sigmoid_mul(&self, x: &mut CudaBuf, g: &CudaBuf, len: usize) {
+        self.sigmoid_mul_impl(x, g, len);
+    }
+
+    fn sigmoid_mix_streams(
+        &self,
+        a: &CudaBuf,
+        xn: &CudaBuf,
+        n: usize,
+        streams: usize,
+        width: usize,
+        out: &mut CudaBuf,
+    ) {
+        self.sigmoid_mix_streams_impl(a, xn, n, streams, width, out);
+    }
+
+    fn delta_gates(
+        &self,
+        b: &mut CudaBuf,
+        a: &mut CudaBuf,
+        bias: &CudaSlice<f32>,
+        scale: &CudaSlice<f32>,
+        n_rows: usize,
+        width: usize,
+    ) {
+        self.delta_gates_impl(b, a, bias, scale, n_rows, width);
     }
 
     fn act_mul_split(

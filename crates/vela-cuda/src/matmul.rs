@@ -63,7 +63,12 @@ impl CudaBackend {
         if self.try_mv3(&mut sc, ws, x, n, ys, quantized, &[]) {
             return;
         }
-        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+        let done = if n == 1 && ws.len() >= 2 {
+            self.mv3_groups(&mut sc, ws, x, ys, &mut quantized)
+        } else {
+            vec![false; ws.len()]
+        };
+        for ((w, y), _) in ws.iter().zip(ys.iter_mut()).zip(&done).filter(|(_, &d)| !d) {
             if w.rows == 0 {
                 continue;
             }
@@ -118,6 +123,57 @@ impl CudaBackend {
             let grid = ((w.rows as u32).div_ceil(MM_WARPS), n.div_ceil(tt) as u32, 1);
             self.launch(&format!("mm_{suffix}_t{tt}"), grid, 32 * MM_WARPS, &args);
         }
+    }
+
+    /// One-token products of several weights that `try_mv3` did not take at once (more than
+    /// three, or of different activation kinds): those sharing an activation kind and width in
+    /// `mv_*_x3` launches of two or three, their activations quantized once (left in
+    /// `quantized`). Returns which products are done.
+    fn mv3_groups(
+        &self,
+        sc: &mut Scratch,
+        ws: &[&CudaWeight],
+        x: &CudaBuf,
+        ys: &mut [&mut CudaBuf],
+        quantized: &mut Option<(ActKind, usize, u64, usize)>,
+    ) -> Vec<bool> {
+        let mut done = vec![false; ws.len()];
+        for i in 0..ws.len() {
+            let (kind, cols) = (ws[i].info().1, ws[i].cols);
+            if done[i] || kind == ActKind::Float {
+                continue;
+            }
+            let group: Vec<usize> = (i..ws.len())
+                .filter(|&j| !done[j] && ws[j].info().1 == kind && ws[j].cols == cols)
+                .collect();
+            if group.len() < 2 {
+                continue;
+            }
+            if !matches!(*quantized, Some((k, c, ..)) if k == kind && c == cols) {
+                let r = self.quantize_act(sc, kind, x, 1, cols);
+                *quantized = Some((kind, cols, r.0, r.1));
+            }
+            for chunk in group.chunks(3).filter(|c| c.len() >= 2) {
+                let cw: Vec<&CudaWeight> = chunk.iter().map(|&j| ws[j]).collect();
+                let ok = match *chunk {
+                    [a, b] => {
+                        let [ya, yb] = ys.get_disjoint_mut([a, b]).expect("distinct");
+                        let mut cy = [&mut **ya, &mut **yb];
+                        self.try_mv3(sc, &cw, x, 1, &mut cy, *quantized, &[])
+                    }
+                    [a, b, c] => {
+                        let [ya, yb, yc] = ys.get_disjoint_mut([a, b, c]).expect("distinct");
+                        let mut cy = [&mut **ya, &mut **yb, &mut **yc];
+                        self.try_mv3(sc, &cw, x, 1, &mut cy, *quantized, &[])
+                    }
+                    _ => false,
+                };
+                if ok {
+                    chunk.iter().for_each(|&j| done[j] = true);
+                }
+            }
+        }
+        done
     }
 
     /// Quantize `n` rows of `cols` activations into the scratch buffer as Q8 (32) or Q8_K (256)

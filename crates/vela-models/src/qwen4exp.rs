@@ -370,30 +370,24 @@ impl<B: Backend> Qwen4ExpModel<B> {
             be.rms_norm_grouped(x, &hc.norm, n * s, h, s, c.eps, xn);
         }
         {
-            let [xn, low, t1] = pick3(b, XN, LOW, T1);
-            be.matmul(&hc.down, xn, n, low);
-            be.scale(low, n * r, inv_s);
-            // silu(x) = x · σ(x)
-            be.copy_rows(low, 0, n, r, t1, 0);
-            be.sigmoid(t1, n * r);
-            be.mul(low, t1, n * r);
+            // down and inject read the same normalised streams (one activation quantization).
+            let [xn, low, w] = pick3(b, XN, LOW, INJ);
+            match &hc.inject {
+                Some(inj) => be.matmul_many(&[&hc.down, inj], xn, n, &mut [low, w]),
+                None => be.matmul(&hc.down, xn, n, low),
+            }
+            be.silu_scaled(low, n * r, inv_s);
         }
         {
             let [low, a] = pick2(b, LOW, A);
             be.matmul(&hc.up, low, n, a);
-            be.sigmoid(a, n * s * h);
         }
         {
             let [a, xn, m] = pick3(b, A, XN, M);
-            be.mul(a, xn, n * s * h);
-            be.mean_streams(a, n, s, h, m);
+            be.sigmoid_mix_streams(a, xn, n, s, h, m);
         }
-        if let Some(inj) = &hc.inject {
-            let [xn, w] = pick2(b, XN, INJ);
-            be.matmul(inj, xn, n, w);
-            be.scale(w, n * s, inv_s);
-            be.sigmoid(w, n * s);
-            be.scale(w, n * s, 2.0);
+        if hc.inject.is_some() {
+            be.sigmoid_scaled(&mut b[INJ], n * s, inv_s, 2.0);
         }
     }
 
@@ -501,23 +495,19 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let (cw, hv, dv) = (c.qkv_width(), c.n_v, c.dv);
         let b = &mut st.bufs;
         {
-            let [m, t1] = pick2(b, M, T1);
-            be.matmul(&g.qkv, m, n, t1);
+            // The four input products at once (one activation quantization): qkv in T1, z in
+            // Y (free until the output product), b in LOW, a in A (free during the mixer; INJ
+            // holds the injection weights).
+            let [m, t1, y, lo, ga] = b.get_disjoint_mut([M, T1, Y, LOW, A]).expect("distinct");
+            be.matmul_many(&[&g.qkv, &g.z, &g.b, &g.a], m, n, &mut [t1, y, lo, ga]);
+            // β = σ(b), g = −exp(A_log)·softplus(a + dt_bias).
+            be.delta_gates(lo, ga, &g.dt_bias, &g.neg_a, n, hv);
         }
         {
             let [t1, t2] = pick2(b, T1, T2);
             segments(be, &mut st.extra, ent[0], p0, n, &mut |from, m, state| {
                 be.conv1d_causal(t1, from, m, cw, &g.conv, c.conv_k, 1, true, state, t2)
             })?;
-        }
-        {
-            // β = σ(b) in LOW, g = −exp(A_log)·softplus(a + dt_bias) in A (free during the
-            // mixer; INJ holds the injection weights).
-            let [m, lo, ga] = pick3(b, M, LOW, A);
-            be.matmul(&g.b, m, n, lo);
-            be.sigmoid(lo, n * hv);
-            be.matmul(&g.a, m, n, ga);
-            be.decay_gate(ga, &g.dt_bias, &g.neg_a, n, hv);
         }
         {
             let [t2, lo, inj, t3] = b.get_disjoint_mut([T2, LOW, A, T3]).expect("distinct");
@@ -540,17 +530,12 @@ impl<B: Backend> Qwen4ExpModel<B> {
             be.rms_norm(t3, &g.norm, n * hv, dv, c.eps, t4);
         }
         {
-            let [m, t1] = pick2(b, M, T1);
-            be.matmul(&g.z, m, n, t1);
-        }
-        {
-            let [t1, t4] = pick2(b, T1, T4);
+            let [y, t4] = pick2(b, Y, T4);
             if c.gate_sigmoid {
-                be.sigmoid(t1, n * hv * dv);
-                be.mul(t4, t1, n * hv * dv);
+                be.sigmoid_mul(t4, y, n * hv * dv);
             } else {
-                be.act_mul(t1, t4, n * hv * dv, Activation::Silu);
-                be.copy_rows(t1, 0, n, hv * dv, t4, 0);
+                be.act_mul(y, t4, n * hv * dv, Activation::Silu);
+                be.copy_rows(y, 0, n, hv * dv, t4, 0);
             }
         }
         let [t4, y] = pick2(b, T4, Y);
@@ -575,16 +560,14 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let b = &mut st.bufs;
         // Attention q (T1), gate (T2).
         {
-            let [m, t1, t2] = pick3(b, M, T1, T2);
-            be.matmul(&q.wq, m, n, t1);
-            be.matmul(&q.wgate, m, n, t2);
+            // Indexer queries in T4; one activation quantization for the three products.
+            let [m, t1, t2, t4] = b.get_disjoint_mut([M, T1, T2, T4]).expect("distinct");
+            be.matmul_many(&[&q.wq, &q.wgate, &q.idx_q], m, n, &mut [t1, t2, t4]);
             be.rms_norm_inplace(t1, &q.q_norm, n * nh, hd, c.eps);
             be.rope(t1, nh, hd, positions, &rope);
-            be.sigmoid(t2, n * nh * hd);
         }
         {
-            let [m, t4] = pick2(b, M, T4);
-            be.matmul(&q.idx_q, m, n, t4);
+            let t4 = &mut b[T4];
             be.rms_norm_inplace(t4, &q.idx_q_norm, n * c.idx_heads, di, c.eps);
             be.rope(t4, c.idx_heads, di, positions, &rope);
         }
@@ -611,8 +594,9 @@ impl<B: Backend> Qwen4ExpModel<B> {
             );
         }
         {
+            // The output gate σ(gate).
             let [t2, t3] = pick2(b, T2, T3);
-            be.mul(t3, t2, n * nh * hd);
+            be.sigmoid_mul(t3, t2, n * nh * hd);
         }
         let [t3, y] = pick2(b, T3, Y);
         be.matmul(&q.wo, t3, n, y);
@@ -634,13 +618,12 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let (nkv, hd, di, cb) = (c.n_head_kv, c.head_dim, c.idx_dim, c.idx_block);
         let rope = self.rope();
         let b = &mut st.bufs;
-        // k (T3), v (T4).
+        // k (T3), v (T4), the indexer's raw keys (T1); one activation quantization.
         {
-            let [m, t3, t4] = pick3(b, M, T3, T4);
-            be.matmul(&q.wk, m, n, t3);
+            let [m, t1, t3, t4] = b.get_disjoint_mut([M, T1, T3, T4]).expect("distinct");
+            be.matmul_many(&[&q.wk, &q.wv, &q.idx_k], m, n, &mut [t3, t4, t1]);
             be.rms_norm_inplace(t3, &q.k_norm, n * nkv, hd, c.eps);
             be.rope(t3, nkv, hd, positions, &rope);
-            be.matmul(&q.wv, m, n, t4);
         }
         // K and V rows by position.
         be.store_rows_at(
@@ -657,15 +640,11 @@ impl<B: Backend> Qwen4ExpModel<B> {
             0,
             st.extra.blocks_mut(ent[1])?.rows,
         );
-        // Indexer: raw keys into the ring, pooled keys of the blocks completed here, queries.
-        {
-            let [m, t4] = pick2(b, M, T4);
-            be.matmul(&q.idx_k, m, n, t4);
-        }
+        // Indexer: raw keys into the ring, pooled keys of the blocks completed here.
         {
             let blk = st.extra.blocks_mut(ent[2])?;
             let slots = blk.raw_slots;
-            be.store_rows_at(&b[T4], di, positions, slots, blk.raw);
+            be.store_rows_at(&b[T1], di, positions, slots, blk.raw);
             // The blocks completed here (scratch: A and XN, free during the mixer).
             let [raw, pooled] = pick2(b, A, XN);
             let norm = (&q.idx_k_norm, c.eps);
@@ -714,9 +693,13 @@ impl<B: Backend> Qwen4ExpModel<B> {
             renorm: c.norm_topk,
             scale: 1.0,
         };
+        let f = c.n_ff_shared;
         {
-            let [mm, t1] = pick2(b, M, T1);
-            be.matmul(&m.router, mm, n, t1);
+            // The router and the shared expert's gate, up and scale products at once (one
+            // activation quantization): router logits in T1, gate T2, up T3, scale T4.
+            let [mm, t1, t2, t3, t4] = b.get_disjoint_mut([M, T1, T2, T3, T4]).expect("distinct");
+            let ws = [&m.router, &m.sh_gate, &m.sh_up, &m.sh_scale];
+            be.matmul_many(&ws, mm, n, &mut [t1, t2, t3, t4]);
             st.experts.route(be, t1, n, &rp, None, None);
         }
         {
@@ -725,24 +708,13 @@ impl<B: Backend> Qwen4ExpModel<B> {
             m.experts.forward(be, y, n, h, &mut st.experts);
         }
         // Shared expert, gated by σ(m·w).
-        let f = c.n_ff_shared;
         {
-            let [mm, t1, t2] = pick3(b, M, T1, T2);
-            be.matmul(&m.sh_gate, mm, n, t1);
-            be.matmul(&m.sh_up, mm, n, t2);
-            be.act_mul(t1, t2, n * f, Activation::Silu);
+            let [t2, t3, t1] = pick3(b, T2, T3, T1);
+            be.act_mul_matmul(t2, t3, n, f, Activation::Silu, &m.sh_down, t1);
         }
-        {
-            let [t1, t3] = pick2(b, T1, T3);
-            be.matmul(&m.sh_down, t1, n, t3);
-        }
-        {
-            let [mm, t4] = pick2(b, M, T4);
-            be.matmul(&m.sh_scale, mm, n, t4);
-            be.sigmoid(t4, n);
-        }
-        let [y, t4, t3] = pick3(b, Y, T4, T3);
-        be.inject_streams(y, t4, t3, n, 1, h);
+        be.sigmoid(&mut b[T4], n);
+        let [y, t4, t1] = pick3(b, Y, T4, T1);
+        be.inject_streams(y, t4, t1, n, 1, h);
     }
 
     /// Which of the PLE layers `l` is (its `ple_in` buffer).

@@ -4,6 +4,7 @@
 mod attn;
 pub mod compressed;
 pub mod experts;
+pub mod fused;
 pub mod kit;
 mod kvdata;
 pub mod matmul;

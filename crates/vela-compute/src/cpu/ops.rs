@@ -340,6 +340,42 @@ impl Backend for CpuBackend {
         kit::mul(&mut x[..len], &y[..len]);
     }
 
+    fn silu_scaled(&self, x: &mut Vec<f32>, len: usize, s: f32) {
+        super::fused::silu_scaled(&mut x[..len], s);
+    }
+
+    fn sigmoid_scaled(&self, x: &mut Vec<f32>, len: usize, pre: f32, post: f32) {
+        super::fused::sigmoid_scaled(&mut x[..len], pre, post);
+    }
+
+    fn sigmoid_mul(&self, x: &mut Vec<f32>, g: &Vec<f32>, len: usize) {
+        super::fused::sigmoid_mul(&mut x[..len], &g[..len]);
+    }
+
+    fn sigmoid_mix_streams(
+        &self,
+        a: &Vec<f32>,
+        xn: &Vec<f32>,
+        n: usize,
+        streams: usize,
+        width: usize,
+        out: &mut Vec<f32>,
+    ) {
+        super::fused::sigmoid_mix_streams(a, xn, n, streams, width, out);
+    }
+
+    fn delta_gates(
+        &self,
+        b: &mut Vec<f32>,
+        a: &mut Vec<f32>,
+        bias: &Vec<f32>,
+        scale: &Vec<f32>,
+        n_rows: usize,
+        width: usize,
+    ) {
+        super::fused::delta_gates(b, a, bias, scale, n_rows, width);
+    }
+
     fn act_mul_split(
         &self,
         gu: &Vec<f32>,

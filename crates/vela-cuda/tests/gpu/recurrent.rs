@@ -319,3 +319,137 @@ fn delta<B: Backend>(
     }
     (out, down(be, &state, d.n_v * d.dk * d.dv))
 }
+
+/// The fused elementwise chains give the GPU's unfused ops' bits (the same kernels' operations
+/// in the same order) and are within a few ulps of the CPU (expf).
+#[test]
+fn fused_chains_match_unfused_ops_and_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(1);
+    let mut rng = Rng(0xf5ed);
+    let (n, s, h) = (3, 4, 2560);
+    let len = n * s * h;
+    let x: Vec<f32> = rng.vec(len).iter().map(|v| v * 12.0).collect();
+    let gv: Vec<f32> = rng.vec(len).iter().map(|v| v * 12.0).collect();
+    let both = |what: &str, fused: &[f32], unfused: &[f32], cpu: &[f32]| {
+        assert_eq!(fused, unfused, "{what}: fused vs unfused");
+        check_ulps(what, fused, cpu, 8.0);
+    };
+    // silu_scaled
+    let (mut f, mut u, mut c) = (up(&g, &x), up(&g, &x), up(&cpu, &x));
+    g.silu_scaled(&mut f, len, 0.25);
+    cpu.silu_scaled(&mut c, len, 0.25);
+    g.scale(&mut u, len, 0.25);
+    let mut t = g.alloc(len);
+    g.copy_rows(&u, 0, 1, len, &mut t, 0);
+    g.sigmoid(&mut t, len);
+    g.mul(&mut u, &t, len);
+    let (f, u, c) = (down(&g, &f, len), down(&g, &u, len), down(&cpu, &c, len));
+    both("silu_scaled", &f, &u, &c);
+    // sigmoid_scaled
+    let (mut f, mut u, mut c) = (up(&g, &x), up(&g, &x), up(&cpu, &x));
+    g.sigmoid_scaled(&mut f, len, 0.25, 2.0);
+    cpu.sigmoid_scaled(&mut c, len, 0.25, 2.0);
+    g.scale(&mut u, len, 0.25);
+    g.sigmoid(&mut u, len);
+    g.scale(&mut u, len, 2.0);
+    let (f, u, c) = (down(&g, &f, len), down(&g, &u, len), down(&cpu, &c, len));
+    both("sigmoid_scaled", &f, &u, &c);
+    // sigmoid_mul
+    let (mut f, mut u, mut c) = (up(&g, &x), up(&g, &x), up(&cpu, &x));
+    let (gg, gc) = (up(&g, &gv), up(&cpu, &gv));
+    g.sigmoid_mul(&mut f, &gg, len);
+    cpu.sigmoid_mul(&mut c, &gc, len);
+    let mut sg = up(&g, &gv);
+    g.sigmoid(&mut sg, len);
+    g.mul(&mut u, &sg, len);
+    let (f, u, c) = (down(&g, &f, len), down(&g, &u, len), down(&cpu, &c, len));
+    both("sigmoid_mul", &f, &u, &c);
+    // sigmoid_mix_streams
+    let (xg, xc) = (up(&g, &x), up(&cpu, &x));
+    let (mut f, mut u, mut c) = (g.alloc(n * h), g.alloc(n * h), cpu.alloc(n * h));
+    g.sigmoid_mix_streams(&gg, &xg, n, s, h, &mut f);
+    cpu.sigmoid_mix_streams(&gc, &xc, n, s, h, &mut c);
+    let mut a = up(&g, &gv);
+    g.sigmoid(&mut a, len);
+    g.mul(&mut a, &xg, len);
+    g.mean_streams(&a, n, s, h, &mut u);
+    let m = n * h;
+    let (f, u, c) = (down(&g, &f, m), down(&g, &u, m), down(&cpu, &c, m));
+    both("sigmoid_mix_streams", &f, &u, &c);
+    // delta_gates
+    let (rows, width) = (5, 48);
+    let m = rows * width;
+    let (bias, scale) = (rng.vec(width), rng.vec(width));
+    let (bg, sgv) = (
+        g.upload_vector(&bias).unwrap(),
+        g.upload_vector(&scale).unwrap(),
+    );
+    let (mut fb, mut fa) = (up(&g, &x[..m]), up(&g, &gv[..m]));
+    let (mut cb, mut ca) = (up(&cpu, &x[..m]), up(&cpu, &gv[..m]));
+    g.delta_gates(&mut fb, &mut fa, &bg, &sgv, rows, width);
+    cpu.delta_gates(&mut cb, &mut ca, &bias, &scale, rows, width);
+    let (mut ub, mut ua) = (up(&g, &x[..m]), up(&g, &gv[..m]));
+    g.sigmoid(&mut ub, m);
+    g.decay_gate(&mut ua, &bg, &sgv, rows, width);
+    let d = |be: &_, b| down(be, b, m);
+    both(
+        "delta_gates b",
+        &d(&g, &fb),
+        &d(&g, &ub),
+        &down(&cpu, &cb, m),
+    );
+    both(
+        "delta_gates a",
+        &d(&g, &fa),
+        &d(&g, &ua),
+        &down(&cpu, &ca, m),
+    );
+}
+
+/// One-token products of several weights sharing their input, as qwen4_exp's layers ask for
+/// them (more than three, float and quantized mixed: `mv_*_x3` groups with one quantization):
+/// the CPU's values, as separate products are.
+#[test]
+fn grouped_products_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0x9_7e);
+    let cols = 512;
+    for types in [
+        vec![GgmlType::Q4_0; 4],
+        vec![GgmlType::F32, GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::F32],
+        vec![GgmlType::Q4_0, GgmlType::Q4_0, GgmlType::F32],
+        vec![
+            GgmlType::Q8_0,
+            GgmlType::Q4_0,
+            GgmlType::Q4_K,
+            GgmlType::Q4_0,
+            GgmlType::Q4_0,
+        ],
+    ] {
+        let shapes: Vec<usize> = [2304usize, 97, 33, 1, 130][..types.len()].to_vec();
+        let ws: Vec<_> = types
+            .iter()
+            .zip(&shapes)
+            .map(|(&ty, &r)| upload_random(&g, &cpu, ty, r, cols, &mut rng))
+            .collect();
+        let names: Vec<_> = types.iter().map(|t| t.name()).collect();
+        let x = rng.vec(cols);
+        let (xg, xc) = (up(&g, &x), up(&cpu, &x));
+        let mut yg: Vec<_> = shapes.iter().map(|&r| g.alloc(r)).collect();
+        let mut yc: Vec<_> = shapes.iter().map(|&r| cpu.alloc(r)).collect();
+        let wg: Vec<_> = ws.iter().map(|w| &w.0).collect();
+        let wc: Vec<_> = ws.iter().map(|w| &w.1).collect();
+        g.matmul_many(&wg, &xg, 1, &mut yg.iter_mut().collect::<Vec<_>>());
+        cpu.matmul_many(&wc, &xc, 1, &mut yc.iter_mut().collect::<Vec<_>>());
+        for (i, &r) in shapes.iter().enumerate() {
+            check(
+                &format!("grouped product {i} of {names:?}"),
+                &down(&g, &yg[i], r),
+                &yc[i][..r],
+                1e-4,
+            );
+        }
+    }
+}
