@@ -51,6 +51,10 @@ pub enum ScanKind {
     TrailingSpace,
     /// `[0-9][0-9][0-9]`
     AsciiTriples,
+    /// `X{1,3}`
+    UpToThree,
+    /// deepseek-v3's word pattern (see [`deepseek3_at`]); the class is unused.
+    Deepseek3,
 }
 
 /// Character classes of the simple regexes (tested on transformed text values).
@@ -75,6 +79,8 @@ pub enum Class {
     DeepseekLetter,
     /// deepseek-llm's explicit punctuation ranges `[!-/:-~！-／：-～‘-‟　-。]`.
     DeepseekPunct,
+    /// deepseek-v3's `[一-龥぀-ゟ゠-ヿ]`: CJK ideographs, hiragana, katakana.
+    CjkKana,
 }
 
 const COLL_WS: u32 = 0x0B;
@@ -216,6 +222,7 @@ impl Class {
             }
             Class::DeepseekLetter => in_ranges(v, &DEEPSEEK_LETTER),
             Class::DeepseekPunct => in_ranges(v, &DEEPSEEK_PUNCT),
+            Class::CjkKana => (0x4E00..=0x9FA5).contains(&v) || (0x3040..=0x30FF).contains(&v),
         }
     }
 }
@@ -297,6 +304,15 @@ impl PreTokenizer {
                     scan(false, ScanKind::TrailingSpace, Class::None),
                     scan(false, ScanKind::Runs, Class::Cjk),
                     scan(true, ScanKind::Runs, Class::Number),
+                ]
+            }
+            // llama.cpp's DEEPSEEK3_LLM regexes (HUNYUAN_DENSE, JOYAI_LLM and HY_V4 share them).
+            "deepseek-v3" | "hunyuan-dense" | "joyai-llm" | "hy_v4" => {
+                p.clean_spaces = false;
+                vec![
+                    scan(true, ScanKind::UpToThree, Class::Number),
+                    scan(false, ScanKind::Runs, Class::CjkKana),
+                    scan(true, ScanKind::Deepseek3, Class::None),
                 ]
             }
             "deepseek-coder" => {
@@ -470,7 +486,72 @@ fn find(s: &[u32], pos: usize, kind: ScanKind, class: Class) -> Option<(usize, u
         ScanKind::AsciiTriples => (pos..s.len().saturating_sub(2))
             .find(|&i| s[i..i + 3].iter().all(|&v| (0x30..=0x39).contains(&v)))
             .map(|i| (i, i + 3)),
+        ScanKind::UpToThree => (pos..s.len())
+            .find(|&i| class.test(s[i]))
+            .map(|i| (i, run_end(i).min(i + 3))),
+        ScanKind::Deepseek3 => (pos..s.len()).find_map(|i| deepseek3_at(s, i).map(|e| (i, e))),
     }
+}
+
+/// The match at `i` (its end) of deepseek-v3's word pattern on collapsed text, alternatives
+/// tried in order as ECMAScript does:
+/// `[!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+` | `[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+` |
+/// ` ?[\p{P}\p{S}]+[\r\n]*` | `\s*[\r\n]+` | `\s+(?!\S)` | `\s+`.
+fn deepseek3_at(s: &[u32], i: usize) -> Option<usize> {
+    let at = |k: usize| s.get(k).copied();
+    let alpha = |v: u32| (0x41..=0x5A).contains(&v) || (0x61..=0x7A).contains(&v);
+    let letter = |v: u32| v == COLL_LETTER || alpha(v);
+    let punct = |v: u32| Class::Punct.test(v);
+    let symbol = |v: u32| {
+        v == COLL_SYMBOL || matches!(v, 0x24 | 0x2B | 0x3C..=0x3E | 0x5E | 0x60 | 0x7C | 0x7E)
+    };
+    let crlf = |v: u32| v == 0x0D || v == 0x0A;
+    let run = |mut k: usize, f: &dyn Fn(u32) -> bool| {
+        while at(k).is_some_and(f) {
+            k += 1;
+        }
+        k
+    };
+    let c0 = at(i)?;
+    let c1 = at(i + 1);
+    // An ASCII punctuation mark or symbol glued to ASCII letters.
+    if (0x21..=0x7E).contains(&c0)
+        && !alpha(c0)
+        && !(0x30..=0x39).contains(&c0)
+        && c1.is_some_and(alpha)
+    {
+        return Some(run(i + 1, &alpha));
+    }
+    // Letters and marks, with one other leading code point.
+    let lm = |v: u32| letter(v) || v == COLL_MARK;
+    let lead = !(crlf(c0) || letter(c0) || punct(c0) || symbol(c0));
+    if lead && c1.is_some_and(lm) {
+        return Some(run(i + 1, &lm));
+    }
+    if lm(c0) {
+        return Some(run(i, &lm));
+    }
+    // Punctuation and symbols, with one leading space, then line breaks.
+    let ps = |v: u32| punct(v) || symbol(v);
+    let start = if c0 == 0x20 && c1.is_some_and(ps) {
+        Some(i + 1)
+    } else if ps(c0) {
+        Some(i)
+    } else {
+        None
+    };
+    if let Some(k) = start {
+        return Some(run(run(k, &ps), &crlf));
+    }
+    if !regex_space(c0) {
+        return None;
+    }
+    // The whitespace alternatives.
+    let j = run(i, &regex_space);
+    if let Some(k) = (i..j).rev().find(|&k| crlf(s[k])) {
+        return Some(k + 1);
+    }
+    Some(if j - i > 1 && j < s.len() { j - 1 } else { j })
 }
 
 /// Apply one simple regex to every piece: matches and the gaps between them become pieces.

@@ -13,6 +13,7 @@ const REQUIRED: &[&str] = &[
     "qwen35",
     "deepseek-llm",
     "deepseek-coder",
+    "deepseek-v3",
     "gemma-4",
     "gpt-2",
     "phi-3",
@@ -57,12 +58,9 @@ fn read_cases(base: &std::path::Path) -> Vec<(String, Vec<u32>)> {
     texts.into_iter().map(String::from).zip(outs).collect()
 }
 
-#[test]
-fn ggml_vocab_golden() {
-    let Some(dir) = testdata::require(testdata::llama_cpp_src().join("models")) else {
-        return;
-    };
-    let mut files: Vec<_> = std::fs::read_dir(&dir)
+/// The `ggml-vocab-*.gguf` files of `dir` that come with cases.
+fn vocab_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> = std::fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| {
@@ -73,6 +71,22 @@ fn ggml_vocab_golden() {
         })
         .collect();
     files.sort();
+    files
+}
+
+#[test]
+fn ggml_vocab_golden() {
+    let Some(dir) = testdata::require(testdata::llama_cpp_src().join("models")) else {
+        return;
+    };
+    let mut files = vocab_files(&dir);
+    // Vocabularies llama.cpp ships no file of, converted from real tokenizer.json files by
+    // its converter, with its own tokenization as the cases (scripts/gen-deepseekv4-vocab.py).
+    if let Some(d) =
+        testdata::require(testdata::golden_dir().join("tokenizer/ggml-vocab-deepseek-v3.gguf"))
+    {
+        files.extend(vocab_files(d.parent().unwrap()));
+    }
     let mut failures = Vec::new();
     let mut seen = Vec::new();
     for f in &files {

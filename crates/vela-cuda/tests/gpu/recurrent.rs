@@ -385,7 +385,10 @@ fn fused_chains_match_unfused_ops_and_cpu() {
         let mag = (0..s).map(|j| x[(t * s + j) * h + i].abs()).sum::<f32>() / s as f32;
         let ulps = (a - b).abs() / (f32::EPSILON * mag.max(f32::MIN_POSITIVE));
         worst = worst.max(ulps);
-        assert!(ulps <= 8.0, "sigmoid_mix_streams[{e}]: GPU {a:e} vs CPU {b:e}: {ulps} ulps");
+        assert!(
+            ulps <= 8.0,
+            "sigmoid_mix_streams[{e}]: GPU {a:e} vs CPU {b:e}: {ulps} ulps"
+        );
     }
     eprintln!("RESULT | sigmoid_mix_streams | max {worst:.1} ulps of the terms |");
     // delta_gates
