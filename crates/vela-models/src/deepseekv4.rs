@@ -22,7 +22,7 @@
 
 use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
 use crate::stepper::{self, StepCtl, StepState};
-use anyhow::{bail, Result};
+use anyhow::{anyhow, bail, Result};
 use std::sync::Arc;
 use vela_compute::{Activation, Backend, KvType, LightningParams, RouteParams, Score};
 
@@ -372,7 +372,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             let [e, x] = pick2(&mut st.bufs, C, X);
             be.gather_rows(e, &st.stream_rows, n * s, h, x);
         }
-        self.write_windows(st, positions);
+        self.write_windows(st, positions)?;
         for (il, l) in self.layers.iter().enumerate() {
             self.hc_pre(&mut st.bufs, &l.attn_hc, &l.attn_norm, n);
             self.attention(st, &l.attn, il, positions)?;
@@ -414,10 +414,14 @@ impl<B: Backend> DeepseekV4Model<B> {
 
     /// The window rows every query reads (ring slots of positions p − window + 1 ..= p) and
     /// the HCA entries (all visible ones), the same for every layer of the forward.
-    fn write_windows(&self, st: &mut DeepseekV4State<B>, positions: &[u32]) {
+    fn write_windows(&self, st: &mut DeepseekV4State<B>, positions: &[u32]) -> Result<()> {
         let be = &*self.backend;
         let c = &self.cfg;
-        let slots = (2 * c.window + st.max_batch).min(st.n_ctx.max(1));
+        // Every layer's window ring has the same number of slots.
+        let Some(first) = self.layers.first() else {
+            return Ok(());
+        };
+        let slots = st.extra.block_raw(first.attn.window)?.1;
         let mut sel = vec![0u32; positions.len() * c.window];
         let mut cnt = vec![0u32; positions.len()];
         for (t, &p) in positions.iter().enumerate() {
@@ -430,6 +434,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         }
         be.write_ids(&mut st.sel_w, &sel);
         be.write_ids(&mut st.cnt_w, &cnt);
+        Ok(())
     }
 
     /// Entries `0..⌊(p+1)/m⌋` for every query (HCA layers).
@@ -538,19 +543,24 @@ impl<B: Backend> DeepseekV4Model<B> {
         match a.kind {
             Attn::Sliding => be.write_ids(&mut st.cnt_e, &vec![0u32; n]),
             Attn::Hca => {
-                self.compress(
-                    st,
-                    a.comp.as_ref().expect("HCA compressor"),
-                    p0,
-                    n,
-                    c.hca_rate,
-                )?;
+                let cp = a
+                    .comp
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("HCA layer without a compressor"))?;
+                self.compress(st, cp, p0, n, c.hca_rate)?;
                 self.all_entries(st, positions, c.hca_rate);
             }
             Attn::Csa => {
                 let m = c.csa_rate;
-                self.compress(st, a.comp.as_ref().expect("CSA compressor"), p0, n, m)?;
-                let ix = a.indexer.as_ref().expect("CSA indexer");
+                let cp = a
+                    .comp
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("CSA layer without a compressor"))?;
+                self.compress(st, cp, p0, n, m)?;
+                let ix = a
+                    .indexer
+                    .as_ref()
+                    .ok_or_else(|| anyhow!("CSA layer without an indexer"))?;
                 self.compress(st, &ix.comp, p0, n, m)?;
                 let b = &mut st.bufs;
                 {
@@ -601,8 +611,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         } else {
             st.ent_width
         };
-        let (win_rows, slots) = st.extra.block_raw(a.window)?;
-        debug_assert_eq!(slots, (2 * c.window + st.max_batch).min(st.n_ctx.max(1)));
+        let (win_rows, _) = st.extra.block_raw(a.window)?;
         let b = &mut st.bufs;
         let [q, o] = pick2(b, Q, O);
         be.attention_sink(
