@@ -34,6 +34,8 @@
 #       and with QUICK_NCU=1 an ncu profile of the 8B decode kernels. Example: QUICK_AB="l8:VELA_CUDA_GRAPH=0" bash ... quick
 #   there:  scripts/gpu-suite.sh q4x         # from the same carry: Qwen3.8 Flash Next at real size
 #       generated in memory (qwen4_exp GPU tests, pp/tg at 0 and 8K, MTP cost model): $OUT/q4x-*
+#   there:  scripts/gpu-suite.sh d4x         # from the same carry: DeepSeek V4 Flash's first 12
+#       layers generated in memory (pp512 + tg128, tg128 at 8K depth, the memory plan): $OUT/d4x-*
 #   there:  scripts/gpu-suite.sh q4x-llama   # from the carry of pack-ab + the llama.cpp source (or its
 #       bundle in target/gpu-data/lb): Qwen3.8 Flash Next (reduced depth, one GGUF) vs llama.cpp CUDA
 #   there:  scripts/gpu-suite.sh q4x-fast    # the same carry: the qwen4_exp / sparse / recurrent
@@ -60,7 +62,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -385,7 +387,7 @@ pack-ab)
   xz -T2 -6 -c target/release/vela >$A/vela-new.xz
   bin=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -1)
   xz -T2 -6 -c "$bin" >$A/gpu-test-new.xz
-  for v in llama-bpe qwen2 qwen35 gemma-4; do
+  for v in llama-bpe qwen2 qwen35 gemma-4 deepseek-llm; do
     xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" >$A/vocab-$v.gguf.xz
   done
   # The qwen4_exp fixture the GPU model test compares against (scripts/gen-qwen4exp-fixtures.py).
@@ -513,6 +515,28 @@ q4x)
   /tmp/vela-new bench -m $m --device cuda -p 8192 -n 128 -d 8192 -r 2 2>&1 | tee $OUT/q4x-bench8k.md
   kill $smi
   echo "peak GPU memory: $(sort -t, -k2 -n $OUT/q4x-mem.csv | tail -1)"
+  ;;
+d4x)
+  # DeepSeek V4 Flash at real size (issue 34), from the pack of `pack-ab` (its new binary and
+  # ggml-vocab-deepseek-llm): the weights generated in memory (`--model
+  # synth:GEOMETRY:TYPE`, no file; D4X_GEOMETRY default deepseek-v4-flash-12l, ~45 GB at Q4_0:
+  # the full 43 layers are ~160 GB at Q4_0, more than one card; D4X_TYPE q4_0). pp512 + tg128,
+  # then tg128 at depth 8192: $OUT/d4x-*.md, GPU memory sampled every 0.5 s into
+  # $OUT/d4x-mem.csv.
+  A=target/gpu-data/ab
+  mkdir -p "$OUT" "$VELA_CACHE/vocab"
+  xz -dc $A/vela-new.xz >/tmp/vela-new && chmod +x /tmp/vela-new
+  for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  /tmp/vela-new info -m synth:deepseek-v4-flash | tee $OUT/d4x-plan.md
+  m=synth:${D4X_GEOMETRY:-deepseek-v4-flash-12l}:${D4X_TYPE:-q4_0}
+  nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 >$OUT/d4x-mem.csv &
+  smi=$!
+  /tmp/vela-new bench -m $m --device cuda -p 512 -n 128 -r 3 2>&1 | tee $OUT/d4x-bench.md
+  timeout 400 /tmp/vela-new bench -m $m --device cuda -p 0 -n 128 -d 8192 -r 2 2>&1 | tee $OUT/d4x-bench8k.md
+  kill $smi
+  echo "peak GPU memory: $(sort -t, -k2 -n $OUT/d4x-mem.csv | tail -1)"
   ;;
 q4x-fast)
   # The qwen4_exp GPU work in one call, from the carry of q4x-llama: first the GPU tests of the

@@ -72,6 +72,9 @@ fn short(v: &Value) -> String {
 }
 
 pub fn info(a: InfoArgs) -> Result<()> {
+    if let Some(spec) = a.model.as_deref().and_then(|m| m.strip_prefix("synth:")) {
+        return info_synth(spec);
+    }
     let path = crate::common::resolve(a.model.as_deref())?;
     if path.is_dir() {
         return info_hf(&path, a.tensors);
@@ -130,6 +133,23 @@ pub fn info(a: InfoArgs) -> Result<()> {
             t.add_bos()
         ),
         Err(e) => println!("tokenizer: unavailable: {e:#}"),
+    }
+    Ok(())
+}
+
+/// `vela info -m synth:GEOMETRY`: the geometry's config and, for DeepSeek V4, its memory plan
+/// (nothing is generated).
+fn info_synth(spec: &str) -> Result<()> {
+    use vela_models::deepseekv4::{synth as d4, DeepseekV4Config};
+    use vela_models::qwen4exp::{synth as q4, Qwen4ExpConfig};
+    let geometry = spec.split(':').next().unwrap_or_default();
+    if d4::is_geometry(geometry) {
+        let c = DeepseekV4Config::from_json(&d4::config(geometry)?)?;
+        println!("synth geometry {geometry}: {}\n", c.summary());
+        print!("{}", d4::memory_plan(&c));
+    } else {
+        let c = Qwen4ExpConfig::from_json(&q4::config(geometry)?)?;
+        println!("synth geometry {geometry}: {}", c.summary());
     }
     Ok(())
 }

@@ -8,6 +8,7 @@ use clap::Args;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use vela_models::deepseekv4::{synth as d4synth, DeepseekV4Config};
 use vela_models::qwen4exp::{synth as q4synth, synth_gguf, Qwen4ExpConfig};
 use vela_models::synth::{self, QuantScheme, SynthOptions};
 
@@ -76,6 +77,21 @@ pub fn synth(a: SynthArgs) -> Result<()> {
                     "Qwen/Qwen3.8-Flash-Next (docs/qwen4exp.md)"
                 } else {
                     "(test shape)"
+                }
+            );
+        }
+        for name in d4synth::GEOMETRIES {
+            let c = DeepseekV4Config::from_json(&d4synth::config(name)?)?;
+            println!(
+                "| {name} | DeepseekV4 | {} | {} | {}/1 | {} | {} |",
+                c.attn.len(),
+                c.hidden,
+                c.n_head,
+                c.n_vocab,
+                if name.starts_with("deepseek-v4-flash") {
+                    "deepseek-ai/DeepSeek-V4-Flash (--model synth: only; docs/deepseekv4.md)"
+                } else {
+                    "(test shape; --model synth: only)"
                 }
             );
         }

@@ -484,6 +484,48 @@ fn synth_is_deterministic_and_runs() {
     assert!(String::from_utf8_lossy(&list.stdout).contains("llama3-8b"));
 }
 
+/// `--model synth:` for DeepSeek V4: the tiny geometry benchmarks on the CPU; `vela info` gives
+/// the real geometry's memory plan without generating anything.
+#[test]
+fn synth_deepseek_bench_and_memory_plan() {
+    let out = vela(&["info", "-m", "synth:deepseek-v4-flash"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("284.3B parameters"),
+        "{text}"
+    );
+    assert!(
+        text.contains("| 128K |") && text.contains("| Q4_0"),
+        "{text}"
+    );
+    let out = vela(&[
+        "bench",
+        "-m",
+        "synth:deepseek-v4-tiny:q8_0",
+        "-p",
+        "64",
+        "-n",
+        "8",
+        "-r",
+        "1",
+        "--device",
+        "cpu",
+    ]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    if !out.status.success() && err.contains("tokenizer source") {
+        // The vocabulary comes from llama.cpp's vocab files (test data).
+        return;
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("pp64") && text.contains("tg8"),
+        "{text}\n{err}"
+    );
+    let list = vela(&["synth", "--list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("deepseek-v4-flash-12l"));
+    fails_with(&vela(&["info", "-m", "synth:nope"]), "nope");
+}
+
 /// `--lookup` (prompt-lookup speculative decoding) prints exactly what plain greedy decoding
 /// prints, and accepts drafts on a prompt whose answer repeats it.
 #[test]

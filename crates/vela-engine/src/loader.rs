@@ -130,10 +130,11 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     })
 }
 
-/// `synth:GEOMETRY[:TYPE[:SEED]]`: a geometry of `vela_models::qwen4exp::synth` with random
-/// weights generated in memory (matrices in TYPE, default q4_0; seed default 1), for measuring
-/// real sizes without a file; the tokenizer is llama.cpp's `ggml-vocab-qwen35.gguf` (found as
-/// `vela synth` finds vocabularies).
+/// `synth:GEOMETRY[:TYPE[:SEED]]`: a geometry of `vela_models::qwen4exp::synth` or
+/// `vela_models::deepseekv4::synth` with random weights generated in memory (matrices in TYPE,
+/// default q4_0; seed default 1), for measuring real sizes without a file; the tokenizer is
+/// llama.cpp's `ggml-vocab-qwen35.gguf` or `ggml-vocab-deepseek-llm.gguf` (found as `vela synth`
+/// finds vocabularies; DeepSeek V3/V4's own vocabulary is not among them).
 pub fn load_synth(spec: &str, opts: &LoadOptions) -> Result<LoadedModel> {
     let mut it = spec.split(':');
     let geometry = it.next().unwrap_or_default();
@@ -150,15 +151,35 @@ pub fn load_synth(spec: &str, opts: &LoadOptions) -> Result<LoadedModel> {
     if it.next().is_some() {
         bail!("synth:{spec}: expected synth:GEOMETRY[:TYPE[:SEED]]");
     }
-    vela_models::qwen4exp::synth::config(geometry)?;
-    let vocab = vela_models::synth::find_tokenizer("ggml-vocab-qwen35.gguf")?;
+    use vela_models::deepseekv4::{synth as d4synth, DeepseekV4Model};
+    let deepseek = d4synth::is_geometry(geometry);
+    if !deepseek {
+        vela_models::qwen4exp::synth::config(geometry).map_err(|e| {
+            anyhow!(
+                "{e:#}; or a deepseek_v4 one ({})",
+                d4synth::GEOMETRIES.join(", ")
+            )
+        })?;
+    }
+    let vocab = vela_models::synth::find_tokenizer(if deepseek {
+        "ggml-vocab-deepseek-llm.gguf"
+    } else {
+        "ggml-vocab-qwen35.gguf"
+    })?;
     let tokenizer = Tokenizer::from_gguf(&GgufFile::open(&vocab)?)
         .with_context(|| format!("cannot load the tokenizer {}", vocab.display()))?;
     let t0 = std::time::Instant::now();
     let model = on_device(opts, |be| -> Result<Arc<dyn LanguageModel>> {
         use vela_models::qwen4exp::Qwen4ExpModel;
         Ok(match be {
+            AnyBackend::Cpu(b) if deepseek => {
+                Arc::new(DeepseekV4Model::synth(b, geometry, ty, seed)?)
+            }
             AnyBackend::Cpu(b) => Arc::new(Qwen4ExpModel::synth(b, geometry, ty, seed)?),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(b) if deepseek => {
+                Arc::new(DeepseekV4Model::synth(b, geometry, ty, seed)?)
+            }
             #[cfg(feature = "cuda")]
             AnyBackend::Cuda(b) => Arc::new(Qwen4ExpModel::synth(b, geometry, ty, seed)?),
         })

@@ -29,6 +29,7 @@ use vela_compute::{Activation, Backend, KvType, LightningParams, RouteParams, Sc
 mod config;
 mod gguf;
 mod load;
+pub mod synth;
 
 pub use config::{Attn, DeepseekV4Config, Rope, Routing, Scoring, Yarn};
 
@@ -94,6 +95,39 @@ struct Layer<B: Backend> {
     ffn_norm: B::Vector,
     attn: Attention<B>,
     moe: Moe<B>,
+}
+
+/// The state layout: per layer its window, then its compressor's and indexer's entries;
+/// returns each layer's (window, compressor, indexer) entries.
+pub(crate) fn build_layout(c: &DeepseekV4Config) -> (StateLayout, Vec<[Option<usize>; 3]>) {
+    let mut entries = Vec::new();
+    let mut per_layer = Vec::new();
+    let mut push = |s: LayerState| {
+        entries.push(s);
+        entries.len() - 1
+    };
+    for &kind in &c.attn {
+        let window = push(LayerState::Blocks {
+            width: 0,
+            ratio: c.window,
+            raw_width: c.head_dim,
+        });
+        let blocks = |width: usize, ratio: usize, overlap: bool| LayerState::Blocks {
+            width,
+            ratio,
+            raw_width: 2 * width * if overlap { 2 } else { 1 },
+        };
+        let (comp, idx) = match kind {
+            Attn::Sliding => (None, None),
+            Attn::Hca => (Some(push(blocks(c.head_dim, c.hca_rate, false))), None),
+            Attn::Csa => (
+                Some(push(blocks(c.head_dim, c.csa_rate, true))),
+                Some(push(blocks(c.idx_dim, c.csa_rate, true))),
+            ),
+        };
+        per_layer.push([Some(window), comp, idx]);
+    }
+    (StateLayout::new(entries), per_layer)
 }
 
 /// A loaded model.
@@ -200,39 +234,6 @@ pub fn inv_freq(r: &Rope, rot: usize) -> Vec<f32> {
 }
 
 impl<B: Backend> DeepseekV4Model<B> {
-    /// The state layout: per layer its window, then its compressor's and indexer's entries;
-    /// returns each layer's (window, compressor, indexer) entries.
-    fn build_layout(c: &DeepseekV4Config) -> (StateLayout, Vec<[Option<usize>; 3]>) {
-        let mut entries = Vec::new();
-        let mut per_layer = Vec::new();
-        let mut push = |s: LayerState| {
-            entries.push(s);
-            entries.len() - 1
-        };
-        for &kind in &c.attn {
-            let window = push(LayerState::Blocks {
-                width: 0,
-                ratio: c.window,
-                raw_width: c.head_dim,
-            });
-            let blocks = |width: usize, ratio: usize, overlap: bool| LayerState::Blocks {
-                width,
-                ratio,
-                raw_width: 2 * width * if overlap { 2 } else { 1 },
-            };
-            let (comp, idx) = match kind {
-                Attn::Sliding => (None, None),
-                Attn::Hca => (Some(push(blocks(c.head_dim, c.hca_rate, false))), None),
-                Attn::Csa => (
-                    Some(push(blocks(c.head_dim, c.csa_rate, true))),
-                    Some(push(blocks(c.idx_dim, c.csa_rate, true))),
-                ),
-            };
-            per_layer.push([Some(window), comp, idx]);
-        }
-        (StateLayout::new(entries), per_layer)
-    }
-
     /// Entries a query can read at most: the indexer's budget, or every HCA entry.
     fn ent_width(&self, n_ctx: usize) -> usize {
         let c = &self.cfg;

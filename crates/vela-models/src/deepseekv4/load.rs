@@ -26,6 +26,33 @@ fn hf_alias(name: &str) -> Option<String> {
         .map(|l| format!("{l}.attn.norm.weight"))
 }
 
+/// The source and name holding a release-named tensor: the name, its alias, the name outside
+/// the prefix. A generated source has the release names only (and `has` would generate the
+/// tensor once more).
+fn locate<'a>(
+    src: &'a WeightSource,
+    top: &'a WeightSource,
+    gguf: bool,
+    name: &str,
+) -> Result<(&'a WeightSource, String)> {
+    if src.synthetic_seed().is_some() {
+        return Ok((src, name.to_string()));
+    }
+    let alias = if gguf {
+        super::gguf::gguf_name(name)
+    } else {
+        hf_alias(name)
+    };
+    [
+        (src, Some(name.to_string())),
+        (src, alias),
+        (top, Some(name.to_string())),
+    ]
+    .into_iter()
+    .find_map(|(s, n)| n.filter(|n| s.has(n)).map(|n| (s, n)))
+    .ok_or_else(|| anyhow!("missing tensor {name}"))
+}
+
 struct Loader<'a, B: Backend> {
     be: &'a B,
     src: &'a WeightSource,
@@ -39,19 +66,7 @@ struct Loader<'a, B: Backend> {
 impl<'a, B: Backend> Loader<'a, B> {
     /// The source and name holding a release-named tensor.
     fn locate(&self, name: &str) -> Result<(&'a WeightSource, String)> {
-        let alias = if self.gguf {
-            super::gguf::gguf_name(name)
-        } else {
-            hf_alias(name)
-        };
-        [
-            (self.src, Some(name.to_string())),
-            (self.src, alias),
-            (self.top, Some(name.to_string())),
-        ]
-        .into_iter()
-        .find_map(|(s, n)| n.filter(|n| s.has(n)).map(|n| (s, n)))
-        .ok_or_else(|| anyhow!("missing tensor {name}"))
+        locate(self.src, self.top, self.gguf, name)
     }
     fn get(&self, name: &str) -> Result<HostWeight> {
         let (s, n) = self.locate(name)?;
@@ -232,13 +247,46 @@ impl<'a, B: Backend> Loader<'a, B> {
             let gate_up = GateUp::Split(self.upload(&g, share)?, self.upload(&u, share)?);
             (gate_up, self.upload(&d, share)?)
         } else {
+            // The experts read (decoded, converted or generated) on every core: 256 × 3
+            // matrices per layer.
+            let threads = std::thread::available_parallelism()
+                .map_or(1, |n| n.get())
+                .min(e);
+            let per = e.div_ceil(threads);
+            let (src, top, gguf, p) = (self.src, self.top, self.gguf, p.as_str());
+            let parts: Vec<Result<Vec<[HostWeight; 3]>>> = std::thread::scope(|sc| {
+                let hs: Vec<_> = (0..threads)
+                    .map(|t| {
+                        sc.spawn(move || {
+                            (t * per..((t + 1) * per).min(e))
+                                .map(|x| {
+                                    let m = |w: &str| {
+                                        let n = format!("{p}.experts.{x}.{w}.weight");
+                                        let (s, n) = locate(src, top, gguf, &n)?;
+                                        s.matrix(&n, false)
+                                    };
+                                    Ok([m("w1")?, m("w3")?, m("w2")?])
+                                })
+                                .collect()
+                        })
+                    })
+                    .collect();
+                hs.into_iter()
+                    .map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(anyhow!("{p}: an expert-loading thread panicked"))
+                        })
+                    })
+                    .collect()
+            });
             let mut gu = Vec::with_capacity(2 * e);
             let mut down = Vec::with_capacity(e);
-            for x in 0..e {
-                let m = |w: &str| self.host(&format!("{p}.experts.{x}.{w}.weight"), false);
-                gu.push(m("w1")?);
-                gu.push(m("w3")?);
-                down.push(m("w2")?);
+            for part in parts {
+                for [g, u, d] in part? {
+                    gu.push(g);
+                    gu.push(u);
+                    down.push(d);
+                }
             }
             let gu = stack(&format!("{p}.experts.gate_up"), &gu)?;
             let down = stack(&format!("{p}.experts.down"), &down)?;
@@ -316,7 +364,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         Self::load(backend, &src, &top, true, cfg)
     }
 
-    fn load(
+    pub(super) fn load(
         backend: Arc<B>,
         src: &WeightSource,
         top: &WeightSource,
@@ -359,7 +407,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             let w = ld.host("head.weight", false)?.as_head(true);
             ld.upload(&w, 1.0)?
         };
-        let (layout, entries) = Self::build_layout(&cfg);
+        let (layout, entries) = build_layout(&cfg);
         let mut layers = Vec::with_capacity(cfg.attn.len());
         for (i, ents) in entries.into_iter().enumerate() {
             let p = format!("layers.{i}");
