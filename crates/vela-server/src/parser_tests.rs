@@ -178,6 +178,22 @@ fn deepseek_v3_and_dsml() {
     );
 }
 
+/// Fuzz finding (output_parsers): an end marker before the name's or key's closing quote made
+/// `parse_dsml` slice backwards and panic; such blocks are malformed, hence content.
+#[test]
+fn dsml_markers_out_of_order_are_content() {
+    let cfg = cfg_for("DSML");
+    for body in [
+        "<｜DSML｜invoke name=\"a</｜DSML｜invoke>\">",
+        "<｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"k>v</｜DSML｜parameter>\"</｜DSML｜invoke>",
+        "<｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"k\" string</｜DSML｜parameter>>v</｜DSML｜invoke>",
+    ] {
+        assert_eq!(parse_block(ToolSyntax::Dsml, body), None, "{body}");
+        let text = format!("<｜DSML｜tool_calls>{body}</｜DSML｜tool_calls>");
+        check_all_splits(&cfg, &text, &[content(&text)]);
+    }
+}
+
 #[test]
 fn llama3_json_calls() {
     let cfg = cfg_for("<|python_tag|> \"parameters\"");
