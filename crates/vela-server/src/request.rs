@@ -21,6 +21,16 @@ pub struct GenParams {
 
 pub type Obj = Map<String, Value>;
 
+/// A validated chat request (OpenAI chat or Anthropic messages), ready for template rendering.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub params: GenParams,
+    /// Messages in the OpenAI shape the chat templates read.
+    pub messages: Vec<Value>,
+    /// Tool definitions to render (`None`: no tools, or `tool_choice` "none").
+    pub tools: Option<Value>,
+}
+
 /// Parse a body as a JSON object.
 pub fn parse_object(body: &[u8]) -> Result<Obj, ApiError> {
     let v: Value = serde_json::from_slice(body)
