@@ -52,21 +52,28 @@ impl HfTokenizer {
     /// Load `dir/tokenizer.json` and the optional config files next to it.
     pub fn from_dir(dir: &Path) -> Result<HfTokenizer> {
         let tj = dir.join("tokenizer.json");
-        let plain =
-            HfInner::from_file(&tj).map_err(|e| anyhow!("cannot load {}: {e}", tj.display()))?;
+        let bytes = std::fs::read(&tj).with_context(|| format!("cannot read {}", tj.display()))?;
+        let cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Json::Null);
+        let gen = read_json(&dir.join("generation_config.json"))?.unwrap_or(Json::Null);
+        Self::from_json_bytes(&bytes, &cfg, &gen)
+            .map_err(|e| anyhow!("cannot load {}: {e:#}", tj.display()))
+    }
+
+    /// Build from the bytes of a `tokenizer.json` plus the parsed `tokenizer_config.json` and
+    /// `generation_config.json` (`Json::Null` when absent). Any bytes give `Ok` or an error.
+    pub fn from_json_bytes(tokenizer_json: &[u8], cfg: &Json, gen: &Json) -> Result<HfTokenizer> {
+        let plain = HfInner::from_bytes(tokenizer_json).map_err(|e| anyhow!("{e}"))?;
         let mut parse = plain.clone();
         parse.set_encode_special_tokens(false);
         let mut plain = plain;
         plain.set_encode_special_tokens(true);
 
-        let raw = read_json(&tj)?.unwrap_or(Json::Null);
+        let raw: Json = serde_json::from_slice(tokenizer_json)?;
         let byte_level = raw["decoder"]["type"] == "ByteLevel"
             || raw["pre_tokenizer"]["type"] == "ByteLevel"
             || raw["pre_tokenizer"]["pretokenizers"]
                 .as_array()
                 .is_some_and(|a| a.iter().any(|p| p["type"] == "ByteLevel"));
-        let cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Json::Null);
-        let gen = read_json(&dir.join("generation_config.json"))?.unwrap_or(Json::Null);
 
         let id_of = |s: Option<&str>| s.and_then(|s| parse.token_to_id(s));
         let mut bos = id_of(token_str(cfg.get("bos_token")));
