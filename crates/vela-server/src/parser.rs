@@ -76,6 +76,7 @@ const DSML_OPEN: &str = "<｜DSML｜tool_calls>";
 const DSML_CLOSE: &str = "</｜DSML｜tool_calls>";
 const DS_OPEN: &str = "<｜tool▁calls▁begin｜>";
 const DS_CLOSE: &str = "<｜tool▁calls▁end｜>";
+const PYTHON_TAG: &str = "<|python_tag|>";
 
 impl ParserConfig {
     /// Pick parsers from a chat template's source. `tools_enabled` turns on tool parsing (only
@@ -283,8 +284,12 @@ impl OutputParser {
                                 _ => {}
                             }
                         }
+                        // A partial `<|python_tag|>` decides nothing yet either.
+                        if !finishing && t.len() < PYTHON_TAG.len() && PYTHON_TAG.starts_with(t) {
+                            return;
+                        }
                         self.at_start = false;
-                        if t.starts_with('{') || t.starts_with("<|python_tag|>") {
+                        if t.starts_with('{') || t.starts_with(PYTHON_TAG) {
                             self.mode = Mode::LlamaJson;
                             continue;
                         }
@@ -450,7 +455,7 @@ fn fenced_json_start(t: &str) -> Option<bool> {
 /// JSON code block).
 pub fn parse_llama_json(text: &str) -> Option<Vec<ToolCall>> {
     let t = text.trim();
-    let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim();
+    let t = t.strip_prefix(PYTHON_TAG).unwrap_or(t).trim();
     let t = match t.strip_prefix("```") {
         Some(r) => {
             let (tag, body) = r.split_once('\n')?;

@@ -203,6 +203,12 @@ fn llama3_json_calls() {
         &[call("get_weather", r#"{"city":"Oslo"}"#)],
     );
     check_all_splits(&cfg, "{not json", &[content("{not json")]);
+    // Fuzz finding (output_parsers): `<|python_tag|>` split across pushes was not recognised
+    // at the start, so the streamed answer parsed differently from the whole one.
+    let cfg = cfg_for("<tool_call>");
+    let t = "<|python_tag|>x<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>";
+    check_all_splits(&cfg, t, &[content(t)]);
+    check_all_splits(&cfg, "<|pyt", &[content("<|pyt")]);
     check_all_splits(&cfg, "Hello {x}", &[content("Hello {x}")]);
 }
 
