@@ -490,6 +490,18 @@ mod tests {
         );
     }
 
+    /// Fuzz finding (request_bodies): without serde_json's `float_roundtrip` a number could
+    /// parse a few ULPs off, so an accepted body did not re-serialise to what was sent.
+    #[test]
+    fn numbers_parse_correctly_rounded() {
+        let body = br#"{"max_tokens":2.2222222222222223e+107,"temperature":0.7000000000000001}"#;
+        let o = parse_object(body).unwrap();
+        assert_eq!(o["max_tokens"].as_f64(), Some(2.2222222222222223e+107));
+        assert_eq!(o["temperature"].as_f64(), Some(0.7000000000000001));
+        let again = serde_json::to_vec(&Value::Object(o.clone())).unwrap();
+        assert_eq!(parse_object(&again).unwrap(), o);
+    }
+
     #[test]
     fn response_format_only_text() {
         assert!(check_response_format(&obj(json!({"response_format": {"type": "text"}}))).is_ok());
