@@ -371,28 +371,27 @@ fn completion_logprobs(l: &[TokenLogprob]) -> Value {
 /// in it is parsed as special tokens).
 pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
     let received = Instant::now();
-    let prep =
-        || -> Result<(Prepared, String), ApiError> {
-            let r = st.ready()?;
-            let o = parse_object(&body_bytes(body)?)?;
-            check_model(&o, r)?;
-            let tok = &r.model.tokenizer;
-            let (params, prompt) = validate_completion(&o, tok.n_vocab())?;
-            let prompt = match prompt {
-                CompletionPrompt::Text(s) => tok
-                    .encode(&s, true, true)
-                    .map_err(|e| ApiError::invalid(format!("{e:#}")))?,
-                CompletionPrompt::Ids(ids) => ids,
-            };
-            Ok((
-                Prepared {
-                    prompt,
-                    params,
-                    parser: ParserConfig::default(),
-                },
-                r.name.clone(),
-            ))
+    let prep = || -> Result<(Prepared, String), ApiError> {
+        let r = st.ready()?;
+        let o = parse_object(&body_bytes(body)?)?;
+        check_model(&o, r)?;
+        let tok = &r.model.tokenizer;
+        let (params, prompt) = validate_completion(&o, tok.n_vocab())?;
+        let prompt = match prompt {
+            CompletionPrompt::Text(s) => tok
+                .encode(&s, true, true)
+                .map_err(|e| ApiError::invalid(format!("{e:#}")))?,
+            CompletionPrompt::Ids(ids) => ids,
         };
+        Ok((
+            Prepared {
+                prompt,
+                params,
+                parser: ParserConfig::default(),
+            },
+            r.name.clone(),
+        ))
+    };
     let (rx, cancel, stream, include_usage, model) = match start(&st, prep(), received) {
         Ok(x) => x,
         Err(resp) => return *resp,
