@@ -24,6 +24,8 @@ pub struct HfTokenizer {
     post_adds_bos: bool,
     /// Ids of added tokens flagged `special`.
     special_ids: BTreeSet<u32>,
+    /// Largest id + 1 (ids may have gaps, so this can exceed the number of tokens).
+    n_vocab: usize,
     /// The model maps bytes to GPT-2 printable characters.
     byte_level: bool,
 }
@@ -98,6 +100,13 @@ impl HfTokenizer {
             .filter(|(_, t)| t.special)
             .map(|(id, _)| id)
             .collect();
+        // Every id encoding may yield is below `n_vocab`: the model's embedding must cover it.
+        let n_vocab = parse
+            .get_vocab(true)
+            .into_values()
+            .max()
+            .map_or(0, |m| m as usize + 1)
+            .max(parse.get_vocab_size(true));
         // BOS is added when the post-processor inserts it (or the config says so).
         let post_adds_bos = bos.is_some_and(|b| {
             parse
@@ -114,6 +123,7 @@ impl HfTokenizer {
             add_bos,
             post_adds_bos,
             special_ids,
+            n_vocab,
             byte_level,
         })
     }
@@ -145,9 +155,9 @@ impl HfTokenizer {
             .map_err(|e| anyhow!("decoding failed: {e}"))
     }
 
-    /// Vocabulary size including added tokens.
+    /// Vocabulary size including added tokens: the largest id + 1.
     pub fn n_vocab(&self) -> usize {
-        self.parse.get_vocab_size(true)
+        self.n_vocab
     }
 
     /// The token's vocabulary text.
@@ -267,5 +277,29 @@ mod tests {
             );
             std::fs::remove_dir_all(&dir).unwrap();
         }
+    }
+
+    /// Fuzz finding (tokenizer_json): with gaps in the ids, `n_vocab` counted tokens, so
+    /// encoding could yield ids at or above it (and the loader's check that the model covers
+    /// the tokenizer passed for a model too small).
+    #[test]
+    fn n_vocab_covers_ids_with_gaps() {
+        let tj = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "normalizer": null,
+            "post_processor": null, "decoder": null,
+            "added_tokens": [{"id": 20, "content": "<end>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "pre_tokenizer": {"type": "Whitespace"},
+            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 5, "b": 9},
+                      "unk_token": "[UNK]"},
+        });
+        let bytes = serde_json::to_vec(&tj).unwrap();
+        let t = HfTokenizer::from_json_bytes(&bytes, &Json::Null, &Json::Null).unwrap();
+        // The `tokenizers` crate numbers added tokens from the model's token count (3 here),
+        // whatever ids the file gives them.
+        assert_eq!(t.n_vocab(), 10);
+        let ids = t.encode("a b <end> c", false, true).unwrap();
+        assert_eq!(ids, [5, 9, 3, 0]);
+        assert!(ids.iter().all(|&i| (i as usize) < t.n_vocab()));
     }
 }
