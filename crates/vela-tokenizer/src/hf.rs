@@ -64,13 +64,16 @@ impl HfTokenizer {
     /// Build from the bytes of a `tokenizer.json` plus the parsed `tokenizer_config.json` and
     /// `generation_config.json` (`Json::Null` when absent). Any bytes give `Ok` or an error.
     pub fn from_json_bytes(tokenizer_json: &[u8], cfg: &Json, gen: &Json) -> Result<HfTokenizer> {
+        // JSON syntax first: the `tokenizers` crate panics on a syntax error inside `decoder`
+        // (it unwraps the decoder's deserialization), so it only ever sees well-formed JSON.
+        let raw: Json =
+            serde_json::from_slice(tokenizer_json).map_err(|e| anyhow!("invalid JSON: {e}"))?;
         let plain = HfInner::from_bytes(tokenizer_json).map_err(|e| anyhow!("{e}"))?;
         let mut parse = plain.clone();
         parse.set_encode_special_tokens(false);
         let mut plain = plain;
         plain.set_encode_special_tokens(true);
 
-        let raw: Json = serde_json::from_slice(tokenizer_json)?;
         let byte_level = raw["decoder"]["type"] == "ByteLevel"
             || raw["pre_tokenizer"]["type"] == "ByteLevel"
             || raw["pre_tokenizer"]["pretokenizers"]
@@ -277,6 +280,19 @@ mod tests {
             );
             std::fs::remove_dir_all(&dir).unwrap();
         }
+    }
+
+    /// Fuzz finding (tokenizer_json): a syntax error inside `decoder` panicked in the
+    /// `tokenizers` crate; it is an error.
+    #[test]
+    fn syntax_error_in_decoder_is_an_error() {
+        let tj = br#"{"version": "1.0", "added_tokens": [], "normalizer": null,
+            "pre_tokenizer": null, "post_processor": null, "decoder": {"type": tru},
+            "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}"#;
+        let e = HfTokenizer::from_json_bytes(tj, &Json::Null, &Json::Null)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("invalid JSON"), "{e}");
     }
 
     /// Fuzz finding (tokenizer_json): with gaps in the ids, `n_vocab` counted tokens, so
