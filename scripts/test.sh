@@ -2,7 +2,7 @@
 # The project's test command (README "Run the tests"; .ci/run calls exactly this).
 #
 #   scripts/test.sh            fetch/prepare test data, build, run all Rust tests, oracle parity,
-#                              server end-to-end tests
+#                              a short fuzz run of every fuzz target, server end-to-end tests
 #   VELA_SKIP_PREPARE=1        use the data already in $VELA_CACHE
 #
 # Everything external (real models, llama.cpp oracle, golden files) lands in $VELA_CACHE
@@ -38,6 +38,9 @@ bash scripts/sass-check.sh '^$'
 
 step "parity against llama.cpp (fixtures from scripts/gen-parity-fixtures.py)"
 python3 scripts/check-parity.py --vela target/release/vela
+
+step "fuzz, CI-sized (fuzz/ci.sh: every target, fixed runs; skipped without cargo-fuzz)"
+bash fuzz/ci.sh
 
 if [ -f scripts/test-server.sh ]; then
   step "server end-to-end (official openai/anthropic clients)"

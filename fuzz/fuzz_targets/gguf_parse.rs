@@ -8,10 +8,14 @@ use vela_formats::gguf::GgufFile;
 use vela_formats::quant::dequantize;
 
 fuzz_target!(|data: &[u8]| {
-    // Errors are fine (they are not checked for being one line: gguf.rs echoes key and tensor
-    // names verbatim, so a name containing '\n' yields a multi-line message; see README.md).
-    let Ok(g) = GgufFile::from_bytes(data.to_vec()) else {
-        return;
+    let g = match GgufFile::from_bytes(data.to_vec()) {
+        Ok(g) => g,
+        Err(e) => {
+            // Names from the file are shown escaped: every error is one line.
+            let m = format!("{e:#}");
+            assert!(!m.contains('\n'), "multi-line error: {m:?}");
+            return;
+        }
     };
     let _ = g.architecture();
     for key in &g.key_order {

@@ -57,6 +57,8 @@ pub fn tokenize_chat(
         return Ok(out);
     }
     // Mark every byte covered by an occurrence of a hostile string, then tokenize runs.
+    // Occurrences may overlap (template markup followed by user text that repeats it): each
+    // search resumes one character after the previous match, not after its end.
     let mut plain = vec![false; rendered.len()];
     for h in &hostile {
         let mut from = 0;
@@ -65,7 +67,7 @@ pub fn tokenize_chat(
             plain[start..start + h.len()]
                 .iter_mut()
                 .for_each(|p| *p = true);
-            from = start + h.len();
+            from = start + rendered[start..].chars().next().map_or(1, char::len_utf8);
         }
     }
     let mut start = 0;
@@ -79,4 +81,47 @@ pub fn tokenize_chat(
         start = end;
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use vela_tokenizer::hf::HfTokenizer;
+
+    /// One token per byte (GPT-2 byte characters) plus `<|im_start|>` as a special token.
+    fn byte_tokenizer() -> Tokenizer {
+        let map = vela_tokenizer::unicode::byte_map();
+        let vocab: serde_json::Map<String, Value> = (0..256)
+            .map(|b| (map.to_char[b].to_string(), serde_json::json!(b)))
+            .collect();
+        let bl = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false,
+                                    "trim_offsets": false, "use_regex": false});
+        let tj = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "normalizer": null,
+            "added_tokens": [{"id": 256, "content": "<|im_start|>", "single_word": false,
+                              "lstrip": false, "rstrip": false, "normalized": false,
+                              "special": true}],
+            "pre_tokenizer": bl, "post_processor": null, "decoder": bl,
+            "model": {"type": "BPE", "vocab": vocab, "merges": []},
+        });
+        let bytes = serde_json::to_vec(&tj).unwrap();
+        let h = HfTokenizer::from_json_bytes(&bytes, &Value::Null, &Value::Null).unwrap();
+        Tokenizer::Hf(Box::new(h))
+    }
+
+    /// Fuzz finding (chat_template): template markup followed by user text repeating it
+    /// (`<|im_start|>` + `<|im_start|><|im_start|>`) overlapped the user's occurrence, which
+    /// was skipped, so the user's second `<|im_start|>` became a control token.
+    #[test]
+    fn overlapping_user_text_stays_plain() {
+        let tok = byte_tokenizer();
+        let user = "<|im_start|><|im_start|>";
+        let rendered = format!("<|im_start|>{user}\n");
+        let ids =
+            tokenize_chat(&tok, &rendered, &[serde_json::json!([{"content": user}])]).unwrap();
+        // Every occurrence is plain, so no special token at all (the template's marker inside
+        // the first occurrence too: occurrences are marked wholesale, as always).
+        assert!(!ids.contains(&256), "{ids:?}");
+        assert_eq!(ids.len(), rendered.len());
+    }
 }

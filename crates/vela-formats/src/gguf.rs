@@ -455,20 +455,26 @@ impl GgufFile {
     pub fn get_str(&self, key: &str) -> Result<&str> {
         let v = self
             .get(key)
-            .ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
-        v.as_str()
-            .ok_or_else(|| anyhow!("metadata '{key}' is {}, expected string", v.type_name()))
+            .ok_or_else(|| anyhow!("missing metadata key '{}'", key.escape_debug()))?;
+        v.as_str().ok_or_else(|| {
+            anyhow!(
+                "metadata '{}' is {}, expected string",
+                key.escape_debug(),
+                v.type_name()
+            )
+        })
     }
 
     pub fn get_u64(&self, key: &str) -> Result<u64> {
         let v = self
             .get(key)
-            .ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
+            .ok_or_else(|| anyhow!("missing metadata key '{}'", key.escape_debug()))?;
         v.as_i64()
             .and_then(|x| u64::try_from(x).ok())
             .ok_or_else(|| {
                 anyhow!(
-                    "metadata '{key}' is {}, expected a non-negative integer",
+                    "metadata '{}' is {}, expected a non-negative integer",
+                    key.escape_debug(),
                     v.type_name()
                 )
             })
@@ -477,25 +483,40 @@ impl GgufFile {
     pub fn get_f64(&self, key: &str) -> Result<f64> {
         let v = self
             .get(key)
-            .ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
-        v.as_f64()
-            .ok_or_else(|| anyhow!("metadata '{key}' is {}, expected a number", v.type_name()))
+            .ok_or_else(|| anyhow!("missing metadata key '{}'", key.escape_debug()))?;
+        v.as_f64().ok_or_else(|| {
+            anyhow!(
+                "metadata '{}' is {}, expected a number",
+                key.escape_debug(),
+                v.type_name()
+            )
+        })
     }
 
     pub fn get_bool(&self, key: &str) -> Result<bool> {
         let v = self
             .get(key)
-            .ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
-        v.as_bool()
-            .ok_or_else(|| anyhow!("metadata '{key}' is {}, expected bool", v.type_name()))
+            .ok_or_else(|| anyhow!("missing metadata key '{}'", key.escape_debug()))?;
+        v.as_bool().ok_or_else(|| {
+            anyhow!(
+                "metadata '{}' is {}, expected bool",
+                key.escape_debug(),
+                v.type_name()
+            )
+        })
     }
 
     pub fn get_array(&self, key: &str) -> Result<&[Value]> {
         let v = self
             .get(key)
-            .ok_or_else(|| anyhow!("missing metadata key '{key}'"))?;
-        v.as_array()
-            .ok_or_else(|| anyhow!("metadata '{key}' is {}, expected array", v.type_name()))
+            .ok_or_else(|| anyhow!("missing metadata key '{}'", key.escape_debug()))?;
+        v.as_array().ok_or_else(|| {
+            anyhow!(
+                "metadata '{}' is {}, expected array",
+                key.escape_debug(),
+                v.type_name()
+            )
+        })
     }
 
     /// `{arch}.{suffix}` as an unsigned integer.
@@ -620,6 +641,34 @@ mod tests {
         assert_eq!(b.ty, GgmlType::Q8_0);
         assert_eq!(g.tensor_data(b), &[1u8; 34][..]);
         assert_eq!(g.tensor("a").unwrap().n_rows(), 2);
+    }
+
+    /// Fuzz finding (config_json): keys built from the file's architecture name were echoed
+    /// verbatim, so a name with a newline gave a multi-line error.
+    #[test]
+    fn getter_errors_stay_one_line() {
+        let arch = "qw\n2";
+        let mut v = (arch.len() as u64).to_le_bytes().to_vec();
+        v.extend_from_slice(arch.as_bytes());
+        let mut e = 7u64.to_le_bytes().to_vec();
+        e.extend_from_slice(b"llama\nx");
+        let g = GgufFile::from_bytes(build(
+            &[("general.architecture", 8, v), ("qw\n2.block_count", 8, e)],
+            &[],
+        ))
+        .unwrap();
+        let errs = [
+            g.arch_u64("block_count").unwrap_err(),
+            g.arch_u64("context_length").unwrap_err(),
+            g.arch_f64_opt("block_count").unwrap_err(),
+            g.get_bool("qw\n2.block_count").unwrap_err(),
+            g.get_array("qw\n2.block_count").unwrap_err(),
+            g.get_str("general.architecture\n").unwrap_err(),
+        ];
+        for e in errs {
+            let m = format!("{e:#}");
+            assert!(!m.contains('\n') && m.contains("\\n"), "{m}");
+        }
     }
 
     #[test]

@@ -121,7 +121,10 @@ impl Common {
                     freq_scale = 1.0 / f;
                 }
             }
-            Some(other) => bail!("rope scaling type '{other}' is not supported yet"),
+            Some(other) => bail!(
+                "rope scaling type '{}' is not supported yet",
+                other.escape_debug()
+            ),
         }
         // Llama 3 style scaling is baked into a per-frequency factor tensor.
         let freq_factors = match g.tensor("rope_freqs.weight") {

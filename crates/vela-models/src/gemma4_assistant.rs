@@ -87,7 +87,10 @@ impl AssistantConfig {
     pub fn from_json(j: &Value) -> Result<AssistantConfig> {
         let mt = j.get("model_type").and_then(Value::as_str).unwrap_or("");
         if mt != "gemma4_assistant" {
-            bail!("config.json: model_type '{mt}' is not gemma4_assistant");
+            bail!(
+                "config.json: model_type '{}' is not gemma4_assistant",
+                mt.escape_debug()
+            );
         }
         let text = j
             .get("text_config")
@@ -165,7 +168,10 @@ impl AssistantConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<AssistantConfig> {
         let arch = g.architecture()?;
         if arch != "gemma4-assistant" {
-            bail!("GGUF architecture '{arch}' is not gemma4-assistant");
+            bail!(
+                "GGUF architecture '{}' is not gemma4-assistant",
+                arch.escape_debug()
+            );
         }
         let key = |k: &str| format!("gemma4-assistant.{k}");
         let u = |k: &str| g.get_u64(&key(k)).map(|v| v as usize);

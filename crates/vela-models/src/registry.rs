@@ -111,7 +111,8 @@ pub fn for_gguf(g: &GgufFile) -> Result<&'static Arch> {
     let name = g.architecture()?;
     ARCHS.iter().find(|a| a.gguf == name).ok_or_else(|| {
         anyhow!(
-            "unsupported model architecture '{name}' (supported: {})",
+            "unsupported model architecture '{}' (supported: {})",
+            name.escape_debug(),
             gguf_names().join(", ")
         )
     })
@@ -132,7 +133,8 @@ pub fn for_hf(config: &Value) -> Result<&'static Arch> {
                 .flat_map(|a| a.hf_model_types.iter().copied())
                 .collect();
             anyhow!(
-                "unsupported model_type '{mt}' for a Hugging Face directory (supported: {})",
+                "unsupported model_type '{}' for a Hugging Face directory (supported: {})",
+                mt.escape_debug(),
                 known.join(", ")
             )
         })
@@ -269,5 +271,36 @@ mod tests {
             .to_string();
         assert!(e.contains("'mamba'") && e.contains("gemma4_text"), "{e}");
         assert_eq!(mtp_arch_names(), vec!["Gemma 4", "Qwen3.8 Flash Next"]);
+    }
+
+    /// Fuzz finding (config_json): names from the file were echoed verbatim, so a name with a
+    /// newline gave a multi-line error.
+    #[test]
+    fn errors_on_names_with_newlines_stay_one_line() {
+        use crate::gemma4::Gemma4Config;
+        use crate::gemma4_assistant::AssistantConfig;
+        use crate::qwen4exp::Qwen4ExpConfig;
+        use vela_formats::gguf::Value as Gv;
+        use vela_formats::gguf_write::GgufWriter;
+
+        let mut w = GgufWriter::new();
+        w.add_kv("general.architecture", Gv::String("qw\n2".into()))
+            .unwrap();
+        let g = GgufFile::from_bytes(w.to_bytes(|_, _, _| Ok(())).unwrap()).unwrap();
+        let j = serde_json::json!({"model_type": "a\nb", "rope_scaling": {"rope_type": "x\ny"}});
+        let errs = [
+            for_gguf(&g).err().unwrap(),
+            for_hf(&j).err().unwrap(),
+            crate::config_from_gguf(&g).err().unwrap(),
+            Gemma4Config::from_gguf(&g).err().unwrap(),
+            Qwen4ExpConfig::from_gguf(&g).err().unwrap(),
+            AssistantConfig::from_gguf(&g).err().unwrap(),
+            Gemma4Config::from_json(&j).err().unwrap(),
+            AssistantConfig::from_json(&j).err().unwrap(),
+        ];
+        for e in errs {
+            let m = format!("{e:#}");
+            assert!(!m.contains('\n'), "multi-line error: {m}");
+        }
     }
 }

@@ -3,7 +3,9 @@
 use crate::error::ApiError;
 use crate::http::{body_bytes, check_model, collect, new_id, sse_response, submit, St};
 use crate::openai::render_messages;
-use crate::request::{get_f32, get_stop, get_uint, parse_object, GenParams, Obj, MAX_TOKENS_LIMIT};
+use crate::request::{
+    get_f32, get_stop, get_uint, parse_object, ChatRequest, GenParams, Obj, MAX_TOKENS_LIMIT,
+};
 use crate::worker::Out;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -182,6 +184,19 @@ fn params(o: &Obj) -> Result<GenParams, ApiError> {
     })
 }
 
+/// Validate a Messages body: everything but `model` (checked against the loaded model by the
+/// handler); the messages and tools come out in the OpenAI shape the templates read.
+pub fn validate(o: &Obj) -> Result<ChatRequest, ApiError> {
+    let params = params(o)?;
+    let messages = to_openai_messages(o)?;
+    let tools = tools_of(o)?;
+    Ok(ChatRequest {
+        params,
+        messages,
+        tools,
+    })
+}
+
 fn stop_reason(finish: &str, stop_word: &Option<String>) -> &'static str {
     match (finish, stop_word) {
         ("length", _) => "max_tokens",
@@ -202,9 +217,12 @@ pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Res
         let r = st.ready()?;
         let o = parse_object(&body_bytes(body)?)?;
         check_model(&o, r)?;
-        let params = params(&o)?;
-        let msgs = to_openai_messages(&o)?;
-        let (_, prompt, parser) = render_messages(r, msgs, tools_of(&o)?, &Map::new())?;
+        let ChatRequest {
+            params,
+            messages,
+            tools,
+        } = validate(&o)?;
+        let (_, prompt, parser) = render_messages(r, messages, tools, &Map::new())?;
         Ok((
             crate::http::Prepared {
                 prompt,

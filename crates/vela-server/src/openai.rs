@@ -8,7 +8,7 @@ use crate::http::{
 use crate::parser::{ParserConfig, ToolCall};
 use crate::request::{
     check_response_format, get_bool, get_uint, normalize_messages, parse_common, parse_object,
-    parse_tools, Obj,
+    parse_tools, ChatRequest, GenParams, Obj,
 };
 use crate::worker::{CancelToken, Out, TokenLogprob};
 use axum::body::Bytes;
@@ -61,6 +61,80 @@ pub fn render_chat(r: &Ready, o: &Obj) -> Result<(String, Vec<u32>), ApiError> {
     let tools = parse_tools(o)?;
     let (s, t, _) = render_messages(r, messages, tools, o)?;
     Ok((s, t))
+}
+
+/// Validate a `/v1/chat/completions` body: everything but `model` (checked against the loaded
+/// model by the handler); `n_vocab` bounds `logit_bias` ids.
+pub fn validate_chat(o: &Obj, n_vocab: usize) -> Result<ChatRequest, ApiError> {
+    check_response_format(o)?;
+    let mut params = parse_common(o, n_vocab, &["max_tokens", "max_completion_tokens"])?;
+    params.logprobs = parse_logprobs(o)?;
+    let messages = normalize_messages(o.get("messages"))?;
+    let tools = parse_tools(o)?;
+    Ok(ChatRequest {
+        params,
+        messages,
+        tools,
+    })
+}
+
+/// The prompt of a `/v1/completions` body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum CompletionPrompt {
+    /// Text, tokenized with special-token parsing (the client owns the whole prompt).
+    Text(String),
+    /// Token ids, each below the vocabulary size.
+    Ids(Vec<u32>),
+}
+
+/// Validate a `/v1/completions` body: everything but `model`; `n_vocab` bounds `logit_bias`
+/// and prompt ids.
+pub fn validate_completion(
+    o: &Obj,
+    n_vocab: usize,
+) -> Result<(GenParams, CompletionPrompt), ApiError> {
+    let mut params = parse_common(o, n_vocab, &["max_tokens"])?;
+    if params.max_tokens.is_none() {
+        params.max_tokens = Some(16);
+    }
+    if let Some(n) = o.get("logprobs").filter(|v| !v.is_null()) {
+        let n = n
+            .as_u64()
+            .filter(|&n| n <= 20)
+            .ok_or_else(|| ApiError::bad("logprobs", "`logprobs` must be an integer 0..=20"))?;
+        params.logprobs = Some(n as usize);
+    }
+    if get_bool(o, "echo")?.unwrap_or(false) {
+        return Err(ApiError::bad("echo", "`echo` is not supported"));
+    }
+    if o.get("suffix").is_some_and(|v| !v.is_null()) {
+        return Err(ApiError::bad("suffix", "`suffix` is not supported"));
+    }
+    if get_uint(o, "best_of", 1 << 20)?.is_some_and(|b| b != 1) {
+        return Err(ApiError::bad("best_of", "only best_of=1 is supported"));
+    }
+    let prompt = match o.get("prompt") {
+        Some(Value::String(s)) => CompletionPrompt::Text(s.clone()),
+        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
+            CompletionPrompt::Text(a[0].as_str().unwrap_or("").to_string())
+        }
+        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
+            let n = n_vocab as u64;
+            let ids = a
+                .iter()
+                .map(|v| v.as_u64().filter(|&i| i < n).map(|i| i as u32))
+                .collect::<Option<Vec<u32>>>()
+                .ok_or_else(|| ApiError::bad("prompt", format!("token ids must be below {n}")))?;
+            CompletionPrompt::Ids(ids)
+        }
+        _ => {
+            return Err(ApiError::bad(
+                "prompt",
+                "`prompt` must be a string, a list of one string or a list of token ids",
+            ))
+        }
+    };
+    Ok((params, prompt))
 }
 
 fn parse_logprobs(o: &Obj) -> Result<Option<usize>, ApiError> {
@@ -163,15 +237,11 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
         let r = st.ready()?;
         let o = parse_object(&body_bytes(body)?)?;
         check_model(&o, r)?;
-        check_response_format(&o)?;
-        let mut params = parse_common(
-            &o,
-            r.model.tokenizer.n_vocab(),
-            &["max_tokens", "max_completion_tokens"],
-        )?;
-        params.logprobs = parse_logprobs(&o)?;
-        let messages = normalize_messages(o.get("messages"))?;
-        let tools = parse_tools(&o)?;
+        let ChatRequest {
+            params,
+            messages,
+            tools,
+        } = validate_chat(&o, r.model.tokenizer.n_vocab())?;
         let (_, prompt, parser) = render_messages(r, messages, tools, &o)?;
         Ok((
             Prepared {
@@ -301,62 +371,27 @@ fn completion_logprobs(l: &[TokenLogprob]) -> Value {
 /// in it is parsed as special tokens).
 pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
     let received = Instant::now();
-    let prep =
-        || -> Result<(Prepared, String), ApiError> {
-            let r = st.ready()?;
-            let o = parse_object(&body_bytes(body)?)?;
-            check_model(&o, r)?;
-            let mut params = parse_common(&o, r.model.tokenizer.n_vocab(), &["max_tokens"])?;
-            if params.max_tokens.is_none() {
-                params.max_tokens = Some(16);
-            }
-            if let Some(n) = o.get("logprobs").filter(|v| !v.is_null()) {
-                let n = n.as_u64().filter(|&n| n <= 20).ok_or_else(|| {
-                    ApiError::bad("logprobs", "`logprobs` must be an integer 0..=20")
-                })?;
-                params.logprobs = Some(n as usize);
-            }
-            if get_bool(&o, "echo")?.unwrap_or(false) {
-                return Err(ApiError::bad("echo", "`echo` is not supported"));
-            }
-            if o.get("suffix").is_some_and(|v| !v.is_null()) {
-                return Err(ApiError::bad("suffix", "`suffix` is not supported"));
-            }
-            if get_uint(&o, "best_of", 1 << 20)?.is_some_and(|b| b != 1) {
-                return Err(ApiError::bad("best_of", "only best_of=1 is supported"));
-            }
-            let tok = &r.model.tokenizer;
-            let prompt =
-                match o.get("prompt") {
-                    Some(Value::String(s)) => tok
-                        .encode(s, true, true)
-                        .map_err(|e| ApiError::invalid(format!("{e:#}")))?,
-                    Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => tok
-                        .encode(a[0].as_str().unwrap_or(""), true, true)
-                        .map_err(|e| ApiError::invalid(format!("{e:#}")))?,
-                    Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-                        let n = tok.n_vocab() as u64;
-                        a.iter()
-                            .map(|v| v.as_u64().filter(|&i| i < n).map(|i| i as u32))
-                            .collect::<Option<Vec<u32>>>()
-                            .ok_or_else(|| {
-                                ApiError::bad("prompt", format!("token ids must be below {n}"))
-                            })?
-                    }
-                    _ => return Err(ApiError::bad(
-                        "prompt",
-                        "`prompt` must be a string, a list of one string or a list of token ids",
-                    )),
-                };
-            Ok((
-                Prepared {
-                    prompt,
-                    params,
-                    parser: ParserConfig::default(),
-                },
-                r.name.clone(),
-            ))
+    let prep = || -> Result<(Prepared, String), ApiError> {
+        let r = st.ready()?;
+        let o = parse_object(&body_bytes(body)?)?;
+        check_model(&o, r)?;
+        let tok = &r.model.tokenizer;
+        let (params, prompt) = validate_completion(&o, tok.n_vocab())?;
+        let prompt = match prompt {
+            CompletionPrompt::Text(s) => tok
+                .encode(&s, true, true)
+                .map_err(|e| ApiError::invalid(format!("{e:#}")))?,
+            CompletionPrompt::Ids(ids) => ids,
         };
+        Ok((
+            Prepared {
+                prompt,
+                params,
+                parser: ParserConfig::default(),
+            },
+            r.name.clone(),
+        ))
+    };
     let (rx, cancel, stream, include_usage, model) = match start(&st, prep(), received) {
         Ok(x) => x,
         Err(resp) => return *resp,

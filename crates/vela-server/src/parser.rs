@@ -76,6 +76,7 @@ const DSML_OPEN: &str = "<｜DSML｜tool_calls>";
 const DSML_CLOSE: &str = "</｜DSML｜tool_calls>";
 const DS_OPEN: &str = "<｜tool▁calls▁begin｜>";
 const DS_CLOSE: &str = "<｜tool▁calls▁end｜>";
+const PYTHON_TAG: &str = "<|python_tag|>";
 
 impl ParserConfig {
     /// Pick parsers from a chat template's source. `tools_enabled` turns on tool parsing (only
@@ -283,8 +284,12 @@ impl OutputParser {
                                 _ => {}
                             }
                         }
+                        // A partial `<|python_tag|>` decides nothing yet either.
+                        if !finishing && t.len() < PYTHON_TAG.len() && PYTHON_TAG.starts_with(t) {
+                            return;
+                        }
                         self.at_start = false;
-                        if t.starts_with('{') || t.starts_with("<|python_tag|>") {
+                        if t.starts_with('{') || t.starts_with(PYTHON_TAG) {
                             self.mode = Mode::LlamaJson;
                             continue;
                         }
@@ -450,7 +455,7 @@ fn fenced_json_start(t: &str) -> Option<bool> {
 /// JSON code block).
 pub fn parse_llama_json(text: &str) -> Option<Vec<ToolCall>> {
     let t = text.trim();
-    let t = t.strip_prefix("<|python_tag|>").unwrap_or(t).trim();
+    let t = t.strip_prefix(PYTHON_TAG).unwrap_or(t).trim();
     let t = match t.strip_prefix("```") {
         Some(r) => {
             let (tag, body) = r.split_once('\n')?;
@@ -589,34 +594,38 @@ fn parse_dsml(body: &str) -> Option<Vec<ToolCall>> {
     const PAR_END: &str = "</｜DSML｜parameter>";
     let mut calls = Vec::new();
     let mut rest = body.trim();
+    // Each marker is searched after the previous one: an end marker inside a name or a key
+    // makes the block malformed instead of a reversed slice.
     while !rest.is_empty() {
         let r = rest.strip_prefix(INV)?;
         let q = r.find("\">")?;
         let name = r[..q].to_string();
-        let e = r.find(INV_END)?;
-        let mut inner = r[q + 2..e].trim();
+        let body = &r[q + 2..];
+        let e = body.find(INV_END)?;
+        let mut inner = body[..e].trim();
         let mut args = Map::new();
         while !inner.is_empty() {
             let p = inner.strip_prefix(PAR)?;
             let q = p.find('"')?;
             let key = p[..q].to_string();
-            let attrs_end = p.find('>')?;
+            let attrs_end = q + p[q..].find('>')?;
             let is_string = p[q..attrs_end].contains("string=\"true\"");
-            let ve = p.find(PAR_END)?;
-            let raw = &p[attrs_end + 1..ve];
+            let value = &p[attrs_end + 1..];
+            let ve = value.find(PAR_END)?;
+            let raw = &value[..ve];
             let val = if is_string {
                 Value::String(raw.to_string())
             } else {
                 loose_value(raw)
             };
             args.insert(key, val);
-            inner = p[ve + PAR_END.len()..].trim();
+            inner = value[ve + PAR_END.len()..].trim();
         }
         calls.push(ToolCall {
             name,
             arguments: Value::Object(args).to_string(),
         });
-        rest = r[e + INV_END.len()..].trim();
+        rest = body[e + INV_END.len()..].trim();
     }
     (!calls.is_empty()).then_some(calls)
 }

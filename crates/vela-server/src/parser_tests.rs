@@ -178,6 +178,22 @@ fn deepseek_v3_and_dsml() {
     );
 }
 
+/// Fuzz finding (output_parsers): an end marker before the name's or key's closing quote made
+/// `parse_dsml` slice backwards and panic; such blocks are malformed, hence content.
+#[test]
+fn dsml_markers_out_of_order_are_content() {
+    let cfg = cfg_for("DSML");
+    for body in [
+        "<｜DSML｜invoke name=\"a</｜DSML｜invoke>\">",
+        "<｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"k>v</｜DSML｜parameter>\"</｜DSML｜invoke>",
+        "<｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"k\" string</｜DSML｜parameter>>v</｜DSML｜invoke>",
+    ] {
+        assert_eq!(parse_block(ToolSyntax::Dsml, body), None, "{body}");
+        let text = format!("<｜DSML｜tool_calls>{body}</｜DSML｜tool_calls>");
+        check_all_splits(&cfg, &text, &[content(&text)]);
+    }
+}
+
 #[test]
 fn llama3_json_calls() {
     let cfg = cfg_for("<|python_tag|> \"parameters\"");
@@ -187,6 +203,12 @@ fn llama3_json_calls() {
         &[call("get_weather", r#"{"city":"Oslo"}"#)],
     );
     check_all_splits(&cfg, "{not json", &[content("{not json")]);
+    // Fuzz finding (output_parsers): `<|python_tag|>` split across pushes was not recognised
+    // at the start, so the streamed answer parsed differently from the whole one.
+    let cfg = cfg_for("<tool_call>");
+    let t = "<|python_tag|>x<tool_call>{\"name\":\"a\",\"arguments\":{}}</tool_call>";
+    check_all_splits(&cfg, t, &[content(t)]);
+    check_all_splits(&cfg, "<|pyt", &[content("<|pyt")]);
     check_all_splits(&cfg, "Hello {x}", &[content("Hello {x}")]);
 }
 

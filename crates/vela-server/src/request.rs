@@ -21,6 +21,16 @@ pub struct GenParams {
 
 pub type Obj = Map<String, Value>;
 
+/// A validated chat request (OpenAI chat or Anthropic messages), ready for template rendering.
+#[derive(Debug, Clone)]
+pub struct ChatRequest {
+    pub params: GenParams,
+    /// Messages in the OpenAI shape the chat templates read.
+    pub messages: Vec<Value>,
+    /// Tool definitions to render (`None`: no tools, or `tool_choice` "none").
+    pub tools: Option<Value>,
+}
+
 /// Parse a body as a JSON object.
 pub fn parse_object(body: &[u8]) -> Result<Obj, ApiError> {
     let v: Value = serde_json::from_slice(body)
@@ -478,6 +488,18 @@ mod tests {
             (ok.sampling.temperature, ok.sampling.seed, ok.max_tokens),
             (0.0, 5, Some(3))
         );
+    }
+
+    /// Fuzz finding (request_bodies): without serde_json's `float_roundtrip` a number could
+    /// parse a few ULPs off, so an accepted body did not re-serialise to what was sent.
+    #[test]
+    fn numbers_parse_correctly_rounded() {
+        let body = br#"{"max_tokens":2.2222222222222223e+107,"temperature":0.7000000000000001}"#;
+        let o = parse_object(body).unwrap();
+        assert_eq!(o["max_tokens"].as_f64(), Some(2.2222222222222223e+107));
+        assert_eq!(o["temperature"].as_f64(), Some(0.7000000000000001));
+        let again = serde_json::to_vec(&Value::Object(o.clone())).unwrap();
+        assert_eq!(parse_object(&again).unwrap(), o);
     }
 
     #[test]

@@ -154,7 +154,12 @@ impl ChatTemplate {
             .env
             .get_template(TEMPLATE_NAME)
             .map_err(|e| anyhow!("{}", one_line(&e)))?;
-        tmpl.render(ctx).map_err(|e| {
+        // MiniJinja 2.24 panics on a reverse slice of an empty sequence or string
+        // (`messages[::-1]` with no messages, as the Qwen3 templates write): a panic inside the
+        // engine becomes an error, never a crash of the caller.
+        let rendered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tmpl.render(ctx)))
+            .map_err(|_| anyhow!("chat template render error: the template engine panicked"))?;
+        rendered.map_err(|e| {
             let mut src: Option<&(dyn std::error::Error + 'static)> = Some(&e);
             while let Some(s) = src {
                 if let Some(raised) = s.downcast_ref::<RaisedException>() {
@@ -279,6 +284,26 @@ mod tests {
             rewrite_generation_tags(src),
             "a{%- with -%}b{% endwith %}{%with%}{% generations %}"
         );
+    }
+
+    /// Fuzz finding (chat_template): `messages[::-1]` over no messages panicked inside
+    /// MiniJinja (reachable from `/v1/messages` with only thinking blocks); it is an error.
+    #[test]
+    fn engine_panic_is_an_error() {
+        let t = ChatTemplate::new(
+            "{% for m in messages[::-1] %}{{ m.role }}{% endfor %}",
+            "",
+            "",
+        )
+        .unwrap();
+        let req = |messages| RenderRequest {
+            messages,
+            ..Default::default()
+        };
+        let e = t.render(&req(json!([]))).unwrap_err().to_string();
+        assert!(e.contains("engine panicked"), "{e}");
+        let ok = t.render(&req(json!([{"role": "a"}, {"role": "b"}])));
+        assert_eq!(ok.unwrap(), "ba");
     }
 
     #[test]

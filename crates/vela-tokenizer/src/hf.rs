@@ -24,6 +24,8 @@ pub struct HfTokenizer {
     post_adds_bos: bool,
     /// Ids of added tokens flagged `special`.
     special_ids: BTreeSet<u32>,
+    /// Largest id + 1 (ids may have gaps, so this can exceed the number of tokens).
+    n_vocab: usize,
     /// The model maps bytes to GPT-2 printable characters.
     byte_level: bool,
 }
@@ -52,21 +54,31 @@ impl HfTokenizer {
     /// Load `dir/tokenizer.json` and the optional config files next to it.
     pub fn from_dir(dir: &Path) -> Result<HfTokenizer> {
         let tj = dir.join("tokenizer.json");
-        let plain =
-            HfInner::from_file(&tj).map_err(|e| anyhow!("cannot load {}: {e}", tj.display()))?;
+        let bytes = std::fs::read(&tj).with_context(|| format!("cannot read {}", tj.display()))?;
+        let cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Json::Null);
+        let gen = read_json(&dir.join("generation_config.json"))?.unwrap_or(Json::Null);
+        Self::from_json_bytes(&bytes, &cfg, &gen)
+            .map_err(|e| anyhow!("cannot load {}: {e:#}", tj.display()))
+    }
+
+    /// Build from the bytes of a `tokenizer.json` plus the parsed `tokenizer_config.json` and
+    /// `generation_config.json` (`Json::Null` when absent). Any bytes give `Ok` or an error.
+    pub fn from_json_bytes(tokenizer_json: &[u8], cfg: &Json, gen: &Json) -> Result<HfTokenizer> {
+        // JSON syntax first: the `tokenizers` crate panics on a syntax error inside `decoder`
+        // (it unwraps the decoder's deserialization), so it only ever sees well-formed JSON.
+        let raw: Json =
+            serde_json::from_slice(tokenizer_json).map_err(|e| anyhow!("invalid JSON: {e}"))?;
+        let plain = HfInner::from_bytes(tokenizer_json).map_err(|e| anyhow!("{e}"))?;
         let mut parse = plain.clone();
         parse.set_encode_special_tokens(false);
         let mut plain = plain;
         plain.set_encode_special_tokens(true);
 
-        let raw = read_json(&tj)?.unwrap_or(Json::Null);
         let byte_level = raw["decoder"]["type"] == "ByteLevel"
             || raw["pre_tokenizer"]["type"] == "ByteLevel"
             || raw["pre_tokenizer"]["pretokenizers"]
                 .as_array()
                 .is_some_and(|a| a.iter().any(|p| p["type"] == "ByteLevel"));
-        let cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or(Json::Null);
-        let gen = read_json(&dir.join("generation_config.json"))?.unwrap_or(Json::Null);
 
         let id_of = |s: Option<&str>| s.and_then(|s| parse.token_to_id(s));
         let mut bos = id_of(token_str(cfg.get("bos_token")));
@@ -91,6 +103,13 @@ impl HfTokenizer {
             .filter(|(_, t)| t.special)
             .map(|(id, _)| id)
             .collect();
+        // Every id encoding may yield is below `n_vocab`: the model's embedding must cover it.
+        let n_vocab = parse
+            .get_vocab(true)
+            .into_values()
+            .max()
+            .map_or(0, |m| m as usize + 1)
+            .max(parse.get_vocab_size(true));
         // BOS is added when the post-processor inserts it (or the config says so).
         let post_adds_bos = bos.is_some_and(|b| {
             parse
@@ -107,6 +126,7 @@ impl HfTokenizer {
             add_bos,
             post_adds_bos,
             special_ids,
+            n_vocab,
             byte_level,
         })
     }
@@ -138,9 +158,9 @@ impl HfTokenizer {
             .map_err(|e| anyhow!("decoding failed: {e}"))
     }
 
-    /// Vocabulary size including added tokens.
+    /// Vocabulary size including added tokens: the largest id + 1.
     pub fn n_vocab(&self) -> usize {
-        self.parse.get_vocab_size(true)
+        self.n_vocab
     }
 
     /// The token's vocabulary text.
@@ -260,5 +280,42 @@ mod tests {
             );
             std::fs::remove_dir_all(&dir).unwrap();
         }
+    }
+
+    /// Fuzz finding (tokenizer_json): a syntax error inside `decoder` panicked in the
+    /// `tokenizers` crate; it is an error.
+    #[test]
+    fn syntax_error_in_decoder_is_an_error() {
+        let tj = br#"{"version": "1.0", "added_tokens": [], "normalizer": null,
+            "pre_tokenizer": null, "post_processor": null, "decoder": {"type": tru},
+            "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}}"#;
+        let e = HfTokenizer::from_json_bytes(tj, &Json::Null, &Json::Null)
+            .err()
+            .unwrap();
+        assert!(e.to_string().contains("invalid JSON"), "{e}");
+    }
+
+    /// Fuzz finding (tokenizer_json): with gaps in the ids, `n_vocab` counted tokens, so
+    /// encoding could yield ids at or above it (and the loader's check that the model covers
+    /// the tokenizer passed for a model too small).
+    #[test]
+    fn n_vocab_covers_ids_with_gaps() {
+        let tj = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "normalizer": null,
+            "post_processor": null, "decoder": null,
+            "added_tokens": [{"id": 20, "content": "<end>", "single_word": false, "lstrip": false,
+                              "rstrip": false, "normalized": false, "special": true}],
+            "pre_tokenizer": {"type": "Whitespace"},
+            "model": {"type": "WordLevel", "vocab": {"[UNK]": 0, "a": 5, "b": 9},
+                      "unk_token": "[UNK]"},
+        });
+        let bytes = serde_json::to_vec(&tj).unwrap();
+        let t = HfTokenizer::from_json_bytes(&bytes, &Json::Null, &Json::Null).unwrap();
+        // The `tokenizers` crate numbers added tokens from the model's token count (3 here),
+        // whatever ids the file gives them.
+        assert_eq!(t.n_vocab(), 10);
+        let ids = t.encode("a b <end> c", false, true).unwrap();
+        assert_eq!(ids, [5, 9, 3, 0]);
+        assert!(ids.iter().all(|&i| (i as usize) < t.n_vocab()));
     }
 }

@@ -144,7 +144,10 @@ fn rope(j: &Value, theta: f32) -> Result<Rope> {
             beta_slow: float(j, "beta_slow", 1.0)?,
             attention_factor: float(j, "attention_factor", 1.0)?,
         }),
-        other => bail!("config.json: rope type {other} is not supported (default, yarn)"),
+        other => bail!(
+            "config.json: rope type '{}' is not supported (default, yarn)",
+            other.escape_debug()
+        ),
     };
     if let Some(y) = &yarn {
         if y.factor <= 0.0 || y.original_max == 0 {
@@ -281,8 +284,9 @@ impl DeepseekV4Config {
             None | Some("sqrtsoftplus") => Scoring::SqrtSoftplus,
             Some("sigmoid") => Scoring::Sigmoid,
             Some(other) => bail!(
-                "config.json: scoring_func {other} is not supported (sqrtsoftplus, sigmoid; \
-                 transformers 5.23 refuses softmax too)"
+                "config.json: scoring_func '{}' is not supported (sqrtsoftplus, sigmoid; \
+                 transformers 5.23 refuses softmax too)",
+                other.escape_debug()
             ),
         };
         if let Some(act) = get(j, "hidden_act").and_then(Value::as_str) {

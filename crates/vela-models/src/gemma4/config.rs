@@ -113,7 +113,10 @@ fn rope_for(j: &Value, kind: &str, head_dim: usize) -> Result<RopeParams> {
                 ..base
             })
         }
-        other => bail!("Gemma 4 rope_type '{other}' ({kind}) is not supported yet"),
+        other => bail!(
+            "Gemma 4 rope_type '{}' ({kind}) is not supported yet",
+            other.escape_debug()
+        ),
     }
 }
 
@@ -126,7 +129,10 @@ impl Gemma4Config {
         };
         let mt = j.get("model_type").and_then(Value::as_str).unwrap_or("");
         if mt != "gemma4_text" {
-            bail!("config.json: model_type '{mt}' is not gemma4_text");
+            bail!(
+                "config.json: model_type '{}' is not gemma4_text",
+                mt.escape_debug()
+            );
         }
         if get_b(j, "attention_bias") {
             bail!("Gemma 4 attention biases (attention_bias) are not supported yet");
@@ -306,7 +312,7 @@ impl Gemma4Config {
     pub fn from_gguf(g: &GgufFile) -> Result<Gemma4Config> {
         let arch = g.architecture()?;
         if arch != "gemma4" {
-            bail!("GGUF architecture '{arch}' is not gemma4");
+            bail!("GGUF architecture '{}' is not gemma4", arch.escape_debug());
         }
         let n_layer = g.arch_u64("block_count")? as usize;
         if n_layer == 0 || n_layer > 1 << 16 {

@@ -210,7 +210,10 @@ impl Qwen4ExpConfig {
                 let (d, f) = yarn(&rope, j, n_rot, theta)?;
                 (Some(d), f)
             }
-            t => bail!("rope_type {t} is not supported (default, yarn)"),
+            t => bail!(
+                "rope_type '{}' is not supported (default, yarn)",
+                t.escape_debug()
+            ),
         };
         let idx_dim = uint(j, "indexer_head_dim")?;
         let idx_block = uint(j, "indexer_compress_ratio")?;

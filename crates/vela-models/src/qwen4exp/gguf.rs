@@ -27,7 +27,10 @@ impl Qwen4ExpConfig {
     pub fn from_gguf(g: &GgufFile) -> Result<Self> {
         let arch = g.architecture()?;
         if arch != "qwen4exp" {
-            bail!("GGUF architecture '{arch}' is not qwen4exp");
+            bail!(
+                "GGUF architecture '{}' is not qwen4exp",
+                arch.escape_debug()
+            );
         }
         let n_layer = key_u(g, "block_count")?;
         let recurrent: Vec<bool> = g
