@@ -28,18 +28,6 @@ fn load(dir: &Path) -> Arc<DeepseekV4Model<CpuBackend>> {
     Arc::new(DeepseekV4Model::load_hf(be, dir, quant).unwrap())
 }
 
-fn prompts(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap()
-}
-
-fn id_list(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 /// Every position's logits, fed in chunks of the given sizes (the last repeats).
 fn logits(m: &Arc<DeepseekV4Model<CpuBackend>>, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
     let lm: Arc<dyn LanguageModel> = m.clone();
@@ -143,14 +131,7 @@ fn greedy_continuation_matches() {
             let e = nmse(&last, &want[i * nv..(i + 1) * nv]);
             worst = worst.max(e);
             assert!(e <= 1e-8, "{name} step {i}: NMSE {e:.3e}");
-            let t = last
-                .iter()
-                .enumerate()
-                .fold(
-                    (0, f32::NEG_INFINITY),
-                    |b, (j, &v)| if v > b.1 { (j, v) } else { b },
-                )
-                .0 as u32;
+            let t = argmax(&last) as u32;
             got.push(t);
             assert_eq!(t, wt, "{name}: token {i}");
             let p = (prompt.len() + i) as u32;

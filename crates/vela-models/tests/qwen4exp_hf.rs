@@ -20,18 +20,6 @@ fn load(dir: &Path) -> Arc<Qwen4ExpModel<CpuBackend>> {
     Arc::new(Qwen4ExpModel::load_hf(Arc::new(CpuBackend::new(2)), dir, None).unwrap())
 }
 
-fn prompts(dir: &Path) -> serde_json::Value {
-    serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap()
-}
-
-fn id_list(v: &serde_json::Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 /// Every position's logits, `chunk` tokens per forward.
 fn logits(m: &Arc<Qwen4ExpModel<CpuBackend>>, tokens: &[u32], chunk: usize) -> Vec<f32> {
     let lm: Arc<dyn LanguageModel> = m.clone();

@@ -47,6 +47,20 @@ pub fn ids(j: &serde_json::Value, key: &str) -> Vec<u32> {
         .collect()
 }
 
+/// A fixture's `prompts.json` (the qwen4_exp and deepseek_v4 generators).
+pub fn prompts(dir: &Path) -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap()
+}
+
+/// A JSON array of token ids.
+pub fn id_list(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
 /// A little-endian f32 file.
 pub fn f32s(path: &Path) -> Vec<f32> {
     std::fs::read(path)
