@@ -275,8 +275,9 @@ def moe(i, x, ids, P, cfg):
     return y
 
 
-def forward(ids, states, P, cfg, rec):
-    """Logits of the chunk `ids` continuing the sequence held in `states` (one LayerState per layer)."""
+def forward(ids, states, P, cfg, rec, taps=None):
+    """Logits of the chunk `ids` continuing the sequence held in `states` (one LayerState per layer);
+    with `taps` (a list), the mean over the streams after every layer is appended to it."""
     start = int(states[0].pos.shape[0])
     pos = torch.arange(start, start + len(ids))
     ids_t = torch.tensor(ids)
@@ -289,6 +290,8 @@ def forward(ids, states, P, cfg, rec):
         c, post, comb = mhc(X, P[L + "hc_ffn_fn"], P[L + "hc_ffn_base"], P[L + "hc_ffn_scale"], cfg)
         y = moe(i, rms(c, P[L + "ffn_norm.weight"], cfg["eps"]), ids_t, P, cfg)
         X = hc_out(X, y, post, comb)
+        if taps is not None:
+            taps.append(X.mean(1))
     f = rms(X.reshape(X.shape[0], -1), None, cfg["eps"])
     pre = torch.sigmoid(f @ P["hc_head_fn"].T * P["hc_head_scale"] + P["hc_head_base"]) + cfg["hc_eps"]
     h = rms((pre[:, :, None] * X).sum(1), P["norm.weight"], cfg["eps"])

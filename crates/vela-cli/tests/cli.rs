@@ -524,6 +524,30 @@ fn synth_deepseek_bench_and_memory_plan() {
     let list = vela(&["synth", "--list"]);
     assert!(String::from_utf8_lossy(&list.stdout).contains("deepseek-v4-flash-12l"));
     fails_with(&vela(&["info", "-m", "synth:nope"]), "nope");
+    // With its DSpark drafter: speculation at forced acceptance drafts whole blocks.
+    let out = vela(&[
+        "bench",
+        "-m",
+        "synth:deepseek-v4-tiny-dspark:q8_0",
+        "--spec-accept",
+        "0.9",
+        "-d",
+        "16",
+        "-n",
+        "12",
+        "--draft-max",
+        "3",
+        "-r",
+        "1",
+        "--device",
+        "cpu",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("p=0.9 K=3") && text.contains("MTP head"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// `--lookup` (prompt-lookup speculative decoding) prints exactly what plain greedy decoding

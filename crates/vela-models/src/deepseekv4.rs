@@ -17,21 +17,25 @@
 //! State per sequence ([`StateLayout`]), all [`LayerState::Blocks`] entries: per layer the
 //! window's K=V rows (a raw ring only), per compressed layer its entries with the raw
 //! `[values | gates]` rows of the open window (and the one before: CSA windows overlap), per
-//! CSA layer also the indexer's keys likewise. Rollback up to `max_batch` positions and
-//! checkpoints come with the kind.
+//! CSA layer also the indexer's keys likewise; with DSpark stages ([`dspark`]), each stage's
+//! window too. Rollback up to `max_batch` positions and checkpoints come with the kind.
 
 use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
 use crate::stepper::{self, StepCtl, StepState};
 use anyhow::{anyhow, bail, Result};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32};
 use std::sync::Arc;
 use vela_compute::{Activation, Backend, KvType, LightningParams, RouteParams, Score};
 
 mod config;
+mod dspark;
 mod gguf;
 mod load;
 pub mod synth;
 
 pub use config::{Attn, DeepseekV4Config, Rope, Routing, Scoring, Yarn};
+pub use dspark::{DsparkConfig, DsparkHead};
 
 /// One mHC module: `fn` `[(2+S)·S, S·H]` (`[S, S·H]` for the head), base, scales.
 struct Hc<B: Backend> {
@@ -130,6 +134,22 @@ pub(crate) fn build_layout(c: &DeepseekV4Config) -> (StateLayout, Vec<[Option<us
     (StateLayout::new(entries), per_layer)
 }
 
+/// `layout` with `n` DSpark stage windows appended; returns their entries.
+fn with_stage_windows(
+    c: &DeepseekV4Config,
+    layout: StateLayout,
+    n: usize,
+) -> (StateLayout, Vec<usize>) {
+    let mut entries = layout.layers;
+    let first = entries.len();
+    entries.extend((0..n).map(|_| LayerState::Blocks {
+        width: 0,
+        ratio: c.window,
+        raw_width: c.head_dim,
+    }));
+    (StateLayout::new(entries), (first..first + n).collect())
+}
+
 /// A loaded model.
 pub struct DeepseekV4Model<B: Backend> {
     pub backend: Arc<B>,
@@ -146,6 +166,14 @@ pub struct DeepseekV4Model<B: Backend> {
     inv_comp: Vec<f32>,
     layout: StateLayout,
     weight_bytes_per_token: u64,
+    /// The checkpoint directory (a drafter must come from the same one).
+    source: Option<PathBuf>,
+    /// The DSpark drafter, when the checkpoint has one.
+    dspark: Option<dspark::Dspark<B>>,
+    /// Set once the drafter is bound: forwards then keep its context rows.
+    dspark_on: AtomicBool,
+    /// [`Self::dspark_p_min`] as bits.
+    dspark_p_min: AtomicU32,
 }
 
 // Scratch buffers of a state (indices into `DeepseekV4State::bufs`).
@@ -180,8 +208,10 @@ pub struct DeepseekV4State<B: Backend> {
     max_batch: usize,
     bufs: Vec<B::Buf>,
     experts: crate::blocks::experts::ExpertScratch<B>,
-    /// Window rows per query (`[n, window]`), entries per query (`[n, ent_width]`).
+    /// Window rows per query (`[n, win_width]`), entries per query (`[n, ent_width]`).
     sel_w: B::Ids,
+    /// The window plus a DSpark block (its queries read the whole block).
+    win_width: usize,
     cnt_w: B::Ids,
     sel_e: B::Ids,
     cnt_e: B::Ids,
@@ -194,6 +224,7 @@ pub struct DeepseekV4State<B: Backend> {
     key: u64,
     /// When set, every CSA layer's selection is read back: (layer, position, entries).
     pub selections: Option<Vec<(usize, u32, Vec<u32>)>>,
+    dspark: Option<dspark::DsparkScratch<B>>,
 }
 
 fn pick2<T>(v: &mut [T], a: usize, b: usize) -> [&mut T; 2] {
@@ -282,6 +313,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         ];
         debug_assert_eq!(sizes.len(), N_BUFS);
         let ent_width = self.ent_width(n_ctx);
+        let win_width = c.window + self.dspark.as_ref().map_or(0, |d| d.cfg.block);
         let ids = |v: Vec<u32>| {
             let mut d = be.alloc_ids(v.len().max(1));
             be.write_ids(&mut d, &v);
@@ -294,7 +326,8 @@ impl<B: Backend> DeepseekV4Model<B> {
             max_batch,
             bufs: sizes.iter().map(|&n| be.alloc(n.max(1))).collect(),
             experts: crate::blocks::experts::ExpertScratch::new(be, c.top_k, c.n_ff, h, nb),
-            sel_w: be.alloc_ids(nb * c.window),
+            sel_w: be.alloc_ids(nb * win_width),
+            win_width,
             cnt_w: be.alloc_ids(nb),
             sel_e: be.alloc_ids(nb * ent_width),
             cnt_e: be.alloc_ids(nb),
@@ -306,6 +339,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             tokens: be.alloc_ids(nb),
             key: StepCtl::new().key,
             selections: None,
+            dspark: self.dspark_scratch(nb),
         }
     }
 
@@ -374,35 +408,20 @@ impl<B: Backend> DeepseekV4Model<B> {
             be.gather_rows(e, &st.stream_rows, n * s, h, x);
         }
         self.write_windows(st, positions)?;
+        let ds = self.active_dspark();
         for (il, l) in self.layers.iter().enumerate() {
-            self.hc_pre(&mut st.bufs, &l.attn_hc, &l.attn_norm, n);
-            self.attention(st, &l.attn, il, positions)?;
-            self.hc_post(&mut st.bufs, n);
-            self.hc_pre(&mut st.bufs, &l.ffn_hc, &l.ffn_norm, n);
-            self.moe(st, &l.moe, il, n);
-            self.hc_post(&mut st.bufs, n);
+            self.block(st, l, il, positions)?;
+            if let Some(ds) = ds {
+                self.dspark_tap(st, ds, il, n);
+            }
+        }
+        if let Some(ds) = ds {
+            self.dspark_inject(st, ds, positions)?;
         }
         let rows = n - logits_from;
         if rows > 0 {
             let b = &mut st.bufs;
-            {
-                let [x, f] = pick2(b, X, F);
-                be.rms_norm(x, &self.ones, n, s * h, c.eps, f);
-            }
-            {
-                let [f, mix] = pick2(b, F, MIX);
-                be.matmul(&self.head_hc.mix, f, n, mix);
-                let hc = &self.head_hc;
-                be.mhc_weights(mix, &hc.base, hc.scale, n, s, 0, c.hc_eps, true);
-            }
-            {
-                let [x, mix, cc] = pick3(b, X, MIX, C);
-                be.mhc_collapse(x, mix, s, n, s, h, cc);
-            }
-            {
-                let [cc, xn] = pick2(b, C, XN);
-                be.rms_norm(cc, &self.norm, n, h, c.eps, xn);
-            }
+            self.collapse_head(b, &self.head_hc, &self.norm, n);
             {
                 let [xn, cc] = pick2(b, XN, C);
                 be.copy_rows(xn, logits_from, rows, h, cc, 0);
@@ -411,6 +430,68 @@ impl<B: Backend> DeepseekV4Model<B> {
             be.matmul(&self.head, cc, rows, lg);
         }
         Ok(rows)
+    }
+
+    /// One decoder block (layer `il`; `usize::MAX` for a drafter's stage) over the streams in `X`.
+    fn block(
+        &self,
+        st: &mut DeepseekV4State<B>,
+        l: &Layer<B>,
+        il: usize,
+        positions: &[u32],
+    ) -> Result<()> {
+        let n = positions.len();
+        self.hc_pre(&mut st.bufs, &l.attn_hc, &l.attn_norm, n);
+        self.attention(st, &l.attn, il, positions)?;
+        self.hc_post(&mut st.bufs, n);
+        self.hc_pre(&mut st.bufs, &l.ffn_hc, &l.ffn_norm, n);
+        self.moe(st, &l.moe, il, n);
+        self.hc_post(&mut st.bufs, n);
+        Ok(())
+    }
+
+    /// The head's mHC collapse of the streams in `X` into `C`, normalised with `norm` into `XN`.
+    fn collapse_head(&self, b: &mut [B::Buf], hc: &Hc<B>, norm: &B::Vector, n: usize) {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let (s, h) = (c.hc, c.hidden);
+        {
+            let [x, f] = pick2(b, X, F);
+            be.rms_norm(x, &self.ones, n, s * h, c.eps, f);
+        }
+        {
+            let [f, mix] = pick2(b, F, MIX);
+            be.matmul(&hc.mix, f, n, mix);
+            be.mhc_weights(mix, &hc.base, hc.scale, n, s, 0, c.hc_eps, true);
+        }
+        {
+            let [x, mix, cc] = pick3(b, X, MIX, C);
+            be.mhc_collapse(x, mix, s, n, s, h, cc);
+        }
+        let [cc, xn] = pick2(b, C, XN);
+        be.rms_norm(cc, norm, n, h, c.eps, xn);
+    }
+
+    /// The `n` rows of `KV` into the window ring `entry` at positions `p0..p0 + n`.
+    fn write_ring(
+        &self,
+        st: &mut DeepseekV4State<B>,
+        entry: usize,
+        p0: usize,
+        n: usize,
+    ) -> Result<()> {
+        let be = &*self.backend;
+        let hd = self.cfg.head_dim;
+        let win = st.extra.blocks_mut(entry)?;
+        let slots = win.raw_slots;
+        let mut done = 0;
+        while done < n {
+            let slot = (p0 + done) % slots;
+            let run = (slots - slot).min(n - done);
+            be.copy_rows(&st.bufs[KV], done, run, hd, win.raw, slot);
+            done += run;
+        }
+        Ok(())
     }
 
     /// The window rows every query reads (ring slots of positions p − window + 1 ..= p) and
@@ -423,13 +504,14 @@ impl<B: Backend> DeepseekV4Model<B> {
             return Ok(());
         };
         let slots = st.extra.block_raw(first.attn.window)?.1;
-        let mut sel = vec![0u32; positions.len() * c.window];
+        let ww = st.win_width;
+        let mut sel = vec![0u32; positions.len() * ww];
         let mut cnt = vec![0u32; positions.len()];
         for (t, &p) in positions.iter().enumerate() {
             let p = p as usize;
             let first = (p + 1).saturating_sub(c.window);
             for (j, q) in (first..=p).enumerate() {
-                sel[t * c.window + j] = (q % slots) as u32;
+                sel[t * ww + j] = (q % slots) as u32;
             }
             cnt[t] = (p + 1 - first) as u32;
         }
@@ -530,17 +612,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             be.rms_norm_inplace(kv, &a.kv_norm, n, hd, c.eps);
             be.rope_trailing(kv, 1, hd, positions, inv, false);
         }
-        {
-            let win = st.extra.blocks_mut(a.window)?;
-            let slots = win.raw_slots;
-            let mut done = 0;
-            while done < n {
-                let slot = (p0 + done) % slots;
-                let run = (slots - slot).min(n - done);
-                be.copy_rows(&st.bufs[KV], done, run, hd, win.raw, slot);
-                done += run;
-            }
-        }
+        self.write_ring(st, a.window, p0, n)?;
         match a.kind {
             Attn::Sliding => be.write_ids(&mut st.cnt_e, &vec![0u32; n]),
             Attn::Hca => {
@@ -617,7 +689,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         let [q, o] = pick2(b, Q, O);
         be.attention_sink(
             q,
-            (win_rows, &st.sel_w, &st.cnt_w, c.window),
+            (win_rows, &st.sel_w, &st.cnt_w, st.win_width),
             (ent_rows, &st.sel_e, &st.cnt_e, ent_w),
             &a.sinks,
             n,
@@ -658,8 +730,8 @@ impl<B: Backend> DeepseekV4Model<B> {
             renorm: true,
             scale: c.routed_scale,
         };
-        match (&m.table, c.routing[il]) {
-            (Some(t), Routing::Hash) => {
+        match (&m.table, c.routing.get(il)) {
+            (Some(t), Some(Routing::Hash)) => {
                 let x = &mut st.experts;
                 let t = t.lock().unwrap_or_else(|e| e.into_inner());
                 be.route_hash(&b[RL], &st.tokens, &t, n, &p, &mut x.ids, &mut x.weights)
@@ -799,6 +871,12 @@ impl<B: Backend + 'static> crate::lm::CausalLm for DeepseekV4Model<B> {
     }
     fn argmax_finish(&self, ticket: u64) -> Result<u32> {
         self.backend.argmax_finish(ticket)
+    }
+    fn discover_mtp(&self, model_path: &std::path::Path) -> Option<PathBuf> {
+        self.dspark.as_ref().map(|_| model_path.to_path_buf())
+    }
+    fn load_mtp(&self, path: &std::path::Path) -> Option<Result<Box<dyn crate::mtp::MtpHead>>> {
+        Some(self.bind_dspark(path))
     }
 }
 

@@ -2,6 +2,7 @@
 //! three sampled tokens under plain decoding and a χ² goodness-of-fit test against it.
 #![allow(dead_code)]
 
+pub mod heads;
 pub mod hybrid;
 
 use std::collections::HashMap;

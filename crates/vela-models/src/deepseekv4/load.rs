@@ -53,7 +53,7 @@ fn locate<'a>(
     .ok_or_else(|| anyhow!("missing tensor {name}"))
 }
 
-struct Loader<'a, B: Backend> {
+pub(super) struct Loader<'a, B: Backend> {
     be: &'a B,
     src: &'a WeightSource,
     /// The same checkpoint without the text model's prefix (`head.weight`).
@@ -65,34 +65,34 @@ struct Loader<'a, B: Backend> {
 
 impl<'a, B: Backend> Loader<'a, B> {
     /// The source and name holding a release-named tensor.
-    fn locate(&self, name: &str) -> Result<(&'a WeightSource, String)> {
+    pub(super) fn locate(&self, name: &str) -> Result<(&'a WeightSource, String)> {
         locate(self.src, self.top, self.gguf, name)
     }
-    fn get(&self, name: &str) -> Result<HostWeight> {
+    pub(super) fn get(&self, name: &str) -> Result<HostWeight> {
         let (s, n) = self.locate(name)?;
         s.get(&n).ok_or_else(|| anyhow!("missing tensor {name}"))
     }
     /// A matrix in its load type (`exact`: F32).
-    fn host(&self, name: &str, exact: bool) -> Result<HostWeight> {
+    pub(super) fn host(&self, name: &str, exact: bool) -> Result<HostWeight> {
         let (s, n) = self.locate(name)?;
         s.matrix(&n, exact)
     }
-    fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
+    pub(super) fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
         self.bytes += (w.bytes().len() as f64 * share) as u64;
         self.be.upload_weight(w)
     }
-    fn matrix(&mut self, name: &str) -> Result<B::Weight> {
+    pub(super) fn matrix(&mut self, name: &str) -> Result<B::Weight> {
         let w = self.host(name, false)?;
         self.upload(&w, 1.0)
     }
-    fn floats(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+    pub(super) fn floats(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let v = self.get(name)?.to_f32()?;
         if v.len() != len {
             bail!("{name}: {} values, expected {len}", v.len());
         }
         Ok(v)
     }
-    fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
+    pub(super) fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
         self.be.upload_vector(&self.floats(name, len)?)
     }
     fn ints(&self, name: &str) -> Result<Vec<u32>> {
@@ -115,7 +115,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             .collect()
     }
 
-    fn hc(&mut self, p: &str, rows: usize, width: usize) -> Result<Hc<B>> {
+    pub(super) fn hc(&mut self, p: &str, rows: usize, width: usize) -> Result<Hc<B>> {
         let mix = self.host(&format!("{p}_fn"), true)?;
         if mix.rows != rows || mix.cols != width {
             bail!(
@@ -166,13 +166,34 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
+    /// Block `i` of the blocks named `<prefix>.<i>.*` (the trunk's `layers`, DSpark's stages).
+    pub(super) fn layer_at(
+        &mut self,
+        prefix: &str,
+        i: usize,
+        c: &DeepseekV4Config,
+        ents: [Option<usize>; 3],
+    ) -> Result<Layer<B>> {
+        let (s, h) = (c.hc, c.hidden);
+        let p = format!("{prefix}.{i}");
+        Ok(Layer {
+            attn_hc: self.hc(&format!("{p}.hc_attn"), (2 + s) * s, s * h)?,
+            ffn_hc: self.hc(&format!("{p}.hc_ffn"), (2 + s) * s, s * h)?,
+            attn_norm: self.vector(&format!("{p}.attn_norm.weight"), h)?,
+            ffn_norm: self.vector(&format!("{p}.ffn_norm.weight"), h)?,
+            attn: self.attention(&p, i, c, ents)?,
+            moe: self.moe(&p, i, c)?,
+        })
+    }
+
     fn attention(
         &mut self,
+        layer: &str,
         i: usize,
         c: &DeepseekV4Config,
         ents: [Option<usize>; 3],
     ) -> Result<Attention<B>> {
-        let p = format!("layers.{i}.attn");
+        let p = format!("{layer}.attn");
         let kind = c.attn[i];
         let (comp, indexer) = match kind {
             Attn::Sliding => (None, None),
@@ -229,8 +250,8 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
-    fn moe(&mut self, i: usize, c: &DeepseekV4Config) -> Result<Moe<B>> {
-        let p = format!("layers.{i}.ffn");
+    fn moe(&mut self, layer: &str, i: usize, c: &DeepseekV4Config) -> Result<Moe<B>> {
+        let p = format!("{layer}.ffn");
         let e = c.n_expert;
         let share = c.top_k as f64 / e as f64;
         let (gate_up, down) = if self.gguf {
@@ -338,7 +359,12 @@ impl<B: Backend> DeepseekV4Model<B> {
         let j: Value = serde_json::from_str(&text)
             .with_context(|| format!("{} is not valid JSON", cpath.display()))?;
         let cfg = DeepseekV4Config::from_json(&j)?;
+        let dspark = DsparkConfig::from_json(&j, cfg.attn.len(), cfg.n_vocab)?;
         let cp = Arc::new(Checkpoint::open(dir)?);
+        let stages = dspark::count_stages(&|n| cp.get(n).is_some());
+        if dspark.is_some() && stages == 0 {
+            bail!("config.json has dspark_block_size but the checkpoint has no DSpark stages (mtp.0.attn.*)");
+        }
         let prefix = if cp.get("model.embed_tokens.weight").is_some() {
             "model."
         } else if cp.get("embed.weight").is_some() {
@@ -348,7 +374,9 @@ impl<B: Backend> DeepseekV4Model<B> {
         };
         let src = WeightSource::hf(cp.clone(), prefix).with_quant(quant);
         let top = WeightSource::hf(cp, "").with_quant(quant);
-        Self::load(backend, &src, &top, false, cfg)
+        let mut m = Self::load(backend, &src, &top, false, cfg, dspark.map(|d| (d, stages)))?;
+        m.source = Some(dir.to_path_buf());
+        Ok(m)
     }
 
     /// Load a llama.cpp 0c1e570 GGUF conversion (`deepseek4`), converting float matrices to
@@ -361,7 +389,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         let cfg = DeepseekV4Config::from_gguf(&g)?;
         let src = WeightSource::gguf(g.clone()).with_quant(quant);
         let top = WeightSource::gguf(g).with_quant(quant);
-        Self::load(backend, &src, &top, true, cfg)
+        Self::load(backend, &src, &top, true, cfg, None)
     }
 
     pub(super) fn load(
@@ -370,6 +398,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         top: &WeightSource,
         gguf: bool,
         cfg: DeepseekV4Config,
+        dspark: Option<(DsparkConfig, usize)>,
     ) -> Result<Self> {
         if cfg.mlp_bias {
             bail!("deepseek_v4: mlp_bias (biases on the shared expert) is not supported");
@@ -410,16 +439,15 @@ impl<B: Backend> DeepseekV4Model<B> {
         let (layout, entries) = build_layout(&cfg);
         let mut layers = Vec::with_capacity(cfg.attn.len());
         for (i, ents) in entries.into_iter().enumerate() {
-            let p = format!("layers.{i}");
-            layers.push(Layer {
-                attn_hc: ld.hc(&format!("{p}.hc_attn"), (2 + s) * s, s * h)?,
-                ffn_hc: ld.hc(&format!("{p}.hc_ffn"), (2 + s) * s, s * h)?,
-                attn_norm: ld.vector(&format!("{p}.attn_norm.weight"), h)?,
-                ffn_norm: ld.vector(&format!("{p}.ffn_norm.weight"), h)?,
-                attn: ld.attention(i, &cfg, ents)?,
-                moe: ld.moe(i, &cfg)?,
-            });
+            layers.push(ld.layer_at("layers", i, &cfg, ents)?);
         }
+        let (layout, dspark) = match dspark {
+            None => (layout, None),
+            Some((dc, n)) => {
+                let (layout, ents) = with_stage_windows(&cfg, layout, n);
+                (layout, Some(ld.dspark(&cfg, dc, &ents)?))
+            }
+        };
         let head_hc = ld.hc("hc_head", s, s * h)?;
         let norm = ld.vector("norm.weight", h)?;
         let ones = backend.upload_vector(&vec![1.0; (s * h).max(cfg.head_dim)])?;
@@ -436,6 +464,10 @@ impl<B: Backend> DeepseekV4Model<B> {
             ones,
             layout,
             weight_bytes_per_token,
+            source: None,
+            dspark,
+            dspark_on: AtomicBool::new(false),
+            dspark_p_min: AtomicU32::new(0.6f32.to_bits()),
             cfg,
         })
     }

@@ -7,7 +7,11 @@
 //! Geometries: `deepseek-v4-flash` (the release config, spec §1 "real (Flash)": 43 layers, 284B
 //! parameters), `deepseek-v4-flash-12l` (its first 12 layers: 2 sliding, 5 CSA, 5 HCA, the 3
 //! hash-routed ones included) and `deepseek-v4-tiny` (the shapes of the `flash_mini` fixture of
-//! scripts/gen-deepseekv4-fixtures.py: every layer kind, hash and top-k routing).
+//! scripts/gen-deepseekv4-fixtures.py: every layer kind, hash and top-k routing). Any of them
+//! with `-dspark` appended carries DeepSeek-V4-Flash-DSpark's drafter: three stages (full blocks,
+//! sliding attention, top-k routing) reading the last three layers, 5-token blocks, rank-256
+//! Markov and confidence heads ([`super::dspark`]); such a model drafts whole blocks (its
+//! random confidence head would stop them at random).
 
 use super::*;
 use crate::synth::{normal, tensor_key};
@@ -25,9 +29,16 @@ pub const GEOMETRIES: &[&str] = &[
     "deepseek-v4-tiny",
 ];
 
-/// Whether `name` is one of [`GEOMETRIES`].
+/// The DSpark suffix of a geometry name.
+const DSPARK: &str = "-dspark";
+
+/// DSpark's stages and Markov rank in the release.
+const DSPARK_STAGES: usize = 3;
+const DSPARK_RANK: usize = 256;
+
+/// Whether `name` is one of [`GEOMETRIES`], with or without `-dspark`.
 pub fn is_geometry(name: &str) -> bool {
-    GEOMETRIES.contains(&name)
+    GEOMETRIES.contains(&name.strip_suffix(DSPARK).unwrap_or(name))
 }
 
 /// The release's `compress_ratios` for its 43 layers: `[0, 0] + [4, 128] × 20 + [4]`.
@@ -62,6 +73,16 @@ pub fn config(name: &str) -> Result<Value> {
             "num_nextn_predict_layers": 1
         })
     };
+    if let Some(base) = name.strip_suffix(DSPARK) {
+        let mut j = config(base)?;
+        let layers = j["num_hidden_layers"].as_u64().unwrap_or(0) as usize;
+        let o = j.as_object_mut().expect("an object");
+        o.insert("dspark_block_size".into(), json!(5));
+        let taps: Vec<usize> = (layers.saturating_sub(3)..layers).collect();
+        o.insert("dspark_target_layer_ids".into(), json!(taps));
+        o.insert("dspark_noise_token_id".into(), json!(2));
+        return Ok(j);
+    }
     Ok(match name {
         "deepseek-v4-flash" => real(43),
         "deepseek-v4-flash-12l" => real(12),
@@ -128,8 +149,8 @@ struct Tensor {
     stored: Stored,
 }
 
-/// The release checkpoint's tensors of a config (the routed experts' MTP block left out).
-fn plan(c: &DeepseekV4Config) -> HashMap<String, Tensor> {
+/// The release checkpoint's tensors of a config (the MTP block left out), with `dspark` stages.
+fn plan(c: &DeepseekV4Config, dspark: usize) -> HashMap<String, Tensor> {
     let mut t = HashMap::new();
     let (h, s, sh) = (c.hidden, c.hc, c.hc * c.hidden);
     let mut add = |name: String, rows: usize, cols: usize, make: Make, stored: Stored| {
@@ -173,15 +194,47 @@ fn plan(c: &DeepseekV4Config) -> HashMap<String, Tensor> {
         add(format!("{p}_scale"), 1, n_scale, f(1.0, 0.2), Stored::F32);
     };
     hc("hc_head", s, 1);
-    for i in 0..c.attn.len() {
-        let p = format!("layers.{i}");
+    // The blocks: the trunk's layers, then DSpark's stages.
+    let blocks: Vec<(String, Attn, Routing)> = (0..c.attn.len())
+        .map(|i| (format!("layers.{i}"), c.attn[i], c.routing[i]))
+        .chain((0..dspark).map(|i| (format!("mtp.{i}"), Attn::Sliding, Routing::TopK)))
+        .collect();
+    for (p, _, _) in &blocks {
         hc(&format!("{p}.hc_attn"), (2 + s) * s, 3);
         hc(&format!("{p}.hc_ffn"), (2 + s) * s, 3);
     }
+    if dspark > 0 {
+        hc("mtp.0.hc_head", s, 1);
+        let (k, rk, v) = (3, DSPARK_RANK, c.n_vocab);
+        add(
+            "mtp.0.main_proj.weight".into(),
+            h,
+            k * h,
+            mat(k * h),
+            Stored::Fp8,
+        );
+        add("mtp.0.main_norm.weight".into(), 1, h, gamma, Stored::Bf16);
+        add("mtp.0.norm.weight".into(), 1, h, gamma, Stored::Bf16);
+        let m = "mtp.0.markov_head";
+        add(
+            format!("{m}.markov_w1.weight"),
+            v,
+            rk,
+            Make::Matrix { std: 1.0 },
+            Stored::Bf16,
+        );
+        let w2 = Make::Matrix {
+            std: 0.5 / (rk as f32).sqrt(),
+        };
+        add(format!("{m}.markov_w2.weight"), v, rk, w2, Stored::Bf16);
+        let cp = "mtp.0.confidence_head.proj";
+        let cw = f(0.0, 1.0 / ((h + rk) as f32).sqrt());
+        add(format!("{cp}.weight"), 1, h + rk, cw, Stored::F32);
+        add(format!("{cp}.bias"), 1, 1, f(0.0, 0.1), Stored::F32);
+    }
     let (nh, hd, qr) = (c.n_head, c.head_dim, c.q_rank);
     let (g, r) = (c.o_groups, c.o_rank);
-    for (i, &kind) in c.attn.iter().enumerate() {
-        let p = format!("layers.{i}");
+    for (p, kind, routing) in blocks {
         add(format!("{p}.attn_norm.weight"), 1, h, gamma, Stored::Bf16);
         add(format!("{p}.ffn_norm.weight"), 1, h, gamma, Stored::Bf16);
         let a = format!("{p}.attn");
@@ -253,7 +306,7 @@ fn plan(c: &DeepseekV4Config) -> HashMap<String, Tensor> {
         add(format!("{e}.gate.weight"), ne, h, mat(h), Stored::Bf16);
         // The correction bias (selection only; the release has it on hash layers too).
         add(format!("{e}.gate.bias"), 1, ne, f(0.0, 0.3), Stored::F32);
-        if c.routing[i] == Routing::Hash {
+        if routing == Routing::Hash {
             add(
                 format!("{e}.gate.tid2eid"),
                 c.n_vocab,
@@ -322,8 +375,11 @@ fn generate(
 impl<B: Backend> DeepseekV4Model<B> {
     /// The geometry `name` with random weights (matrices in `qtype`), deterministic from `seed`.
     pub fn synth(backend: Arc<B>, name: &str, qtype: GgmlType, seed: u64) -> Result<Self> {
-        let cfg = DeepseekV4Config::from_json(&config(name)?)?;
-        let plan = Arc::new(plan(&cfg));
+        let j = config(name)?;
+        let cfg = DeepseekV4Config::from_json(&j)?;
+        let dspark = DsparkConfig::from_json(&j, cfg.attn.len(), cfg.n_vocab)?;
+        let stages = if dspark.is_some() { DSPARK_STAGES } else { 0 };
+        let plan = Arc::new(plan(&cfg, stages));
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let n_expert = cfg.n_expert;
         let get = move |n: &str| -> Option<HostWeight> {
@@ -347,7 +403,9 @@ impl<B: Backend> DeepseekV4Model<B> {
             }
         };
         let src = WeightSource::synthetic(Arc::new(get), seed);
-        Self::load(backend, &src, &src, false, cfg)
+        let m = Self::load(backend, &src, &src, false, cfg, dspark.map(|d| (d, stages)))?;
+        m.set_dspark_p_min(0.0);
+        Ok(m)
     }
 }
 
@@ -365,12 +423,12 @@ pub enum Storage {
 
 /// Parameters of a config (the MTP block left out).
 pub fn parameters(c: &DeepseekV4Config) -> u64 {
-    plan(c).values().map(|t| (t.rows * t.cols) as u64).sum()
+    plan(c, 0).values().map(|t| (t.rows * t.cols) as u64).sum()
 }
 
 /// Bytes of a config's weights held as `st`.
 pub fn weight_bytes(c: &DeepseekV4Config, st: Storage) -> u64 {
-    plan(c)
+    plan(c, 0)
         .values()
         .map(|t| {
             let (r, k) = (t.rows as u64, t.cols as u64);
