@@ -116,3 +116,43 @@ MMEK(112, mme_q4_ks)
 MMEK(114, mme_q6_ks)
 MMEF(0, mme_f32)
 MMEF(1, mme_f16)
+
+// Exact mode (VELA_MATMUL=f32), as mmx (quant.cu) for the ordinary product: the expert's weight
+// row dequantized with the CPU reference's operation order (deqx), f32 activations, every
+// product exact in f64, summed in f64 and rounded once; one warp per (weight row, slot). rb is
+// the bytes of one weight row.
+template <int T>
+__device__ void mmex(const u8* __restrict__ W, const u32* __restrict__ ids,
+                     const float* __restrict__ X, float* __restrict__ Y, int rows, int cols,
+                     long long rb, int n_exp, int k, int per_slot) {
+    int r = blockIdx.y * WARPS + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    int s = blockIdx.x;
+    if (r >= rows) return;
+    u32 e = ids[s];
+    if (e >= (u32)n_exp) {
+        if (lane == 0) Y[(size_t)s * rows + r] = 0.0f;
+        return;
+    }
+    const u8* wr = W + ((size_t)e * rows + r) * rb;
+    const float* xr = X + (size_t)(per_slot ? s : s / k) * cols;
+    double acc = 0.0;
+    for (int c = lane; c < cols; c += 32) acc += (double)deqx<T>(wr, cols, c) * (double)xr[c];
+    double sum = warp_sum_d(acc);
+    if (lane == 0) Y[(size_t)s * rows + r] = (float)sum;
+}
+
+#define MMEX(T, NAME)                                                                              \
+    extern "C" __global__ void NAME(const u8* W, const u32* ids, const float* X, float* Y, int rows, int cols, long long rb, int n_exp, int k, int per_slot) { PDL_ENTRY(); mmex<T>(W, ids, X, Y, rows, cols, rb, n_exp, k, per_slot); }
+
+MMEX(0, mmex_f32)
+MMEX(1, mmex_f16)
+MMEX(2, mmex_q4_0)
+MMEX(102, mmex_q4_0s)
+MMEX(3, mmex_q4_1)
+MMEX(6, mmex_q5_0)
+MMEX(7, mmex_q5_1)
+MMEX(8, mmex_q8_0)
+MMEX(13, mmex_q5_k)
+MMEX(112, mmex_q4_ks)
+MMEX(114, mmex_q6_ks)

@@ -213,7 +213,8 @@ impl CudaBackend {
 impl CudaBackend {
     /// See `Backend::matmul_experts`: the activations quantized once (Q8 / Q8_K, or f32 as
     /// is), then one `mme_*` launch (kernels/experts.cu): a warp per (expert row, slot), the
-    /// expert id read on the device. The exact mode has no expert kernel: it takes these too.
+    /// expert id read on the device. In exact mode `mmex_*` instead: f32 activations, f64 sums,
+    /// as the ordinary product's `mmx_*` and the CPU's exact mode.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_experts_impl(
         &self,
@@ -247,6 +248,23 @@ impl CudaBackend {
             "matmul_experts: buffers too small for {n_tokens} tokens x {k} slots"
         );
         let (suffix, kind) = w.info();
+        let grid = (n_slots as u32, (rpe as u32).div_ceil(MM_WARPS), 1);
+        if self.tune.exact() {
+            let args = [
+                Arg::P(self.ptr(&w.data)),
+                Arg::P(self.ptr(ids)),
+                Arg::P(self.ptr(x)),
+                Arg::P(self.ptr(&*y)),
+                Arg::I(rpe as i32),
+                Arg::I(w.cols as i32),
+                Arg::L(w.row_bytes as i64),
+                Arg::I((w.rows / rpe) as i32),
+                Arg::I(k as i32),
+                Arg::I(x_per_slot as i32),
+            ];
+            self.launch(&format!("mmex_{suffix}"), grid, 32 * MM_WARPS, &args);
+            return;
+        }
         let mut sc = self.scratch();
         let (xp, nb) = match kind {
             ActKind::Float => (self.ptr(x), w.cols),
@@ -263,7 +281,6 @@ impl CudaBackend {
             Arg::I(k as i32),
             Arg::I(x_per_slot as i32),
         ];
-        let grid = (n_slots as u32, (rpe as u32).div_ceil(MM_WARPS), 1);
         self.launch(&format!("mme_{suffix}"), grid, 32 * MM_WARPS, &args);
     }
 }

@@ -312,8 +312,30 @@ fn route_hash_matches_cpu() {
 #[test]
 fn matmul_experts_match_cpu() {
     let Some(g) = gpu() else { return };
+    experts_vs_cpu(&g, false);
+}
+
+/// The same in exact mode on both backends (f32 activations, f64 sums, as the ordinary exact
+/// product): within 1e-6 of the rms, as `exact_matmul_matches_cpu_exact`. Q8 activations on
+/// the GPU side alone fail this bound, and a MoE model amplifies them past its exact-mode
+/// criterion (`gemma4_moe_exact_gpu_matches_cpu`).
+#[test]
+fn matmul_experts_exact_match_cpu_exact() {
+    use vela_compute::cpu::matmul::exact;
+    let Some(g) = gpu() else { return };
+    exact::set_thread_override(Some(true));
+    g.set_exact_matmul(true);
+    experts_vs_cpu(&g, true);
+    g.set_exact_matmul(false);
+    exact::set_thread_override(None);
+}
+
+/// `matmul_experts` on `g` and on the CPU over the cases above (exact mode set by the caller on
+/// both backends, or not).
+fn experts_vs_cpu(g: &CudaBackend, exact: bool) {
     let cpu = CpuBackend::new(0);
     let mut rng = Rng(0xe4be_7715);
+    let (mode, tol) = if exact { ("exact ", 1e-6) } else { ("", 1e-4) };
     use GgmlType as G;
     let types = [
         (G::Q4_0, 96),
@@ -330,7 +352,7 @@ fn matmul_experts_match_cpu() {
     ];
     for (ty, cols) in types {
         for (n_exp, rpe) in [(4usize, 17usize), (3, 32), (8, 5)] {
-            let (wg, wc) = upload_random(&g, &cpu, ty, n_exp * rpe, cols, &mut rng);
+            let (wg, wc) = upload_random(g, &cpu, ty, n_exp * rpe, cols, &mut rng);
             for k in 1..=3usize {
                 for (n_tokens, per_slot) in [(1usize, false), (3, true), (7, false)] {
                     let n_slots = n_tokens * k;
@@ -339,30 +361,30 @@ fn matmul_experts_match_cpu() {
                     let ids: Vec<u32> = (0..n_slots)
                         .map(|_| (rng.next() % n_exp as u64) as u32)
                         .collect();
-                    let (ig, ic) = (up_ids(&g, &ids), up_ids(&cpu, &ids));
+                    let (ig, ic) = (up_ids(g, &ids), up_ids(&cpu, &ids));
                     let (mut yg, mut yc) = (g.alloc(n_slots * rpe), cpu.alloc(n_slots * rpe));
-                    let (xg, xc) = (up(&g, &x), up(&cpu, &x));
+                    let (xg, xc) = (up(g, &x), up(&cpu, &x));
                     g.matmul_experts(&wg, rpe, &xg, per_slot, &ig, n_tokens, k, &mut yg);
                     cpu.matmul_experts(&wc, rpe, &xc, per_slot, &ic, n_tokens, k, &mut yc);
                     let what = format!(
-                        "matmul_experts {} E={n_exp} rows={rpe} cols={cols} k={k} n={n_tokens}",
+                        "{mode}matmul_experts {} E={n_exp} rows={rpe} cols={cols} k={k} n={n_tokens}",
                         ty.name()
                     );
                     check(
                         &what,
-                        &down(&g, &yg, n_slots * rpe),
+                        &down(g, &yg, n_slots * rpe),
                         &yc[..n_slots * rpe],
-                        1e-4,
+                        tol,
                     );
                 }
             }
         }
     }
-    let (wg, _) = upload_random(&g, &cpu, G::Q8_0, 4, 32, &mut rng);
-    let mut y = up(&g, &[f32::NAN; 4]);
-    let x = up(&g, &rng.vec(32));
-    g.matmul_experts(&wg, 2, &x, false, &up_ids(&g, &[1, 2]), 1, 2, &mut y);
-    let y = down(&g, &y, 4);
+    let (wg, _) = upload_random(g, &cpu, G::Q8_0, 4, 32, &mut rng);
+    let mut y = up(g, &[f32::NAN; 4]);
+    let x = up(g, &rng.vec(32));
+    g.matmul_experts(&wg, 2, &x, false, &up_ids(g, &[1, 2]), 1, 2, &mut y);
+    let y = down(g, &y, 4);
     assert!(
         y[..2].iter().all(|v| v.is_finite()) && y[2..] == [0.0, 0.0],
         "{y:?}"
