@@ -19,8 +19,9 @@ error of its indexer scores (`lid_score_masked`, the visible entries) and the to
 top-k-routed layers whose experts differ (`ffn_moe_topk`; 2 layers × prompt length).
 
 Rows (the variants that prove each mechanism):
-  vela                exact products (VELA_MATMUL=f32) and f32 state; its default (activations
-                      rounded to 8 bits for the quantized products, F16 window)
+  vela                exact products (VELA_MATMUL=f32); its default (activations rounded to 8 bits
+                      for the quantized products); its DeepSeek V4 state is f32 either way (window
+                      rows, entries and indexer keys, whatever --kv-type says)
   llama.cpp exact     the GGUF with every tensor dequantized to F32 and F32 caches: no rounding of
                       llama.cpp's own; then the same fed in ubatches of 1 and 7 tokens (its
                       compressor state carried across ubatches)
@@ -435,8 +436,8 @@ def main() -> None:
             for key, what, model, exact, kv, refname in (
                     ("vela_exact", "vela on the GGUF: exact products (VELA_MATMUL=f32), f32 state", gguf_path, True,
                      "f32", "hf"),
-                    ("vela_default", "vela on the GGUF: default products (activations rounded to 8 bits), F16 "
-                                     "window", gguf_path, False, "f16", "hf"),
+                    ("vela_default", "vela on the GGUF: default products (activations rounded to 8 bits), f32 "
+                                     "state", gguf_path, False, "f16", "hf"),
                     ("vela_dense_exact", f"vela, dense indexer (top-k {DENSE_TOPK}): exact products", f32_dense,
                      True, "f32", "dense")):
                 vela[key] = row(key, what, vela_logits(a.vela, model, ids, exact, kv), refname)
