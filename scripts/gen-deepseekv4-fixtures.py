@@ -9,7 +9,7 @@ or by hand:
     $VELA_CACHE/venv-torch/bin/python scripts/gen-deepseekv4-fixtures.py [fixture names...]   # default: all
     (names: the FIXTURES keys below, `flash_mini_fp8` (builds `flash_mini` too) and `flash_lcpp`)
 
-One CPU thread (torch.set_num_threads(1)); about 40 s for everything, ~35 MB. The forward pass is
+One CPU thread (torch.set_num_threads(1)); about a minute for everything, ~37 MB. The forward pass is
 spelled out in docs/deepseekv4-spec.md (HF line numbers); scripts/deepseekv4_ref.py re-implements it
 from that document and checks every file below. Output, per fixture `<name>`:
 
