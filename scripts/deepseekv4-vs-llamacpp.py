@@ -256,7 +256,10 @@ def build_patched() -> str:
     for root, _, files in os.walk(os.path.join(pbuild, "bin")):
         for fn in files:
             if ".so" in fn:
-                shutil.copy2(os.path.join(root, fn), out, follow_symlinks=False)
+                dst = os.path.join(out, fn)
+                if os.path.lexists(dst):
+                    os.remove(dst)
+                shutil.copy2(os.path.join(root, fn), dst, follow_symlinks=False)
     return out
 
 
