@@ -7,9 +7,9 @@ Regenerate (re-runnable; overwrites the output):
     scripts/prepare-test-data.sh   # runs this in $VELA_CACHE/venv-torch (torch + transformers==5.23.0)
 or by hand:
     $VELA_CACHE/venv-torch/bin/python scripts/gen-deepseekv4-fixtures.py [fixture names...]   # default: all
-    (names: the FIXTURES keys below and `flash_mini_fp8`, which needs `flash_mini` built first)
+    (names: the FIXTURES keys below, `flash_mini_fp8` (builds `flash_mini` too) and `flash_lcpp`)
 
-One CPU thread (torch.set_num_threads(1)); about 15 s for everything, ~27 MB. The forward pass is
+One CPU thread (torch.set_num_threads(1)); about a minute for everything, ~37 MB. The forward pass is
 spelled out in docs/deepseekv4-spec.md (HF line numbers); scripts/deepseekv4_ref.py re-implements it
 from that document and checks every file below. Output, per fixture `<name>`:
 
@@ -75,10 +75,19 @@ from that document and checks every file below. Output, per fixture `<name>`:
         model-llamacpp.gguf: llama.cpp 0c1e570's convert_hf_to_gguf.py of this directory (--outtype
         f32; a synthetic vocabulary, the tests feed ids): MXFP4 experts repacked as GGML MXFP4,
         FP8 matrices dequantized and requantized to Q8_0, BF16 / F32 as stored.
-        logits_long_gguf.f32: HF's logits of prompts['long'] with the GGUF's values of those Q8_0
-        matrices (the oracle of a GGUF loader; every other tensor decodes to the release's values).
+        logits_<prompt>_gguf.f32: HF's logits with the GGUF's values of those Q8_0 matrices (the
+        oracle of a GGUF loader; every other tensor decodes to the release's values), and
+        indexer_long_gguf.json: that model's indexer choices and scores.
         deq_<name>.f32: HF's dequantization of a few FP8 and MXFP4 matrices (release names), for a
         loader's own decoding.
+
+    $VELA_CACHE/golden/deepseekv4/flash_lcpp/
+        the same files for flash_lcpp (below; no f32 twin is kept), plus llama.cpp 0c1e570's own
+        logits of every prompt at every position (scripts/llama_oracle.py's settings, each
+        evaluated twice and bit-identical): logits_<prompt>_llamacpp.f32 on model-llamacpp.gguf as
+        converted with llama.cpp's default F16 caches, logits_<prompt>_llamacpp_exact.f32 on that
+        GGUF with every tensor dequantized to F32 (gguf-py) and F32 caches.
+        scripts/deepseekv4-vs-llamacpp.py compares HF, vela and llama.cpp on it.
 
 Fixtures (hidden 64, vocab 512, eager attention, eager experts):
     flash_mini   the real Flash layer pattern in miniature: compress_ratios [0, 0, 4, 128, 4] (two
@@ -89,6 +98,11 @@ Fixtures (hidden 64, vocab 512, eager attention, eager experts):
                  routed scale 1.5, SwiGLU limit 10. Sliding window 32, index_topk 16 (= 64 tokens),
                  prompts of 300/100/11 tokens: `long` spans 2 HCA windows, 75 CSA entries of which 16
                  are kept, 9x the window; `generate` from `mid` (100) crosses the first HCA window end.
+    flash_lcpp   flash_mini at head sizes llama.cpp 0c1e570's runtime takes: index_head_dim 64 (its
+                 indexer's Hadamard rotation is at least 64x64: 32 aborts in a reshape,
+                 models/deepseek4.cpp:1066 via llama-impl.h:68) and head_dim 128 (not the indexer's
+                 64: llama.cpp rotates every cache whose head size equals the indexer's,
+                 llama-kv-cache.cpp:327; the release has 512 vs 128). Release storage only.
     pro_mini     HF's default layer schedule (its docstring's V4-Pro pattern: HCA, HCA, then CSA/HCA
                  alternating = [HCA, HCA, HCA, CSA, HCA, CSA]): no sliding-only layer, hash MoE on HCA
                  layers; 8 heads in 4 output groups, 6 of 16 experts, window 16, index_topk 8;
@@ -183,7 +197,13 @@ FIXTURES = {
               "hc_mult": 2, "hc_sinkhorn_iters": 3, "hc_eps": 1e-4, "rms_norm_eps": 1e-5,
               "rope_theta": 5000, "compress_rope_theta": 40000},
 }
-FP8_FROM = "flash_mini"
+# Geometries made only in the release's storage (no f32 twin): `flash_lcpp` is flash_mini with the
+# head sizes llama.cpp 0c1e570's runtime needs (see the docstring).
+RELEASE_ONLY = {
+    "flash_lcpp": {**FIXTURES["flash_mini"], "head_dim": 128, "index_head_dim": 64},
+}
+# fixture whose weights are stored in the release's FP8 / MXFP4 format -> that copy's directory
+RELEASE_DIR = {"flash_mini": "flash_mini_fp8", "flash_lcpp": "flash_lcpp"}
 FP8_SEED = 4321  # the MTP block's and the hash layers' unused gate.bias random values
 
 
@@ -554,8 +574,8 @@ def candidate(name: str, kw: dict, prompts: dict, seed: int):
     if r["nmse"] > 1e-9:
         return None, f"ill-conditioned: f32 vs f64 worst-position NMSE {r['nmse']:.1e}"
 
-    # 5. the release-format copy (flash_mini_fp8) must keep the margins too
-    if name == FP8_FROM:
+    # 5. the release-format copy must keep the margins too
+    if name in RELEASE_DIR:
         q = DeepseekV4ForCausalLM(cfg).eval()
         q.load_state_dict(model.state_dict())
         _, ref, _, _ = release_layout(q, cfg, torch.Generator().manual_seed(FP8_SEED))
@@ -594,18 +614,22 @@ def effective_config(cfg) -> dict:
     return {k: getattr(cfg, k) for k in keys}
 
 
+def find_seed(name: str, kw: dict, prompts: dict) -> dict:
+    """The first weight seed from 1234 whose oracle outputs keep every margin (candidate)."""
+    for seed in range(1234, 1234 + 40):
+        r, why = candidate(name, kw, prompts, seed)
+        if r is not None:
+            return r
+        print(f"  {name}: seed {seed} rejected: {why}")
+    sys.exit(f"{name}: no seed with clear margins")
+
+
 def build(name: str, kw: dict) -> dict:
     t0 = time.time()
     d = os.path.join(OUT, name)
     prompts = prompts_for()
     files = {}
-    for seed in range(1234, 1234 + 40):
-        r, why = candidate(name, kw, prompts, seed)
-        if r is not None:
-            break
-        print(f"  {name}: seed {seed} rejected: {why}")
-    else:
-        sys.exit(f"{name}: no seed with clear margins")
+    r = find_seed(name, kw, prompts)
     cfg, model, logits, idx = r["cfg"], r["model"], r["logits"], r["indexer"]
 
     # 5. write the checkpoint, reload it, check it reproduces the logits
@@ -770,6 +794,7 @@ def release_layout(model, cfg, gen: torch.Generator):
     """(tensors in the released checkpoint's names/dtypes, the HF state dict they dequantize to,
     per-tensor storage kinds)."""
     sd, ref, kinds = {}, {}, {}
+    FP8_HF.clear()
 
     def fp8(up, hf, w):
         q, s, deq = quant_fp8(w.detach())
@@ -906,16 +931,21 @@ def allow_fp8_load_without_accelerate() -> bool:
         return True
 
 
-def build_fp8(base: dict) -> None:
+def f32_copy(base: dict):
+    """A fresh f32 model with the base fixture's weights (the saved checkpoint reloads to these
+    exactly: build() checks it)."""
+    model = DeepseekV4ForCausalLM(base["cfg"]).eval()
+    model.load_state_dict(base["model"].state_dict())
+    return model
+
+
+def build_fp8(base_name: str, kw: dict, base: dict) -> None:
     t0 = time.time()
-    name = FP8_FROM + "_fp8"
+    name = RELEASE_DIR[base_name]
     d = os.path.join(OUT, name)
-    src = os.path.join(OUT, FP8_FROM)
-    kw = FIXTURES[FP8_FROM]
     prompts = prompts_for()
     cfg = base["cfg"]
-    model = DeepseekV4ForCausalLM.from_pretrained(src, dtype=torch.float32, attn_implementation="eager",
-                                                  experts_implementation="eager").eval()
+    model = f32_copy(base)
     sd, ref, kinds, mtp_names = release_layout(model, cfg, torch.Generator().manual_seed(FP8_SEED))
 
     # the spec's dequantized weights in the f32 model: the reference
@@ -993,14 +1023,14 @@ def build_fp8(base: dict) -> None:
         "what": "prompts['long'] with HF's default load (dtype auto = bfloat16 compute); for information only"}
     with open(os.path.join(d, "prompts.json"), "w") as f:
         json.dump({"prompts": prompts}, f)
-    files["prompts.json"] = {"what": "token ids of the prompts (same as flash_mini)"}
+    files["prompts.json"] = {"what": "token ids of the prompts (the same for every fixture)"}
     n_kinds = {}
     for v in kinds.values():
         n_kinds[v] = n_kinds.get(v, 0) + 1
     meta = {
         "transformers": transformers.__version__,
         "torch": torch.__version__,
-        "from_fixture": FP8_FROM,
+        "from_fixture": base_name if base_name in FIXTURES else f"{base_name} (its f32 weights are not kept)",
         "config_json_style": "upstream (release keys) + quantization_config + expert_dtype",
         "storage": {"kinds": kinds, "counts": n_kinds,
                     "fp8": "e4m3fn, scale = 2^ceil(log2(amax/448)) per 128x128 block (grid ceil-sized), stored "
@@ -1058,10 +1088,11 @@ GGUF_FP8 = {"attn.wq_a": "attn_q_a", "attn.wq_b": "attn_q_b", "attn.wkv": "attn_
             "ffn.shared_experts.w2": "ffn_down_shexp", "ffn.shared_experts.w3": "ffn_up_shexp"}
 
 
-def gguf_reference(name: str) -> None:
-    """HF's logits of the long prompt with the GGUF's own values of the matrices the converter
+def gguf_reference(name: str, base: dict) -> None:
+    """HF's logits of every prompt with the GGUF's own values of the matrices the converter
     requantized (FP8 -> Q8_0), every other weight the release's (the GGUF holds those exactly):
-    the oracle of a GGUF loader -> logits_long_gguf.f32."""
+    the oracle of a GGUF loader -> logits_<prompt>_gguf.f32, and that model's indexer choices for
+    the long prompt -> indexer_long_gguf.json."""
     import subprocess
     d = os.path.join(OUT, name)
     r = subprocess.run([sys.executable, os.path.abspath(__file__), "--gguf-values", d],
@@ -1070,10 +1101,9 @@ def gguf_reference(name: str) -> None:
         raise SystemExit(f"reading the GGUF failed:\n{r.stderr[-3000:]}")
     vals = torch.load(os.path.join(d, ".gguf-values.pt"))
     os.remove(os.path.join(d, ".gguf-values.pt"))
-    model = DeepseekV4ForCausalLM.from_pretrained(os.path.join(OUT, FP8_FROM), dtype=torch.float32,
-                                                  attn_implementation="eager",
-                                                  experts_implementation="eager").eval()
-    _, ref, _, _ = release_layout(model, model.config, torch.Generator().manual_seed(FP8_SEED))
+    model = f32_copy(base)
+    cfg = base["cfg"]
+    _, ref, _, _ = release_layout(model, cfg, torch.Generator().manual_seed(FP8_SEED))
     n = 0
     for up, hf in FP8_HF.items():
         i, rest = up.removeprefix("layers.").split(".", 1)
@@ -1082,19 +1112,114 @@ def gguf_reference(name: str) -> None:
         ref[hf] = vals[g]
         n += 1
     model.load_state_dict(ref, strict=True)
-    ids = prompts_for()["long"]
-    with torch.no_grad():
-        out = logits_nocache(model, ids)
-    write_f32(os.path.join(d, "logits_long_gguf.f32"), out)
     meta_path = os.path.join(d, "meta.json")
     meta = json.load(open(meta_path))
-    meta["files"]["logits_long_gguf.f32"] = {
-        "dtype": "f32", "shape": list(out.shape),
-        "what": f"no-cache forward of prompts['long'] with the GGUF's values of the {n} matrices its "
-                "converter requantized to Q8_0 (every other tensor decodes to the release's values)"}
+    probe = Probe(model)
+    gaps = {}
+    for p, ids in prompts_for().items():
+        probe.reset()
+        with torch.no_grad():
+            out = logits_nocache(model, ids)
+        gaps[p] = probe.min_gap()
+        write_f32(os.path.join(d, f"logits_{p}_gguf.f32"), out)
+        meta["files"][f"logits_{p}_gguf.f32"] = {
+            "dtype": "f32", "shape": list(out.shape),
+            "what": f"no-cache forward of prompts[{p!r}] with the GGUF's values of the {n} matrices its "
+                    "converter requantized to Q8_0 (every other tensor decodes to the release's values)"}
+        if p == "long":
+            with open(os.path.join(d, "indexer_long_gguf.json"), "w") as f:
+                json.dump(indexer_json(probe.rows, cfg), f)
+            meta["files"]["indexer_long_gguf.json"] = {"what": "indexer selections and scores of that forward "
+                                                               "for prompts['long']"}
+            release = torch.tensor(np.fromfile(os.path.join(d, "logits_long.f32"), dtype=np.float32))
+            moved = float((out - release.reshape(out.shape)).abs().max())
+    meta["margins_gguf_values"] = {"indexer_min_cutoff_gap": gaps}
     json.dump(meta, open(meta_path, "w"), indent=1, default=str)
-    print(f"  gguf reference: {n} requantized matrices, max |logit - release logit| "
-          f"{float((out - torch.tensor(np.fromfile(os.path.join(d, 'logits_long.f32'), dtype=np.float32)).reshape(out.shape)).abs().max()):.3e}")
+    print(f"  gguf reference: {n} requantized matrices, max |logit - release logit| {moved:.3e}, "
+          f"indexer gaps {gaps}")
+
+
+def llama_logits(name: str) -> None:
+    """llama.cpp 0c1e570's own logits of every prompt, every position, in a child process (the
+    library is loaded there; an abort cannot take this one down), scripts/llama_oracle.py's
+    settings (2 threads, one 512-token ubatch, no flash attention, a fresh context):
+    logits_<prompt>_llamacpp.f32 on model-llamacpp.gguf as converted with llama.cpp's default F16
+    caches (what its users get), and logits_<prompt>_llamacpp_exact.f32 on that GGUF with every
+    tensor dequantized to F32 (dequantized_gguf) and F32 caches: no weight or activation rounding
+    of llama.cpp's own. Each is evaluated twice and must repeat bit for bit."""
+    import subprocess
+    d = os.path.join(OUT, name)
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--llama-child", d],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"llama.cpp failed on {name} (rc {r.returncode}):\n{r.stderr[-3000:]}")
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    meta_path = os.path.join(d, "meta.json")
+    meta = json.load(open(meta_path))
+    for fn, shape in res["files"].items():
+        how = ("every tensor dequantized to F32 (GGML's own dequantization), F32 KV / compressed / indexer "
+               "caches" if fn.endswith("_exact.f32") else "as converted (Q8_0 / MXFP4 / BF16 / F32), llama.cpp's "
+               "default F16 KV / compressed / indexer caches")
+        meta["files"][fn] = {"dtype": "f32", "shape": shape,
+                             "what": f"llama.cpp's logits of prompts[{fn.split('_')[1]!r}] on model-llamacpp.gguf, "
+                                     f"every position, one pass from an empty cache; weights {how}"}
+    meta["llamacpp"] = {"commit": res["commit"], "settings": res["settings"],
+                        "deterministic": "each file evaluated twice, bit-identical"}
+    json.dump(meta, open(meta_path, "w"), indent=1, default=str)
+    print(f"  llama.cpp: {len(res['files'])} logit files")
+
+
+def dequantized_gguf(src: str, dst: str, keep=(), set_fields=None) -> None:
+    """A copy of a GGUF with every tensor not of a type in `keep` (GGML type names) dequantized to
+    F32 by gguf-py (GGML's own decoding); integer tensors as they are; `set_fields` replaces the
+    values of some scalar metadata keys."""
+    sys.path[:0] = [os.path.join(LLAMA_CPP, "gguf-py")]
+    import gguf
+    from gguf.quants import dequantize
+    Q = gguf.GGMLQuantizationType
+    r = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(dst, arch=r.fields["general.architecture"].contents())
+    for k, f in r.fields.items():
+        if k.startswith("GGUF.") or k == "general.architecture":
+            continue
+        t = f.types[0]
+        if t == gguf.GGUFValueType.ARRAY:
+            w.add_key_value(k, f.contents(), t, sub_type=f.types[1] if len(f.types) > 1 else None)
+        else:
+            w.add_key_value(k, (set_fields or {}).get(k, f.contents()), t)
+    for t in r.tensors:
+        shape = [int(x) for x in reversed(t.shape)]
+        if t.tensor_type in (Q.F32, Q.I32):
+            w.add_tensor(t.name, np.array(t.data), raw_shape=shape, raw_dtype=t.tensor_type)
+        elif t.tensor_type.name in keep:  # the reader's bytes, shaped [..., bytes per row]
+            w.add_tensor(t.name, np.array(t.data), raw_dtype=t.tensor_type)
+        else:
+            w.add_tensor(t.name, np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32).reshape(shape))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def llama_child(d: str) -> None:
+    import tempfile
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import llama_oracle as lo
+    model = os.path.join(d, "model-llamacpp.gguf")
+    prompts = json.load(open(os.path.join(d, "prompts.json")))["prompts"]
+    files = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        exact = os.path.join(tmp, "model-f32.gguf")
+        dequantized_gguf(model, exact)
+        for p, ids in prompts.items():
+            for tag, path, kv_f32 in (("", model, False), ("_exact", exact, True)):
+                a = lo.eval_logits(path, ids, all_positions=True, kv_f32=kv_f32)
+                b = lo.eval_logits(path, ids, all_positions=True, kv_f32=kv_f32)
+                assert np.array_equal(a, b), f"llama.cpp is not deterministic on {p}{tag}"
+                fn = f"logits_{p}_llamacpp{tag}.f32"
+                a.astype("<f4").tofile(os.path.join(d, fn))
+                files[fn] = list(a.shape)
+    print(json.dumps({"files": files, "commit": lo.LLAMA_CPP_COMMIT, "settings": lo.settings()}))
 
 
 def gguf_values(d: str) -> None:
@@ -1155,18 +1280,30 @@ def main() -> None:
     if sys.argv[1:2] == ["--gguf-values"]:
         gguf_values(sys.argv[2])
         return
+    if sys.argv[1:2] == ["--llama-child"]:
+        llama_child(sys.argv[2])
+        return
     only = sys.argv[1:]
     t0 = time.time()
     os.makedirs(OUT, exist_ok=True)
     built = {}
     for name, kw in FIXTURES.items():
-        if only and name not in only and not (name == FP8_FROM and FP8_FROM + "_fp8" in only):
+        if only and name not in only and not (name in RELEASE_DIR and RELEASE_DIR[name] in only):
             continue
         built[name] = build(name, dict(kw))
-    if FP8_FROM in built:
-        build_fp8(built[FP8_FROM])
-        to_gguf(FP8_FROM + "_fp8")
-        gguf_reference(FP8_FROM + "_fp8")
+    for name, kw in RELEASE_ONLY.items():
+        if only and name not in only:
+            continue
+        built[name] = find_seed(name, dict(kw), prompts_for())
+    for name, base in built.items():
+        if name not in RELEASE_DIR:
+            continue
+        kw = FIXTURES.get(name) or RELEASE_ONLY[name]
+        build_fp8(name, kw, base)
+        to_gguf(RELEASE_DIR[name])
+        gguf_reference(RELEASE_DIR[name], base)
+        if name in RELEASE_ONLY:
+            llama_logits(RELEASE_DIR[name])
     print(f"done in {time.time() - t0:.0f} s: {OUT}")
 
 

@@ -26,7 +26,7 @@ enum Cmd {
     Run(run::RunArgs),
     /// Interactive chat using the model's chat template.
     Chat(run::ChatArgs),
-    /// Evaluate a token sequence and print the last position's logits as JSON.
+    /// Evaluate a token sequence and print the last position's logits (or every position's) as JSON.
     Logits(run::LogitsArgs),
     /// Print the token ids of a text as a JSON array.
     Tokenize(info::TokenizeArgs),

@@ -67,6 +67,10 @@ pub struct LogitsArgs {
     /// Convert the model's float matrices to this type at load (q8_0, q4_k, ...).
     #[arg(long)]
     pub quant: Option<String>,
+    /// Print the logits of every position (row after row, `n_tokens × n_vocab` values) instead
+    /// of the last one's.
+    #[arg(long)]
+    pub all_positions: bool,
 }
 
 /// How tokens are produced: plain sampling, or speculative decoding with a drafter.
@@ -266,7 +270,15 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
             .max(vela_engine::Session::default_n_ctx(&*l.model));
     }
     let mut session = vela_engine::Session::new(l.model.clone(), &opts)?;
-    let logits = session.eval(&tokens)?;
+    let logits = if a.all_positions {
+        let mut all = Vec::with_capacity(tokens.len() * n_vocab);
+        for chunk in tokens.chunks(session.ubatch()) {
+            all.extend(session.eval_all_logits(chunk)?);
+        }
+        all
+    } else {
+        session.eval(&tokens)?
+    };
     let out = serde_json::json!({"n_vocab": n_vocab, "tokens": tokens, "logits": logits});
     println!("{out}");
     Ok(())

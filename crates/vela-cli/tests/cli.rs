@@ -187,6 +187,30 @@ fn logits_and_tokenize_json() {
         .unwrap()
         .0;
     assert_eq!(argmax, 7042, "' Paris' is the greedy next token");
+    // Every position's logits, fed in ubatches of 2: one row per token, the last one the same
+    // prediction.
+    let out = vela(&[
+        "logits",
+        "--model",
+        m,
+        "--tokens",
+        "504,3575,282,4649,314",
+        "--all-positions",
+        "--ubatch",
+        "2",
+    ]);
+    assert!(out.status.success());
+    let j: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let all: Vec<f64> = j["logits"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(all.len(), 5 * 49152);
+    let last = &all[4 * 49152..];
+    let am = (0..last.len()).max_by(|&a, &b| last[a].total_cmp(&last[b]));
+    assert_eq!(am, Some(7042), "the last row predicts ' Paris'");
 }
 
 /// `tokenize` accepts an HF checkpoint directory (tokenizer.json + tokenizer_config.json) and agrees
