@@ -36,6 +36,8 @@
 #       generated in memory (qwen4_exp GPU tests, pp/tg at 0 and 8K, MTP cost model): $OUT/q4x-*
 #   there:  scripts/gpu-suite.sh d4x         # from the same carry: DeepSeek V4 Flash's first 12
 #       layers generated in memory (pp512 + tg128, tg128 at 8K depth, the memory plan): $OUT/d4x-*
+#   there:  scripts/gpu-suite.sh d4s         # from the same carry: DeepSeek V4's GPU tests and DSpark
+#       speculation on the 12-layer geometry (verification cost, forced acceptance): $OUT/d4s-*
 #   there:  scripts/gpu-suite.sh q4x-llama   # from the carry of pack-ab + the llama.cpp source (or its
 #       bundle in target/gpu-data/lb): Qwen3.8 Flash Next (reduced depth, one GGUF) vs llama.cpp CUDA
 #   there:  scripts/gpu-suite.sh q4x-fast    # the same carry: the qwen4_exp / sparse / recurrent
@@ -406,12 +408,19 @@ pack-ab)
       cp "$q4m/$f" $A/q4m/
     done
   fi
-  # ... and the deepseek_v4 one (scripts/gen-deepseekv4-fixtures.py).
+  # ... and the deepseek_v4 ones (scripts/gen-deepseekv4-fixtures.py, gen-deepseekv4-with-dspark.py).
   d4=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/deepseekv4/flash_mini
   if [ -d "$d4" ]; then
     mkdir -p $A/d4
     for f in config.json model.safetensors prompts.json logits_long.f32 tokenizer.json tokenizer_config.json; do
       cp "$d4/$f" $A/d4/
+    done
+  fi
+  d4s=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/deepseekv4/dspark
+  if [ -d "$d4s" ]; then
+    mkdir -p $A/d4s
+    for f in config.json model.safetensors prompts.json dspark.json dspark_logits.f32 tokenizer.json tokenizer_config.json; do
+      cp "$d4s/$f" $A/d4s/
     done
   fi
   du -sh $A
@@ -537,6 +546,29 @@ d4x)
   timeout 400 /tmp/vela-new bench -m $m --device cuda -p 0 -n 128 -d 8192 -r 2 2>&1 | tee $OUT/d4x-bench8k.md
   kill $smi
   echo "peak GPU memory: $(sort -t, -k2 -n $OUT/d4x-mem.csv | tail -1)"
+  ;;
+d4s)
+  # DeepSeek V4's GPU tests (ops, the model vs HF, DSpark vs its reference; from the pack of
+  # `pack-ab`), then DSpark speculation on the 12-layer geometry with its three stages
+  # (`synth:deepseek-v4-flash-12l-dspark`, D4X_TYPE default q4_0): the verification cost of
+  # K + 1 tokens (K = 0..5) and greedy generation with the drafter's proposals forced to
+  # 50/70/90 % acceptance, every K and the depth model: $OUT/d4s-*.
+  A=target/gpu-data/ab
+  mkdir -p "$OUT" "$VELA_CACHE/vocab"
+  xz -dc $A/vela-new.xz >/tmp/vela-new && xz -dc $A/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/vela-new /tmp/gpu-test-new
+  for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  for d in d4:flash_mini d4s:dspark; do
+    [ -d $A/${d%%:*} ] && mkdir -p "$VELA_CACHE/golden/deepseekv4/${d#*:}" && cp $A/${d%%:*}/* "$VELA_CACHE/golden/deepseekv4/${d#*:}/"
+  done
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  VELA_REQUIRE_GPU=1 timeout 150 /tmp/gpu-test-new --test-threads 1 dsv4 deepseekv4 dspark >$OUT/d4s-tests.log 2>&1
+  echo "deepseek_v4 GPU tests: exit $? $(grep -E '^test result' $OUT/d4s-tests.log)"
+  grep -E '^test .* FAILED|RESULT|panicked' $OUT/d4s-tests.log | head -20
+  m=synth:deepseek-v4-flash-12l-dspark:${D4X_TYPE:-q4_0}
+  /tmp/vela-new bench -m $m --device cuda --spec-cost -d 512 -r 3 --draft-max 5 2>&1 | tee $OUT/d4s-cost.md
+  timeout 300 /tmp/vela-new bench -m $m --device cuda --spec-accept 0.5,0.7,0.9 -d 512 -n 128 -r 2 \
+    --draft-max 5 2>&1 | tee $OUT/d4s-spec.md
   ;;
 q4x-fast)
   # The qwen4_exp GPU work in one call, from the carry of q4x-llama: first the GPU tests of the

@@ -256,3 +256,76 @@ fn deepseekv4_gpu_matches_transformers() {
         }
     }
 }
+
+/// DSpark on the GPU (`dspark` fixture, `scripts/gen-deepseekv4-with-dspark.py`): each drafted
+/// block's logits against the independent reference, exact mode within 1e-8 NMSE, the greedy
+/// chains identical; the default mode reported.
+#[test]
+fn dspark_gpu_matches_reference() {
+    for exact in [true, false] {
+        let Some(g) = gpu() else { return };
+        let dir = vela_formats::testdata::golden_dir().join("deepseekv4/dspark");
+        if vela_formats::testdata::require(dir.join("dspark.json")).is_none() {
+            return;
+        }
+        g.set_exact_matmul(exact);
+        let model = Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, None).unwrap());
+        model.set_dspark_p_min(0.0);
+        let m: Arc<dyn LanguageModel> = model;
+        let mut head = m.load_mtp(&dir).unwrap();
+        let json = |f: &str| -> serde_json::Value {
+            serde_json::from_str(&std::fs::read_to_string(dir.join(f)).unwrap()).unwrap()
+        };
+        let ids = |v: &serde_json::Value| -> Vec<u32> {
+            v.as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap() as u32)
+                .collect()
+        };
+        let (p, r) = (json("prompts.json"), json("dspark.json"));
+        let toks = ids(&p["prompts"]["long"]);
+        let block = r["block"].as_u64().unwrap() as usize;
+        let want: Vec<f32> = std::fs::read(dir.join("dspark_logits.f32"))
+            .unwrap()
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
+        let nv = m.n_vocab();
+        let mut worst = 0f64;
+        for (i, &at) in ids(&r["points"]).iter().enumerate() {
+            let at = at as usize;
+            let mut st = m.clone().new_state(512, 16, KvType::F32).unwrap();
+            for (ci, c) in toks[..at].chunks(16).enumerate() {
+                let pos: Vec<u32> = (0..c.len()).map(|j| (ci * 16 + j) as u32).collect();
+                st.forward(c, &pos, c.len()).unwrap();
+            }
+            let mut rows = Vec::new();
+            head.draft(&mut *st, toks[at], at, block, &mut |lg| {
+                let t = (0..lg.len()).fold(0, |b, j| if lg[j] > lg[b] { j } else { b });
+                rows.push(lg);
+                Ok(t as u32)
+            })
+            .unwrap();
+            assert_eq!(rows.len(), block);
+            let mut chain = Vec::new();
+            for (j, a) in rows.iter().enumerate() {
+                let b = &want[(i * block + j) * nv..][..nv];
+                let err: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+                let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+                worst = worst.max(err / norm);
+                chain.push((0..nv).fold(0, |m, k| if a[k] > a[m] { k } else { m }) as u32);
+            }
+            if exact {
+                assert_eq!(chain, ids(&r["drafts"][i]), "point {at}: greedy chain");
+            }
+        }
+        let mode = if exact { "exact" } else { "default" };
+        eprintln!(
+            "RESULT | deepseekv4 DSpark GPU ({mode}) vs reference | worst row NMSE {worst:.3e} |"
+        );
+        if exact {
+            assert!(worst <= 1e-8, "worst row NMSE {worst:.3e}");
+        }
+    }
+}
