@@ -280,17 +280,8 @@ impl<B: Backend> DeepseekV4Model<B> {
         let c = &self.cfg;
         let (n, h, k) = (positions.len(), c.hidden, ds.cfg.taps.len());
         let sc = st.dspark.as_mut().ok_or_else(no_dspark_state)?;
-        // The taps are rows of `max_batch`-strided blocks: gather the first n of each.
-        let nb = st.max_batch;
-        if n < nb {
-            let ids: Vec<u32> = (0..n * k).map(|r| ((r % k) * nb + r / k) as u32).collect();
-            be.write_ids(&mut sc.cat_ids, &ids);
-        }
+        // Concatenation row t·K + k is taps row k·max_batch + t: the first n·K ids serve any n.
         be.gather_rows(&sc.taps, &sc.cat_ids, n * k, h, &mut sc.cat);
-        if n < nb {
-            let ids: Vec<u32> = (0..nb * k).map(|r| ((r % k) * nb + r / k) as u32).collect();
-            be.write_ids(&mut sc.cat_ids, &ids);
-        }
         be.matmul(&ds.main_proj, &sc.cat, n, &mut st.bufs[C]);
         {
             let [cc, g] = pick2(&mut st.bufs, C, F);
