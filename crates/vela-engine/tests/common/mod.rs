@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod hybrid;
+pub mod mtp;
 
 use std::collections::HashMap;
 use vela_engine::speculative::{

@@ -4,6 +4,7 @@
 //! per-expert matrices stacked into the 3-D expert layout, each expert's gate and up rows
 //! together; a compressor's value and gate projections stacked into one product.
 
+use super::mtp::MtpFrom;
 use super::*;
 use crate::blocks::experts::{Experts, GateUp};
 use crate::weights::{stack, WeightSource};
@@ -53,14 +54,14 @@ fn locate<'a>(
     .ok_or_else(|| anyhow!("missing tensor {name}"))
 }
 
-struct Loader<'a, B: Backend> {
-    be: &'a B,
-    src: &'a WeightSource,
+pub(super) struct Loader<'a, B: Backend> {
+    pub(super) be: &'a B,
+    pub(super) src: &'a WeightSource,
     /// The same checkpoint without the text model's prefix (`head.weight`).
-    top: &'a WeightSource,
+    pub(super) top: &'a WeightSource,
     /// A llama.cpp GGUF (its own tensor names, stacked experts).
-    gguf: bool,
-    bytes: u64,
+    pub(super) gguf: bool,
+    pub(super) bytes: u64,
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
@@ -73,15 +74,15 @@ impl<'a, B: Backend> Loader<'a, B> {
         s.get(&n).ok_or_else(|| anyhow!("missing tensor {name}"))
     }
     /// A matrix in its load type (`exact`: F32).
-    fn host(&self, name: &str, exact: bool) -> Result<HostWeight> {
+    pub(super) fn host(&self, name: &str, exact: bool) -> Result<HostWeight> {
         let (s, n) = self.locate(name)?;
         s.matrix(&n, exact)
     }
-    fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
+    pub(super) fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
         self.bytes += (w.bytes().len() as f64 * share) as u64;
         self.be.upload_weight(w)
     }
-    fn matrix(&mut self, name: &str) -> Result<B::Weight> {
+    pub(super) fn matrix(&mut self, name: &str) -> Result<B::Weight> {
         let w = self.host(name, false)?;
         self.upload(&w, 1.0)
     }
@@ -92,7 +93,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         }
         Ok(v)
     }
-    fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
+    pub(super) fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
         self.be.upload_vector(&self.floats(name, len)?)
     }
     fn ints(&self, name: &str) -> Result<Vec<u32>> {
@@ -115,7 +116,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             .collect()
     }
 
-    fn hc(&mut self, p: &str, rows: usize, width: usize) -> Result<Hc<B>> {
+    pub(super) fn hc(&mut self, p: &str, rows: usize, width: usize) -> Result<Hc<B>> {
         let mix = self.host(&format!("{p}_fn"), true)?;
         if mix.rows != rows || mix.cols != width {
             bail!(
@@ -166,18 +167,38 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
+    /// A layer's tensors under `p` (`layers.<i>` in release names, `mtp.0` for the MTP block);
+    /// `blk`: its GGUF block index (a GGUF's stacked experts).
+    pub(super) fn layer(
+        &mut self,
+        p: &str,
+        blk: usize,
+        (kind, routing): (Attn, Routing),
+        c: &DeepseekV4Config,
+        ents: [Option<usize>; 3],
+    ) -> Result<Layer<B>> {
+        let (s, h) = (c.hc, c.hidden);
+        Ok(Layer {
+            attn_hc: self.hc(&format!("{p}.hc_attn"), (2 + s) * s, s * h)?,
+            ffn_hc: self.hc(&format!("{p}.hc_ffn"), (2 + s) * s, s * h)?,
+            attn_norm: self.vector(&format!("{p}.attn_norm.weight"), h)?,
+            ffn_norm: self.vector(&format!("{p}.ffn_norm.weight"), h)?,
+            attn: self.attention(&format!("{p}.attn"), kind, c, ents)?,
+            moe: self.moe(&format!("{p}.ffn"), blk, routing, c)?,
+        })
+    }
+
     fn attention(
         &mut self,
-        i: usize,
+        p: &str,
+        kind: Attn,
         c: &DeepseekV4Config,
         ents: [Option<usize>; 3],
     ) -> Result<Attention<B>> {
-        let p = format!("layers.{i}.attn");
-        let kind = c.attn[i];
         let (comp, indexer) = match kind {
             Attn::Sliding => (None, None),
             Attn::Hca => {
-                let e = ents[1].ok_or_else(|| anyhow!("layer {i}: no compressor entry"))?;
+                let e = ents[1].ok_or_else(|| anyhow!("{p}: no compressor entry"))?;
                 let cp =
                     self.compressor(&format!("{p}.compressor"), c.head_dim, c.hca_rate, false, e)?;
                 (Some(cp), None)
@@ -185,7 +206,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             Attn::Csa => {
                 let (e, ie) = ents[1]
                     .zip(ents[2])
-                    .ok_or_else(|| anyhow!("layer {i}: no entries"))?;
+                    .ok_or_else(|| anyhow!("{p}: no entries"))?;
                 let cp =
                     self.compressor(&format!("{p}.compressor"), c.head_dim, c.csa_rate, true, e)?;
                 let q = format!("{p}.indexer");
@@ -225,18 +246,23 @@ impl<'a, B: Backend> Loader<'a, B> {
             wo_b: self.matrix(&format!("{p}.wo_b.weight"))?,
             comp,
             indexer,
-            window: ents[0].ok_or_else(|| anyhow!("layer {i}: no window entry"))?,
+            window: ents[0].ok_or_else(|| anyhow!("{p}: no window entry"))?,
         })
     }
 
-    fn moe(&mut self, i: usize, c: &DeepseekV4Config) -> Result<Moe<B>> {
-        let p = format!("layers.{i}.ffn");
+    fn moe(
+        &mut self,
+        p: &str,
+        blk: usize,
+        routing: Routing,
+        c: &DeepseekV4Config,
+    ) -> Result<Moe<B>> {
         let e = c.n_expert;
         let share = c.top_k as f64 / e as f64;
         let (gate_up, down) = if self.gguf {
             // The converter's stacked expert tensors, gate and up apart.
             let m = |w: &str| -> Result<HostWeight> {
-                let n = format!("blk.{i}.ffn_{w}_exps.weight");
+                let n = format!("blk.{blk}.ffn_{w}_exps.weight");
                 let t = self.src.matrix(&n, false)?;
                 if t.rows % e != 0 {
                     bail!("{n}: {} rows for {e} experts", t.rows);
@@ -253,7 +279,7 @@ impl<'a, B: Backend> Loader<'a, B> {
                 .map_or(1, |n| n.get())
                 .min(e);
             let per = e.div_ceil(threads);
-            let (src, top, gguf, p) = (self.src, self.top, self.gguf, p.as_str());
+            let (src, top, gguf) = (self.src, self.top, self.gguf);
             let parts: Vec<Result<Vec<[HostWeight; 3]>>> = std::thread::scope(|sc| {
                 let hs: Vec<_> = (0..threads)
                     .map(|t| {
@@ -295,7 +321,7 @@ impl<'a, B: Backend> Loader<'a, B> {
                 self.upload(&down, share)?,
             )
         };
-        let (bias, table) = match c.routing[i] {
+        let (bias, table) = match routing {
             Routing::TopK => (Some(self.vector(&format!("{p}.gate.bias"), e)?), None),
             Routing::Hash => {
                 let t = self.ints(&format!("{p}.gate.tid2eid"))?;
@@ -348,7 +374,13 @@ impl<B: Backend> DeepseekV4Model<B> {
         };
         let src = WeightSource::hf(cp.clone(), prefix).with_quant(quant);
         let top = WeightSource::hf(cp, "").with_quant(quant);
-        Self::load(backend, &src, &top, false, cfg)
+        // The MTP block sits at the checkpoint's root (`mtp.0.*`, the source looks there too).
+        let mtp = src.has("mtp.0.e_proj.weight").then(|| MtpFrom {
+            src: &src,
+            gguf: false,
+            source: Some(dir.to_path_buf()),
+        });
+        Self::load(backend, &src, &top, false, cfg, mtp)
     }
 
     /// Load a llama.cpp 0c1e570 GGUF conversion (`deepseek4`), converting float matrices to
@@ -359,9 +391,22 @@ impl<B: Backend> DeepseekV4Model<B> {
         quant: Option<GgmlType>,
     ) -> Result<Self> {
         let cfg = DeepseekV4Config::from_gguf(&g)?;
+        // llama.cpp's `--mtp` export of the MTP block, as `mtp-NAME` beside the model.
+        let beside = super::mtp::gguf_beside(&g, &cfg)?;
+        let msrc = beside
+            .as_ref()
+            .map(|(mg, _)| WeightSource::gguf(mg.clone()).with_quant(quant));
+        let mtp = msrc
+            .as_ref()
+            .zip(beside.as_ref())
+            .map(|(src, (_, path))| MtpFrom {
+                src,
+                gguf: true,
+                source: Some(path.clone()),
+            });
         let src = WeightSource::gguf(g.clone()).with_quant(quant);
         let top = WeightSource::gguf(g).with_quant(quant);
-        Self::load(backend, &src, &top, true, cfg)
+        Self::load(backend, &src, &top, true, cfg, mtp)
     }
 
     pub(super) fn load(
@@ -370,6 +415,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         top: &WeightSource,
         gguf: bool,
         cfg: DeepseekV4Config,
+        mtp: Option<MtpFrom<'_>>,
     ) -> Result<Self> {
         if cfg.mlp_bias {
             bail!("deepseek_v4: mlp_bias (biases on the shared expert) is not supported");
@@ -407,23 +453,20 @@ impl<B: Backend> DeepseekV4Model<B> {
             let w = ld.host("head.weight", false)?.as_head(true);
             ld.upload(&w, 1.0)?
         };
-        let (layout, entries) = build_layout(&cfg);
+        let (layout, entries, mtp_ents) = build_layout(&cfg, mtp.is_some());
         let mut layers = Vec::with_capacity(cfg.attn.len());
         for (i, ents) in entries.into_iter().enumerate() {
-            let p = format!("layers.{i}");
-            layers.push(Layer {
-                attn_hc: ld.hc(&format!("{p}.hc_attn"), (2 + s) * s, s * h)?,
-                ffn_hc: ld.hc(&format!("{p}.hc_ffn"), (2 + s) * s, s * h)?,
-                attn_norm: ld.vector(&format!("{p}.attn_norm.weight"), h)?,
-                ffn_norm: ld.vector(&format!("{p}.ffn_norm.weight"), h)?,
-                attn: ld.attention(i, &cfg, ents)?,
-                moe: ld.moe(i, &cfg)?,
-            });
+            let kind = (cfg.attn[i], cfg.routing[i]);
+            layers.push(ld.layer(&format!("layers.{i}"), i, kind, &cfg, ents)?);
         }
         let head_hc = ld.hc("hc_head", s, s * h)?;
         let norm = ld.vector("norm.weight", h)?;
         let ones = backend.upload_vector(&vec![1.0; (s * h).max(cfg.head_dim)])?;
         let weight_bytes_per_token = ld.bytes;
+        let mtp = match (mtp, mtp_ents) {
+            (Some(from), Some(ents)) => Some(super::mtp::Mtp::load(&*backend, from, &cfg, ents)?),
+            _ => None,
+        };
         Ok(DeepseekV4Model {
             inv_main: inv_freq(&cfg.rope_main, cfg.n_rot),
             inv_comp: inv_freq(&cfg.rope_compress, cfg.n_rot),
@@ -433,6 +476,8 @@ impl<B: Backend> DeepseekV4Model<B> {
             head_hc,
             norm,
             layers,
+            mtp,
+            mtp_on: AtomicBool::new(false),
             ones,
             layout,
             weight_bytes_per_token,

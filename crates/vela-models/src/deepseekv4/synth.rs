@@ -347,7 +347,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             }
         };
         let src = WeightSource::synthetic(Arc::new(get), seed);
-        Self::load(backend, &src, &src, false, cfg)
+        Self::load(backend, &src, &src, false, cfg, None)
     }
 }
 
@@ -396,7 +396,7 @@ pub const PLAN_BATCH: usize = 512;
 /// A sequence's state at `n_ctx` positions: (windows, compressed K=V entries, indexer keys) in
 /// bytes, as the state kinds store them (windows a raw f32 ring, entries f32).
 pub fn state_bytes(c: &DeepseekV4Config, n_ctx: usize) -> [u64; 3] {
-    let (layout, per_layer) = build_layout(c);
+    let (layout, per_layer, _) = build_layout(c, false);
     let mut out = [0u64; 3];
     for ents in per_layer {
         for (k, e) in ents.iter().enumerate() {

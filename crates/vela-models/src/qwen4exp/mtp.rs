@@ -18,8 +18,7 @@
 //! rows from `n_past − 1` on; those rows are rewritten by the verification forward.
 
 use super::*;
-use crate::lm::{ModelState, Seq};
-use crate::mtp::MtpHead;
+use crate::mtp::{ChainedMtp, MtpHead, OwnMtp};
 use anyhow::anyhow;
 use std::path::Path;
 
@@ -163,33 +162,6 @@ impl<B: Backend> Qwen4ExpModel<B> {
         self.qsa_cache(st, q, &mt.layer.state, &rows)
     }
 
-    /// One draft: the whole layer on row `r` (its streams in `mtp_in` row 0, `tok` the token
-    /// after it); leaves the layer's output streams in `mtp_in` row 0 for the next draft and
-    /// returns the logits.
-    fn mtp_step(
-        &self,
-        st: &mut Qwen4ExpState<B>,
-        mt: &Mtp<B>,
-        tok: u32,
-        r: usize,
-    ) -> Result<Vec<f32>> {
-        let be = &*self.backend;
-        let c = &self.cfg;
-        self.mtp_input(st, mt, &[tok])?;
-        self.layer(st, &mt.layer, self.layers.len(), &[tok], &[r as u32])?;
-        let w = c.streams * c.hidden;
-        let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
-        be.copy_rows(&st.bufs[X], 0, 1, w, dst, 0);
-        self.hc(&mut st.bufs, &mt.mixer, 1);
-        {
-            let [mm, lg] = pick2(&mut st.bufs, M, LOGITS);
-            be.matmul(&self.head, mm, 1, lg);
-        }
-        let mut out = vec![0f32; c.n_vocab];
-        be.read(&st.bufs[LOGITS], &mut out);
-        Ok(out)
-    }
-
     /// [`crate::lm::CausalLm::discover_mtp`]: the checkpoint itself, when it has the layer.
     pub(super) fn mtp_path(&self, model_path: &Path) -> Option<PathBuf> {
         self.mtp.as_ref().map(|_| model_path.to_path_buf())
@@ -206,13 +178,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
                  conversion drops them: use the HF checkpoint directory)"
             );
         }
-        // A generated model (no source directory) has its layer whatever the path says.
-        let same = match (&self.source, path.canonicalize()) {
-            (None, _) => true,
-            (Some(src), Ok(p)) => src.canonicalize().map(|s| s == p).unwrap_or(false),
-            (Some(_), Err(_)) => false,
-        };
-        if !same {
+        if !crate::mtp::same_source(self.source.as_deref(), path) {
             bail!(
                 "qwen4_exp's MTP layer is part of its checkpoint: --mtp takes the model's own \
                  directory, not {}",
@@ -220,9 +186,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             );
         }
         self.mtp_on.store(true, Ordering::Relaxed);
-        Ok(Box::new(Qwen4ExpMtp::<B> {
-            _be: std::marker::PhantomData,
-        }))
+        Ok(Box::new(OwnMtp::<Self>::new()))
     }
 }
 
@@ -230,47 +194,35 @@ fn no_mtp_state() -> anyhow::Error {
     anyhow!("qwen4_exp: this sequence state was made without the MTP layer")
 }
 
-/// The MTP layer as a drafter of its own model's sequences.
-pub struct Qwen4ExpMtp<B: Backend> {
-    _be: std::marker::PhantomData<fn() -> B>,
-}
-
-impl<B: Backend + 'static> MtpHead for Qwen4ExpMtp<B> {
-    fn sync(&mut self, _target: &dyn ModelState, _row: usize) -> Result<()> {
-        // The target's forwards keep the layer's cache.
-        Ok(())
+impl<B: Backend + 'static> ChainedMtp for Qwen4ExpModel<B> {
+    fn mtp_begin(&self, st: &mut Qwen4ExpState<B>, pos: usize, k: usize) -> Result<usize> {
+        let mt = self.active_mtp().ok_or_else(no_mtp_state)?;
+        let w = self.cfg.streams * self.cfg.hidden;
+        let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
+        let src = st.extra.recurrent(mt.pending, pos)?;
+        self.backend.copy_rows(src, 0, 1, w, dst, 0);
+        Ok(k.min(st.n_ctx.saturating_sub(pos)))
     }
 
-    fn draft(
-        &mut self,
-        target: &mut dyn ModelState,
-        last: u32,
-        pos: usize,
-        k: usize,
-        next: &mut dyn FnMut(Vec<f32>) -> Result<u32>,
-    ) -> Result<()> {
-        let seq = target
-            .as_any_mut()
-            .downcast_mut::<Seq<Qwen4ExpModel<B>>>()
-            .ok_or_else(|| anyhow!("the qwen4_exp MTP layer drafts for its own model only"))?;
-        let model = seq.model.clone();
-        let st = &mut seq.state;
-        let mt = model.active_mtp().ok_or_else(no_mtp_state)?;
-        if pos == 0 {
-            bail!("MTP drafting needs an evaluated prompt");
-        }
-        let k = k.min(st.n_ctx.saturating_sub(pos));
-        let w = model.cfg.streams * model.cfg.hidden;
+    /// One draft: the whole layer on row `r` (its streams in `mtp_in` row 0, `tok` the token
+    /// after it); leaves the layer's output streams in `mtp_in` row 0 for the next draft and
+    /// returns the logits.
+    fn mtp_step(&self, st: &mut Qwen4ExpState<B>, tok: u32, r: usize) -> Result<Vec<f32>> {
+        let mt = self.active_mtp().ok_or_else(no_mtp_state)?;
+        let be = &*self.backend;
+        let c = &self.cfg;
+        self.mtp_input(st, mt, &[tok])?;
+        self.layer(st, &mt.layer, self.layers.len(), &[tok], &[r as u32])?;
+        let w = c.streams * c.hidden;
+        let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
+        be.copy_rows(&st.bufs[X], 0, 1, w, dst, 0);
+        self.hc(&mut st.bufs, &mt.mixer, 1);
         {
-            let be = &*model.backend;
-            let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
-            be.copy_rows(st.extra.recurrent(mt.pending, pos)?, 0, 1, w, dst, 0);
+            let [mm, lg] = pick2(&mut st.bufs, M, LOGITS);
+            be.matmul(&self.head, mm, 1, lg);
         }
-        let mut tok = last;
-        for j in 0..k {
-            let logits = model.mtp_step(st, mt, tok, pos - 1 + j)?;
-            tok = next(logits)?;
-        }
-        Ok(())
+        let mut out = vec![0f32; c.n_vocab];
+        be.read(&st.bufs[LOGITS], &mut out);
+        Ok(out)
     }
 }
