@@ -7,30 +7,9 @@
 
 mod common;
 
-use std::path::PathBuf;
-
-fn fixture() -> Option<PathBuf> {
-    common::mtp::fixture("deepseekv4")
-}
-
-#[test]
-fn greedy_mtp_is_identical_to_plain_decoding() {
-    let Some(dir) = fixture() else { return };
-    // Past the window: the block's ring wraps while drafts are written and rolled back.
-    common::mtp::greedy_equals_plain(&dir, 80);
-}
-
-#[test]
-fn mtp_cache_survives_a_restored_checkpoint() {
-    let Some(dir) = fixture() else { return };
-    common::mtp::cache_survives_a_restored_checkpoint(&dir);
-}
-
-#[test]
-fn stochastic_mtp_is_distributed_as_plain_decoding() {
-    let Some(dir) = fixture() else { return };
-    common::mtp::sampled_is_distributed_as_plain(&dir, 6000);
-}
+// 80 greedy tokens after the 100-token prompt: past the 32-row window, so the block's ring
+// wraps while drafts are written and rolled back.
+crate::mtp_tests!("deepseekv4", 80, 6000);
 
 /// The prefix cache's reuse with the drafter bound (the block's cache kept by every forward):
 /// turn 2 from a checkpoint, or after a rollback within a batch, gives a fresh run's logits;
@@ -38,7 +17,9 @@ fn stochastic_mtp_is_distributed_as_plain_decoding() {
 /// the block's cache as a plain evaluation does.
 #[test]
 fn follow_up_turn_with_the_drafter_bound_equals_a_fresh_run() {
-    let Some(dir) = fixture() else { return };
+    let Some(dir) = common::mtp::fixture("deepseekv4") else {
+        return;
+    };
     let m = common::mtp::model(&dir);
     let _bound = m.load_mtp(&dir).unwrap();
     let long = common::mtp::prompt(&dir, "long");

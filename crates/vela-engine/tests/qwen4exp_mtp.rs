@@ -3,6 +3,7 @@
 //! distributed as plain decoding (χ², with the always-accept control caught), and the MTP
 //! layer's cache after speculation, rollbacks and a restored checkpoint equal to the one a
 //! plain evaluation of the same tokens leaves.
+//!
 //! The checks every MTP layer passes are `common/mtp.rs`; here also the depth cost model with
 //! the (useless) random layer.
 
@@ -18,23 +19,7 @@ fn fixture() -> Option<PathBuf> {
     common::mtp::fixture("qwen4exp")
 }
 
-#[test]
-fn greedy_mtp_is_identical_to_plain_decoding() {
-    let Some(dir) = fixture() else { return };
-    common::mtp::greedy_equals_plain(&dir, 80);
-}
-
-#[test]
-fn mtp_cache_survives_a_restored_checkpoint() {
-    let Some(dir) = fixture() else { return };
-    common::mtp::cache_survives_a_restored_checkpoint(&dir);
-}
-
-#[test]
-fn stochastic_mtp_is_distributed_as_plain_decoding() {
-    let Some(dir) = fixture() else { return };
-    common::mtp::sampled_is_distributed_as_plain(&dir, 6000);
-}
+crate::mtp_tests!("qwen4exp", 80, 6000);
 
 /// The depth cost model turns a useless drafter off (a few probes) and keeps the output exact.
 #[test]

@@ -39,7 +39,7 @@ pub fn file_beside(model: &Path) -> Option<PathBuf> {
 
 /// Whether `path` names `source`, the file or directory a model's MTP layer was loaded from
 /// (a generated model, `None`, has its layer whatever the path says).
-pub(crate) fn same_source(source: Option<&Path>, path: &Path) -> bool {
+fn same_source(source: Option<&Path>, path: &Path) -> bool {
     match (source, path.canonicalize()) {
         (None, _) => true,
         (Some(src), Ok(p)) => src.canonicalize().map(|s| s == p).unwrap_or(false),
@@ -60,12 +60,12 @@ pub(crate) trait ChainedMtp: CausalLm {
 }
 
 /// The MTP layer of a [`ChainedMtp`] model as a drafter of that model's sequences.
-pub(crate) struct OwnMtp<M> {
+struct OwnMtp<M> {
     _m: std::marker::PhantomData<fn() -> M>,
 }
 
 impl<M> OwnMtp<M> {
-    pub(crate) fn new() -> Self {
+    fn new() -> Self {
         OwnMtp {
             _m: std::marker::PhantomData,
         }
@@ -102,4 +102,76 @@ impl<M: ChainedMtp + 'static> MtpHead for OwnMtp<M> {
         }
         Ok(())
     }
+}
+
+/// The weights that turn (a position's streams, the token after it) into an MTP layer's input.
+pub(crate) struct InputProj<'a, B: vela_compute::Backend> {
+    pub embd: &'a B::Weight,
+    pub norm_emb: &'a B::Vector,
+    pub fc_emb: &'a B::Weight,
+    /// The streams' norm and the width of one normalised row: `H` (each stream on its own) or
+    /// `S·H` (one RMS over all streams).
+    pub norm_hidden: (&'a B::Vector, usize),
+    pub fc_hidden: &'a B::Weight,
+}
+
+impl<B: vela_compute::Backend> InputProj<'_, B> {
+    /// `x_s = fc_hidden(norm_hidden(streams)_s) + fc_emb(norm_emb(E[t]))` for every stream `s`
+    /// of `tokens.len()` rows of `s` streams of `h` (`stream_rows`: row `t` for stream row
+    /// `t·s + j`); scratch `a` as wide as `x`, `b` and `c` a row of `h` per token.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn apply(
+        &self,
+        be: &B,
+        streams: &B::Buf,
+        tokens: &[u32],
+        stream_rows: &B::Ids,
+        (s, h, eps): (usize, usize, f32),
+        x: &mut B::Buf,
+        [a, b, c]: [&mut B::Buf; 3],
+    ) -> Result<()> {
+        let m = tokens.len();
+        let (norm, width) = self.norm_hidden;
+        be.rms_norm(streams, norm, m * s * h / width, width, eps, a);
+        be.matmul(self.fc_hidden, a, m * s, x);
+        be.get_rows(self.embd, tokens, 1.0, b)?;
+        be.rms_norm(b, self.norm_emb, m, h, eps, c);
+        be.matmul(self.fc_emb, c, m, b);
+        be.gather_rows(b, stream_rows, m * s, h, a);
+        be.add(x, a, m * s * h);
+        Ok(())
+    }
+}
+
+/// The cache rows a target forward over `tokens` at positions `p0..` writes: the first row and
+/// the token after each row (row `p0 − 1` waits for the batch's first token; at `p0 = 0` the
+/// rows start at 0 with the second token); `None` when there is none.
+pub(crate) fn cache_rows(tokens: &[u32], p0: usize) -> Option<(usize, &[u32])> {
+    let (r0, next) = if p0 > 0 {
+        (p0 - 1, tokens)
+    } else {
+        (0, tokens.get(1..).unwrap_or(&[]))
+    };
+    (!next.is_empty()).then_some((r0, next))
+}
+
+/// Bind a model's own MTP layer as its drafter: `source` is where the model loaded it from
+/// (`Ok(None)`: generated; `Err`: the model has none, why), which `path` must name; `on` turns
+/// the layer's cache on in the model's forwards.
+pub(crate) fn bind_own<M: ChainedMtp + 'static>(
+    arch: &str,
+    source: std::result::Result<Option<&Path>, &str>,
+    path: &Path,
+    on: &std::sync::atomic::AtomicBool,
+) -> Result<Box<dyn MtpHead>> {
+    let source = source.map_err(|why| anyhow!("this {arch} model has no MTP layer ({why})"))?;
+    if !same_source(source, path) {
+        bail!(
+            "{arch}'s MTP layer is loaded with the model (from {}): --mtp takes that path, not {}",
+            source.unwrap_or(path).display(),
+            path.display()
+        );
+    }
+    on.store(true, std::sync::atomic::Ordering::Relaxed);
+    Ok(Box::new(OwnMtp::<M>::new()))
 }

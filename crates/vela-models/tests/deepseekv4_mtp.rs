@@ -141,7 +141,7 @@ fn mtp_is_loaded_with_the_model() {
             Arc::new(DeepseekV4Model::load_hf(be.clone(), &plain, None).unwrap());
         assert!(p.discover_mtp(&plain).is_none());
         let e = p.load_mtp(&plain).err().unwrap().to_string();
-        assert!(e.contains("no MTP block"), "{e}");
+        assert!(e.contains("no MTP layer"), "{e}");
     }
     let lone = dir
         .parent()

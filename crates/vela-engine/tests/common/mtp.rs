@@ -249,3 +249,35 @@ pub fn sampled_is_distributed_as_plain(dir: &Path, n: usize) {
     eprintln!("always-accept: χ² {chi2:.1} over {cells} cells, p = {p:.3e}");
     assert!(p < 1e-6, "always-accept not caught: p {p:.2e}");
 }
+
+/// The checks above as the tests of one fixture set (`$VELA_CACHE/golden/<set>/mtp/`): greedy
+/// speculation over `n` tokens, the cache after a checkpoint and a rollback, `samples` sampled
+/// triples per drafter.
+#[macro_export]
+macro_rules! mtp_tests {
+    ($set:literal, $n:expr, $samples:expr) => {
+        #[test]
+        fn greedy_mtp_is_identical_to_plain_decoding() {
+            let Some(dir) = $crate::common::mtp::fixture($set) else {
+                return;
+            };
+            $crate::common::mtp::greedy_equals_plain(&dir, $n);
+        }
+
+        #[test]
+        fn mtp_cache_survives_a_restored_checkpoint() {
+            let Some(dir) = $crate::common::mtp::fixture($set) else {
+                return;
+            };
+            $crate::common::mtp::cache_survives_a_restored_checkpoint(&dir);
+        }
+
+        #[test]
+        fn stochastic_mtp_is_distributed_as_plain_decoding() {
+            let Some(dir) = $crate::common::mtp::fixture($set) else {
+                return;
+            };
+            $crate::common::mtp::sampled_is_distributed_as_plain(&dir, $samples);
+        }
+    };
+}

@@ -37,7 +37,7 @@
 //! the state layout.
 
 use super::*;
-use crate::mtp::{ChainedMtp, MtpHead, OwnMtp};
+use crate::mtp::{ChainedMtp, MtpHead};
 use crate::weights::WeightSource;
 use std::path::{Path, PathBuf};
 use vela_formats::gguf::GgufFile;
@@ -197,32 +197,26 @@ impl<B: Backend> DeepseekV4Model<B> {
     /// The block's input streams into `X` for the streams in `mtp_in` and `tokens` (one row
     /// each).
     fn mtp_input(&self, st: &mut DeepseekV4State<B>, mt: &Mtp<B>, tokens: &[u32]) -> Result<()> {
-        let be = &*self.backend;
         let c = &self.cfg;
-        let (m, s, h) = (tokens.len(), c.hc, c.hidden);
+        let w = crate::mtp::InputProj::<B> {
+            embd: &self.embd,
+            norm_emb: &mt.enorm,
+            fc_emb: &mt.e_proj,
+            norm_hidden: (&mt.hnorm, c.hidden),
+            fc_hidden: &mt.h_proj,
+        };
         let src = st.mtp_in.as_ref().ok_or_else(no_mtp_state)?;
-        let b = &mut st.bufs;
-        be.rms_norm(src, &mt.hnorm, m * s, h, c.eps, &mut b[F]);
-        {
-            let [f, x] = pick2(b, F, X);
-            be.matmul(&mt.h_proj, f, m * s, x);
-        }
-        be.get_rows(&self.embd, tokens, 1.0, &mut b[C])?;
-        {
-            let [cc, xn] = pick2(b, C, XN);
-            be.rms_norm(cc, &mt.enorm, m, h, c.eps, xn);
-        }
-        {
-            let [xn, y] = pick2(b, XN, Y);
-            be.matmul(&mt.e_proj, xn, m, y);
-        }
-        {
-            let [y, f] = pick2(b, Y, F);
-            be.gather_rows(y, &st.stream_rows, m * s, h, f);
-        }
-        let [x, f] = pick2(b, X, F);
-        be.add(x, f, m * s * h);
-        Ok(())
+        let [x, a, b, xn] = st.bufs.get_disjoint_mut([X, F, C, XN]).expect("distinct");
+        let dims = (c.hc, c.hidden, c.eps);
+        w.apply(
+            &*self.backend,
+            src,
+            tokens,
+            &st.stream_rows,
+            dims,
+            x,
+            [a, b, xn],
+        )
     }
 
     /// The cache-only pass of a forward at positions `p0..p0+n` ([`Self::mtp_stage`] ran): the
@@ -234,14 +228,9 @@ impl<B: Backend> DeepseekV4Model<B> {
         tokens: &[u32],
         p0: usize,
     ) -> Result<()> {
-        let (r0, next) = if p0 > 0 {
-            (p0 - 1, tokens)
-        } else {
-            (0, &tokens[1..])
-        };
-        if next.is_empty() {
+        let Some((r0, next)) = crate::mtp::cache_rows(tokens, p0) else {
             return Ok(());
-        }
+        };
         self.mtp_input(st, mt, next)?;
         let l = &mt.block;
         self.hc_pre(&mut st.bufs, &l.attn_hc, &l.attn_norm, next.len());
@@ -264,23 +253,14 @@ impl<B: Backend> DeepseekV4Model<B> {
     where
         B: 'static,
     {
-        let Some(mt) = &self.mtp else {
-            bail!(
-                "this deepseek_v4 model has no MTP block (no mtp.* tensors in its checkpoint; \
-                 for a GGUF model, llama.cpp's `convert_hf_to_gguf.py --mtp` output named \
-                 mtp-NAME beside it)"
-            );
+        let source = match &self.mtp {
+            Some(mt) => Ok(mt.source.as_deref()),
+            None => Err(
+                "no mtp.* tensors in its checkpoint; for a GGUF model, llama.cpp's \
+                         `convert_hf_to_gguf.py --mtp` output named mtp-NAME beside it",
+            ),
         };
-        if !crate::mtp::same_source(mt.source.as_deref(), path) {
-            bail!(
-                "deepseek_v4's MTP block is loaded with the model (from {}): --mtp takes that \
-                 path, not {}",
-                mt.source.as_deref().unwrap_or(path).display(),
-                path.display()
-            );
-        }
-        self.mtp_on.store(true, Ordering::Relaxed);
-        Ok(Box::new(OwnMtp::<Self>::new()))
+        crate::mtp::bind_own::<Self>("deepseek_v4", source, path, &self.mtp_on)
     }
 }
 

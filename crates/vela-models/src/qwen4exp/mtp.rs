@@ -18,7 +18,7 @@
 //! rows from `n_past − 1` on; those rows are rewritten by the verification forward.
 
 use super::*;
-use crate::mtp::{ChainedMtp, MtpHead, OwnMtp};
+use crate::mtp::{ChainedMtp, MtpHead};
 use anyhow::anyhow;
 use std::path::Path;
 
@@ -108,32 +108,26 @@ impl<B: Backend> Qwen4ExpModel<B> {
     /// The layer's input streams into `X` for the streams in `mtp_in` and `tokens` (one row
     /// each).
     fn mtp_input(&self, st: &mut Qwen4ExpState<B>, mt: &Mtp<B>, tokens: &[u32]) -> Result<()> {
-        let be = &*self.backend;
         let c = &self.cfg;
-        let (m, s, h) = (tokens.len(), c.streams, c.hidden);
+        let w = crate::mtp::InputProj::<B> {
+            embd: &self.embd,
+            norm_emb: &mt.norm_emb,
+            fc_emb: &mt.fc_emb,
+            norm_hidden: (&mt.norm_hidden, c.streams * c.hidden),
+            fc_hidden: &mt.fc_hidden,
+        };
         let src = st.mtp_in.as_ref().ok_or_else(no_mtp_state)?;
-        let b = &mut st.bufs;
-        be.rms_norm(src, &mt.norm_hidden, m, s * h, c.eps, &mut b[XN]);
-        {
-            let [xn, x] = pick2(b, XN, X);
-            be.matmul(&mt.fc_hidden, xn, m * s, x);
-        }
-        be.get_rows(&self.embd, tokens, 1.0, &mut b[M])?;
-        {
-            let [mm, t1] = pick2(b, M, T1);
-            be.rms_norm(mm, &mt.norm_emb, m, h, c.eps, t1);
-        }
-        {
-            let [t1, t2] = pick2(b, T1, T2);
-            be.matmul(&mt.fc_emb, t1, m, t2);
-        }
-        {
-            let [t2, t3] = pick2(b, T2, T3);
-            be.gather_rows(t2, &st.stream_rows, m * s, h, t3);
-        }
-        let [x, t3] = pick2(b, X, T3);
-        be.add(x, t3, m * s * h);
-        Ok(())
+        let [x, a, b, t1] = st.bufs.get_disjoint_mut([X, XN, M, T1]).expect("distinct");
+        let dims = (c.streams, c.hidden, c.eps);
+        w.apply(
+            &*self.backend,
+            src,
+            tokens,
+            &st.stream_rows,
+            dims,
+            x,
+            [a, b, t1],
+        )
     }
 
     /// The cache-only pass of a forward at positions `p0..p0+n` ([`Self::mtp_stage`] ran):
@@ -145,14 +139,9 @@ impl<B: Backend> Qwen4ExpModel<B> {
         tokens: &[u32],
         p0: usize,
     ) -> Result<()> {
-        let (r0, next) = if p0 > 0 {
-            (p0 - 1, tokens)
-        } else {
-            (0, &tokens[1..])
-        };
-        if next.is_empty() {
+        let Some((r0, next)) = crate::mtp::cache_rows(tokens, p0) else {
             return Ok(());
-        }
+        };
         self.mtp_input(st, mt, next)?;
         self.hc(&mut st.bufs, &mt.layer.attn_hc, next.len());
         let Block::Qsa(q) = &mt.layer.mixer else {
@@ -172,21 +161,14 @@ impl<B: Backend> Qwen4ExpModel<B> {
     where
         B: 'static,
     {
-        if self.mtp.is_none() {
-            bail!(
-                "this qwen4_exp checkpoint has no MTP layer (no mtp.* tensors; llama.cpp's GGUF \
-                 conversion drops them: use the HF checkpoint directory)"
-            );
-        }
-        if !crate::mtp::same_source(self.source.as_deref(), path) {
-            bail!(
-                "qwen4_exp's MTP layer is part of its checkpoint: --mtp takes the model's own \
-                 directory, not {}",
-                path.display()
-            );
-        }
-        self.mtp_on.store(true, Ordering::Relaxed);
-        Ok(Box::new(OwnMtp::<Self>::new()))
+        let source = match &self.mtp {
+            Some(_) => Ok(self.source.as_deref()),
+            None => Err(
+                "no mtp.* tensors; llama.cpp's GGUF conversion drops them: use the HF \
+                         checkpoint directory",
+            ),
+        };
+        crate::mtp::bind_own::<Self>("qwen4_exp", source, path, &self.mtp_on)
     }
 }
 
