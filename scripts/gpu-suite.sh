@@ -414,6 +414,14 @@ pack-ab)
       cp "$d4/$f" $A/d4/
     done
   fi
+  # ... and its MTP one (scripts/gen-deepseekv4-mtp.py).
+  d4m=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/deepseekv4/mtp
+  if [ -d "$d4m" ]; then
+    mkdir -p $A/d4m
+    for f in config.json model.safetensors prompts.json mtp_rows_long.f32 tokenizer.json tokenizer_config.json; do
+      cp "$d4m/$f" $A/d4m/
+    done
+  fi
   du -sh $A
   ;;
 ab)
@@ -551,6 +559,7 @@ q4x-fast)
   [ -d $A/q4 ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/gdn_qsa" && cp $A/q4/* "$VELA_CACHE/golden/qwen4exp/gdn_qsa/"
   [ -d $A/q4m ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/mtp" && cp $A/q4m/* "$VELA_CACHE/golden/qwen4exp/mtp/"
   [ -d $A/d4 ] && mkdir -p "$VELA_CACHE/golden/deepseekv4/flash_mini" && cp $A/d4/* "$VELA_CACHE/golden/deepseekv4/flash_mini/"
+  [ -d $A/d4m ] && mkdir -p "$VELA_CACHE/golden/deepseekv4/mtp" && cp $A/d4m/* "$VELA_CACHE/golden/deepseekv4/mtp/"
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   t0=$(date +%s)
   # The GGUF of q4x-llama generated meanwhile (the tests are GPU-bound).

@@ -1,7 +1,8 @@
 //! DeepSeek V4's ops against the CPU backend (mHC weights / collapse / expansion, trailing
 //! rotation, compressor pooling, the Lightning indexer, attention with sinks, SwiGLU with a
-//! limit), and the model on the GPU against transformers' logits on the `flash_mini` fixture
-//! (`scripts/gen-deepseekv4-fixtures.py`; skipped when absent).
+//! limit), the model on the GPU against transformers' logits on the `flash_mini` fixture
+//! (`scripts/gen-deepseekv4-fixtures.py`) and its MTP block against the reference of
+//! `scripts/gen-deepseekv4-mtp.py` (skipped when absent).
 
 use super::*;
 use vela_compute::LightningParams;
@@ -254,5 +255,29 @@ fn deepseekv4_gpu_matches_transformers() {
                 assert!(worst <= 1e-8, "worst position NMSE {worst:.3e}");
             }
         }
+    }
+}
+
+/// The MTP block on the GPU in exact mode (the release's storage as loaded: FP8 as BF16, MXFP4
+/// as Q8_0, their exact values): the first draft after every prefix of the 300-token prompt,
+/// one token and 7 tokens per forward, vs the reference of `scripts/gen-deepseekv4-mtp.py`.
+#[test]
+fn deepseekv4_mtp_gpu_matches_the_reference() {
+    let Some(g) = gpu() else { return };
+    let dir = vela_formats::testdata::golden_dir().join("deepseekv4/mtp");
+    if vela_formats::testdata::require(dir.join("mtp_rows_long.f32")).is_none() {
+        return;
+    }
+    g.set_exact_matmul(true);
+    let m: Arc<dyn LanguageModel> =
+        Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, None).unwrap());
+    let mut head = m.load_mtp(&dir).unwrap();
+    let chunks = [1usize, 7];
+    let worst = super::mtp::first_drafts(&m, &mut *head, &dir, "mtp_rows_long.f32", &chunks);
+    for (chunk, worst) in chunks.iter().zip(worst) {
+        eprintln!(
+            "RESULT | deepseekv4 MTP GPU vs reference, chunks of {chunk} | worst NMSE {worst:.3e} |"
+        );
+        assert!(worst <= 1e-8, "chunks of {chunk}: worst NMSE {worst:.3e}");
     }
 }

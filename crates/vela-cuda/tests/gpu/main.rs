@@ -443,6 +443,7 @@ mod gemma4;
 mod kernels2;
 mod mix;
 mod model;
+mod mtp;
 mod ops;
 mod qwen4exp;
 mod recurrent;

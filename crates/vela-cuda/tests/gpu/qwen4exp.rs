@@ -104,32 +104,9 @@ fn qwen4exp_mtp_gpu_matches_the_reference() {
     let m: Arc<dyn LanguageModel> =
         Arc::new(Qwen4ExpModel::load_hf(Arc::new(g), &dir, None).unwrap());
     let mut head = m.load_mtp(&dir).unwrap();
-    let toks = long_prompt(&dir);
-    let want = f32s(&dir.join("mtp_rows_long.f32"));
-    let nv = m.n_vocab();
-    for chunk in [1usize, 7] {
-        let mut st = m.clone().new_state(256, 8, KvType::F32).unwrap();
-        let (mut n, mut worst) = (0, 0f64);
-        while n < toks.len() - 1 {
-            let c = chunk.min(toks.len() - 1 - n);
-            let pos: Vec<u32> = (n..n + c).map(|i| i as u32).collect();
-            st.forward(&toks[n..n + c], &pos, c).unwrap();
-            n += c;
-            let mut got = Vec::new();
-            head.draft(&mut *st, toks[n], n, 1, &mut |lg| {
-                got = lg;
-                Ok(0)
-            })
-            .unwrap();
-            let b = &want[(n - 1) * nv..n * nv];
-            let err: f64 = got
-                .iter()
-                .zip(b)
-                .map(|(x, y)| ((x - y) as f64).powi(2))
-                .sum();
-            let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-            worst = worst.max(err / norm);
-        }
+    let chunks = [1usize, 7];
+    let worst = super::mtp::first_drafts(&m, &mut *head, &dir, "mtp_rows_long.f32", &chunks);
+    for (chunk, worst) in chunks.iter().zip(worst) {
         eprintln!(
             "RESULT | qwen4exp MTP GPU vs reference, chunks of {chunk} | worst NMSE {worst:.3e} |"
         );
