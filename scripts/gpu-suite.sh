@@ -390,38 +390,21 @@ pack-ab)
   for v in llama-bpe qwen2 qwen35 gemma-4 deepseek-llm; do
     xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" >$A/vocab-$v.gguf.xz
   done
-  # The qwen4_exp fixture the GPU model test compares against (scripts/gen-qwen4exp-fixtures.py).
-  q4=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/qwen4exp/gdn_qsa
-  if [ -d "$q4" ]; then
-    mkdir -p $A/q4
-    for f in config.json model.safetensors prompts.json logits_long.f32 tokenizer.json tokenizer_config.json generation_config.json; do
-      cp "$q4/$f" $A/q4/
-    done
-  fi
-  # ... and the MTP one (scripts/gen-qwen4exp-mtp.py).
-  q4m=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/qwen4exp/mtp
-  if [ -d "$q4m" ]; then
-    mkdir -p $A/q4m
-    for f in config.json model.safetensors prompts.json mtp_rows_long.f32 tokenizer.json tokenizer_config.json generation_config.json; do
-      cp "$q4m/$f" $A/q4m/
-    done
-  fi
-  # ... and the deepseek_v4 one (scripts/gen-deepseekv4-fixtures.py).
-  d4=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/deepseekv4/flash_mini
-  if [ -d "$d4" ]; then
-    mkdir -p $A/d4
-    for f in config.json model.safetensors prompts.json logits_long.f32 tokenizer.json tokenizer_config.json; do
-      cp "$d4/$f" $A/d4/
-    done
-  fi
-  # ... and its MTP one (scripts/gen-deepseekv4-mtp.py).
-  d4m=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/deepseekv4/mtp
-  if [ -d "$d4m" ]; then
-    mkdir -p $A/d4m
-    for f in config.json model.safetensors prompts.json mtp_rows_long.f32 tokenizer.json tokenizer_config.json; do
-      cp "$d4m/$f" $A/d4m/
-    done
-  fi
+  # The fixtures the GPU model tests compare against: carry NAME SET/FIXTURE FILE... copies the
+  # files of $VELA_CACHE/golden/SET/FIXTURE (when it exists) to $A/NAME.
+  carry() {
+    local name=$1 src=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/$2
+    shift 2
+    [ -d "$src" ] || return 0
+    mkdir -p $A/$name
+    for f in "$@"; do cp "$src/$f" $A/$name/; done
+  }
+  hf="config.json model.safetensors prompts.json tokenizer.json tokenizer_config.json"
+  # scripts/gen-qwen4exp-fixtures.py, gen-qwen4exp-mtp.py, gen-deepseekv4-fixtures.py, gen-deepseekv4-mtp.py
+  carry q4 qwen4exp/gdn_qsa $hf logits_long.f32 generation_config.json
+  carry q4m qwen4exp/mtp $hf mtp_rows_long.f32 generation_config.json
+  carry d4 deepseekv4/flash_mini $hf logits_long.f32
+  carry d4m deepseekv4/mtp $hf mtp_rows_long.f32
   du -sh $A
   ;;
 ab)

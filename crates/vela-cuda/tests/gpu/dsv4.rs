@@ -218,20 +218,8 @@ fn deepseekv4_gpu_matches_transformers() {
         g.set_exact_matmul(exact);
         let m: Arc<dyn LanguageModel> =
             Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, None).unwrap());
-        let p: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap())
-                .unwrap();
-        let toks: Vec<u32> = p["prompts"]["long"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
-        let want: Vec<f32> = std::fs::read(dir.join("logits_long.f32"))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let toks = long_prompt(&dir);
+        let want = f32s(&dir.join("logits_long.f32"));
         let nv = want.len() / toks.len();
         for chunk in [toks.len(), 1] {
             let mut st = m.clone().new_state(512, chunk, KvType::F32).unwrap();

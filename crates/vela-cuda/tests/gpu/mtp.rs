@@ -15,19 +15,8 @@ pub fn first_drafts(
     want: &str,
     chunks: &[usize],
 ) -> Vec<f64> {
-    let p: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
-    let toks: Vec<u32> = p["prompts"]["long"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect();
-    let want: Vec<f32> = std::fs::read(dir.join(want))
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect();
+    let toks = long_prompt(dir);
+    let want = f32s(&dir.join(want));
     let nv = m.n_vocab();
     chunks
         .iter()

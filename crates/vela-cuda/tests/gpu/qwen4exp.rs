@@ -6,29 +6,9 @@ use super::*;
 use vela_models::qwen4exp::Qwen4ExpModel;
 use vela_models::LanguageModel;
 
-fn f32s(p: &std::path::Path) -> Vec<f32> {
-    std::fs::read(p)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
 /// In exact mode (f32 products on the device, as the CPU computes them) within 1e-5 NMSE of HF
 /// at every position and the same bits whatever the chunking; the default mode (the device's
 /// fast products) is reported.
-/// The fixture's 128-token prompt.
-fn long_prompt(dir: &std::path::Path) -> Vec<u32> {
-    let p: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
-    p["prompts"]["long"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 fn qwen4exp_gpu_matches_transformers_and_any_split() {
     for exact in [true, false] {
