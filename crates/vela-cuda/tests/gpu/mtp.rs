@@ -6,17 +6,33 @@ use super::*;
 use std::path::Path;
 use vela_models::{LanguageModel, MtpHead};
 
-/// For each chunk size (tokens per target forward), the worst NMSE of the first draft after
-/// each forward against row `n − 1` of `want` (`[T − 1, vocab]` f32).
-pub fn first_drafts(
+/// For target forwards of 1 and 7 tokens, the worst NMSE of the first draft after each
+/// forward against row `n − 1` of `mtp_rows_long.f32` (`[T − 1, vocab]`), reported as `what`
+/// and within `bound`.
+pub fn first_drafts(m: &Arc<dyn LanguageModel>, dir: &Path, what: &str, bound: f64) {
+    let mut head = m.load_mtp(dir).unwrap();
+    for (chunk, worst) in [1usize, 7]
+        .into_iter()
+        .zip(worst(m, &mut *head, dir, &[1, 7]))
+    {
+        eprintln!(
+            "RESULT | {what} MTP GPU vs reference, chunks of {chunk} | worst NMSE {worst:.3e} |"
+        );
+        assert!(
+            worst <= bound,
+            "{what}, chunks of {chunk}: worst NMSE {worst:.3e}"
+        );
+    }
+}
+
+fn worst(
     m: &Arc<dyn LanguageModel>,
     head: &mut dyn MtpHead,
     dir: &Path,
-    want: &str,
     chunks: &[usize],
 ) -> Vec<f64> {
     let toks = long_prompt(dir);
-    let want = f32s(&dir.join(want));
+    let want = f32s(&dir.join("mtp_rows_long.f32"));
     let nv = m.n_vocab();
     chunks
         .iter()
