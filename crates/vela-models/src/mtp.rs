@@ -143,6 +143,27 @@ impl<B: vela_compute::Backend> InputProj<'_, B> {
     }
 }
 
+/// The streams of a forward's cache rows into `dst` (`w` wide): `prev` (a buffer and its row
+/// holding the streams of the position before the forward; `None` when the forward starts the
+/// sequence), then rows `0..n − 1` of the forward's streams `x`.
+pub(crate) fn stage_rows<B: vela_compute::Backend>(
+    be: &B,
+    prev: Option<(&B::Buf, usize)>,
+    (x, n, w): (&B::Buf, usize, usize),
+    dst: &mut B::Buf,
+) {
+    let r = match prev {
+        Some((b, row)) => {
+            be.copy_rows(b, row, 1, w, dst, 0);
+            1
+        }
+        None => 0,
+    };
+    if n > 1 {
+        be.copy_rows(x, 0, n - 1, w, dst, r);
+    }
+}
+
 /// The cache rows a target forward over `tokens` at positions `p0..` writes: the first row and
 /// the token after each row (row `p0 − 1` waits for the batch's first token; at `p0 = 0` the
 /// rows start at 0 with the second token); `None` when there is none.

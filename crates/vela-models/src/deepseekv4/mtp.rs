@@ -182,14 +182,8 @@ impl<B: Backend> DeepseekV4Model<B> {
         let w = self.cfg.hc * self.cfg.hidden;
         let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
         let ring = st.extra.blocks_mut(mt.streams)?;
-        let mut r = 0;
-        if p0 > 0 {
-            be.copy_rows(ring.raw, (p0 - 1) % ring.raw_slots, 1, w, dst, 0);
-            r = 1;
-        }
-        if n > 1 {
-            be.copy_rows(&st.bufs[X], 0, n - 1, w, dst, r);
-        }
+        let prev = (p0 > 0).then(|| (&*ring.raw, (p0 - 1) % ring.raw_slots));
+        crate::mtp::stage_rows(be, prev, (&st.bufs[X], n, w), dst);
         store_ring(be, &st.bufs[X], (n, w), ring.raw, ring.raw_slots, p0);
         Ok(())
     }

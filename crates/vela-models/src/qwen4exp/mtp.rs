@@ -84,14 +84,12 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let be = &*self.backend;
         let w = self.cfg.streams * self.cfg.hidden;
         let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
-        let mut r = 0;
-        if p0 > 0 {
-            be.copy_rows(st.extra.recurrent(mt.pending, p0)?, 0, 1, w, dst, 0);
-            r = 1;
-        }
-        if n > 1 {
-            be.copy_rows(&st.bufs[X], 0, n - 1, w, dst, r);
-        }
+        let prev = if p0 > 0 {
+            Some((st.extra.recurrent(mt.pending, p0)?, 0))
+        } else {
+            None
+        };
+        crate::mtp::stage_rows(be, prev, (&st.bufs[X], n, w), dst);
         // As `segments` writes a recurrent state: the last SNAPSHOTS positions one by one.
         let bulk = n - n.min(SNAPSHOTS);
         if bulk > 0 {
