@@ -8,6 +8,8 @@
 //! parameters), `deepseek-v4-flash-12l` (its first 12 layers: 2 sliding, 5 CSA, 5 HCA, the 3
 //! hash-routed ones included) and `deepseek-v4-tiny` (the shapes of the `flash_mini` fixture of
 //! scripts/gen-deepseekv4-fixtures.py: every layer kind, hash and top-k routing).
+//! Every geometry carries the MTP block (spec §11), generated the same way; the memory plan
+//! leaves it out.
 
 use super::*;
 use crate::synth::{normal, tensor_key};
@@ -128,84 +130,75 @@ struct Tensor {
     stored: Stored,
 }
 
-/// The release checkpoint's tensors of a config (the routed experts' MTP block left out).
-fn plan(c: &DeepseekV4Config) -> HashMap<String, Tensor> {
-    let mut t = HashMap::new();
-    let (h, s, sh) = (c.hidden, c.hc, c.hc * c.hidden);
-    let mut add = |name: String, rows: usize, cols: usize, make: Make, stored: Stored| {
-        t.insert(
-            name,
-            Tensor {
-                rows,
-                cols,
-                make,
-                stored,
-            },
-        );
-    };
-    // Linear maps N(0, 1/fan_in): unit-scale outputs from unit-scale (normalised) inputs.
-    let mat = |cols: usize| Make::Matrix {
+/// A plan being filled: the tensors by name.
+struct Planner<'a> {
+    c: &'a DeepseekV4Config,
+    t: HashMap<String, Tensor>,
+}
+
+// Linear maps N(0, 1/fan_in): unit-scale outputs from unit-scale (normalised) inputs.
+fn mat(cols: usize) -> Make {
+    Make::Matrix {
         std: 1.0 / (cols as f32).sqrt(),
-    };
-    let f = |mean, std| Make::Floats { mean, std };
-    // Weighted RMSNorm gammas (no 1 + w).
-    let gamma = f(1.0, 0.02);
-    add(
-        "embed.weight".into(),
-        c.n_vocab,
-        h,
-        Make::Matrix { std: 1.0 },
-        Stored::Bf16,
-    );
-    add("head.weight".into(), c.n_vocab, h, mat(h), Stored::Bf16);
-    add("norm.weight".into(), 1, h, gamma, Stored::Bf16);
-    // mHC: the mixes see an RMS-normalised [S·H] row (logits of unit scale); bases and scales
-    // as the fixtures' (spread Sinkhorn inputs, no saturated sigmoid).
-    let mut hc = |p: &str, rows: usize, n_scale: usize| {
-        add(
-            format!("{p}_fn"),
-            rows,
-            sh,
-            f(0.0, 1.0 / (sh as f32).sqrt()),
-            Stored::F32,
-        );
-        add(format!("{p}_base"), 1, rows, f(0.0, 0.5), Stored::F32);
-        add(format!("{p}_scale"), 1, n_scale, f(1.0, 0.2), Stored::F32);
-    };
-    hc("hc_head", s, 1);
-    for i in 0..c.attn.len() {
-        let p = format!("layers.{i}");
-        hc(&format!("{p}.hc_attn"), (2 + s) * s, 3);
-        hc(&format!("{p}.hc_ffn"), (2 + s) * s, 3);
     }
-    let (nh, hd, qr) = (c.n_head, c.head_dim, c.q_rank);
-    let (g, r) = (c.o_groups, c.o_rank);
-    for (i, &kind) in c.attn.iter().enumerate() {
-        let p = format!("layers.{i}");
-        add(format!("{p}.attn_norm.weight"), 1, h, gamma, Stored::Bf16);
-        add(format!("{p}.ffn_norm.weight"), 1, h, gamma, Stored::Bf16);
+}
+
+// Weighted RMSNorm gammas (no 1 + w).
+const GAMMA: Make = Make::Floats {
+    mean: 1.0,
+    std: 0.02,
+};
+
+impl Planner<'_> {
+    fn add(&mut self, name: String, rows: usize, cols: usize, make: Make, stored: Stored) {
+        let t = Tensor {
+            rows,
+            cols,
+            make,
+            stored,
+        };
+        self.t.insert(name, t);
+    }
+
+    /// An mHC module: the mixes see an RMS-normalised [S·H] row (logits of unit scale); bases
+    /// and scales as the fixtures' (spread Sinkhorn inputs, no saturated sigmoid).
+    fn hc(&mut self, p: &str, rows: usize, n_scale: usize) {
+        let sh = self.c.hc * self.c.hidden;
+        let f = |mean, std| Make::Floats { mean, std };
+        let std = 1.0 / (sh as f32).sqrt();
+        self.add(format!("{p}_fn"), rows, sh, f(0.0, std), Stored::F32);
+        self.add(format!("{p}_base"), 1, rows, f(0.0, 0.5), Stored::F32);
+        self.add(format!("{p}_scale"), 1, n_scale, f(1.0, 0.2), Stored::F32);
+    }
+
+    /// A layer's tensors under `p` (`layers.<i>`, or `mtp.0` for the MTP block).
+    fn layer(&mut self, p: &str, kind: Attn, routing: Routing) {
+        let c = self.c;
+        let (h, s) = (c.hidden, c.hc);
+        let f = |mean, std| Make::Floats { mean, std };
+        self.hc(&format!("{p}.hc_attn"), (2 + s) * s, 3);
+        self.hc(&format!("{p}.hc_ffn"), (2 + s) * s, 3);
+        let (nh, hd, qr) = (c.n_head, c.head_dim, c.q_rank);
+        let (g, r) = (c.o_groups, c.o_rank);
+        self.add(format!("{p}.attn_norm.weight"), 1, h, GAMMA, Stored::Bf16);
+        self.add(format!("{p}.ffn_norm.weight"), 1, h, GAMMA, Stored::Bf16);
         let a = format!("{p}.attn");
         // Sinks of unit scale: a share of the softmax, never all of it.
-        add(format!("{a}.attn_sink"), 1, nh, f(0.0, 1.0), Stored::F32);
-        add(format!("{a}.wq_a.weight"), qr, h, mat(h), Stored::Fp8);
-        add(format!("{a}.q_norm.weight"), 1, qr, gamma, Stored::Bf16);
-        add(
+        self.add(format!("{a}.attn_sink"), 1, nh, f(0.0, 1.0), Stored::F32);
+        self.add(format!("{a}.wq_a.weight"), qr, h, mat(h), Stored::Fp8);
+        self.add(format!("{a}.q_norm.weight"), 1, qr, GAMMA, Stored::Bf16);
+        self.add(
             format!("{a}.wq_b.weight"),
             nh * hd,
             qr,
             mat(qr),
             Stored::Fp8,
         );
-        add(format!("{a}.wkv.weight"), hd, h, mat(h), Stored::Fp8);
-        add(format!("{a}.kv_norm.weight"), 1, hd, gamma, Stored::Bf16);
-        add(
-            format!("{a}.wo_a.weight"),
-            g * r,
-            nh * hd / g,
-            mat(nh * hd / g),
-            Stored::Fp8,
-        );
-        add(
+        self.add(format!("{a}.wkv.weight"), hd, h, mat(h), Stored::Fp8);
+        self.add(format!("{a}.kv_norm.weight"), 1, hd, GAMMA, Stored::Bf16);
+        let gw = nh * hd / g;
+        self.add(format!("{a}.wo_a.weight"), g * r, gw, mat(gw), Stored::Fp8);
+        self.add(
             format!("{a}.wo_b.weight"),
             h,
             g * r,
@@ -214,32 +207,27 @@ fn plan(c: &DeepseekV4Config) -> HashMap<String, Tensor> {
         );
         let mut comp = |p: &str, width: usize, m: usize, overlap: bool| {
             let half = if overlap { 2 * width } else { width };
-            add(format!("{p}.wkv.weight"), half, h, mat(h), Stored::Bf16);
-            add(format!("{p}.wgate.weight"), half, h, mat(h), Stored::Bf16);
-            add(format!("{p}.ape"), m, half, f(0.0, 0.5), Stored::F32);
-            add(format!("{p}.norm.weight"), 1, width, gamma, Stored::Bf16);
+            self.add(format!("{p}.wkv.weight"), half, h, mat(h), Stored::Bf16);
+            self.add(format!("{p}.wgate.weight"), half, h, mat(h), Stored::Bf16);
+            self.add(format!("{p}.ape"), m, half, f(0.0, 0.5), Stored::F32);
+            self.add(format!("{p}.norm.weight"), 1, width, GAMMA, Stored::Bf16);
         };
         match kind {
             Attn::Sliding => {}
             Attn::Hca => comp(&format!("{a}.compressor"), hd, c.hca_rate, false),
             Attn::Csa => {
                 comp(&format!("{a}.compressor"), hd, c.csa_rate, true);
-                comp(
-                    &format!("{a}.indexer.compressor"),
-                    c.idx_dim,
-                    c.csa_rate,
-                    true,
-                );
                 let x = format!("{a}.indexer");
+                comp(&format!("{x}.compressor"), c.idx_dim, c.csa_rate, true);
                 let (ni, di) = (c.idx_heads, c.idx_dim);
-                add(
+                self.add(
                     format!("{x}.wq_b.weight"),
                     ni * di,
                     qr,
                     mat(qr),
                     Stored::Fp8,
                 );
-                add(
+                self.add(
                     format!("{x}.weights_proj.weight"),
                     ni,
                     h,
@@ -250,30 +238,58 @@ fn plan(c: &DeepseekV4Config) -> HashMap<String, Tensor> {
         }
         let e = format!("{p}.ffn");
         let (ne, ff) = (c.n_expert, c.n_ff);
-        add(format!("{e}.gate.weight"), ne, h, mat(h), Stored::Bf16);
+        self.add(format!("{e}.gate.weight"), ne, h, mat(h), Stored::Bf16);
         // The correction bias (selection only; the release has it on hash layers too).
-        add(format!("{e}.gate.bias"), 1, ne, f(0.0, 0.3), Stored::F32);
-        if c.routing[i] == Routing::Hash {
-            add(
-                format!("{e}.gate.tid2eid"),
-                c.n_vocab,
-                c.top_k,
-                Make::Table,
-                Stored::I64,
-            );
+        self.add(format!("{e}.gate.bias"), 1, ne, f(0.0, 0.3), Stored::F32);
+        if routing == Routing::Hash {
+            let name = format!("{e}.gate.tid2eid");
+            self.add(name, c.n_vocab, c.top_k, Make::Table, Stored::I64);
         }
         for x in 0..ne {
             let w = format!("{e}.experts.{x}");
-            add(format!("{w}.w1.weight"), ff, h, mat(h), Stored::Mxfp4);
-            add(format!("{w}.w3.weight"), ff, h, mat(h), Stored::Mxfp4);
-            add(format!("{w}.w2.weight"), h, ff, mat(ff), Stored::Mxfp4);
+            self.add(format!("{w}.w1.weight"), ff, h, mat(h), Stored::Mxfp4);
+            self.add(format!("{w}.w3.weight"), ff, h, mat(h), Stored::Mxfp4);
+            self.add(format!("{w}.w2.weight"), h, ff, mat(ff), Stored::Mxfp4);
         }
         let w = format!("{e}.shared_experts");
-        add(format!("{w}.w1.weight"), ff, h, mat(h), Stored::Fp8);
-        add(format!("{w}.w3.weight"), ff, h, mat(h), Stored::Fp8);
-        add(format!("{w}.w2.weight"), h, ff, mat(ff), Stored::Fp8);
+        self.add(format!("{w}.w1.weight"), ff, h, mat(h), Stored::Fp8);
+        self.add(format!("{w}.w3.weight"), ff, h, mat(h), Stored::Fp8);
+        self.add(format!("{w}.w2.weight"), h, ff, mat(ff), Stored::Fp8);
     }
-    t
+}
+
+/// The release checkpoint's tensors of a config; with `mtp`, its MTP block too (spec §11: a
+/// sliding, top-k routed layer under `mtp.0` with its projections, norms and hc_head).
+fn plan(c: &DeepseekV4Config, mtp: bool) -> HashMap<String, Tensor> {
+    let mut p = Planner {
+        c,
+        t: HashMap::new(),
+    };
+    let (h, s) = (c.hidden, c.hc);
+    p.add(
+        "embed.weight".into(),
+        c.n_vocab,
+        h,
+        Make::Matrix { std: 1.0 },
+        Stored::Bf16,
+    );
+    p.add("head.weight".into(), c.n_vocab, h, mat(h), Stored::Bf16);
+    p.add("norm.weight".into(), 1, h, GAMMA, Stored::Bf16);
+    p.hc("hc_head", s, 1);
+    for (i, (&kind, &routing)) in c.attn.iter().zip(&c.routing).enumerate() {
+        p.layer(&format!("layers.{i}"), kind, routing);
+    }
+    if mtp {
+        for w in ["e_proj", "h_proj"] {
+            p.add(format!("mtp.0.{w}.weight"), h, h, mat(h), Stored::Fp8);
+        }
+        for n in ["enorm", "hnorm", "norm"] {
+            p.add(format!("mtp.0.{n}.weight"), 1, h, GAMMA, Stored::Bf16);
+        }
+        p.hc("mtp.0.hc_head", s, 1);
+        p.layer("mtp.0", Attn::Sliding, Routing::TopK);
+    }
+    p.t
 }
 
 /// A token's `k` distinct experts of `n`, from the table's stream `key`.
@@ -323,7 +339,7 @@ impl<B: Backend> DeepseekV4Model<B> {
     /// The geometry `name` with random weights (matrices in `qtype`), deterministic from `seed`.
     pub fn synth(backend: Arc<B>, name: &str, qtype: GgmlType, seed: u64) -> Result<Self> {
         let cfg = DeepseekV4Config::from_json(&config(name)?)?;
-        let plan = Arc::new(plan(&cfg));
+        let plan = Arc::new(plan(&cfg, true));
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let n_expert = cfg.n_expert;
         let get = move |n: &str| -> Option<HostWeight> {
@@ -347,7 +363,13 @@ impl<B: Backend> DeepseekV4Model<B> {
             }
         };
         let src = WeightSource::synthetic(Arc::new(get), seed);
-        Self::load(backend, &src, &src, false, cfg, None)
+        // The MTP block too (generated: it binds whatever path `--mtp` names).
+        let mtp = super::mtp::MtpFrom {
+            src: &src,
+            gguf: false,
+            source: None,
+        };
+        Self::load(backend, &src, &src, false, cfg, Some(mtp))
     }
 }
 
@@ -365,12 +387,15 @@ pub enum Storage {
 
 /// Parameters of a config (the MTP block left out).
 pub fn parameters(c: &DeepseekV4Config) -> u64 {
-    plan(c).values().map(|t| (t.rows * t.cols) as u64).sum()
+    plan(c, false)
+        .values()
+        .map(|t| (t.rows * t.cols) as u64)
+        .sum()
 }
 
 /// Bytes of a config's weights held as `st`.
 pub fn weight_bytes(c: &DeepseekV4Config, st: Storage) -> u64 {
-    plan(c)
+    plan(c, false)
         .values()
         .map(|t| {
             let (r, k) = (t.rows as u64, t.cols as u64);
