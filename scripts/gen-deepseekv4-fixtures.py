@@ -607,6 +607,15 @@ def upstream_config_json(kw: dict, cfg, torch_dtype: str) -> dict:
     return cj
 
 
+def release_config_json(kw: dict, cfg) -> dict:
+    """config.json of the release's storage: its keys, quantization_config and expert_dtype."""
+    cj = upstream_config_json(kw, cfg, "bfloat16")
+    cj["expert_dtype"] = "fp4"
+    cj["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
+                                 "scale_fmt": "ue8m0", "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
+    return cj
+
+
 def effective_config(cfg) -> dict:
     keys = ("layer_types", "mlp_layer_types", "compress_rates", "rope_parameters", "partial_rotary_factor",
             "qk_rope_head_dim", "scoring_func", "norm_topk_prob", "routed_scaling_factor", "swiglu_limit", "hc_mult",
@@ -790,39 +799,34 @@ def quant_fp4(w: torch.Tensor):
 FP8_HF: dict = {}  # release name of each FP8 matrix -> its HF parameter (filled by release_layout)
 
 
-def release_layout(model, cfg, gen: torch.Generator):
-    """(tensors in the released checkpoint's names/dtypes, the HF state dict they dequantize to,
-    per-tensor storage kinds)."""
-    sd, ref, kinds = {}, {}, {}
-    FP8_HF.clear()
+class Release:
+    """Tensors in the released checkpoint's names and storage (`sd`), the HF state dict they
+    dequantize to (`ref`), each tensor's storage kind, and the HF parameter of each FP8 matrix."""
 
-    def fp8(up, hf, w):
+    def __init__(self):
+        self.sd, self.ref, self.kinds, self.fp8_hf = {}, {}, {}, {}
+
+    def fp8(self, up, hf, w):
         q, s, deq = quant_fp8(w.detach())
-        sd[up + ".weight"], sd[up + ".scale"], ref[hf] = q, s, deq
-        kinds[up + ".weight"] = "F8_E4M3 + .scale F8_E8M0 [ceil(r/128), ceil(c/128)]"
-        FP8_HF[up + ".weight"] = hf
+        self.sd[up + ".weight"], self.sd[up + ".scale"], self.ref[hf] = q, s, deq
+        self.kinds[up + ".weight"] = "F8_E4M3 + .scale F8_E8M0 [ceil(r/128), ceil(c/128)]"
+        self.fp8_hf[up + ".weight"] = hf
 
-    def bf16(up, hf, w):
-        sd[up] = w.detach().to(torch.bfloat16)
-        ref[hf] = sd[up].float()
-        kinds[up] = "BF16"
+    def bf16(self, up, hf, w):
+        self.sd[up] = w.detach().to(torch.bfloat16)
+        self.ref[hf] = self.sd[up].float()
+        self.kinds[up] = "BF16"
 
-    def f32(up, hf, w):
-        sd[up] = w.detach().clone()
+    def f32(self, up, hf, w):
+        self.sd[up] = w.detach().clone()
         if hf is not None:
-            ref[hf] = sd[up]
-        kinds[up] = "F32" if w.is_floating_point() else "I64"
+            self.ref[hf] = self.sd[up]
+        self.kinds[up] = "F32" if w.is_floating_point() else "I64"
 
-    M = model.model
-    bf16("embed.weight", "model.embed_tokens.weight", M.embed_tokens.weight)
-    bf16("head.weight", "lm_head.weight", model.lm_head.weight)
-    bf16("norm.weight", "model.norm.weight", M.norm.weight)
-    f32("hc_head_fn", "model.hc_head.hc_fn", M.hc_head.hc_fn)
-    f32("hc_head_base", "model.hc_head.hc_base", M.hc_head.hc_base)
-    f32("hc_head_scale", "model.hc_head.hc_scale", M.hc_head.hc_scale)
-    E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
-    for i, layer in enumerate(M.layers):
-        P, R = f"layers.{i}.", f"model.layers.{i}."
+    def layer(self, layer, P: str, R: str, cfg, gen: torch.Generator):
+        """One decoder layer: release prefix P (`layers.<i>.`), HF prefix R."""
+        fp8, bf16, f32 = self.fp8, self.bf16, self.f32
+        E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
         for hc, up in ((layer.attn_hc, "hc_attn"), (layer.ffn_hc, "hc_ffn")):
             hn = "attn_hc" if up == "hc_attn" else "ffn_hc"
             for leaf in ("fn", "base", "scale"):
@@ -867,17 +871,36 @@ def release_layout(model, cfg, gen: torch.Generator):
         for e in range(E):
             for wn, w, rows in (("w1", gu[e, :I], slice(0, I)), ("w3", gu[e, I:], slice(I, 2 * I)), ("w2", dn[e], None)):
                 q, s, deq = quant_fp4(w)
-                sd[f"{P}ffn.experts.{e}.{wn}.weight"], sd[f"{P}ffn.experts.{e}.{wn}.scale"] = q, s
-                kinds[f"{P}ffn.experts.{e}.{wn}.weight"] = "MXFP4: I8 [r, c/2] + .scale F8_E8M0 [r, c/32]"
+                self.sd[f"{P}ffn.experts.{e}.{wn}.weight"], self.sd[f"{P}ffn.experts.{e}.{wn}.scale"] = q, s
+                self.kinds[f"{P}ffn.experts.{e}.{wn}.weight"] = "MXFP4: I8 [r, c/2] + .scale F8_E8M0 [r, c/32]"
                 if rows is None:
                     ddn[e] = deq
                 else:
                     dgu[e, rows] = deq
-        ref[F + "experts.gate_up_proj"], ref[F + "experts.down_proj"] = dgu, ddn
+        self.ref[F + "experts.gate_up_proj"], self.ref[F + "experts.down_proj"] = dgu, ddn
         se = mlp.shared_experts
         fp8(P + "ffn.shared_experts.w1", F + "shared_experts.gate_proj.weight", se.gate_proj.weight)
         fp8(P + "ffn.shared_experts.w3", F + "shared_experts.up_proj.weight", se.up_proj.weight)
         fp8(P + "ffn.shared_experts.w2", F + "shared_experts.down_proj.weight", se.down_proj.weight)
+
+
+def release_layout(model, cfg, gen: torch.Generator):
+    """(tensors in the released checkpoint's names/dtypes, the HF state dict they dequantize to,
+    per-tensor storage kinds, the names of the random MTP block)."""
+    rel = Release()
+    sd, kinds = rel.sd, rel.kinds
+    M = model.model
+    rel.bf16("embed.weight", "model.embed_tokens.weight", M.embed_tokens.weight)
+    rel.bf16("head.weight", "lm_head.weight", model.lm_head.weight)
+    rel.bf16("norm.weight", "model.norm.weight", M.norm.weight)
+    rel.f32("hc_head_fn", "model.hc_head.hc_fn", M.hc_head.hc_fn)
+    rel.f32("hc_head_base", "model.hc_head.hc_base", M.hc_head.hc_base)
+    rel.f32("hc_head_scale", "model.hc_head.hc_scale", M.hc_head.hc_scale)
+    E, I = cfg.n_routed_experts, cfg.moe_intermediate_size
+    for i, layer in enumerate(M.layers):
+        rel.layer(layer, f"layers.{i}.", f"model.layers.{i}.", cfg, gen)
+    FP8_HF.clear()  # one fixture's names (several are built in one process)
+    FP8_HF.update(rel.fp8_hf)
 
     # an MTP block (random; no oracle: HF drops ^mtp.* on load, modeling 1266): e_proj/h_proj/enorm/
     # hnorm/norm/hc_head_* + one sliding-window block with a top-k (non-hash) MoE, as layer N would be
@@ -915,7 +938,7 @@ def release_layout(model, cfg, gen: torch.Generator):
         q, s, _ = quant_fp8(rnd(shape, shape[1] ** -0.5))
         mtp[f"mtp.0.ffn.shared_experts.{wn}.weight"], mtp[f"mtp.0.ffn.shared_experts.{wn}.scale"] = q, s
     sd.update(mtp)
-    return sd, ref, kinds, sorted(mtp)
+    return sd, rel.ref, kinds, sorted(mtp)
 
 
 def allow_fp8_load_without_accelerate() -> bool:
@@ -968,11 +991,7 @@ def build_fp8(base_name: str, kw: dict, base: dict) -> None:
     from safetensors.torch import save_file
     save_file({k: v.contiguous() for k, v in sd.items()}, os.path.join(d, "model.safetensors"),
               metadata={"format": "pt"})
-    cj = upstream_config_json(kw, cfg, "bfloat16")
-    cj["expert_dtype"] = "fp4"
-    cj["quantization_config"] = {"activation_scheme": "dynamic", "fmt": "e4m3", "quant_method": "fp8",
-                                 "scale_fmt": "ue8m0", "weight_block_size": [FP8_BLOCK, FP8_BLOCK]}
-    json.dump(cj, open(os.path.join(d, "config.json"), "w"), indent=2)
+    json.dump(release_config_json(kw, cfg), open(os.path.join(d, "config.json"), "w"), indent=2)
     synthetic_tokenizer(d, cfg.vocab_size)
 
     lifted = allow_fp8_load_without_accelerate()
@@ -1226,16 +1245,21 @@ def gguf_values(d: str) -> None:
     sys.path[:0] = [os.path.join(LLAMA_CPP, "gguf-py")]
     import gguf
     from gguf.quants import dequantize
-    rd = gguf.GGUFReader(os.path.join(d, "model-llamacpp.gguf"))
     vals = {}
-    for t in rd.tensors:
-        if t.tensor_type == gguf.GGMLQuantizationType.Q8_0:
-            a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
-            vals[t.name] = torch.tensor(a.reshape([int(x) for x in reversed(t.shape)]))
+    # the model and, where there is one, its MTP block's GGUF (their Q8_0 tensors are disjoint)
+    for f in ("model-llamacpp.gguf", "mtp-model-llamacpp.gguf"):
+        if not os.path.isfile(os.path.join(d, f)):
+            continue
+        for t in gguf.GGUFReader(os.path.join(d, f)).tensors:
+            if t.tensor_type == gguf.GGMLQuantizationType.Q8_0:
+                a = np.asarray(dequantize(t.data, t.tensor_type), dtype=np.float32)
+                vals[t.name] = torch.tensor(a.reshape([int(x) for x in reversed(t.shape)]))
     torch.save(vals, os.path.join(d, ".gguf-values.pt"))
 
 
-def gguf_child(d: str) -> None:
+def gguf_child(d: str, mtp: bool = False) -> None:
+    """convert_hf_to_gguf.py on `d` -> model-llamacpp.gguf; with `mtp`, its `--mtp` export of the
+    MTP block alone -> mtp-model-llamacpp.gguf."""
     import tempfile
     sys.path[:0] = [LLAMA_CPP, os.path.join(LLAMA_CPP, "gguf-py")]
     import gguf
@@ -1253,7 +1277,7 @@ def gguf_child(d: str) -> None:
         self.gguf_writer.add_eos_token_id(EOS)
 
     deepseek.DeepseekV4Model.set_vocab = set_vocab
-    out = os.path.join(d, "model-llamacpp.gguf")
+    out = os.path.join(d, ("mtp-" if mtp else "") + "model-llamacpp.gguf")
     with tempfile.TemporaryDirectory() as tmpd:
         # a fixed directory name: the converter writes it as general.name
         tmp = os.path.join(tmpd, f"deepseekv4-{os.path.basename(d)}")
@@ -1261,7 +1285,7 @@ def gguf_child(d: str) -> None:
         for f in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"):
             shutil.copy(os.path.join(d, f), tmp)
         argv = sys.argv
-        sys.argv = ["convert", tmp, "--outfile", out, "--outtype", "f32"]
+        sys.argv = ["convert", tmp, "--outfile", out, "--outtype", "f32"] + (["--mtp"] if mtp else [])
         try:
             convert_hf_to_gguf.main()
         finally:
@@ -1275,7 +1299,7 @@ def gguf_child(d: str) -> None:
 
 def main() -> None:
     if sys.argv[1:2] == ["--gguf-child"]:
-        gguf_child(sys.argv[2])
+        gguf_child(sys.argv[2], "--mtp" in sys.argv[3:])
         return
     if sys.argv[1:2] == ["--gguf-values"]:
         gguf_values(sys.argv[2])

@@ -392,37 +392,23 @@ pack-ab)
   for v in llama-bpe qwen2 qwen35 gemma-4 deepseek-llm; do
     xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" >$A/vocab-$v.gguf.xz
   done
-  # The qwen4_exp fixture the GPU model test compares against (scripts/gen-qwen4exp-fixtures.py).
-  q4=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/qwen4exp/gdn_qsa
-  if [ -d "$q4" ]; then
-    mkdir -p $A/q4
-    for f in config.json model.safetensors prompts.json logits_long.f32 tokenizer.json tokenizer_config.json generation_config.json; do
-      cp "$q4/$f" $A/q4/
-    done
-  fi
-  # ... and the MTP one (scripts/gen-qwen4exp-mtp.py).
-  q4m=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/qwen4exp/mtp
-  if [ -d "$q4m" ]; then
-    mkdir -p $A/q4m
-    for f in config.json model.safetensors prompts.json mtp_rows_long.f32 tokenizer.json tokenizer_config.json generation_config.json; do
-      cp "$q4m/$f" $A/q4m/
-    done
-  fi
-  # ... and the deepseek_v4 ones (scripts/gen-deepseekv4-fixtures.py, gen-deepseekv4-with-dspark.py).
-  d4=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/deepseekv4/flash_mini
-  if [ -d "$d4" ]; then
-    mkdir -p $A/d4
-    for f in config.json model.safetensors prompts.json logits_long.f32 tokenizer.json tokenizer_config.json; do
-      cp "$d4/$f" $A/d4/
-    done
-  fi
-  d4s=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/deepseekv4/dspark
-  if [ -d "$d4s" ]; then
-    mkdir -p $A/d4s
-    for f in config.json model.safetensors prompts.json dspark.json dspark_logits.f32 tokenizer.json tokenizer_config.json; do
-      cp "$d4s/$f" $A/d4s/
-    done
-  fi
+  # The fixtures the GPU model tests compare against: carry NAME SET/FIXTURE FILE... copies the
+  # files of $VELA_CACHE/golden/SET/FIXTURE (when it exists) to $A/NAME.
+  carry() {
+    local name=$1 src=${VELA_CACHE_HERE:-$HOME/.cache/vela}/golden/$2
+    shift 2
+    [ -d "$src" ] || return 0
+    mkdir -p $A/$name
+    for f in "$@"; do cp "$src/$f" $A/$name/; done
+  }
+  hf="config.json model.safetensors prompts.json tokenizer.json tokenizer_config.json"
+  # scripts/gen-qwen4exp-fixtures.py, gen-qwen4exp-mtp.py, gen-deepseekv4-fixtures.py, gen-deepseekv4-mtp.py,
+  # gen-deepseekv4-with-dspark.py
+  carry q4 qwen4exp/gdn_qsa $hf logits_long.f32 generation_config.json
+  carry q4m qwen4exp/mtp $hf mtp_rows_long.f32 generation_config.json
+  carry d4 deepseekv4/flash_mini $hf logits_long.f32
+  carry d4m deepseekv4/mtp $hf mtp_rows_long.f32
+  carry d4s deepseekv4/dspark $hf dspark.json dspark_logits.f32
   du -sh $A
   ;;
 ab)
@@ -557,12 +543,12 @@ d4s)
   mkdir -p "$OUT" "$VELA_CACHE/vocab"
   xz -dc $A/vela-new.xz >/tmp/vela-new && xz -dc $A/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/vela-new /tmp/gpu-test-new
   for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
-  for d in d4:flash_mini d4s:dspark; do
+  for d in d4:flash_mini d4m:mtp d4s:dspark; do
     [ -d $A/${d%%:*} ] && mkdir -p "$VELA_CACHE/golden/deepseekv4/${d#*:}" && cp $A/${d%%:*}/* "$VELA_CACHE/golden/deepseekv4/${d#*:}/"
   done
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  VELA_REQUIRE_GPU=1 timeout 150 /tmp/gpu-test-new --test-threads 1 dsv4 deepseekv4 dspark >$OUT/d4s-tests.log 2>&1
+  VELA_REQUIRE_GPU=1 timeout 200 /tmp/gpu-test-new --test-threads 1 dsv4 deepseekv4 dspark >$OUT/d4s-tests.log 2>&1
   echo "deepseek_v4 GPU tests: exit $? $(grep -E '^test result' $OUT/d4s-tests.log)"
   grep -E '^test .* FAILED|RESULT|panicked' $OUT/d4s-tests.log | head -20
   m=synth:deepseek-v4-flash-12l-dspark:${D4X_TYPE:-q4_0}
@@ -583,6 +569,7 @@ q4x-fast)
   [ -d $A/q4 ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/gdn_qsa" && cp $A/q4/* "$VELA_CACHE/golden/qwen4exp/gdn_qsa/"
   [ -d $A/q4m ] && mkdir -p "$VELA_CACHE/golden/qwen4exp/mtp" && cp $A/q4m/* "$VELA_CACHE/golden/qwen4exp/mtp/"
   [ -d $A/d4 ] && mkdir -p "$VELA_CACHE/golden/deepseekv4/flash_mini" && cp $A/d4/* "$VELA_CACHE/golden/deepseekv4/flash_mini/"
+  [ -d $A/d4m ] && mkdir -p "$VELA_CACHE/golden/deepseekv4/mtp" && cp $A/d4m/* "$VELA_CACHE/golden/deepseekv4/mtp/"
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   t0=$(date +%s)
   # The GGUF of q4x-llama generated meanwhile (the tests are GPU-bound).

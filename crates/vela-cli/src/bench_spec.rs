@@ -180,7 +180,8 @@ pub fn spec_accept(a: &BenchArgs, l: &Loaded) -> Result<()> {
         s.eval(head)?;
     }
     let answer = plain(&mut s)?;
-    let has_mtp = l.model.discover_mtp(&l.path).is_some();
+    // The model's own drafter where it was found (an assistant or MTP file beside the model).
+    let mtp = l.model.discover_mtp(&l.path);
     let k_max = a
         .draft_max
         .min(s.ubatch().saturating_sub(1))
@@ -206,10 +207,9 @@ pub fn spec_accept(a: &BenchArgs, l: &Loaded) -> Result<()> {
             let out = match v {
                 None => plain(&mut s)?,
                 Some((p, k)) => {
-                    let inner = if has_mtp {
-                        Some(vela_engine::speculative::load_mtp(&s, &l.path)?)
-                    } else {
-                        None
+                    let inner = match &mtp {
+                        Some(p) => Some(vela_engine::speculative::load_mtp(&s, p)?),
+                        None => None,
                     };
                     let mut d = Forced {
                         inner,
@@ -261,7 +261,7 @@ pub fn spec_accept(a: &BenchArgs, l: &Loaded) -> Result<()> {
     }
     println!(
         "(drafter: {}; prompt {} tokens; {} rounds; {})",
-        if has_mtp {
+        if mtp.is_some() {
             "the model's MTP head, proposals forced"
         } else {
             "free oracle drafts"

@@ -13,9 +13,11 @@ use vela_engine::Session;
 /// Speculative decoding (output distribution identical to plain decoding).
 #[derive(Args, Clone, Debug)]
 pub struct SpecArgs {
-    /// Gemma 4 assistant (MTP drafter): HF directory or `gemma4-assistant` GGUF. Without it, an
-    /// assistant next to a Gemma 4 target is used when found (`mtp-NAME.gguf` beside `NAME.gguf`,
-    /// `NAME-assistant/` beside an HF directory; see docs/speculative.md).
+    /// The model's own drafter: a Gemma 4 assistant (HF directory or `gemma4-assistant` GGUF),
+    /// or the MTP layer of Qwen3.8 Flash Next / DeepSeek V4 (the checkpoint directory; for a
+    /// DeepSeek V4 GGUF, llama.cpp's `--mtp` export beside it). Without it, the model's drafter
+    /// is used when found (`mtp-NAME.gguf` beside `NAME.gguf`, `NAME-assistant/` beside an HF
+    /// directory, the checkpoint's own MTP layer; see docs/speculative.md).
     #[arg(long, conflicts_with = "no_mtp")]
     pub mtp: Option<PathBuf>,
     /// Plain decoding even if an assistant is found.

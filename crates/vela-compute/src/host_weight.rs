@@ -141,6 +141,26 @@ impl HostWeight {
         })
     }
 
+    /// Columns `first..first + n` of every row as a weight of its own (a copy): one part of a
+    /// projection whose inputs were concatenated. Both bounds must fall on whole blocks.
+    pub fn col_range(&self, first: usize, n: usize, name: &str) -> Result<HostWeight> {
+        if first + n > self.cols {
+            anyhow::bail!(
+                "{}: columns {first}..{} of {} requested",
+                self.name,
+                first + n,
+                self.cols
+            );
+        }
+        let rb = row_bytes(self.ty, self.cols)?;
+        let (skip, take) = (row_bytes(self.ty, first)?, row_bytes(self.ty, n)?);
+        let mut data = Vec::with_capacity(self.rows * take);
+        for row in self.bytes().chunks_exact(rb) {
+            data.extend_from_slice(&row[skip..skip + take]);
+        }
+        Ok(HostWeight::owned(name, self.ty, self.rows, n, data)?.as_head(self.head))
+    }
+
     /// The weight as f32 (dequantized); for small tensors (norms, biases).
     pub fn to_f32(&self) -> Result<Vec<f32>> {
         let mut out = vec![0f32; self.rows * self.cols];
@@ -169,5 +189,39 @@ impl HostWeight {
     pub fn as_head(mut self, head: bool) -> Self {
         self.head = head;
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn col_range_takes_the_columns_of_every_row() {
+        let v: Vec<f32> = (0..2 * 64).map(|i| i as f32 * 0.25 - 7.0).collect();
+        let w = HostWeight::owned("w", GgmlType::F32, 2, 64, f32_bytes(&v)).unwrap();
+        let right = w.col_range(40, 24, "r").unwrap();
+        assert_eq!((right.rows, right.cols), (2, 24));
+        let got = right.to_f32().unwrap();
+        assert_eq!(&got[..24], &v[40..64]);
+        assert_eq!(&got[24..], &v[104..128]);
+        // Q8_0: the halves of each row, block by block, as the whole row dequantizes.
+        let q = w.convert(GgmlType::Q8_0).unwrap();
+        let all = q.to_f32().unwrap();
+        let (a, b) = (
+            q.col_range(0, 32, "a").unwrap(),
+            q.col_range(32, 32, "b").unwrap(),
+        );
+        let (a, b) = (a.to_f32().unwrap(), b.to_f32().unwrap());
+        for r in 0..2 {
+            assert_eq!(&a[r * 32..(r + 1) * 32], &all[r * 64..r * 64 + 32]);
+            assert_eq!(&b[r * 32..(r + 1) * 32], &all[r * 64 + 32..(r + 1) * 64]);
+        }
+        assert!(q.col_range(16, 32, "x").is_err(), "not on a block boundary");
+        assert!(w.col_range(40, 25, "x").is_err(), "past the row");
     }
 }

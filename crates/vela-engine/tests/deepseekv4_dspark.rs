@@ -3,7 +3,7 @@
 //! drafted block's logits and greedy chain equal the reference's, the confidence head stops a
 //! block where the reference's confidence falls below the threshold, greedy speculation equals
 //! plain decoding, sampled speculation is distributed as plain decoding, and the stages' context
-//! rows survive rollbacks and checkpoints (`common/heads.rs`).
+//! rows survive rollbacks and checkpoints (`common/mtp.rs`).
 
 mod common;
 
@@ -64,11 +64,11 @@ fn drafts_match_the_reference() {
     let mut worst = 0f64;
     for (i, &p) in points.iter().enumerate() {
         let p = p as usize;
-        let mut s = common::heads::session(&m, 16);
+        let mut s = common::mtp::session(&m, 16);
         for c in long[..p].chunks(16) {
             s.eval(c).unwrap();
         }
-        let got = common::heads::drafts(&m, &dir, &mut s, long[p], block);
+        let got = common::mtp::drafts(&m, &dir, &mut s, long[p], block);
         assert_eq!(got.len(), block, "point {p}: a whole block");
         let mut chain = Vec::new();
         for (j, row) in got.iter().enumerate() {
@@ -118,11 +118,11 @@ fn confidence_stops_a_block() {
             // Thresholds within 1e-5 of a confidence would make the test depend on rounding.
             assert!(conf.iter().all(|c| (c - p_min as f64).abs() > 1e-5));
             let want = conf.iter().position(|&c| c < p_min as f64).unwrap_or(block);
-            let mut s = common::heads::session(&m, 16);
+            let mut s = common::mtp::session(&m, 16);
             for c in long[..p].chunks(16) {
                 s.eval(c).unwrap();
             }
-            let got = common::heads::drafts(&m, &dir, &mut s, long[p], block).len();
+            let got = common::mtp::drafts(&m, &dir, &mut s, long[p], block).len();
             assert_eq!(got, want, "p_min {p_min}, point {p}");
             stops.push(got);
         }
@@ -135,19 +135,19 @@ fn confidence_stops_a_block() {
 fn greedy_dspark_is_identical_to_plain_decoding() {
     let Some(dir) = fixture() else { return };
     let m = model(&dir, 0.0);
-    common::heads::greedy_matches_plain(&m, &dir, &prompt(&dir, "mid"), 48, 5, 0.05);
+    common::mtp::greedy_equals_plain_with(&m, &dir, &prompt(&dir, "mid"), 48, 5, 0.05);
 }
 
 #[test]
 fn dspark_rows_survive_checkpoints_and_rollbacks() {
     let Some(dir) = fixture() else { return };
     let m = model(&dir, 0.0);
-    common::heads::cache_survives_checkpoints(&m, &dir, &prompt(&dir, "long"));
+    common::mtp::cache_survives_with(&m, &dir, &prompt(&dir, "long"));
 }
 
 #[test]
 fn stochastic_dspark_is_distributed_as_plain_decoding() {
     let Some(dir) = fixture() else { return };
     let m = model(&dir, 0.0);
-    common::heads::sampled_matches_plain(&m, &dir, &prompt(&dir, "short"), 4000);
+    common::mtp::sampled_with(&m, &dir, &prompt(&dir, "short"), 4000);
 }

@@ -4,65 +4,22 @@
 //! layer's cache after speculation, rollbacks and a restored checkpoint equal to the one a
 //! plain evaluation of the same tokens leaves.
 //!
-//! The shared checks are in `common/heads.rs`; the depth cost model's are here.
+//! The checks every MTP layer passes are `common/mtp.rs`; here also the depth cost model with
+//! the (useless) random layer.
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use vela_compute::cpu::CpuBackend;
+use common::mtp::{drafter, model, never, prompt, session};
+use common::spec;
+use std::path::PathBuf;
 use vela_engine::speculative::{generate_speculative, AcceptRule, SpecOptions};
 use vela_engine::{generate, GenerateOptions, Sampler, SamplerConfig};
-use vela_formats::testdata;
-use vela_models::LanguageModel;
 
 fn fixture() -> Option<PathBuf> {
-    testdata::require(testdata::golden_dir().join("qwen4exp/mtp/mtp_chain.json"))
-        .map(|p| p.parent().unwrap().to_path_buf())
+    common::mtp::fixture("qwen4exp")
 }
 
-fn model(dir: &Path) -> Arc<dyn LanguageModel> {
-    vela_models::load_hf_any(Arc::new(CpuBackend::new(1)), dir).unwrap()
-}
-
-fn prompt(dir: &Path, name: &str) -> Vec<u32> {
-    let j: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
-    j["prompts"][name]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-use common::heads::{drafter, session};
-use common::spec;
-
-#[test]
-fn greedy_mtp_is_identical_to_plain_decoding() {
-    let Some(dir) = fixture() else { return };
-    let m = model(&dir);
-    common::heads::greedy_matches_plain(&m, &dir, &prompt(&dir, "mid"), 80, 4, 0.5);
-}
-
-#[test]
-fn mtp_cache_survives_a_restored_checkpoint() {
-    let Some(dir) = fixture() else { return };
-    let m = model(&dir);
-    common::heads::cache_survives_checkpoints(&m, &dir, &prompt(&dir, "long"));
-}
-
-#[test]
-fn stochastic_mtp_is_distributed_as_plain_decoding() {
-    let Some(dir) = fixture() else { return };
-    let m = model(&dir);
-    common::heads::sampled_matches_plain(&m, &dir, &prompt(&dir, "short"), 6000);
-}
-
-fn never(_: u32) -> bool {
-    false
-}
+crate::mtp_tests!("qwen4exp", 80, 6000);
 
 /// The depth cost model turns a useless drafter off (a few probes) and keeps the output exact.
 #[test]

@@ -160,6 +160,8 @@ pub struct GgufFile {
     pub key_order: Vec<String>,
     pub tensors: Vec<TensorInfo>,
     tensor_index: BTreeMap<String, usize>,
+    /// The file it was opened from (`None`: parsed from memory).
+    path: Option<std::path::PathBuf>,
 }
 
 struct Cursor<'a> {
@@ -276,8 +278,16 @@ impl GgufFile {
         // usual mmap caveat and not something a reader can defend against.
         let mmap = unsafe { memmap2::Mmap::map(&file) }
             .with_context(|| format!("cannot map {}", path.display()))?;
-        Self::parse(Storage::Mmap(mmap))
-            .with_context(|| format!("invalid GGUF file {}", path.display()))
+        let mut g = Self::parse(Storage::Mmap(mmap))
+            .with_context(|| format!("invalid GGUF file {}", path.display()))?;
+        g.path = Some(path.to_path_buf());
+        Ok(g)
+    }
+
+    /// The file it was opened from (`None`: parsed from memory), so a model can find files
+    /// that sit beside it (a drafter's GGUF).
+    pub fn path(&self) -> Option<&Path> {
+        self.path.as_deref()
     }
 
     /// Parse and validate a GGUF image held in memory.
@@ -435,6 +445,7 @@ impl GgufFile {
             key_order,
             tensors,
             tensor_index,
+            path: None,
         })
     }
 

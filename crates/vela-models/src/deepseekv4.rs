@@ -17,14 +17,15 @@
 //! State per sequence ([`StateLayout`]), all [`LayerState::Blocks`] entries: per layer the
 //! window's K=V rows (a raw ring only), per compressed layer its entries with the raw
 //! `[values | gates]` rows of the open window (and the one before: CSA windows overlap), per
-//! CSA layer also the indexer's keys likewise; with DSpark stages ([`dspark`]), each stage's
-//! window too. Rollback up to `max_batch` positions and checkpoints come with the kind.
+//! CSA layer also the indexer's keys likewise; with an MTP block its window and the target's
+//! streams per position (`deepseekv4/mtp.rs`), with DSpark stages ([`dspark`]) each stage's
+//! window. Rollback up to `max_batch` positions and checkpoints come with the kind.
 
 use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
 use crate::stepper::{self, StepCtl, StepState};
 use anyhow::{anyhow, bail, Result};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicU32};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Arc;
 use vela_compute::{Activation, Backend, KvType, LightningParams, RouteParams, Score};
 
@@ -32,6 +33,7 @@ mod config;
 mod dspark;
 mod gguf;
 mod load;
+mod mtp;
 pub mod synth;
 
 pub use config::{Attn, DeepseekV4Config, Rope, Routing, Scoring, Yarn};
@@ -101,9 +103,15 @@ struct Layer<B: Backend> {
     moe: Moe<B>,
 }
 
-/// The state layout: per layer its window, then its compressor's and indexer's entries;
-/// returns each layer's (window, compressor, indexer) entries.
-pub(crate) fn build_layout(c: &DeepseekV4Config) -> (StateLayout, Vec<[Option<usize>; 3]>) {
+/// Each layer's (window, compressor, indexer) entries in the state layout.
+pub(crate) type LayerEntries = Vec<[Option<usize>; 3]>;
+
+/// The state layout: per layer its window, then its compressor's and indexer's entries; with
+/// `mtp`, the MTP block's window and the target's streams last (returned as the third value).
+pub(crate) fn build_layout(
+    c: &DeepseekV4Config,
+    mtp: bool,
+) -> (StateLayout, LayerEntries, Option<[usize; 2]>) {
     let mut entries = Vec::new();
     let mut per_layer = Vec::new();
     let mut push = |s: LayerState| {
@@ -131,7 +139,21 @@ pub(crate) fn build_layout(c: &DeepseekV4Config) -> (StateLayout, Vec<[Option<us
         };
         per_layer.push([Some(window), comp, idx]);
     }
-    (StateLayout::new(entries), per_layer)
+    let mtp = mtp.then(|| {
+        let window = push(LayerState::Blocks {
+            width: 0,
+            ratio: c.window,
+            raw_width: c.head_dim,
+        });
+        // A ring of the streams of the last positions: a row waits for the token after it.
+        let streams = push(LayerState::Blocks {
+            width: 0,
+            ratio: 1,
+            raw_width: c.hc * c.hidden,
+        });
+        [window, streams]
+    });
+    (StateLayout::new(entries), per_layer, mtp)
 }
 
 /// `layout` with `n` DSpark stage windows appended; returns their entries.
@@ -159,6 +181,10 @@ pub struct DeepseekV4Model<B: Backend> {
     head_hc: Hc<B>,
     norm: B::Vector,
     layers: Vec<Layer<B>>,
+    /// The MTP block, when the checkpoint (or an MTP GGUF beside the model's) has one.
+    mtp: Option<mtp::Mtp<B>>,
+    /// Set once a drafter is bound: forwards then keep the MTP block's cache.
+    mtp_on: AtomicBool,
     /// Ones as wide as the widest unweighted RMSNorm.
     ones: B::Vector,
     /// Rotation frequencies of the main rope (sliding layers) and the compress rope.
@@ -221,6 +247,8 @@ pub struct DeepseekV4State<B: Backend> {
     /// Row t of the embedding for stream row t·S + s.
     stream_rows: B::Ids,
     tokens: B::Ids,
+    /// `[max_batch, S·H]`: the MTP block's input streams (models with an MTP block).
+    mtp_in: Option<B::Buf>,
     key: u64,
     /// When set, every CSA layer's selection is read back: (layer, position, entries).
     pub selections: Option<Vec<(usize, u32, Vec<u32>)>>,
@@ -233,6 +261,25 @@ fn pick2<T>(v: &mut [T], a: usize, b: usize) -> [&mut T; 2] {
 
 fn pick3<T>(v: &mut [T], a: usize, b: usize, c: usize) -> [&mut T; 3] {
     v.get_disjoint_mut([a, b, c]).expect("distinct buffers")
+}
+
+/// Rows `0..n` of `src` (`width` wide) into a ring of `slots` rows at positions `p0..p0 + n`
+/// (position p in row p mod slots).
+fn store_ring<B: Backend>(
+    be: &B,
+    src: &B::Buf,
+    (n, width): (usize, usize),
+    ring: &mut B::Buf,
+    slots: usize,
+    p0: usize,
+) {
+    let mut done = 0;
+    while done < n {
+        let slot = (p0 + done) % slots;
+        let run = (slots - slot).min(n - done);
+        be.copy_rows(src, done, run, width, ring, slot);
+        done += run;
+    }
 }
 
 /// Rotation frequencies of one interleaved pair each, in f32 as transformers computes them
@@ -337,6 +384,7 @@ impl<B: Backend> DeepseekV4Model<B> {
                 .collect()),
             stream_rows: ids((0..nb * s).map(|r| (r / s) as u32).collect()),
             tokens: be.alloc_ids(nb),
+            mtp_in: self.mtp.as_ref().map(|_| be.alloc(nb * s * h)),
             key: StepCtl::new().key,
             selections: None,
             dspark: self.dspark_scratch(nb),
@@ -407,7 +455,9 @@ impl<B: Backend> DeepseekV4Model<B> {
             let [e, x] = pick2(&mut st.bufs, C, X);
             be.gather_rows(e, &st.stream_rows, n * s, h, x);
         }
-        self.write_windows(st, positions)?;
+        if let Some(first) = self.layers.first() {
+            self.write_windows(st, positions, first.attn.window)?;
+        }
         let ds = self.active_dspark();
         for (il, l) in self.layers.iter().enumerate() {
             self.block(st, l, il, positions)?;
@@ -418,21 +468,19 @@ impl<B: Backend> DeepseekV4Model<B> {
         if let Some(ds) = ds {
             self.dspark_inject(st, ds, positions)?;
         }
-        let rows = n - logits_from;
-        if rows > 0 {
-            let b = &mut st.bufs;
-            self.collapse_head(b, &self.head_hc, &self.norm, n);
-            {
-                let [xn, cc] = pick2(b, XN, C);
-                be.copy_rows(xn, logits_from, rows, h, cc, 0);
-            }
-            let [cc, lg] = pick2(b, C, LOGITS);
-            be.matmul(&self.head, cc, rows, lg);
+        let mtp = self.active_mtp();
+        if let Some(mt) = mtp {
+            self.mtp_stage(st, mt, p0, n)?;
+        }
+        let rows = self.head(&mut st.bufs, (&self.head_hc, &self.norm), n, logits_from);
+        if let Some(mt) = mtp {
+            self.mtp_cache(st, mt, tokens, p0)?;
         }
         Ok(rows)
     }
 
-    /// One decoder block (layer `il`; `usize::MAX` for a drafter's stage) over the streams in `X`.
+    /// One layer on the streams `X` of the queries at `positions` (`il`: its index, for the
+    /// recorded selections).
     fn block(
         &self,
         st: &mut DeepseekV4State<B>,
@@ -445,7 +493,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         self.attention(st, &l.attn, il, positions)?;
         self.hc_post(&mut st.bufs, n);
         self.hc_pre(&mut st.bufs, &l.ffn_hc, &l.ffn_norm, n);
-        self.moe(st, &l.moe, il, n);
+        self.moe(st, &l.moe, n);
         self.hc_post(&mut st.bufs, n);
         Ok(())
     }
@@ -472,38 +520,43 @@ impl<B: Backend> DeepseekV4Model<B> {
         be.rms_norm(cc, norm, n, h, c.eps, xn);
     }
 
-    /// The `n` rows of `KV` into the window ring `entry` at positions `p0..p0 + n`.
-    fn write_ring(
+    /// The logits of rows `logits_from..n` of the streams `X` into `LOGITS` through an hc_head
+    /// and its norm (the trunk's, or the MTP block's own); returns the number of rows.
+    fn head(
         &self,
-        st: &mut DeepseekV4State<B>,
-        entry: usize,
-        p0: usize,
+        b: &mut [B::Buf],
+        (hc, norm): (&Hc<B>, &B::Vector),
         n: usize,
-    ) -> Result<()> {
+        logits_from: usize,
+    ) -> usize {
         let be = &*self.backend;
-        let hd = self.cfg.head_dim;
-        let win = st.extra.blocks_mut(entry)?;
-        let slots = win.raw_slots;
-        let mut done = 0;
-        while done < n {
-            let slot = (p0 + done) % slots;
-            let run = (slots - slot).min(n - done);
-            be.copy_rows(&st.bufs[KV], done, run, hd, win.raw, slot);
-            done += run;
+        let h = self.cfg.hidden;
+        let rows = n - logits_from;
+        if rows == 0 {
+            return 0;
         }
-        Ok(())
+        self.collapse_head(b, hc, norm, n);
+        {
+            let [xn, cc] = pick2(b, XN, C);
+            be.copy_rows(xn, logits_from, rows, h, cc, 0);
+        }
+        let [cc, lg] = pick2(b, C, LOGITS);
+        be.matmul(&self.head, cc, rows, lg);
+        rows
     }
 
-    /// The window rows every query reads (ring slots of positions p − window + 1 ..= p) and
-    /// the HCA entries (all visible ones), the same for every layer of the forward.
-    fn write_windows(&self, st: &mut DeepseekV4State<B>, positions: &[u32]) -> Result<()> {
+    /// The window rows every query reads (ring slots of positions p − window + 1 ..= p), the
+    /// same for every layer of the forward (their window rings, like `window`'s, have the same
+    /// number of slots).
+    fn write_windows(
+        &self,
+        st: &mut DeepseekV4State<B>,
+        positions: &[u32],
+        window: usize,
+    ) -> Result<()> {
         let be = &*self.backend;
         let c = &self.cfg;
-        // Every layer's window ring has the same number of slots.
-        let Some(first) = self.layers.first() else {
-            return Ok(());
-        };
-        let slots = st.extra.block_raw(first.attn.window)?.1;
+        let slots = st.extra.block_raw(window)?.1;
         let ww = st.win_width;
         let mut sel = vec![0u32; positions.len() * ww];
         let mut cnt = vec![0u32; positions.len()];
@@ -554,14 +607,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         }
         let blk = st.extra.blocks_mut(cp.entry)?;
         let slots = blk.raw_slots;
-        // Contiguous runs of ring slots.
-        let mut done = 0;
-        while done < n {
-            let slot = (p0 + done) % slots;
-            let run = (slots - slot).min(n - done);
-            be.copy_rows(&st.bufs[RAW], done, run, raw_width, blk.raw, slot);
-            done += run;
-        }
+        store_ring(be, &st.bufs[RAW], (n, raw_width), blk.raw, slots, p0);
         let (first, last) = (p0 / m, (p0 + n) / m);
         if last > first {
             let k = last - first;
@@ -577,6 +623,45 @@ impl<B: Backend> DeepseekV4Model<B> {
         Ok(())
     }
 
+    /// The layer's rope table: main for sliding layers, compress for CSA / HCA.
+    fn inv(&self, kind: Attn) -> &[f32] {
+        if kind == Attn::Sliding {
+            &self.inv_main
+        } else {
+            &self.inv_comp
+        }
+    }
+
+    /// The K=V rows of the normalised block input `XN` at `positions` (projection, norm,
+    /// rotation) into `KV` and the layer's window ring.
+    fn store_kv(
+        &self,
+        st: &mut DeepseekV4State<B>,
+        a: &Attention<B>,
+        positions: &[u32],
+    ) -> Result<()> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let (n, hd) = (positions.len(), c.head_dim);
+        {
+            let [xn, kv] = pick2(&mut st.bufs, XN, KV);
+            be.matmul(&a.wkv, xn, n, kv);
+            be.rms_norm_inplace(kv, &a.kv_norm, n, hd, c.eps);
+            be.rope_trailing(kv, 1, hd, positions, self.inv(a.kind), false);
+        }
+        let win = st.extra.blocks_mut(a.window)?;
+        let slots = win.raw_slots;
+        store_ring(
+            be,
+            &st.bufs[KV],
+            (n, hd),
+            win.raw,
+            slots,
+            positions[0] as usize,
+        );
+        Ok(())
+    }
+
     fn attention(
         &self,
         st: &mut DeepseekV4State<B>,
@@ -589,11 +674,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         let n = positions.len();
         let p0 = positions[0] as usize;
         let (nh, hd) = (c.n_head, c.head_dim);
-        let inv = if a.kind == Attn::Sliding {
-            &self.inv_main
-        } else {
-            &self.inv_comp
-        };
+        let inv = self.inv(a.kind);
         {
             let b = &mut st.bufs;
             {
@@ -601,18 +682,12 @@ impl<B: Backend> DeepseekV4Model<B> {
                 be.matmul(&a.wq_a, xn, n, qr);
                 be.rms_norm_inplace(qr, &a.q_norm, n, c.q_rank, c.eps);
             }
-            {
-                let [qr, q] = pick2(b, QR, Q);
-                be.matmul(&a.wq_b, qr, n, q);
-                be.rms_norm_inplace(q, &self.ones, n * nh, hd, c.eps);
-                be.rope_trailing(q, nh, hd, positions, inv, false);
-            }
-            let [xn, kv] = pick2(b, XN, KV);
-            be.matmul(&a.wkv, xn, n, kv);
-            be.rms_norm_inplace(kv, &a.kv_norm, n, hd, c.eps);
-            be.rope_trailing(kv, 1, hd, positions, inv, false);
+            let [qr, q] = pick2(b, QR, Q);
+            be.matmul(&a.wq_b, qr, n, q);
+            be.rms_norm_inplace(q, &self.ones, n * nh, hd, c.eps);
+            be.rope_trailing(q, nh, hd, positions, inv, false);
         }
-        self.write_ring(st, a.window, p0, n)?;
+        self.store_kv(st, a, positions)?;
         match a.kind {
             Attn::Sliding => be.write_ids(&mut st.cnt_e, &vec![0u32; n]),
             Attn::Hca => {
@@ -709,7 +784,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         Ok(())
     }
 
-    fn moe(&self, st: &mut DeepseekV4State<B>, m: &Moe<B>, il: usize, n: usize) {
+    fn moe(&self, st: &mut DeepseekV4State<B>, m: &Moe<B>, n: usize) {
         let be = &*self.backend;
         let c = &self.cfg;
         let h = c.hidden;
@@ -730,13 +805,13 @@ impl<B: Backend> DeepseekV4Model<B> {
             renorm: true,
             scale: c.routed_scale,
         };
-        match (&m.table, c.routing.get(il)) {
-            (Some(t), Some(Routing::Hash)) => {
+        match &m.table {
+            Some(t) => {
                 let x = &mut st.experts;
                 let t = t.lock().unwrap_or_else(|e| e.into_inner());
                 be.route_hash(&b[RL], &st.tokens, &t, n, &p, &mut x.ids, &mut x.weights)
             }
-            _ => st.experts.route(be, &b[RL], n, &p, m.bias.as_ref(), None),
+            None => st.experts.route(be, &b[RL], n, &p, m.bias.as_ref(), None),
         }
         let act = Activation::SiluLimit(c.swiglu_limit);
         {
@@ -873,10 +948,16 @@ impl<B: Backend + 'static> crate::lm::CausalLm for DeepseekV4Model<B> {
         self.backend.argmax_finish(ticket)
     }
     fn discover_mtp(&self, model_path: &std::path::Path) -> Option<PathBuf> {
-        self.dspark.as_ref().map(|_| model_path.to_path_buf())
+        match &self.dspark {
+            Some(_) => Some(model_path.to_path_buf()),
+            None => self.mtp_path(model_path),
+        }
     }
     fn load_mtp(&self, path: &std::path::Path) -> Option<Result<Box<dyn crate::mtp::MtpHead>>> {
-        Some(self.bind_dspark(path))
+        Some(match &self.dspark {
+            Some(_) => self.bind_dspark(path),
+            None => self.bind_mtp(path),
+        })
     }
 }
 

@@ -352,7 +352,7 @@ pub fn discover_assistant(target_path: &Path) -> Option<PathBuf> {
     let file = |p: PathBuf| p.is_file().then_some(p);
     let hf = |p: PathBuf| p.join("config.json").is_file().then_some(p);
     if target_path.is_file() {
-        return file(dir.join(format!("mtp-{name}")));
+        return crate::mtp::file_beside(target_path);
     }
     if target_path.is_dir() {
         return hf(dir.join(format!("{name}-assistant")))

@@ -91,7 +91,7 @@ pub static ARCHS: &[Arch] = &[
         gguf: "deepseek4",
         hf_model_types: &["deepseek_v4"],
         display: "DeepSeek V4",
-        mtp: false,
+        mtp: true,
         family: Family::DeepseekV4,
     },
 ];
@@ -270,7 +270,10 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(e.contains("'mamba'") && e.contains("gemma4_text"), "{e}");
-        assert_eq!(mtp_arch_names(), vec!["Gemma 4", "Qwen3.8 Flash Next"]);
+        assert_eq!(
+            mtp_arch_names(),
+            vec!["Gemma 4", "Qwen3.8 Flash Next", "DeepSeek V4"]
+        );
     }
 
     /// Fuzz finding (config_json): names from the file were echoed verbatim, so a name with a

@@ -129,3 +129,42 @@ fn tiny_geometry_loads_runs_and_is_deterministic() {
     let q4 = run(1, GgmlType::Q4_0);
     assert!(nmse(&q4, &a) < 0.2);
 }
+
+/// The geometries carry the MTP block (generated like the rest): it binds, drafts from the
+/// target's state (finite logits, the same for the same seed) and leaves the target's logits as
+/// they are without it.
+#[test]
+fn tiny_geometry_drafts_with_its_mtp_block() {
+    let toks: Vec<u32> = (0..70).map(|i| (i * 37 + 5) % 500).collect();
+    let run = |bind: bool| {
+        let be = Arc::new(CpuBackend::new(2));
+        let m: Arc<dyn LanguageModel> =
+            Arc::new(DeepseekV4Model::synth(be, "deepseek-v4-tiny", GgmlType::Q8_0, 1).unwrap());
+        let path = std::path::Path::new("synth:deepseek-v4-tiny");
+        let found = m.discover_mtp(path).expect("the geometry has an MTP block");
+        let mut head = bind.then(|| m.load_mtp(&found).unwrap());
+        let mut st = m.clone().new_state(256, 16, KvType::F32).unwrap();
+        let mut logits = Vec::new();
+        for (i, c) in toks.chunks(16).enumerate() {
+            let pos: Vec<u32> = (0..c.len()).map(|j| (i * 16 + j) as u32).collect();
+            logits.extend(st.forward(c, &pos, 0).unwrap());
+        }
+        let mut drafts = Vec::new();
+        if let Some(h) = head.as_mut() {
+            h.draft(&mut *st, 7, toks.len(), 3, &mut |lg| {
+                assert!(lg.iter().all(|x| x.is_finite()));
+                drafts.push(lg);
+                Ok(argmax(drafts.last().unwrap()) as u32)
+            })
+            .unwrap();
+        }
+        (logits, drafts)
+    };
+    let (plain, none) = run(false);
+    assert!(none.is_empty());
+    let (a, da) = run(true);
+    let (_, db) = run(true);
+    assert_eq!(a, plain, "the target's logits with the block bound");
+    assert_eq!(da.len(), 3);
+    assert_eq!(da, db, "same seed, same drafts");
+}

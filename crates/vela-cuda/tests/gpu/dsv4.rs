@@ -1,7 +1,9 @@
 //! DeepSeek V4's ops against the CPU backend (mHC weights / collapse / expansion, trailing
 //! rotation, compressor pooling, the Lightning indexer, attention with sinks, SwiGLU with a
-//! limit), and the model on the GPU against transformers' logits on the `flash_mini` fixture
-//! (`scripts/gen-deepseekv4-fixtures.py`; skipped when absent).
+//! limit), the model on the GPU against transformers' logits on the `flash_mini` fixture
+//! (`scripts/gen-deepseekv4-fixtures.py`), its MTP block against the reference of
+//! `scripts/gen-deepseekv4-mtp.py` and DSpark against `scripts/gen-deepseekv4-with-dspark.py`'s
+//! (skipped when absent).
 
 use super::*;
 use vela_compute::LightningParams;
@@ -217,20 +219,8 @@ fn deepseekv4_gpu_matches_transformers() {
         g.set_exact_matmul(exact);
         let m: Arc<dyn LanguageModel> =
             Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, None).unwrap());
-        let p: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap())
-                .unwrap();
-        let toks: Vec<u32> = p["prompts"]["long"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|x| x.as_u64().unwrap() as u32)
-            .collect();
-        let want: Vec<f32> = std::fs::read(dir.join("logits_long.f32"))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let toks = long_prompt(&dir);
+        let want = f32s(&dir.join("logits_long.f32"));
         let nv = want.len() / toks.len();
         for chunk in [toks.len(), 1] {
             let mut st = m.clone().new_state(512, chunk, KvType::F32).unwrap();
@@ -283,14 +273,10 @@ fn dspark_gpu_matches_reference() {
                 .map(|x| x.as_u64().unwrap() as u32)
                 .collect()
         };
-        let (p, r) = (json("prompts.json"), json("dspark.json"));
-        let toks = ids(&p["prompts"]["long"]);
+        let r = json("dspark.json");
+        let toks = long_prompt(&dir);
         let block = r["block"].as_u64().unwrap() as usize;
-        let want: Vec<f32> = std::fs::read(dir.join("dspark_logits.f32"))
-            .unwrap()
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-            .collect();
+        let want = f32s(&dir.join("dspark_logits.f32"));
         let nv = m.n_vocab();
         let mut worst = 0f64;
         for (i, &at) in ids(&r["points"]).iter().enumerate() {
@@ -328,4 +314,20 @@ fn dspark_gpu_matches_reference() {
             assert!(worst <= 1e-8, "worst row NMSE {worst:.3e}");
         }
     }
+}
+
+/// The MTP block on the GPU in exact mode (the release's storage as loaded: FP8 as BF16, MXFP4
+/// as Q8_0, their exact values): the first draft after every prefix of the 300-token prompt,
+/// one token and 7 tokens per forward, vs the reference of `scripts/gen-deepseekv4-mtp.py`.
+#[test]
+fn deepseekv4_mtp_gpu_matches_the_reference() {
+    let Some(g) = gpu() else { return };
+    let dir = vela_formats::testdata::golden_dir().join("deepseekv4/mtp");
+    if vela_formats::testdata::require(dir.join("mtp_rows_long.f32")).is_none() {
+        return;
+    }
+    g.set_exact_matmul(true);
+    let m: Arc<dyn LanguageModel> =
+        Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, None).unwrap());
+    super::mtp::first_drafts(&m, &dir, "deepseekv4", 1e-8);
 }

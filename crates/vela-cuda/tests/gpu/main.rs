@@ -171,6 +171,27 @@ fn upload_random(
     )
 }
 
+/// A little-endian f32 file (a fixture's logits).
+fn f32s(p: &std::path::Path) -> Vec<f32> {
+    std::fs::read(p)
+        .unwrap()
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// The `long` prompt of a fixture's `prompts.json` (the qwen4_exp and deepseek_v4 generators).
+fn long_prompt(dir: &std::path::Path) -> Vec<u32> {
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
+    p["prompts"]["long"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
 fn err(a: &[f32], b: &[f32]) -> (f64, f64) {
     assert_eq!(a.len(), b.len());
     let (mut se, mut sb, mut mx) = (0f64, 0f64, 0f64);
@@ -443,6 +464,7 @@ mod gemma4;
 mod kernels2;
 mod mix;
 mod model;
+mod mtp;
 mod ops;
 mod qwen4exp;
 mod recurrent;

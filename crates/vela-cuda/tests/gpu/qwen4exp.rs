@@ -6,29 +6,9 @@ use super::*;
 use vela_models::qwen4exp::Qwen4ExpModel;
 use vela_models::LanguageModel;
 
-fn f32s(p: &std::path::Path) -> Vec<f32> {
-    std::fs::read(p)
-        .unwrap()
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
 /// In exact mode (f32 products on the device, as the CPU computes them) within 1e-5 NMSE of HF
 /// at every position and the same bits whatever the chunking; the default mode (the device's
 /// fast products) is reported.
-/// The fixture's 128-token prompt.
-fn long_prompt(dir: &std::path::Path) -> Vec<u32> {
-    let p: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("prompts.json")).unwrap()).unwrap();
-    p["prompts"]["long"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
 #[test]
 fn qwen4exp_gpu_matches_transformers_and_any_split() {
     for exact in [true, false] {
@@ -103,38 +83,7 @@ fn qwen4exp_mtp_gpu_matches_the_reference() {
     g.set_exact_matmul(true);
     let m: Arc<dyn LanguageModel> =
         Arc::new(Qwen4ExpModel::load_hf(Arc::new(g), &dir, None).unwrap());
-    let mut head = m.load_mtp(&dir).unwrap();
-    let toks = long_prompt(&dir);
-    let want = f32s(&dir.join("mtp_rows_long.f32"));
-    let nv = m.n_vocab();
-    for chunk in [1usize, 7] {
-        let mut st = m.clone().new_state(256, 8, KvType::F32).unwrap();
-        let (mut n, mut worst) = (0, 0f64);
-        while n < toks.len() - 1 {
-            let c = chunk.min(toks.len() - 1 - n);
-            let pos: Vec<u32> = (n..n + c).map(|i| i as u32).collect();
-            st.forward(&toks[n..n + c], &pos, c).unwrap();
-            n += c;
-            let mut got = Vec::new();
-            head.draft(&mut *st, toks[n], n, 1, &mut |lg| {
-                got = lg;
-                Ok(0)
-            })
-            .unwrap();
-            let b = &want[(n - 1) * nv..n * nv];
-            let err: f64 = got
-                .iter()
-                .zip(b)
-                .map(|(x, y)| ((x - y) as f64).powi(2))
-                .sum();
-            let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-            worst = worst.max(err / norm);
-        }
-        eprintln!(
-            "RESULT | qwen4exp MTP GPU vs reference, chunks of {chunk} | worst NMSE {worst:.3e} |"
-        );
-        assert!(worst <= 1e-5, "chunks of {chunk}: worst NMSE {worst:.3e}");
-    }
+    super::mtp::first_drafts(&m, &dir, "qwen4exp", 1e-5);
 }
 
 /// One-token steps of the tiny synthetic geometry (GDN, QSA past its budget, the PLE layer) as

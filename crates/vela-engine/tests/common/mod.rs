@@ -2,8 +2,8 @@
 //! three sampled tokens under plain decoding and a χ² goodness-of-fit test against it.
 #![allow(dead_code)]
 
-pub mod heads;
 pub mod hybrid;
+pub mod mtp;
 
 use std::collections::HashMap;
 use vela_engine::speculative::{

@@ -65,6 +65,9 @@ pub struct DeepseekV4Config {
     pub o_rank: usize,
     pub window: usize,
     pub attn: Vec<Attn>,
+    /// The MTP block's attention: the layer list's entry past the last layer (upstream builds
+    /// the block as layer `num_hidden_layers`), sliding when the list ends there.
+    pub mtp_attn: Attn,
     pub csa_rate: usize,
     pub hca_rate: usize,
     pub routing: Vec<Routing>,
@@ -217,6 +220,7 @@ impl DeepseekV4Config {
         if attn.len() < n {
             bail!("config.json: {} layer types for {n} layers", attn.len());
         }
+        let mtp_attn = attn.get(n).copied().unwrap_or(Attn::Sliding);
         attn.truncate(n);
         let routing: Vec<Routing> = match get(j, "mlp_layer_types") {
             Some(a) => {
@@ -305,6 +309,7 @@ impl DeepseekV4Config {
             o_rank: uint(j, "o_lora_rank", 1024)?,
             window: uint(j, "sliding_window", 128)?,
             attn,
+            mtp_attn,
             csa_rate,
             hca_rate,
             routing,

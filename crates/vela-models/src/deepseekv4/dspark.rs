@@ -127,10 +127,11 @@ impl<B: Backend> load::Loader<'_, B> {
         dc: DsparkConfig,
         entries: &[usize],
     ) -> Result<Dspark<B>> {
-        let sc = stage_config(c, entries.len());
         let mut stages = Vec::with_capacity(entries.len());
         for (s, &e) in entries.iter().enumerate() {
-            stages.push(self.layer_at(STAGE_PREFIX, s, &sc, [Some(e), None, None])?);
+            let p = format!("{STAGE_PREFIX}.{s}");
+            let kind = (Attn::Sliding, Routing::TopK);
+            stages.push(self.layer(&p, s, kind, c, [Some(e), None, None])?);
         }
         // The heads sit under one of the stages.
         let n_stages = entries.len();
@@ -192,15 +193,6 @@ impl<B: Backend> load::Loader<'_, B> {
             norm: self.vector(&find(self, "norm.weight")?, h)?,
             cfg: dc,
         })
-    }
-}
-
-/// The configuration of the stages: every one sliding, top-k routed.
-pub(super) fn stage_config(c: &DeepseekV4Config, n: usize) -> DeepseekV4Config {
-    DeepseekV4Config {
-        attn: vec![Attn::Sliding; n],
-        routing: vec![Routing::TopK; n],
-        ..c.clone()
     }
 }
 
@@ -296,7 +288,10 @@ impl<B: Backend> DeepseekV4Model<B> {
             let kv = &mut st.bufs[KV];
             be.rms_norm_inplace(kv, &a.kv_norm, n, c.head_dim, c.eps);
             be.rope_trailing(kv, 1, c.head_dim, positions, &self.inv_main, false);
-            self.write_ring(st, a.window, positions[0] as usize, n)?;
+            let win = st.extra.blocks_mut(a.window)?;
+            let slots = win.raw_slots;
+            let p0 = positions[0] as usize;
+            store_ring(be, &st.bufs[KV], (n, c.head_dim), win.raw, slots, p0);
         }
         Ok(())
     }

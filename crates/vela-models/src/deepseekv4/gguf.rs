@@ -148,6 +148,11 @@ pub(super) fn gguf_name(name: &str) -> Option<String> {
         "ffn.shared_experts.w1.weight" => "ffn_gate_shexp.weight".into(),
         "ffn.shared_experts.w3.weight" => "ffn_up_shexp.weight".into(),
         "ffn.shared_experts.w2.weight" => "ffn_down_shexp.weight".into(),
+        // The MTP block of a `--mtp` export (its e_proj | h_proj as one matrix).
+        "enorm.weight" => "nextn.enorm.weight".into(),
+        "hnorm.weight" => "nextn.hnorm.weight".into(),
+        "norm.weight" => "nextn.shared_head_norm.weight".into(),
+        "eh_proj.weight" => "nextn.eh_proj.weight".into(),
         r => {
             let (which, part) = if let Some(p) = r.strip_prefix("attn.indexer.compressor.") {
                 ("indexer_compressor", p)
@@ -194,6 +199,12 @@ mod tests {
                 "blk.2.indexer.proj.weight",
             ),
             ("layers.3.ffn.gate.bias", "blk.3.exp_probs_b.bias"),
+            ("layers.43.hnorm.weight", "blk.43.nextn.hnorm.weight"),
+            (
+                "layers.43.norm.weight",
+                "blk.43.nextn.shared_head_norm.weight",
+            ),
+            ("layers.43.eh_proj.weight", "blk.43.nextn.eh_proj.weight"),
             (
                 "layers.1.ffn.shared_experts.w3.weight",
                 "blk.1.ffn_up_shexp.weight",

@@ -4,6 +4,7 @@
 //! per-expert matrices stacked into the 3-D expert layout, each expert's gate and up rows
 //! together; a compressor's value and gate projections stacked into one product.
 
+use super::mtp::MtpFrom;
 use super::*;
 use crate::blocks::experts::{Experts, GateUp};
 use crate::weights::{stack, WeightSource};
@@ -54,13 +55,13 @@ fn locate<'a>(
 }
 
 pub(super) struct Loader<'a, B: Backend> {
-    be: &'a B,
-    src: &'a WeightSource,
+    pub(super) be: &'a B,
+    pub(super) src: &'a WeightSource,
     /// The same checkpoint without the text model's prefix (`head.weight`).
-    top: &'a WeightSource,
+    pub(super) top: &'a WeightSource,
     /// A llama.cpp GGUF (its own tensor names, stacked experts).
-    gguf: bool,
-    bytes: u64,
+    pub(super) gguf: bool,
+    pub(super) bytes: u64,
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
@@ -166,39 +167,38 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
-    /// Block `i` of the blocks named `<prefix>.<i>.*` (the trunk's `layers`, DSpark's stages).
-    pub(super) fn layer_at(
+    /// A layer's tensors under `p` (`layers.<i>` in release names, `mtp.0` for the MTP block);
+    /// `blk`: its GGUF block index (a GGUF's stacked experts).
+    pub(super) fn layer(
         &mut self,
-        prefix: &str,
-        i: usize,
+        p: &str,
+        blk: usize,
+        (kind, routing): (Attn, Routing),
         c: &DeepseekV4Config,
         ents: [Option<usize>; 3],
     ) -> Result<Layer<B>> {
         let (s, h) = (c.hc, c.hidden);
-        let p = format!("{prefix}.{i}");
         Ok(Layer {
             attn_hc: self.hc(&format!("{p}.hc_attn"), (2 + s) * s, s * h)?,
             ffn_hc: self.hc(&format!("{p}.hc_ffn"), (2 + s) * s, s * h)?,
             attn_norm: self.vector(&format!("{p}.attn_norm.weight"), h)?,
             ffn_norm: self.vector(&format!("{p}.ffn_norm.weight"), h)?,
-            attn: self.attention(&p, i, c, ents)?,
-            moe: self.moe(&p, i, c)?,
+            attn: self.attention(&format!("{p}.attn"), kind, c, ents)?,
+            moe: self.moe(&format!("{p}.ffn"), blk, routing, c)?,
         })
     }
 
     fn attention(
         &mut self,
-        layer: &str,
-        i: usize,
+        p: &str,
+        kind: Attn,
         c: &DeepseekV4Config,
         ents: [Option<usize>; 3],
     ) -> Result<Attention<B>> {
-        let p = format!("{layer}.attn");
-        let kind = c.attn[i];
         let (comp, indexer) = match kind {
             Attn::Sliding => (None, None),
             Attn::Hca => {
-                let e = ents[1].ok_or_else(|| anyhow!("layer {i}: no compressor entry"))?;
+                let e = ents[1].ok_or_else(|| anyhow!("{p}: no compressor entry"))?;
                 let cp =
                     self.compressor(&format!("{p}.compressor"), c.head_dim, c.hca_rate, false, e)?;
                 (Some(cp), None)
@@ -206,7 +206,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             Attn::Csa => {
                 let (e, ie) = ents[1]
                     .zip(ents[2])
-                    .ok_or_else(|| anyhow!("layer {i}: no entries"))?;
+                    .ok_or_else(|| anyhow!("{p}: no entries"))?;
                 let cp =
                     self.compressor(&format!("{p}.compressor"), c.head_dim, c.csa_rate, true, e)?;
                 let q = format!("{p}.indexer");
@@ -246,18 +246,23 @@ impl<'a, B: Backend> Loader<'a, B> {
             wo_b: self.matrix(&format!("{p}.wo_b.weight"))?,
             comp,
             indexer,
-            window: ents[0].ok_or_else(|| anyhow!("layer {i}: no window entry"))?,
+            window: ents[0].ok_or_else(|| anyhow!("{p}: no window entry"))?,
         })
     }
 
-    fn moe(&mut self, layer: &str, i: usize, c: &DeepseekV4Config) -> Result<Moe<B>> {
-        let p = format!("{layer}.ffn");
+    fn moe(
+        &mut self,
+        p: &str,
+        blk: usize,
+        routing: Routing,
+        c: &DeepseekV4Config,
+    ) -> Result<Moe<B>> {
         let e = c.n_expert;
         let share = c.top_k as f64 / e as f64;
         let (gate_up, down) = if self.gguf {
             // The converter's stacked expert tensors, gate and up apart.
             let m = |w: &str| -> Result<HostWeight> {
-                let n = format!("blk.{i}.ffn_{w}_exps.weight");
+                let n = format!("blk.{blk}.ffn_{w}_exps.weight");
                 let t = self.src.matrix(&n, false)?;
                 if t.rows % e != 0 {
                     bail!("{n}: {} rows for {e} experts", t.rows);
@@ -274,7 +279,7 @@ impl<'a, B: Backend> Loader<'a, B> {
                 .map_or(1, |n| n.get())
                 .min(e);
             let per = e.div_ceil(threads);
-            let (src, top, gguf, p) = (self.src, self.top, self.gguf, p.as_str());
+            let (src, top, gguf) = (self.src, self.top, self.gguf);
             let parts: Vec<Result<Vec<[HostWeight; 3]>>> = std::thread::scope(|sc| {
                 let hs: Vec<_> = (0..threads)
                     .map(|t| {
@@ -316,7 +321,7 @@ impl<'a, B: Backend> Loader<'a, B> {
                 self.upload(&down, share)?,
             )
         };
-        let (bias, table) = match c.routing[i] {
+        let (bias, table) = match routing {
             Routing::TopK => (Some(self.vector(&format!("{p}.gate.bias"), e)?), None),
             Routing::Hash => {
                 let t = self.ints(&format!("{p}.gate.tid2eid"))?;
@@ -374,7 +379,13 @@ impl<B: Backend> DeepseekV4Model<B> {
         };
         let src = WeightSource::hf(cp.clone(), prefix).with_quant(quant);
         let top = WeightSource::hf(cp, "").with_quant(quant);
-        let mut m = Self::load(backend, &src, &top, false, cfg, dspark.map(|d| (d, stages)))?;
+        // The MTP block sits at the checkpoint's root (`mtp.0.*`, the source looks there too).
+        let mtp = src.has("mtp.0.e_proj.weight").then(|| MtpFrom {
+            src: &src,
+            gguf: false,
+            source: Some(dir.to_path_buf()),
+        });
+        let mut m = Self::load(backend, &src, &top, false, cfg, mtp, dspark.map(|d| (d, stages)))?;
         m.source = Some(dir.to_path_buf());
         Ok(m)
     }
@@ -387,9 +398,22 @@ impl<B: Backend> DeepseekV4Model<B> {
         quant: Option<GgmlType>,
     ) -> Result<Self> {
         let cfg = DeepseekV4Config::from_gguf(&g)?;
+        // llama.cpp's `--mtp` export of the MTP block, as `mtp-NAME` beside the model.
+        let beside = super::mtp::gguf_beside(&g, &cfg)?;
+        let msrc = beside
+            .as_ref()
+            .map(|(mg, _)| WeightSource::gguf(mg.clone()).with_quant(quant));
+        let mtp = msrc
+            .as_ref()
+            .zip(beside.as_ref())
+            .map(|(src, (_, path))| MtpFrom {
+                src,
+                gguf: true,
+                source: Some(path.clone()),
+            });
         let src = WeightSource::gguf(g.clone()).with_quant(quant);
         let top = WeightSource::gguf(g).with_quant(quant);
-        Self::load(backend, &src, &top, true, cfg, None)
+        Self::load(backend, &src, &top, true, cfg, mtp, None)
     }
 
     pub(super) fn load(
@@ -398,6 +422,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         top: &WeightSource,
         gguf: bool,
         cfg: DeepseekV4Config,
+        mtp: Option<MtpFrom<'_>>,
         dspark: Option<(DsparkConfig, usize)>,
     ) -> Result<Self> {
         if cfg.mlp_bias {
@@ -436,10 +461,11 @@ impl<B: Backend> DeepseekV4Model<B> {
             let w = ld.host("head.weight", false)?.as_head(true);
             ld.upload(&w, 1.0)?
         };
-        let (layout, entries) = build_layout(&cfg);
+        let (layout, entries, mtp_ents) = build_layout(&cfg, mtp.is_some());
         let mut layers = Vec::with_capacity(cfg.attn.len());
         for (i, ents) in entries.into_iter().enumerate() {
-            layers.push(ld.layer_at("layers", i, &cfg, ents)?);
+            let kind = (cfg.attn[i], cfg.routing[i]);
+            layers.push(ld.layer(&format!("layers.{i}"), i, kind, &cfg, ents)?);
         }
         let (layout, dspark) = match dspark {
             None => (layout, None),
@@ -452,6 +478,10 @@ impl<B: Backend> DeepseekV4Model<B> {
         let norm = ld.vector("norm.weight", h)?;
         let ones = backend.upload_vector(&vec![1.0; (s * h).max(cfg.head_dim)])?;
         let weight_bytes_per_token = ld.bytes;
+        let mtp = match (mtp, mtp_ents) {
+            (Some(from), Some(ents)) => Some(super::mtp::Mtp::load(&*backend, from, &cfg, ents)?),
+            _ => None,
+        };
         Ok(DeepseekV4Model {
             inv_main: inv_freq(&cfg.rope_main, cfg.n_rot),
             inv_comp: inv_freq(&cfg.rope_compress, cfg.n_rot),
@@ -461,6 +491,8 @@ impl<B: Backend> DeepseekV4Model<B> {
             head_hc,
             norm,
             layers,
+            mtp,
+            mtp_on: AtomicBool::new(false),
             ones,
             layout,
             weight_bytes_per_token,

@@ -7,8 +7,10 @@
 //! Geometries: `deepseek-v4-flash` (the release config, spec §1 "real (Flash)": 43 layers, 284B
 //! parameters), `deepseek-v4-flash-12l` (its first 12 layers: 2 sliding, 5 CSA, 5 HCA, the 3
 //! hash-routed ones included) and `deepseek-v4-tiny` (the shapes of the `flash_mini` fixture of
-//! scripts/gen-deepseekv4-fixtures.py: every layer kind, hash and top-k routing). Any of them
-//! with `-dspark` appended carries DeepSeek-V4-Flash-DSpark's drafter: three stages (full blocks,
+//! scripts/gen-deepseekv4-fixtures.py: every layer kind, hash and top-k routing).
+//! Every geometry carries the MTP block (spec §11), generated the same way; the memory plan
+//! leaves it out. Any of them with `-dspark` appended carries DeepSeek-V4-Flash-DSpark's drafter
+//! instead (the release puts its stages where the MTP block was): three stages (full blocks,
 //! sliding attention, top-k routing) reading the last three layers, 5-token blocks, rank-256
 //! Markov and confidence heads ([`super::dspark`]); such a model drafts whole blocks (its
 //! random confidence head would stop them at random).
@@ -149,116 +151,75 @@ struct Tensor {
     stored: Stored,
 }
 
-/// The release checkpoint's tensors of a config (the MTP block left out), with `dspark` stages.
-fn plan(c: &DeepseekV4Config, dspark: usize) -> HashMap<String, Tensor> {
-    let mut t = HashMap::new();
-    let (h, s, sh) = (c.hidden, c.hc, c.hc * c.hidden);
-    let mut add = |name: String, rows: usize, cols: usize, make: Make, stored: Stored| {
-        t.insert(
-            name,
-            Tensor {
-                rows,
-                cols,
-                make,
-                stored,
-            },
-        );
-    };
-    // Linear maps N(0, 1/fan_in): unit-scale outputs from unit-scale (normalised) inputs.
-    let mat = |cols: usize| Make::Matrix {
+/// A plan being filled: the tensors by name.
+struct Planner<'a> {
+    c: &'a DeepseekV4Config,
+    t: HashMap<String, Tensor>,
+}
+
+// Linear maps N(0, 1/fan_in): unit-scale outputs from unit-scale (normalised) inputs.
+fn mat(cols: usize) -> Make {
+    Make::Matrix {
         std: 1.0 / (cols as f32).sqrt(),
-    };
-    let f = |mean, std| Make::Floats { mean, std };
-    // Weighted RMSNorm gammas (no 1 + w).
-    let gamma = f(1.0, 0.02);
-    add(
-        "embed.weight".into(),
-        c.n_vocab,
-        h,
-        Make::Matrix { std: 1.0 },
-        Stored::Bf16,
-    );
-    add("head.weight".into(), c.n_vocab, h, mat(h), Stored::Bf16);
-    add("norm.weight".into(), 1, h, gamma, Stored::Bf16);
-    // mHC: the mixes see an RMS-normalised [S·H] row (logits of unit scale); bases and scales
-    // as the fixtures' (spread Sinkhorn inputs, no saturated sigmoid).
-    let mut hc = |p: &str, rows: usize, n_scale: usize| {
-        add(
-            format!("{p}_fn"),
+    }
+}
+
+// Weighted RMSNorm gammas (no 1 + w).
+const GAMMA: Make = Make::Floats {
+    mean: 1.0,
+    std: 0.02,
+};
+
+impl Planner<'_> {
+    fn add(&mut self, name: String, rows: usize, cols: usize, make: Make, stored: Stored) {
+        let t = Tensor {
             rows,
-            sh,
-            f(0.0, 1.0 / (sh as f32).sqrt()),
-            Stored::F32,
-        );
-        add(format!("{p}_base"), 1, rows, f(0.0, 0.5), Stored::F32);
-        add(format!("{p}_scale"), 1, n_scale, f(1.0, 0.2), Stored::F32);
-    };
-    hc("hc_head", s, 1);
-    // The blocks: the trunk's layers, then DSpark's stages.
-    let blocks: Vec<(String, Attn, Routing)> = (0..c.attn.len())
-        .map(|i| (format!("layers.{i}"), c.attn[i], c.routing[i]))
-        .chain((0..dspark).map(|i| (format!("mtp.{i}"), Attn::Sliding, Routing::TopK)))
-        .collect();
-    for (p, _, _) in &blocks {
-        hc(&format!("{p}.hc_attn"), (2 + s) * s, 3);
-        hc(&format!("{p}.hc_ffn"), (2 + s) * s, 3);
-    }
-    if dspark > 0 {
-        hc("mtp.0.hc_head", s, 1);
-        let (k, rk, v) = (3, DSPARK_RANK, c.n_vocab);
-        add(
-            "mtp.0.main_proj.weight".into(),
-            h,
-            k * h,
-            mat(k * h),
-            Stored::Fp8,
-        );
-        add("mtp.0.main_norm.weight".into(), 1, h, gamma, Stored::Bf16);
-        add("mtp.0.norm.weight".into(), 1, h, gamma, Stored::Bf16);
-        let m = "mtp.0.markov_head";
-        add(
-            format!("{m}.markov_w1.weight"),
-            v,
-            rk,
-            Make::Matrix { std: 1.0 },
-            Stored::Bf16,
-        );
-        let w2 = Make::Matrix {
-            std: 0.5 / (rk as f32).sqrt(),
+            cols,
+            make,
+            stored,
         };
-        add(format!("{m}.markov_w2.weight"), v, rk, w2, Stored::Bf16);
-        let cp = "mtp.0.confidence_head.proj";
-        let cw = f(0.0, 1.0 / ((h + rk) as f32).sqrt());
-        add(format!("{cp}.weight"), 1, h + rk, cw, Stored::F32);
-        add(format!("{cp}.bias"), 1, 1, f(0.0, 0.1), Stored::F32);
+        self.t.insert(name, t);
     }
-    let (nh, hd, qr) = (c.n_head, c.head_dim, c.q_rank);
-    let (g, r) = (c.o_groups, c.o_rank);
-    for (p, kind, routing) in blocks {
-        add(format!("{p}.attn_norm.weight"), 1, h, gamma, Stored::Bf16);
-        add(format!("{p}.ffn_norm.weight"), 1, h, gamma, Stored::Bf16);
+
+    /// An mHC module: the mixes see an RMS-normalised [S·H] row (logits of unit scale); bases
+    /// and scales as the fixtures' (spread Sinkhorn inputs, no saturated sigmoid).
+    fn hc(&mut self, p: &str, rows: usize, n_scale: usize) {
+        let sh = self.c.hc * self.c.hidden;
+        let f = |mean, std| Make::Floats { mean, std };
+        let std = 1.0 / (sh as f32).sqrt();
+        self.add(format!("{p}_fn"), rows, sh, f(0.0, std), Stored::F32);
+        self.add(format!("{p}_base"), 1, rows, f(0.0, 0.5), Stored::F32);
+        self.add(format!("{p}_scale"), 1, n_scale, f(1.0, 0.2), Stored::F32);
+    }
+
+    /// A layer's tensors under `p` (`layers.<i>`, or `mtp.0` for the MTP block).
+    fn layer(&mut self, p: &str, kind: Attn, routing: Routing) {
+        let c = self.c;
+        let (h, s) = (c.hidden, c.hc);
+        let f = |mean, std| Make::Floats { mean, std };
+        self.hc(&format!("{p}.hc_attn"), (2 + s) * s, 3);
+        self.hc(&format!("{p}.hc_ffn"), (2 + s) * s, 3);
+        let (nh, hd, qr) = (c.n_head, c.head_dim, c.q_rank);
+        let (g, r) = (c.o_groups, c.o_rank);
+        self.add(format!("{p}.attn_norm.weight"), 1, h, GAMMA, Stored::Bf16);
+        self.add(format!("{p}.ffn_norm.weight"), 1, h, GAMMA, Stored::Bf16);
         let a = format!("{p}.attn");
         // Sinks of unit scale: a share of the softmax, never all of it.
-        add(format!("{a}.attn_sink"), 1, nh, f(0.0, 1.0), Stored::F32);
-        add(format!("{a}.wq_a.weight"), qr, h, mat(h), Stored::Fp8);
-        add(format!("{a}.q_norm.weight"), 1, qr, gamma, Stored::Bf16);
-        add(
+        self.add(format!("{a}.attn_sink"), 1, nh, f(0.0, 1.0), Stored::F32);
+        self.add(format!("{a}.wq_a.weight"), qr, h, mat(h), Stored::Fp8);
+        self.add(format!("{a}.q_norm.weight"), 1, qr, GAMMA, Stored::Bf16);
+        self.add(
             format!("{a}.wq_b.weight"),
             nh * hd,
             qr,
             mat(qr),
             Stored::Fp8,
         );
-        add(format!("{a}.wkv.weight"), hd, h, mat(h), Stored::Fp8);
-        add(format!("{a}.kv_norm.weight"), 1, hd, gamma, Stored::Bf16);
-        add(
-            format!("{a}.wo_a.weight"),
-            g * r,
-            nh * hd / g,
-            mat(nh * hd / g),
-            Stored::Fp8,
-        );
-        add(
+        self.add(format!("{a}.wkv.weight"), hd, h, mat(h), Stored::Fp8);
+        self.add(format!("{a}.kv_norm.weight"), 1, hd, GAMMA, Stored::Bf16);
+        let gw = nh * hd / g;
+        self.add(format!("{a}.wo_a.weight"), g * r, gw, mat(gw), Stored::Fp8);
+        self.add(
             format!("{a}.wo_b.weight"),
             h,
             g * r,
@@ -267,32 +228,27 @@ fn plan(c: &DeepseekV4Config, dspark: usize) -> HashMap<String, Tensor> {
         );
         let mut comp = |p: &str, width: usize, m: usize, overlap: bool| {
             let half = if overlap { 2 * width } else { width };
-            add(format!("{p}.wkv.weight"), half, h, mat(h), Stored::Bf16);
-            add(format!("{p}.wgate.weight"), half, h, mat(h), Stored::Bf16);
-            add(format!("{p}.ape"), m, half, f(0.0, 0.5), Stored::F32);
-            add(format!("{p}.norm.weight"), 1, width, gamma, Stored::Bf16);
+            self.add(format!("{p}.wkv.weight"), half, h, mat(h), Stored::Bf16);
+            self.add(format!("{p}.wgate.weight"), half, h, mat(h), Stored::Bf16);
+            self.add(format!("{p}.ape"), m, half, f(0.0, 0.5), Stored::F32);
+            self.add(format!("{p}.norm.weight"), 1, width, GAMMA, Stored::Bf16);
         };
         match kind {
             Attn::Sliding => {}
             Attn::Hca => comp(&format!("{a}.compressor"), hd, c.hca_rate, false),
             Attn::Csa => {
                 comp(&format!("{a}.compressor"), hd, c.csa_rate, true);
-                comp(
-                    &format!("{a}.indexer.compressor"),
-                    c.idx_dim,
-                    c.csa_rate,
-                    true,
-                );
                 let x = format!("{a}.indexer");
+                comp(&format!("{x}.compressor"), c.idx_dim, c.csa_rate, true);
                 let (ni, di) = (c.idx_heads, c.idx_dim);
-                add(
+                self.add(
                     format!("{x}.wq_b.weight"),
                     ni * di,
                     qr,
                     mat(qr),
                     Stored::Fp8,
                 );
-                add(
+                self.add(
                     format!("{x}.weights_proj.weight"),
                     ni,
                     h,
@@ -303,30 +259,92 @@ fn plan(c: &DeepseekV4Config, dspark: usize) -> HashMap<String, Tensor> {
         }
         let e = format!("{p}.ffn");
         let (ne, ff) = (c.n_expert, c.n_ff);
-        add(format!("{e}.gate.weight"), ne, h, mat(h), Stored::Bf16);
+        self.add(format!("{e}.gate.weight"), ne, h, mat(h), Stored::Bf16);
         // The correction bias (selection only; the release has it on hash layers too).
-        add(format!("{e}.gate.bias"), 1, ne, f(0.0, 0.3), Stored::F32);
+        self.add(format!("{e}.gate.bias"), 1, ne, f(0.0, 0.3), Stored::F32);
         if routing == Routing::Hash {
-            add(
-                format!("{e}.gate.tid2eid"),
-                c.n_vocab,
-                c.top_k,
-                Make::Table,
-                Stored::I64,
-            );
+            let name = format!("{e}.gate.tid2eid");
+            self.add(name, c.n_vocab, c.top_k, Make::Table, Stored::I64);
         }
         for x in 0..ne {
             let w = format!("{e}.experts.{x}");
-            add(format!("{w}.w1.weight"), ff, h, mat(h), Stored::Mxfp4);
-            add(format!("{w}.w3.weight"), ff, h, mat(h), Stored::Mxfp4);
-            add(format!("{w}.w2.weight"), h, ff, mat(ff), Stored::Mxfp4);
+            self.add(format!("{w}.w1.weight"), ff, h, mat(h), Stored::Mxfp4);
+            self.add(format!("{w}.w3.weight"), ff, h, mat(h), Stored::Mxfp4);
+            self.add(format!("{w}.w2.weight"), h, ff, mat(ff), Stored::Mxfp4);
         }
         let w = format!("{e}.shared_experts");
-        add(format!("{w}.w1.weight"), ff, h, mat(h), Stored::Fp8);
-        add(format!("{w}.w3.weight"), ff, h, mat(h), Stored::Fp8);
-        add(format!("{w}.w2.weight"), h, ff, mat(ff), Stored::Fp8);
+        self.add(format!("{w}.w1.weight"), ff, h, mat(h), Stored::Fp8);
+        self.add(format!("{w}.w3.weight"), ff, h, mat(h), Stored::Fp8);
+        self.add(format!("{w}.w2.weight"), h, ff, mat(ff), Stored::Fp8);
     }
-    t
+}
+
+impl Planner<'_> {
+    /// DeepSeek-V4-Flash-DSpark's drafter into `t`: `stages` sliding, top-k routed blocks under
+    /// `mtp.<s>` and, under `mtp.0`, the projection of the three taps, the Markov and
+    /// confidence heads, its hc_head and norm.
+    fn dspark(c: &DeepseekV4Config, stages: usize, t: &mut HashMap<String, Tensor>) {
+        let mut p = Planner {
+            c,
+            t: std::mem::take(t),
+        };
+        let (h, s, v, rk) = (c.hidden, c.hc, c.n_vocab, DSPARK_RANK);
+        for i in 0..stages {
+            p.layer(&format!("mtp.{i}"), Attn::Sliding, Routing::TopK);
+        }
+        p.hc("mtp.0.hc_head", s, 1);
+        p.add("mtp.0.main_proj.weight".into(), h, 3 * h, mat(3 * h), Stored::Fp8);
+        for n in ["main_norm", "norm"] {
+            p.add(format!("mtp.0.{n}.weight"), 1, h, GAMMA, Stored::Bf16);
+        }
+        let m = "mtp.0.markov_head";
+        let unit = Make::Matrix { std: 1.0 };
+        p.add(format!("{m}.markov_w1.weight"), v, rk, unit, Stored::Bf16);
+        let w2 = Make::Matrix {
+            std: 0.5 / (rk as f32).sqrt(),
+        };
+        p.add(format!("{m}.markov_w2.weight"), v, rk, w2, Stored::Bf16);
+        let f = |mean, std| Make::Floats { mean, std };
+        let cp = "mtp.0.confidence_head.proj";
+        let std = 1.0 / ((h + rk) as f32).sqrt();
+        p.add(format!("{cp}.weight"), 1, h + rk, f(0.0, std), Stored::F32);
+        p.add(format!("{cp}.bias"), 1, 1, f(0.0, 0.1), Stored::F32);
+        *t = p.t;
+    }
+}
+
+/// The release checkpoint's tensors of a config; with `mtp`, its MTP block too (spec §11: a
+/// sliding, top-k routed layer under `mtp.0` with its projections, norms and hc_head).
+fn plan(c: &DeepseekV4Config, mtp: bool) -> HashMap<String, Tensor> {
+    let mut p = Planner {
+        c,
+        t: HashMap::new(),
+    };
+    let (h, s) = (c.hidden, c.hc);
+    p.add(
+        "embed.weight".into(),
+        c.n_vocab,
+        h,
+        Make::Matrix { std: 1.0 },
+        Stored::Bf16,
+    );
+    p.add("head.weight".into(), c.n_vocab, h, mat(h), Stored::Bf16);
+    p.add("norm.weight".into(), 1, h, GAMMA, Stored::Bf16);
+    p.hc("hc_head", s, 1);
+    for (i, (&kind, &routing)) in c.attn.iter().zip(&c.routing).enumerate() {
+        p.layer(&format!("layers.{i}"), kind, routing);
+    }
+    if mtp {
+        for w in ["e_proj", "h_proj"] {
+            p.add(format!("mtp.0.{w}.weight"), h, h, mat(h), Stored::Fp8);
+        }
+        for n in ["enorm", "hnorm", "norm"] {
+            p.add(format!("mtp.0.{n}.weight"), 1, h, GAMMA, Stored::Bf16);
+        }
+        p.hc("mtp.0.hc_head", s, 1);
+        p.layer("mtp.0", Attn::Sliding, Routing::TopK);
+    }
+    p.t
 }
 
 /// A token's `k` distinct experts of `n`, from the table's stream `key`.
@@ -379,7 +397,11 @@ impl<B: Backend> DeepseekV4Model<B> {
         let cfg = DeepseekV4Config::from_json(&j)?;
         let dspark = DsparkConfig::from_json(&j, cfg.attn.len(), cfg.n_vocab)?;
         let stages = if dspark.is_some() { DSPARK_STAGES } else { 0 };
-        let plan = Arc::new(plan(&cfg, stages));
+        let mut plan = plan(&cfg, dspark.is_none());
+        if stages > 0 {
+            Planner::dspark(&cfg, stages, &mut plan);
+        }
+        let plan = Arc::new(plan);
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
         let n_expert = cfg.n_expert;
         let get = move |n: &str| -> Option<HostWeight> {
@@ -403,7 +425,13 @@ impl<B: Backend> DeepseekV4Model<B> {
             }
         };
         let src = WeightSource::synthetic(Arc::new(get), seed);
-        let m = Self::load(backend, &src, &src, false, cfg, dspark.map(|d| (d, stages)))?;
+        // The MTP block too, or DSpark (generated: either binds whatever path `--mtp` names).
+        let mtp = dspark.is_none().then_some(super::mtp::MtpFrom {
+            src: &src,
+            gguf: false,
+            source: None,
+        });
+        let m = Self::load(backend, &src, &src, false, cfg, mtp, dspark.map(|d| (d, stages)))?;
         m.set_dspark_p_min(0.0);
         Ok(m)
     }
@@ -423,12 +451,15 @@ pub enum Storage {
 
 /// Parameters of a config (the MTP block left out).
 pub fn parameters(c: &DeepseekV4Config) -> u64 {
-    plan(c, 0).values().map(|t| (t.rows * t.cols) as u64).sum()
+    plan(c, false)
+        .values()
+        .map(|t| (t.rows * t.cols) as u64)
+        .sum()
 }
 
 /// Bytes of a config's weights held as `st`.
 pub fn weight_bytes(c: &DeepseekV4Config, st: Storage) -> u64 {
-    plan(c, 0)
+    plan(c, false)
         .values()
         .map(|t| {
             let (r, k) = (t.rows as u64, t.cols as u64);
@@ -454,7 +485,7 @@ pub const PLAN_BATCH: usize = 512;
 /// A sequence's state at `n_ctx` positions: (windows, compressed K=V entries, indexer keys) in
 /// bytes, as the state kinds store them (windows a raw f32 ring, entries f32).
 pub fn state_bytes(c: &DeepseekV4Config, n_ctx: usize) -> [u64; 3] {
-    let (layout, per_layer) = build_layout(c);
+    let (layout, per_layer, _) = build_layout(c, false);
     let mut out = [0u64; 3];
     for ents in per_layer {
         for (k, e) in ents.iter().enumerate() {

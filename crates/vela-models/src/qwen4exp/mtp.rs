@@ -18,8 +18,7 @@
 //! rows from `n_past − 1` on; those rows are rewritten by the verification forward.
 
 use super::*;
-use crate::lm::{ModelState, Seq};
-use crate::mtp::MtpHead;
+use crate::mtp::{ChainedMtp, MtpHead};
 use anyhow::anyhow;
 use std::path::Path;
 
@@ -85,14 +84,12 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let be = &*self.backend;
         let w = self.cfg.streams * self.cfg.hidden;
         let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
-        let mut r = 0;
-        if p0 > 0 {
-            be.copy_rows(st.extra.recurrent(mt.pending, p0)?, 0, 1, w, dst, 0);
-            r = 1;
-        }
-        if n > 1 {
-            be.copy_rows(&st.bufs[X], 0, n - 1, w, dst, r);
-        }
+        let prev = if p0 > 0 {
+            Some((st.extra.recurrent(mt.pending, p0)?, 0))
+        } else {
+            None
+        };
+        crate::mtp::stage_rows(be, prev, (&st.bufs[X], n, w), dst);
         // As `segments` writes a recurrent state: the last SNAPSHOTS positions one by one.
         let bulk = n - n.min(SNAPSHOTS);
         if bulk > 0 {
@@ -109,32 +106,26 @@ impl<B: Backend> Qwen4ExpModel<B> {
     /// The layer's input streams into `X` for the streams in `mtp_in` and `tokens` (one row
     /// each).
     fn mtp_input(&self, st: &mut Qwen4ExpState<B>, mt: &Mtp<B>, tokens: &[u32]) -> Result<()> {
-        let be = &*self.backend;
         let c = &self.cfg;
-        let (m, s, h) = (tokens.len(), c.streams, c.hidden);
+        let w = crate::mtp::InputProj::<B> {
+            embd: &self.embd,
+            norm_emb: &mt.norm_emb,
+            fc_emb: &mt.fc_emb,
+            norm_hidden: (&mt.norm_hidden, c.streams * c.hidden),
+            fc_hidden: &mt.fc_hidden,
+        };
         let src = st.mtp_in.as_ref().ok_or_else(no_mtp_state)?;
-        let b = &mut st.bufs;
-        be.rms_norm(src, &mt.norm_hidden, m, s * h, c.eps, &mut b[XN]);
-        {
-            let [xn, x] = pick2(b, XN, X);
-            be.matmul(&mt.fc_hidden, xn, m * s, x);
-        }
-        be.get_rows(&self.embd, tokens, 1.0, &mut b[M])?;
-        {
-            let [mm, t1] = pick2(b, M, T1);
-            be.rms_norm(mm, &mt.norm_emb, m, h, c.eps, t1);
-        }
-        {
-            let [t1, t2] = pick2(b, T1, T2);
-            be.matmul(&mt.fc_emb, t1, m, t2);
-        }
-        {
-            let [t2, t3] = pick2(b, T2, T3);
-            be.gather_rows(t2, &st.stream_rows, m * s, h, t3);
-        }
-        let [x, t3] = pick2(b, X, T3);
-        be.add(x, t3, m * s * h);
-        Ok(())
+        let [x, a, b, t1] = st.bufs.get_disjoint_mut([X, XN, M, T1]).expect("distinct");
+        let dims = (c.streams, c.hidden, c.eps);
+        w.apply(
+            &*self.backend,
+            src,
+            tokens,
+            &st.stream_rows,
+            dims,
+            x,
+            [a, b, t1],
+        )
     }
 
     /// The cache-only pass of a forward at positions `p0..p0+n` ([`Self::mtp_stage`] ran):
@@ -146,14 +137,9 @@ impl<B: Backend> Qwen4ExpModel<B> {
         tokens: &[u32],
         p0: usize,
     ) -> Result<()> {
-        let (r0, next) = if p0 > 0 {
-            (p0 - 1, tokens)
-        } else {
-            (0, &tokens[1..])
-        };
-        if next.is_empty() {
+        let Some((r0, next)) = crate::mtp::cache_rows(tokens, p0) else {
             return Ok(());
-        }
+        };
         self.mtp_input(st, mt, next)?;
         self.hc(&mut st.bufs, &mt.layer.attn_hc, next.len());
         let Block::Qsa(q) = &mt.layer.mixer else {
@@ -163,16 +149,46 @@ impl<B: Backend> Qwen4ExpModel<B> {
         self.qsa_cache(st, q, &mt.layer.state, &rows)
     }
 
+    /// [`crate::lm::CausalLm::discover_mtp`]: the checkpoint itself, when it has the layer.
+    pub(super) fn mtp_path(&self, model_path: &Path) -> Option<PathBuf> {
+        self.mtp.as_ref().map(|_| model_path.to_path_buf())
+    }
+
+    /// [`crate::lm::CausalLm::load_mtp`]: the layer loaded with the model, bound as a drafter.
+    pub(super) fn bind_mtp(&self, path: &Path) -> Result<Box<dyn MtpHead>>
+    where
+        B: 'static,
+    {
+        let source = match &self.mtp {
+            Some(_) => Ok(self.source.as_deref()),
+            None => Err(
+                "no mtp.* tensors; llama.cpp's GGUF conversion drops them: use the HF \
+                         checkpoint directory",
+            ),
+        };
+        crate::mtp::bind_own::<Self>("qwen4_exp", source, path, &self.mtp_on)
+    }
+}
+
+fn no_mtp_state() -> anyhow::Error {
+    anyhow!("qwen4_exp: this sequence state was made without the MTP layer")
+}
+
+impl<B: Backend + 'static> ChainedMtp for Qwen4ExpModel<B> {
+    fn mtp_begin(&self, st: &mut Qwen4ExpState<B>, pos: usize, k: usize) -> Result<usize> {
+        let mt = self.active_mtp().ok_or_else(no_mtp_state)?;
+        let w = self.cfg.streams * self.cfg.hidden;
+        let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
+        let src = st.extra.recurrent(mt.pending, pos)?;
+        self.backend.copy_rows(src, 0, 1, w, dst, 0);
+        Ok(k.min(st.n_ctx.saturating_sub(pos)))
+    }
+
     /// One draft: the whole layer on row `r` (its streams in `mtp_in` row 0, `tok` the token
     /// after it); leaves the layer's output streams in `mtp_in` row 0 for the next draft and
     /// returns the logits.
-    fn mtp_step(
-        &self,
-        st: &mut Qwen4ExpState<B>,
-        mt: &Mtp<B>,
-        tok: u32,
-        r: usize,
-    ) -> Result<Vec<f32>> {
+    fn mtp_step(&self, st: &mut Qwen4ExpState<B>, tok: u32, r: usize) -> Result<Vec<f32>> {
+        let mt = self.active_mtp().ok_or_else(no_mtp_state)?;
         let be = &*self.backend;
         let c = &self.cfg;
         self.mtp_input(st, mt, &[tok])?;
@@ -188,89 +204,5 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let mut out = vec![0f32; c.n_vocab];
         be.read(&st.bufs[LOGITS], &mut out);
         Ok(out)
-    }
-
-    /// [`crate::lm::CausalLm::discover_mtp`]: the checkpoint itself, when it has the layer.
-    pub(super) fn mtp_path(&self, model_path: &Path) -> Option<PathBuf> {
-        self.mtp.as_ref().map(|_| model_path.to_path_buf())
-    }
-
-    /// [`crate::lm::CausalLm::load_mtp`]: the layer loaded with the model, bound as a drafter.
-    pub(super) fn bind_mtp(&self, path: &Path) -> Result<Box<dyn MtpHead>>
-    where
-        B: 'static,
-    {
-        if self.mtp.is_none() {
-            bail!(
-                "this qwen4_exp checkpoint has no MTP layer (no mtp.* tensors; llama.cpp's GGUF \
-                 conversion drops them: use the HF checkpoint directory)"
-            );
-        }
-        // A generated model (no source directory) has its layer whatever the path says.
-        let same = match (&self.source, path.canonicalize()) {
-            (None, _) => true,
-            (Some(src), Ok(p)) => src.canonicalize().map(|s| s == p).unwrap_or(false),
-            (Some(_), Err(_)) => false,
-        };
-        if !same {
-            bail!(
-                "qwen4_exp's MTP layer is part of its checkpoint: --mtp takes the model's own \
-                 directory, not {}",
-                path.display()
-            );
-        }
-        self.mtp_on.store(true, Ordering::Relaxed);
-        Ok(Box::new(Qwen4ExpMtp::<B> {
-            _be: std::marker::PhantomData,
-        }))
-    }
-}
-
-fn no_mtp_state() -> anyhow::Error {
-    anyhow!("qwen4_exp: this sequence state was made without the MTP layer")
-}
-
-/// The MTP layer as a drafter of its own model's sequences.
-pub struct Qwen4ExpMtp<B: Backend> {
-    _be: std::marker::PhantomData<fn() -> B>,
-}
-
-impl<B: Backend + 'static> MtpHead for Qwen4ExpMtp<B> {
-    fn sync(&mut self, _target: &dyn ModelState, _row: usize) -> Result<()> {
-        // The target's forwards keep the layer's cache.
-        Ok(())
-    }
-
-    fn draft(
-        &mut self,
-        target: &mut dyn ModelState,
-        last: u32,
-        pos: usize,
-        k: usize,
-        next: &mut dyn FnMut(Vec<f32>) -> Result<u32>,
-    ) -> Result<()> {
-        let seq = target
-            .as_any_mut()
-            .downcast_mut::<Seq<Qwen4ExpModel<B>>>()
-            .ok_or_else(|| anyhow!("the qwen4_exp MTP layer drafts for its own model only"))?;
-        let model = seq.model.clone();
-        let st = &mut seq.state;
-        let mt = model.active_mtp().ok_or_else(no_mtp_state)?;
-        if pos == 0 {
-            bail!("MTP drafting needs an evaluated prompt");
-        }
-        let k = k.min(st.n_ctx.saturating_sub(pos));
-        let w = model.cfg.streams * model.cfg.hidden;
-        {
-            let be = &*model.backend;
-            let dst = st.mtp_in.as_mut().ok_or_else(no_mtp_state)?;
-            be.copy_rows(st.extra.recurrent(mt.pending, pos)?, 0, 1, w, dst, 0);
-        }
-        let mut tok = last;
-        for j in 0..k {
-            let logits = model.mtp_step(st, mt, tok, pos - 1 + j)?;
-            tok = next(logits)?;
-        }
-        Ok(())
     }
 }

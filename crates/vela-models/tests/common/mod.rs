@@ -6,6 +6,8 @@ use vela_compute::cpu::CpuBackend;
 use vela_compute::KvType;
 use vela_models::gemma4::Gemma4Model;
 
+pub mod mtp;
+
 /// The tiny random Gemma 4 fixtures of `scripts/gen-gemma4-fixtures.py`.
 pub const FIXTURES: &[&str] = &[
     "dense_keqv",
