@@ -204,6 +204,7 @@ RELEASE_ONLY = {
 }
 # fixture whose weights are stored in the release's FP8 / MXFP4 format -> that copy's directory
 RELEASE_DIR = {"flash_mini": "flash_mini_fp8", "flash_lcpp": "flash_lcpp"}
+FP8_FROM = "flash_mini"  # the base of flash_mini_fp8 (and of scripts/gen-deepseekv4-mtp.py)
 FP8_SEED = 4321  # the MTP block's and the hash layers' unused gate.bias random values
 
 

@@ -385,7 +385,15 @@ impl<B: Backend> DeepseekV4Model<B> {
             gguf: false,
             source: Some(dir.to_path_buf()),
         });
-        let mut m = Self::load(backend, &src, &top, false, cfg, mtp, dspark.map(|d| (d, stages)))?;
+        let mut m = Self::load(
+            backend,
+            &src,
+            &top,
+            false,
+            cfg,
+            mtp,
+            dspark.map(|d| (d, stages)),
+        )?;
         m.source = Some(dir.to_path_buf());
         Ok(m)
     }

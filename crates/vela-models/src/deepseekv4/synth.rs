@@ -293,7 +293,13 @@ impl Planner<'_> {
             p.layer(&format!("mtp.{i}"), Attn::Sliding, Routing::TopK);
         }
         p.hc("mtp.0.hc_head", s, 1);
-        p.add("mtp.0.main_proj.weight".into(), h, 3 * h, mat(3 * h), Stored::Fp8);
+        p.add(
+            "mtp.0.main_proj.weight".into(),
+            h,
+            3 * h,
+            mat(3 * h),
+            Stored::Fp8,
+        );
         for n in ["main_norm", "norm"] {
             p.add(format!("mtp.0.{n}.weight"), 1, h, GAMMA, Stored::Bf16);
         }
@@ -431,7 +437,15 @@ impl<B: Backend> DeepseekV4Model<B> {
             gguf: false,
             source: None,
         });
-        let m = Self::load(backend, &src, &src, false, cfg, mtp, dspark.map(|d| (d, stages)))?;
+        let m = Self::load(
+            backend,
+            &src,
+            &src,
+            false,
+            cfg,
+            mtp,
+            dspark.map(|d| (d, stages)),
+        )?;
         m.set_dspark_p_min(0.0);
         Ok(m)
     }
