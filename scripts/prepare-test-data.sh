@@ -14,7 +14,7 @@
 #   5. scripts/gen-parity-fixtures.py       -> $VELA_CACHE/golden/parity (see docs/testing.md).
 #
 # Step-4 generators are skipped when their stamp ($VELA_CACHE/golden/.stamps/<script>.sha256)
-# matches the hash of: the script, llama_oracle.py, the model/llama.cpp inputs (names, sizes,
+# matches the hash of: the script, the other scripts/*.py it names, llama_oracle.py, the model/llama.cpp inputs (names, sizes,
 # mtimes) and the listing (paths + sizes) of $VELA_CACHE/golden at the end of the last run; so an
 # edited script, a changed input or a deleted golden file reruns them. VELA_FORCE_GEN=1 runs all.
 # CPU use is polite (nice -n 10).
@@ -60,7 +60,15 @@ goldens_id() {
   (cd "$VELA_CACHE/golden" && find . -path ./parity -prune -o -path ./.stamps -prune -o -type f -printf '%p %s\n' |
     LC_ALL=C sort) | sha256sum | cut -d' ' -f1
 }
-gen_id() { (sha256sum "$1" scripts/llama_oracle.py 2>/dev/null; echo "$INPUTS $2") | sha256sum | cut -d' ' -f1; }
+# A generator's identity: its text, the other scripts it names (the modules and generators it
+# loads, e.g. deepseekv4_ref.py), llama_oracle.py, the inputs and the goldens listing.
+gen_id() {
+  local deps=() f
+  for f in scripts/*.py; do
+    [ "$f" != "$1" ] && grep -qF "$(basename "$f" .py)" "$1" && deps+=("$f")
+  done
+  (sha256sum "$1" scripts/llama_oracle.py "${deps[@]}" 2>/dev/null; echo "$INPUTS $2") | sha256sum | cut -d' ' -f1
+}
 
 # 4. other generators
 shopt -s nullglob
