@@ -23,6 +23,8 @@ fi
 # Seeds. gen-seeds.py needs gguf-py; without it gguf_parse starts from an empty corpus.
 python3 fuzz/gen-text-seeds.py
 python3 fuzz/gen-safetensors-seeds.py
+python3 fuzz/gen-safetensors-index-seeds.py
+python3 fuzz/gen-vocab-text-seeds.py
 if python3 -c 'import gguf' 2>/dev/null; then
   python3 fuzz/gen-seeds.py
 else
@@ -34,12 +36,13 @@ fi
 export RUSTC_BOOTSTRAP=1
 cargo fuzz build
 
-# target:max_len:runs. tokenizer_json (a tokenizer built per input) and chat_template (a render
-# and a tokenization per input) run a quarter of the executions: ~100-1000 per second.
+# target:max_len:runs. tokenizer_json (a tokenizer built per input), chat_template (a render
+# and a tokenization per input) and gguf_vocab_text (several tokenizations per input, and the
+# vocabularies loaded on first use) run a quarter of the executions: ~100-1000 per second.
 SLOW=$((RUNS / 4))
-for t in gguf_parse:16384:$RUNS safetensors_parse:16384:$RUNS request_bodies:16384:$RUNS \
-         output_parsers:4096:$RUNS config_json:16384:$RUNS tokenizer_json:65536:$SLOW \
-         chat_template:4096:$SLOW; do
+for t in gguf_parse:16384:$RUNS safetensors_parse:16384:$RUNS safetensors_index:16384:$RUNS \
+         request_bodies:16384:$RUNS output_parsers:4096:$RUNS config_json:16384:$RUNS \
+         tokenizer_json:65536:$SLOW chat_template:4096:$SLOW gguf_vocab_text:4096:$SLOW; do
   IFS=: read -r name max_len runs <<<"$t"
   echo "fuzz: $name ($runs runs)"
   log=fuzz/artifacts/ci-$name.log

@@ -156,8 +156,8 @@ pub fn parse_header(
     let mut tensors = BTreeMap::new();
     let mut metadata = BTreeMap::new();
     let mut ranges = Vec::new();
-    for (name, v) in obj {
-        if name == "__metadata__" {
+    for (raw_name, v) in obj {
+        if raw_name == "__metadata__" {
             if let Some(m) = v.as_object() {
                 for (k, s) in m {
                     metadata.insert(k.clone(), s.as_str().unwrap_or_default().to_string());
@@ -165,14 +165,17 @@ pub fn parse_header(
             }
             continue;
         }
+        // names and dtypes are shown escaped, so an error stays one line whatever the file holds
+        let name = raw_name.escape_debug();
         let dt = v
             .get("dtype")
             .and_then(|d| d.as_str())
             .ok_or_else(|| anyhow!("tensor '{name}': missing dtype"))?;
         let dtype = Dtype::parse(dt).ok_or_else(|| {
             anyhow!(
-                "tensor '{name}': dtype {dt} is not supported \
-                 (F32/F16/BF16/I32/I64/I8/F8_E4M3/F8_E8M0)"
+                "tensor '{name}': dtype {} is not supported \
+                 (F32/F16/BF16/I32/I64/I8/F8_E4M3/F8_E8M0)",
+                dt.escape_debug()
             )
         })?;
         let shape: Vec<usize> = v
@@ -203,13 +206,14 @@ pub fn parse_header(
         let want = n_el as u128 * dtype.size() as u128;
         if want != (offs[1] - offs[0]) as u128 {
             bail!(
-                "tensor '{name}': {dt} {shape:?} needs {want} bytes, data_offsets give {}",
+                "tensor '{name}': {} {shape:?} needs {want} bytes, data_offsets give {}",
+                dt.escape_debug(),
                 offs[1] - offs[0]
             );
         }
-        ranges.push((offs[0], offs[1], name.clone()));
+        ranges.push((offs[0], offs[1], raw_name));
         tensors.insert(
-            name.clone(),
+            raw_name.clone(),
             TensorEntry {
                 dtype,
                 shape,
@@ -221,7 +225,11 @@ pub fn parse_header(
     ranges.sort();
     for w in ranges.windows(2) {
         if w[1].0 < w[0].1 {
-            bail!("tensors '{}' and '{}' overlap", w[0].2, w[1].2);
+            bail!(
+                "tensors '{}' and '{}' overlap",
+                w[0].2.escape_debug(),
+                w[1].2.escape_debug()
+            );
         }
     }
     Ok((tensors, metadata))
@@ -255,10 +263,12 @@ impl Checkpoint {
                 let s = v
                     .as_str()
                     .ok_or_else(|| anyhow!("{}: weight_map value is not a string", ip.display()))?;
-                if s.contains('/') || s.contains("..") {
+                // a shard is a file of the directory: no path, no control characters
+                if s.contains('/') || s.contains("..") || s.chars().any(char::is_control) {
                     bail!(
-                        "{}: shard name '{s}' is not a plain file name",
-                        ip.display()
+                        "{}: shard name '{}' is not a plain file name",
+                        ip.display(),
+                        s.escape_debug()
                     );
                 }
                 if !shards.iter().any(|x| x == s) {
@@ -275,7 +285,12 @@ impl Checkpoint {
                 let s = shard.as_str().unwrap_or_default();
                 match cp.index.get(name) {
                     Some(&i) if cp.files[i].path.ends_with(s) => {}
-                    _ => bail!("{}: tensor '{name}' is not in shard {s}", ip.display()),
+                    _ => bail!(
+                        "{}: tensor '{}' is not in shard {}",
+                        ip.display(),
+                        name.escape_debug(),
+                        s.escape_debug()
+                    ),
                 }
             }
             return Ok(cp);
@@ -295,7 +310,10 @@ impl Checkpoint {
         for (i, f) in files.iter().enumerate() {
             for name in f.tensors.keys() {
                 if index.insert(name.clone(), i).is_some() {
-                    bail!("tensor '{name}' appears in more than one shard");
+                    bail!(
+                        "tensor '{}' appears in more than one shard",
+                        name.escape_debug()
+                    );
                 }
             }
         }
@@ -324,7 +342,7 @@ impl Checkpoint {
     pub fn to_i64(&self, name: &str) -> Result<Vec<i64>> {
         let (e, b) = self
             .get(name)
-            .ok_or_else(|| anyhow!("missing tensor {name}"))?;
+            .ok_or_else(|| anyhow!("missing tensor {}", name.escape_debug()))?;
         Ok(match e.dtype {
             Dtype::I32 => b
                 .chunks_exact(4)
@@ -334,7 +352,10 @@ impl Checkpoint {
                 .chunks_exact(8)
                 .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
                 .collect(),
-            other => bail!("tensor {name}: {other:?} is not an integer type"),
+            other => bail!(
+                "tensor {}: {other:?} is not an integer type",
+                name.escape_debug()
+            ),
         })
     }
 
@@ -342,7 +363,7 @@ impl Checkpoint {
     pub fn to_f32(&self, name: &str) -> Result<Vec<f32>> {
         let (e, b) = self
             .get(name)
-            .ok_or_else(|| anyhow!("missing tensor {name}"))?;
+            .ok_or_else(|| anyhow!("missing tensor {}", name.escape_debug()))?;
         Ok(bytes_to_f32(e.dtype, b))
     }
 }
@@ -487,6 +508,66 @@ mod tests {
         std::fs::write(d.join("model.safetensors.index.json"), bad.to_string()).unwrap();
         let err = Checkpoint::open(&d).err().unwrap().to_string();
         assert!(err.contains("not in shard"), "{err}");
+    }
+
+    /// Fuzz finding (safetensors_index): a tensor name with a newline in the index gave an error
+    /// spanning several lines; names from files are shown escaped.
+    #[test]
+    fn errors_on_names_with_newlines_stay_one_line() {
+        let d = tmpdir("newline");
+        let shard = "model-00001-of-00001.safetensors";
+        std::fs::write(
+            d.join(shard),
+            build(&[("x", "F32", vec![1], f32_bytes(&[7.0]))]),
+        )
+        .unwrap();
+        let one_line = |index: serde_json::Value| {
+            std::fs::write(d.join("model.safetensors.index.json"), index.to_string()).unwrap();
+            let err = format!("{:#}", Checkpoint::open(&d).err().expect("must fail"));
+            assert!(!err.contains('\n'), "{err:?}");
+            err
+        };
+        let err = one_line(serde_json::json!({"weight_map": {"x": shard, "a\nb": shard}}));
+        assert!(err.contains("a\\nb"), "{err}");
+        one_line(serde_json::json!({"weight_map": {"x": "a\n../b"}}));
+        let err = one_line(serde_json::json!({"weight_map": {"x": "a\nb"}}));
+        assert!(err.contains("not a plain file name"), "{err}");
+        // the same tensor in two shards
+        std::fs::write(
+            d.join("model-00002-of-00002.safetensors"),
+            build(&[("x\ny", "F32", vec![1], f32_bytes(&[7.0]))]),
+        )
+        .unwrap();
+        std::fs::write(
+            d.join("model-00001-of-00002.safetensors"),
+            build(&[("x\ny", "F32", vec![1], f32_bytes(&[7.0]))]),
+        )
+        .unwrap();
+        one_line(serde_json::json!({"weight_map": {
+            "x\ny": "model-00001-of-00002.safetensors",
+            "z": "model-00002-of-00002.safetensors"}}));
+        // header errors name the tensor and dtype escaped
+        let p = d.join("bad.safetensors");
+        for (name, dt) in [("a\nb", "F32"), ("a", "F\n32")] {
+            std::fs::write(&p, build(&[(name, dt, vec![3], f32_bytes(&[1.0]))])).unwrap();
+            let err = format!("{:#}", SafetensorsFile::open(&p).err().expect("must fail"));
+            assert!(!err.contains('\n'), "{err:?}");
+        }
+        std::fs::write(
+            &p,
+            build(&[
+                ("a\n", "F32", vec![1], f32_bytes(&[1.0])),
+                ("b\n", "F32", vec![1], f32_bytes(&[1.0])),
+            ]),
+        )
+        .unwrap();
+        // make the two tensors overlap: the second's offsets [4,8] become [0,4]
+        let mut b = std::fs::read(&p).unwrap();
+        let at = b.windows(5).position(|w| w == b"[4,8]").unwrap();
+        b[at..at + 5].copy_from_slice(b"[0,4]");
+        std::fs::write(&p, &b).unwrap();
+        let err = format!("{:#}", SafetensorsFile::open(&p).err().expect("must fail"));
+        assert!(!err.contains('\n'), "{err:?}");
     }
 
     #[test]
