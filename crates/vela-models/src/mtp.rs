@@ -39,7 +39,7 @@ pub fn file_beside(model: &Path) -> Option<PathBuf> {
 
 /// Whether `path` names `source`, the file or directory a model's MTP layer was loaded from
 /// (a generated model, `None`, has its layer whatever the path says).
-fn same_source(source: Option<&Path>, path: &Path) -> bool {
+pub(crate) fn same_source(source: Option<&Path>, path: &Path) -> bool {
     match (source, path.canonicalize()) {
         (None, _) => true,
         (Some(src), Ok(p)) => src.canonicalize().map(|s| s == p).unwrap_or(false),
@@ -86,13 +86,7 @@ impl<M: ChainedMtp + 'static> MtpHead for OwnMtp<M> {
         k: usize,
         next: &mut dyn FnMut(Vec<f32>) -> Result<u32>,
     ) -> Result<()> {
-        let seq = target
-            .as_any_mut()
-            .downcast_mut::<Seq<M>>()
-            .ok_or_else(|| anyhow!("an MTP layer drafts for sequences of its own model only"))?;
-        if pos == 0 {
-            bail!("MTP drafting needs an evaluated prompt");
-        }
+        let seq = own_seq::<M>(target, pos, "an MTP layer")?;
         let model = seq.model.clone();
         let k = model.mtp_begin(&mut seq.state, pos, k)?;
         let mut tok = last;
@@ -102,6 +96,23 @@ impl<M: ChainedMtp + 'static> MtpHead for OwnMtp<M> {
         }
         Ok(())
     }
+}
+
+/// The sequence `target` of a model's own drafter (`what`, for errors), which drafts after
+/// `pos` evaluated positions (at least one).
+pub(crate) fn own_seq<'a, M: CausalLm + 'static>(
+    target: &'a mut dyn ModelState,
+    pos: usize,
+    what: &str,
+) -> Result<&'a mut Seq<M>> {
+    let seq = target
+        .as_any_mut()
+        .downcast_mut::<Seq<M>>()
+        .ok_or_else(|| anyhow!("{what} drafts for sequences of its own model only"))?;
+    if pos == 0 {
+        bail!("{what} drafts after an evaluated prompt only");
+    }
+    Ok(seq)
 }
 
 /// The weights that turn (a position's streams, the token after it) into an MTP layer's input.

@@ -30,7 +30,7 @@
 //! `dspark_target_layer_ids` and `dspark_noise_token_id` in config.json.
 
 use super::*;
-use crate::lm::{ModelState, Seq};
+use crate::lm::ModelState;
 use crate::mtp::MtpHead;
 use serde_json::Value;
 use std::sync::atomic::Ordering;
@@ -397,12 +397,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         if self.dspark.is_none() {
             bail!("this deepseek_v4 checkpoint has no drafter (no DSpark stages)");
         }
-        let same = match (&self.source, path.canonicalize()) {
-            (None, _) => true,
-            (Some(src), Ok(p)) => src.canonicalize().map(|s| s == p).unwrap_or(false),
-            (Some(_), Err(_)) => false,
-        };
-        if !same {
+        if !crate::mtp::same_source(self.source.as_deref(), path) {
             bail!(
                 "deepseek_v4's DSpark stages are part of its checkpoint: --mtp takes the model's \
                  own directory, not {}",
@@ -439,13 +434,7 @@ impl<B: Backend + 'static> MtpHead for DsparkHead<B> {
         k: usize,
         next: &mut dyn FnMut(Vec<f32>) -> Result<u32>,
     ) -> Result<()> {
-        let seq = target
-            .as_any_mut()
-            .downcast_mut::<Seq<DeepseekV4Model<B>>>()
-            .ok_or_else(|| anyhow!("DSpark drafts for its own deepseek_v4 model only"))?;
-        if pos == 0 {
-            bail!("DSpark drafting needs an evaluated prompt");
-        }
+        let seq = crate::mtp::own_seq::<DeepseekV4Model<B>>(target, pos, "DSpark")?;
         let model = seq.model.clone();
         model.dspark_draft(&mut seq.state, last, pos, k, next)
     }
