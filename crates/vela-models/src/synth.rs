@@ -28,7 +28,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use vela_formats::gguf::{GgufFile, Value};
 use vela_formats::gguf_write::{GgufWriter, TensorSpec};
-use vela_formats::quant::{quantize, GgmlType, QK_K};
+use vela_formats::quant::{GgmlType, QK_K};
 
 /// Architecture family of a geometry (its `general.architecture`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -984,40 +984,9 @@ fn write_tensor(
     Ok(())
 }
 
-/// Whole rows of a `ty` tensor with `cols` values each into `out`, row `r0 + i` from
-/// `fill(r0 + i, values)`, the rows split over `threads`.
-pub(crate) fn quantize_rows(
-    ty: GgmlType,
-    cols: usize,
-    r0: u64,
-    threads: usize,
-    out: &mut [u8],
-    fill: &(dyn Fn(u64, &mut [f32]) + Sync),
-) -> Result<()> {
-    let rb = ty
-        .row_bytes(cols as u64)
-        .ok_or_else(|| anyhow!("{} rows of {cols} values", ty.name()))? as usize;
-    let rows = out.len() / rb.max(1);
-    let per = rows.div_ceil(threads.max(1)).max(1);
-    std::thread::scope(|s| -> Result<()> {
-        let mut handles = Vec::new();
-        for (ti, part) in out.chunks_mut(per * rb).enumerate() {
-            handles.push(s.spawn(move || -> Result<()> {
-                let mut vals = vec![0f32; cols];
-                for (k, orow) in part.chunks_mut(rb).enumerate() {
-                    fill(r0 + (ti * per + k) as u64, &mut vals);
-                    quantize(ty, &vals, orow)?;
-                }
-                Ok(())
-            }));
-        }
-        for h in handles {
-            h.join()
-                .map_err(|_| anyhow!("a synth worker thread panicked"))??;
-        }
-        Ok(())
-    })
-}
+#[path = "synth_values.rs"]
+mod values;
+pub(crate) use values::{normal_weight, quantize_rows};
 
 #[cfg(test)]
 #[path = "synth_tests.rs"]

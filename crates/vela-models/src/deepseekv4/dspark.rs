@@ -111,7 +111,8 @@ pub(super) struct DsparkScratch<B: Backend> {
     /// Row t·K + k of the concatenation = taps row k·max_batch + t.
     cat_ids: B::Ids,
     cat: B::Buf,
-    /// 1/S in every cell: the weights of the mean over the streams.
+    /// 1/S in every cell: the weights of the mean over the streams (Σ (1/S)·X_s, the same
+    /// bits as ΣX_s / S for the release's S = 4).
     mean: B::Buf,
 }
 
@@ -352,8 +353,12 @@ impl<B: Backend> DeepseekV4Model<B> {
             self.block(st, stage, usize::MAX, &positions)?;
         }
         self.collapse_head(&mut st.bufs, &ds.head_hc, &ds.norm, n);
-        let mut t_rows = vec![0f32; n * h];
-        be.read(&st.bufs[C], &mut t_rows);
+        // The collapsed rows and the Markov rows are read back only for the confidence head.
+        let conf = ds.conf.is_some();
+        let mut t_rows = vec![0f32; if conf { n * h } else { 0 }];
+        if conf {
+            be.read(&st.bufs[C], &mut t_rows);
+        }
         {
             let [xn, lg] = pick2(&mut st.bufs, XN, LOGITS);
             be.matmul(&self.head, xn, n, lg);
@@ -361,11 +366,13 @@ impl<B: Backend> DeepseekV4Model<B> {
         let mut base = vec![0f32; n * v];
         be.read(&st.bufs[LOGITS], &mut base);
         let r = ds.rank;
-        let mut w1 = vec![0f32; r];
+        let mut w1 = vec![0f32; if conf { r } else { 0 }];
         let mut prev = last;
         for (i, row) in base.chunks_exact(v).enumerate() {
             be.get_rows(&ds.markov_w1, &[prev], 1.0, &mut st.bufs[C])?;
-            be.read(&st.bufs[C], &mut w1);
+            if conf {
+                be.read(&st.bufs[C], &mut w1);
+            }
             {
                 let [cc, lg] = pick2(&mut st.bufs, C, LOGITS);
                 be.matmul(&ds.markov_w2, cc, 1, lg);

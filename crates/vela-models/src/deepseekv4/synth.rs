@@ -16,9 +16,9 @@
 //! random confidence head would stop them at random).
 
 use super::*;
-use crate::synth::{normal, tensor_key};
+use crate::synth::tensor_key;
 use crate::weights::{load_type, WeightSource};
-use anyhow::{anyhow, Context};
+use anyhow::Context;
 use serde_json::{json, Value};
 use std::collections::HashMap;
 use vela_compute::HostWeight;
@@ -382,18 +382,7 @@ fn generate(
         Make::Floats { mean, std } => (GgmlType::F32, mean, std),
         Make::Table => bail!("{name}: a table, not values"),
     };
-    let rb = ty
-        .row_bytes(cols as u64)
-        .ok_or_else(|| anyhow!("{name}: {} rows of {cols}", ty.name()))? as usize;
-    let mut data = vec![0u8; rows * rb];
-    // An expert (2048 × 4096 at real size) in one thread: the loader reads them in parallel.
-    let threads = if rows * cols <= 1 << 23 { 1 } else { threads };
-    crate::synth::quantize_rows(ty, cols, 0, threads, &mut data, &|r, v| {
-        for (c, x) in v.iter_mut().enumerate() {
-            *x = mean + std * normal(key, r * cols as u64 + c as u64);
-        }
-    })?;
-    HostWeight::owned(name, ty, rows, cols, data)
+    crate::synth::normal_weight(name, ty, rows, cols, (mean, std), key, threads)
 }
 
 impl<B: Backend> DeepseekV4Model<B> {

@@ -13,7 +13,7 @@
 //! requires, and value heads of 32). Each includes the MTP layer.
 
 use super::*;
-use crate::synth::{normal, tensor_key};
+use crate::synth::tensor_key;
 use crate::weights::{load_type, WeightSource};
 use anyhow::{anyhow, Context};
 use serde_json::{json, Value};
@@ -372,31 +372,6 @@ pub(super) fn vector_len(c: &Qwen4ExpConfig, name: &str) -> Option<usize> {
     })
 }
 
-/// Generate `rows × cols` values of stream `key` (`mean + std·N`) into type `ty`, rows split
-/// over `threads`.
-fn generate(
-    name: &str,
-    ty: GgmlType,
-    rows: usize,
-    cols: usize,
-    (mean, std): (f32, f32),
-    key: u64,
-    threads: usize,
-) -> Result<HostWeight> {
-    let rb = ty
-        .row_bytes(cols as u64)
-        .ok_or_else(|| anyhow!("{name}: {} rows of {cols}", ty.name()))? as usize;
-    let mut data = vec![0u8; rows * rb];
-    // (Experts, a few million values each, come in parallel from the loader.)
-    let threads = if rows * cols < 1 << 23 { 1 } else { threads };
-    crate::synth::quantize_rows(ty, cols, 0, threads, &mut data, &|r, v| {
-        for (c, x) in v.iter_mut().enumerate() {
-            *x = mean + std * normal(key, r * cols as u64 + c as u64);
-        }
-    })?;
-    HostWeight::owned(name, ty, rows, cols, data)
-}
-
 impl<B: Backend> Qwen4ExpModel<B> {
     /// The geometry `name` with random weights (matrices in `qtype`), deterministic from `seed`.
     pub fn synth(backend: Arc<B>, name: &str, qtype: GgmlType, seed: u64) -> Result<Self> {
@@ -425,7 +400,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 let bytes = v.iter().flat_map(|x| (*x as i64).to_le_bytes()).collect();
                 HostWeight::owned(n, GgmlType::I64, 1, v.len(), bytes)
             } else if let Some(&(rows, cols, Make::Matrix { std })) = plan.shapes.get(n) {
-                generate(
+                crate::synth::normal_weight(
                     n,
                     types
                         .get(n)
@@ -441,7 +416,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 (vector_make(n), vector_len(&c2, n))
             {
                 let ty = types.get(n).copied().unwrap_or(GgmlType::F32);
-                generate(n, ty, 1, len, (mean, std), key, threads)
+                crate::synth::normal_weight(n, ty, 1, len, (mean, std), key, threads)
             } else if let Some(&ty) = types.get(n).filter(|_| n.ends_with(".ngram_embedding")) {
                 // The table's row type: a one-row stand-in (rows are generated when read).
                 let bs = ty.block_size();
