@@ -35,7 +35,12 @@
 #   there:  scripts/gpu-suite.sh q4x         # from the same carry: Qwen3.8 Flash Next at real size
 #       generated in memory (qwen4_exp GPU tests, pp/tg at 0 and 8K, MTP cost model): $OUT/q4x-*
 #   there:  scripts/gpu-suite.sh d4x         # from the same carry: DeepSeek V4 Flash's first 12
-#       layers generated in memory (pp512 + tg128, tg128 at 8K depth, the memory plan): $OUT/d4x-*
+#       layers generated in memory (pp512 + tg128, tg128 at the depths of D4X_DEPTHS, default 8192,
+#       the memory plan; D4X_PROFILE=DEPTH: per-kernel GPU times of the decode at depth 0 and at
+#       DEPTH): $OUT/d4x-*
+#   there:  scripts/gpu-suite.sh tests       # from the carry of pack-ab: this tree's whole GPU test
+#       binary (the model tests on a synth Qwen2.5-0.5B-geometry model, the HF fixtures the pack
+#       carries): $OUT/tests.log
 #   there:  scripts/gpu-suite.sh d4s         # from the same carry: DeepSeek V4's GPU tests and DSpark
 #       speculation on the 12-layer geometry (verification cost, forced acceptance): $OUT/d4s-*
 #   there:  scripts/gpu-suite.sh q4x-llama   # from the carry of pack-ab + the llama.cpp source (or its
@@ -64,7 +69,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -529,9 +534,33 @@ d4x)
   nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 500 >$OUT/d4x-mem.csv &
   smi=$!
   /tmp/vela-new bench -m $m --device cuda -p 512 -n 128 -r 3 2>&1 | tee $OUT/d4x-bench.md
-  timeout 400 /tmp/vela-new bench -m $m --device cuda -p 0 -n 128 -d 8192 -r 2 2>&1 | tee $OUT/d4x-bench8k.md
+  for dep in ${D4X_DEPTHS:-8192}; do
+    timeout 400 /tmp/vela-new bench -m $m --device cuda -p 0 -n 128 -d $dep -r 2 2>&1 | tee $OUT/d4x-bench-d$dep.md
+  done
   kill $smi
+  if [ -n "${D4X_PROFILE:-}" ]; then
+    for dep in 0 $D4X_PROFILE; do
+      VELA_CUDA_PROFILE=1 timeout 200 /tmp/vela-new bench -m $m --device cuda -p 0 -n 32 -d $dep \
+        >$OUT/d4x-prof-d$dep.txt 2>&1; echo "profile depth $dep exit $?"
+    done
+  fi
   echo "peak GPU memory: $(sort -t, -k2 -n $OUT/d4x-mem.csv | tail -1)"
+  ;;
+tests)
+  A=target/gpu-data/ab
+  mkdir -p "$OUT" "$VELA_CACHE/vocab"
+  xz -dc $A/vela-new.xz >/tmp/vela-new && xz -dc $A/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/vela-new /tmp/gpu-test-new
+  for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  for d in q4:qwen4exp/gdn_qsa q4m:qwen4exp/mtp d4:deepseekv4/flash_mini d4m:deepseekv4/mtp d4s:deepseekv4/dspark; do
+    [ -d $A/${d%%:*} ] && mkdir -p "$VELA_CACHE/golden/${d#*:}" && cp $A/${d%%:*}/* "$VELA_CACHE/golden/${d#*:}/"
+  done
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  [ -s /tmp/q05.gguf ] || /tmp/vela-new synth --arch qwen2.5-0.5b --type q4_k_m -o /tmp/q05.gguf -t 8 >/tmp/synth.log 2>&1
+  VELA_REQUIRE_GPU=1 VELA_GPU_MODEL=/tmp/q05.gguf timeout ${TESTS_S:-300} /tmp/gpu-test-new --test-threads 1 \
+    >$OUT/tests.log 2>&1
+  echo "gpu tests: exit $? $(grep -E '^test result' $OUT/tests.log)"
+  grep -E '^test .* (FAILED|ignored)|panicked' $OUT/tests.log | head -20
   ;;
 d4s)
   # DeepSeek V4's GPU tests (ops, the model vs HF, DSpark vs its reference; from the pack of

@@ -102,6 +102,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     vela_engine::generate::greedy_steps(&mut session, rand_tokens(1)[0], 3)?;
     session.reset();
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    // Host-memory experts during tg (`--experts`): [calls, to host, to device, cache hits,
+    // cache misses].
+    let mut host = [0u64; 5];
     for _ in 0..a.reps {
         if a.n_prompt > 0 {
             session.reset();
@@ -116,6 +119,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 session.eval(&rand_tokens(a.depth))?;
             }
             let tok = rand_tokens(1)[0];
+            let h0 = host_traffic();
             let t = Instant::now();
             if a.temperature > 0.0 {
                 // Sampled like `vela run` (never stopping at an end token).
@@ -136,8 +140,12 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 vela_engine::generate::greedy_steps(&mut session, tok, a.n_gen)?;
             }
             tg.push(a.n_gen as f64 / t.elapsed().as_secs_f64());
+            let h1 = host_traffic();
+            (0..5).for_each(|i| host[i] += h1[i] - h0[i]);
         }
     }
+    let tg_tokens = (a.n_gen * a.reps).max(1) as f64;
+    let host_per_token = host.map(|x| x as f64 / tg_tokens);
     let wb = l.model.weight_bytes_per_token();
     let (ppm, pps) = if pp.is_empty() {
         (0.0, 0.0)
@@ -158,6 +166,9 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "tg": {"n": a.n_gen, "depth": a.depth, "tps_mean": tgm, "tps_std": tgs, "samples": tg},
             "weight_bytes_per_token": wb,
             "tg_weight_gbps": gbps,
+            "tg_host_experts_per_token": {"layer_calls": host_per_token[0],
+                "bytes_to_host": host_per_token[1], "bytes_to_device": host_per_token[2],
+                "cache_hits": host_per_token[3], "cache_misses": host_per_token[4]},
         });
         println!("{j}");
     } else {
@@ -191,9 +202,33 @@ pub fn bench(a: BenchArgs) -> Result<()> {
                 "weights read per token: {:.1} MiB → {gbps:.2} GB/s achieved at tg",
                 wb as f64 / (1 << 20) as f64
             );
+            if host[0] > 0 {
+                let [c, th, td, hit, miss] = host_per_token;
+                println!(
+                    "experts in host memory at tg, per token: {c:.1} layer calls, {:.1} KiB to the host, {:.1} KiB back; device cache {hit:.1} hits, {miss:.1} misses ({:.1} % hit rate)",
+                    th / 1024.0,
+                    td / 1024.0,
+                    100.0 * hit / (hit + miss).max(1e-9)
+                );
+            }
         }
     }
     Ok(())
+}
+
+/// The host-memory experts' counters: [layer calls, bytes to the host, bytes to the device,
+/// device cache hits, misses].
+fn host_traffic() -> [u64; 5] {
+    use std::sync::atomic::Ordering::Relaxed;
+    let t = &vela_engine::expert_stats::HOST_TRAFFIC;
+    let c = &vela_engine::expert_stats::CACHE_STATS;
+    [
+        t.calls.load(Relaxed),
+        t.bytes_to_host.load(Relaxed),
+        t.bytes_to_device.load(Relaxed),
+        c.hits.load(Relaxed),
+        c.misses.load(Relaxed),
+    ]
 }
 
 /// `--parallel`: aggregate decode throughput of N sequences stepping together.

@@ -5,7 +5,7 @@ use clap::Args;
 use std::path::PathBuf;
 use std::sync::Arc;
 use vela_compute::KvType;
-use vela_engine::loader::{Device, LoadOptions};
+use vela_engine::loader::LoadOptions;
 use vela_engine::{SamplerConfig, Session, SessionOptions};
 use vela_models::LanguageModel;
 use vela_tokenizer::Tokenizer;
@@ -27,6 +27,15 @@ pub struct ModelArgs {
     /// quantized tensors are used as they are).
     #[arg(long)]
     pub quant: Option<String>,
+    /// Where routed experts of MoE models go: gpu, cpu (host memory, run by the CPU), auto
+    /// (on the GPU while they fit, the rest in host memory; on the CPU backend: used in place
+    /// from the file when a repacked copy would not fit), or N (the first N MoE layers' in host
+    /// memory).
+    #[arg(long, default_value = "auto")]
+    pub experts: String,
+    /// GPU memory the model may use, in GiB (default: all that is free).
+    #[arg(long)]
+    pub gpu_mem: Option<f64>,
     /// Worker threads (default: all cores).
     #[arg(long, short = 't', default_value_t = 0)]
     pub threads: usize,
@@ -120,24 +129,21 @@ pub fn resolve(model: Option<&str>) -> Result<PathBuf> {
     vela_hub::resolve_model(model)
 }
 
-/// Parse `--quant`.
-pub fn quant(s: Option<&str>) -> Result<Option<vela_formats::quant::GgmlType>> {
-    s.map(vela_models::weights::parse_load_type).transpose()
-}
-
-/// Parse `--device`.
-pub fn device(s: &str) -> Result<Device> {
-    s.parse()
+/// The load options of the model flags.
+pub fn load_options(a: &ModelArgs) -> Result<LoadOptions> {
+    LoadOptions::from_flags(
+        a.threads,
+        &a.device,
+        a.quant.as_deref(),
+        &a.experts,
+        a.gpu_mem,
+    )
 }
 
 /// Load the GGUF, the tokenizer and the model.
 pub fn load(a: &ModelArgs) -> Result<Loaded> {
     let path = resolve(a.model.as_deref())?;
-    let lo = LoadOptions {
-        threads: a.threads,
-        device: device(&a.device)?,
-        quant: quant(a.quant.as_deref())?,
-    };
+    let lo = load_options(a)?;
     let m = vela_engine::loader::load(&path, &lo)?;
     let bos_eos = m.bos_eos_text();
     let (model, tokenizer, chat_template) = (m.model, m.tokenizer, m.chat_template);

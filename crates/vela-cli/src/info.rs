@@ -1,5 +1,6 @@
 //! `vela tokenize` and `vela info`.
 
+use crate::common;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::collections::BTreeMap;
@@ -228,5 +229,38 @@ fn info_hf(dir: &std::path::Path, list: bool) -> Result<()> {
         Ok(_) => println!("chat template: present"),
         Err(e) => println!("chat template: {e:#}"),
     }
+    Ok(())
+}
+
+#[derive(Args)]
+pub struct PlanArgs {
+    #[command(flatten)]
+    pub m: common::ModelArgs,
+}
+
+/// `vela plan`: where each part of the model would go on this machine (the experts placement,
+/// `--experts`, `--gpu-mem`), from the tensors' sizes, without loading any weight.
+pub fn plan(a: PlanArgs) -> Result<()> {
+    let path = common::resolve(a.m.model.as_deref())?;
+    let lo = common::load_options(&a.m)?;
+    let sizes = vela_engine::loader::model_sizes(&path, lo.quant)?
+        .ok_or_else(|| anyhow::anyhow!("{}: sizes are not known before loading", path.display()))?;
+    let (gpu, free, name) = vela_engine::loader::device_memory(&lo)?;
+    let gib = |b: u64| format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64);
+    println!("model: {}", path.display());
+    println!(
+        "device: {name}, free memory {}",
+        free.map_or("unknown".into(), gib)
+    );
+    let ex: u64 = sizes.experts.values().sum();
+    println!(
+        "weights: {} ({} dense, {} routed experts in {} MoE layers)",
+        gib(sizes.total()),
+        gib(sizes.dense),
+        gib(ex),
+        sizes.experts.len()
+    );
+    let p = vela_engine::loader::plan_experts(&sizes, &lo, gpu, free)?;
+    println!("{}", p.describe(&sizes, gpu));
     Ok(())
 }

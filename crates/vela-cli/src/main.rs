@@ -32,6 +32,8 @@ enum Cmd {
     Tokenize(info::TokenizeArgs),
     /// Print architecture, shapes, tensor types and tokenizer summary.
     Info(info::InfoArgs),
+    /// Where the weights would go on this machine (routed experts on the GPU or in host memory).
+    Plan(info::PlanArgs),
     /// Prompt-processing and generation throughput (llama-bench style).
     Bench(bench::BenchArgs),
     /// OpenAI/Anthropic-compatible HTTP server with an exact prefix cache.
@@ -64,6 +66,7 @@ fn main() {
         Cmd::Logits(a) => run::logits(a),
         Cmd::Tokenize(a) => info::tokenize(a),
         Cmd::Info(a) => info::info(a),
+        Cmd::Plan(a) => info::plan(a),
         Cmd::Bench(a) => bench::bench(a),
         Cmd::Serve(a) => vela_server::serve(a),
         Cmd::Synth(a) => synth::synth(a),

@@ -242,6 +242,8 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
         ubatch: a.ubatch,
         kv_type: a.kv_type.clone(),
         quant: a.quant.clone(),
+        experts: "auto".into(),
+        gpu_mem: None,
     };
     let l = common::load(&margs)?;
     let tokens: Vec<u32> = match (&a.tokens, &a.prompt) {

@@ -6,7 +6,6 @@ use crate::common::{self, Loaded};
 use anyhow::{bail, Result};
 use clap::Args;
 use std::path::PathBuf;
-use vela_engine::loader::LoadOptions;
 use vela_engine::speculative::{load_mtp, Drafter, ModelDrafter, NgramDrafter, SpecStats};
 use vela_engine::Session;
 
@@ -58,11 +57,7 @@ pub fn drafter(
     }
     if let Some(m) = &a.draft_model {
         let path = common::resolve(Some(m))?;
-        let lo = LoadOptions {
-            threads: margs.threads,
-            device: common::device(&margs.device)?,
-            quant: common::quant(margs.quant.as_deref())?,
-        };
+        let lo = common::load_options(margs)?;
         let dm = vela_engine::loader::load(&path, &lo)?;
         if dm.model.n_vocab() != target.model.n_vocab() {
             bail!(

@@ -274,8 +274,8 @@ pub trait Backend: Send + Sync {
     /// s = t·k + j: `y` row s (`rows_per_expert` wide) = expert `ids[s]` · `x` row (s if
     /// `x_per_slot`, else t). Each expert's result is that of [`Backend::matmul`] of a weight
     /// holding only its rows over the rows routed to it (on the CPU bit-identical, the rows in
-    /// ascending slot order). An expert id ≥ E is a caller bug (debug-asserted on the CPU): its
-    /// `y` row is 0 on every backend.
+    /// ascending slot order). An expert id ≥ E gives a `y` row of 0 on every backend (the
+    /// device cache of host-memory experts marks the slots it does not hold so).
     #[allow(clippy::too_many_arguments)]
     fn matmul_experts(
         &self,

@@ -10,3 +10,10 @@ pub mod speculative;
 pub use generate::{generate, FinishReason, GenerateOptions};
 pub use sampler::{Sampler, SamplerConfig};
 pub use session::{Checkpoint, EvalOutcome, PendingArgmax, Session, SessionOptions, StepInput};
+
+/// Counters of routed experts in host memory and their device cache (`--experts`), for
+/// `/metrics` and `vela bench`.
+pub mod expert_stats {
+    pub use vela_models::blocks::expert_cache::CACHE_STATS;
+    pub use vela_models::blocks::experts::HOST_TRAFFIC;
+}

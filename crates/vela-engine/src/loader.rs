@@ -7,9 +7,11 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
+use vela_compute::Backend;
 use vela_formats::gguf::GgufFile;
 use vela_formats::quant::GgmlType;
-use vela_models::LanguageModel;
+use vela_models::placement::{self, ExpertsMode, HostExperts, Plan, Sizes};
+use vela_models::{LanguageModel, LoadSpec};
 use vela_tokenizer::Tokenizer;
 
 /// Where the weights go (`--device`).
@@ -54,6 +56,130 @@ pub struct LoadOptions {
     pub device: Device,
     /// `--quant`: convert the float matrices to this type at load (`vela_models::weights`).
     pub quant: Option<GgmlType>,
+    /// `--experts`: where routed experts go (`vela_models::placement`).
+    pub experts: ExpertsMode,
+    /// `--gpu-mem`: bytes of GPU memory the model may use (default: what is free).
+    pub gpu_mem: Option<u64>,
+}
+
+impl LoadOptions {
+    /// From the command-line flags every command shares: `--threads`, `--device`, `--quant`,
+    /// `--experts` (gpu, cpu, auto or a number of layers), `--gpu-mem` (GiB).
+    pub fn from_flags(
+        threads: usize,
+        device: &str,
+        quant: Option<&str>,
+        experts: &str,
+        gpu_mem: Option<f64>,
+    ) -> Result<LoadOptions> {
+        let gpu_mem = match gpu_mem {
+            Some(g) if !(g.is_finite() && g > 0.0) => {
+                bail!("--gpu-mem must be a positive number of GiB, not {g}")
+            }
+            g => g.map(|g| (g * (1u64 << 30) as f64) as u64),
+        };
+        Ok(LoadOptions {
+            threads,
+            device: device.parse()?,
+            quant: quant.map(parse_quant).transpose()?,
+            experts: experts.parse()?,
+            gpu_mem,
+        })
+    }
+}
+
+/// GPU memory the experts placement leaves free for the sequence state and scratch.
+pub const GPU_RESERVE: u64 = 3 << 30;
+
+/// The loaded bytes of the model at `path` (a GGUF file, a checkpoint directory or a
+/// `synth:` DeepSeek V4 geometry) per MoE layer's routed experts and the rest; `None` where
+/// they are not known before loading (other `synth:` geometries).
+pub fn model_sizes(path: &Path, quant: Option<GgmlType>) -> Result<Option<Sizes>> {
+    let one = |ty: GgmlType, cols: usize, rows: usize, stored: u64| {
+        vela_models::weights::loaded_bytes(std::iter::once((ty, cols, rows, stored)), quant)
+    };
+    if let Some(spec) = path.to_str().and_then(|s| s.strip_prefix("synth:")) {
+        let (geometry, ty, _) = synth_spec(spec)?;
+        return vela_models::deepseekv4::synth::is_geometry(geometry)
+            .then(|| vela_models::deepseekv4::synth::sizes(geometry, ty))
+            .transpose();
+    }
+    if path.is_dir() {
+        let cp = vela_formats::safetensors::Checkpoint::open(path)?;
+        let list: Vec<(String, u64)> = cp
+            .files
+            .iter()
+            .flat_map(|f| f.tensors.iter())
+            .map(|(name, e)| {
+                let cols = e.shape.last().copied().unwrap_or(1);
+                let rows = e.shape.iter().rev().skip(1).product();
+                (
+                    name.clone(),
+                    one(e.dtype.ggml(), cols, rows, (e.end - e.start) as u64),
+                )
+            })
+            .collect();
+        return Ok(Some(Sizes::from_tensors(
+            list.iter().map(|(n, b)| (n.as_str(), *b)),
+        )));
+    }
+    Ok(Some(gguf_sizes(&GgufFile::open(path)?, quant)))
+}
+
+/// The experts placement for a model of `sizes` on a device with `free` bytes of memory (a
+/// GPU's, or the host's for the CPU backend), as `opts` asks. On the CPU, experts "in host
+/// memory" are used where they lie in the file instead of repacked (`auto`: when a repacked
+/// copy would not fit the free memory twice over).
+pub fn plan_experts(
+    sizes: &Sizes,
+    opts: &LoadOptions,
+    gpu: bool,
+    free: Option<u64>,
+) -> Result<Plan> {
+    if gpu {
+        let cap = match (free, opts.gpu_mem) {
+            (Some(f), Some(c)) => Some(f.min(c)),
+            (f, c) => f.or(c),
+        };
+        return placement::plan(
+            sizes,
+            opts.experts,
+            cap.map(|c| c.saturating_sub(GPU_RESERVE)),
+        );
+    }
+    let mode = match opts.experts {
+        ExpertsMode::Auto => match free {
+            Some(f) if 2 * sizes.total() > f => ExpertsMode::Cpu,
+            _ => ExpertsMode::Gpu,
+        },
+        m => m,
+    };
+    placement::plan(sizes, mode, None)
+}
+
+/// The [`LoadSpec`] of `plan` (host experts run by `cpu`), printing the plan when the model
+/// has routed experts.
+fn spec_of(
+    gpu: bool,
+    sizes: Option<&Sizes>,
+    plan: Option<&Plan>,
+    quant: Option<GgmlType>,
+    cpu: impl FnOnce() -> Arc<CpuBackend>,
+) -> LoadSpec {
+    let mut spec = LoadSpec::quant(quant);
+    if let (Some(s), Some(p)) = (sizes, plan) {
+        if !s.experts.is_empty() {
+            eprintln!("{}", p.describe(s, gpu));
+        }
+        if !p.host_layers.is_empty() {
+            spec.host_experts = Some(HostExperts {
+                cpu: cpu(),
+                layers: p.host_layers.clone(),
+                cache_bytes: p.cache_bytes,
+            });
+        }
+    }
+    spec
 }
 
 /// A model ready to serve: weights on a backend, tokenizer, chat template.
@@ -101,20 +227,13 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     }
     let gguf = Arc::new(GgufFile::open(path)?);
     let tokenizer = Tokenizer::from_gguf(&gguf).context("cannot load the tokenizer")?;
-    let q = opts.quant;
-    let model = on_device(opts, |be| match be {
-        AnyBackend::Cpu(b) => vela_models::load_gguf_quant(b, gguf.clone(), q),
-        #[cfg(feature = "cuda")]
-        AnyBackend::Cuda(b) => {
-            let shapes = gguf
-                .tensors
-                .iter()
-                .map(|t| (t.ty, t.ne0(), t.n_rows(), t.size));
-            let bytes = vela_models::weights::loaded_bytes(shapes, q);
-            upload_checked(&b, bytes, || {
-                vela_models::load_gguf_quant(b.clone(), gguf.clone(), q)
-            })
-        }
+    let sizes = gguf_sizes(&gguf, opts.quant);
+    let model = on_device(opts, |be| {
+        load_placed(be, opts, Some(sizes), |be, spec| match be {
+            AnyBackend::Cpu(b) => vela_models::load_gguf_spec(b, gguf.clone(), spec),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(b) => vela_models::load_gguf_spec(b, gguf.clone(), spec),
+        })
     })?;
     let chat_template = gguf
         .get_str("tokenizer.chat_template")
@@ -136,21 +255,7 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
 /// llama.cpp's `ggml-vocab-qwen35.gguf` or `ggml-vocab-deepseek-llm.gguf` (found as `vela synth`
 /// finds vocabularies; DeepSeek V3/V4's own vocabulary is not among them).
 pub fn load_synth(spec: &str, opts: &LoadOptions) -> Result<LoadedModel> {
-    let mut it = spec.split(':');
-    let geometry = it.next().unwrap_or_default();
-    let ty = match it.next() {
-        Some(t) => parse_quant(t)?,
-        None => GgmlType::Q4_0,
-    };
-    let seed = match it.next() {
-        Some(s) => s
-            .parse()
-            .map_err(|_| anyhow!("synth:{spec}: the seed must be an integer"))?,
-        None => 1,
-    };
-    if it.next().is_some() {
-        bail!("synth:{spec}: expected synth:GEOMETRY[:TYPE[:SEED]]");
-    }
+    let (geometry, ty, seed) = synth_spec(spec)?;
     use vela_models::deepseekv4::{synth as d4synth, DeepseekV4Model};
     let deepseek = d4synth::is_geometry(geometry);
     if !deepseek {
@@ -169,20 +274,33 @@ pub fn load_synth(spec: &str, opts: &LoadOptions) -> Result<LoadedModel> {
     let tokenizer = Tokenizer::from_gguf(&GgufFile::open(&vocab)?)
         .with_context(|| format!("cannot load the tokenizer {}", vocab.display()))?;
     let t0 = std::time::Instant::now();
-    let model = on_device(opts, |be| -> Result<Arc<dyn LanguageModel>> {
-        use vela_models::qwen4exp::Qwen4ExpModel;
-        Ok(match be {
-            AnyBackend::Cpu(b) if deepseek => {
-                Arc::new(DeepseekV4Model::synth(b, geometry, ty, seed)?)
-            }
-            AnyBackend::Cpu(b) => Arc::new(Qwen4ExpModel::synth(b, geometry, ty, seed)?),
-            #[cfg(feature = "cuda")]
-            AnyBackend::Cuda(b) if deepseek => {
-                Arc::new(DeepseekV4Model::synth(b, geometry, ty, seed)?)
-            }
-            #[cfg(feature = "cuda")]
-            AnyBackend::Cuda(b) => Arc::new(Qwen4ExpModel::synth(b, geometry, ty, seed)?),
-        })
+    let sizes = if deepseek {
+        Some(d4synth::sizes(geometry, ty)?)
+    } else {
+        None
+    };
+    let model = on_device(opts, |be| {
+        load_placed(
+            be,
+            opts,
+            sizes,
+            |be, spec| -> Result<Arc<dyn LanguageModel>> {
+                use vela_models::qwen4exp::Qwen4ExpModel;
+                let host = spec.host_experts.clone();
+                Ok(match be {
+                    AnyBackend::Cpu(b) if deepseek => {
+                        Arc::new(DeepseekV4Model::synth_placed(b, geometry, ty, seed, host)?)
+                    }
+                    AnyBackend::Cpu(b) => Arc::new(Qwen4ExpModel::synth(b, geometry, ty, seed)?),
+                    #[cfg(feature = "cuda")]
+                    AnyBackend::Cuda(b) if deepseek => {
+                        Arc::new(DeepseekV4Model::synth_placed(b, geometry, ty, seed, host)?)
+                    }
+                    #[cfg(feature = "cuda")]
+                    AnyBackend::Cuda(b) => Arc::new(Qwen4ExpModel::synth(b, geometry, ty, seed)?),
+                })
+            },
+        )
     })?;
     eprintln!(
         "synthesized {geometry} ({}, seed {seed}) on {} in {:.1} s",
@@ -207,7 +325,7 @@ pub fn load_gguf(path: &Path, threads: usize) -> Result<LoadedModel> {
         &LoadOptions {
             threads,
             device: Device::Cpu,
-            quant: None,
+            ..Default::default()
         },
     )
 }
@@ -231,14 +349,13 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
         }
         Err(_) => (None, None),
     };
-    let q = opts.quant;
-    let model = on_device(opts, |be| match be {
-        AnyBackend::Cpu(b) => vela_models::load_hf_quant(b, dir, q),
-        #[cfg(feature = "cuda")]
-        AnyBackend::Cuda(b) => {
-            let bytes = safetensors_bytes(dir, q)?;
-            upload_checked(&b, bytes, || vela_models::load_hf_quant(b.clone(), dir, q))
-        }
+    let sizes = model_sizes(dir, opts.quant)?;
+    let model = on_device(opts, |be| {
+        load_placed(be, opts, sizes, |be, spec| match be {
+            AnyBackend::Cpu(b) => vela_models::load_hf_spec(b, dir, spec),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(b) => vela_models::load_hf_spec(b, dir, spec),
+        })
     })?;
     if model.n_vocab() < tokenizer_vocab(&tokenizer) {
         bail!(
@@ -260,19 +377,6 @@ fn load_hf_dir(dir: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
 
 fn tokenizer_vocab(t: &Tokenizer) -> usize {
     t.n_vocab()
-}
-
-/// Bytes of a checkpoint directory's weights once loaded (converted to `quant` when given).
-#[cfg(feature = "cuda")]
-fn safetensors_bytes(dir: &Path, quant: Option<GgmlType>) -> Result<u64> {
-    let cp = vela_formats::safetensors::Checkpoint::open(dir)?;
-    let shapes = cp.files.iter().flat_map(|f| f.tensors.values()).map(|e| {
-        let ty = e.dtype.ggml();
-        let cols = e.shape.last().copied().unwrap_or(1);
-        let rows = e.shape.iter().rev().skip(1).product();
-        (ty, cols, rows, (e.end - e.start) as u64)
-    });
-    Ok(vela_models::weights::loaded_bytes(shapes, quant))
 }
 
 /// Check that `bytes` of weights fit the GPU's free memory (before allocating anything), then
@@ -306,6 +410,92 @@ fn upload_checked<T>(
         }
     }
     r
+}
+
+/// `synth:GEOMETRY[:TYPE[:SEED]]`'s parts (type default q4_0, seed default 1).
+fn synth_spec(spec: &str) -> Result<(&str, GgmlType, u64)> {
+    let mut it = spec.split(':');
+    let geometry = it.next().unwrap_or_default();
+    let ty = match it.next() {
+        Some(t) => parse_quant(t)?,
+        None => GgmlType::Q4_0,
+    };
+    let seed = match it.next() {
+        Some(s) => s
+            .parse()
+            .map_err(|_| anyhow!("synth:{spec}: the seed must be an integer"))?,
+        None => 1,
+    };
+    if it.next().is_some() {
+        bail!("synth:{spec}: expected synth:GEOMETRY[:TYPE[:SEED]]");
+    }
+    Ok((geometry, ty, seed))
+}
+
+/// A GGUF file's loaded bytes ([`model_sizes`]).
+fn gguf_sizes(g: &GgufFile, quant: Option<GgmlType>) -> Sizes {
+    Sizes::from_tensors(g.tensors.iter().map(|t| {
+        let b = vela_models::weights::loaded_bytes(
+            std::iter::once((t.ty, t.ne0(), t.n_rows(), t.size)),
+            quant,
+        );
+        (t.name.as_str(), b)
+    }))
+}
+
+/// Plan the experts placement of a model of `sizes` on `be` ([`plan_experts`]), print it, and
+/// load with it: on a GPU after checking the device's share fits its free memory.
+fn load_placed(
+    be: AnyBackend,
+    opts: &LoadOptions,
+    sizes: Option<Sizes>,
+    load: impl FnOnce(AnyBackend, &LoadSpec) -> Result<Arc<dyn LanguageModel>>,
+) -> Result<Arc<dyn LanguageModel>> {
+    match be {
+        AnyBackend::Cpu(b) => {
+            let plan = match &sizes {
+                Some(s) => Some(plan_experts(s, opts, false, b.memory_free())?),
+                None => None,
+            };
+            let spec = spec_of(false, sizes.as_ref(), plan.as_ref(), opts.quant, || {
+                b.clone()
+            });
+            load(AnyBackend::Cpu(b), &spec)
+        }
+        #[cfg(feature = "cuda")]
+        AnyBackend::Cuda(b) => {
+            let (free, _) = b.memory_info()?;
+            let plan = match &sizes {
+                Some(s) => Some(plan_experts(s, opts, true, Some(free))?),
+                None if opts.experts != ExpertsMode::Auto && opts.experts != ExpertsMode::Gpu => {
+                    bail!("--experts: this model's sizes are not known before loading (only DeepSeek V4 synth geometries, GGUF files and checkpoints are placed)")
+                }
+                None => None,
+            };
+            let threads = opts.threads;
+            let spec = spec_of(true, sizes.as_ref(), plan.as_ref(), opts.quant, || {
+                Arc::new(CpuBackend::new(threads))
+            });
+            match plan {
+                Some(p) => upload_checked(&b, p.device_bytes, || {
+                    load(AnyBackend::Cuda(b.clone()), &spec)
+                }),
+                None => load(AnyBackend::Cuda(b), &spec),
+            }
+        }
+    }
+}
+
+/// The device `opts` selects: whether it is a GPU, its free memory (the host's for the CPU)
+/// and its name.
+pub fn device_memory(opts: &LoadOptions) -> Result<(bool, Option<u64>, String)> {
+    on_device(opts, |be| {
+        Ok(match be {
+            AnyBackend::Cpu(b) => (false, b.memory_free(), b.name()),
+            #[cfg(feature = "cuda")]
+            AnyBackend::Cuda(b) => (true, Some(b.memory_info()?.0), b.name()),
+        })
+    })
 }
 
 /// A backend instance of either kind.
@@ -369,7 +559,7 @@ mod tests {
         let opts = LoadOptions {
             threads: 1,
             device: Device::Cpu,
-            quant: None,
+            ..Default::default()
         };
         let e = load(&dir, &opts).err().unwrap();
         assert!(format!("{e:#}").contains("tokenizer"), "{e:#}");

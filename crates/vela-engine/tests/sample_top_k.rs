@@ -300,7 +300,7 @@ fn load_on(device: Device) -> Option<LoadedModel> {
         &LoadOptions {
             threads: 2,
             device,
-            quant: None,
+            ..Default::default()
         },
     ) {
         Ok(m) => Some(m),

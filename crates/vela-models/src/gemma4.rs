@@ -318,8 +318,13 @@ impl<B: Backend> Gemma4Model<B> {
     /// ahead (no host round trip in it). PLE models have none either since their per-layer
     /// inputs are gathered on the device, but no GPU test covers their recorded steps yet: they
     /// stay on plain launches until one does.
+    /// Experts in host memory read back mid-step: no graph either.
     fn graph_safe(&self) -> bool {
         self.ple.is_none()
+            && !self
+                .layers
+                .iter()
+                .any(|l| l.moe.as_ref().is_some_and(|m| m.experts.on_host()))
     }
 
     /// Pipelined greedy decoding ([`crate::stepper::argmax_start`]).

@@ -17,6 +17,7 @@ pub mod gemma4_assistant;
 pub mod llama;
 pub mod lm;
 pub mod mtp;
+pub mod placement;
 pub mod qwen2;
 pub mod qwen3;
 pub mod qwen4exp;
@@ -31,7 +32,8 @@ pub use decoder::{DecoderModel, ForwardState};
 pub use gemma4::{load_gguf_gemma4, load_hf_gemma4, Gemma4Model};
 pub use lm::{BatchItem, CausalLm, LanguageModel, ModelState};
 pub use mtp::MtpHead;
-pub use registry::{load_gguf_any, load_gguf_quant, load_hf_any, load_hf_quant};
+pub use placement::LoadSpec;
+pub use registry::{load_gguf_any, load_gguf_spec, load_hf_any, load_hf_spec};
 pub use state::{LayerState, StateLayout};
 
 use anyhow::Result;

@@ -732,8 +732,11 @@ impl<B: Backend> Qwen4ExpModel<B> {
     /// steps), and the n-gram rows are gathered on the host from the token (`host_token`: the
     /// step's token is known there, not left on the device by the previous step) and uploaded
     /// ahead of the step. The MTP layer's cache is written by position on the host: not with it.
+    /// Nor with routed experts in host memory (read back mid-step).
     fn graph_safe(&self, host_token: bool) -> bool {
-        self.active_mtp().is_none() && (host_token || self.cfg.ple.is_none())
+        self.active_mtp().is_none()
+            && (host_token || self.cfg.ple.is_none())
+            && !self.layers.iter().any(|l| l.moe.experts.on_host())
     }
 
     /// The n-gram injection into `X` (§4.3).

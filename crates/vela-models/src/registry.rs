@@ -9,6 +9,7 @@ use crate::decoder::DecoderModel;
 use crate::deepseekv4::{DeepseekV4Config, DeepseekV4Model};
 use crate::gemma4::{Gemma4Config, Gemma4Model};
 use crate::lm::LanguageModel;
+use crate::placement::LoadSpec;
 use crate::qwen4exp::{Qwen4ExpConfig, Qwen4ExpModel};
 use crate::weights::WeightSource;
 use crate::{gemma3, llama, qwen2, qwen3};
@@ -18,7 +19,6 @@ use std::path::Path;
 use std::sync::Arc;
 use vela_compute::Backend;
 use vela_formats::gguf::GgufFile;
-use vela_formats::quant::GgmlType;
 
 /// One architecture.
 pub struct Arch {
@@ -141,23 +141,24 @@ pub fn for_hf(config: &Value) -> Result<&'static Arch> {
 }
 
 impl Arch {
-    /// Load a GGUF file of this architecture onto a backend; `quant`: the load-time type of its
-    /// float matrices ([`crate::weights`]).
+    /// Load a GGUF file of this architecture onto a backend as `spec` says (the load-time type
+    /// of its float matrices, [`crate::weights`]; the placement of routed experts,
+    /// [`crate::placement`]).
     pub fn load_gguf<B: Backend + 'static>(
         &self,
         backend: Arc<B>,
         g: Arc<GgufFile>,
-        quant: Option<GgmlType>,
+        spec: &LoadSpec,
     ) -> Result<Arc<dyn LanguageModel>> {
         Ok(match self.family {
             Family::Decoder(config) => {
                 let cfg = config(&g)?;
-                let src = WeightSource::gguf(g).with_quant(quant);
+                let src = WeightSource::gguf(g).with_spec(spec);
                 Arc::new(DecoderModel::load_from(backend, &src, cfg)?)
             }
-            Family::Gemma4 => Arc::new(Gemma4Model::load_gguf_with(backend, g, quant)?),
-            Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_gguf(backend, g, quant)?),
-            Family::DeepseekV4 => Arc::new(DeepseekV4Model::load_gguf(backend, g, quant)?),
+            Family::Gemma4 => Arc::new(Gemma4Model::load_gguf_with(backend, g, spec)?),
+            Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_gguf(backend, g, spec)?),
+            Family::DeepseekV4 => Arc::new(DeepseekV4Model::load_gguf(backend, g, spec)?),
         })
     }
 
@@ -166,12 +167,12 @@ impl Arch {
         &self,
         backend: Arc<B>,
         dir: &Path,
-        quant: Option<GgmlType>,
+        spec: &LoadSpec,
     ) -> Result<Arc<dyn LanguageModel>> {
         Ok(match self.family {
-            Family::Gemma4 => Arc::new(Gemma4Model::load_hf_with(backend, dir, quant)?),
-            Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_hf(backend, dir, quant)?),
-            Family::DeepseekV4 => Arc::new(DeepseekV4Model::load_hf(backend, dir, quant)?),
+            Family::Gemma4 => Arc::new(Gemma4Model::load_hf_with(backend, dir, spec)?),
+            Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_hf(backend, dir, spec)?),
+            Family::DeepseekV4 => Arc::new(DeepseekV4Model::load_hf(backend, dir, spec)?),
             Family::Decoder(_) => bail!(
                 "{}: {} models load from GGUF files only",
                 dir.display(),
@@ -218,16 +219,16 @@ pub fn load_gguf_any<B: Backend + 'static>(
     backend: Arc<B>,
     g: Arc<GgufFile>,
 ) -> Result<Arc<dyn LanguageModel>> {
-    load_gguf_quant(backend, g, None)
+    load_gguf_spec(backend, g, &LoadSpec::default())
 }
 
-/// [`load_gguf_any`] converting float matrices to `quant` at load ([`crate::weights`]).
-pub fn load_gguf_quant<B: Backend + 'static>(
+/// [`load_gguf_any`] as `spec` says (load-time type, experts placement).
+pub fn load_gguf_spec<B: Backend + 'static>(
     backend: Arc<B>,
     g: Arc<GgufFile>,
-    quant: Option<GgmlType>,
+    spec: &LoadSpec,
 ) -> Result<Arc<dyn LanguageModel>> {
-    for_gguf(&g)?.load_gguf(backend, g, quant)
+    for_gguf(&g)?.load_gguf(backend, g, spec)
 }
 
 /// Load a Hugging Face checkpoint directory (`config.json` + safetensors) onto a backend.
@@ -235,14 +236,14 @@ pub fn load_hf_any<B: Backend + 'static>(
     backend: Arc<B>,
     dir: &Path,
 ) -> Result<Arc<dyn LanguageModel>> {
-    load_hf_quant(backend, dir, None)
+    load_hf_spec(backend, dir, &LoadSpec::default())
 }
 
-/// [`load_hf_any`] converting float matrices to `quant` at load ([`crate::weights`]).
-pub fn load_hf_quant<B: Backend + 'static>(
+/// [`load_hf_any`] as `spec` says (load-time type, experts placement).
+pub fn load_hf_spec<B: Backend + 'static>(
     backend: Arc<B>,
     dir: &Path,
-    quant: Option<GgmlType>,
+    spec: &LoadSpec,
 ) -> Result<Arc<dyn LanguageModel>> {
     let cfg_path = dir.join("config.json");
     let text = std::fs::read_to_string(&cfg_path)
@@ -250,7 +251,7 @@ pub fn load_hf_quant<B: Backend + 'static>(
     let j: Value = serde_json::from_str(&text)
         .map_err(|e| anyhow!("{}: invalid JSON: {e}", cfg_path.display()))?;
     let arch = for_hf(&j).map_err(|e| anyhow!("{}: {e}", cfg_path.display()))?;
-    arch.load_hf(backend, dir, quant)
+    arch.load_hf(backend, dir, spec)
 }
 
 #[cfg(test)]

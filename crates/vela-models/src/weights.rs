@@ -10,6 +10,7 @@
 //! router and per-layer projection, which `llama-quantize` keeps in F32). Already quantized
 //! tensors are used as they are.
 
+use crate::placement::{HostExperts, LoadSpec};
 use anyhow::{anyhow, bail, Result};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -40,6 +41,8 @@ pub type SynthGet = Arc<dyn Fn(&str) -> Option<HostWeight> + Send + Sync>;
 pub struct WeightSource {
     kind: Kind,
     quant: Option<GgmlType>,
+    /// Layers whose routed experts stay in host memory ([`crate::placement`]).
+    host_experts: Option<HostExperts>,
     /// Progress of the load-time conversion (with a load-time type).
     conversion: Option<Conversion>,
 }
@@ -115,6 +118,7 @@ impl WeightSource {
         WeightSource {
             kind: Kind::Gguf(g),
             quant: None,
+            host_experts: None,
             conversion: None,
         }
     }
@@ -126,6 +130,7 @@ impl WeightSource {
                 prefix: prefix.to_string(),
             },
             quant: None,
+            host_experts: None,
             conversion: None,
         }
     }
@@ -136,6 +141,7 @@ impl WeightSource {
         WeightSource {
             kind: Kind::Synthetic { get, seed },
             quant: None,
+            host_experts: None,
             conversion: None,
         }
     }
@@ -147,6 +153,23 @@ impl WeightSource {
             Kind::Synthetic { seed, .. } => Some(*seed),
             _ => None,
         }
+    }
+
+    /// Load as `spec` says: its load-time type ([`Self::with_quant`]) and experts placement.
+    pub fn with_spec(self, spec: &LoadSpec) -> Self {
+        self.with_quant(spec.quant)
+            .with_host_experts(spec.host_experts.clone())
+    }
+
+    /// Keep the routed experts of `host`'s layers in host memory ([`crate::placement`]).
+    pub fn with_host_experts(mut self, host: Option<HostExperts>) -> Self {
+        self.host_experts = host;
+        self
+    }
+
+    /// The host-memory experts of the plan, if any ([`crate::blocks::experts::Experts::place`]).
+    pub fn host_experts(&self) -> Option<&HostExperts> {
+        self.host_experts.as_ref()
     }
 
     /// Convert float matrices to `quant` at load time (`None`: use them as stored).

@@ -32,7 +32,7 @@ const CACHED: &[&str] = &["flash_mini", "pro_mini", "knobs"];
 fn load(dir: &Path) -> Arc<DeepseekV4Model<CpuBackend>> {
     let be = Arc::new(CpuBackend::new(2));
     let quant = Some(vela_formats::quant::GgmlType::F32);
-    Arc::new(DeepseekV4Model::load_hf(be, dir, quant).unwrap())
+    Arc::new(DeepseekV4Model::load_hf(be, dir, &vela_models::LoadSpec::quant(quant)).unwrap())
 }
 
 /// Every position's logits, fed in chunks of the given sizes (the last repeats).
@@ -212,7 +212,8 @@ fn llama_cpp_gguf_matches_transformers() {
     let g = Arc::new(vela_formats::gguf::GgufFile::open(dir.join("model-llamacpp.gguf")).unwrap());
     let be = Arc::new(CpuBackend::new(2));
     let quant = Some(vela_formats::quant::GgmlType::F32);
-    let mg = Arc::new(DeepseekV4Model::load_gguf(be, g, quant).unwrap());
+    let mg =
+        Arc::new(DeepseekV4Model::load_gguf(be, g, &vela_models::LoadSpec::quant(quant)).unwrap());
     // The same model; only the storage flag (the release's FP8 quantization_config) differs.
     let release = vela_models::deepseekv4::DeepseekV4Config {
         fp8: false,
@@ -258,7 +259,8 @@ fn llama_cpp_own_logits_match() {
     let g = Arc::new(vela_formats::gguf::GgufFile::open(dir.join("model-llamacpp.gguf")).unwrap());
     let be = Arc::new(CpuBackend::new(2));
     let quant = Some(vela_formats::quant::GgmlType::F32);
-    let m = Arc::new(DeepseekV4Model::load_gguf(be, g, quant).unwrap());
+    let m =
+        Arc::new(DeepseekV4Model::load_gguf(be, g, &vela_models::LoadSpec::quant(quant)).unwrap());
     let nv = m.cfg.n_vocab;
     let p = prompts(&dir);
     for prompt in ["long", "mid", "short"] {

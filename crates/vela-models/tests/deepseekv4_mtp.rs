@@ -29,7 +29,8 @@ fn bind(m: DeepseekV4Model<CpuBackend>, path: &Path) -> (Arc<dyn LanguageModel>,
 fn load(dir: &Path) -> (Arc<dyn LanguageModel>, Box<dyn MtpHead>) {
     let be = Arc::new(CpuBackend::new(2));
     bind(
-        DeepseekV4Model::load_hf(be, dir, Some(GgmlType::F32)).unwrap(),
+        DeepseekV4Model::load_hf(be, dir, &vela_models::LoadSpec::quant(Some(GgmlType::F32)))
+            .unwrap(),
         dir,
     )
 }
@@ -93,7 +94,8 @@ fn llama_cpp_mtp_gguf_matches_the_reference() {
     let path = dir.join("model-llamacpp.gguf");
     let g = Arc::new(GgufFile::open(&path).unwrap());
     let be = Arc::new(CpuBackend::new(2));
-    let mg = DeepseekV4Model::load_gguf(be, g, Some(GgmlType::F32)).unwrap();
+    let mg = DeepseekV4Model::load_gguf(be, g, &vela_models::LoadSpec::quant(Some(GgmlType::F32)))
+        .unwrap();
     let (m, mut head) = bind(mg, &path);
     assert_eq!(
         m.discover_mtp(&path),
@@ -126,7 +128,7 @@ fn mtp_is_loaded_with_the_model() {
     };
     let be = Arc::new(CpuBackend::new(1));
     let m: Arc<dyn LanguageModel> =
-        Arc::new(DeepseekV4Model::load_hf(be.clone(), &dir, None).unwrap());
+        Arc::new(DeepseekV4Model::load_hf(be.clone(), &dir, &Default::default()).unwrap());
     assert_eq!(m.discover_mtp(&dir).as_deref(), Some(dir.as_path()));
     let e = m
         .load_mtp(&dir.join("mtp-model-llamacpp.gguf"))
@@ -138,7 +140,7 @@ fn mtp_is_loaded_with_the_model() {
     let plain = dir.parent().unwrap().join("flash_mini");
     if plain.join("model.safetensors").exists() {
         let p: Arc<dyn LanguageModel> =
-            Arc::new(DeepseekV4Model::load_hf(be.clone(), &plain, None).unwrap());
+            Arc::new(DeepseekV4Model::load_hf(be.clone(), &plain, &Default::default()).unwrap());
         assert!(p.discover_mtp(&plain).is_none());
         let e = p.load_mtp(&plain).err().unwrap().to_string();
         assert!(e.contains("no MTP layer"), "{e}");
@@ -149,7 +151,8 @@ fn mtp_is_loaded_with_the_model() {
         .join("flash_mini_fp8/model-llamacpp.gguf");
     if lone.exists() {
         let g = Arc::new(GgufFile::open(&lone).unwrap());
-        let p: Arc<dyn LanguageModel> = Arc::new(DeepseekV4Model::load_gguf(be, g, None).unwrap());
+        let p: Arc<dyn LanguageModel> =
+            Arc::new(DeepseekV4Model::load_gguf(be, g, &Default::default()).unwrap());
         assert!(p.discover_mtp(&lone).is_none());
     }
 }

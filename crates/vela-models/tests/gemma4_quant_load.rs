@@ -15,7 +15,8 @@ use vela_formats::quant::GgmlType;
 use vela_models::gemma4::Gemma4Model;
 
 fn hf(dir: &Path, quant: Option<GgmlType>) -> Vec<f32> {
-    let m = Gemma4Model::load_hf_with(Arc::new(CpuBackend::new(2)), dir, quant).unwrap();
+    let spec = vela_models::LoadSpec::quant(quant);
+    let m = Gemma4Model::load_hf_with(Arc::new(CpuBackend::new(2)), dir, &spec).unwrap();
     run_chunked(&m, &tokens(dir), 8)
 }
 

@@ -17,7 +17,9 @@ use vela_models::LanguageModel;
 const FIXTURES: &[&str] = &["gdn_qsa", "ple", "ple2_silu", "variant_yarn"];
 
 fn load(dir: &Path) -> Arc<Qwen4ExpModel<CpuBackend>> {
-    Arc::new(Qwen4ExpModel::load_hf(Arc::new(CpuBackend::new(2)), dir, None).unwrap())
+    Arc::new(
+        Qwen4ExpModel::load_hf(Arc::new(CpuBackend::new(2)), dir, &Default::default()).unwrap(),
+    )
 }
 
 /// Every position's logits, `chunk` tokens per forward.

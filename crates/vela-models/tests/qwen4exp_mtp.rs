@@ -14,8 +14,9 @@ use vela_models::{LanguageModel, MtpHead};
 const BOUND: f64 = 1e-8;
 
 fn load(dir: &Path) -> (Arc<dyn LanguageModel>, Box<dyn MtpHead>) {
-    let m: Arc<dyn LanguageModel> =
-        Arc::new(Qwen4ExpModel::load_hf(Arc::new(CpuBackend::new(2)), dir, None).unwrap());
+    let m: Arc<dyn LanguageModel> = Arc::new(
+        Qwen4ExpModel::load_hf(Arc::new(CpuBackend::new(2)), dir, &Default::default()).unwrap(),
+    );
     let found = m
         .discover_mtp(dir)
         .expect("the checkpoint has an MTP layer");
@@ -52,15 +53,18 @@ fn mtp_needs_the_models_own_checkpoint() {
     let Some(dir) = golden_fixture("qwen4exp", "mtp", "mtp_chain.json") else {
         return;
     };
-    let m: Arc<dyn LanguageModel> =
-        Arc::new(Qwen4ExpModel::load_hf(Arc::new(CpuBackend::new(1)), &dir, None).unwrap());
+    let m: Arc<dyn LanguageModel> = Arc::new(
+        Qwen4ExpModel::load_hf(Arc::new(CpuBackend::new(1)), &dir, &Default::default()).unwrap(),
+    );
     let other = dir.parent().unwrap().join("gdn_qsa");
     let e = m.load_mtp(&other).err().unwrap().to_string();
     assert!(e.contains("loaded with the model"), "{e}");
     // A checkpoint without the layer has none to offer.
     if other.join("model.safetensors").exists() {
-        let plain: Arc<dyn LanguageModel> =
-            Arc::new(Qwen4ExpModel::load_hf(Arc::new(CpuBackend::new(1)), &other, None).unwrap());
+        let plain: Arc<dyn LanguageModel> = Arc::new(
+            Qwen4ExpModel::load_hf(Arc::new(CpuBackend::new(1)), &other, &Default::default())
+                .unwrap(),
+        );
         assert!(plain.discover_mtp(&other).is_none());
         let e = plain.load_mtp(&other).err().unwrap().to_string();
         assert!(e.contains("no MTP layer"), "{e}");

@@ -57,7 +57,9 @@ fn logits(m: Arc<dyn LanguageModel>, toks: &[u32]) -> Vec<f32> {
 
 fn gguf_model(path: &PathBuf) -> Arc<dyn LanguageModel> {
     let g = Arc::new(GgufFile::open(path).unwrap());
-    Arc::new(Qwen4ExpModel::load_gguf(Arc::new(CpuBackend::new(2)), g, None).unwrap())
+    Arc::new(
+        Qwen4ExpModel::load_gguf(Arc::new(CpuBackend::new(2)), g, &Default::default()).unwrap(),
+    )
 }
 
 /// The in-memory model with the file's per-tensor types (`hf_types`).

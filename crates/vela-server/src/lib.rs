@@ -41,6 +41,15 @@ pub struct ServeArgs {
     /// quantized tensors are used as they are).
     #[arg(long)]
     pub quant: Option<String>,
+    /// Where routed experts of MoE models go: gpu, cpu (host memory, run by the CPU), auto
+    /// (on the GPU while they fit, the rest in host memory; on the CPU backend: used in place
+    /// from the file when a repacked copy would not fit), or N (the first N MoE layers' in host
+    /// memory).
+    #[arg(long, default_value = "auto")]
+    pub experts: String,
+    /// GPU memory the model may use, in GiB (default: all that is free).
+    #[arg(long)]
+    pub gpu_mem: Option<f64>,
     /// Context size per sequence (0 = the model's, capped at 8192).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
@@ -171,15 +180,13 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
         m => vela_hub::resolve_model(m)?,
     };
     let t0 = std::time::Instant::now();
-    let lo = vela_engine::loader::LoadOptions {
-        threads: args.threads,
-        device: args.device.parse()?,
-        quant: args
-            .quant
-            .as_deref()
-            .map(vela_engine::loader::parse_quant)
-            .transpose()?,
-    };
+    let lo = vela_engine::loader::LoadOptions::from_flags(
+        args.threads,
+        &args.device,
+        args.quant.as_deref(),
+        &args.experts,
+        args.gpu_mem,
+    )?;
     let m = Arc::new(vela_engine::loader::load(&path, &lo)?);
     let opts = SessionOptions {
         n_ctx: args.ctx,

@@ -183,6 +183,48 @@ impl Metrics {
             "KV bytes held by the prefix cache.",
             &self.cache_bytes,
         );
+        // Routed experts in host memory (`--experts`) and their device cache: process-wide.
+        let ht = &vela_engine::expert_stats::HOST_TRAFFIC;
+        let cs = &vela_engine::expert_stats::CACHE_STATS;
+        for (name, help, v) in [
+            (
+                "vela_host_expert_layer_calls_total",
+                "MoE layer evaluations whose routed experts are in host memory.",
+                &ht.calls,
+            ),
+            (
+                "vela_host_expert_bytes_to_host_total",
+                "Bytes of activations, expert ids and weights copied to the host for them.",
+                &ht.bytes_to_host,
+            ),
+            (
+                "vela_host_expert_bytes_to_device_total",
+                "Bytes of expert outputs copied back to the device.",
+                &ht.bytes_to_device,
+            ),
+            (
+                "vela_expert_cache_hits_total",
+                "Routed slots of host-memory layers run from the device cache.",
+                &cs.hits,
+            ),
+            (
+                "vela_expert_cache_misses_total",
+                "Routed slots of host-memory layers run by the CPU.",
+                &cs.misses,
+            ),
+            (
+                "vela_expert_cache_refreshes_total",
+                "Times a layer's device cache took a new set of experts.",
+                &cs.refreshes,
+            ),
+            (
+                "vela_expert_cache_bytes_uploaded_total",
+                "Expert weight bytes copied to the device cache.",
+                &cs.bytes_uploaded,
+            ),
+        ] {
+            one(name, "counter", help, v);
+        }
         self.ttft.render(
             "vela_time_to_first_token_seconds",
             "Time from request to first token.",

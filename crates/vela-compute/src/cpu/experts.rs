@@ -49,7 +49,6 @@ pub fn matmul_experts(
         if (ids[s] as usize) < n_exp {
             order.push(s);
         } else {
-            debug_assert!(false, "matmul_experts: expert {} of {n_exp}", ids[s]);
             y[s * rpe..(s + 1) * rpe].fill(0.0);
         }
     }

@@ -45,6 +45,23 @@ impl CpuBackend {
     pub fn pool(&self) -> &ThreadPool {
         &self.pool
     }
+
+    /// A weight used only where it lies (never repacked, so a memory-mapped file's pages are all
+    /// it takes): routed experts in host memory. Products are bit-identical to a repacked
+    /// weight's (`matmul::PackedMatrix`).
+    pub fn map_weight(&self, w: &HostWeight) -> Result<CpuWeight> {
+        if !matmul::supported(w.ty) {
+            bail!(
+                "tensor '{}' has type {} which the CPU backend cannot multiply",
+                w.name,
+                w.ty
+            );
+        }
+        Ok(CpuWeight {
+            host: w.clone(),
+            packed: None,
+        })
+    }
 }
 
 /// A weight: a window of the memory map plus its geometry, and for the 32-element block types
@@ -55,6 +72,11 @@ pub struct CpuWeight {
 }
 
 impl CpuWeight {
+    /// The weight's bytes on the host, where they lie.
+    pub fn host(&self) -> &HostWeight {
+        &self.host
+    }
+
     fn qmatrix(&self) -> QMatrix<'_> {
         QMatrix {
             ty: self.host.ty,
@@ -164,30 +186,13 @@ impl Backend for CpuBackend {
     }
 
     fn upload_weight(&self, w: &HostWeight) -> Result<CpuWeight> {
-        if !matmul::supported(w.ty) {
-            bail!(
-                "tensor '{}' has type {} which the CPU backend cannot multiply",
-                w.name,
-                w.ty
-            );
-        }
+        let mut cw = self.map_weight(w)?;
         // The embedding / output head is only multiplied for one token per step (and gathered
         // from the GGUF layout), so a packed copy would only cost memory.
-        let packed = if !w.head && matmul::packs(matmul::Kernel::selected(), w.ty) {
-            let q = QMatrix {
-                ty: w.ty,
-                rows: w.rows,
-                cols: w.cols,
-                data: w.bytes(),
-            };
-            matmul::PackedMatrix::new(&q)
-        } else {
-            None
-        };
-        Ok(CpuWeight {
-            host: w.clone(),
-            packed,
-        })
+        if !w.head && matmul::packs(matmul::Kernel::selected(), w.ty) {
+            cw.packed = matmul::PackedMatrix::new(&cw.qmatrix());
+        }
+        Ok(cw)
     }
 
     fn upload_vector(&self, data: &[f32]) -> Result<Vec<f32>> {

@@ -218,7 +218,7 @@ fn deepseekv4_gpu_matches_transformers() {
         }
         g.set_exact_matmul(exact);
         let m: Arc<dyn LanguageModel> =
-            Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, None).unwrap());
+            Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, &Default::default()).unwrap());
         let toks = long_prompt(&dir);
         let want = f32s(&dir.join("logits_long.f32"));
         let nv = want.len() / toks.len();
@@ -259,7 +259,8 @@ fn dspark_gpu_matches_reference() {
             return;
         }
         g.set_exact_matmul(exact);
-        let model = Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, None).unwrap());
+        let model =
+            Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, &Default::default()).unwrap());
         model.set_dspark_p_min(0.0);
         let m: Arc<dyn LanguageModel> = model;
         let mut head = m.load_mtp(&dir).unwrap();
@@ -328,6 +329,6 @@ fn deepseekv4_mtp_gpu_matches_the_reference() {
     }
     g.set_exact_matmul(true);
     let m: Arc<dyn LanguageModel> =
-        Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, None).unwrap());
+        Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, &Default::default()).unwrap());
     super::mtp::first_drafts(&m, &dir, "deepseekv4", 1e-8);
 }

@@ -104,6 +104,67 @@ fn gemma4_moe_exact_gpu_matches_cpu() {
     exact_gpu_matches_cpu("gemma4-tiny-moe");
 }
 
+/// Routed experts in host memory (`vela_models::placement`): every layer's or the first
+/// three's, without and with a device cache of the most used experts (some slots of a step on
+/// the GPU, the rest on the CPU), against all on the GPU, both in exact mode: the bound of the
+/// GPU-vs-CPU test (argmax and top-10 equal, NMSE <= 1e-4, 16 greedy ids equal); the default
+/// mode reported.
+#[test]
+fn gemma4_moe_host_experts_match_gpu() {
+    use vela_models::placement::HostExperts;
+    use vela_models::LoadSpec;
+    let Some(path) = synth("gemma4-tiny-moe") else {
+        return;
+    };
+    for exact in [true, false] {
+        vela_compute::cpu::matmul::exact::set_thread_override(Some(exact));
+        let file = Arc::new(GgufFile::open(&path).unwrap());
+        let load = |layers: &[usize], cache_bytes: u64| {
+            let g = gpu()?;
+            g.set_exact_matmul(exact);
+            let spec = LoadSpec {
+                quant: None,
+                host_experts: Some(HostExperts {
+                    cpu: Arc::new(CpuBackend::new(0)),
+                    layers: layers.to_vec(),
+                    cache_bytes,
+                }),
+            };
+            Some(vela_models::load_gguf_spec(Arc::new(g), file.clone(), &spec).unwrap())
+        };
+        let Some(base) = load(&[], 0) else { return };
+        let p = prompt();
+        let (lb, ib) = run(base, &p, 16);
+        let all = [0, 1, 2, 3, 4, 5];
+        for (layers, cache) in [
+            (&all[..], 0),
+            (&all[..3], 0),
+            (&all[..], 1 << 20),
+            (&all[..], 1 << 30),
+        ] {
+            let stats = &vela_models::blocks::expert_cache::CACHE_STATS;
+            let h0 = stats.hits.load(std::sync::atomic::Ordering::Relaxed);
+            let m0 = stats.misses.load(std::sync::atomic::Ordering::Relaxed);
+            let (lh, ih) = run(load(layers, cache).unwrap(), &p, 16);
+            let hits = stats.hits.load(std::sync::atomic::Ordering::Relaxed) - h0;
+            let misses = stats.misses.load(std::sync::atomic::Ordering::Relaxed) - m0;
+            let (_, nmse) = err(&lh, &lb);
+            let top = super::model::top_k(&lh, 10) == super::model::top_k(&lb, 10);
+            let ok = ih == ib && top && nmse <= 1e-4;
+            let mode = if exact { "exact" } else { "default" };
+            eprintln!(
+                "RESULT | gemma4-tiny-moe host experts {layers:?} cache {cache} B ({hits} hits, {misses} misses) vs GPU ({mode}) | top10 {top} greedy {} | nmse {nmse:.2e} | {} |",
+                if ih == ib { "equal" } else { "DIFFER" },
+                if ok { "ok" } else if exact { "FAIL" } else { "reported" }
+            );
+            if exact {
+                assert!(ok, "host experts {layers:?} cache {cache}: {ih:?} vs {ib:?}, top10 {top}, nmse {nmse:.3e}");
+            }
+        }
+        vela_compute::cpu::matmul::exact::set_thread_override(None);
+    }
+}
+
 /// Pipelined greedy decoding of the MoE model: one host wait per token (its argmax), none for
 /// the routing of its 6 MoE layers.
 #[test]

@@ -24,7 +24,7 @@ fn gpu_vs_hf(exact: bool) {
     }
     g.set_exact_matmul(exact);
     let m: Arc<dyn LanguageModel> =
-        Arc::new(Qwen4ExpModel::load_hf(Arc::new(g), &dir, None).unwrap());
+        Arc::new(Qwen4ExpModel::load_hf(Arc::new(g), &dir, &Default::default()).unwrap());
     let toks = long_prompt(&dir);
     let run = |chunk: usize| {
         let mut st = m.clone().new_state(256, chunk, KvType::F32).unwrap();
@@ -82,7 +82,7 @@ fn qwen4exp_mtp_gpu_matches_the_reference() {
     }
     g.set_exact_matmul(true);
     let m: Arc<dyn LanguageModel> =
-        Arc::new(Qwen4ExpModel::load_hf(Arc::new(g), &dir, None).unwrap());
+        Arc::new(Qwen4ExpModel::load_hf(Arc::new(g), &dir, &Default::default()).unwrap());
     super::mtp::first_drafts(&m, &dir, "qwen4exp", 1e-5);
 }
 

@@ -5,8 +5,21 @@
 //! expert order, the order HF's expert loops add in ([`Backend::scatter_add_rows`]). Everything
 //! stays on the backend: no read-back, so a MoE decode step can run as one recorded graph. Each
 //! architecture's block adds its own router input, shared experts, norms and scales around it.
+//!
+//! A layer's experts may instead stay in host memory ([`crate::placement`]): then the layer's
+//! input rows, expert ids and weights cross to the host once, the CPU runs the same three
+//! products and the combine in the same order with its own kernels, and the result crosses
+//! back once. On a CPU model that is bit-identical to the device path; on a GPU it differs by
+//! what the CPU's kernels round differently from the GPU's (the products' int8 activation
+//! quantization; tests bound it).
 
-use vela_compute::{Activation, Backend, RouteParams};
+use super::expert_cache::ExpertCache;
+use crate::placement::HostExperts;
+use anyhow::Result;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use vela_compute::cpu::{ops::CpuWeight, CpuBackend};
+use vela_compute::{Activation, Backend, HostWeight, RouteParams};
 
 /// The gate and up products of every expert: one fused 3-D tensor or two.
 pub enum GateUp<B: Backend> {
@@ -17,13 +30,121 @@ pub enum GateUp<B: Backend> {
     Split(B::Weight, B::Weight),
 }
 
+/// Where a layer's expert tensors are.
+enum Placed<B: Backend> {
+    Device {
+        gate_up: GateUp<B>,
+        /// `[E·H, I]`.
+        down: B::Weight,
+    },
+    Host(Box<HostPart<B>>),
+}
+
+/// A host-memory layer: its tensors as the CPU uses them, and its device cache.
+struct HostPart<B: Backend> {
+    cpu: Arc<CpuBackend>,
+    gate_up: GateUp<CpuBackend>,
+    down: CpuWeight,
+    cache: Option<Mutex<ExpertCache<B>>>,
+}
+
+/// Traffic of the host-memory experts (all layers of a process): rows and bytes each way.
+pub struct HostTraffic {
+    pub calls: AtomicU64,
+    pub bytes_to_host: AtomicU64,
+    pub bytes_to_device: AtomicU64,
+}
+
+/// Counters for `/metrics` and `vela bench`.
+pub static HOST_TRAFFIC: HostTraffic = HostTraffic {
+    calls: AtomicU64::new(0),
+    bytes_to_host: AtomicU64::new(0),
+    bytes_to_device: AtomicU64::new(0),
+};
+
 /// A layer's experts: gated FFNs of width `n_ff`.
 pub struct Experts<B: Backend> {
-    pub gate_up: GateUp<B>,
-    /// `[E·H, I]`.
-    pub down: B::Weight,
+    placed: Placed<B>,
     pub n_ff: usize,
     pub act: Activation,
+}
+
+/// A layer's expert tensors as stored: gate and up fused (`[E·2I, H]`) or apart, and down.
+pub enum ExpertTensors<'a> {
+    Fused(&'a HostWeight, &'a HostWeight),
+    Split(&'a HostWeight, &'a HostWeight, &'a HostWeight),
+}
+
+impl<B: Backend> Experts<B> {
+    /// Experts whose tensors are already on the backend.
+    pub fn on_device(gate_up: GateUp<B>, down: B::Weight, n_ff: usize, act: Activation) -> Self {
+        Experts {
+            placed: Placed::Device { gate_up, down },
+            n_ff,
+            act,
+        }
+    }
+
+    /// Layer `layer`'s experts: in host memory when `host` lists the layer (used in place, not
+    /// copied), else uploaded with `upload` (the loader's, which counts the bytes).
+    pub fn place(
+        layer: usize,
+        host: Option<&HostExperts>,
+        t: ExpertTensors,
+        mut upload: impl FnMut(&HostWeight) -> Result<B::Weight>,
+        n_ff: usize,
+        act: Activation,
+    ) -> Result<Self> {
+        let placed = match host.filter(|h| h.has(layer)) {
+            Some(h) => {
+                let cpu = h.cpu.clone();
+                let (gate_up, down, n_expert) = match t {
+                    ExpertTensors::Fused(gu, d) => {
+                        (GateUp::Fused(cpu.map_weight(gu)?), d, gu.rows / (2 * n_ff))
+                    }
+                    ExpertTensors::Split(g, u, d) => (
+                        GateUp::Split(cpu.map_weight(g)?, cpu.map_weight(u)?),
+                        d,
+                        g.rows / n_ff,
+                    ),
+                };
+                let down = cpu.map_weight(down)?;
+                let per_expert = (gate_up_bytes(&gate_up) + down.host().bytes().len() as u64)
+                    / n_expert.max(1) as u64;
+                let cap = (h.cache_bytes / per_expert.max(1)) as usize;
+                let cache = (cap > 0).then(|| Mutex::new(ExpertCache::new(cap, n_expert)));
+                Placed::Host(Box::new(HostPart {
+                    cpu,
+                    gate_up,
+                    down,
+                    cache,
+                }))
+            }
+            None => {
+                let (gate_up, down) = match t {
+                    ExpertTensors::Fused(gu, d) => (GateUp::Fused(upload(gu)?), d),
+                    ExpertTensors::Split(g, u, d) => (GateUp::Split(upload(g)?, upload(u)?), d),
+                };
+                Placed::Device {
+                    gate_up,
+                    down: upload(down)?,
+                }
+            }
+        };
+        Ok(Experts { placed, n_ff, act })
+    }
+
+    /// Whether this layer's experts run on the host (its forward reads back: no graph).
+    pub fn on_host(&self) -> bool {
+        matches!(self.placed, Placed::Host(_))
+    }
+}
+
+fn gate_up_bytes(g: &GateUp<CpuBackend>) -> u64 {
+    match g {
+        GateUp::Fused(w) => w.host().bytes().len() as u64,
+        GateUp::Split(a, b) => (a.host().bytes().len() + b.host().bytes().len()) as u64,
+    }
 }
 
 /// Per-sequence scratch of the routed experts, for up to `max_batch` tokens of `k` slots.
@@ -41,6 +162,18 @@ pub struct ExpertScratch<B: Backend> {
     /// `[n, H]` zeros: the combine's starting value.
     zeros: B::Buf,
     k: usize,
+    /// For host-memory layers with a device cache (made on first use): the slots' cache ids,
+    /// and the CPU's rows with their slots.
+    cached: Option<CachedScratch<B>>,
+    /// Rows and width the scratch was made for.
+    nb: usize,
+    d: usize,
+}
+
+struct CachedScratch<B: Backend> {
+    mapped: B::Ids,
+    rows: B::Buf,
+    idx: B::Ids,
 }
 
 impl<B: Backend> ExpertScratch<B> {
@@ -61,7 +194,19 @@ impl<B: Backend> ExpertScratch<B> {
             y: be.alloc(nb * k * d),
             zeros,
             k,
+            cached: None,
+            nb,
+            d,
         }
+    }
+
+    fn cached(&mut self, be: &B) -> &mut CachedScratch<B> {
+        let (n, d) = (self.nb * self.k, self.d);
+        self.cached.get_or_insert_with(|| CachedScratch {
+            mapped: be.alloc_ids(n),
+            rows: be.alloc(n * d),
+            idx: be.alloc_ids(n),
+        })
     }
 
     /// Route `n` tokens by their router `logits` (`[n, E]`) into `ids` / `weights`.
@@ -92,21 +237,168 @@ impl<B: Backend> Experts<B> {
     /// routed slots of weight · expert(x row), with the routing already in `s`
     /// ([`ExpertScratch::route`]).
     pub fn forward(&self, be: &B, x: &mut B::Buf, n: usize, d: usize, s: &mut ExpertScratch<B>) {
+        let (gate_up, down) = match &self.placed {
+            Placed::Device { gate_up, down } => (gate_up, down),
+            Placed::Host(h) => return self.forward_host(be, h, x, n, d, s),
+        };
         let (k, i_n) = (s.k, self.n_ff);
-        match &self.gate_up {
-            GateUp::Fused(w) => {
-                be.matmul_experts(w, 2 * i_n, x, false, &s.ids, n, k, &mut s.gu);
-                be.act_mul_split(&s.gu, n * k, i_n, self.act, &mut s.act);
-            }
-            GateUp::Split(wg, wu) => {
-                be.matmul_experts(wg, i_n, x, false, &s.ids, n, k, &mut s.act);
-                be.matmul_experts(wu, i_n, x, false, &s.ids, n, k, &mut s.gu);
-                be.act_mul(&mut s.act, &s.gu, n * k * i_n, self.act);
-            }
-        }
-        be.matmul_experts(&self.down, d, &s.act, true, &s.ids, n, k, &mut s.y);
+        products(
+            be,
+            gate_up,
+            down,
+            (i_n, d, self.act),
+            x,
+            &s.ids,
+            n,
+            k,
+            &mut s.gu,
+            &mut s.act,
+            &mut s.y,
+        );
         // The sum from zero, slots in ascending expert order.
         be.copy_rows(&s.zeros, 0, n, d, x, 0);
         be.scatter_add_rows(x, &s.y, &s.token_of_slot, Some(&s.weights), n * k, d);
     }
+
+    /// [`Self::forward`] with the experts in host memory: the rows, ids and weights cross to
+    /// the host once. Without a device cache (or none of the slots in it) the CPU runs the same
+    /// products and the combine in the same order and the rows cross back once. With cached
+    /// slots, those multiply on the device (launched before the CPU starts, so both run at
+    /// once), the CPU's rows cross back into their slots, and the device combines as usual.
+    fn forward_host(
+        &self,
+        be: &B,
+        h: &HostPart<B>,
+        x: &mut B::Buf,
+        n: usize,
+        d: usize,
+        s: &mut ExpertScratch<B>,
+    ) {
+        let (k, i_n) = (s.k, self.n_ff);
+        let ns = n * k;
+        let dims = (i_n, d, self.act);
+        let mut hx = vec![0f32; n * d];
+        let mut ids = vec![0u32; ns];
+        let mut w = vec![0f32; ns];
+        be.read_ids(&s.ids, &mut ids);
+        be.read(&s.weights, &mut w);
+        be.read(x, &mut hx);
+        let t = &HOST_TRAFFIC;
+        t.calls.fetch_add(1, Ordering::Relaxed);
+        t.bytes_to_host
+            .fetch_add((4 * (n * d + 2 * ns)) as u64, Ordering::Relaxed);
+        let mut guard = h
+            .cache
+            .as_ref()
+            .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()));
+        let mapped = guard.as_deref_mut().and_then(|c| {
+            let gu: Vec<&HostWeight> = match &h.gate_up {
+                GateUp::Fused(g) => vec![g.host()],
+                GateUp::Split(g, u) => vec![g.host(), u.host()],
+            };
+            if let Err(e) = c.observe(&ids, n, &gu, h.down.host(), |w| be.upload_weight(w)) {
+                static WARNED: AtomicBool = AtomicBool::new(false);
+                if !WARNED.swap(true, Ordering::Relaxed) {
+                    eprintln!("warning: the device cache of host-memory experts is off: {e:#}");
+                }
+                c.cap = 0;
+                c.weights = None;
+            }
+            let (m, any_hit, _) = c.map(&ids);
+            any_hit.then_some(m)
+        });
+        let (Some(mapped), Some(c)) = (mapped, guard.as_deref()) else {
+            let (mut gu, mut act, mut y) = (
+                vec![0f32; ns * 2 * i_n],
+                vec![0f32; ns * i_n],
+                vec![0f32; ns * d],
+            );
+            products(
+                &*h.cpu, &h.gate_up, &h.down, dims, &hx, &ids, n, k, &mut gu, &mut act, &mut y,
+            );
+            let tos: Vec<u32> = (0..ns).map(|j| (j / k) as u32).collect();
+            hx.fill(0.0);
+            h.cpu.scatter_add_rows(&mut hx, &y, &tos, Some(&w), ns, d);
+            be.write(x, &hx);
+            t.bytes_to_device
+                .fetch_add((4 * n * d) as u64, Ordering::Relaxed);
+            return;
+        };
+        let cw = c.weights.as_ref().expect("a hit means cached weights");
+        let held = c.held();
+        be.write_ids(&mut s.cached(be).mapped, &mapped);
+        let cs = s.cached.as_ref().expect("made above");
+        products(
+            be,
+            &cw.gate_up,
+            &cw.down,
+            dims,
+            x,
+            &cs.mapped,
+            n,
+            k,
+            &mut s.gu,
+            &mut s.act,
+            &mut s.y,
+        );
+        // The slots the cache does not hold, each as a token of its own, on the CPU meanwhile.
+        let miss: Vec<usize> = (0..ns).filter(|&j| mapped[j] as usize >= held).collect();
+        if !miss.is_empty() {
+            let nm = miss.len();
+            let xm: Vec<f32> = miss
+                .iter()
+                .flat_map(|&j| hx[(j / k) * d..(j / k + 1) * d].iter().copied())
+                .collect();
+            let mids: Vec<u32> = miss.iter().map(|&j| ids[j]).collect();
+            let (mut gu, mut act, mut ym) = (
+                vec![0f32; nm * 2 * i_n],
+                vec![0f32; nm * i_n],
+                vec![0f32; nm * d],
+            );
+            products(
+                &*h.cpu, &h.gate_up, &h.down, dims, &xm, &mids, nm, 1, &mut gu, &mut act, &mut ym,
+            );
+            let idx: Vec<u32> = miss.iter().map(|&j| j as u32).collect();
+            let cs = s.cached.as_mut().expect("made above");
+            be.write(&mut cs.rows, &ym);
+            be.write_ids(&mut cs.idx, &idx);
+            // Into the zero rows the device left for them.
+            be.scatter_add_rows(&mut s.y, &cs.rows, &cs.idx, None, nm, d);
+            t.bytes_to_device
+                .fetch_add((4 * (nm * d + nm)) as u64, Ordering::Relaxed);
+        }
+        be.copy_rows(&s.zeros, 0, n, d, x, 0);
+        be.scatter_add_rows(x, &s.y, &s.token_of_slot, Some(&s.weights), ns, d);
+    }
+}
+
+/// The three expert products of `n` tokens' `k` slots on backend `be`: gate and up (fused or
+/// apart) into `gu` / `act`, the activation into `act`, down into `y`. `dims`: (I, H, act).
+#[allow(clippy::too_many_arguments)]
+fn products<C: Backend>(
+    be: &C,
+    gate_up: &GateUp<C>,
+    down: &C::Weight,
+    dims: (usize, usize, Activation),
+    x: &C::Buf,
+    ids: &C::Ids,
+    n: usize,
+    k: usize,
+    gu: &mut C::Buf,
+    act: &mut C::Buf,
+    y: &mut C::Buf,
+) {
+    let (i_n, d, f) = dims;
+    match gate_up {
+        GateUp::Fused(w) => {
+            be.matmul_experts(w, 2 * i_n, x, false, ids, n, k, gu);
+            be.act_mul_split(gu, n * k, i_n, f, act);
+        }
+        GateUp::Split(wg, wu) => {
+            be.matmul_experts(wg, i_n, x, false, ids, n, k, act);
+            be.matmul_experts(wu, i_n, x, false, ids, n, k, gu);
+            be.act_mul(act, gu, n * k * i_n, f);
+        }
+    }
+    be.matmul_experts(down, d, act, true, ids, n, k, y);
 }

@@ -6,7 +6,8 @@
 
 use super::mtp::MtpFrom;
 use super::*;
-use crate::blocks::experts::{Experts, GateUp};
+use crate::blocks::experts::{ExpertTensors, Experts};
+use crate::placement::LoadSpec;
 use crate::weights::{stack, WeightSource};
 use anyhow::{anyhow, Context};
 use serde_json::Value;
@@ -259,7 +260,7 @@ impl<'a, B: Backend> Loader<'a, B> {
     ) -> Result<Moe<B>> {
         let e = c.n_expert;
         let share = c.top_k as f64 / e as f64;
-        let (gate_up, down) = if self.gguf {
+        let tensors = if self.gguf {
             // The converter's stacked expert tensors, gate and up apart.
             let m = |w: &str| -> Result<HostWeight> {
                 let n = format!("blk.{blk}.ffn_{w}_exps.weight");
@@ -269,9 +270,7 @@ impl<'a, B: Backend> Loader<'a, B> {
                 }
                 Ok(t)
             };
-            let (g, u, d) = (m("gate")?, m("up")?, m("down")?);
-            let gate_up = GateUp::Split(self.upload(&g, share)?, self.upload(&u, share)?);
-            (gate_up, self.upload(&d, share)?)
+            vec![m("gate")?, m("up")?, m("down")?]
         } else {
             // The experts read (decoded, converted or generated) on every core: 256 × 3
             // matrices per layer.
@@ -316,11 +315,17 @@ impl<'a, B: Backend> Loader<'a, B> {
             }
             let gu = stack(&format!("{p}.experts.gate_up"), &gu)?;
             let down = stack(&format!("{p}.experts.down"), &down)?;
-            (
-                GateUp::Fused(self.upload(&gu, share)?),
-                self.upload(&down, share)?,
-            )
+            vec![gu, down]
         };
+        let t = match &tensors[..] {
+            [g, u, d] => ExpertTensors::Split(g, u, d),
+            [gu, d] => ExpertTensors::Fused(gu, d),
+            _ => unreachable!("two or three expert tensors"),
+        };
+        // The trunk's layers only: the MTP block and DSpark stages (`mtp.*`) stay on the device.
+        let host = self.src.host_experts().filter(|_| !p.starts_with("mtp."));
+        let (n_ff, act) = (c.n_ff, Activation::SiluLimit(c.swiglu_limit));
+        let experts = Experts::place(blk, host, t, |w| self.upload(w, share), n_ff, act)?;
         let (bias, table) = match routing {
             Routing::TopK => (Some(self.vector(&format!("{p}.gate.bias"), e)?), None),
             Routing::Hash => {
@@ -341,12 +346,7 @@ impl<'a, B: Backend> Loader<'a, B> {
             router: self.matrix(&format!("{p}.gate.weight"))?,
             bias,
             table,
-            experts: Experts {
-                gate_up,
-                down,
-                n_ff: c.n_ff,
-                act: Activation::SiluLimit(c.swiglu_limit),
-            },
+            experts,
             sh_gate: self.matrix(&format!("{p}.shared_experts.w1.weight"))?,
             sh_up: self.matrix(&format!("{p}.shared_experts.w3.weight"))?,
             sh_down: self.matrix(&format!("{p}.shared_experts.w2.weight"))?,
@@ -357,7 +357,7 @@ impl<'a, B: Backend> Loader<'a, B> {
 impl<B: Backend> DeepseekV4Model<B> {
     /// Load from a checkpoint directory (release or `save_pretrained` layout), converting float
     /// matrices to `quant` when given.
-    pub fn load_hf(backend: Arc<B>, dir: &Path, quant: Option<GgmlType>) -> Result<Self> {
+    pub fn load_hf(backend: Arc<B>, dir: &Path, spec: &LoadSpec) -> Result<Self> {
         let cpath = dir.join("config.json");
         let text = std::fs::read_to_string(&cpath)
             .with_context(|| format!("cannot read {}", cpath.display()))?;
@@ -377,8 +377,8 @@ impl<B: Backend> DeepseekV4Model<B> {
         } else {
             bail!("checkpoint has neither embed.weight nor model.embed_tokens.weight (is this a deepseek_v4 checkpoint?)");
         };
-        let src = WeightSource::hf(cp.clone(), prefix).with_quant(quant);
-        let top = WeightSource::hf(cp, "").with_quant(quant);
+        let src = WeightSource::hf(cp.clone(), prefix).with_spec(spec);
+        let top = WeightSource::hf(cp, "").with_quant(spec.quant);
         // The MTP block sits at the checkpoint's root (`mtp.0.*`, the source looks there too).
         let mtp = src.has("mtp.0.e_proj.weight").then(|| MtpFrom {
             src: &src,
@@ -403,8 +403,9 @@ impl<B: Backend> DeepseekV4Model<B> {
     pub fn load_gguf(
         backend: Arc<B>,
         g: Arc<vela_formats::gguf::GgufFile>,
-        quant: Option<GgmlType>,
+        spec: &LoadSpec,
     ) -> Result<Self> {
+        let quant = spec.quant;
         let cfg = DeepseekV4Config::from_gguf(&g)?;
         // llama.cpp's `--mtp` export of the MTP block, as `mtp-NAME` beside the model.
         let beside = super::mtp::gguf_beside(&g, &cfg)?;
@@ -419,7 +420,7 @@ impl<B: Backend> DeepseekV4Model<B> {
                 gguf: true,
                 source: Some(path.clone()),
             });
-        let src = WeightSource::gguf(g.clone()).with_quant(quant);
+        let src = WeightSource::gguf(g.clone()).with_spec(spec);
         let top = WeightSource::gguf(g).with_quant(quant);
         Self::load(backend, &src, &top, true, cfg, mtp, None)
     }

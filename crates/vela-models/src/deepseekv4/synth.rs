@@ -16,6 +16,7 @@
 //! random confidence head would stop them at random).
 
 use super::*;
+use crate::placement::{HostExperts, Sizes};
 use crate::synth::tensor_key;
 use crate::weights::{load_type, WeightSource};
 use anyhow::Context;
@@ -388,6 +389,17 @@ fn generate(
 impl<B: Backend> DeepseekV4Model<B> {
     /// The geometry `name` with random weights (matrices in `qtype`), deterministic from `seed`.
     pub fn synth(backend: Arc<B>, name: &str, qtype: GgmlType, seed: u64) -> Result<Self> {
+        Self::synth_placed(backend, name, qtype, seed, None)
+    }
+
+    /// [`Self::synth`] with the routed experts of `host`'s layers in host memory.
+    pub fn synth_placed(
+        backend: Arc<B>,
+        name: &str,
+        qtype: GgmlType,
+        seed: u64,
+        host: Option<HostExperts>,
+    ) -> Result<Self> {
         let j = config(name)?;
         let cfg = DeepseekV4Config::from_json(&j)?;
         let dspark = DsparkConfig::from_json(&j, cfg.attn.len(), cfg.n_vocab)?;
@@ -419,7 +431,7 @@ impl<B: Backend> DeepseekV4Model<B> {
                 }
             }
         };
-        let src = WeightSource::synthetic(Arc::new(get), seed);
+        let src = WeightSource::synthetic(Arc::new(get), seed).with_host_experts(host);
         // The MTP block too, or DSpark (generated: either binds whatever path `--mtp` names).
         let mtp = dspark.is_none().then_some(super::mtp::MtpFrom {
             src: &src,
@@ -462,24 +474,41 @@ pub fn parameters(c: &DeepseekV4Config) -> u64 {
 
 /// Bytes of a config's weights held as `st`.
 pub fn weight_bytes(c: &DeepseekV4Config, st: Storage) -> u64 {
-    plan(c, false)
-        .values()
-        .map(|t| {
-            let (r, k) = (t.rows as u64, t.cols as u64);
-            let n = r * k;
-            let ty_bytes = |ty: GgmlType| r * ty.row_bytes(k).unwrap_or(4 * k);
-            match (st, t.stored) {
-                (_, Stored::F32) => 4 * n,
-                (Storage::Release, Stored::I64) => 8 * n,
-                (_, Stored::I64) => 4 * n,
-                (Storage::Quant(q), _) => ty_bytes(load_type(q, t.cols)),
-                (Storage::Release, Stored::Fp8) => n + r.div_ceil(128) * k.div_ceil(128),
-                (Storage::Release, Stored::Mxfp4) => n / 2 + n / 32,
-                (_, Stored::Bf16) | (Storage::ReleaseLoaded, Stored::Fp8) => 2 * n,
-                (Storage::ReleaseLoaded, Stored::Mxfp4) => ty_bytes(GgmlType::Q8_0),
-            }
-        })
-        .sum()
+    plan(c, false).values().map(|t| tensor_bytes(t, st)).sum()
+}
+
+/// Bytes of one tensor of the plan held as `st`.
+fn tensor_bytes(t: &Tensor, st: Storage) -> u64 {
+    let (r, k) = (t.rows as u64, t.cols as u64);
+    let n = r * k;
+    let ty_bytes = |ty: GgmlType| r * ty.row_bytes(k).unwrap_or(4 * k);
+    match (st, t.stored) {
+        (_, Stored::F32) => 4 * n,
+        (Storage::Release, Stored::I64) => 8 * n,
+        (_, Stored::I64) => 4 * n,
+        (Storage::Quant(q), _) => ty_bytes(load_type(q, t.cols)),
+        (Storage::Release, Stored::Fp8) => n + r.div_ceil(128) * k.div_ceil(128),
+        (Storage::Release, Stored::Mxfp4) => n / 2 + n / 32,
+        (_, Stored::Bf16) | (Storage::ReleaseLoaded, Stored::Fp8) => 2 * n,
+        (Storage::ReleaseLoaded, Stored::Mxfp4) => ty_bytes(GgmlType::Q8_0),
+    }
+}
+
+/// The loaded bytes of geometry `name` in `qtype` (`synth:NAME:TYPE`, with its MTP block or
+/// DSpark stages), per MoE layer's routed experts and the rest: what the experts placement
+/// plans with.
+pub fn sizes(name: &str, qtype: GgmlType) -> Result<Sizes> {
+    let j = config(name)?;
+    let cfg = DeepseekV4Config::from_json(&j)?;
+    let dspark = DsparkConfig::from_json(&j, cfg.attn.len(), cfg.n_vocab)?;
+    let mut plan = plan(&cfg, dspark.is_none());
+    if dspark.is_some() {
+        Planner::dspark(&cfg, DSPARK_STAGES, &mut plan);
+    }
+    let st = Storage::Quant(qtype);
+    Ok(Sizes::from_tensors(
+        plan.iter().map(|(n, t)| (n.as_str(), tensor_bytes(t, st))),
+    ))
 }
 
 /// Rows a forward evaluates at once in the plan (the raw rings hold this many more).

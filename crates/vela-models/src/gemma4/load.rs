@@ -3,12 +3,12 @@
 //! lookup under HF names or llama.cpp names.
 
 use super::*;
-use crate::blocks::experts::{Experts, GateUp};
+use crate::blocks::experts::{ExpertTensors, Experts};
+use crate::placement::LoadSpec;
 use crate::weights::WeightSource;
 use anyhow::Context;
 use serde_json::Value;
 use vela_compute::HostWeight;
-use vela_formats::quant::GgmlType;
 use vela_formats::safetensors::Checkpoint;
 
 struct Loader<'a, B: Backend> {
@@ -152,22 +152,35 @@ impl<B: Backend> Loader<'_, B> {
         let n = |s: &str| format!("layers.{il}.{s}");
         let (e_n, i_n) = (mc.n_expert, mc.n_ff_exp);
         let mut bytes = 0;
-        let mut expert = |name: &str, rows: usize, cols: usize| -> Result<B::Weight> {
+        let mut expert = |name: &str, rows: usize, cols: usize| -> Result<HostWeight> {
             let w = self.host(name, rows, cols, false)?;
             bytes += w.bytes().len() as u64;
-            self.be.upload_weight(&w)
+            Ok(w)
         };
         let fused = self.name(&n("experts.gate_up_proj"));
-        let gate_up = if self.src.has(&fused) || !self.gguf_names {
-            GateUp::Fused(expert(&fused, e_n * 2 * i_n, d)?)
-        } else {
+        let split = !self.src.has(&fused) && self.gguf_names;
+        let gu = if split {
             // llama.cpp may store gate and up apart.
-            GateUp::Split(
+            vec![
                 expert(&format!("blk.{il}.ffn_gate_exps.weight"), e_n * i_n, d)?,
                 expert(&format!("blk.{il}.ffn_up_exps.weight"), e_n * i_n, d)?,
-            )
+            ]
+        } else {
+            vec![expert(&fused, e_n * 2 * i_n, d)?]
         };
         let down = expert(&self.name(&n("experts.down_proj")), e_n * d, i_n)?;
+        let t = match &gu[..] {
+            [g, u] => ExpertTensors::Split(g, u, &down),
+            _ => ExpertTensors::Fused(&gu[0], &down),
+        };
+        let experts = Experts::place(
+            il,
+            self.src.host_experts(),
+            t,
+            |w| self.be.upload_weight(w),
+            i_n,
+            Activation::GeluTanh,
+        )?;
         let layer = moe::MoeLayer {
             router: self.weight(&n("router.proj.weight"), e_n, d, true)?,
             router_scale: self.vector(&n("router.scale"), d)?,
@@ -175,12 +188,7 @@ impl<B: Backend> Loader<'_, B> {
             pre_norm_2: self.vector(&n("pre_feedforward_layernorm_2.weight"), d)?,
             post_norm_1: self.vector(&n("post_feedforward_layernorm_1.weight"), d)?,
             post_norm_2: self.vector(&n("post_feedforward_layernorm_2.weight"), d)?,
-            experts: Experts {
-                gate_up,
-                down,
-                n_ff: i_n,
-                act: Activation::GeluTanh,
-            },
+            experts,
         };
         Ok((layer, bytes))
     }
@@ -189,16 +197,16 @@ impl<B: Backend> Loader<'_, B> {
 impl<B: Backend> Gemma4Model<B> {
     /// Load `dir/config.json` and the safetensors checkpoint in `dir`.
     pub fn load_hf(backend: Arc<B>, dir: &Path) -> Result<Self> {
-        Self::load_hf_with(backend, dir, None)
+        Self::load_hf_with(backend, dir, &LoadSpec::default())
     }
 
     /// Load a llama.cpp `gemma4` GGUF (metadata translated by [`Gemma4Config::from_gguf`]).
     pub fn load_gguf(backend: Arc<B>, g: Arc<GgufFile>) -> Result<Self> {
-        Self::load_gguf_with(backend, g, None)
+        Self::load_gguf_with(backend, g, &LoadSpec::default())
     }
 
     /// [`Self::load_hf`] converting float matrices to `quant` when given ([`crate::weights`]).
-    pub fn load_hf_with(backend: Arc<B>, dir: &Path, quant: Option<GgmlType>) -> Result<Self> {
+    pub fn load_hf_with(backend: Arc<B>, dir: &Path, spec: &LoadSpec) -> Result<Self> {
         let cpath = dir.join("config.json");
         let text = std::fs::read_to_string(&cpath)
             .with_context(|| format!("cannot read {}", cpath.display()))?;
@@ -215,18 +223,14 @@ impl<B: Backend> Gemma4Model<B> {
                 "checkpoint has no model.embed_tokens.weight (is this a Gemma 4 text checkpoint?)"
             );
         };
-        let src = WeightSource::hf(cp, prefix).with_quant(quant);
+        let src = WeightSource::hf(cp, prefix).with_spec(spec);
         Self::load(backend, &src, cfg, false)
     }
 
     /// [`Self::load_gguf`] converting float matrices to `quant` when given.
-    pub fn load_gguf_with(
-        backend: Arc<B>,
-        g: Arc<GgufFile>,
-        quant: Option<GgmlType>,
-    ) -> Result<Self> {
+    pub fn load_gguf_with(backend: Arc<B>, g: Arc<GgufFile>, spec: &LoadSpec) -> Result<Self> {
         let cfg = Gemma4Config::from_gguf(&g)?;
-        let src = WeightSource::gguf(g).with_quant(quant);
+        let src = WeightSource::gguf(g).with_spec(spec);
         Self::load(backend, &src, cfg, true)
     }
 

@@ -5,11 +5,11 @@
 
 use super::load::Loader;
 use super::*;
-use crate::blocks::experts::{Experts, GateUp};
+use crate::blocks::experts::{ExpertTensors, Experts};
+use crate::placement::LoadSpec;
 use crate::weights::WeightSource;
 use anyhow::{anyhow, Context};
 use vela_formats::gguf::GgufFile;
-use vela_formats::quant::GgmlType;
 
 fn key_u(g: &GgufFile, k: &str) -> Result<usize> {
     Ok(g.arch_u64(k)? as usize)
@@ -139,9 +139,9 @@ impl Qwen4ExpConfig {
 
 impl<B: Backend> Qwen4ExpModel<B> {
     /// Load a llama.cpp `qwen4exp` GGUF, converting float matrices to `quant` when given.
-    pub fn load_gguf(backend: Arc<B>, g: Arc<GgufFile>, quant: Option<GgmlType>) -> Result<Self> {
+    pub fn load_gguf(backend: Arc<B>, g: Arc<GgufFile>, spec: &LoadSpec) -> Result<Self> {
         let cfg = Qwen4ExpConfig::from_gguf(&g)?;
-        let src = WeightSource::gguf(g.clone()).with_quant(quant);
+        let src = WeightSource::gguf(g.clone()).with_spec(spec);
         let mut ld = Loader::new(&*backend, &src);
         let embd_host = src
             .get("token_embd.weight")
@@ -206,23 +206,17 @@ impl<B: Backend> Qwen4ExpModel<B> {
             let share = cfg.top_k as f64 / cfg.n_expert as f64;
             let moe = Moe {
                 router: ld.matrix(&format!("{p}.ffn_gate_inp.weight"))?,
-                experts: Experts {
-                    gate_up: GateUp::Split(
-                        ld.upload(
-                            &src.matrix(&format!("{p}.ffn_gate_exps.weight"), false)?,
-                            share,
-                        )?,
-                        ld.upload(
-                            &src.matrix(&format!("{p}.ffn_up_exps.weight"), false)?,
-                            share,
-                        )?,
-                    ),
-                    down: ld.upload(
-                        &src.matrix(&format!("{p}.ffn_down_exps.weight"), false)?,
-                        share,
-                    )?,
-                    n_ff: cfg.n_ff_exp,
-                    act: Activation::Silu,
+                experts: {
+                    let m = |w: &str| src.matrix(&format!("{p}.ffn_{w}_exps.weight"), false);
+                    let (g, u, d) = (m("gate")?, m("up")?, m("down")?);
+                    Experts::place(
+                        i,
+                        src.host_experts(),
+                        ExpertTensors::Split(&g, &u, &d),
+                        |w| ld.upload(w, share),
+                        cfg.n_ff_exp,
+                        Activation::Silu,
+                    )?
                 },
                 sh_gate: ld.matrix(&format!("{p}.ffn_gate_shexp.weight"))?,
                 sh_up: ld.matrix(&format!("{p}.ffn_up_shexp.weight"))?,

@@ -4,7 +4,8 @@
 //! interleave split into two matrices.
 
 use super::*;
-use crate::blocks::experts::{Experts, GateUp};
+use crate::blocks::experts::{ExpertTensors, Experts};
+use crate::placement::LoadSpec;
 use crate::weights::{stack, WeightSource};
 use anyhow::{anyhow, Context};
 use serde_json::Value;
@@ -160,7 +161,14 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
-    pub(super) fn moe(&mut self, p: &str, c: &Qwen4ExpConfig) -> Result<Moe<B>> {
+    /// A MoE block; `layer`: the trunk layer's index (its experts may stay in host memory), `None`
+    /// for the MTP layer's.
+    pub(super) fn moe(
+        &mut self,
+        p: &str,
+        layer: Option<usize>,
+        c: &Qwen4ExpConfig,
+    ) -> Result<Moe<B>> {
         let e = c.n_expert;
         let share = c.top_k as f64 / e as f64;
         // The experts' matrices read (converted, or generated) on every core: hundreds per
@@ -205,12 +213,14 @@ impl<'a, B: Backend> Loader<'a, B> {
         let down = stack(&format!("{p}.experts.down"), &down)?;
         Ok(Moe {
             router: self.matrix(&format!("{p}.gate.weight"))?,
-            experts: Experts {
-                gate_up: GateUp::Fused(self.upload(&gu, share)?),
-                down: self.upload(&down, share)?,
-                n_ff: c.n_ff_exp,
-                act: Activation::Silu,
-            },
+            experts: Experts::place(
+                layer.unwrap_or(usize::MAX),
+                layer.and(self.src.host_experts()),
+                ExpertTensors::Fused(&gu, &down),
+                |w| self.upload(w, share),
+                c.n_ff_exp,
+                Activation::Silu,
+            )?,
             sh_gate: self.matrix(&format!("{p}.shared_expert.gate_proj.weight"))?,
             sh_up: self.matrix(&format!("{p}.shared_expert.up_proj.weight"))?,
             sh_down: self.matrix(&format!("{p}.shared_expert.down_proj.weight"))?,
@@ -278,7 +288,7 @@ impl<'a, B: Backend> Loader<'a, B> {
 
 impl<B: Backend> Qwen4ExpModel<B> {
     /// Load from an HF checkpoint directory, converting float matrices to `quant` when given.
-    pub fn load_hf(backend: Arc<B>, dir: &Path, quant: Option<GgmlType>) -> Result<Self> {
+    pub fn load_hf(backend: Arc<B>, dir: &Path, spec: &LoadSpec) -> Result<Self> {
         let cpath = dir.join("config.json");
         let text = std::fs::read_to_string(&cpath)
             .with_context(|| format!("cannot read {}", cpath.display()))?;
@@ -293,7 +303,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
         } else {
             bail!("checkpoint has no model.embed_tokens.weight (is this a qwen4_exp checkpoint?)");
         };
-        let src = WeightSource::hf(cp, prefix).with_quant(quant);
+        let src = WeightSource::hf(cp, prefix).with_spec(spec);
         let mut m = Self::load(backend, &src, cfg)?;
         m.source = Some(dir.to_path_buf());
         Ok(m)
@@ -339,7 +349,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
                 attn_hc: ld.hc(&format!("{p}.attn_hyper_connection"), &cfg, true)?,
                 mlp_hc: ld.hc(&format!("{p}.mlp_hyper_connection"), &cfg, true)?,
                 mixer,
-                moe: ld.moe(&format!("{p}.mlp"), &cfg)?,
+                moe: ld.moe(&format!("{p}.mlp"), Some(i), &cfg)?,
                 ple,
                 state,
             });

@@ -47,7 +47,7 @@ impl<B: Backend> load::Loader<'_, B> {
             attn_hc: self.hc("mtp.layers.0.attn_hyper_connection", c, true)?,
             mlp_hc: self.hc("mtp.layers.0.mlp_hyper_connection", c, true)?,
             mixer: Block::Qsa(self.qsa("mtp.layers.0.self_attn", c)?),
-            moe: self.moe("mtp.layers.0.mlp", c)?,
+            moe: self.moe("mtp.layers.0.mlp", None, c)?,
             ple: None,
             state: ent[..ent.len() - 1].to_vec(),
         };
