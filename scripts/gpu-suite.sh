@@ -57,6 +57,17 @@
 #       speed or results. Then the new binary's batched decoding (`vela bench --parallel`,
 #       AB_PARALLEL sequence counts) on the first model: $OUT/parallel.md; then the `vela eval`
 #       workloads of AB_EVAL (default long-32k) on it with the stall probe: $OUT/eval-NAME/.
+#   here:   scripts/gpu-suite.sh pack-place  # one carry (target/gpu-data/place, ~55 MB): this
+#                                         #    tree's vela and GPU test binaries, the Gemma 4 and
+#                                         #    DeepSeek vocabularies, the llama.cpp CUDA bundle
+#   there:  scripts/gpu-suite.sh place       # experts in host memory (issue 41): the placement GPU
+#       tests; a synth Gemma-4-26B-A4B Q4_0 GGUF side by side with llama.cpp, all on the GPU and
+#       with every routed expert on the CPU (vela --experts cpu, llama-bench -ncmoe 99), 3
+#       interleaved rounds each: $OUT/place-*.md
+#   there:  scripts/gpu-suite.sh place-d4    # the same carry: DeepSeek V4 Flash at full size (43
+#       layers, PLACE_TYPE default q4_0), more than the GPU holds, generated in memory and placed
+#       by --experts auto (PLACE_EXPERTS): the plan, pp512 + tg128 with host traffic and the
+#       device cache's hit rate: $OUT/place-d4*.md
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
 #   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
@@ -69,7 +80,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests|pack-place|place|place-d4}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -561,6 +572,59 @@ tests)
     >$OUT/tests.log 2>&1
   echo "gpu tests: exit $? $(grep -E '^test result' $OUT/tests.log)"
   grep -E '^test .* (FAILED|ignored)|panicked' $OUT/tests.log | head -20
+  ;;
+pack-place)
+  P=target/gpu-data/place
+  rm -rf $P && mkdir -p $P
+  xz -T2 -6 -c target/release/vela >$P/vela-new.xz
+  bin=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -1)
+  xz -T2 -6 -c "$bin" >$P/gpu-test-new.xz
+  for v in gemma-4 deepseek-llm; do
+    xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" >$P/vocab-$v.gguf.xz
+  done
+  ln -f target/gpu-data/lb/llama-bench-cuda.tar.xz $P/ 2>/dev/null || cp target/gpu-data/lb/llama-bench-cuda.tar.xz $P/
+  du -sh $P
+  ;;
+place|place-d4)
+  P=target/gpu-data/place
+  mkdir -p "$OUT" "$VELA_CACHE/vocab"
+  t0=$(date +%s)
+  xz -dc $P/vela-new.xz >/tmp/vela-new && xz -dc $P/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/vela-new /tmp/gpu-test-new
+  for f in $P/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
+  free -g | head -2; nproc
+  if [ $stage = place-d4 ]; then
+    m=synth:deepseek-v4-flash:${PLACE_TYPE:-q4_0}
+    /tmp/vela-new plan -m $m --device cuda --experts ${PLACE_EXPERTS:-auto} | tee $OUT/place-d4-plan.md
+    nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 1000 >$OUT/place-d4-mem.csv &
+    smi=$!
+    timeout ${PLACE_D4_S:-520} /tmp/vela-new bench -m $m --device cuda --experts ${PLACE_EXPERTS:-auto} \
+      -p 512 -n 128 -r ${PLACE_REPS:-2} 2>&1 | tee $OUT/place-d4.md
+    echo "exit $? ($(( $(date +%s) - t0 )) s)"
+    kill $smi
+    echo "peak GPU memory: $(sort -t, -k2 -n $OUT/place-d4-mem.csv | tail -1)"
+    exit 0
+  fi
+  (tar xJf $P/llama-bench-cuda.tar.xz -C /tmp && echo "llama.cpp unpacked") &
+  bpid=$!
+  VELA_REQUIRE_GPU=1 timeout 150 /tmp/gpu-test-new --test-threads 1 host_experts >$OUT/place-tests.log 2>&1
+  echo "placement GPU tests: exit $? $(grep -E '^test result' $OUT/place-tests.log)"
+  grep -E "^RESULT|panicked|FAILED" $OUT/place-tests.log
+  [ -s /tmp/g26.gguf ] || /tmp/vela-new synth --arch gemma4-26b-a4b --type q4_0 -o /tmp/g26.gguf -t 16 >$OUT/place-synth.log 2>&1
+  echo "synth exit $? ($(( $(date +%s) - t0 )) s) $(ls -la /tmp/g26.gguf)"
+  wait $bpid
+  mkdir -p "$VELA_CACHE/llama.cpp-cuda" && ln -sfn /tmp/llama-bench-cuda "$VELA_CACHE/llama.cpp-cuda/bin"
+  /tmp/vela-new plan -m /tmp/g26.gguf --device cuda --experts cpu | tee $OUT/place-g26-plan.md
+  B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela-new --flavors cuda --threads $(nproc) --reps ${PLACE_REPS:-3}
+     --models /tmp/g26.gguf)
+  timeout 200 "${B[@]}" "--llama-args=-ngl 99" "--vela-args=--device cuda --experts gpu" \
+    --out $OUT/place-g26-gpu.md 2>$OUT/place-g26.log
+  echo "all on the GPU done ($(( $(date +%s) - t0 )) s)"
+  timeout 300 "${B[@]}" "--llama-args=-ngl 99 -ncmoe 99" "--vela-args=--device cuda --experts cpu" \
+    --out $OUT/place-g26-cpu.md 2>>$OUT/place-g26.log
+  echo "experts on the CPU done ($(( $(date +%s) - t0 )) s)"
+  /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu -p 0 -n 128 -r 1 | tail -3 | tee $OUT/place-g26-traffic.md
   ;;
 d4s)
   # DeepSeek V4's GPU tests (ops, the model vs HF, DSpark vs its reference; from the pack of

@@ -204,11 +204,18 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             );
             if host[0] > 0 {
                 let [c, th, td, hit, miss] = host_per_token;
+                let cache = if hit + miss > 0.0 {
+                    format!(
+                        "; GPU cache {hit:.1} hits, {miss:.1} misses ({:.1} % hit rate)",
+                        100.0 * hit / (hit + miss)
+                    )
+                } else {
+                    String::new()
+                };
                 println!(
-                    "experts in host memory at tg, per token: {c:.1} layer calls, {:.1} KiB to the host, {:.1} KiB back; device cache {hit:.1} hits, {miss:.1} misses ({:.1} % hit rate)",
+                    "experts in host memory at tg, per token: {c:.1} layer calls, {:.1} KiB to the host, {:.1} KiB back{cache}",
                     th / 1024.0,
-                    td / 1024.0,
-                    100.0 * hit / (hit + miss).max(1e-9)
+                    td / 1024.0
                 );
             }
         }
