@@ -157,7 +157,10 @@ extern "C" __global__ void dsv4_compress_pool(const float* __restrict__ raw, int
     }
 }
 
-// One block per query: the scores of the visible entries into scores row t.
+// Blocks of (query, LSC_PER_BLOCK entries): the scores of the visible entries into scores row
+// t, a warp per entry (per head: a lane-strided dot, warp_sum, accumulated over the heads in
+// order), so a decode step spreads a long context over the whole GPU.
+#define LSC_PER_BLOCK 64
 extern "C" __global__ void dsv4_lightning_scores(const float* __restrict__ q, const float* __restrict__ w,
                                                  const float* __restrict__ keys,
                                                  const u32* __restrict__ pos, int nh, int di,
@@ -166,10 +169,11 @@ extern "C" __global__ void dsv4_lightning_scores(const float* __restrict__ q, co
     PDL_ENTRY();
     int t = blockIdx.x;
     int nv = ((int)pos[t] + 1) / ratio;
+    int b0 = blockIdx.y * LSC_PER_BLOCK, b1 = min(nv, b0 + LSC_PER_BLOCK);
     const float* qt = q + (size_t)t * nh * di;
     const float* wt = w + (size_t)t * nh;
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31, nw = blockDim.x / 32;
-    for (int b = warp; b < nv; b += nw) {
+    for (int b = b0 + warp; b < b1; b += nw) {
         const float* kb = keys + (size_t)b * di;
         float s = 0.0f;
         for (int h = 0; h < nh; h++) {
@@ -182,13 +186,51 @@ extern "C" __global__ void dsv4_lightning_scores(const float* __restrict__ q, co
     }
 }
 
-// One block per query: the top_k entries by rank (the lower entry first among equal scores),
-// in ascending order. Rank counting is O(entries^2) per query.
+// A score as an unsigned key of the same order (-0 and +0 equal, as the comparison has them).
+__device__ __forceinline__ u32 lsel_key(float s) {
+    if (s == 0.0f) s = 0.0f;
+    u32 b = __float_as_uint(s);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Exclusive prefix sum of v over the block (a multiple of 32 threads, at most 1024; every thread
+// calls it); the block's total into *total.
+__device__ int lsel_scan(int v, int* sh, int* total) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        int y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) sh[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        int wv = lane < nw ? sh[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            int y = __shfl_up_sync(0xffffffffu, wv, o);
+            if (lane >= o) wv += y;
+        }
+        sh[lane] = wv;
+    }
+    __syncthreads();
+    int before = (warp > 0 ? sh[warp - 1] : 0) + x - v;
+    *total = sh[nw - 1];
+    __syncthreads();
+    return before;
+}
+
+// One block per query: the top_k entries by score (the lower entry first among equal scores),
+// in ascending order. The k-th largest key by a 4-pass radix select (8 bits a pass, a shared
+// histogram of the keys that match the bits fixed so far), then the entries above it and the
+// first ones equal to it, compacted in index order by block scans: O(entries) per query.
 extern "C" __global__ void dsv4_lightning_select(const float* __restrict__ scores,
                                                  const u32* __restrict__ pos, int ratio, int top_k,
-                                                 int stride, unsigned char* __restrict__ kept,
-                                                 u32* sel, u32* counts) {
+                                                 int stride, u32* sel, u32* counts) {
     PDL_ENTRY();
+    __shared__ u32 hist[256];
+    __shared__ u32 s_prefix, s_mask;
+    __shared__ int s_need;
+    __shared__ int scan_sh[32];
     int t = blockIdx.x;
     int nv = ((int)pos[t] + 1) / ratio;
     u32* row = sel + (size_t)t * top_k;
@@ -198,20 +240,50 @@ extern "C" __global__ void dsv4_lightning_select(const float* __restrict__ score
         return;
     }
     const float* s = scores + (size_t)t * stride;
-    unsigned char* kt = kept + (size_t)t * stride;
-    for (int b = threadIdx.x; b < nv; b += blockDim.x) {
-        float sb = s[b];
-        int rank = 0;
-        for (int o = 0; o < nv; o++) rank += (s[o] > sb) || (s[o] == sb && o < b);
-        kt[b] = rank < top_k;
-    }
-    __syncthreads();
     if (threadIdx.x == 0) {
-        int n = 0;
-        for (int b = 0; b < nv; b++)
-            if (kt[b]) row[n++] = (u32)b;
-        counts[t] = (u32)n;
+        s_prefix = 0;
+        s_mask = 0;
+        s_need = top_k;
     }
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (int i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        u32 prefix = s_prefix, mask = s_mask;
+        for (int b = threadIdx.x; b < nv; b += blockDim.x) {
+            u32 key = lsel_key(s[b]);
+            if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            // The bin holding the need-th largest of the matching keys.
+            int need = s_need, bin = 255;
+            for (; bin > 0; bin--) {
+                int c = (int)hist[bin];
+                if (c >= need) break;
+                need -= c;
+            }
+            s_need = need;
+            s_prefix = prefix | ((u32)bin << shift);
+            s_mask = mask | (255u << shift);
+        }
+        __syncthreads();
+    }
+    u32 kth = s_prefix;
+    int need = s_need;  // entries equal to the k-th key to keep: the lowest indices
+    int base_eq = 0, base_out = 0;
+    for (int c0 = 0; c0 < nv; c0 += blockDim.x) {
+        int b = c0 + (int)threadIdx.x;
+        u32 key = b < nv ? lsel_key(s[b]) : 0u;
+        int eq = b < nv && key == kth;
+        int tot;
+        int eq_before = lsel_scan(eq, scan_sh, &tot);
+        int keep = b < nv && (key > kth || (eq && base_eq + eq_before < need));
+        base_eq += tot;
+        int out_before = lsel_scan(keep, scan_sh, &tot);
+        if (keep) row[base_out + out_before] = (u32)b;
+        base_out += tot;
+    }
+    if (threadIdx.x == 0) counts[t] = (u32)base_out;
 }
 
 // One block per (query, head): online softmax (with the sink) over the selected rows of two

@@ -200,11 +200,6 @@ impl CudaBackend {
         let mut pos = self.alloc_ids(n);
         self.write_ids(&mut pos, positions);
         let scores = self.alloc(n * stride);
-        let kept = self
-            .dev
-            .stream
-            .alloc_zeros::<u8>(n * stride)
-            .unwrap_or_else(|e| panic!("CUDA alloc of {} bytes failed: {e:?}", n * stride));
         let args = [
             Arg::P(self.ptr(q)),
             Arg::P(self.ptr(w)),
@@ -217,18 +212,19 @@ impl CudaBackend {
             Arg::I(stride as i32),
             Arg::P(self.ptr(&scores)),
         ];
-        self.launch("dsv4_lightning_scores", (n as u32, 1, 1), 256, &args);
+        // LSC_PER_BLOCK entries a block (kernels/compressed.cu).
+        let tiles = stride.div_ceil(64) as u32;
+        self.launch("dsv4_lightning_scores", (n as u32, tiles, 1), 256, &args);
         let args = [
             Arg::P(self.ptr(&scores)),
             Arg::P(self.ptr(&pos)),
             Arg::I(p.ratio as i32),
             Arg::I(p.top_k as i32),
             Arg::I(stride as i32),
-            Arg::P(self.ptr(&kept)),
             Arg::P(self.ptr(sel)),
             Arg::P(self.ptr(counts)),
         ];
-        self.launch("dsv4_lightning_select", (n as u32, 1, 1), 256, &args);
+        self.launch("dsv4_lightning_select", (n as u32, 1, 1), 512, &args);
     }
 
     #[allow(clippy::too_many_arguments)]
