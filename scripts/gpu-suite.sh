@@ -62,12 +62,14 @@
 #                                         #    DeepSeek vocabularies, the llama.cpp CUDA bundle
 #   there:  scripts/gpu-suite.sh place       # experts in host memory (issue 41): the placement GPU
 #       tests; a synth Gemma-4-26B-A4B Q4_0 GGUF side by side with llama.cpp, all on the GPU and
-#       with every routed expert on the CPU (vela --experts cpu, llama-bench -ncmoe 99), 3
-#       interleaved rounds each: $OUT/place-*.md
+#       with every routed expert on the CPU (vela --experts cpu --expert-cache 0, llama-bench
+#       -ncmoe 99), 3 interleaved rounds each; vela's traffic per token without and with a GPU
+#       cache of hot experts (PLACE_CACHE GiB): $OUT/place-*.md
 #   there:  scripts/gpu-suite.sh place-d4    # the same carry: DeepSeek V4 Flash at full size (43
 #       layers, PLACE_TYPE default q4_0), more than the GPU holds, generated in memory and placed
 #       by --experts auto (PLACE_EXPERTS): the plan, pp512 + tg128 with host traffic and the
-#       device cache's hit rate: $OUT/place-d4*.md
+#       device cache's hit rate; PLACE_DEPTHS="0 8192 ...": then the 12-layer geometry's tg64 at
+#       those depths: $OUT/place-d4*.md
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
 #   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
@@ -604,11 +606,17 @@ place|place-d4)
     echo "exit $? ($(( $(date +%s) - t0 )) s)"
     kill $smi
     echo "peak GPU memory: $(sort -t, -k2 -n $OUT/place-d4-mem.csv | tail -1)"
+    # PLACE_DEPTHS="0 8192 65536": the 12-layer geometry all on the GPU, tg64 at those depths
+    # (the sparse attention's cost with the context).
+    for dep in ${PLACE_DEPTHS:-}; do
+      timeout 300 /tmp/vela-new bench -m synth:deepseek-v4-flash-12l:${PLACE_TYPE:-q4_0} --device cuda \
+        -p 0 -n 64 -d $dep -r 1 2>&1 | grep -E "^\||synthesized" | tee -a $OUT/place-d4-depths.md
+    done
     exit 0
   fi
   (tar xJf $P/llama-bench-cuda.tar.xz -C /tmp && echo "llama.cpp unpacked") &
   bpid=$!
-  VELA_REQUIRE_GPU=1 timeout 150 /tmp/gpu-test-new --test-threads 1 host_experts >$OUT/place-tests.log 2>&1
+  VELA_REQUIRE_GPU=1 timeout 150 /tmp/gpu-test-new --test-threads 1 host_experts dsv4_ops >$OUT/place-tests.log 2>&1
   echo "placement GPU tests: exit $? $(grep -E '^test result' $OUT/place-tests.log)"
   grep -E "^RESULT|panicked|FAILED" $OUT/place-tests.log
   [ -s /tmp/g26.gguf ] || /tmp/vela-new synth --arch gemma4-26b-a4b --type q4_0 -o /tmp/g26.gguf -t 16 >$OUT/place-synth.log 2>&1
@@ -621,10 +629,15 @@ place|place-d4)
   timeout 200 "${B[@]}" "--llama-args=-ngl 99" "--vela-args=--device cuda --experts gpu" \
     --out $OUT/place-g26-gpu.md 2>$OUT/place-g26.log
   echo "all on the GPU done ($(( $(date +%s) - t0 )) s)"
-  timeout 300 "${B[@]}" "--llama-args=-ngl 99 -ncmoe 99" "--vela-args=--device cuda --experts cpu" \
+  timeout 300 "${B[@]}" "--llama-args=-ngl 99 -ncmoe 99" "--vela-args=--device cuda --experts cpu --expert-cache 0" \
     --out $OUT/place-g26-cpu.md 2>>$OUT/place-g26.log
   echo "experts on the CPU done ($(( $(date +%s) - t0 )) s)"
-  /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu -p 0 -n 128 -r 1 | tail -3 | tee $OUT/place-g26-traffic.md
+  # vela alone: the traffic per token, then with a GPU cache of PLACE_CACHE GiB (default 4) of
+  # the hot experts.
+  for c in 0 ${PLACE_CACHE:-4}; do
+    /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu --expert-cache $c -p 512 -n 128 -r 2 2>&1 |
+      grep -E "^\||experts" | tee -a $OUT/place-g26-traffic.md
+  done
   ;;
 d4s)
   # DeepSeek V4's GPU tests (ops, the model vs HF, DSpark vs its reference; from the pack of

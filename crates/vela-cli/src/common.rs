@@ -36,6 +36,10 @@ pub struct ModelArgs {
     /// GPU memory the model may use, in GiB (default: all that is free).
     #[arg(long)]
     pub gpu_mem: Option<f64>,
+    /// GPU memory for the cache of the most used host-memory experts, in GiB, all layers
+    /// together (default: what the budget leaves; 0: no cache).
+    #[arg(long)]
+    pub expert_cache: Option<f64>,
     /// Worker threads (default: all cores).
     #[arg(long, short = 't', default_value_t = 0)]
     pub threads: usize,
@@ -137,6 +141,7 @@ pub fn load_options(a: &ModelArgs) -> Result<LoadOptions> {
         a.quant.as_deref(),
         &a.experts,
         a.gpu_mem,
+        a.expert_cache,
     )
 }
 

@@ -244,6 +244,7 @@ pub fn logits(a: LogitsArgs) -> Result<()> {
         quant: a.quant.clone(),
         experts: "auto".into(),
         gpu_mem: None,
+        expert_cache: None,
     };
     let l = common::load(&margs)?;
     let tokens: Vec<u32> = match (&a.tokens, &a.prompt) {

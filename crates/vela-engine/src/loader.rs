@@ -60,30 +60,38 @@ pub struct LoadOptions {
     pub experts: ExpertsMode,
     /// `--gpu-mem`: bytes of GPU memory the model may use (default: what is free).
     pub gpu_mem: Option<u64>,
+    /// `--expert-cache`: bytes of GPU memory for the cache of hot host-memory experts, all
+    /// layers together (default: what the budget leaves after the plan).
+    pub expert_cache: Option<u64>,
 }
 
 impl LoadOptions {
     /// From the command-line flags every command shares: `--threads`, `--device`, `--quant`,
-    /// `--experts` (gpu, cpu, auto or a number of layers), `--gpu-mem` (GiB).
+    /// `--experts` (gpu, cpu, auto or a number of layers), `--gpu-mem` and `--expert-cache`
+    /// (GiB).
     pub fn from_flags(
         threads: usize,
         device: &str,
         quant: Option<&str>,
         experts: &str,
         gpu_mem: Option<f64>,
+        expert_cache: Option<f64>,
     ) -> Result<LoadOptions> {
-        let gpu_mem = match gpu_mem {
-            Some(g) if !(g.is_finite() && g > 0.0) => {
-                bail!("--gpu-mem must be a positive number of GiB, not {g}")
+        let gib = |flag: &str, v: Option<f64>, zero_ok: bool| -> Result<Option<u64>> {
+            match v {
+                Some(g) if !(g.is_finite() && (g > 0.0 || zero_ok && g == 0.0)) => {
+                    bail!("--{flag} must be a positive number of GiB, not {g}")
+                }
+                g => Ok(g.map(|g| (g * (1u64 << 30) as f64) as u64)),
             }
-            g => g.map(|g| (g * (1u64 << 30) as f64) as u64),
         };
         Ok(LoadOptions {
             threads,
             device: device.parse()?,
             quant: quant.map(parse_quant).transpose()?,
             experts: experts.parse()?,
-            gpu_mem,
+            gpu_mem: gib("gpu-mem", gpu_mem, false)?,
+            expert_cache: gib("expert-cache", expert_cache, true)?,
         })
     }
 }
@@ -141,11 +149,15 @@ pub fn plan_experts(
             (Some(f), Some(c)) => Some(f.min(c)),
             (f, c) => f.or(c),
         };
-        return placement::plan(
+        let mut p = placement::plan(
             sizes,
             opts.experts,
             cap.map(|c| c.saturating_sub(GPU_RESERVE)),
-        );
+        )?;
+        if let (Some(c), n) = (opts.expert_cache, p.host_layers.len()) {
+            p.cache_bytes = p.cache_bytes.min(c / n.max(1) as u64);
+        }
+        return Ok(p);
     }
     let mode = match opts.experts {
         ExpertsMode::Auto => match free {
@@ -549,6 +561,69 @@ mod tests {
         for bad in ["cuda:x", "tpu", "", "cuda:"] {
             let e = bad.parse::<Device>().unwrap_err().to_string();
             assert!(e.contains("device"), "{bad}: {e}");
+        }
+    }
+
+    #[test]
+    fn expert_plans_follow_the_flags() {
+        let gib = 1u64 << 30;
+        let sizes = Sizes::from_tensors(
+            [
+                ("token_embd.weight", 2 * gib),
+                ("blk.0.ffn_gate_up_exps.weight", 4 * gib),
+                ("blk.1.ffn_gate_up_exps.weight", 4 * gib),
+            ]
+            .into_iter(),
+        );
+        let opts = |flags: &[(&str, f64)], experts: &str| {
+            let get = |k: &str| flags.iter().find(|f| f.0 == k).map(|f| f.1);
+            LoadOptions::from_flags(0, "cpu", None, experts, get("gpu"), get("cache")).unwrap()
+        };
+        // 12 GiB free: 9 after the reserve; the dense 2 and one layer's 4 fit, the other stays
+        // on the host with the 3 GiB left as its cache (or what --expert-cache allows).
+        let p = plan_experts(&sizes, &opts(&[], "auto"), true, Some(12 * gib)).unwrap();
+        assert_eq!((p.host_layers.clone(), p.cache_bytes), (vec![1], 3 * gib));
+        let p = plan_experts(
+            &sizes,
+            &opts(&[("cache", 1.0)], "auto"),
+            true,
+            Some(12 * gib),
+        );
+        assert_eq!(p.unwrap().cache_bytes, gib);
+        let p = plan_experts(
+            &sizes,
+            &opts(&[("cache", 0.0)], "auto"),
+            true,
+            Some(12 * gib),
+        );
+        assert_eq!(p.unwrap().cache_bytes, 0);
+        // --gpu-mem below the free memory is the budget.
+        let p = plan_experts(&sizes, &opts(&[("gpu", 6.0)], "auto"), true, Some(12 * gib));
+        assert_eq!(p.unwrap().host_layers, vec![0, 1]);
+        let e = plan_experts(&sizes, &opts(&[], "gpu"), true, Some(12 * gib)).unwrap_err();
+        assert!(e.to_string().contains("--experts auto or cpu"), "{e}");
+        let e = plan_experts(&sizes, &opts(&[("gpu", 4.0)], "auto"), true, None).unwrap_err();
+        assert!(e.to_string().contains("even with"), "{e}");
+        // On the CPU: in place when twice the model exceeds the free memory.
+        let p = plan_experts(&sizes, &opts(&[], "auto"), false, Some(16 * gib)).unwrap();
+        assert_eq!(p.host_layers, vec![0, 1]);
+        let p = plan_experts(&sizes, &opts(&[], "auto"), false, Some(64 * gib)).unwrap();
+        assert!(p.host_layers.is_empty());
+        for bad in [
+            ("gpu", -1.0),
+            ("gpu", 0.0),
+            ("cache", -2.0),
+            ("cache", f64::NAN),
+        ] {
+            let e = LoadOptions::from_flags(0, "cpu", None, "auto", None, None);
+            assert!(e.is_ok());
+            let (g, c) = if bad.0 == "gpu" {
+                (Some(bad.1), None)
+            } else {
+                (None, Some(bad.1))
+            };
+            let e = LoadOptions::from_flags(0, "cpu", None, "auto", g, c).unwrap_err();
+            assert!(e.to_string().contains("GiB"), "{bad:?}: {e}");
         }
     }
 

@@ -50,6 +50,10 @@ pub struct ServeArgs {
     /// GPU memory the model may use, in GiB (default: all that is free).
     #[arg(long)]
     pub gpu_mem: Option<f64>,
+    /// GPU memory for the cache of the most used host-memory experts, in GiB, all layers
+    /// together (default: what the budget leaves; 0: no cache).
+    #[arg(long)]
+    pub expert_cache: Option<f64>,
     /// Context size per sequence (0 = the model's, capped at 8192).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
@@ -186,6 +190,7 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
         args.quant.as_deref(),
         &args.experts,
         args.gpu_mem,
+        args.expert_cache,
     )?;
     let m = Arc::new(vela_engine::loader::load(&path, &lo)?);
     let opts = SessionOptions {
