@@ -332,3 +332,95 @@ fn deepseekv4_mtp_gpu_matches_the_reference() {
         Arc::new(DeepseekV4Model::load_hf(Arc::new(g), &dir, &Default::default()).unwrap());
     super::mtp::first_drafts(&m, &dir, "deepseekv4", 1e-8);
 }
+
+/// Every position's logits of `toks` on `m`: a prefill in chunks of 16, then single steps.
+fn placed_logits(m: Arc<dyn LanguageModel>, toks: &[u32]) -> Vec<f32> {
+    let mut st = m.new_state(512, 16, KvType::F32).unwrap();
+    let split = toks.len() * 3 / 4;
+    let mut out = Vec::new();
+    for (ci, c) in toks[..split].chunks(16).enumerate() {
+        let pos: Vec<u32> = (0..c.len()).map(|i| (ci * 16 + i) as u32).collect();
+        out.extend(st.forward(c, &pos, 0).unwrap());
+    }
+    for (i, &t) in toks.iter().enumerate().skip(split) {
+        out.extend(st.forward(&[t], &[i as u32], 0).unwrap());
+    }
+    out
+}
+
+/// Routed experts in host memory (`vela_models::placement`) on DeepSeek V4 (`deepseek-v4-tiny`
+/// Q8_0, hash and top-k layers) and Qwen3.8 (the `gdn_qsa` fixture, f32): every layer's on the
+/// host, without and with a small GPU cache, against all on the GPU, in exact mode within the
+/// GPU-vs-CPU bound (worst position NMSE <= 1e-4, every position's argmax equal); the default
+/// mode reported.
+#[test]
+fn dsv4_qwen4exp_host_experts_match_gpu() {
+    use vela_models::placement::HostExperts;
+    use vela_models::qwen4exp::Qwen4ExpModel;
+    use vela_models::LoadSpec;
+    let host = |cache_bytes: u64| {
+        Some(HostExperts {
+            cpu: Arc::new(CpuBackend::new(0)),
+            layers: (0..64).collect(),
+            cache_bytes,
+        })
+    };
+    let q4dir = vela_formats::testdata::golden_dir().join("qwen4exp/gdn_qsa");
+    let has_q4 = vela_formats::testdata::require(q4dir.join("logits_long.f32")).is_some();
+    for exact in [true, false] {
+        vela_compute::cpu::matmul::exact::set_thread_override(Some(exact));
+        for model in ["deepseek_v4", "qwen4exp"] {
+            if model == "qwen4exp" && !has_q4 {
+                continue;
+            }
+            let load = |h: Option<HostExperts>| -> Option<Arc<dyn LanguageModel>> {
+                let g = gpu()?;
+                g.set_exact_matmul(exact);
+                let g = Arc::new(g);
+                Some(if model == "deepseek_v4" {
+                    let ty = GgmlType::Q8_0;
+                    Arc::new(
+                        DeepseekV4Model::synth_placed(g, "deepseek-v4-tiny", ty, 1, h).unwrap(),
+                    )
+                } else {
+                    let spec = LoadSpec {
+                        quant: None,
+                        host_experts: h,
+                    };
+                    Arc::new(Qwen4ExpModel::load_hf(g, &q4dir, &spec).unwrap())
+                })
+            };
+            let Some(base) = load(None) else { return };
+            let toks: Vec<u32> = if model == "qwen4exp" {
+                long_prompt(&q4dir)[..96].to_vec()
+            } else {
+                (0..96).map(|i| (i * 37 + 5) % 500).collect()
+            };
+            let want = placed_logits(base, &toks);
+            let nv = want.len() / toks.len();
+            for cache in [0, 1 << 16] {
+                let got = placed_logits(load(host(cache)).unwrap(), &toks);
+                let (mut worst, mut argmax_same) = (0f64, 0);
+                for t in 0..toks.len() {
+                    let (a, b) = (&got[t * nv..(t + 1) * nv], &want[t * nv..(t + 1) * nv]);
+                    worst = worst.max(err(a, b).1);
+                    argmax_same += (super::model::argmax(a) == super::model::argmax(b)) as usize;
+                }
+                let mode = if exact { "exact" } else { "default" };
+                let ok = worst <= 1e-4 && argmax_same == toks.len();
+                eprintln!(
+                    "RESULT | {model} host experts, cache {cache} B, vs GPU ({mode}) | worst NMSE {worst:.2e}, argmax {argmax_same}/{} | {} |",
+                    toks.len(),
+                    if ok { "ok" } else if exact { "FAIL" } else { "reported" }
+                );
+                if exact {
+                    assert!(
+                        ok,
+                        "{model} cache {cache}: worst NMSE {worst:.3e}, argmax {argmax_same}"
+                    );
+                }
+            }
+        }
+        vela_compute::cpu::matmul::exact::set_thread_override(None);
+    }
+}
