@@ -49,6 +49,8 @@ and checks every file below. Output, per fixture `<name>`:
         indexer_<prompt>.json, indexer_gen.json  the DSA indexer's choice per layer and query (below)
         model-f32.gguf                      (flash_mini) llama.cpp 0c1e570's convert_hf_to_gguf.py of
                                             this directory, --outtype f32, synthetic vocabulary
+        logits_<prompt>_llamacpp.f32        (flash_mini, when libllama is built) llama.cpp 0c1e570 on that
+                                            GGUF with F32 caches (scripts/llama_oracle.py), every position
         meta.json                           manifest, versions, config kwargs, HF's effective config,
                                             margins, deviations between equivalent paths, logit RMS,
                                             distinct greedy tokens, SwiGLU clamp activity
@@ -747,9 +749,50 @@ def gguf_child(d: str) -> None:
                       "tensors": sorted(t.name for t in rd.tensors if t.name.startswith(("blk.0.", "blk.3.")))}))
 
 
+def llama_logits(name: str) -> None:
+    """llama.cpp 0c1e570 itself on model-f32.gguf (scripts/llama_oracle.py, F32 caches), every prompt at
+    every position -> logits_<prompt>_llamacpp.f32 and its NMSE against HF in meta.json; skipped when
+    libllama is not built (scripts/build-llama-cpp.sh)."""
+    d = os.path.join(OUT, name)
+    if not os.path.isfile(os.path.join(d, "model-f32.gguf")):
+        return
+    r = subprocess.run([sys.executable, os.path.abspath(__file__), "--llama-child", d], capture_output=True, text=True)
+    meta_path = os.path.join(d, "meta.json")
+    meta = json.load(open(meta_path))
+    if r.returncode != 0:
+        print(f"  llama.cpp: skipped ({r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode})")
+        return
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    meta["llamacpp"] = res
+    for fn, shape in res["files"].items():
+        meta["files"][fn] = {"dtype": "f32", "shape": shape, "what": "llama.cpp 0c1e570 on model-f32.gguf, F32 "
+                             "caches, every position (scripts/llama_oracle.py settings)"}
+    json.dump(meta, open(meta_path, "w"), indent=1, default=str)
+    print(f"  llama.cpp: worst per-position NMSE vs HF {max(res['nmse'].values()):.1e}")
+
+
+def llama_child(d: str) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import llama_oracle as lo
+    model = os.path.join(d, "model-f32.gguf")
+    prompts = json.load(open(os.path.join(d, "prompts.json")))["prompts"]
+    files, nmse = {}, {}
+    for p, ids in prompts.items():
+        a = lo.eval_logits(model, ids, all_positions=True, kv_f32=True)
+        w = np.fromfile(os.path.join(d, f"logits_{p}.f32"), dtype="<f4").reshape(a.shape).astype(np.float64)
+        nmse[p] = float((((a - w) ** 2).sum(-1) / (w ** 2).sum(-1)).max())
+        fn = f"logits_{p}_llamacpp.f32"
+        a.astype("<f4").tofile(os.path.join(d, fn))
+        files[fn] = list(a.shape)
+    print(json.dumps({"files": files, "nmse": nmse, "commit": lo.LLAMA_CPP_COMMIT, "settings": lo.settings(kv_f32=True)}))
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--gguf-child"]:
         gguf_child(sys.argv[2])
+        return
+    if sys.argv[1:2] == ["--llama-child"]:
+        llama_child(sys.argv[2])
         return
     only = sys.argv[1:]
     t0 = time.time()
@@ -760,6 +803,7 @@ def main() -> None:
         build(name, dict(kw))
         if kw.get("_gguf"):
             to_gguf(name)
+            llama_logits(name)
     print(f"done in {time.time() - t0:.0f} s: {OUT}")
 
 
