@@ -93,11 +93,18 @@ impl std::fmt::Display for RaisedException {
 
 impl std::error::Error for RaisedException {}
 
+/// Instructions a render may take ([`minijinja::Environment::set_fuel`]).
+pub const FUEL: u64 = 20_000_000;
+
 impl ChatTemplate {
     /// Compile `source` with the HF-compatible environment; `strftime_now` uses the system clock
     /// (see [`ChatTemplate::with_clock`]).
     pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<Self> {
         let mut env = Environment::new();
+        // A template comes from a model file: one that loops without end (nested `range`s) must
+        // end in an error, not hold the server. Real templates over long conversations with tools
+        // take well under a million instructions (`real_templates_stay_within_fuel`).
+        env.set_fuel(Some(FUEL));
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_keep_trailing_newline(false);
@@ -166,6 +173,11 @@ impl ChatTemplate {
                     return anyhow!("{}", raised.0);
                 }
                 src = s.source();
+            }
+            if e.kind() == ErrorKind::OutOfFuel {
+                return anyhow!(
+                    "chat template render error: the template did not finish within {FUEL} steps"
+                );
             }
             anyhow!("chat template render error: {}", one_line(&e))
         })
@@ -304,6 +316,23 @@ mod tests {
         assert!(e.contains("engine panicked"), "{e}");
         let ok = t.render(&req(json!([{"role": "a"}, {"role": "b"}])));
         assert_eq!(ok.unwrap(), "ba");
+    }
+
+    /// A template from a hostile model file that would loop for ~10^15 steps ends in an error
+    /// within the fuel, quickly.
+    #[test]
+    fn endless_template_is_an_error() {
+        let src = "{% for a in range(99999) %}{% for b in range(99999) %}\
+                   {% for c in range(99999) %}x{% endfor %}{% endfor %}{% endfor %}";
+        let t = ChatTemplate::new(src, "", "").unwrap();
+        let t0 = std::time::Instant::now();
+        let req = RenderRequest {
+            messages: json!([]),
+            ..Default::default()
+        };
+        let e = t.render(&req).unwrap_err().to_string();
+        assert!(e.contains("did not finish"), "{e}");
+        assert!(t0.elapsed().as_secs() < 30, "{:?}", t0.elapsed());
     }
 
     #[test]

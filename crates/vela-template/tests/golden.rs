@@ -156,3 +156,65 @@ fn templates_match_jinja2() {
         "templates not byte-identical to jinja2: {failed:?}"
     );
 }
+
+/// Every real template renders a long conversation with tools (200 messages, 12 tools, tool calls
+/// and results) within the render fuel (`vela_template::FUEL`): the limit only stops templates
+/// that do not end.
+#[test]
+fn real_templates_stay_within_fuel() {
+    let Some(path) = testdata::require(testdata::golden_dir().join("templates/manifest.json"))
+    else {
+        return;
+    };
+    let manifest: Json = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let tools: Vec<Json> = (0..12)
+        .map(|i| {
+            serde_json::json!({"type": "function", "function": {"name": format!("tool_{i}"),
+                "description": "Does a thing with a few parameters.",
+                "parameters": {"type": "object", "properties": {
+                    "a": {"type": "string", "description": "first"},
+                    "b": {"type": "integer", "enum": [1, 2, 3]},
+                    "c": {"type": "array", "items": {"type": "number"}}},
+                    "required": ["a"]}}})
+        })
+        .collect();
+    let mut messages = vec![serde_json::json!({"role": "system", "content": "Be brief."})];
+    for i in 0..66 {
+        messages.push(
+            serde_json::json!({"role": "user", "content": format!("question {i} ").repeat(20)}),
+        );
+        messages.push(serde_json::json!({"role": "assistant", "content": "",
+            "tool_calls": [{"id": format!("c{i}"), "type": "function",
+                "function": {"name": "tool_1", "arguments": {"a": "x", "b": 2, "c": [1.5, 2.5]}}}]}));
+        messages.push(
+            serde_json::json!({"role": "tool", "tool_call_id": format!("c{i}"),
+            "name": "tool_1", "content": "{\"ok\": true}"}),
+        );
+    }
+    let req = RenderRequest {
+        messages: Json::Array(messages),
+        tools: Some(Json::Array(tools)),
+        add_generation_prompt: true,
+        ..Default::default()
+    };
+    let mut rendered = 0;
+    for t in manifest["templates"].as_array().unwrap() {
+        let Some(src) = t["source"].as_str() else {
+            continue;
+        };
+        let Ok(tpl) = ChatTemplate::new(src, "<s>", "</s>") else {
+            continue;
+        };
+        match tpl.render(&req) {
+            Ok(_) => rendered += 1,
+            Err(e) => {
+                let e = e.to_string();
+                assert!(!e.contains("did not finish"), "{}: {e}", t["name"]);
+            }
+        }
+    }
+    assert!(
+        rendered > 10,
+        "only {rendered} templates rendered the long conversation"
+    );
+}
