@@ -37,12 +37,14 @@ export RUSTC_BOOTSTRAP=1
 cargo fuzz build
 
 # target:max_len:runs. tokenizer_json (a tokenizer built per input), chat_template (a render
-# and a tokenization per input) and gguf_vocab_text (several tokenizations per input, and the
+# and a tokenization per input), template_source (a compile and a render per input) and
+# gguf_vocab_text (several tokenizations per input, and the
 # vocabularies loaded on first use) run a quarter of the executions: ~100-1000 per second.
 SLOW=$((RUNS / 4))
 for t in gguf_parse:16384:$RUNS safetensors_parse:16384:$RUNS safetensors_index:16384:$RUNS \
          request_bodies:16384:$RUNS output_parsers:4096:$RUNS config_json:16384:$RUNS \
-         tokenizer_json:65536:$SLOW chat_template:4096:$SLOW gguf_vocab_text:4096:$SLOW; do
+         tokenizer_json:65536:$SLOW chat_template:4096:$SLOW gguf_vocab_text:4096:$SLOW \
+         template_source:4096:$SLOW; do
   IFS=: read -r name max_len runs <<<"$t"
   echo "fuzz: $name ($runs runs)"
   log=fuzz/artifacts/ci-$name.log

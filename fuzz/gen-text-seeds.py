@@ -2,8 +2,8 @@
 """Generate the seed corpora of the text fuzz targets from real files (standard library only).
 
 Usage (from the repo root):  python3 fuzz/gen-text-seeds.py [TARGET ...]
-TARGET is any of tokenizer_json, chat_template, request_bodies, output_parsers, config_json
-(default: all); seeds go to fuzz/corpus/<TARGET>. Re-runnable and deterministic.
+TARGET is any of tokenizer_json, chat_template, template_source, request_bodies, output_parsers,
+config_json (default: all); seeds go to fuzz/corpus/<TARGET>. Re-runnable and deterministic.
 
 Sources ($VELA_CACHE, default ~/.cache/vela; missing sources are skipped with a note):
   tokenizer_json  the tokenizer.json files of hf-tokenizers/{llama3,qwen3,gemma3} shrunk to a few
@@ -12,6 +12,8 @@ Sources ($VELA_CACHE, default ~/.cache/vela; missing sources are skipped with a 
                   followed by NUL and a payload of text and token ids.
   chat_template   choice streams (the target builds messages from bytes) for every template of
                   llama.cpp's models/templates, three per template.
+  template_source every template of llama.cpp's models/templates as it is, and cut at a few
+                  points (the target renders the bytes as a template's source).
   request_bodies  OpenAI chat and completions and Anthropic messages bodies built from the
                   conversations of golden/templates/manifest.json and the tool-call fixtures,
                   plus the rejected-request cases of scripts/test-server.py.
@@ -161,6 +163,24 @@ def gen_chat_template():
             body = bytes([i >> 8, i & 0xFF]) + bytes(rng.randrange(256) for _ in range(40 + 40 * k))
             (d / f"t{i:03d}-{k}").write_bytes(body)
             n += 1
+    return n
+
+
+# ---------------------------------------------------------------- template_source
+
+def gen_template_source():
+    d = out_dir("template_source")
+    tdir = LLAMA / "templates"
+    paths = sorted(tdir.glob("*.jinja")) if tdir.exists() else []
+    if not paths:
+        note(f"no templates in {tdir}")
+    n = 0
+    for p in paths:
+        src = p.read_bytes()[:4096]
+        (d / p.stem).write_bytes(src)
+        # A cut template: unbalanced blocks and expressions are the common malformed inputs.
+        (d / f"{p.stem}-cut").write_bytes(src[: rng.randrange(1, max(2, len(src)))])
+        n += 2
     return n
 
 
@@ -352,6 +372,7 @@ def gen_config_json():
 TARGETS = {
     "tokenizer_json": gen_tokenizer_json,
     "chat_template": gen_chat_template,
+    "template_source": gen_template_source,
     "request_bodies": gen_request_bodies,
     "output_parsers": gen_output_parsers,
     "config_json": gen_config_json,

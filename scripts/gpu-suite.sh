@@ -60,8 +60,8 @@
 #   here:   scripts/gpu-suite.sh pack-place  # one carry (target/gpu-data/place, ~55 MB): this
 #                                         #    tree's vela and GPU test binaries, the Gemma 4 and
 #                                         #    DeepSeek vocabularies, the llama.cpp CUDA bundle
-#   there:  scripts/gpu-suite.sh place       # experts in host memory (issue 41): the placement GPU
-#       tests; a synth Gemma-4-26B-A4B Q4_0 GGUF side by side with llama.cpp, all on the GPU and
+#   there:  scripts/gpu-suite.sh place-tests # the placement GPU tests and DeepSeek V4's op tests
+#   there:  scripts/gpu-suite.sh place       # experts in host memory (issue 41): a synth Gemma-4-26B-A4B Q4_0 GGUF side by side with llama.cpp, all on the GPU and
 #       with every routed expert on the CPU (vela --experts cpu --expert-cache 0, llama-bench
 #       -ncmoe 99), 3 interleaved rounds each; vela's traffic per token without and with a GPU
 #       cache of hot experts (PLACE_CACHE GiB): $OUT/place-*.md
@@ -69,7 +69,7 @@
 #       layers, PLACE_TYPE default q4_0), more than the GPU holds, generated in memory and placed
 #       by --experts auto (PLACE_EXPERTS): the plan, pp512 + tg128 with host traffic and the
 #       device cache's hit rate; PLACE_DEPTHS="0 8192 ...": then the 12-layer geometry's tg64 at
-#       those depths: $OUT/place-d4*.md
+#       those depths (PLACE_FULL=0: only those): $OUT/place-d4*.md
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
 #   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
@@ -82,7 +82,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests|pack-place|place|place-d4}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests|pack-place|place|place-d4|place-tests}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -587,7 +587,7 @@ pack-place)
   ln -f target/gpu-data/lb/llama-bench-cuda.tar.xz $P/ 2>/dev/null || cp target/gpu-data/lb/llama-bench-cuda.tar.xz $P/
   du -sh $P
   ;;
-place|place-d4)
+place|place-d4|place-tests)
   P=target/gpu-data/place
   mkdir -p "$OUT" "$VELA_CACHE/vocab"
   t0=$(date +%s)
@@ -596,7 +596,9 @@ place|place-d4)
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
   free -g | head -2; nproc
-  if [ $stage = place-d4 ]; then
+  if [ $stage = place-d4 ] && [ "${PLACE_FULL:-1}" = 0 ]; then
+    :
+  elif [ $stage = place-d4 ]; then
     m=synth:deepseek-v4-flash:${PLACE_TYPE:-q4_0}
     /tmp/vela-new plan -m $m --device cuda --experts ${PLACE_EXPERTS:-auto} | tee $OUT/place-d4-plan.md
     nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 1000 >$OUT/place-d4-mem.csv &
@@ -606,6 +608,8 @@ place|place-d4)
     echo "exit $? ($(( $(date +%s) - t0 )) s)"
     kill $smi
     echo "peak GPU memory: $(sort -t, -k2 -n $OUT/place-d4-mem.csv | tail -1)"
+  fi
+  if [ $stage = place-d4 ]; then
     # PLACE_DEPTHS="0 8192 65536": the 12-layer geometry all on the GPU, tg64 at those depths
     # (the sparse attention's cost with the context).
     for dep in ${PLACE_DEPTHS:-}; do
@@ -614,11 +618,14 @@ place|place-d4)
     done
     exit 0
   fi
+  if [ $stage = place-tests ]; then
+    VELA_REQUIRE_GPU=1 timeout 150 /tmp/gpu-test-new --test-threads 1 host_experts dsv4_ops >$OUT/place-tests.log 2>&1
+    echo "placement GPU tests: exit $? $(grep -E '^test result' $OUT/place-tests.log)"
+    grep -E "^RESULT|panicked|FAILED" $OUT/place-tests.log
+    exit 0
+  fi
   (tar xJf $P/llama-bench-cuda.tar.xz -C /tmp && echo "llama.cpp unpacked") &
   bpid=$!
-  VELA_REQUIRE_GPU=1 timeout 150 /tmp/gpu-test-new --test-threads 1 host_experts dsv4_ops >$OUT/place-tests.log 2>&1
-  echo "placement GPU tests: exit $? $(grep -E '^test result' $OUT/place-tests.log)"
-  grep -E "^RESULT|panicked|FAILED" $OUT/place-tests.log
   [ -s /tmp/g26.gguf ] || /tmp/vela-new synth --arch gemma4-26b-a4b --type q4_0 -o /tmp/g26.gguf -t 16 >$OUT/place-synth.log 2>&1
   echo "synth exit $? ($(( $(date +%s) - t0 )) s) $(ls -la /tmp/g26.gguf)"
   wait $bpid
