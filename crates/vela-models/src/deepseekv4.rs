@@ -401,7 +401,14 @@ impl<B: Backend> DeepseekV4Model<B> {
     fn hc_pre(&self, b: &mut [B::Buf], hc: &Hc<B>, norm: &B::Vector, n: usize) {
         let [x, f, mix, c, xn] = b.get_disjoint_mut([X, F, MIX, C, XN]).expect("distinct");
         let bufs = HcBufs { x, f, mix, c, xn };
-        mhc::pre(&*self.backend, hc, self.hc_dims(), (&self.ones, norm), n, bufs);
+        mhc::pre(
+            &*self.backend,
+            hc,
+            self.hc_dims(),
+            (&self.ones, norm),
+            n,
+            bufs,
+        );
     }
 
     /// mHC after a block: the streams from `Y` and the weights in `MIX`.

@@ -78,7 +78,7 @@ const MIX: usize = 2; // [(2+S)·S] mHC weights
 const C: usize = 3; // [H] collapsed block input
 const XN: usize = 4; // [H] normalised block input
 const Y: usize = 5; // [H] block output
-// KDA (kda.rs)
+                    // KDA (kda.rs)
 const U: usize = 6; // [3·nk·dk] q|k|v projections
 const UC: usize = 7; // [3·nk·dk] after the short convolution
 const LOW: usize = 8; // [dk] f_a output
@@ -88,7 +88,7 @@ const BETA: usize = 11; // [nk]
 const GATE: usize = 12; // [nk·dk] output gate
 const O: usize = 13; // [nk·dk] delta-rule output
 const ON: usize = 14; // [nk·dk] normalised, gated output
-// MLA (mla.rs)
+                      // MLA (mla.rs)
 const QR: usize = 15; // [q_rank]
 const Q: usize = 16; // [nh·dn]
 const LAT: usize = 17; // [r] latent rows
@@ -100,7 +100,7 @@ const KI: usize = 22; // [dI] indexer keys
 const ZI: usize = 23; // [dI] indexer pool-gate logits
 const WI: usize = 24; // [nI] indexer head weights
 const ENT: usize = 25; // [max_batch / m + 1, dI] pooled keys completed in a forward
-// FFN (ffn.rs)
+                       // FFN (ffn.rs)
 const RL: usize = 26; // [E] router logits
 const SG: usize = 27; // [max(Id, I·n_shared)] gate
 const SU: usize = 28; // [max(Id, I·n_shared)] up
@@ -250,9 +250,7 @@ impl<B: Backend> Glm5Model<B> {
             bufs,
             experts: crate::blocks::experts::ExpertScratch::new(be, c.top_k, c.n_ff_exp, h, nb),
             stream_rows: ids((0..nb * s).map(|r| (r / s) as u32).collect()),
-            heads: ids((0..nb * c.n_head)
-                .map(|i| (i % c.n_head) as u32)
-                .collect()),
+            heads: ids((0..nb * c.n_head).map(|i| (i % c.n_head) as u32).collect()),
             pools: be.alloc_ids(nb * c.idx_pools()),
             pool_counts: be.alloc_ids(nb),
             sel: be.alloc_ids(nb * c.max_selected()),
@@ -311,7 +309,14 @@ impl<B: Backend> Glm5Model<B> {
     fn hc_pre(&self, b: &mut [B::Buf], hc: &Hc<B>, norm: &B::Vector, n: usize) {
         let [x, f, mix, c, xn] = b.get_disjoint_mut([X, F, MIX, C, XN]).expect("distinct");
         let bufs = HcBufs { x, f, mix, c, xn };
-        mhc::pre(&*self.backend, hc, self.hc_dims(), (&self.ones, norm), n, bufs);
+        mhc::pre(
+            &*self.backend,
+            hc,
+            self.hc_dims(),
+            (&self.ones, norm),
+            n,
+            bufs,
+        );
     }
 
     /// The logits of rows `logits_from..n` into `LOGITS`: the streams' mean, normalised, times
@@ -406,9 +411,8 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Glm5Model<B> {
         logits_from: usize,
     ) -> Result<usize> {
         // Not graph-safe: the indexer's selection is expanded to tokens on the host.
-        let layers = |st: &mut Glm5State<B>, t: &[u32], p: &[u32], lf: usize| {
-            self.layers(st, t, p, lf)
-        };
+        let layers =
+            |st: &mut Glm5State<B>, t: &[u32], p: &[u32], lf: usize| self.layers(st, t, p, lf);
         stepper::run(
             &*self.backend,
             st,

@@ -121,7 +121,10 @@ fn any_split_gives_the_same_logits() {
             .map(|v| v.as_u64().unwrap() as usize)
             .collect();
         for (file, ch) in [
-            (format!("logits_long_split{split}.f32"), vec![split, toks.len() - split]),
+            (
+                format!("logits_long_split{split}.f32"),
+                vec![split, toks.len() - split],
+            ),
             ("logits_long_chunks.f32".to_string(), chunks),
         ] {
             let ours = logits(&m, &toks, &ch);
@@ -164,7 +167,10 @@ fn greedy_continuation_matches_generate() {
         }
         assert_eq!(got, want, "{name}");
         let e = worst_nmse(&rows, &f32s(&dir.join("logits_gen.f32")), nv);
-        eprintln!("{name}: {} greedy tokens equal to HF's; step logits worst NMSE {e:.3e}", got.len());
+        eprintln!(
+            "{name}: {} greedy tokens equal to HF's; step logits worst NMSE {e:.3e}",
+            got.len()
+        );
         assert!(e <= 1e-8, "{name}: decode logits NMSE {e:.3e}");
     }
 }
@@ -210,9 +216,16 @@ fn indexer_selections_match_transformers() {
                 }
                 let mut got = st.selections.take().unwrap();
                 got.sort();
-                assert_eq!(got.len(), want.len(), "{name} {prompt}: selections recorded");
+                assert_eq!(
+                    got.len(),
+                    want.len(),
+                    "{name} {prompt}: selections recorded"
+                );
                 for (g, w) in got.iter().zip(&want) {
-                    assert_eq!(g, w, "{name} {prompt} (chunk {chunk}): layer, position, tokens");
+                    assert_eq!(
+                        g, w,
+                        "{name} {prompt} (chunk {chunk}): layer, position, tokens"
+                    );
                 }
                 eprintln!(
                     "{name} {prompt}: {} selections equal to HF's (chunk {chunk})",

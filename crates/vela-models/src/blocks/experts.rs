@@ -96,8 +96,9 @@ pub fn stack_per_expert(
             .collect();
         hs.into_iter()
             .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(anyhow::anyhow!("{name}: an expert-loading thread panicked")))
+                h.join().unwrap_or_else(|_| {
+                    Err(anyhow::anyhow!("{name}: an expert-loading thread panicked"))
+                })
             })
             .collect()
     });

@@ -63,13 +63,6 @@ pub fn pre<B: Backend>(
 }
 
 /// After a block: X_k = post_k·y + Σ_j C[j,k]·X_j with the weights [`pre`] left in `mix`.
-pub fn post<B: Backend>(
-    be: &B,
-    d: HcDims,
-    n: usize,
-    x: &mut B::Buf,
-    mix: &B::Buf,
-    y: &B::Buf,
-) {
+pub fn post<B: Backend>(be: &B, d: HcDims, n: usize, x: &mut B::Buf, mix: &B::Buf, y: &B::Buf) {
     be.mhc_expand(x, mix, y, n, d.streams, d.width);
 }

@@ -191,7 +191,9 @@ impl Glm5Config {
                 lower_bound = Some(-5.0);
             }
         }
-        let act = get(j, "hidden_act").and_then(Value::as_str).unwrap_or("silu");
+        let act = get(j, "hidden_act")
+            .and_then(Value::as_str)
+            .unwrap_or("silu");
         if act != "silu" {
             bail!("config.json: hidden_act `{act}` is not supported by glm5_next (silu only)");
         }
@@ -210,11 +212,13 @@ impl Glm5Config {
         let n_head = uint(j, "num_attention_heads", 64)?;
         let n_kv = uint(j, "num_key_value_heads", n_head)?;
         if n_kv != n_head {
-            bail!("config.json: num_key_value_heads {n_kv} must equal num_attention_heads {n_head}");
+            bail!(
+                "config.json: num_key_value_heads {n_kv} must equal num_attention_heads {n_head}"
+            );
         }
         let idx_pool = uint(j, "index_kpool", 16)?;
         let idx_topk = uint(j, "index_topk", 2048)?;
-        if idx_pool == 0 || idx_topk == 0 || idx_topk % idx_pool != 0 {
+        if idx_pool == 0 || idx_topk == 0 || !idx_topk.is_multiple_of(idx_pool) {
             bail!("config.json: index_topk {idx_topk} must be a positive multiple of index_kpool {idx_pool}");
         }
         let c = Glm5Config {
@@ -273,7 +277,10 @@ impl Glm5Config {
                 _ => strings(j, "index_topk_pattern", n)?.unwrap_or_default(),
             };
             if t.len() < n {
-                bail!("config.json: index_topk_pattern has {} entries for {n} layers", t.len());
+                bail!(
+                    "config.json: index_topk_pattern has {} entries for {n} layers",
+                    t.len()
+                );
             }
             return t.iter().take(n).map(|s| kind(s)).collect();
         }
@@ -281,7 +288,7 @@ impl Glm5Config {
         let off = uint(j, "index_skip_topk_offset", 2)?;
         Ok((0..n)
             .map(|i| {
-                if (i + 1).saturating_sub(off) % freq == 0 {
+                if (i + 1).saturating_sub(off).is_multiple_of(freq) {
                     Indexer::Full
                 } else {
                     Indexer::Shared
@@ -315,7 +322,7 @@ impl Glm5Config {
                 bail!("config.json: {k} is 0");
             }
         }
-        if self.top_k > self.n_expert || self.n_expert % self.n_group != 0 {
+        if self.top_k > self.n_expert || !self.n_expert.is_multiple_of(self.n_group) {
             bail!(
                 "config.json: {} experts in {} groups, top-{}",
                 self.n_expert,

@@ -42,7 +42,12 @@ impl<B: Backend> Glm5Model<B> {
         {
             let [xn, sg, su] = pick3(b, XN, SG, SU);
             be.matmul_many(&[&m.gate, &m.up], xn, n, &mut [sg, su]);
-            be.act_mul(sg, su, n * m.width, Activation::SiluLimit(self.cfg.swiglu_limit));
+            be.act_mul(
+                sg,
+                su,
+                n * m.width,
+                Activation::SiluLimit(self.cfg.swiglu_limit),
+            );
         }
         let [sg, y] = pick2(b, SG, Y);
         be.matmul(&m.down, sg, n, y);

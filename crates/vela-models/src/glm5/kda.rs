@@ -54,7 +54,12 @@ impl<B: Backend> Glm5Model<B> {
             let [xn, u, lo, be_, lo2] = b
                 .get_disjoint_mut([XN, U, LOW, BETA, LOW2])
                 .expect("distinct");
-            be.matmul_many(&[&k.qkv, &k.f_a, &k.b, &k.g_a], xn, n, &mut [u, lo, be_, lo2]);
+            be.matmul_many(
+                &[&k.qkv, &k.f_a, &k.b, &k.g_a],
+                xn,
+                n,
+                &mut [u, lo, be_, lo2],
+            );
         }
         be.sigmoid(&mut b[BETA], n * nk);
         {
@@ -74,24 +79,38 @@ impl<B: Backend> Glm5Model<B> {
         }
         {
             let [u, uc] = pick2(b, U, UC);
-            crate::state::segments(be, &mut st.extra, (ent[0], SNAPSHOTS), p0, n, &mut |from, m, state| {
-                be.conv1d_causal(u, from, m, 3 * kc, &k.conv, c.conv_k, 1, true, state, uc)
-            })?;
+            crate::state::segments(
+                be,
+                &mut st.extra,
+                (ent[0], SNAPSHOTS),
+                p0,
+                n,
+                &mut |from, m, state| {
+                    be.conv1d_causal(u, from, m, 3 * kc, &k.conv, c.conv_k, 1, true, state, uc)
+                },
+            )?;
         }
         {
             let [uc, g, beta, o] = b.get_disjoint_mut([UC, G, BETA, O]).expect("distinct");
-            crate::state::segments(be, &mut st.extra, (ent[1], SNAPSHOTS), p0, n, &mut |from, m, state| {
-                let dims = DeltaDims {
-                    n: m,
-                    n_k: nk,
-                    n_v: nk,
-                    dk,
-                    dv: dk,
-                    tiled: false,
-                    from,
-                };
-                be.gated_delta_rule_channels(uc, g, beta, dims, state, o)
-            })?;
+            crate::state::segments(
+                be,
+                &mut st.extra,
+                (ent[1], SNAPSHOTS),
+                p0,
+                n,
+                &mut |from, m, state| {
+                    let dims = DeltaDims {
+                        n: m,
+                        n_k: nk,
+                        n_v: nk,
+                        dk,
+                        dv: dk,
+                        tiled: false,
+                        from,
+                    };
+                    be.gated_delta_rule_channels(uc, g, beta, dims, state, o)
+                },
+            )?;
         }
         {
             let [o, on, gate] = pick3(b, O, ON, GATE);

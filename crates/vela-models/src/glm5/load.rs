@@ -36,7 +36,11 @@ impl<'a, B: Backend> Loader<'a, B> {
     fn host(&self, name: &str, rows: usize, cols: usize) -> Result<HostWeight> {
         let w = self.src.matrix(name, false)?;
         if w.rows != rows || w.cols != cols {
-            bail!("{name}: [{}, {}], expected [{rows}, {cols}]", w.rows, w.cols);
+            bail!(
+                "{name}: [{}, {}], expected [{rows}, {cols}]",
+                w.rows,
+                w.cols
+            );
         }
         Ok(w)
     }
@@ -72,7 +76,12 @@ impl<'a, B: Backend> Loader<'a, B> {
         let rows = (2 + s) * s;
         let mix = self.src.matrix(&format!("{p}_fn"), true)?;
         if mix.rows != rows || mix.cols != s * h {
-            bail!("{p}_fn: [{}, {}], expected [{rows}, {}]", mix.rows, mix.cols, s * h);
+            bail!(
+                "{p}_fn: [{}, {}], expected [{rows}, {}]",
+                mix.rows,
+                mix.cols,
+                s * h
+            );
         }
         let sc = self.floats(&format!("{p}_scale"), 3)?;
         Ok(Hc {
@@ -216,11 +225,19 @@ impl<'a, B: Backend> Loader<'a, B> {
                 }
                 Ok(t)
             };
-            Ok([m("gate_proj", i, h)?, m("up_proj", i, h)?, m("down_proj", h, i)?])
+            Ok([
+                m("gate_proj", i, h)?,
+                m("up_proj", i, h)?,
+                m("down_proj", h, i)?,
+            ])
         })?;
         let router = src.matrix(&format!("{p}.gate.weight"), true)?;
         if router.rows != e || router.cols != h {
-            bail!("{p}.gate.weight: [{}, {}], expected [{e}, {h}]", router.rows, router.cols);
+            bail!(
+                "{p}.gate.weight: [{}, {}], expected [{e}, {h}]",
+                router.rows,
+                router.cols
+            );
         }
         Ok(Moe {
             router: self.upload(&router, 1.0)?,
