@@ -219,7 +219,10 @@ impl Glm5Config {
         let idx_pool = uint(j, "index_kpool", 16)?;
         let idx_topk = uint(j, "index_topk", 2048)?;
         if idx_pool == 0 || idx_topk == 0 || !idx_topk.is_multiple_of(idx_pool) {
-            bail!("config.json: index_topk {idx_topk} must be a positive multiple of index_kpool {idx_pool}");
+            bail!(
+                "config.json: index_topk {idx_topk} must be a positive multiple of index_kpool \
+                 {idx_pool}"
+            );
         }
         let c = Glm5Config {
             n_vocab: uint(j, "vocab_size", 154_880)?,

@@ -1,7 +1,8 @@
 //! Kimi Delta Attention, GLM 5.3's linear layers (HF 620-770, spec §4):
 //!
 //! ```text
-//! u      = x·[Wq; Wk; Wv]ᵀ;  q, k, v = silu(causalconv(u))        depthwise, kernel Kc, state: the last Kc−1 rows of u
+//! u      = x·[Wq; Wk; Wv]ᵀ;  q, k, v = silu(causalconv(u))        depthwise, kernel Kc
+//!                                                                  (state: the last Kc−1 rows of u)
 //! gr     = f_b(f_a(x)) + dt_bias                                   [n, nk·dk]
 //! g      = lb·σ(a_h·gr)   (lower bound set)   or   −a_h·softplus(gr)   (none), a_h = exp(A_log[h])
 //! β      = σ(x·Wbᵀ)

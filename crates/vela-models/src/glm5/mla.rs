@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! qr = rms(x·Wq_aᵀ; q_a_layernorm);  q = qr·Wq_bᵀ                  [n, nh·dn]
-//! c  = rms(x·Wkv_aᵀ; kv_a_layernorm)                               the latent row kept per token, [r]
+//! c  = rms(x·Wkv_aᵀ; kv_a_layernorm)                               the latent row per token, [r]
 //! per head h (absorbed, as llama.cpp runs it; kv_b = [W^k_h; W^v_h] per head):
 //!     q̂ = W^k_hᵀ q_h;  o_h = W^v_h Σ_{s ∈ Sel(t)} softmax_s(q̂·c_s / √dn) c_s
 //! out = o_proj(o)
