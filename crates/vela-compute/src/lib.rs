@@ -597,6 +597,20 @@ pub trait Backend: Send + Sync {
         out: &mut Self::Buf,
     );
 
+    /// [`Backend::gated_delta_rule`] with a decay per key channel (Kimi Delta Attention, GLM
+    /// 5.3's linear layers): g is `[n, n_v·dk]` and S_h ← Diag(exp(g[t,h,·]))·S_h scales row i
+    /// (key channel i) of each head's state by its own factor; everything else as there. With
+    /// one value repeated over a head's channels, the per-head rule's bits.
+    fn gated_delta_rule_channels(
+        &self,
+        qkv: &Self::Buf,
+        g: &Self::Buf,
+        beta: &Self::Buf,
+        dims: DeltaDims,
+        state: &mut Self::Buf,
+        out: &mut Self::Buf,
+    );
+
     // --- fused elementwise chains: the listed ops' values (on the CPU bit for bit), one launch ---
     /// x = v·σ(v), v = x·`s` over `len` values ([`Backend::scale`], then SiLU as v · σ(v)).
     fn silu_scaled(&self, x: &mut Self::Buf, len: usize, s: f32);

@@ -628,6 +628,18 @@ impl Backend for CudaBackend {
         self.gated_delta_rule_impl(qkv, g, beta, dims, state, out);
     }
 
+    fn gated_delta_rule_channels(
+        &self,
+        qkv: &CudaBuf,
+        g: &CudaBuf,
+        beta: &CudaBuf,
+        dims: vela_compute::DeltaDims,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) {
+        self.gated_delta_rule_channels_impl(qkv, g, beta, dims, state, out);
+    }
+
     fn sigmoid(&self, x: &mut CudaBuf, len: usize) {
         self.sigmoid_impl(x, len);
     }

@@ -170,6 +170,42 @@ impl CudaBackend {
         );
     }
 
+    /// KDA's per-channel delta rule. Temporary GPU path until it has a kernel: the rows up to
+    /// the last one processed go to the host, the CPU reference runs there (one thread) and
+    /// the state and output rows come back. A step that calls it ends a graph recording.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn gated_delta_rule_channels_impl(
+        &self,
+        qkv: &CudaBuf,
+        g: &CudaBuf,
+        beta: &CudaBuf,
+        d: DeltaDims,
+        state: &mut CudaBuf,
+        out: &mut CudaBuf,
+    ) {
+        use vela_compute::Backend;
+        let end = d.from + d.n;
+        let row = 2 * d.n_k * d.dk + d.n_v * d.dv;
+        let host = |b: &CudaBuf, len: usize| {
+            let mut v = vec![0f32; len];
+            self.read(b, &mut v);
+            v
+        };
+        let (hq, hg, hb) = (
+            host(qkv, end * row),
+            host(g, end * d.n_v * d.dk),
+            host(beta, end * d.n_v),
+        );
+        let mut hs = host(state, d.n_v * d.dk * d.dv);
+        let mut ho = host(out, end * d.n_v * d.dv);
+        let pool = vela_compute::cpu::pool::ThreadPool::new(1);
+        vela_compute::cpu::recurrent::gated_delta_rule_channels(
+            &pool, &hq, &hg, &hb, d, &mut hs, &mut ho,
+        );
+        self.write(state, &hs);
+        self.write(out, &ho);
+    }
+
     pub(crate) fn mean_streams_impl(
         &self,
         x: &CudaBuf,

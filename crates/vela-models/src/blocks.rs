@@ -3,3 +3,4 @@
 
 pub mod expert_cache;
 pub mod experts;
+pub mod mhc;

@@ -39,12 +39,7 @@ pub mod synth;
 pub use config::{Attn, DeepseekV4Config, Rope, Routing, Scoring, Yarn};
 pub use dspark::{DsparkConfig, DsparkHead};
 
-/// One mHC module: `fn` `[(2+S)·S, S·H]` (`[S, S·H]` for the head), base, scales.
-struct Hc<B: Backend> {
-    mix: B::Weight,
-    base: B::Vector,
-    scale: [f32; 3],
-}
+use crate::blocks::mhc::{self, Hc, HcBufs, HcDims};
 
 /// A compressor: `[values | gates]` projection, position bias, output norm.
 struct Compressor<B: Backend> {
@@ -391,42 +386,35 @@ impl<B: Backend> DeepseekV4Model<B> {
         }
     }
 
+    fn hc_dims(&self) -> HcDims {
+        let c = &self.cfg;
+        HcDims {
+            streams: c.hc,
+            width: c.hidden,
+            sinkhorn_iters: c.sinkhorn_iters,
+            hc_eps: c.hc_eps,
+            eps: c.eps,
+        }
+    }
+
     /// mHC before a block: `MIX` = the weights, `XN` = the normalised block input.
     fn hc_pre(&self, b: &mut [B::Buf], hc: &Hc<B>, norm: &B::Vector, n: usize) {
-        let be = &*self.backend;
-        let c = &self.cfg;
-        let (s, h) = (c.hc, c.hidden);
-        {
-            let [x, f] = pick2(b, X, F);
-            be.rms_norm(x, &self.ones, n, s * h, c.eps, f);
-        }
-        {
-            let [f, mix] = pick2(b, F, MIX);
-            be.matmul(&hc.mix, f, n, mix);
-            be.mhc_weights(
-                mix,
-                &hc.base,
-                hc.scale,
-                n,
-                s,
-                c.sinkhorn_iters,
-                c.hc_eps,
-                false,
-            );
-        }
-        {
-            let [x, mix, cc] = pick3(b, X, MIX, C);
-            be.mhc_collapse(x, mix, (2 + s) * s, n, s, h, cc);
-        }
-        let [cc, xn] = pick2(b, C, XN);
-        be.rms_norm(cc, norm, n, h, c.eps, xn);
+        let [x, f, mix, c, xn] = b.get_disjoint_mut([X, F, MIX, C, XN]).expect("distinct");
+        let bufs = HcBufs { x, f, mix, c, xn };
+        mhc::pre(
+            &*self.backend,
+            hc,
+            self.hc_dims(),
+            (&self.ones, norm),
+            n,
+            bufs,
+        );
     }
 
     /// mHC after a block: the streams from `Y` and the weights in `MIX`.
     fn hc_post(&self, b: &mut [B::Buf], n: usize) {
-        let c = &self.cfg;
         let [x, mix, y] = pick3(b, X, MIX, Y);
-        self.backend.mhc_expand(x, mix, y, n, c.hc, c.hidden);
+        mhc::post(&*self.backend, self.hc_dims(), n, x, mix, y);
     }
 
     /// The layers and the head (see the module docs).

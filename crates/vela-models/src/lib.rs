@@ -14,6 +14,7 @@ pub mod deepseekv4;
 pub mod gemma3;
 pub mod gemma4;
 pub mod gemma4_assistant;
+pub mod glm5;
 pub mod llama;
 pub mod lm;
 pub mod mtp;

@@ -164,11 +164,7 @@ pub struct Qwen4ExpState<B: Backend> {
 /// Per-position snapshots of every recurrent state (the rollback limit without a checkpoint).
 pub const SNAPSHOTS: usize = 4;
 
-/// Run a recurrent op over rows `0..n` of a forward at positions `k..k + n` so that entry `ent`
-/// holds the state after each of its last [`SNAPSHOTS`] positions: the rows before those in one
-/// call, then one call per row, each starting from a copy of the previous position's state.
-/// `step(first_row, rows, state)`. The results do not depend on the split (recurrent ops are
-/// split-invariant).
+/// [`crate::state::segments`] with this model's [`SNAPSHOTS`].
 fn segments<B: Backend>(
     be: &B,
     extra: &mut ExtraState<B>,
@@ -177,16 +173,7 @@ fn segments<B: Backend>(
     n: usize,
     step: &mut dyn FnMut(usize, usize, &mut B::Buf),
 ) -> Result<()> {
-    let bulk = n - n.min(SNAPSHOTS);
-    if bulk > 0 {
-        extra.copy_recurrent(be, ent, k, k + bulk)?;
-        step(0, bulk, extra.recurrent_mut(ent, k + bulk)?);
-    }
-    for j in bulk..n {
-        extra.copy_recurrent(be, ent, k + j, k + j + 1)?;
-        step(j, 1, extra.recurrent_mut(ent, k + j + 1)?);
-    }
-    Ok(())
+    crate::state::segments(be, extra, (ent, SNAPSHOTS), k, n, step)
 }
 
 // Scratch buffer indices.

@@ -8,6 +8,7 @@ use crate::config::DecoderConfig;
 use crate::decoder::DecoderModel;
 use crate::deepseekv4::{DeepseekV4Config, DeepseekV4Model};
 use crate::gemma4::{Gemma4Config, Gemma4Model};
+use crate::glm5::{Glm5Config, Glm5Model};
 use crate::lm::LanguageModel;
 use crate::placement::LoadSpec;
 use crate::qwen4exp::{Qwen4ExpConfig, Qwen4ExpModel};
@@ -41,6 +42,7 @@ enum Family {
     Gemma4,
     Qwen4Exp,
     DeepseekV4,
+    Glm5,
 }
 
 /// Every architecture this build runs.
@@ -93,6 +95,13 @@ pub static ARCHS: &[Arch] = &[
         display: "DeepSeek V4",
         mtp: true,
         family: Family::DeepseekV4,
+    },
+    Arch {
+        gguf: "glm5-next",
+        hf_model_types: &["glm5_next", "glm5_next_text"],
+        display: "GLM 5.3",
+        mtp: false,
+        family: Family::Glm5,
     },
 ];
 
@@ -159,6 +168,10 @@ impl Arch {
             Family::Gemma4 => Arc::new(Gemma4Model::load_gguf_with(backend, g, spec)?),
             Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_gguf(backend, g, spec)?),
             Family::DeepseekV4 => Arc::new(DeepseekV4Model::load_gguf(backend, g, spec)?),
+            Family::Glm5 => bail!(
+                "{} loads from Hugging Face checkpoints only for now",
+                self.display
+            ),
         })
     }
 
@@ -173,6 +186,7 @@ impl Arch {
             Family::Gemma4 => Arc::new(Gemma4Model::load_hf_with(backend, dir, spec)?),
             Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_hf(backend, dir, spec)?),
             Family::DeepseekV4 => Arc::new(DeepseekV4Model::load_hf(backend, dir, spec)?),
+            Family::Glm5 => Arc::new(Glm5Model::load_hf(backend, dir, spec)?),
             Family::Decoder(_) => bail!(
                 "{}: {} models load from GGUF files only",
                 dir.display(),
@@ -200,6 +214,10 @@ impl Arch {
             Family::Gemma4 => Gemma4Config::from_gguf(g)?.summary(),
             Family::Qwen4Exp => Qwen4ExpConfig::from_gguf(g)?.summary(),
             Family::DeepseekV4 => DeepseekV4Config::from_gguf(g)?.summary(),
+            Family::Glm5 => bail!(
+                "{} loads from Hugging Face checkpoints only for now",
+                self.display
+            ),
         })
     }
 
@@ -209,6 +227,7 @@ impl Arch {
             Family::Gemma4 => Gemma4Config::from_json(config)?.summary(),
             Family::Qwen4Exp => Qwen4ExpConfig::from_json(config)?.summary(),
             Family::DeepseekV4 => DeepseekV4Config::from_json(config)?.summary(),
+            Family::Glm5 => Glm5Config::from_json(config)?.summary(),
             Family::Decoder(_) => bail!("{} models load from GGUF files only", self.display),
         })
     }

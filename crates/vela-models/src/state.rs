@@ -167,6 +167,31 @@ impl StateLayout {
     }
 }
 
+/// Run a recurrent op over rows `0..n` of a forward at positions `k..k + n` so that entry `ent`
+/// (a [`LayerState::Recurrent`] with `snapshots` copies) holds the state after each of its last
+/// `snapshots` positions: the rows before those in one call, then one call per row, each
+/// starting from a copy of the previous position's state. `step(first_row, rows, state)`. The
+/// results do not depend on the split (recurrent ops are split-invariant).
+pub(crate) fn segments<B: Backend>(
+    be: &B,
+    extra: &mut ExtraState<B>,
+    (ent, snapshots): (usize, usize),
+    k: usize,
+    n: usize,
+    step: &mut dyn FnMut(usize, usize, &mut B::Buf),
+) -> Result<()> {
+    let bulk = n - n.min(snapshots);
+    if bulk > 0 {
+        extra.copy_recurrent(be, ent, k, k + bulk)?;
+        step(0, bulk, extra.recurrent_mut(ent, k + bulk)?);
+    }
+    for j in bulk..n {
+        extra.copy_recurrent(be, ent, k + j, k + j + 1)?;
+        step(j, 1, extra.recurrent_mut(ent, k + j + 1)?);
+    }
+    Ok(())
+}
+
 /// Allocate the backend cache of `layout` for `n_ctx` positions evaluated `max_batch` at a time.
 pub fn alloc_kv<B: Backend>(
     be: &B,

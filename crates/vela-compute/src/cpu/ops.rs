@@ -625,6 +625,18 @@ impl Backend for CpuBackend {
         super::recurrent::gated_delta_rule(&self.pool, qkv, g, beta, dims, state, out);
     }
 
+    fn gated_delta_rule_channels(
+        &self,
+        qkv: &Vec<f32>,
+        g: &Vec<f32>,
+        beta: &Vec<f32>,
+        dims: crate::DeltaDims,
+        state: &mut Vec<f32>,
+        out: &mut Vec<f32>,
+    ) {
+        super::recurrent::gated_delta_rule_channels(&self.pool, qkv, g, beta, dims, state, out);
+    }
+
     fn gather_rows(&self, src: &Vec<f32>, idx: &Vec<u32>, n: usize, w: usize, out: &mut Vec<f32>) {
         kit::gather_rows(src, &idx[..n], w, &mut out[..n * w]);
     }

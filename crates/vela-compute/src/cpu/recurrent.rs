@@ -198,6 +198,37 @@ pub fn gated_delta_rule(
     state: &mut [f32],
     out: &mut [f32],
 ) {
+    delta_rule(pool, qkv, g, false, beta, d, state, out);
+}
+
+/// The gated delta rule with a decay per key channel (KDA): see
+/// [`crate::Backend::gated_delta_rule_channels`].
+pub fn gated_delta_rule_channels(
+    pool: &ThreadPool,
+    qkv: &[f32],
+    g: &[f32],
+    beta: &[f32],
+    d: DeltaDims,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
+    delta_rule(pool, qkv, g, true, beta, d, state, out);
+}
+
+/// Both delta rules: `g` holds one log-decay per value head (`[n, n_v]`) or, with `channels`,
+/// one per value head and key channel (`[n, n_v·dk]`). A per-head decay multiplies every row
+/// of the state by the same factor, so both forms share the loop (and its bits).
+#[allow(clippy::too_many_arguments)]
+fn delta_rule(
+    pool: &ThreadPool,
+    qkv: &[f32],
+    g: &[f32],
+    channels: bool,
+    beta: &[f32],
+    d: DeltaDims,
+    state: &mut [f32],
+    out: &mut [f32],
+) {
     let DeltaDims {
         n,
         n_k,
@@ -208,7 +239,8 @@ pub fn gated_delta_rule(
         ..
     } = d;
     let row = 2 * n_k * dk + n_v * dv;
-    let (qkv, g, beta) = (&qkv[from * row..], &g[from * n_v..], &beta[from * n_v..]);
+    let gw = if channels { n_v * dk } else { n_v };
+    let (qkv, g, beta) = (&qkv[from * row..], &g[from * gw..], &beta[from * n_v..]);
     let out = &mut out[from * n_v * dv..];
     assert!(
         n_k > 0 && n_v % n_k == 0,
@@ -219,7 +251,7 @@ pub fn gated_delta_rule(
         "gated_delta_rule: buffer too small"
     );
     assert!(
-        g.len() >= n * n_v && beta.len() >= n * n_v,
+        g.len() >= n * gw && beta.len() >= n * n_v,
         "gated_delta_rule: g/beta too small"
     );
     assert!(
@@ -234,17 +266,24 @@ pub fn gated_delta_rule(
         let s = unsafe { std::slice::from_raw_parts_mut(sp.get().add(h * dk * dv), dk * dv) };
         let kh = d.key_head(h);
         let (mut qt, mut kt, mut kv) = (vec![0f32; dk], vec![0f32; dk], vec![0f32; dv]);
+        let mut decay = vec![0f32; dk];
         for t in 0..n {
             let r = &qkv[t * row..(t + 1) * row];
             l2_normalize(&r[kh * dk..(kh + 1) * dk], 1e-6, q_scale, &mut qt);
             l2_normalize(&r[(n_k + kh) * dk..(n_k + kh + 1) * dk], 1e-6, 1.0, &mut kt);
             let vt = &r[2 * n_k * dk + h * dv..][..dv];
-            let (decay, b) = (g[t * n_v + h].exp(), beta[t * n_v + h]);
+            if channels {
+                let gt = &g[(t * n_v + h) * dk..][..dk];
+                decay.iter_mut().zip(gt).for_each(|(a, x)| *a = x.exp());
+            } else {
+                decay.fill(g[t * n_v + h].exp());
+            }
+            let b = beta[t * n_v + h];
             kv.iter_mut().for_each(|x| *x = 0.0);
             for (i, srow) in s.chunks_exact_mut(dv).enumerate() {
-                let ki = kt[i];
+                let (ki, ai) = (kt[i], decay[i]);
                 for (sj, kj) in srow.iter_mut().zip(kv.iter_mut()) {
-                    *sj *= decay;
+                    *sj *= ai;
                     *kj += *sj * ki;
                 }
             }
@@ -448,5 +487,85 @@ mod tests {
         for split in [1, 2, 4] {
             assert_eq!(run(split), (whole.clone(), st.clone()), "split {split}");
         }
+    }
+
+    /// The per-channel (KDA) rule in f64 from its definition, against the f32 op; any split of
+    /// the sequence gives the same bits; equal decays across channels give the per-head rule's
+    /// bits.
+    #[test]
+    fn channel_delta_rule_matches_the_definition_and_any_split() {
+        let d = DeltaDims {
+            n: 11,
+            n_k: 3,
+            n_v: 3,
+            dk: 5,
+            dv: 5,
+            tiled: false,
+            from: 0,
+        };
+        let row = 2 * d.n_k * d.dk + d.n_v * d.dv;
+        let gw = d.n_v * d.dk;
+        let mut r = rng(11);
+        let qkv: Vec<f32> = (0..d.n * row).map(|_| r()).collect();
+        let g: Vec<f32> = (0..d.n * gw).map(|_| -2.0 * (r() + 1.0)).collect();
+        let beta: Vec<f32> = (0..d.n * d.n_v).map(|_| 0.5 * (r() + 1.0)).collect();
+        let norm = |x: &[f32], s: f64| -> Vec<f64> {
+            let n: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() + 1e-6;
+            x.iter().map(|v| *v as f64 / n.sqrt() * s).collect()
+        };
+        let mut s64 = vec![0f64; d.n_v * d.dk * d.dv];
+        let mut want = vec![0f64; d.n * d.n_v * d.dv];
+        for t in 0..d.n {
+            let rr = &qkv[t * row..(t + 1) * row];
+            for h in 0..d.n_v {
+                let q = norm(&rr[h * d.dk..(h + 1) * d.dk], 1.0 / (d.dk as f64).sqrt());
+                let k = norm(&rr[(d.n_k + h) * d.dk..(d.n_k + h + 1) * d.dk], 1.0);
+                let v = &rr[2 * d.n_k * d.dk + h * d.dv..][..d.dv];
+                let s = &mut s64[h * d.dk * d.dv..][..d.dk * d.dv];
+                for i in 0..d.dk {
+                    let a = (g[t * gw + h * d.dk + i] as f64).exp();
+                    s[i * d.dv..(i + 1) * d.dv].iter_mut().for_each(|x| *x *= a);
+                }
+                for j in 0..d.dv {
+                    let mem: f64 = (0..d.dk).map(|i| s[i * d.dv + j] * k[i]).sum();
+                    let delta = beta[t * d.n_v + h] as f64 * (v[j] as f64 - mem);
+                    for i in 0..d.dk {
+                        s[i * d.dv + j] += k[i] * delta;
+                    }
+                }
+                for j in 0..d.dv {
+                    want[(t * d.n_v + h) * d.dv + j] =
+                        (0..d.dk).map(|i| s[i * d.dv + j] * q[i]).sum();
+                }
+            }
+        }
+        let pool = ThreadPool::new(2);
+        let run = |split: usize| {
+            let mut state = vec![0f32; d.n_v * d.dk * d.dv];
+            let mut out = vec![0f32; d.n * d.n_v * d.dv];
+            let mut t = 0;
+            while t < d.n {
+                let m = split.min(d.n - t);
+                let dd = DeltaDims { n: m, from: t, ..d };
+                gated_delta_rule_channels(&pool, &qkv, &g, &beta, dd, &mut state, &mut out);
+                t += m;
+            }
+            (out, state)
+        };
+        let (whole, st) = run(d.n);
+        for (a, b) in whole.iter().zip(&want) {
+            assert!((*a as f64 - b).abs() < 1e-5, "{a} vs {b}");
+        }
+        for split in [1, 3, 4] {
+            assert_eq!(run(split), (whole.clone(), st.clone()), "split {split}");
+        }
+        // One decay per head, repeated over its channels: the per-head rule's bits.
+        let gh: Vec<f32> = (0..d.n * d.n_v).map(|i| g[i * d.dk]).collect();
+        let gc: Vec<f32> = gh.iter().flat_map(|&x| [x; 5]).collect();
+        let (mut s1, mut o1) = (vec![0f32; st.len()], vec![0f32; whole.len()]);
+        let (mut s2, mut o2) = (vec![0f32; st.len()], vec![0f32; whole.len()]);
+        gated_delta_rule(&pool, &qkv, &gh, &beta, d, &mut s1, &mut o1);
+        gated_delta_rule_channels(&pool, &qkv, &gc, &beta, d, &mut s2, &mut o2);
+        assert_eq!((o1, s1), (o2, s2));
     }
 }

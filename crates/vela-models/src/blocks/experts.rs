@@ -75,6 +75,48 @@ pub enum ExpertTensors<'a> {
     Split(&'a HostWeight, &'a HostWeight, &'a HostWeight),
 }
 
+/// A checkpoint's per-expert matrices stacked into the 3-D layout [`Experts::place`] takes:
+/// `read(e)` gives expert e's `[gate, up, down]`; returns (`[E·2I, H]`, gate rows then up rows
+/// per expert; `[E·H, I]`). The experts are read (decoded, converted or generated) on every
+/// core: hundreds of matrices per layer.
+pub fn stack_per_expert(
+    name: &str,
+    n_expert: usize,
+    read: impl Fn(usize) -> Result<[HostWeight; 3]> + Sync,
+) -> Result<(HostWeight, HostWeight)> {
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(n_expert)
+        .max(1);
+    let per = n_expert.div_ceil(threads);
+    let read = &read;
+    let parts: Vec<Result<Vec<[HostWeight; 3]>>> = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| sc.spawn(move || (t * per..((t + 1) * per).min(n_expert)).map(read).collect()))
+            .collect();
+        hs.into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(anyhow::anyhow!("{name}: an expert-loading thread panicked"))
+                })
+            })
+            .collect()
+    });
+    let mut gu = Vec::with_capacity(2 * n_expert);
+    let mut down = Vec::with_capacity(n_expert);
+    for part in parts {
+        for [g, u, d] in part? {
+            gu.push(g);
+            gu.push(u);
+            down.push(d);
+        }
+    }
+    Ok((
+        crate::weights::stack(&format!("{name}.gate_up"), &gu)?,
+        crate::weights::stack(&format!("{name}.down"), &down)?,
+    ))
+}
+
 impl<B: Backend> Experts<B> {
     /// Experts whose tensors are already on the backend.
     pub fn on_device(gate_up: GateUp<B>, down: B::Weight, n_ff: usize, act: Activation) -> Self {

@@ -4,7 +4,7 @@
 //! interleave split into two matrices.
 
 use super::*;
-use crate::blocks::experts::{ExpertTensors, Experts};
+use crate::blocks::experts::{stack_per_expert, ExpertTensors, Experts};
 use crate::placement::LoadSpec;
 use crate::weights::{stack, WeightSource};
 use anyhow::{anyhow, Context};
@@ -171,46 +171,11 @@ impl<'a, B: Backend> Loader<'a, B> {
     ) -> Result<Moe<B>> {
         let e = c.n_expert;
         let share = c.top_k as f64 / e as f64;
-        // The experts' matrices read (converted, or generated) on every core: hundreds per
-        // layer.
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(e);
-        let per = e.div_ceil(threads);
         let src = self.src;
-        let parts: Vec<Result<Vec<[HostWeight; 3]>>> = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..threads)
-                .map(|t| {
-                    sc.spawn(move || {
-                        (t * per..((t + 1) * per).min(e))
-                            .map(|x| {
-                                let m = |w: &str| {
-                                    src.matrix(&format!("{p}.experts.{x}.{w}.weight"), false)
-                                };
-                                Ok([m("gate_proj")?, m("up_proj")?, m("down_proj")?])
-                            })
-                            .collect()
-                    })
-                })
-                .collect();
-            hs.into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(anyhow!("{p}: an expert-loading thread panicked")))
-                })
-                .collect()
-        });
-        let mut gu = Vec::with_capacity(2 * e);
-        let mut down = Vec::with_capacity(e);
-        for part in parts {
-            for [g, u, d] in part? {
-                gu.push(g);
-                gu.push(u);
-                down.push(d);
-            }
-        }
-        let gu = stack(&format!("{p}.experts.gate_up"), &gu)?;
-        let down = stack(&format!("{p}.experts.down"), &down)?;
+        let (gu, down) = stack_per_expert(&format!("{p}.experts"), e, |x| {
+            let m = |w: &str| src.matrix(&format!("{p}.experts.{x}.{w}.weight"), false);
+            Ok([m("gate_proj")?, m("up_proj")?, m("down_proj")?])
+        })?;
         Ok(Moe {
             router: self.matrix(&format!("{p}.gate.weight"))?,
             experts: Experts::place(

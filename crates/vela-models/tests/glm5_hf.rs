@@ -1,0 +1,255 @@
+//! GLM 5.3 Flash (`glm5_next`) vs transformers 5.23 on tiny random f32 checkpoints
+//! (`scripts/gen-glm5-fixtures.py` → `$VELA_CACHE/golden/glm5/<name>/`): logits at every
+//! position of three prompts (against HF's f32 run, reported against its f64 run), any split
+//! of a prompt into chunks (bit for bit, and HF's cached chunked prefills), the 64-step greedy
+//! continuation, and the DSA indexer's selected tokens for every full indexer layer and query.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::sync::Arc;
+use vela_compute::cpu::CpuBackend;
+use vela_compute::KvType;
+use vela_models::glm5::Glm5Model;
+use vela_models::{CausalLm, LanguageModel};
+
+/// The real layout in miniature, and every other knob HF accepts (shared indexer, N = 2 with 3
+/// Sinkhorn iterations, softplus decay, pools of 8, grouped routing, active clamps).
+const FIXTURES: &[&str] = &["flash_mini", "knobs"];
+
+fn load(dir: &Path) -> Arc<Glm5Model<CpuBackend>> {
+    Arc::new(Glm5Model::load_hf(Arc::new(CpuBackend::new(2)), dir, &Default::default()).unwrap())
+}
+
+/// Every position's logits, `chunk` tokens per forward.
+fn logits(m: &Arc<Glm5Model<CpuBackend>>, tokens: &[u32], chunks: &[usize]) -> Vec<f32> {
+    let lm: Arc<dyn LanguageModel> = m.clone();
+    let max = *chunks.iter().max().unwrap();
+    let mut st = lm.new_state(512, max, KvType::F32).unwrap();
+    let mut out = Vec::new();
+    let mut at = 0;
+    let mut ci = 0;
+    while at < tokens.len() {
+        let n = chunks[ci.min(chunks.len() - 1)].min(tokens.len() - at);
+        let pos: Vec<u32> = (at as u32..(at + n) as u32).collect();
+        out.extend(st.forward(&tokens[at..at + n], &pos, 0).unwrap());
+        at += n;
+        ci += 1;
+    }
+    out
+}
+
+fn f64s(path: &Path) -> Vec<f64> {
+    std::fs::read(path)
+        .unwrap()
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Worst per-row NMSE of `ours` against `want` (rows of `nv`).
+fn worst_nmse(ours: &[f32], want: &[f32], nv: usize) -> f64 {
+    assert_eq!(ours.len(), want.len());
+    ours.chunks(nv)
+        .zip(want.chunks(nv))
+        .map(|(a, b)| nmse(a, b))
+        .fold(0.0, f64::max)
+}
+
+#[test]
+fn logits_match_transformers() {
+    for name in FIXTURES {
+        let Some(dir) = golden_fixture("glm5", name, "logits_long.f32") else {
+            continue;
+        };
+        let m = load(&dir);
+        let nv = m.cfg.n_vocab;
+        let p = prompts(&dir);
+        for prompt in ["long", "mid", "short"] {
+            let toks = id_list(&p["prompts"][prompt]);
+            let want = f32s(&dir.join(format!("logits_{prompt}.f32")));
+            let ours = logits(&m, &toks, &[toks.len()]);
+            let worst = worst_nmse(&ours, &want, nv);
+            for t in 0..toks.len() {
+                let row = &ours[t * nv..(t + 1) * nv];
+                assert_eq!(
+                    argmax(row),
+                    argmax(&want[t * nv..(t + 1) * nv]),
+                    "{name} {prompt} position {t}: argmax"
+                );
+            }
+            assert!(worst <= 1e-8, "{name} {prompt}: worst NMSE {worst:.3e}");
+            let f64_path = dir.join(format!("logits_{prompt}_f64.f64"));
+            let vs64 = if f64_path.exists() {
+                let w: Vec<f32> = f64s(&f64_path).iter().map(|&x| x as f32).collect();
+                format!(", vs HF f64 {:.3e}", worst_nmse(&ours, &w, nv))
+            } else {
+                String::new()
+            };
+            eprintln!(
+                "{name} {prompt}: {} positions, worst NMSE vs HF f32 {worst:.3e}{vs64}",
+                toks.len()
+            );
+        }
+    }
+}
+
+/// Chunked prefill gives the one-pass logits bit for bit (recurrent KDA, position-exact pools
+/// and latent rows), and matches HF's cached chunked prefills (150+150, 150+3+1+146).
+#[test]
+fn any_split_gives_the_same_logits() {
+    for name in FIXTURES {
+        let Some(dir) = golden_fixture("glm5", name, "logits_long_chunks.f32") else {
+            continue;
+        };
+        let m = load(&dir);
+        let nv = m.cfg.n_vocab;
+        let p = prompts(&dir);
+        let toks = id_list(&p["prompts"]["long"]);
+        let whole = logits(&m, &toks, &[toks.len()]);
+        for chunk in [1, 7, 50] {
+            assert!(
+                logits(&m, &toks, &[chunk]) == whole,
+                "{name}: chunks of {chunk} differ from one pass"
+            );
+        }
+        let split = p["split"].as_u64().unwrap() as usize;
+        let chunks: Vec<usize> = p["chunks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as usize)
+            .collect();
+        for (file, ch) in [
+            (
+                format!("logits_long_split{split}.f32"),
+                vec![split, toks.len() - split],
+            ),
+            ("logits_long_chunks.f32".to_string(), chunks),
+        ] {
+            let ours = logits(&m, &toks, &ch);
+            assert!(ours == whole, "{name}: {ch:?} differs from one pass");
+            let want = f32s(&dir.join(&file));
+            let e = worst_nmse(&ours[ch[0] * nv..], &want, nv);
+            eprintln!("{name}: {ch:?} vs HF's cached prefill ({file}) worst NMSE {e:.3e}");
+            assert!(e <= 1e-8, "{name}: {file} NMSE {e:.3e}");
+        }
+    }
+}
+
+/// Greedy decoding token by token equals HF `generate` (64 tokens, cache on, EOS ignored), and
+/// each step's logits match HF's.
+#[test]
+fn greedy_continuation_matches_generate() {
+    for name in FIXTURES {
+        let Some(dir) = golden_fixture("glm5", name, "logits_gen.f32") else {
+            continue;
+        };
+        let m = load(&dir);
+        let nv = m.cfg.n_vocab;
+        let p = prompts(&dir);
+        let g = &p["generate"];
+        let mut toks = id_list(&p["prompts"][g["prompt"].as_str().unwrap()]);
+        let want = id_list(&g["tokens"]);
+        let lm: Arc<dyn LanguageModel> = m.clone();
+        let mut st = lm.new_state(512, toks.len(), KvType::F32).unwrap();
+        let pos: Vec<u32> = (0..toks.len() as u32).collect();
+        let mut row = st.forward(&toks, &pos, toks.len() - 1).unwrap();
+        let mut got = Vec::new();
+        let mut rows = Vec::new();
+        for _ in 0..want.len() {
+            rows.extend_from_slice(&row);
+            let t = argmax(&row) as u32;
+            got.push(t);
+            toks.push(t);
+            let p = (toks.len() - 1) as u32;
+            row = st.forward(&[t], &[p], 0).unwrap();
+        }
+        assert_eq!(got, want, "{name}");
+        let e = worst_nmse(&rows, &f32s(&dir.join("logits_gen.f32")), nv);
+        eprintln!(
+            "{name}: {} greedy tokens equal to HF's; step logits worst NMSE {e:.3e}",
+            got.len()
+        );
+        assert!(e <= 1e-8, "{name}: decode logits NMSE {e:.3e}");
+    }
+}
+
+/// (layer, position) → selected tokens of an `indexer_<p>.json`.
+fn want_selections(path: &Path) -> Vec<(usize, u32, Vec<u32>)> {
+    let j: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+    let mut out = Vec::new();
+    for (layer, rows) in j["layers"].as_object().unwrap() {
+        for r in rows.as_array().unwrap() {
+            out.push((
+                layer.parse().unwrap(),
+                r["pos"].as_u64().unwrap() as u32,
+                id_list(&r["selected"]),
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The indexer keeps the same tokens as HF for every full indexer layer and query (the fixtures
+/// keep a score margin at every cutoff, so any correct top-k gives HF's set): the prompts in one
+/// pass and token by token, and the decode steps of the greedy continuation.
+#[test]
+fn indexer_selections_match_transformers() {
+    for name in FIXTURES {
+        let Some(dir) = golden_fixture("glm5", name, "indexer_long.json") else {
+            continue;
+        };
+        let m = load(&dir);
+        let p = prompts(&dir);
+        for prompt in ["long", "mid", "short"] {
+            let toks = id_list(&p["prompts"][prompt]);
+            let want = want_selections(&dir.join(format!("indexer_{prompt}.json")));
+            for chunk in [toks.len(), 1] {
+                let mut st = vela_models::glm5::new_state(&m, 512, chunk).unwrap();
+                st.selections = Some(Vec::new());
+                for (ci, c) in toks.chunks(chunk).enumerate() {
+                    let pos: Vec<u32> = (0..c.len()).map(|i| (ci * chunk + i) as u32).collect();
+                    m.forward(&mut st, c, &pos, c.len()).unwrap();
+                }
+                let mut got = st.selections.take().unwrap();
+                got.sort();
+                assert_eq!(
+                    got.len(),
+                    want.len(),
+                    "{name} {prompt}: selections recorded"
+                );
+                for (g, w) in got.iter().zip(&want) {
+                    assert_eq!(
+                        g, w,
+                        "{name} {prompt} (chunk {chunk}): layer, position, tokens"
+                    );
+                }
+                eprintln!(
+                    "{name} {prompt}: {} selections equal to HF's (chunk {chunk})",
+                    got.len()
+                );
+            }
+        }
+        // The decode steps.
+        let g = &p["generate"];
+        let mut toks = id_list(&p["prompts"][g["prompt"].as_str().unwrap()]);
+        let gen = id_list(&g["tokens"]);
+        let want = want_selections(&dir.join("indexer_gen.json"));
+        let mut st = vela_models::glm5::new_state(&m, 512, toks.len()).unwrap();
+        let pos: Vec<u32> = (0..toks.len() as u32).collect();
+        m.forward(&mut st, &toks, &pos, toks.len()).unwrap();
+        st.selections = Some(Vec::new());
+        for &t in &gen[..gen.len() - 1] {
+            toks.push(t);
+            let p = (toks.len() - 1) as u32;
+            m.forward(&mut st, &[t], &[p], 1).unwrap();
+        }
+        let mut got = st.selections.take().unwrap();
+        got.sort();
+        assert_eq!(got, want, "{name}: decode selections");
+        eprintln!("{name}: {} decode selections equal to HF's", got.len());
+    }
+}
