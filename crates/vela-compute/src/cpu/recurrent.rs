@@ -411,6 +411,51 @@ mod tests {
 
     /// The recurrence in f64 from its definition (q, k normalised first), against the f32 op;
     /// and every split of the sequence into calls gives the same bits.
+    /// The gated delta rule in f64 from its definition: per token and value head, q and k
+    /// l2-normalised (q scaled by 1/√dk), the state's row i decayed by exp(`decay(t, h, i)`),
+    /// then the delta update with β and the readout by q. Value head h reads key head
+    /// h / (n_v / n_k).
+    fn delta_reference(
+        d: DeltaDims,
+        qkv: &[f32],
+        beta: &[f32],
+        decay: impl Fn(usize, usize, usize) -> f32,
+    ) -> Vec<f64> {
+        let row = 2 * d.n_k * d.dk + d.n_v * d.dv;
+        let norm = |x: &[f32], s: f64| -> Vec<f64> {
+            let n: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() + 1e-6;
+            x.iter().map(|v| *v as f64 / n.sqrt() * s).collect()
+        };
+        let mut s64 = vec![0f64; d.n_v * d.dk * d.dv];
+        let mut want = vec![0f64; d.n * d.n_v * d.dv];
+        for t in 0..d.n {
+            let rr = &qkv[t * row..(t + 1) * row];
+            for h in 0..d.n_v {
+                let kh = h / (d.n_v / d.n_k);
+                let q = norm(&rr[kh * d.dk..(kh + 1) * d.dk], 1.0 / (d.dk as f64).sqrt());
+                let k = norm(&rr[(d.n_k + kh) * d.dk..(d.n_k + kh + 1) * d.dk], 1.0);
+                let v = &rr[2 * d.n_k * d.dk + h * d.dv..][..d.dv];
+                let s = &mut s64[h * d.dk * d.dv..][..d.dk * d.dv];
+                for i in 0..d.dk {
+                    let a = (decay(t, h, i) as f64).exp();
+                    s[i * d.dv..(i + 1) * d.dv].iter_mut().for_each(|x| *x *= a);
+                }
+                for j in 0..d.dv {
+                    let mem: f64 = (0..d.dk).map(|i| s[i * d.dv + j] * k[i]).sum();
+                    let delta = beta[t * d.n_v + h] as f64 * (v[j] as f64 - mem);
+                    for i in 0..d.dk {
+                        s[i * d.dv + j] += k[i] * delta;
+                    }
+                }
+                for j in 0..d.dv {
+                    want[(t * d.n_v + h) * d.dv + j] =
+                        (0..d.dk).map(|i| s[i * d.dv + j] * q[i]).sum();
+                }
+            }
+        }
+        want
+    }
+
     #[test]
     fn delta_rule_matches_the_definition_and_any_split() {
         let d = DeltaDims {
@@ -427,35 +472,7 @@ mod tests {
         let qkv: Vec<f32> = (0..d.n * row).map(|_| r()).collect();
         let g: Vec<f32> = (0..d.n * d.n_v).map(|_| -0.5 * (r() + 1.0)).collect();
         let beta: Vec<f32> = (0..d.n * d.n_v).map(|_| 0.5 * (r() + 1.0)).collect();
-        let norm = |x: &[f32], s: f64| -> Vec<f64> {
-            let n: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() + 1e-6;
-            x.iter().map(|v| *v as f64 / n.sqrt() * s).collect()
-        };
-        let mut s64 = vec![0f64; d.n_v * d.dk * d.dv];
-        let mut want = vec![0f64; d.n * d.n_v * d.dv];
-        for t in 0..d.n {
-            let rr = &qkv[t * row..(t + 1) * row];
-            for h in 0..d.n_v {
-                let kh = h / (d.n_v / d.n_k);
-                let q = norm(&rr[kh * d.dk..(kh + 1) * d.dk], 1.0 / (d.dk as f64).sqrt());
-                let k = norm(&rr[(d.n_k + kh) * d.dk..(d.n_k + kh + 1) * d.dk], 1.0);
-                let v = &rr[2 * d.n_k * d.dk + h * d.dv..][..d.dv];
-                let s = &mut s64[h * d.dk * d.dv..][..d.dk * d.dv];
-                let a = (g[t * d.n_v + h] as f64).exp();
-                s.iter_mut().for_each(|x| *x *= a);
-                for j in 0..d.dv {
-                    let mem: f64 = (0..d.dk).map(|i| s[i * d.dv + j] * k[i]).sum();
-                    let delta = beta[t * d.n_v + h] as f64 * (v[j] as f64 - mem);
-                    for i in 0..d.dk {
-                        s[i * d.dv + j] += k[i] * delta;
-                    }
-                }
-                for j in 0..d.dv {
-                    want[(t * d.n_v + h) * d.dv + j] =
-                        (0..d.dk).map(|i| s[i * d.dv + j] * q[i]).sum();
-                }
-            }
-        }
+        let want = delta_reference(d, &qkv, &beta, |t, h, _| g[t * d.n_v + h]);
         let pool = ThreadPool::new(2);
         let run = |split: usize| {
             let mut state = vec![0f32; d.n_v * d.dk * d.dv];
@@ -509,36 +526,7 @@ mod tests {
         let qkv: Vec<f32> = (0..d.n * row).map(|_| r()).collect();
         let g: Vec<f32> = (0..d.n * gw).map(|_| -2.0 * (r() + 1.0)).collect();
         let beta: Vec<f32> = (0..d.n * d.n_v).map(|_| 0.5 * (r() + 1.0)).collect();
-        let norm = |x: &[f32], s: f64| -> Vec<f64> {
-            let n: f64 = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() + 1e-6;
-            x.iter().map(|v| *v as f64 / n.sqrt() * s).collect()
-        };
-        let mut s64 = vec![0f64; d.n_v * d.dk * d.dv];
-        let mut want = vec![0f64; d.n * d.n_v * d.dv];
-        for t in 0..d.n {
-            let rr = &qkv[t * row..(t + 1) * row];
-            for h in 0..d.n_v {
-                let q = norm(&rr[h * d.dk..(h + 1) * d.dk], 1.0 / (d.dk as f64).sqrt());
-                let k = norm(&rr[(d.n_k + h) * d.dk..(d.n_k + h + 1) * d.dk], 1.0);
-                let v = &rr[2 * d.n_k * d.dk + h * d.dv..][..d.dv];
-                let s = &mut s64[h * d.dk * d.dv..][..d.dk * d.dv];
-                for i in 0..d.dk {
-                    let a = (g[t * gw + h * d.dk + i] as f64).exp();
-                    s[i * d.dv..(i + 1) * d.dv].iter_mut().for_each(|x| *x *= a);
-                }
-                for j in 0..d.dv {
-                    let mem: f64 = (0..d.dk).map(|i| s[i * d.dv + j] * k[i]).sum();
-                    let delta = beta[t * d.n_v + h] as f64 * (v[j] as f64 - mem);
-                    for i in 0..d.dk {
-                        s[i * d.dv + j] += k[i] * delta;
-                    }
-                }
-                for j in 0..d.dv {
-                    want[(t * d.n_v + h) * d.dv + j] =
-                        (0..d.dk).map(|i| s[i * d.dv + j] * q[i]).sum();
-                }
-            }
-        }
+        let want = delta_reference(d, &qkv, &beta, |t, h, i| g[t * gw + h * d.dk + i]);
         let pool = ThreadPool::new(2);
         let run = |split: usize| {
             let mut state = vec![0f32; d.n_v * d.dk * d.dv];
