@@ -87,6 +87,30 @@ pub fn loaded_bytes(
         .sum()
 }
 
+/// A Hugging Face text checkpoint directory: its `config.json` and the weight source over its
+/// safetensors, as `spec` loads them, with the text model's prefix found from the embedding
+/// (`model.language_model.` or `model.`); `what` names the expected model in the error.
+pub fn open_hf_text(
+    dir: &std::path::Path,
+    spec: &LoadSpec,
+    what: &str,
+) -> Result<(serde_json::Value, WeightSource)> {
+    let cpath = dir.join("config.json");
+    let text = std::fs::read_to_string(&cpath)
+        .map_err(|e| anyhow!("cannot read {}: {e}", cpath.display()))?;
+    let j: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| anyhow!("{} is not valid JSON: {e}", cpath.display()))?;
+    let cp = Arc::new(Checkpoint::open(dir)?);
+    let prefix = if cp.get("model.language_model.embed_tokens.weight").is_some() {
+        "model.language_model."
+    } else if cp.get("model.embed_tokens.weight").is_some() {
+        "model."
+    } else {
+        bail!("checkpoint has no model.embed_tokens.weight (is this a {what} checkpoint?)");
+    };
+    Ok((j, WeightSource::hf(cp, prefix).with_spec(spec)))
+}
+
 /// Types `--quant` accepts.
 pub const LOAD_TYPES: &[GgmlType] = &[
     GgmlType::F16,

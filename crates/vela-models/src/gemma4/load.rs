@@ -6,10 +6,7 @@ use super::*;
 use crate::blocks::experts::{ExpertTensors, Experts};
 use crate::placement::LoadSpec;
 use crate::weights::WeightSource;
-use anyhow::Context;
-use serde_json::Value;
 use vela_compute::HostWeight;
-use vela_formats::safetensors::Checkpoint;
 
 struct Loader<'a, B: Backend> {
     be: &'a B,
@@ -207,23 +204,8 @@ impl<B: Backend> Gemma4Model<B> {
 
     /// [`Self::load_hf`] converting float matrices to `quant` when given ([`crate::weights`]).
     pub fn load_hf_with(backend: Arc<B>, dir: &Path, spec: &LoadSpec) -> Result<Self> {
-        let cpath = dir.join("config.json");
-        let text = std::fs::read_to_string(&cpath)
-            .with_context(|| format!("cannot read {}", cpath.display()))?;
-        let j: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", cpath.display()))?;
+        let (j, src) = crate::weights::open_hf_text(dir, spec, "Gemma 4 text")?;
         let cfg = Gemma4Config::from_json(&j)?;
-        let cp = Arc::new(Checkpoint::open(dir)?);
-        let prefix = if cp.get("model.language_model.embed_tokens.weight").is_some() {
-            "model.language_model."
-        } else if cp.get("model.embed_tokens.weight").is_some() {
-            "model."
-        } else {
-            bail!(
-                "checkpoint has no model.embed_tokens.weight (is this a Gemma 4 text checkpoint?)"
-            );
-        };
-        let src = WeightSource::hf(cp, prefix).with_spec(spec);
         Self::load(backend, &src, cfg, false)
     }
 

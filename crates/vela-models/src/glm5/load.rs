@@ -12,12 +12,10 @@ use super::*;
 use crate::blocks::experts::{stack_per_expert, ExpertTensors, Experts};
 use crate::placement::LoadSpec;
 use crate::weights::{stack, WeightSource};
-use anyhow::{anyhow, Context};
-use serde_json::Value;
+use anyhow::anyhow;
 use std::path::Path;
 use vela_compute::{Activation, HostWeight};
 use vela_formats::quant::GgmlType;
-use vela_formats::safetensors::Checkpoint;
 
 struct Loader<'a, B: Backend> {
     be: &'a B,
@@ -258,21 +256,8 @@ impl<'a, B: Backend> Loader<'a, B> {
 impl<B: Backend> Glm5Model<B> {
     /// Load from an HF checkpoint directory, converting float matrices to `quant` when given.
     pub fn load_hf(backend: Arc<B>, dir: &Path, spec: &LoadSpec) -> Result<Self> {
-        let cpath = dir.join("config.json");
-        let text = std::fs::read_to_string(&cpath)
-            .with_context(|| format!("cannot read {}", cpath.display()))?;
-        let j: Value = serde_json::from_str(&text)
-            .with_context(|| format!("{} is not valid JSON", cpath.display()))?;
+        let (j, src) = crate::weights::open_hf_text(dir, spec, "glm5_next")?;
         let cfg = Glm5Config::from_json(&j)?;
-        let cp = Arc::new(Checkpoint::open(dir)?);
-        let prefix = if cp.get("model.language_model.embed_tokens.weight").is_some() {
-            "model.language_model."
-        } else if cp.get("model.embed_tokens.weight").is_some() {
-            "model."
-        } else {
-            bail!("checkpoint has no model.embed_tokens.weight (is this a glm5_next checkpoint?)");
-        };
-        let src = WeightSource::hf(cp, prefix).with_spec(spec);
         Self::load(backend, &src, cfg)
     }
 
