@@ -149,11 +149,14 @@ pub fn plan_experts(
             (Some(f), Some(c)) => Some(f.min(c)),
             (f, c) => f.or(c),
         };
-        let mut p = placement::plan(
-            sizes,
-            opts.experts,
-            cap.map(|c| c.saturating_sub(GPU_RESERVE)),
-        )?;
+        // The reserve only where there is a choice to make: a dense model, or every expert on
+        // the GPU, is checked against free memory as before (`upload_checked`'s margin).
+        let reserve = if sizes.experts.is_empty() || opts.experts == ExpertsMode::Gpu {
+            0
+        } else {
+            GPU_RESERVE
+        };
+        let mut p = placement::plan(sizes, opts.experts, cap.map(|c| c.saturating_sub(reserve)))?;
         if let (Some(c), n) = (opts.expert_cache, p.host_layers.len()) {
             p.cache_bytes = p.cache_bytes.min(c / n.max(1) as u64);
         }
@@ -600,8 +603,13 @@ mod tests {
         // --gpu-mem below the free memory is the budget.
         let p = plan_experts(&sizes, &opts(&[("gpu", 6.0)], "auto"), true, Some(12 * gib));
         assert_eq!(p.unwrap().host_layers, vec![0, 1]);
-        let e = plan_experts(&sizes, &opts(&[], "gpu"), true, Some(12 * gib)).unwrap_err();
+        let e = plan_experts(&sizes, &opts(&[], "gpu"), true, Some(9 * gib)).unwrap_err();
         assert!(e.to_string().contains("--experts auto or cpu"), "{e}");
+        // All on the GPU (or a dense model) keeps no reserve: 10 GiB fit 10 GiB free.
+        let p = plan_experts(&sizes, &opts(&[], "gpu"), true, Some(10 * gib)).unwrap();
+        assert!(p.host_layers.is_empty());
+        let dense = Sizes::from_tensors([("token_embd.weight", 10 * gib)].into_iter());
+        assert!(plan_experts(&dense, &opts(&[], "auto"), true, Some(10 * gib)).is_ok());
         let e = plan_experts(&sizes, &opts(&[("gpu", 4.0)], "auto"), true, None).unwrap_err();
         assert!(e.to_string().contains("even with"), "{e}");
         // On the CPU: in place when twice the model exceeds the free memory.
