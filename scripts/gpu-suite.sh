@@ -95,6 +95,26 @@ MODELS=${SUITE_MODELS:-SmolLM2-135M-Instruct.Q4_1 gemma-3-270m-q4_k_m qwen2.5-co
 KEYS=${SUITE_KEYS:-smollm2,gemma3,qwen25}
 SYNTH=${SUITE_SYNTH:-llama3-8b:q4_0 llama3-8b:q4_k_m}
 
+# llama.cpp CUDA for a stage, in the background (sets $bpid; `wait $bpid` before use): the bundle
+# target/gpu-data/lb/llama-bench-cuda.tar.xz when carried, else a build from
+# target/gpu-data/llama-src.tar.gz (`scripts/build-llama-cpp-cuda.sh pack`), bundled into $OUT so
+# a later machine can take it back unbuilt. Either way /tmp/llama-bench-cuda, linked as
+# $VELA_CACHE/llama.cpp-cuda/bin.
+llama_cuda_bg() {
+  mkdir -p "$VELA_CACHE/llama.cpp-cuda"
+  if [ -x /tmp/llama-bench-cuda/llama-bench ]; then
+    echo "build exit 0 (ready)" >/tmp/llama-build.log &
+  elif [ -s target/gpu-data/lb/llama-bench-cuda.tar.xz ]; then
+    (tar xJf target/gpu-data/lb/llama-bench-cuda.tar.xz -C /tmp && echo "build exit 0 (bundle)" >/tmp/llama-build.log) &
+  else
+    (nice -n 19 bash scripts/build-llama-cpp-cuda.sh build >/tmp/llama-build.log 2>&1; echo "build exit $?" >>/tmp/llama-build.log
+     grep -q "build exit 0" /tmp/llama-build.log && XZ_OPT=-T8 bash scripts/build-llama-cpp-cuda.sh bundle $OUT >>/tmp/llama-build.log 2>&1
+     tar xJf $OUT/llama-bench-cuda.tar.xz -C /tmp) &
+  fi
+  bpid=$!
+  ln -sfn /tmp/llama-bench-cuda "$VELA_CACHE/llama.cpp-cuda/bin"
+}
+
 # Carry groups: first-fit of the files of $S (largest first) into bins of 64 MiB less what else
 # travels with each call (the working tree's tracked and untracked-not-ignored files, and
 # shared/ if the checkout has one) less 1 MiB -> $S/groups.txt, and $S/manifest.txt ("size
@@ -584,7 +604,9 @@ pack-place)
   for v in gemma-4 deepseek-llm; do
     xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-$v.gguf" >$P/vocab-$v.gguf.xz
   done
-  ln -f target/gpu-data/lb/llama-bench-cuda.tar.xz $P/ 2>/dev/null || cp target/gpu-data/lb/llama-bench-cuda.tar.xz $P/
+  # llama.cpp: its bundle once a machine built it (the stages look in target/gpu-data/lb), else
+  # the source, built there by the first place stage.
+  [ -s target/gpu-data/lb/llama-bench-cuda.tar.xz ] || ls -la target/gpu-data/llama-src.tar.gz
   du -sh $P
   ;;
 place|place-d4|place-tests)
@@ -619,17 +641,24 @@ place|place-d4|place-tests)
     exit 0
   fi
   if [ $stage = place-tests ]; then
+    # llama.cpp (for `place`) builds meanwhile when no bundle travelled; the stage waits for it.
+    llama_cuda_bg
+    # And `place`'s GGUF after the tests (PLACE_SYNTH=0: not).
+    [ "${PLACE_SYNTH:-1}" = 1 ] && [ ! -f /tmp/g26.done ] && (sleep 100
+      /tmp/vela-new synth --arch gemma4-26b-a4b --type q4_0 -o /tmp/g26.gguf -t 8 >$OUT/place-synth.log 2>&1 && touch /tmp/g26.done) &
     VELA_REQUIRE_GPU=1 timeout 150 /tmp/gpu-test-new --test-threads 1 host_experts dsv4_ops >$OUT/place-tests.log 2>&1
-    echo "placement GPU tests: exit $? $(grep -E '^test result' $OUT/place-tests.log)"
+    echo "placement GPU tests: exit $? $(grep -E '^test result' $OUT/place-tests.log) ($(( $(date +%s) - t0 )) s)"
     grep -E "^RESULT|panicked|FAILED" $OUT/place-tests.log
+    wait
+    tail -3 /tmp/llama-build.log; echo "llama.cpp ready, g26 $(ls /tmp/g26.done 2>&1) ($(( $(date +%s) - t0 )) s)"
     exit 0
   fi
-  (tar xJf $P/llama-bench-cuda.tar.xz -C /tmp && echo "llama.cpp unpacked") &
-  bpid=$!
-  [ -s /tmp/g26.gguf ] || /tmp/vela-new synth --arch gemma4-26b-a4b --type q4_0 -o /tmp/g26.gguf -t 16 >$OUT/place-synth.log 2>&1
+  llama_cuda_bg
+  [ -f /tmp/g26.done ] || { /tmp/vela-new synth --arch gemma4-26b-a4b --type q4_0 -o /tmp/g26.gguf -t 16 >$OUT/place-synth.log 2>&1 &&
+    touch /tmp/g26.done; }
   echo "synth exit $? ($(( $(date +%s) - t0 )) s) $(ls -la /tmp/g26.gguf)"
   wait $bpid
-  mkdir -p "$VELA_CACHE/llama.cpp-cuda" && ln -sfn /tmp/llama-bench-cuda "$VELA_CACHE/llama.cpp-cuda/bin"
+  tail -2 /tmp/llama-build.log
   /tmp/vela-new plan -m /tmp/g26.gguf --device cuda --experts cpu | tee $OUT/place-g26-plan.md
   B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela-new --flavors cuda --threads $(nproc) --reps ${PLACE_REPS:-3}
      --models /tmp/g26.gguf)
@@ -644,6 +673,17 @@ place|place-d4|place-tests)
   for c in 0 ${PLACE_CACHE:-4}; do
     /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu --expert-cache $c -p 512 -n 128 -r 2 2>&1 |
       grep -E "^\||experts" | tee -a $OUT/place-g26-traffic.md
+  done
+  # Prefill of host layers: the measured choice against its forced sides (VELA_EXPERT_PREFILL),
+  # at PLACE_PP prompt lengths (default 512 2048), interleaved.
+  for pp in ${PLACE_PP:-512 2048}; do
+    for r in 1 2; do
+      for m in cpu stream measured; do
+        echo "VELA_EXPERT_PREFILL=$m pp$pp round $r" | tee -a $OUT/place-g26-prefill.md
+        VELA_EXPERT_PREFILL=$m timeout 120 /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu \
+          --expert-cache 0 -p $pp -n 0 -r 3 2>&1 | grep -E "^\| g|experts" | tee -a $OUT/place-g26-prefill.md
+      done
+    done
   done
   ;;
 d4s)
@@ -714,14 +754,7 @@ q4x-llama)
   for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
-  if [ -s target/gpu-data/lb/llama-bench-cuda.tar.xz ]; then
-    tar xJf target/gpu-data/lb/llama-bench-cuda.tar.xz -C /tmp && echo "build exit 0 (bundle)" >/tmp/llama-build.log &
-  else
-    (nice -n 19 bash scripts/build-llama-cpp-cuda.sh build >/tmp/llama-build.log 2>&1; echo "build exit $?" >>/tmp/llama-build.log
-     grep -q "build exit 0" /tmp/llama-build.log && XZ_OPT=-T8 bash scripts/build-llama-cpp-cuda.sh bundle $OUT >>/tmp/llama-build.log 2>&1
-     tar xJf $OUT/llama-bench-cuda.tar.xz -C /tmp) &
-  fi
-  bpid=$!
+  llama_cuda_bg
   [ -f /tmp/q12.done ] ||
     /tmp/vela-new synth --arch qwen3.8-flash-next-12l-smallple --type ${Q4X_TYPE:-q4_0} -o /tmp/q12.gguf -t 8 >$OUT/q4x-synth.log 2>&1
   echo "synth exit $? ($(( $(date +%s) - t0 )) s) $(ls -la /tmp/q12.gguf)"
@@ -729,7 +762,6 @@ q4x-llama)
     --spec-cost -d 512 -r 3 --draft-max 7 --spec-accept 0.5,0.7,0.9 -n 128 2>&1 | tee $OUT/q4x-spec.md
   wait $bpid
   tail -4 /tmp/llama-build.log; echo "llama.cpp ready ($(( $(date +%s) - t0 )) s)"
-  ln -sfn /tmp/llama-bench-cuda "$VELA_CACHE/llama.cpp-cuda/bin"
   B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela-new --flavors cuda --threads 16 --reps 3
      "--llama-args=-ngl 99" "--vela-args=--device cuda" --models /tmp/q12.gguf)
   timeout ${Q4X_PPTG_S:-240} "${B[@]}" --out $OUT/q4x-vs-llama.md --json-out $OUT/q4x-vs-llama.json 2>$OUT/q4x-vs-llama.log

@@ -105,13 +105,18 @@ pub fn bench(a: BenchArgs) -> Result<()> {
     // Host-memory experts during tg (`--experts`): [calls, to host, to device, cache hits,
     // cache misses].
     let mut host = [0u64; 5];
+    // And during pp: [layer calls, batches streamed to the device, bytes streamed].
+    let mut host_pp = [0u64; 3];
     for _ in 0..a.reps {
         if a.n_prompt > 0 {
             session.reset();
             let toks = rand_tokens(a.n_prompt);
+            let h0 = host_prefill();
             let t = Instant::now();
             session.eval(&toks)?;
             pp.push(a.n_prompt as f64 / t.elapsed().as_secs_f64());
+            let h1 = host_prefill();
+            (0..3).for_each(|i| host_pp[i] += h1[i] - h0[i]);
         }
         if a.n_gen > 0 {
             session.reset();
@@ -145,6 +150,7 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         }
     }
     let tg_tokens = (a.n_gen * a.reps).max(1) as f64;
+    let reps = a.reps.max(1) as f64;
     let host_per_token = host.map(|x| x as f64 / tg_tokens);
     let wb = l.model.weight_bytes_per_token();
     let (ppm, pps) = if pp.is_empty() {
@@ -166,6 +172,8 @@ pub fn bench(a: BenchArgs) -> Result<()> {
             "tg": {"n": a.n_gen, "depth": a.depth, "tps_mean": tgm, "tps_std": tgs, "samples": tg},
             "weight_bytes_per_token": wb,
             "tg_weight_gbps": gbps,
+            "pp_host_experts_per_run": {"layer_calls": host_pp[0] as f64 / reps,
+                "streamed_batches": host_pp[1] as f64 / reps, "streamed_bytes": host_pp[2] as f64 / reps},
             "tg_host_experts_per_token": {"layer_calls": host_per_token[0],
                 "bytes_to_host": host_per_token[1], "bytes_to_device": host_per_token[2],
                 "cache_hits": host_per_token[3], "cache_misses": host_per_token[4]},
@@ -182,6 +190,14 @@ pub fn bench(a: BenchArgs) -> Result<()> {
         let be = l.model.backend_name();
         if !pp.is_empty() {
             println!("| {name} | {be} | pp{} | {ppm:.2} ± {pps:.2} |", a.n_prompt);
+        }
+        if host_pp[0] > 0 {
+            println!(
+                "experts in host memory at pp, per run: {:.1} layer batches, {:.1} of them streamed to the device ({:.2} GB)",
+                host_pp[0] as f64 / reps,
+                host_pp[1] as f64 / reps,
+                host_pp[2] as f64 / reps / 1e9
+            );
         }
         if !tg.is_empty() {
             let d = if a.depth > 0 {
@@ -235,6 +251,19 @@ fn host_traffic() -> [u64; 5] {
         t.bytes_to_device.load(Relaxed),
         c.hits.load(Relaxed),
         c.misses.load(Relaxed),
+    ]
+}
+
+/// The host-memory experts' prefill counters: [layer calls, batches streamed to the device,
+/// bytes streamed].
+fn host_prefill() -> [u64; 3] {
+    use std::sync::atomic::Ordering::Relaxed;
+    let t = &vela_engine::expert_stats::HOST_TRAFFIC;
+    let s = &vela_engine::expert_stats::STREAM_STATS;
+    [
+        t.calls.load(Relaxed),
+        s.batches.load(Relaxed),
+        s.bytes.load(Relaxed),
     ]
 }
 

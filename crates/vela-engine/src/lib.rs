@@ -15,5 +15,6 @@ pub use session::{Checkpoint, EvalOutcome, PendingArgmax, Session, SessionOption
 /// `/metrics` and `vela bench`.
 pub mod expert_stats {
     pub use vela_models::blocks::expert_cache::CACHE_STATS;
+    pub use vela_models::blocks::expert_stream::STREAM_STATS;
     pub use vela_models::blocks::experts::HOST_TRAFFIC;
 }

@@ -2,5 +2,6 @@
 //! model file composes them and reads side by side with its `modeling_<arch>.py`.
 
 pub mod expert_cache;
+pub mod expert_stream;
 pub mod experts;
 pub mod mhc;

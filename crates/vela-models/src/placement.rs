@@ -5,11 +5,12 @@
 //! decides per layer from the tensors' loaded sizes and the device's free memory; the loader
 //! applies the plan through [`LoadSpec`].
 
+pub use crate::blocks::expert_stream::{Prefill, StreamCosts};
 use anyhow::{bail, Result};
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::str::FromStr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use vela_compute::cpu::CpuBackend;
 use vela_formats::quant::GgmlType;
 
@@ -39,9 +40,24 @@ pub struct HostExperts {
     pub layers: Vec<usize>,
     /// Device memory per layer for its cache of the most used experts (0: no cache).
     pub cache_bytes: u64,
+    /// Where a batch runs: the CPU or the device with its experts streamed, by measured cost
+    /// ([`crate::blocks::expert_stream`]).
+    pub prefill: Prefill,
+    /// The costs those layers measure, shared.
+    pub costs: Arc<Mutex<StreamCosts>>,
 }
 
 impl HostExperts {
+    pub fn new(cpu: Arc<CpuBackend>, layers: Vec<usize>, cache_bytes: u64) -> HostExperts {
+        HostExperts {
+            cpu,
+            layers,
+            cache_bytes,
+            prefill: Prefill::Measured,
+            costs: Arc::default(),
+        }
+    }
+
     pub fn has(&self, layer: usize) -> bool {
         self.layers.binary_search(&layer).is_ok()
     }

@@ -12,7 +12,7 @@ use vela_compute::KvType;
 use vela_formats::quant::GgmlType;
 use vela_models::deepseekv4::DeepseekV4Model;
 use vela_models::gemma4::Gemma4Model;
-use vela_models::placement::HostExperts;
+use vela_models::placement::{HostExperts, Prefill};
 use vela_models::qwen4exp::Qwen4ExpModel;
 use vela_models::{LanguageModel, LoadSpec};
 
@@ -37,11 +37,10 @@ fn logits(m: Arc<dyn LanguageModel>, tokens: &[u32]) -> Vec<f32> {
 /// Host experts on `layers`, run by a CPU backend of their own, with `cache_bytes` of device
 /// cache each.
 fn host_cached(layers: &[usize], cache_bytes: u64) -> Option<HostExperts> {
-    Some(HostExperts {
-        cpu: Arc::new(CpuBackend::new(2)),
-        layers: layers.to_vec(),
-        cache_bytes,
-    })
+    let mut h = HostExperts::new(Arc::new(CpuBackend::new(2)), layers.to_vec(), cache_bytes);
+    // The CPU's products (the measured choice may stream a batch once it has measured both).
+    h.prefill = Prefill::Cpu;
+    Some(h)
 }
 
 fn host(layers: &[usize]) -> Option<HostExperts> {
@@ -108,6 +107,21 @@ fn deepseekv4_host_experts_are_exact() {
         let c0 = host_calls();
         let got = logits(synth(host(layers)), &tokens);
         assert_same(&format!("deepseek_v4 {layers:?}"), c0, &got, &base);
+    }
+    // Every batch's experts streamed to the device (here the CPU's repacked copy of the
+    // batch's experts), and the measured choice: the same bits.
+    for prefill in [Prefill::Stream, Prefill::Measured] {
+        let streamed = &vela_models::blocks::expert_stream::STREAM_STATS.batches;
+        let (c0, s0) = (
+            host_calls(),
+            streamed.load(std::sync::atomic::Ordering::Relaxed),
+        );
+        let mut h = host(&all).unwrap();
+        h.prefill = prefill;
+        let got = logits(synth(Some(h)), &tokens);
+        assert_same(&format!("deepseek_v4 {prefill:?}"), c0, &got, &base);
+        let n = streamed.load(std::sync::atomic::Ordering::Relaxed) - s0;
+        assert!(prefill != Prefill::Stream || n > 0, "nothing streamed");
     }
     // With a device cache of a few experts per layer (some slots on the device, the rest on the
     // CPU in the same step) and of every expert: still the same bits.

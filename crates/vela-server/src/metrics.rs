@@ -186,6 +186,7 @@ impl Metrics {
         // Routed experts in host memory (`--experts`) and their device cache: process-wide.
         let ht = &vela_engine::expert_stats::HOST_TRAFFIC;
         let cs = &vela_engine::expert_stats::CACHE_STATS;
+        let st = &vela_engine::expert_stats::STREAM_STATS;
         for (name, help, v) in [
             (
                 "vela_host_expert_layer_calls_total",
@@ -221,6 +222,16 @@ impl Metrics {
                 "vela_expert_cache_bytes_uploaded_total",
                 "Expert weight bytes copied to the device cache.",
                 &cs.bytes_uploaded,
+            ),
+            (
+                "vela_host_expert_streamed_batches_total",
+                "Batches of host-memory layers run on the device with their experts copied there.",
+                &st.batches,
+            ),
+            (
+                "vela_host_expert_streamed_bytes_total",
+                "Expert weight bytes copied to the device for those batches.",
+                &st.bytes,
             ),
         ] {
             one(name, "counter", help, v);

@@ -359,11 +359,9 @@ fn dsv4_qwen4exp_host_experts_match_gpu() {
     use vela_models::qwen4exp::Qwen4ExpModel;
     use vela_models::LoadSpec;
     let host = |cache_bytes: u64| {
-        Some(HostExperts {
-            cpu: Arc::new(CpuBackend::new(0)),
-            layers: (0..64).collect(),
-            cache_bytes,
-        })
+        let mut h = HostExperts::new(Arc::new(CpuBackend::new(0)), (0..64).collect(), cache_bytes);
+        h.prefill = vela_models::placement::Prefill::Cpu;
+        Some(h)
     };
     let q4dir = vela_formats::testdata::golden_dir().join("qwen4exp/gdn_qsa");
     let has_q4 = vela_formats::testdata::require(q4dir.join("logits_long.f32")).is_some();

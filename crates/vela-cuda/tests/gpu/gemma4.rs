@@ -111,7 +111,7 @@ fn gemma4_moe_exact_gpu_matches_cpu() {
 /// mode reported.
 #[test]
 fn gemma4_moe_host_experts_match_gpu() {
-    use vela_models::placement::HostExperts;
+    use vela_models::placement::{HostExperts, Prefill};
     use vela_models::LoadSpec;
     let Some(path) = synth("gemma4-tiny-moe") else {
         return;
@@ -119,23 +119,42 @@ fn gemma4_moe_host_experts_match_gpu() {
     for exact in [true, false] {
         vela_compute::cpu::matmul::exact::set_thread_override(Some(exact));
         let file = Arc::new(GgufFile::open(&path).unwrap());
-        let load = |layers: &[usize], cache_bytes: u64| {
+        let load = |layers: &[usize], cache_bytes: u64, prefill: Prefill| {
             let g = gpu()?;
             g.set_exact_matmul(exact);
+            let mut h =
+                HostExperts::new(Arc::new(CpuBackend::new(0)), layers.to_vec(), cache_bytes);
+            h.prefill = prefill;
             let spec = LoadSpec {
                 quant: None,
-                host_experts: Some(HostExperts {
-                    cpu: Arc::new(CpuBackend::new(0)),
-                    layers: layers.to_vec(),
-                    cache_bytes,
-                }),
+                host_experts: Some(h),
             };
             Some(vela_models::load_gguf_spec(Arc::new(g), file.clone(), &spec).unwrap())
         };
-        let Some(base) = load(&[], 0) else { return };
+        let Some(base) = load(&[], 0, Prefill::Cpu) else {
+            return;
+        };
         let p = prompt();
         let (lb, ib) = run(base, &p, 16);
         let all = [0, 1, 2, 3, 4, 5];
+        // Every batch streamed (the device's kernels on a device copy of the rows): the
+        // all-on-GPU bits.
+        let streamed = &vela_models::blocks::expert_stream::STREAM_STATS.batches;
+        let s0 = streamed.load(std::sync::atomic::Ordering::Relaxed);
+        let (ls, is) = run(load(&all, 0, Prefill::Stream).unwrap(), &p, 16);
+        let ns = streamed.load(std::sync::atomic::Ordering::Relaxed) - s0;
+        eprintln!(
+            "RESULT | gemma4-tiny-moe host experts streamed ({ns} batches) vs GPU | {} |",
+            if ls == lb && is == ib {
+                "bit-identical"
+            } else {
+                "DIFFER"
+            }
+        );
+        assert!(
+            ns > 0 && ls == lb && is == ib,
+            "streamed experts differ from the GPU's"
+        );
         for (layers, cache) in [
             (&all[..], 0),
             (&all[..3], 0),
@@ -145,7 +164,7 @@ fn gemma4_moe_host_experts_match_gpu() {
             let stats = &vela_models::blocks::expert_cache::CACHE_STATS;
             let h0 = stats.hits.load(std::sync::atomic::Ordering::Relaxed);
             let m0 = stats.misses.load(std::sync::atomic::Ordering::Relaxed);
-            let (lh, ih) = run(load(layers, cache).unwrap(), &p, 16);
+            let (lh, ih) = run(load(layers, cache, Prefill::Cpu).unwrap(), &p, 16);
             let hits = stats.hits.load(std::sync::atomic::Ordering::Relaxed) - h0;
             let misses = stats.misses.load(std::sync::atomic::Ordering::Relaxed) - m0;
             let (_, nmse) = err(&lh, &lb);

@@ -11,8 +11,8 @@
 //! the usual order and the result differs from all-on-device only by the CPU's rounding of
 //! the slots it ran.
 
+use super::expert_stream::upload_experts;
 use super::experts::GateUp;
-use crate::weights::stack;
 use anyhow::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
 use vela_compute::{Backend, HostWeight};
@@ -117,27 +117,8 @@ impl<B: Backend> ExpertCache<B> {
         if self.held.is_empty() {
             return Ok(());
         }
-        let rows = |w: &HostWeight| -> Result<HostWeight> {
-            let rpe = w.rows / self.n_expert;
-            let parts: Vec<HostWeight> = self
-                .held
-                .iter()
-                .map(|&e| w.row_range(e * rpe, rpe, &w.name))
-                .collect::<Result<_>>()?;
-            stack(&format!("{} (cached experts)", w.name), &parts)
-        };
-        let mut bytes = 0u64;
-        let mut up = |w: &HostWeight| -> Result<B::Weight> {
-            let c = rows(w)?;
-            bytes += c.bytes().len() as u64;
-            upload(&c)
-        };
-        let gate_up = match gate_up {
-            [gu] => GateUp::Fused(up(gu)?),
-            [g, u] => GateUp::Split(up(g)?, up(u)?),
-            _ => anyhow::bail!("expert cache: one or two gate/up tensors"),
-        };
-        let down = up(down)?;
+        let (gate_up, down, bytes) =
+            upload_experts::<B>(gate_up, down, self.n_expert, Some(&self.held), upload)?;
         self.weights = Some(CachedWeights { gate_up, down });
         CACHE_STATS.refreshes.fetch_add(1, Ordering::Relaxed);
         CACHE_STATS

@@ -14,10 +14,12 @@
 //! quantization; tests bound it).
 
 use super::expert_cache::ExpertCache;
+use super::expert_stream::{upload_experts, Prefill, StreamCosts, STREAM_STATS};
 use crate::placement::HostExperts;
 use anyhow::Result;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 use vela_compute::cpu::{ops::CpuWeight, CpuBackend};
 use vela_compute::{Activation, Backend, HostWeight, RouteParams};
 
@@ -46,6 +48,20 @@ struct HostPart<B: Backend> {
     gate_up: GateUp<CpuBackend>,
     down: CpuWeight,
     cache: Option<Mutex<ExpertCache<B>>>,
+    n_expert: usize,
+    /// One expert's bytes in each tensor (gate and up, or gate_up; then down).
+    expert_bytes: Vec<u64>,
+    prefill: Prefill,
+    costs: Arc<Mutex<StreamCosts>>,
+}
+
+impl<B: Backend> HostPart<B> {
+    fn gate_up_hosts(&self) -> Vec<&HostWeight> {
+        match &self.gate_up {
+            GateUp::Fused(g) => vec![g.host()],
+            GateUp::Split(g, u) => vec![g.host(), u.host()],
+        }
+    }
 }
 
 /// Traffic of the host-memory experts (all layers of a process): rows and bytes each way.
@@ -151,8 +167,13 @@ impl<B: Backend> Experts<B> {
                     ),
                 };
                 let down = cpu.map_weight(down)?;
-                let per_expert = (gate_up_bytes(&gate_up) + down.host().bytes().len() as u64)
-                    / n_expert.max(1) as u64;
+                let per = |w: &CpuWeight| w.host().bytes().len() as u64 / n_expert.max(1) as u64;
+                let mut expert_bytes: Vec<u64> = match &gate_up {
+                    GateUp::Fused(g) => vec![per(g)],
+                    GateUp::Split(g, u) => vec![per(g), per(u)],
+                };
+                expert_bytes.push(per(&down));
+                let per_expert: u64 = expert_bytes.iter().sum();
                 let cap = (h.cache_bytes / per_expert.max(1)) as usize;
                 let cache = (cap > 0).then(|| Mutex::new(ExpertCache::new(cap, n_expert)));
                 Placed::Host(Box::new(HostPart {
@@ -160,6 +181,10 @@ impl<B: Backend> Experts<B> {
                     gate_up,
                     down,
                     cache,
+                    n_expert,
+                    expert_bytes,
+                    prefill: h.prefill,
+                    costs: h.costs.clone(),
                 }))
             }
             None => {
@@ -179,13 +204,6 @@ impl<B: Backend> Experts<B> {
     /// Whether this layer's experts run on the host (its forward reads back: no graph).
     pub fn on_host(&self) -> bool {
         matches!(self.placed, Placed::Host(_))
-    }
-}
-
-fn gate_up_bytes(g: &GateUp<CpuBackend>) -> u64 {
-    match g {
-        GateUp::Fused(w) => w.host().bytes().len() as u64,
-        GateUp::Split(a, b) => (a.host().bytes().len() + b.host().bytes().len()) as u64,
     }
 }
 
@@ -302,11 +320,14 @@ impl<B: Backend> Experts<B> {
         be.scatter_add_rows(x, &s.y, &s.token_of_slot, Some(&s.weights), n * k, d);
     }
 
-    /// [`Self::forward`] with the experts in host memory: the rows, ids and weights cross to
-    /// the host once. Without a device cache (or none of the slots in it) the CPU runs the same
-    /// products and the combine in the same order and the rows cross back once. With cached
-    /// slots, those multiply on the device (launched before the CPU starts, so both run at
-    /// once), the CPU's rows cross back into their slots, and the device combines as usual.
+    /// [`Self::forward`] with the experts in host memory: the expert ids cross to the host,
+    /// and the batch runs where the measured costs say ([`super::expert_stream`]). Streamed:
+    /// its experts cross to the device and the device runs the layer as if they lived there.
+    /// Else the rows and weights cross to the host too. Without a device cache (or none of
+    /// the slots in it) the CPU runs the same products and the combine in the same order and
+    /// the rows cross back once. With cached slots, those multiply on the device (launched
+    /// before the CPU starts, so both run at once), the CPU's rows cross back into their
+    /// slots, and the device combines as usual.
     fn forward_host(
         &self,
         be: &B,
@@ -319,25 +340,27 @@ impl<B: Backend> Experts<B> {
         let (k, i_n) = (s.k, self.n_ff);
         let ns = n * k;
         let dims = (i_n, d, self.act);
-        let mut hx = vec![0f32; n * d];
         let mut ids = vec![0u32; ns];
-        let mut w = vec![0f32; ns];
         be.read_ids(&s.ids, &mut ids);
-        be.read(&s.weights, &mut w);
-        be.read(x, &mut hx);
         let t = &HOST_TRAFFIC;
         t.calls.fetch_add(1, Ordering::Relaxed);
         t.bytes_to_host
-            .fetch_add((4 * (n * d + 2 * ns)) as u64, Ordering::Relaxed);
+            .fetch_add((4 * ns) as u64, Ordering::Relaxed);
+        if self.forward_streamed(be, h, x, n, d, s, &ids) {
+            return;
+        }
+        let mut hx = vec![0f32; n * d];
+        let mut w = vec![0f32; ns];
+        be.read(&s.weights, &mut w);
+        be.read(x, &mut hx);
+        t.bytes_to_host
+            .fetch_add((4 * (n * d + ns)) as u64, Ordering::Relaxed);
         let mut guard = h
             .cache
             .as_ref()
             .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()));
         let mapped = guard.as_deref_mut().and_then(|c| {
-            let gu: Vec<&HostWeight> = match &h.gate_up {
-                GateUp::Fused(g) => vec![g.host()],
-                GateUp::Split(g, u) => vec![g.host(), u.host()],
-            };
+            let gu = h.gate_up_hosts();
             if let Err(e) = c.observe(&ids, n, &gu, h.down.host(), |w| be.upload_weight(w)) {
                 static WARNED: AtomicBool = AtomicBool::new(false);
                 if !WARNED.swap(true, Ordering::Relaxed) {
@@ -350,6 +373,7 @@ impl<B: Backend> Experts<B> {
             any_hit.then_some(m)
         });
         let (Some(mapped), Some(c)) = (mapped, guard.as_deref()) else {
+            let t0 = Instant::now();
             let (mut gu, mut act, mut y) = (
                 vec![0f32; ns * 2 * i_n],
                 vec![0f32; ns * i_n],
@@ -361,6 +385,7 @@ impl<B: Backend> Experts<B> {
             let tos: Vec<u32> = (0..ns).map(|j| (j / k) as u32).collect();
             hx.fill(0.0);
             h.cpu.scatter_add_rows(&mut hx, &y, &tos, Some(&w), ns, d);
+            h.record_cpu(ns, t0);
             be.write(x, &hx);
             t.bytes_to_device
                 .fetch_add((4 * n * d) as u64, Ordering::Relaxed);
@@ -386,6 +411,7 @@ impl<B: Backend> Experts<B> {
         // The slots the cache does not hold, each as a token of its own, on the CPU meanwhile.
         let miss: Vec<usize> = (0..ns).filter(|&j| mapped[j] as usize >= held).collect();
         if !miss.is_empty() {
+            let t0 = Instant::now();
             let nm = miss.len();
             let xm: Vec<f32> = miss
                 .iter()
@@ -400,6 +426,7 @@ impl<B: Backend> Experts<B> {
             products(
                 &*h.cpu, &h.gate_up, &h.down, dims, &xm, &mids, nm, 1, &mut gu, &mut act, &mut ym,
             );
+            h.record_cpu(nm, t0);
             let idx: Vec<u32> = miss.iter().map(|&j| j as u32).collect();
             let cs = s.cached.as_mut().expect("made above");
             be.write(&mut cs.rows, &ym);
@@ -411,6 +438,105 @@ impl<B: Backend> Experts<B> {
         }
         be.copy_rows(&s.zeros, 0, n, d, x, 0);
         be.scatter_add_rows(x, &s.y, &s.token_of_slot, Some(&s.weights), ns, d);
+    }
+
+    /// The batch of routed `ids` on the device with its experts copied there for it, when the
+    /// measured costs choose that (the experts that `ids` route to, or all of them when that
+    /// is most); false: the CPU is to run it.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_streamed(
+        &self,
+        be: &B,
+        h: &HostPart<B>,
+        x: &mut B::Buf,
+        n: usize,
+        d: usize,
+        s: &mut ExpertScratch<B>,
+        ids: &[u32],
+    ) -> bool {
+        let ne = h.n_expert;
+        let mut used: Vec<usize> = ids
+            .iter()
+            .map(|&e| e as usize)
+            .filter(|&e| e < ne)
+            .collect();
+        used.sort_unstable();
+        used.dedup();
+        let whole = used.len() * 2 > ne;
+        let count = if whole { ne } else { used.len() } as u64;
+        let bytes = count * h.expert_bytes.iter().sum::<u64>();
+        // At the peak the device holds the copies so far and the largest one's staging.
+        let peak = bytes + count * h.expert_bytes.iter().max().copied().unwrap_or(0);
+        let mut costs = h.costs.lock().unwrap_or_else(|e| e.into_inner());
+        let free = if costs.off || h.prefill == Prefill::Cpu {
+            None
+        } else {
+            be.memory_free()
+        };
+        if !costs.stream(h.prefill, ids.len(), peak, free) {
+            return false;
+        }
+        let t0 = Instant::now();
+        let subset = (!whole).then_some(&used[..]);
+        let up = upload_experts::<B>(&h.gate_up_hosts(), h.down.host(), ne, subset, |w| {
+            be.upload_weight(w)
+        });
+        let (gate_up, down, sent) = match up {
+            Ok(v) => v,
+            Err(e) => {
+                eprintln!(
+                    "warning: streaming host-memory experts to the device is off, the CPU runs \
+                     every batch: {e:#}"
+                );
+                costs.off = true;
+                return false;
+            }
+        };
+        costs.record_stream(sent, t0.elapsed().as_secs_f64());
+        drop(costs);
+        STREAM_STATS.batches.fetch_add(1, Ordering::Relaxed);
+        STREAM_STATS.bytes.fetch_add(sent, Ordering::Relaxed);
+        if !whole {
+            let slot: Vec<u32> = ids
+                .iter()
+                .map(|&e| {
+                    used.binary_search(&(e as usize))
+                        .map_or(used.len() as u32, |p| p as u32)
+                })
+                .collect();
+            be.write_ids(&mut s.cached(be).mapped, &slot);
+        }
+        let ids_buf = match &s.cached {
+            Some(cs) if !whole => &cs.mapped,
+            _ => &s.ids,
+        };
+        let (k, i_n) = (s.k, self.n_ff);
+        products(
+            be,
+            &gate_up,
+            &down,
+            (i_n, d, self.act),
+            x,
+            ids_buf,
+            n,
+            k,
+            &mut s.gu,
+            &mut s.act,
+            &mut s.y,
+        );
+        be.copy_rows(&s.zeros, 0, n, d, x, 0);
+        be.scatter_add_rows(x, &s.y, &s.token_of_slot, Some(&s.weights), n * k, d);
+        true
+    }
+}
+
+impl<B: Backend> HostPart<B> {
+    fn record_cpu(&self, slots: usize, t0: Instant) {
+        let secs = t0.elapsed().as_secs_f64();
+        self.costs
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .record_cpu(slots, secs);
     }
 }
 
