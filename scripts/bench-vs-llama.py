@@ -5,6 +5,8 @@
         [--models smollm2,gemma3,qwen25 | --models /path/a.gguf,...] [--flavors avx2,avx512]
         [-p 512] [-n 128] [--out bench.md] [--json-out bench.json]
     python3 scripts/bench-vs-llama.py --llama-only ...      # llama.cpp columns only
+    python3 scripts/bench-vs-llama.py ... --flyweight PY [--fw-args '--expert-mode cpu'] [--fw-mode api|cli]
+                                                             # + Flyweight (see scripts/bench-flyweight.py)
 
 For each repetition, for each model, it runs (alternating which engine goes first, so slow drifts
 of the shared machine hit both engines equally):
@@ -12,10 +14,13 @@ of the shared machine hit both engines equally):
     llama-bench -m M -p 512 -n 128 -t 2 -r 1 -o json         (once per available llama.cpp flavor)
     vela bench --model M -p 512 -n 128 -r 1 --threads 2 --json
 
-and reports, per model and test (pp512 = prompt processing of 512 tokens, tg128 = generating 128
-tokens one at a time, both in tokens/s), the median and min-max over the repetitions for vela and
-for the *best* llama.cpp flavor of that model/test (highest median; the flavor is named), and the
-ratio vela/llama (> 1 = vela faster). The markdown table goes to stdout and to --out.
+(with --flyweight PY, a Python command that can import the `flyweight-llm` package, also the driver
+of scripts/bench-flyweight.py, in a fresh process: the same p/n/threads, --fw-args passed on;
+llama.cpp may then be missing) and reports, per model and test (pp512 = prompt processing of 512
+tokens, tg128 = generating 128 tokens one at a time, both in tokens/s), the median and min-max
+over the repetitions for vela and for the *best* llama.cpp flavor of that model/test (highest
+median; the flavor is named), and the ratio vela/llama (> 1 = vela faster); with --flyweight also Flyweight's t/s and the ratios
+flyweight/llama and vela/flyweight. The markdown table goes to stdout and to --out.
 
 llama.cpp flavors: `$VELA_CACHE/llama.cpp-<flavor>/bin/llama-bench` built by
 `scripts/build-llama-cpp.sh avx2` / `scripts/build-llama-cpp.sh avx512`; missing flavors are
@@ -34,6 +39,7 @@ as llama-bench's tg does). Only tps_mean is read; n, tps_std, samples and other 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import platform
@@ -84,6 +90,18 @@ def vela_bench(vela: str, model: Path, p: int, n: int, threads: int, extra: list
         raise RuntimeError(f"vela bench --json printed an unexpected shape ({ex}): {r.stdout[:300]!r}")
 
 
+def load_flyweight_bench():
+    """`flyweight_bench` of scripts/bench-flyweight.py (a file name that is no module name)."""
+    spec = importlib.util.spec_from_file_location("bench_flyweight", Path(__file__).with_name("bench-flyweight.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod.flyweight_bench
+
+
+def ratio(a: list[float], b: list[float]) -> str:
+    return f"{statistics.median(a) / statistics.median(b):.2f}" if a and b else "n/a"
+
+
 def summary(xs: list[float]) -> str:
     if not xs:
         return "n/a"
@@ -103,11 +121,18 @@ def main():
     ap.add_argument("--depth", type=int, default=0, help="tokens in the cache before the tests (llama-bench -d)")
     ap.add_argument("--vela-args", default="", help="extra arguments for `vela bench`, e.g. '--device cuda'")
     ap.add_argument("--llama-args", default="", help="extra arguments for llama-bench, e.g. '-ngl 99'")
+    ap.add_argument("--flyweight", metavar="PY", help="also benchmark Flyweight: a Python command that can "
+                    "import flyweight, e.g. /tmp/fwvenv/bin/python or 'env PYTHONPATH=/tmp/site python3'")
+    ap.add_argument("--fw-args", default="", help="extra `flyweight benchmark` flags, e.g. '--expert-mode cpu'")
+    ap.add_argument("--fw-mode", choices=("api", "cli"), default="api", help="see scripts/bench-flyweight.py")
     ap.add_argument("--out", help="also write the markdown report here")
     ap.add_argument("--json-out", help="write all raw samples as JSON here")
     a = ap.parse_args()
     if a.reps < 1:
         ap.error("--reps must be >= 1")
+    if a.flyweight and a.depth:
+        ap.error("--depth is not supported with --flyweight")
+    flyweight_bench = load_flyweight_bench() if a.flyweight else None
 
     vela = None
     if not a.llama_only:
@@ -126,7 +151,7 @@ def main():
             flavors.append(f)
         else:
             notes.append(f"llama.cpp {f} not built (scripts/build-llama-cpp.sh {f}); skipped")
-    if not flavors:
+    if not flavors and not flyweight_bench:
         sys.exit("error: no llama.cpp build found: run scripts/build-llama-cpp.sh avx2")
 
     models = []
@@ -139,19 +164,23 @@ def main():
     tests = [t for t, k in (("pp", a.p), ("tg", a.n)) if k > 0]
     if not tests:
         ap.error("-p and -n are both 0")
-    vargs, largs = a.vela_args.split(), a.llama_args.split()
-    # samples[model][engine][test] -> list of t/s; engine = "vela" | "llama-<flavor>"
+    vargs, largs, fargs = a.vela_args.split(), a.llama_args.split(), a.fw_args.split()
+    # samples[model][engine][test] -> list of t/s; engine = "vela" | "llama-<flavor>" | "flyweight"
     samples: dict = {k: {} for k, _ in models}
-    builds = {}
+    builds, fw_raw = {}, []
     for rep in range(a.reps):
         for mi, (key, path) in enumerate(models):
-            engines = [f"llama-{f}" for f in flavors] + (["vela"] if vela else [])
+            engines = [f"llama-{f}" for f in flavors] + (["vela"] if vela else []) + (
+                ["flyweight"] if flyweight_bench else [])
             if (rep + mi) % 2 == 1:
                 engines.reverse()
             for eng in engines:
                 t0 = time.time()
                 if eng == "vela":
                     r = vela_bench(vela, path, a.p, a.n, a.threads, vargs, a.depth)
+                elif eng == "flyweight":
+                    r = flyweight_bench(a.flyweight, path, a.p, a.n, a.threads, fargs, mode=a.fw_mode)
+                    fw_raw.append({"model": key, "rep": rep, **r})
                 else:
                     r = llama_bench(eng[6:], path, a.p, a.n, a.threads, largs, a.depth)
                     builds[eng] = r.pop("build", None)
@@ -164,11 +193,12 @@ def main():
     lines = []
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
                platform.processor())
-    lines.append(f"# vela vs llama.cpp ({time.strftime('%Y-%m-%d %H:%M')})\n")
+    lines.append(f"# vela vs llama.cpp{' vs flyweight' if flyweight_bench else ''} ({time.strftime('%Y-%m-%d %H:%M')})\n")
     lines.append(f"CPU: {cpu}, {os.cpu_count()} logical cores, threads={a.threads}, reps={a.reps} (interleaved), "
                  f"depth={a.depth}, vela args '{a.vela_args}', llama-bench args '{a.llama_args}', "
                  f"load avg at end {os.getloadavg()[0]:.2f}; llama.cpp flavors: "
-                 + ", ".join(f"{f} ({builds.get('llama-' + f)})" for f in flavors) + "\n")
+                 + ", ".join(f"{f} ({builds.get('llama-' + f)})" for f in flavors)
+                 + (f"; flyweight args '{a.fw_args}' ({a.fw_mode} mode)" if flyweight_bench else "") + "\n")
     for n in notes:
         lines.append(f"- note: {n}")
     lines.append("")
@@ -177,6 +207,9 @@ def main():
     if vela:
         hdr += " vela t/s median [min–max] | vela/llama |"
         sep += "---|---:|"
+    if flyweight_bench:
+        hdr += " flyweight t/s median [min–max] | flyweight/llama |" + (" vela/flyweight |" if vela else "")
+        sep += "---|---:|" + ("---:|" if vela else "")
     if len(flavors) > 1:
         for f in flavors:
             hdr += f" llama {f} |"
@@ -185,12 +218,18 @@ def main():
     for key, _ in models:
         at = f" @ d{a.depth}" if a.depth else ""
         for t, label in [(t, f"{t}{a.p if t == 'pp' else a.n}{at}") for t in tests]:
-            best = max(flavors, key=lambda f: statistics.median(samples[key][f"llama-{f}"][t]))
-            ls = samples[key][f"llama-{best}"][t]
-            row = f"| {key} | {label} | {summary(ls)} ({best}) |"
+            if flavors:
+                best = max(flavors, key=lambda f: statistics.median(samples[key][f"llama-{f}"][t]))
+                ls = samples[key][f"llama-{best}"][t]
+                row = f"| {key} | {label} | {summary(ls)} ({best}) |"
+            else:
+                ls, row = [], f"| {key} | {label} | n/a |"
             if vela:
                 vs = samples[key]["vela"][t]
-                row += f" {summary(vs)} | {statistics.median(vs) / statistics.median(ls):.2f} |"
+                row += f" {summary(vs)} | {ratio(vs, ls)} |"
+            if flyweight_bench:
+                fs = samples[key]["flyweight"][t]
+                row += f" {summary(fs)} | {ratio(fs, ls)} |" + (f" {ratio(vs, fs)} |" if vela else "")
             if len(flavors) > 1:
                 for f in flavors:
                     row += f" {summary(samples[key][f'llama-{f}'][t])} |"
@@ -201,7 +240,8 @@ def main():
         Path(a.out).write_text(report)
     if a.json_out:
         Path(a.json_out).write_text(json.dumps({"samples": samples, "builds": builds, "threads": a.threads,
-                                                "p": a.p, "n": a.n, "reps": a.reps}, indent=1))
+                                                "p": a.p, "n": a.n, "reps": a.reps}
+                                               | ({"flyweight": fw_raw} if flyweight_bench else {}), indent=1))
 
 
 if __name__ == "__main__":

@@ -675,9 +675,9 @@ place|place-d4|place-tests)
       grep -E "^\||experts" | tee -a $OUT/place-g26-traffic.md
   done
   # Prefill of host layers: the measured choice against its forced sides (VELA_EXPERT_PREFILL),
-  # at PLACE_PP prompt lengths (default 512 2048), interleaved.
+  # at PLACE_PP prompt lengths (default 512 2048), PLACE_PP_ROUNDS interleaved rounds (default 1).
   for pp in ${PLACE_PP:-512 2048}; do
-    for r in 1 2; do
+    for r in $(seq ${PLACE_PP_ROUNDS:-1}); do
       for m in cpu stream measured; do
         echo "VELA_EXPERT_PREFILL=$m pp$pp round $r" | tee -a $OUT/place-g26-prefill.md
         VELA_EXPERT_PREFILL=$m timeout 120 /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu \
