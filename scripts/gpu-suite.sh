@@ -668,6 +668,18 @@ place|place-d4|place-tests)
   timeout 300 "${B[@]}" "--llama-args=-ngl 99 -ncmoe 99" "--vela-args=--device cuda --experts cpu --expert-cache 0" \
     --out $OUT/place-g26-cpu.md 2>>$OUT/place-g26.log
   echo "experts on the CPU done ($(( $(date +%s) - t0 )) s)"
+  # Flyweight (PyPI flyweight-llm, the wheels of target/gpu-data/fw when carried) on the same
+  # GGUF: every expert on the GPU, then routed experts on the CPU (PLACE_FW=0: not).
+  if [ "${PLACE_FW:-1}" = 1 ] && ls target/gpu-data/fw/flyweight_llm-*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site target/gpu-data/fw/*.whl 2>&1 | tail -2
+    FW=(python3 scripts/bench-flyweight.py /tmp/g26.gguf -p 512 -n 128 --reps 3 --threads $(nproc)
+        --flyweight "env PYTHONPATH=/tmp/site CUDA_PATH=$(ls -d /usr/local/cuda* | head -1) python3")
+    timeout 200 "${FW[@]}" "--fw-args=--backend cuda --expert-mode auto -ngl all --hybrid-prefill split" \
+      --out $OUT/place-g26-fw-gpu.md >$OUT/place-fw.log 2>&1
+    timeout 200 "${FW[@]}" "--fw-args=--backend cuda --expert-mode cpu" --out $OUT/place-g26-fw-cpu.md >>$OUT/place-fw.log 2>&1
+    cat $OUT/place-g26-fw-*.md 2>/dev/null; tail -3 $OUT/place-fw.log
+    echo "flyweight done ($(( $(date +%s) - t0 )) s)"
+  fi
   # vela alone: the traffic per token, then with a GPU cache of PLACE_CACHE GiB (default 4) of
   # the hot experts.
   for c in 0 ${PLACE_CACHE:-4}; do
