@@ -69,14 +69,16 @@ extern "C" __global__ void rec_signed_sqrt_gate(float* x, long long n, float sca
 
 // One block per value head, thread j owns column j of the head's [dk, dv] state (coalesced
 // rows), positions in order. The q and k heads are L2-normalised first (sequential f32 sums, as
-// on the CPU) and q scaled by dk^-1/2. dk <= 256.
+// on the CPU) and q scaled by dk^-1/2. dk <= 256. The log-decay g is one per value head
+// ([n, n_v]) or, with `channels` (KDA), one per value head and key channel ([n, n_v, dk]):
+// row i of the state decays by exp(g_i).
 extern "C" __global__ void rec_gated_delta_rule(const float* __restrict__ qkv,
                                                 const float* __restrict__ g,
                                                 const float* __restrict__ beta, int n, int n_k,
-                                                int n_v, int dk, int dv, int tiled, float* state,
-                                                float* __restrict__ out) {
+                                                int n_v, int dk, int dv, int tiled, int channels,
+                                                float* state, float* __restrict__ out) {
     PDL_ENTRY();
-    __shared__ float ks[256], qs[256], inv[2];
+    __shared__ float ks[256], qs[256], gs[256], inv[2];
     int h = blockIdx.x, j = threadIdx.x;
     int kh = tiled ? h % n_k : h / (n_v / n_k);
     size_t row = (size_t)2 * n_k * dk + (size_t)n_v * dv;
@@ -88,6 +90,7 @@ extern "C" __global__ void rec_gated_delta_rule(const float* __restrict__ qkv,
         for (int i = threadIdx.x; i < dk; i += blockDim.x) {
             qs[i] = r[(size_t)kh * dk + i];
             ks[i] = r[(size_t)(n_k + kh) * dk + i];
+            gs[i] = expf(channels ? g[((size_t)t * n_v + h) * dk + i] : g[(size_t)t * n_v + h]);
         }
         __syncthreads();
         if (threadIdx.x < 2) {
@@ -103,10 +106,10 @@ extern "C" __global__ void rec_gated_delta_rule(const float* __restrict__ qkv,
         }
         __syncthreads();
         if (j >= dv) continue;
-        float decay = expf(g[(size_t)t * n_v + h]), b = beta[(size_t)t * n_v + h];
+        float b = beta[(size_t)t * n_v + h];
         float mem = 0.0f;
         for (int i = 0; i < dk; i++) {
-            float sv = __fmul_rn(S[(size_t)i * dv + j], decay);
+            float sv = __fmul_rn(S[(size_t)i * dv + j], gs[i]);
             S[(size_t)i * dv + j] = sv;
             mem = __fadd_rn(mem, __fmul_rn(sv, ks[i]));
         }

@@ -625,7 +625,7 @@ impl Backend for CudaBackend {
         state: &mut CudaBuf,
         out: &mut CudaBuf,
     ) {
-        self.gated_delta_rule_impl(qkv, g, beta, dims, state, out);
+        self.gated_delta_rule_impl(qkv, g, beta, false, dims, state, out);
     }
 
     fn gated_delta_rule_channels(
@@ -637,7 +637,7 @@ impl Backend for CudaBackend {
         state: &mut CudaBuf,
         out: &mut CudaBuf,
     ) {
-        self.gated_delta_rule_channels_impl(qkv, g, beta, dims, state, out);
+        self.gated_delta_rule_impl(qkv, g, beta, true, dims, state, out);
     }
 
     fn sigmoid(&self, x: &mut CudaBuf, len: usize) {

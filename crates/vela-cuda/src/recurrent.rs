@@ -109,12 +109,15 @@ impl CudaBackend {
         self.launch_1d("rec_signed_sqrt_gate", len, &args);
     }
 
+    /// Both delta rules (`channels`: KDA's log-decay per key channel, `[n, n_v·dk]`; else one
+    /// per value head, `[n, n_v]`).
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn gated_delta_rule_impl(
         &self,
         qkv: &CudaBuf,
         g: &CudaBuf,
         beta: &CudaBuf,
+        channels: bool,
         d: DeltaDims,
         state: &mut CudaBuf,
         out: &mut CudaBuf,
@@ -129,6 +132,7 @@ impl CudaBackend {
             ..
         } = d;
         let row = 2 * n_k * dk + n_v * dv;
+        let gw = if channels { n_v * dk } else { n_v };
         assert!(
             n_k > 0 && n_v % n_k == 0,
             "gated_delta_rule: value heads must be a multiple of key heads"
@@ -140,7 +144,7 @@ impl CudaBackend {
         assert!(
             qkv.len() >= (from + n) * row
                 && out.len() >= (from + n) * n_v * dv
-                && g.len() >= (from + n) * n_v
+                && g.len() >= (from + n) * gw
                 && beta.len() >= (from + n) * n_v
                 && state.len() >= n_v * dk * dv,
             "gated_delta_rule: buffer too small"
@@ -150,7 +154,7 @@ impl CudaBackend {
         }
         let args = [
             Arg::P(self.ptr(qkv) + (from * row * 4) as u64),
-            Arg::P(self.ptr(g) + (from * n_v * 4) as u64),
+            Arg::P(self.ptr(g) + (from * gw * 4) as u64),
             Arg::P(self.ptr(beta) + (from * n_v * 4) as u64),
             Arg::I(n as i32),
             Arg::I(n_k as i32),
@@ -158,6 +162,7 @@ impl CudaBackend {
             Arg::I(dk as i32),
             Arg::I(dv as i32),
             Arg::I(d.tiled as i32),
+            Arg::I(channels as i32),
             Arg::P(self.ptr(state)),
             Arg::P(self.ptr(out) + (from * n_v * dv * 4) as u64),
         ];
@@ -168,42 +173,6 @@ impl CudaBackend {
             threads as u32,
             &args,
         );
-    }
-
-    /// KDA's per-channel delta rule. Temporary GPU path until it has a kernel: the rows up to
-    /// the last one processed go to the host, the CPU reference runs there (one thread) and
-    /// the state and output rows come back. A step that calls it ends a graph recording.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn gated_delta_rule_channels_impl(
-        &self,
-        qkv: &CudaBuf,
-        g: &CudaBuf,
-        beta: &CudaBuf,
-        d: DeltaDims,
-        state: &mut CudaBuf,
-        out: &mut CudaBuf,
-    ) {
-        use vela_compute::Backend;
-        let end = d.from + d.n;
-        let row = 2 * d.n_k * d.dk + d.n_v * d.dv;
-        let host = |b: &CudaBuf, len: usize| {
-            let mut v = vec![0f32; len];
-            self.read(b, &mut v);
-            v
-        };
-        let (hq, hg, hb) = (
-            host(qkv, end * row),
-            host(g, end * d.n_v * d.dk),
-            host(beta, end * d.n_v),
-        );
-        let mut hs = host(state, d.n_v * d.dk * d.dv);
-        let mut ho = host(out, end * d.n_v * d.dv);
-        let pool = vela_compute::cpu::pool::ThreadPool::new(1);
-        vela_compute::cpu::recurrent::gated_delta_rule_channels(
-            &pool, &hq, &hg, &hb, d, &mut hs, &mut ho,
-        );
-        self.write(state, &hs);
-        self.write(out, &ho);
     }
 
     pub(crate) fn mean_streams_impl(

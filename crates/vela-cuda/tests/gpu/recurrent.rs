@@ -270,20 +270,35 @@ fn gated_delta_rule_matches_cpu_and_is_split_invariant() {
             .iter()
             .map(|v| 0.5 * (v + 1.0))
             .collect();
-        let (oc, sc) = delta(&cpu, &qkv, &gg, &beta, d, d.n);
-        let (og, sg) = delta(&g, &qkv, &gg, &beta, d, d.n);
-        let close = |a: &[f32], b: &[f32], what: &str| {
-            let err: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
-            let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
-            let nmse = err / norm.max(1e-30);
-            assert!(nmse <= 1e-10, "{what}: nmse {nmse}");
-            eprintln!("RESULT | gated_delta_rule {d:?} {what} | nmse {nmse:.2e} | ok |");
-        };
-        close(&og, &oc, "out");
-        close(&sg, &sc, "state");
-        for split in [1, 5] {
-            let again = delta(&g, &qkv, &gg, &beta, d, split);
-            assert_eq!(again, (og.clone(), sg.clone()), "GPU split {split}");
+        // KDA's per-channel decays: [n, n_v·dk].
+        let gc: Vec<f32> = rng
+            .vec(d.n * d.n_v * d.dk)
+            .iter()
+            .map(|v| -0.5 * (v + 1.0))
+            .collect();
+        for (gv, channels) in [(&gg, false), (&gc, true)] {
+            let (oc, sc) = delta(&cpu, &qkv, gv, &beta, d, d.n, channels);
+            let (og, sg) = delta(&g, &qkv, gv, &beta, d, d.n, channels);
+            let close = |a: &[f32], b: &[f32], what: &str| {
+                let err: f64 = a.iter().zip(b).map(|(x, y)| ((x - y) as f64).powi(2)).sum();
+                let norm: f64 = b.iter().map(|y| (*y as f64).powi(2)).sum();
+                let nmse = err / norm.max(1e-30);
+                assert!(nmse <= 1e-10, "{what} (channels {channels}): nmse {nmse}");
+                eprintln!(
+                    "RESULT | gated_delta_rule{} {d:?} {what} | nmse {nmse:.2e} | ok |",
+                    if channels { "_channels" } else { "" }
+                );
+            };
+            close(&og, &oc, "out");
+            close(&sg, &sc, "state");
+            for split in [1, 5] {
+                let again = delta(&g, &qkv, gv, &beta, d, split, channels);
+                assert_eq!(
+                    again,
+                    (og.clone(), sg.clone()),
+                    "GPU split {split} (channels {channels})"
+                );
+            }
         }
     }
 }
@@ -295,7 +310,9 @@ fn delta<B: Backend>(
     beta: &[f32],
     d: DeltaDims,
     split: usize,
+    channels: bool,
 ) -> (Vec<f32>, Vec<f32>) {
+    let gw = if channels { d.n_v * d.dk } else { d.n_v };
     let row = 2 * d.n_k * d.dk + d.n_v * d.dv;
     let mut state = be.alloc(d.n_v * d.dk * d.dv);
     let mut out = vec![0f32; d.n * d.n_v * d.dv];
@@ -305,14 +322,16 @@ fn delta<B: Backend>(
         let dd = DeltaDims { n: m, ..d };
         let gi = t * d.n_v;
         let mut o = be.alloc(m * d.n_v * d.dv);
-        be.gated_delta_rule(
-            &up(be, &qkv[t * row..(t + m) * row]),
-            &up(be, &g[gi..gi + m * d.n_v]),
-            &up(be, &beta[gi..gi + m * d.n_v]),
-            dd,
-            &mut state,
-            &mut o,
+        let (q, gv, b) = (
+            up(be, &qkv[t * row..(t + m) * row]),
+            up(be, &g[t * gw..(t + m) * gw]),
+            up(be, &beta[gi..gi + m * d.n_v]),
         );
+        if channels {
+            be.gated_delta_rule_channels(&q, &gv, &b, dd, &mut state, &mut o);
+        } else {
+            be.gated_delta_rule(&q, &gv, &b, dd, &mut state, &mut o);
+        }
         let ov = down(be, &o, m * d.n_v * d.dv);
         out[t * d.n_v * d.dv..(t + m) * d.n_v * d.dv].copy_from_slice(&ov);
         t += m;
