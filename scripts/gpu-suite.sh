@@ -646,7 +646,7 @@ place|place-d4|place-tests)
     # And `place`'s GGUF after the tests (PLACE_SYNTH=0: not).
     [ "${PLACE_SYNTH:-1}" = 1 ] && [ ! -f /tmp/g26.done ] && (sleep 100
       /tmp/vela-new synth --arch gemma4-26b-a4b --type q4_0 -o /tmp/g26.gguf -t 8 >$OUT/place-synth.log 2>&1 && touch /tmp/g26.done) &
-    VELA_REQUIRE_GPU=1 timeout 150 /tmp/gpu-test-new --test-threads 1 host_experts dsv4_ops >$OUT/place-tests.log 2>&1
+    VELA_REQUIRE_GPU=1 timeout 150 /tmp/gpu-test-new --test-threads 1 host_experts dsv4_ops gated_delta_rule >$OUT/place-tests.log 2>&1
     echo "placement GPU tests: exit $? $(grep -E '^test result' $OUT/place-tests.log) ($(( $(date +%s) - t0 )) s)"
     grep -E "^RESULT|panicked|FAILED" $OUT/place-tests.log
     wait
