@@ -641,8 +641,9 @@ place|place-d4|place-tests)
     exit 0
   fi
   if [ $stage = place-tests ]; then
-    # llama.cpp (for `place`) builds meanwhile when no bundle travelled; the stage waits for it.
-    llama_cuda_bg
+    # llama.cpp (for `place`) builds meanwhile when no bundle travelled; the stage waits for it
+    # (PLACE_LLAMA=0: not).
+    if [ "${PLACE_LLAMA:-1}" = 1 ]; then llama_cuda_bg; fi
     # And `place`'s GGUF after the tests (PLACE_SYNTH=0: not).
     [ "${PLACE_SYNTH:-1}" = 1 ] && [ ! -f /tmp/g26.done ] && (sleep 100
       /tmp/vela-new synth --arch gemma4-26b-a4b --type q4_0 -o /tmp/g26.gguf -t 8 >$OUT/place-synth.log 2>&1 && touch /tmp/g26.done) &
