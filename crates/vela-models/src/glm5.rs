@@ -31,6 +31,7 @@ use vela_compute::{Backend, KvType};
 
 mod config;
 mod ffn;
+mod gguf;
 mod kda;
 mod load;
 mod mla;

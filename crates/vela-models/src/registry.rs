@@ -168,10 +168,7 @@ impl Arch {
             Family::Gemma4 => Arc::new(Gemma4Model::load_gguf_with(backend, g, spec)?),
             Family::Qwen4Exp => Arc::new(Qwen4ExpModel::load_gguf(backend, g, spec)?),
             Family::DeepseekV4 => Arc::new(DeepseekV4Model::load_gguf(backend, g, spec)?),
-            Family::Glm5 => bail!(
-                "{} loads from Hugging Face checkpoints only for now",
-                self.display
-            ),
+            Family::Glm5 => Arc::new(Glm5Model::load_gguf(backend, g, spec)?),
         })
     }
 
@@ -214,10 +211,7 @@ impl Arch {
             Family::Gemma4 => Gemma4Config::from_gguf(g)?.summary(),
             Family::Qwen4Exp => Qwen4ExpConfig::from_gguf(g)?.summary(),
             Family::DeepseekV4 => DeepseekV4Config::from_gguf(g)?.summary(),
-            Family::Glm5 => bail!(
-                "{} loads from Hugging Face checkpoints only for now",
-                self.display
-            ),
+            Family::Glm5 => Glm5Config::from_gguf(g)?.summary(),
         })
     }
 

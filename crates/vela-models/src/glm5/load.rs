@@ -3,7 +3,9 @@
 //! the top. At load: KDA's q/k/v projections and kernels stacked; a_h folded into the bounded
 //! decay gate; `kv_b_proj` split into the per-head absorbed matrices W^k_hᵀ and W^v_h; the
 //! indexer's `wk` centred (its LayerNorm then is an RMSNorm plus bias); the per-expert tensors
-//! stacked into the 3-D expert layout.
+//! stacked into the 3-D expert layout. The same from llama.cpp's GGUF conversion (gguf.rs): the
+//! names mapped, `kv_b_proj` taken as the converter's per-head `attn_k_b` / `attn_v_b`, a_h as
+//! `−ssm_a`, the stacked experts as they are.
 
 use super::ffn::{Ffn, Mlp, Moe};
 use super::kda::Kda;
@@ -20,6 +22,8 @@ use vela_formats::quant::GgmlType;
 struct Loader<'a, B: Backend> {
     be: &'a B,
     src: &'a WeightSource,
+    /// A llama.cpp GGUF (its own tensor names, gguf.rs).
+    gguf: bool,
     /// Weight bytes one token reads (experts at their active share).
     bytes: u64,
 }
@@ -31,16 +35,24 @@ fn owned(name: &str, rows: usize, cols: usize, data: &[f32]) -> Result<HostWeigh
 }
 
 impl<'a, B: Backend> Loader<'a, B> {
-    fn host(&self, name: &str, rows: usize, cols: usize) -> Result<HostWeight> {
-        let w = self.src.matrix(name, false)?;
+    /// The source's name of a release-named tensor.
+    fn name(&self, name: &str) -> Result<String> {
+        if !self.gguf {
+            return Ok(name.to_string());
+        }
+        super::gguf::gguf_name(name).ok_or_else(|| anyhow!("{name}: no GGUF counterpart"))
+    }
+    /// A matrix in its load type (`exact`: F32), shape-checked.
+    fn host_as(&self, name: &str, rows: usize, cols: usize, exact: bool) -> Result<HostWeight> {
+        let n = self.name(name)?;
+        let w = self.src.matrix(&n, exact)?;
         if w.rows != rows || w.cols != cols {
-            bail!(
-                "{name}: [{}, {}], expected [{rows}, {cols}]",
-                w.rows,
-                w.cols
-            );
+            bail!("{n}: [{}, {}], expected [{rows}, {cols}]", w.rows, w.cols);
         }
         Ok(w)
+    }
+    fn host(&self, name: &str, rows: usize, cols: usize) -> Result<HostWeight> {
+        self.host_as(name, rows, cols, false)
     }
     fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
         self.bytes += (w.bytes().len() as f64 * share) as u64;
@@ -55,13 +67,14 @@ impl<'a, B: Backend> Loader<'a, B> {
         self.floats(name, rows * cols)
     }
     fn floats(&self, name: &str, len: usize) -> Result<Vec<f32>> {
+        let n = self.name(name)?;
         let w = self
             .src
-            .get(name)
-            .ok_or_else(|| anyhow!("missing tensor {name}"))?;
+            .get(&n)
+            .ok_or_else(|| anyhow!("missing tensor {n}"))?;
         let v = w.to_f32()?;
         if v.len() != len {
-            bail!("{name}: {} values, expected {len}", v.len());
+            bail!("{n}: {} values, expected {len}", v.len());
         }
         Ok(v)
     }
@@ -72,15 +85,7 @@ impl<'a, B: Backend> Loader<'a, B> {
     fn hc(&mut self, p: &str, c: &Glm5Config) -> Result<Hc<B>> {
         let (s, h) = (c.hc, c.hidden);
         let rows = (2 + s) * s;
-        let mix = self.src.matrix(&format!("{p}_fn"), true)?;
-        if mix.rows != rows || mix.cols != s * h {
-            bail!(
-                "{p}_fn: [{}, {}], expected [{rows}, {}]",
-                mix.rows,
-                mix.cols,
-                s * h
-            );
-        }
+        let mix = self.host_as(&format!("{p}_fn"), rows, s * h, true)?;
         let sc = self.floats(&format!("{p}_scale"), 3)?;
         Ok(Hc {
             mix: self.upload(&mix, 1.0)?,
@@ -101,11 +106,12 @@ impl<'a, B: Backend> Loader<'a, B> {
         for x in ["q", "k", "v"] {
             conv.extend(self.floats(&format!("{p}.{x}_conv1d.weight"), w * kc)?);
         }
-        let a: Vec<f32> = self
-            .floats(&format!("{p}.A_log"), nk)?
-            .iter()
-            .map(|v| v.exp())
-            .collect();
+        // a_h = exp(A_log); the converter stores −exp(A_log).
+        let a_log = self.floats(&format!("{p}.A_log"), nk)?;
+        let a: Vec<f32> = match self.gguf {
+            false => a_log.iter().map(|v| v.exp()).collect(),
+            true => a_log.iter().map(|v| -v).collect(),
+        };
         let mut dt_bias = self.floats(&format!("{p}.dt_bias"), w)?;
         let f_b_name = format!("{p}.f_b_proj.weight");
         let f_b = match c.lower_bound {
@@ -139,22 +145,34 @@ impl<'a, B: Backend> Loader<'a, B> {
 
     fn mla(&mut self, p: &str, c: &Glm5Config, full: bool) -> Result<Mla<B>> {
         let (h, nh, dn, dv, r) = (c.hidden, c.n_head, c.nope_dim, c.v_dim, c.kv_rank);
-        // kv_b_proj [nh·(dn+dv), r]: per head W^k_h (dn rows) then W^v_h (dv rows).
-        let kvb_name = format!("{p}.kv_b_proj.weight");
-        let kvb = self.floats2(&kvb_name, nh * (dn + dv), r)?;
-        let mut k_abs = vec![0f32; nh * r * dn];
-        let mut v_abs = Vec::with_capacity(nh * dv * r);
-        for hd in 0..nh {
-            let base = hd * (dn + dv) * r;
-            for i in 0..dn {
-                for j in 0..r {
-                    k_abs[(hd * r + j) * dn + i] = kvb[base + i * r + j];
+        let (k_abs, v_abs) = if self.gguf {
+            // The converter's split: attn_k_b {dn, r, nh} (W^k_hᵀ per head), attn_v_b
+            // {r, dv, nh} (W^v_h), the same layouts; F32 under a load-time type, as built
+            // from a checkpoint.
+            (
+                self.host_as(&format!("{p}.k_b_proj.weight"), nh * r, dn, true)?,
+                self.host_as(&format!("{p}.v_b_proj.weight"), nh * dv, r, true)?,
+            )
+        } else {
+            // kv_b_proj [nh·(dn+dv), r]: per head W^k_h (dn rows) then W^v_h (dv rows).
+            let kvb_name = format!("{p}.kv_b_proj.weight");
+            let kvb = self.floats2(&kvb_name, nh * (dn + dv), r)?;
+            let mut k_abs = vec![0f32; nh * r * dn];
+            let mut v_abs = Vec::with_capacity(nh * dv * r);
+            for hd in 0..nh {
+                let base = hd * (dn + dv) * r;
+                for i in 0..dn {
+                    for j in 0..r {
+                        k_abs[(hd * r + j) * dn + i] = kvb[base + i * r + j];
+                    }
                 }
+                v_abs.extend_from_slice(&kvb[base + dn * r..base + (dn + dv) * r]);
             }
-            v_abs.extend_from_slice(&kvb[base + dn * r..base + (dn + dv) * r]);
-        }
-        let k_abs = owned(&format!("{kvb_name} (k, absorbed)"), nh * r, dn, &k_abs)?;
-        let v_abs = owned(&format!("{kvb_name} (v)"), nh * dv, r, &v_abs)?;
+            (
+                owned(&format!("{kvb_name} (k, absorbed)"), nh * r, dn, &k_abs)?,
+                owned(&format!("{kvb_name} (v)"), nh * dv, r, &v_abs)?,
+            )
+        };
         let indexer = if full {
             Some(self.indexer(&format!("{p}.indexer"), c)?)
         } else {
@@ -214,36 +232,56 @@ impl<'a, B: Backend> Loader<'a, B> {
         let (e, h, i) = (c.n_expert, c.hidden, c.n_ff_exp);
         let share = c.top_k as f64 / e as f64;
         let src = self.src;
-        let (gu, down) = stack_per_expert(&format!("{p}.experts"), e, |x| {
-            let m = |w: &str, rows, cols| -> Result<HostWeight> {
-                let n = format!("{p}.experts.{x}.{w}.weight");
-                let t = src.matrix(&n, false)?;
-                if t.rows != rows || t.cols != cols {
-                    bail!("{n}: [{}, {}], expected [{rows}, {cols}]", t.rows, t.cols);
-                }
-                Ok(t)
-            };
-            Ok([
-                m("gate_proj", i, h)?,
-                m("up_proj", i, h)?,
-                m("down_proj", h, i)?,
-            ])
-        })?;
-        let router = src.matrix(&format!("{p}.gate.weight"), true)?;
-        if router.rows != e || router.cols != h {
-            bail!(
-                "{p}.gate.weight: [{}, {}], expected [{e}, {h}]",
-                router.rows,
-                router.cols
-            );
-        }
+        let stacked = |w: &str, rows: usize, cols: usize| -> Result<HostWeight> {
+            let n = format!("blk.{layer}.ffn_{w}_exps.weight");
+            let t = src.matrix(&n, false)?;
+            if t.rows != e * rows || t.cols != cols {
+                bail!(
+                    "{n}: [{}, {}], expected {e} experts of [{rows}, {cols}]",
+                    t.rows,
+                    t.cols
+                );
+            }
+            Ok(t)
+        };
+        let tensors = if self.gguf {
+            // The converter's stacked expert tensors, gate and up apart.
+            vec![
+                stacked("gate", i, h)?,
+                stacked("up", i, h)?,
+                stacked("down", h, i)?,
+            ]
+        } else {
+            let (gu, down) = stack_per_expert(&format!("{p}.experts"), e, |x| {
+                let m = |w: &str, rows, cols| -> Result<HostWeight> {
+                    let n = format!("{p}.experts.{x}.{w}.weight");
+                    let t = src.matrix(&n, false)?;
+                    if t.rows != rows || t.cols != cols {
+                        bail!("{n}: [{}, {}], expected [{rows}, {cols}]", t.rows, t.cols);
+                    }
+                    Ok(t)
+                };
+                Ok([
+                    m("gate_proj", i, h)?,
+                    m("up_proj", i, h)?,
+                    m("down_proj", h, i)?,
+                ])
+            })?;
+            vec![gu, down]
+        };
+        let t = match &tensors[..] {
+            [g, u, d] => ExpertTensors::Split(g, u, d),
+            [gu, d] => ExpertTensors::Fused(gu, d),
+            _ => unreachable!("two or three expert tensors"),
+        };
+        let router = self.host_as(&format!("{p}.gate.weight"), e, h, true)?;
         Ok(Moe {
             router: self.upload(&router, 1.0)?,
             bias: self.vector(&format!("{p}.gate.e_score_correction_bias"), e)?,
             experts: Experts::place(
                 layer,
                 self.src.host_experts(),
-                ExpertTensors::Fused(&gu, &down),
+                t,
                 |w| self.upload(w, share),
                 i,
                 Activation::SiluLimit(c.swiglu_limit),
@@ -258,23 +296,37 @@ impl<B: Backend> Glm5Model<B> {
     pub fn load_hf(backend: Arc<B>, dir: &Path, spec: &LoadSpec) -> Result<Self> {
         let (j, src) = crate::weights::open_hf_text(dir, spec, "glm5_next")?;
         let cfg = Glm5Config::from_json(&j)?;
-        Self::load(backend, &src, cfg)
+        Self::load(backend, &src, false, cfg)
     }
 
-    fn load(backend: Arc<B>, src: &WeightSource, cfg: Glm5Config) -> Result<Self> {
+    /// Load a llama.cpp 0c1e570 GGUF conversion (`glm5-next`), converting float matrices to
+    /// `spec.quant` when given.
+    pub fn load_gguf(
+        backend: Arc<B>,
+        g: Arc<vela_formats::gguf::GgufFile>,
+        spec: &LoadSpec,
+    ) -> Result<Self> {
+        let cfg = Glm5Config::from_gguf(&g)?;
+        let src = WeightSource::gguf(g).with_spec(spec);
+        Self::load(backend, &src, true, cfg)
+    }
+
+    fn load(backend: Arc<B>, src: &WeightSource, gguf: bool, cfg: Glm5Config) -> Result<Self> {
         let mut ld = Loader {
             be: &*backend,
             src,
+            gguf,
             bytes: 0,
         };
         let (v, h) = (cfg.n_vocab, cfg.hidden);
+        let embd_name = ld.name("embed_tokens.weight")?;
         let embd_host = src
-            .get("embed_tokens.weight")
-            .ok_or_else(|| anyhow!("missing tensor embed_tokens.weight"))?
+            .get(&embd_name)
+            .ok_or_else(|| anyhow!("missing tensor {embd_name}"))?
             .as_head(true);
         if embd_host.rows != v || embd_host.cols != h {
             bail!(
-                "embed_tokens: [{}, {}], expected [{v}, {h}]",
+                "{embd_name}: [{}, {}], expected [{v}, {h}]",
                 embd_host.rows,
                 embd_host.cols
             );
