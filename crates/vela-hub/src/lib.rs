@@ -138,7 +138,7 @@ pub fn resolve_model_with(cfg: &HubConfig, arg: Option<&str>) -> Result<PathBuf>
         );
     }
     bail!(
-        "unknown model {arg:?}; known models: {} (or pass a path to a .gguf file, or \
+        "unknown model '{arg}'; known models: {} (or pass a path to a .gguf file, or \
          hf://owner/repo/file.gguf)",
         registry::known_names()
     )

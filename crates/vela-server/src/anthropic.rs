@@ -1,16 +1,19 @@
 //! `POST /v1/messages`: the Anthropic Messages API on top of the same engine jobs.
 
 use crate::error::ApiError;
-use crate::http::{body_bytes, check_model, collect, new_id, sse_response, submit, St};
+use crate::http::{
+    body_bytes, check_model, collect, json_with_usage, new_id, sse_response, submit, St,
+};
 use crate::openai::render_messages;
 use crate::request::{
-    get_f32, get_stop, get_uint, parse_object, ChatRequest, GenParams, Obj, MAX_TOKENS_LIMIT,
+    check_schema, get_f32, get_stop, get_uint, parse_object, ChatRequest, GenParams, Obj,
+    MAX_TOKENS_LIMIT,
 };
 use crate::worker::Out;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde_json::{json, Map, Value};
 use std::sync::atomic::Ordering;
 use std::time::Instant;
@@ -18,7 +21,7 @@ use vela_engine::SamplerConfig;
 
 fn err(st: &crate::http::AppState, e: ApiError) -> Response {
     st.metrics.request_errors.fetch_add(1, Ordering::Relaxed);
-    (e.status, axum::Json(e.anthropic_json())).into_response()
+    e.anthropic_response()
 }
 
 fn text_of(v: &Value, p: &str) -> Result<String, ApiError> {
@@ -106,10 +109,16 @@ pub fn to_openai_messages(o: &Obj) -> Result<Vec<Value>, ApiError> {
                     };
                     out.push(json!({"role": "tool", "tool_call_id": b.get("tool_use_id").cloned().unwrap_or(Value::Null), "content": c}));
                 }
-                t => {
+                Some(t) => {
                     return Err(ApiError::bad(
                         &p,
-                        format!("{p}: content block type {t:?} is not supported"),
+                        format!("{p}: content block type '{t}' is not supported here"),
+                    ))
+                }
+                None => {
+                    return Err(ApiError::bad(
+                        &p,
+                        format!("{p}: every content block needs a string `type`"),
                     ))
                 }
             }
@@ -125,31 +134,75 @@ pub fn to_openai_messages(o: &Obj) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
+/// Anthropic `tools` in the OpenAI shape the templates read, checked against `tool_choice`
+/// (`auto`, `any`, `tool` naming one of them, `none`: no tools rendered).
 fn tools_of(o: &Obj) -> Result<Option<Value>, ApiError> {
-    if o.get("tool_choice")
-        .and_then(|c| c.get("type"))
-        .and_then(Value::as_str)
-        == Some("none")
-    {
-        return Ok(None);
-    }
-    let Some(t) = o.get("tools").filter(|v| !v.is_null()) else {
-        return Ok(None);
+    let arr = match o.get("tools") {
+        None | Some(Value::Null) => &Vec::new(),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(ApiError::bad("tools", "`tools` must be an array")),
     };
-    let arr = t
-        .as_array()
-        .ok_or_else(|| ApiError::bad("tools", "`tools` must be an array"))?;
     let mut out = Vec::new();
+    let mut names = Vec::new();
     for (i, t) in arr.iter().enumerate() {
         let name = t
             .get("name")
             .and_then(Value::as_str)
             .ok_or_else(|| ApiError::bad("tools", format!("tools[{i}].name must be a string")))?;
+        if t.get("description")
+            .is_some_and(|d| !d.is_string() && !d.is_null())
+        {
+            return Err(ApiError::bad(
+                "tools",
+                format!("tools[{i}].description must be a string"),
+            ));
+        }
+        check_schema(
+            t.get("input_schema"),
+            "tools",
+            &format!("tools[{i}].input_schema"),
+        )?;
+        names.push(name);
         out.push(json!({"type": "function", "function": {"name": name,
             "description": t.get("description").cloned().unwrap_or(json!("")),
             "parameters": t.get("input_schema").cloned().unwrap_or(json!({"type": "object"}))}}));
     }
-    Ok((!out.is_empty()).then_some(Value::Array(out)))
+    let none = match o.get("tool_choice") {
+        None | Some(Value::Null) => false,
+        Some(c) => match c.get("type").and_then(Value::as_str) {
+            Some("none") => true,
+            Some("auto") => false,
+            Some("any") if names.is_empty() => {
+                return Err(ApiError::bad(
+                    "tool_choice",
+                    "tool_choice 'any' needs `tools`",
+                ))
+            }
+            Some("any") => false,
+            Some("tool") => {
+                let Some(name) = c.get("name").and_then(Value::as_str) else {
+                    return Err(ApiError::bad(
+                        "tool_choice",
+                        "tool_choice.name must be a string",
+                    ));
+                };
+                if !names.contains(&name) {
+                    return Err(ApiError::bad(
+                        "tool_choice",
+                        format!("tool_choice names tool '{name}', which is not in `tools`"),
+                    ));
+                }
+                false
+            }
+            _ => {
+                return Err(ApiError::bad(
+                    "tool_choice",
+                    "tool_choice.type must be one of auto, any, tool, none",
+                ))
+            }
+        },
+    };
+    Ok((!out.is_empty() && !none).then_some(Value::Array(out)))
 }
 
 fn params(o: &Obj) -> Result<GenParams, ApiError> {
@@ -194,6 +247,7 @@ pub fn validate(o: &Obj) -> Result<ChatRequest, ApiError> {
         params,
         messages,
         tools,
+        template_kwargs: Map::new(),
     })
 }
 
@@ -221,13 +275,16 @@ pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Res
             params,
             messages,
             tools,
+            template_kwargs,
         } = validate(&o)?;
-        let (_, prompt, parser) = render_messages(r, messages, tools, &Map::new())?;
+        let (_, prompt, parser) = render_messages(r, messages, tools, template_kwargs)?;
         Ok((
             crate::http::Prepared {
                 prompt,
                 params,
                 parser,
+                field: "messages",
+                default_max_tokens: None,
             },
             r.name.clone(),
         ))
@@ -262,13 +319,15 @@ pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Res
                     let input: Value = serde_json::from_str(&t.arguments).unwrap_or(json!({}));
                     content.push(json!({"type": "tool_use", "id": new_id("toolu_"), "name": t.name, "input": input}));
                 }
-                axum::Json(json!({
+                json_with_usage(
+                    json!({
                     "id": id, "type": "message", "role": "assistant", "model": model, "content": content,
                     "stop_reason": stop_reason(c.finish, &c.stop_word), "stop_sequence": c.stop_word,
                     "usage": {"input_tokens": c.usage.prompt_tokens, "output_tokens": c.usage.completion_tokens,
                               "cache_read_input_tokens": c.usage.cached_tokens, "cache_creation_input_tokens": 0},
-                }))
-                .into_response()
+                    }),
+                    [&c.usage],
+                )
             }
             Err(e) => err(&st, e),
         };
@@ -377,4 +436,62 @@ pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Res
         f
     };
     sse_response(rx, cancel, fmt)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(body: Value) -> Result<Option<Value>, ApiError> {
+        tools_of(body.as_object().unwrap())
+    }
+
+    #[test]
+    fn tools_and_tool_choice_are_checked() {
+        let t = |schema: Value| json!({"name": "f", "input_schema": schema});
+        for (body, param) in [
+            (json!({"tools": [t(json!("x"))]}), "tools"),
+            (json!({"tools": [t(json!({"type": "array"}))]}), "tools"),
+            (json!({"tools": {"name": "f"}}), "tools"),
+            (
+                json!({"tools": [t(json!({}))], "tool_choice": {"type": "tool", "name": "g"}}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [t(json!({}))], "tool_choice": {"type": "tool"}}),
+                "tool_choice",
+            ),
+            (json!({"tool_choice": {"type": "any"}}), "tool_choice"),
+            (
+                json!({"tools": [t(json!({}))], "tool_choice": {"type": "maybe"}}),
+                "tool_choice",
+            ),
+        ] {
+            let e = check(body.clone()).unwrap_err();
+            assert_eq!(
+                (e.status.as_u16(), e.param.as_deref()),
+                (400, Some(param)),
+                "{body}"
+            );
+        }
+        let ok = json!({"tools": [t(json!({"type": "object"}))], "tool_choice": {"type": "tool", "name": "f"}});
+        assert_eq!(check(ok).unwrap().unwrap()[0]["function"]["name"], "f");
+        let none = json!({"tools": [t(json!({}))], "tool_choice": {"type": "none"}});
+        assert_eq!(check(none).unwrap(), None);
+    }
+
+    #[test]
+    fn unknown_block_type_message_is_plain() {
+        let o =
+            json!({"messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]});
+        let e = to_openai_messages(o.as_object().unwrap()).unwrap_err();
+        assert!(
+            e.message.contains("'image'") && !e.message.contains("Some("),
+            "{}",
+            e.message
+        );
+        let o = json!({"messages": [{"role": "user", "content": [{"text": "x"}]}]});
+        let e = to_openai_messages(o.as_object().unwrap()).unwrap_err();
+        assert!(!e.message.contains("None"), "{}", e.message);
+    }
 }

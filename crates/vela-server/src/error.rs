@@ -1,7 +1,8 @@
 //! API errors: one type, rendered in the OpenAI shape (`{"error":{message,type,param,code}}`) or
 //! the Anthropic shape (`{"type":"error","error":{type,message}}`) with the right HTTP status.
 
-use axum::http::StatusCode;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
 /// An error answered to a client.
@@ -13,6 +14,8 @@ pub struct ApiError {
     pub param: Option<String>,
     /// A machine-readable code (`model_not_found`, `context_length_exceeded`, ...).
     pub code: Option<&'static str>,
+    /// Seconds a client should wait before retrying (`Retry-After`).
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -22,6 +25,7 @@ impl ApiError {
             message: message.into(),
             param: None,
             code: None,
+            retry_after: None,
         }
     }
     /// 400 for a client mistake, naming the field.
@@ -31,6 +35,7 @@ impl ApiError {
             message: message.into(),
             param: Some(param.to_string()),
             code: None,
+            retry_after: None,
         }
     }
     /// 400 without a field.
@@ -44,6 +49,10 @@ impl ApiError {
         self.code = Some(code);
         self
     }
+    pub fn with_retry_after(mut self, secs: u32) -> Self {
+        self.retry_after = Some(secs);
+        self
+    }
 
     /// The OpenAI error `type` for the status.
     pub fn openai_type(&self) -> &'static str {
@@ -51,7 +60,7 @@ impl ApiError {
             401 => "authentication_error",
             403 => "permission_error",
             404 => "not_found_error",
-            413 | 400 | 422 => "invalid_request_error",
+            400 | 405 | 413 | 422 => "invalid_request_error",
             429 => "rate_limit_error",
             503 => "server_overloaded",
             _ => "server_error",
@@ -67,7 +76,7 @@ impl ApiError {
             413 => "request_too_large",
             429 => "rate_limit_error",
             503 | 529 => "overloaded_error",
-            400 | 422 => "invalid_request_error",
+            400 | 405 | 422 => "invalid_request_error",
             _ => "api_error",
         }
     }
@@ -83,6 +92,37 @@ impl ApiError {
 
     pub fn anthropic_json(&self) -> Value {
         json!({"type": "error", "error": {"type": self.anthropic_type(), "message": self.message}})
+    }
+
+    /// The response in the OpenAI shape (with `Retry-After` when set); the message travels in
+    /// the response's extensions for the access log.
+    pub fn openai_response(&self) -> Response {
+        self.response(self.openai_json())
+    }
+
+    /// The response in the Anthropic shape.
+    pub fn anthropic_response(&self) -> Response {
+        self.response(self.anthropic_json())
+    }
+
+    /// The response in the shape of the API `path` belongs to (`/v1/messages`: Anthropic).
+    pub fn response_for(&self, path: &str) -> Response {
+        if path.starts_with("/v1/messages") {
+            self.anthropic_response()
+        } else {
+            self.openai_response()
+        }
+    }
+
+    fn response(&self, body: Value) -> Response {
+        let mut r = (self.status, axum::Json(body)).into_response();
+        if let Some(s) = self.retry_after {
+            r.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        r.extensions_mut()
+            .insert(crate::access::ErrorNote(self.message.clone()));
+        r
     }
 }
 
@@ -110,5 +150,16 @@ mod tests {
         let n = ApiError::new(StatusCode::NOT_FOUND, "no").openai_json();
         assert_eq!(n["error"]["type"], "not_found_error");
         assert!(n["error"]["param"].is_null());
+    }
+
+    #[test]
+    fn retry_after_header() {
+        let e = ApiError::new(StatusCode::TOO_MANY_REQUESTS, "full").with_retry_after(1);
+        for r in [e.openai_response(), e.anthropic_response()] {
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            assert_eq!(r.headers()[header::RETRY_AFTER], "1");
+        }
+        let r = ApiError::invalid("x").openai_response();
+        assert!(r.headers().get(header::RETRY_AFTER).is_none());
     }
 }

@@ -1,21 +1,20 @@
-//! HTTP plumbing: shared state, router, auth/CORS middleware, utility endpoints, job submission
-//! and SSE streaming with keepalives and disconnect detection.
+//! HTTP plumbing: shared state, auth/CORS middleware, job submission (context and queue
+//! checks) and SSE streaming with keepalives and disconnect detection. The router and the
+//! utility endpoints are in `endpoints.rs`.
 
+use crate::access::{AccessInfo, InfoNote, StreamNote};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::parser::ParserConfig;
-use crate::request::{parse_object, GenParams, Obj};
+use crate::request::{GenParams, Obj};
 use crate::worker::{CancelToken, Job, Out, TokenLogprob, Usage};
-use crate::{anthropic, openai};
 use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::extract::{Request, State};
 use axum::http::{header, HeaderValue, Method, StatusCode};
-use axum::middleware::{self, Next};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
-use axum::Router;
-use serde_json::{json, Value};
+use serde_json::Value;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -63,7 +62,13 @@ impl AppState {
         self.ready.get().ok_or_else(|| {
             let msg = match self.load_error.lock().ok().and_then(|e| e.clone()) {
                 Some(e) => format!("model failed to load: {e}"),
-                None => "the model is still loading".to_string(),
+                None => {
+                    return ApiError::new(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "the model is still loading",
+                    )
+                    .with_retry_after(1)
+                }
             };
             ApiError::new(StatusCode::SERVICE_UNAVAILABLE, msg)
         })
@@ -73,7 +78,7 @@ impl AppState {
 /// A response in the OpenAI error shape.
 pub fn openai_err(m: &Metrics, e: ApiError) -> Response {
     m.request_errors.fetch_add(1, Ordering::Relaxed);
-    (e.status, axum::Json(e.openai_json())).into_response()
+    e.openai_response()
 }
 
 /// A request body or the error for a rejected one (413 for oversize).
@@ -89,24 +94,28 @@ pub fn body_bytes(b: Result<Bytes, BytesRejection>) -> Result<Bytes, ApiError> {
     })
 }
 
+impl Ready {
+    /// Whether `m` names the served model (its id or an alias, case-insensitive).
+    pub fn serves(&self, m: &str) -> bool {
+        m.eq_ignore_ascii_case(&self.name) || self.aliases.iter().any(|a| a.eq_ignore_ascii_case(m))
+    }
+
+    /// The 404 for a model this server does not serve.
+    pub fn not_found(&self, m: &str) -> ApiError {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            format!("model '{m}' not found; this server serves '{}'", self.name),
+        )
+        .with_code("model_not_found")
+    }
+}
+
 /// Check the `model` field against the loaded model.
 pub fn check_model(o: &Obj, r: &Ready) -> Result<(), ApiError> {
     match o.get("model") {
         None | Some(Value::Null) => Ok(()),
-        Some(Value::String(m)) => {
-            if m.is_empty()
-                || m.eq_ignore_ascii_case(&r.name)
-                || r.aliases.iter().any(|a| a.eq_ignore_ascii_case(m))
-            {
-                Ok(())
-            } else {
-                Err(ApiError::new(
-                    StatusCode::NOT_FOUND,
-                    format!("model '{m}' not found; this server serves '{}'", r.name),
-                )
-                .with_code("model_not_found"))
-            }
-        }
+        Some(Value::String(m)) if m.is_empty() || r.serves(m) => Ok(()),
+        Some(Value::String(m)) => Err(r.not_found(m)),
         Some(_) => Err(ApiError::bad("model", "`model` must be a string")),
     }
 }
@@ -134,52 +143,131 @@ pub struct Prepared {
     pub prompt: Vec<u32>,
     pub params: GenParams,
     pub parser: ParserConfig,
+    /// The request field the prompt came from (`messages`, `prompt`), for errors.
+    pub field: &'static str,
+    /// Tokens to generate when the request gives no `max_tokens` (`None`: up to the context).
+    pub default_max_tokens: Option<usize>,
 }
 
-/// Queue a job. Errors: prompt over the context (400), queue full (429).
+/// The tokens a job may generate: `max_tokens` when the prompt and it fit the context of `n_ctx`
+/// tokens; without `max_tokens`, `default` or the rest of the context. Otherwise the 400 vLLM
+/// and OpenAI answer (`context_length_exceeded`, the numbers in the message).
+pub fn fit_context(
+    n_prompt: usize,
+    max_tokens: Option<usize>,
+    default: Option<usize>,
+    n_ctx: usize,
+    field: &str,
+) -> Result<usize, ApiError> {
+    let err = |m: String| Err(ApiError::bad(field, m).with_code("context_length_exceeded"));
+    match max_tokens {
+        Some(m) if n_prompt + m > n_ctx => err(format!(
+            "This model's maximum context length is {n_ctx} tokens. However, you requested {} \
+             tokens ({n_prompt} in the {field}, {m} in the completion). Please reduce the \
+             length of the {field} or completion.",
+            n_prompt + m
+        )),
+        _ if n_prompt >= n_ctx => err(format!(
+            "This model's maximum context length is {n_ctx} tokens. However, your {field} \
+             resulted in {n_prompt} tokens, which leaves no room for the completion. Please \
+             reduce the length of the {field}."
+        )),
+        Some(m) => Ok(m),
+        None => {
+            let room = n_ctx - n_prompt;
+            Ok(default.map_or(room, |d| d.min(room)))
+        }
+    }
+}
+
+/// A queued job: its output and cancel token.
+pub type Queued = (mpsc::UnboundedReceiver<Out>, Arc<CancelToken>);
+
+/// Queue one job. Errors: prompt (plus `max_tokens`) over the context (400), queue full (429).
 pub fn submit(
     st: &AppState,
     r: &Ready,
     p: Prepared,
     received: Instant,
-) -> Result<(mpsc::UnboundedReceiver<Out>, Arc<CancelToken>), ApiError> {
+) -> Result<Queued, ApiError> {
+    let mut q = submit_many(st, r, vec![p], received)?;
+    q.pop()
+        .ok_or_else(|| ApiError::internal("no job was queued"))
+}
+
+/// Queue the jobs of one request, all or none (a batch of prompts runs in order).
+pub fn submit_many(
+    st: &AppState,
+    r: &Ready,
+    ps: Vec<Prepared>,
+    received: Instant,
+) -> Result<Vec<Queued>, ApiError> {
     st.metrics.requests.fetch_add(1, Ordering::Relaxed);
-    if p.prompt.is_empty() {
-        return Err(ApiError::bad("prompt", "the prompt is empty"));
+    if ps.len() > st.settings.queue {
+        return Err(ApiError::bad(
+            "prompt",
+            format!(
+                "{} prompts in one request, but at most {} can queue (--queue)",
+                ps.len(),
+                st.settings.queue
+            ),
+        ));
     }
-    if p.prompt.len() >= r.n_ctx {
-        return Err(ApiError::invalid(format!(
-            "the prompt has {} tokens but the context size is {} (at least one token must be left to generate)",
+    let batch = ps.len() > 1;
+    let mut jobs = Vec::with_capacity(ps.len());
+    let mut out = Vec::with_capacity(ps.len());
+    for (i, p) in ps.into_iter().enumerate() {
+        let at = |e: ApiError| match batch {
+            true => ApiError {
+                message: format!("{}[{i}]: {}", p.field, e.message),
+                ..e
+            },
+            false => e,
+        };
+        if p.prompt.is_empty() {
+            return Err(at(ApiError::bad(p.field, "the prompt is empty")));
+        }
+        let max_tokens = fit_context(
             p.prompt.len(),
-            r.n_ctx
-        ))
-        .with_code("context_length_exceeded"));
+            p.params.max_tokens,
+            p.default_max_tokens,
+            r.n_ctx,
+            p.field,
+        )
+        .map_err(at)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let cancel = CancelToken::new();
+        jobs.push(Job {
+            prompt: p.prompt,
+            sampling: p.params.sampling,
+            max_tokens,
+            stop: p.params.stop,
+            logprobs: p.params.logprobs,
+            parser: p.parser,
+            cancel: cancel.clone(),
+            out: tx,
+            received,
+        });
+        out.push((rx, cancel));
     }
-    let room = r.n_ctx - p.prompt.len();
-    let max_tokens = p.params.max_tokens.unwrap_or(room).min(room);
-    let (tx, rx) = mpsc::unbounded_channel();
-    let cancel = CancelToken::new();
-    let job = Job {
-        prompt: p.prompt,
-        sampling: p.params.sampling,
-        max_tokens,
-        stop: p.params.stop,
-        logprobs: p.params.logprobs,
-        parser: p.parser,
-        cancel: cancel.clone(),
-        out: tx,
-        received,
-    };
-    st.metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
-    if r.jobs.try_send(job).is_err() {
-        st.metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+    let Ok(permits) = r.jobs.try_reserve_many(jobs.len()) else {
         return Err(ApiError::new(
             StatusCode::TOO_MANY_REQUESTS,
-            format!("the request queue is full ({} waiting)", st.settings.queue),
+            format!(
+                "the request queue is full ({} waiting); retry shortly",
+                st.settings.queue
+            ),
         )
-        .with_code("queue_full"));
+        .with_code("queue_full")
+        .with_retry_after(1));
+    };
+    st.metrics
+        .queue_depth
+        .fetch_add(jobs.len() as u64, Ordering::Relaxed);
+    for (permit, job) in permits.zip(jobs) {
+        permit.send(job);
     }
-    Ok((rx, cancel))
+    Ok(out)
 }
 
 /// Sets the cancel flag when dropped while armed (the handler future was dropped: client gone).
@@ -247,10 +335,10 @@ pub async fn collect(
     Err(ApiError::internal("the engine dropped the request"))
 }
 
-/// Body stream that cancels the job when hyper drops it (client gone or write error).
+/// Body stream that cancels the jobs when hyper drops it (client gone or write error).
 struct GuardedStream {
     rx: mpsc::Receiver<Bytes>,
-    cancel: Arc<CancelToken>,
+    cancel: Vec<Arc<CancelToken>>,
 }
 
 impl tokio_stream::Stream for GuardedStream {
@@ -262,47 +350,82 @@ impl tokio_stream::Stream for GuardedStream {
 
 impl Drop for GuardedStream {
     fn drop(&mut self) {
-        self.cancel.cancel();
+        self.cancel.iter().for_each(|c| c.cancel());
     }
 }
 
 /// Stream a job as SSE: `fmt` turns each engine event into frames; a `: keepalive` comment is
 /// sent after every prefill chunk and every 5 s of silence. A failed write cancels the job.
 pub fn sse_response(
-    mut rx: mpsc::UnboundedReceiver<Out>,
+    rx: mpsc::UnboundedReceiver<Out>,
     cancel: Arc<CancelToken>,
     mut fmt: impl FnMut(Out) -> Vec<String> + Send + 'static,
 ) -> Response {
+    sse_response_many(vec![(rx, cancel)], move |_, ev| fmt(ev))
+}
+
+/// Stream the jobs of one request as SSE, one after the other (the worker runs them in that
+/// order); `fmt` gets each job's index with its events. Its token counts and time to first token
+/// go to the access log ([`StreamNote`]).
+pub fn sse_response_many(
+    jobs: Vec<Queued>,
+    mut fmt: impl FnMut(usize, Out) -> Vec<String> + Send + 'static,
+) -> Response {
     let (btx, brx) = mpsc::channel::<Bytes>(64);
+    let cancel: Vec<_> = jobs.iter().map(|j| j.1.clone()).collect();
     let c2 = cancel.clone();
+    let note = StreamNote::default();
+    let slot = note.0.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
-        loop {
-            let frames: Vec<String> = tokio::select! {
-                ev = rx.recv() => match ev {
-                    None => break,
-                    Some(Out::Progress { .. }) => vec![": keepalive\n\n".to_string()],
-                    Some(ev) => fmt(ev),
-                },
-                _ = tick.tick() => vec![": keepalive\n\n".to_string()],
-            };
-            for f in frames {
-                if btx.send(Bytes::from(f)).await.is_err() {
-                    c2.cancel();
-                    return;
+        for (i, (mut rx, _)) in jobs.into_iter().enumerate() {
+            loop {
+                let frames: Vec<String> = tokio::select! {
+                    ev = rx.recv() => match ev {
+                        None => break,
+                        Some(Out::Progress { .. }) => vec![": keepalive\n\n".to_string()],
+                        Some(ev) => {
+                            if let Ok(mut s) = slot.lock() {
+                                match &ev {
+                                    Out::Done { usage, .. } => s.add_usage(usage, true),
+                                    Out::Error(e) => s.error = Some(e.clone()),
+                                    _ => {}
+                                }
+                            }
+                            fmt(i, ev)
+                        }
+                    },
+                    _ = tick.tick() => vec![": keepalive\n\n".to_string()],
+                };
+                for f in frames {
+                    if btx.send(Bytes::from(f)).await.is_err() {
+                        c2.iter().for_each(|c| c.cancel());
+                        return;
+                    }
                 }
+                tick.reset();
             }
-            tick.reset();
         }
     });
     let body = Body::from_stream(GuardedStream { rx: brx, cancel });
-    Response::builder()
+    let mut r = Response::builder()
         .header(header::CONTENT_TYPE, "text/event-stream")
         .header(header::CACHE_CONTROL, "no-cache")
         .body(body)
-        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    r.extensions_mut().insert(note);
+    r
+}
+
+/// A whole JSON response with the counts of its generations for the access log.
+pub fn json_with_usage<'a>(v: Value, usage: impl IntoIterator<Item = &'a Usage>) -> Response {
+    let mut info = AccessInfo::default();
+    usage.into_iter().for_each(|u| info.add_usage(u, false));
+    let mut r = axum::Json(v).into_response();
+    r.extensions_mut().insert(InfoNote(info));
+    r
 }
 
 /// One SSE `data:` frame.
@@ -331,24 +454,18 @@ pub fn authorized(key: &str, req: &Request) -> bool {
         .any(|k| ct_eq(k.trim().as_bytes(), key.as_bytes()))
 }
 
-async fn guard_mw(State(st): St, req: Request, next: Next) -> Response {
+/// Auth and CORS in front of every route.
+pub async fn guard_mw(State(st): St, req: Request, next: Next) -> Response {
     let cors = st.settings.cors;
     if cors && req.method() == Method::OPTIONS {
-        let mut r = StatusCode::NO_CONTENT.into_response();
-        add_cors(&mut r);
-        return r;
+        return preflight(&req);
     }
     let path = req.uri().path().to_string();
     if let Some(key) = &st.settings.api_key {
         if path != "/health" && !authorized(key, &req) {
             let e = ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing API key")
                 .with_code("invalid_api_key");
-            let body = if path.starts_with("/v1/messages") {
-                e.anthropic_json()
-            } else {
-                e.openai_json()
-            };
-            let mut r = (e.status, axum::Json(body)).into_response();
+            let mut r = e.response_for(&path);
             if cors {
                 add_cors(&mut r);
             }
@@ -362,169 +479,86 @@ async fn guard_mw(State(st): St, req: Request, next: Next) -> Response {
     r
 }
 
-fn add_cors(r: &mut Response) {
+/// Headers allowed when a preflight names none (what the official SDKs send, less the
+/// `x-stainless-*` family, which a preflight always names).
+const CORS_HEADERS: &str = "authorization, content-type, x-api-key, anthropic-version, \
+     anthropic-beta, anthropic-dangerous-direct-browser-access";
+
+/// Answer a CORS preflight: the methods, and whatever headers the browser asked for (the SDKs
+/// send `x-stainless-*` headers; a fixed list cannot name them all, and `*` does not cover
+/// `Authorization`).
+fn preflight(req: &Request) -> Response {
+    let mut r = StatusCode::NO_CONTENT.into_response();
+    add_cors(&mut r);
     let h = r.headers_mut();
+    let asked = req
+        .headers()
+        .get(header::ACCESS_CONTROL_REQUEST_HEADERS)
+        .filter(|v| !v.is_empty());
     h.insert(
-        header::ACCESS_CONTROL_ALLOW_ORIGIN,
-        HeaderValue::from_static("*"),
+        header::ACCESS_CONTROL_ALLOW_HEADERS,
+        asked
+            .cloned()
+            .unwrap_or(HeaderValue::from_static(CORS_HEADERS)),
     );
     h.insert(
         header::ACCESS_CONTROL_ALLOW_METHODS,
         HeaderValue::from_static("GET, POST, OPTIONS"),
     );
     h.insert(
-        header::ACCESS_CONTROL_ALLOW_HEADERS,
-        HeaderValue::from_static("authorization, content-type, x-api-key, anthropic-version"),
+        header::ACCESS_CONTROL_MAX_AGE,
+        HeaderValue::from_static("86400"),
+    );
+    h.insert(
+        header::VARY,
+        HeaderValue::from_static("Access-Control-Request-Headers"),
+    );
+    r
+}
+
+fn add_cors(r: &mut Response) {
+    let h = r.headers_mut();
+    h.insert(
+        header::ACCESS_CONTROL_ALLOW_ORIGIN,
+        HeaderValue::from_static("*"),
+    );
+    // Readable by browser code: the SDKs read `retry-after` to back off.
+    h.insert(
+        header::ACCESS_CONTROL_EXPOSE_HEADERS,
+        HeaderValue::from_static("retry-after"),
     );
 }
 
-/// The router.
-pub fn router(st: Arc<AppState>, max_body: usize) -> Router {
-    Router::new()
-        .route("/health", get(health))
-        .route("/v1/health", get(health))
-        .route("/props", get(props))
-        .route("/metrics", get(metrics))
-        .route("/v1/models", get(models))
-        .route("/tokenize", post(tokenize))
-        .route("/detokenize", post(detokenize))
-        .route("/apply-template", post(apply_template))
-        .route("/v1/chat/completions", post(openai::chat))
-        .route("/v1/completions", post(openai::completions))
-        .route("/v1/messages", post(anthropic::messages))
-        .fallback(not_found)
-        .layer(middleware::from_fn_with_state(st.clone(), guard_mw))
-        .layer(DefaultBodyLimit::max(max_body))
-        .with_state(st)
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-async fn not_found(req: Request) -> Response {
-    let e = ApiError::new(
-        StatusCode::NOT_FOUND,
-        format!("no route for {} {}", req.method(), req.uri().path()),
-    );
-    (e.status, axum::Json(e.openai_json())).into_response()
-}
-
-async fn health(State(st): St) -> Response {
-    match st.ready() {
-        Ok(_) => axum::Json(json!({"status": "ok"})).into_response(),
-        Err(e) => (
-            e.status,
-            axum::Json(json!({"status": "loading", "error": e.openai_json()["error"]})),
-        )
-            .into_response(),
-    }
-}
-
-async fn metrics(State(st): St) -> Response {
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        st.metrics.render(),
-    )
-        .into_response()
-}
-
-async fn models(State(st): St) -> Response {
-    match st.ready() {
-        Ok(r) => axum::Json(json!({"object": "list", "data": [{
-            "id": r.name, "object": "model", "created": st.created, "owned_by": "vela",
-            "meta": {"n_ctx": r.n_ctx, "path": r.model.path.display().to_string()}
-        }]}))
-        .into_response(),
-        Err(e) => openai_err(&st.metrics, e),
-    }
-}
-
-async fn props(State(st): St) -> Response {
-    let r = match st.ready() {
-        Ok(r) => r,
-        Err(e) => return openai_err(&st.metrics, e),
-    };
-    let parser = ParserConfig::from_template(r.template_src.as_deref().unwrap_or(""), true);
-    axum::Json(json!({
-        "model": r.name,
-        "aliases": r.aliases,
-        "model_path": r.model.path.display().to_string(),
-        "n_ctx": r.n_ctx,
-        "ubatch": r.ubatch,
-        "n_vocab": r.model.tokenizer.n_vocab(),
-        "chat_template": r.template_src,
-        "reasoning_markers": parser.reasoning,
-        "tool_markers": parser.tools.iter().map(|(o, c, s)| json!([o, c, format!("{s:?}")])).collect::<Vec<_>>(),
-        "llama_json_tools": parser.llama_json,
-        "queue_size": st.settings.queue,
-        "cache_mb": st.settings.cache_mb,
-    }))
-    .into_response()
-}
-
-async fn tokenize(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
-    let run = || -> Result<Value, ApiError> {
-        let r = st.ready()?;
-        let o = parse_object(&body_bytes(body)?)?;
-        let text = crate::request::get_str(&o, "content")?
-            .ok_or_else(|| ApiError::bad("content", "`content` (string) is required"))?;
-        let add_special = crate::request::get_bool(&o, "add_special")?.unwrap_or(false);
-        let parse_special = crate::request::get_bool(&o, "parse_special")?.unwrap_or(false);
-        let pieces = crate::request::get_bool(&o, "with_pieces")?.unwrap_or(false);
-        let tok = &r.model.tokenizer;
-        let ids = tok
-            .encode(text, add_special, parse_special)
-            .map_err(|e| ApiError::invalid(format!("{e:#}")))?;
-        Ok(if pieces {
-            let t: Vec<Value> = ids
-                .iter()
-                .map(|&i| json!({"id": i, "piece": String::from_utf8_lossy(&tok.token_to_piece(i, true))}))
-                .collect();
-            json!({"tokens": t})
-        } else {
-            json!({"tokens": ids})
-        })
-    };
-    match run() {
-        Ok(v) => axum::Json(v).into_response(),
-        Err(e) => openai_err(&st.metrics, e),
-    }
-}
-
-async fn detokenize(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
-    let run = || -> Result<Value, ApiError> {
-        let r = st.ready()?;
-        let o = parse_object(&body_bytes(body)?)?;
-        let n = r.model.tokenizer.n_vocab();
-        let ids = o
-            .get("tokens")
-            .and_then(Value::as_array)
-            .ok_or_else(|| ApiError::bad("tokens", "`tokens` must be an array of token ids"))?
-            .iter()
-            .map(|v| v.as_u64().filter(|&i| (i as usize) < n).map(|i| i as u32))
-            .collect::<Option<Vec<u32>>>()
-            .ok_or_else(|| {
-                ApiError::bad("tokens", format!("token ids must be integers below {n}"))
-            })?;
-        let text = r
-            .model
-            .tokenizer
-            .decode(&ids, false)
-            .map_err(|e| ApiError::invalid(format!("{e:#}")))?;
-        Ok(json!({"content": text}))
-    };
-    match run() {
-        Ok(v) => axum::Json(v).into_response(),
-        Err(e) => openai_err(&st.metrics, e),
-    }
-}
-
-async fn apply_template(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
-    let run = || -> Result<Value, ApiError> {
-        let r = st.ready()?;
-        let o = parse_object(&body_bytes(body)?)?;
-        let (rendered, tokens) = openai::render_chat(r, &o)?;
-        Ok(json!({"prompt": rendered, "tokens": tokens}))
-    };
-    match run() {
-        Ok(v) => axum::Json(v).into_response(),
-        Err(e) => openai_err(&st.metrics, e),
+    #[test]
+    fn context_fit() {
+        // max_tokens given: prompt + max_tokens must fit.
+        assert_eq!(fit_context(100, Some(28), None, 128, "messages"), Ok(28));
+        let e = fit_context(100, Some(29), None, 128, "messages").unwrap_err();
+        assert_eq!(e.status, StatusCode::BAD_REQUEST);
+        assert_eq!(e.openai_type(), "invalid_request_error");
+        assert_eq!(e.code, Some("context_length_exceeded"));
+        assert_eq!(
+            e.message,
+            "This model's maximum context length is 128 tokens. However, you requested 129 \
+             tokens (100 in the messages, 29 in the completion). Please reduce the length of the \
+             messages or completion."
+        );
+        // Without max_tokens the prompt alone must leave room; the rest of the context, or the
+        // default, is generated.
+        assert_eq!(fit_context(100, None, None, 128, "messages"), Ok(28));
+        assert_eq!(fit_context(100, None, Some(16), 128, "prompt"), Ok(16));
+        assert_eq!(fit_context(120, None, Some(16), 128, "prompt"), Ok(8));
+        let e = fit_context(128, None, Some(16), 128, "prompt").unwrap_err();
+        assert!(
+            e.message.contains("maximum context length is 128 tokens")
+                && e.message.contains("128 tokens"),
+            "{}",
+            e.message
+        );
+        assert_eq!(e.param.as_deref(), Some("prompt"));
     }
 }

@@ -4,8 +4,11 @@
 //! FIFO of jobs; the tokio runtime only parses, renders templates, tokenizes and streams, so
 //! `/health` and friends answer while a generation runs. See `docs/server.md`.
 
+pub mod access;
 pub mod anthropic;
 pub mod cache;
+pub mod completions;
+pub mod endpoints;
 pub mod error;
 pub mod http;
 pub mod metrics;
@@ -26,6 +29,9 @@ pub struct ServeArgs {
     /// Model: a GGUF path, a known model name or hf://owner/repo/file.gguf (default: SmolLM2).
     #[arg(long, short = 'm')]
     pub model: Option<String>,
+    /// The model id `/v1/models` reports and requests may name (the file's name stays accepted).
+    #[arg(long)]
+    pub alias: Option<String>,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
@@ -92,15 +98,73 @@ pub struct ServeArgs {
     /// Always draft `--draft-max` tokens per round.
     #[arg(long)]
     pub draft_fixed: bool,
+    /// Server messages and the access log (one line per request) on stderr: text, or json
+    /// (one JSON object per line).
+    #[arg(long, value_enum, default_value_t = access::LogFormat::Text)]
+    pub log_format: access::LogFormat,
 }
 
-/// Run the server until the process is killed (blocking; builds its own tokio runtime).
+/// Run the server until Ctrl-C or SIGTERM (blocking; builds its own tokio runtime), logging to
+/// stderr in `--log-format`.
 pub fn serve(args: ServeArgs) -> Result<()> {
+    access::init(args.log_format);
+    serve_until(args, stop_signal())
+}
+
+/// How long in-flight requests may finish after a stop signal.
+const DRAIN: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Run the server until `stop` resolves (to the name of what stopped it), then let in-flight
+/// requests finish for up to 5 s (a second signal stops at once).
+pub fn serve_until(
+    args: ServeArgs,
+    stop: impl std::future::Future<Output = &'static str>,
+) -> Result<()> {
     let r = spawn(args)?;
-    eprintln!("vela-server: listening on http://{}", r.addr);
-    let Running { rt, server, .. } = r;
-    rt.block_on(server)??;
-    Ok(())
+    let addr = r.addr;
+    tracing::info!(%addr, "listening on http://{addr}");
+    let Running {
+        rt,
+        mut server,
+        shutdown,
+        ..
+    } = r;
+    rt.block_on(async move {
+        tokio::select! {
+            res = &mut server => return res?.map_err(anyhow::Error::from),
+            why = stop => tracing::info!(
+                %addr,
+                "{why} received: shutting down (in-flight requests get {} s; send it again to stop now)",
+                DRAIN.as_secs()
+            ),
+        }
+        let _ = shutdown.send(());
+        tokio::select! {
+            _ = &mut server => {}
+            _ = tokio::time::sleep(DRAIN) => {
+                tracing::warn!(%addr, "requests still running after {} s are cut off", DRAIN.as_secs())
+            }
+            why = stop_signal() => tracing::warn!(%addr, "{why} received again: stopping now"),
+        }
+        tracing::info!(%addr, "server stopped");
+        Ok(())
+    })
+}
+
+/// Ctrl-C (SIGINT) or SIGTERM.
+async fn stop_signal() -> &'static str {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        if let Ok(mut term) = signal(SignalKind::terminate()) {
+            return tokio::select! {
+                _ = tokio::signal::ctrl_c() => "SIGINT (Ctrl-C)",
+                _ = term.recv() => "SIGTERM",
+            };
+        }
+    }
+    let _ = tokio::signal::ctrl_c().await;
+    "SIGINT (Ctrl-C)"
 }
 
 /// A server running in this process: `vela serve`, and `vela eval`'s in-process driver, which
@@ -111,6 +175,8 @@ pub struct Running {
     pub state: Arc<http::AppState>,
     /// Dropping the runtime stops the HTTP side; the engine thread ends with its job channel.
     server: tokio::task::JoinHandle<std::io::Result<()>>,
+    /// Starts a graceful shutdown (stop accepting, finish in-flight requests).
+    shutdown: tokio::sync::oneshot::Sender<()>,
     rt: tokio::runtime::Runtime,
 }
 
@@ -162,18 +228,27 @@ pub fn spawn(args: ServeArgs) -> Result<Running> {
         .name("vela-engine".into())
         .spawn(move || {
             if let Err(e) = load_and_work(a, st.clone()) {
-                eprintln!("vela-server: {e:#}");
+                tracing::error!("{e:#}");
                 if let Ok(mut le) = st.load_error.lock() {
                     *le = Some(format!("{e:#}"));
                 }
             }
         })?;
-    let app = http::router(state.clone(), args.max_body);
-    let server = rt.spawn(async move { axum::serve(listener, app).await });
+    let app = endpoints::router(state.clone(), args.max_body)
+        .into_make_service_with_connect_info::<std::net::SocketAddr>();
+    let (shutdown, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = rt.spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stopped.await;
+            })
+            .await
+    });
     Ok(Running {
         addr,
         state,
         server,
+        shutdown,
         rt,
     })
 }
@@ -212,9 +287,7 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
             match vela_template::ChatTemplate::new(src, &bos, &eos) {
                 Ok(t) => Some(t),
                 Err(e) => {
-                    eprintln!(
-                        "vela-server: chat template unusable ({e:#}); chat endpoints disabled"
-                    );
+                    tracing::warn!("chat template unusable ({e:#}); chat endpoints disabled");
                     None
                 }
             }
@@ -226,7 +299,14 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
     if let Some(a) = &args.model {
         aliases.push(a.clone());
     }
-    let name = m.name();
+    // `--alias` becomes the reported id; the file's name stays accepted.
+    let name = match &args.alias {
+        Some(a) => {
+            aliases.push(m.name());
+            a.clone()
+        }
+        None => m.name(),
+    };
     let ready = http::Ready {
         model: m.clone(),
         name: name.clone(),
@@ -240,8 +320,8 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
     if st.ready.set(ready).is_err() {
         bail!("server state initialised twice");
     }
-    eprintln!(
-        "vela-server: model {name} ready on {} in {:.1}s (ctx {n_ctx}, ubatch {})",
+    tracing::info!(
+        "model {name} ready on {} in {:.1}s (ctx {n_ctx}, ubatch {})",
         m.model.backend_name(),
         t0.elapsed().as_secs_f64(),
         args.ubatch
@@ -271,7 +351,7 @@ fn load_drafter(
         bail!("--draft-max must be at least 1");
     }
     if args.lookup {
-        eprintln!("vela-server: prompt-lookup speculative decoding");
+        tracing::info!("prompt-lookup speculative decoding");
         return Ok(Some(Box::new(vela_engine::speculative::NgramDrafter::new(
             2, 4,
         )?)));
@@ -291,9 +371,6 @@ fn load_drafter(
         },
     )?;
     let d = vela_engine::speculative::load_mtp(&probe, &path)?;
-    eprintln!(
-        "vela-server: MTP speculative decoding with {}",
-        path.display()
-    );
+    tracing::info!("MTP speculative decoding with {}", path.display());
     Ok(Some(d))
 }

@@ -1,25 +1,28 @@
-//! `POST /v1/chat/completions` and `POST /v1/completions` (OpenAI shapes, stream and non-stream).
+//! `POST /v1/chat/completions` (OpenAI shape, stream and non-stream) and the chat rendering
+//! shared with `/apply-template` and `/v1/messages`.
 
 use crate::error::ApiError;
 use crate::http::{
-    body_bytes, check_model, collect, data, new_id, openai_err, sse_response, submit, unix_now,
-    Collected, Prepared, Ready, St,
+    body_bytes, check_model, collect, data, json_with_usage, new_id, openai_err, sse_response,
+    submit, unix_now, Collected, Prepared, Ready, St,
 };
 use crate::parser::{ParserConfig, ToolCall};
 use crate::request::{
     check_response_format, get_bool, get_uint, normalize_messages, parse_common, parse_object,
-    parse_tools, ChatRequest, GenParams, Obj,
+    parse_template_kwargs, parse_tools, ChatRequest, Obj,
 };
 use crate::worker::{CancelToken, Out, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
+use axum::response::Response;
+use serde_json::{json, Map, Value};
 use std::sync::Arc;
 use std::time::Instant;
 use tokio::sync::mpsc;
 use vela_template::RenderRequest;
+
+pub use crate::completions::{completions, validate_completion, CompletionPrompt};
 
 /// Render chat messages with the model's template and tokenize them safely; also returns the
 /// parser configuration for the answer. Shared with `/apply-template` and `/v1/messages`.
@@ -27,26 +30,27 @@ pub fn render_messages(
     r: &Ready,
     messages: Vec<Value>,
     tools: Option<Value>,
-    extra: &Obj,
+    kwargs: Map<String, Value>,
 ) -> Result<(String, Vec<u32>, ParserConfig), ApiError> {
     let tpl = r.template.as_ref().ok_or_else(|| {
         ApiError::invalid("this model has no chat template; use /v1/completions with a raw prompt")
     })?;
     let msgs = Value::Array(messages);
-    let mut kwargs = serde_json::Map::new();
-    if let Some(Value::Object(k)) = extra.get("chat_template_kwargs") {
-        kwargs = k.clone();
-    }
     let req = RenderRequest {
         messages: msgs.clone(),
         tools: tools.clone(),
         add_generation_prompt: true,
-        extra: kwargs,
+        extra: kwargs.clone(),
     };
     let rendered = tpl
         .render(&req)
         .map_err(|e| ApiError::bad("messages", format!("chat template error: {e:#}")))?;
-    let values = [msgs, tools.clone().unwrap_or(Value::Null)];
+    // Every client string, template kwargs included, stays plain text in the prompt.
+    let values = [
+        msgs,
+        tools.clone().unwrap_or(Value::Null),
+        Value::Object(kwargs),
+    ];
     let tokens = vela_engine::prompt::tokenize_chat(&r.model.tokenizer, &rendered, &values)
         .map_err(|e| ApiError::invalid(format!("tokenization failed: {e:#}")))?;
     let mut parser =
@@ -55,11 +59,12 @@ pub fn render_messages(
     Ok((rendered, tokens, parser))
 }
 
-/// Render an OpenAI chat body (`messages`, `tools`).
+/// Render an OpenAI chat body (`messages`, `tools`, `chat_template_kwargs`).
 pub fn render_chat(r: &Ready, o: &Obj) -> Result<(String, Vec<u32>), ApiError> {
     let messages = normalize_messages(o.get("messages"))?;
     let tools = parse_tools(o)?;
-    let (s, t, _) = render_messages(r, messages, tools, o)?;
+    let kwargs = parse_template_kwargs(o)?;
+    let (s, t, _) = render_messages(r, messages, tools, kwargs)?;
     Ok((s, t))
 }
 
@@ -71,70 +76,13 @@ pub fn validate_chat(o: &Obj, n_vocab: usize) -> Result<ChatRequest, ApiError> {
     params.logprobs = parse_logprobs(o)?;
     let messages = normalize_messages(o.get("messages"))?;
     let tools = parse_tools(o)?;
+    let template_kwargs = parse_template_kwargs(o)?;
     Ok(ChatRequest {
         params,
         messages,
         tools,
+        template_kwargs,
     })
-}
-
-/// The prompt of a `/v1/completions` body.
-#[derive(Debug, Clone, PartialEq)]
-pub enum CompletionPrompt {
-    /// Text, tokenized with special-token parsing (the client owns the whole prompt).
-    Text(String),
-    /// Token ids, each below the vocabulary size.
-    Ids(Vec<u32>),
-}
-
-/// Validate a `/v1/completions` body: everything but `model`; `n_vocab` bounds `logit_bias`
-/// and prompt ids.
-pub fn validate_completion(
-    o: &Obj,
-    n_vocab: usize,
-) -> Result<(GenParams, CompletionPrompt), ApiError> {
-    let mut params = parse_common(o, n_vocab, &["max_tokens"])?;
-    if params.max_tokens.is_none() {
-        params.max_tokens = Some(16);
-    }
-    if let Some(n) = o.get("logprobs").filter(|v| !v.is_null()) {
-        let n = n
-            .as_u64()
-            .filter(|&n| n <= 20)
-            .ok_or_else(|| ApiError::bad("logprobs", "`logprobs` must be an integer 0..=20"))?;
-        params.logprobs = Some(n as usize);
-    }
-    if get_bool(o, "echo")?.unwrap_or(false) {
-        return Err(ApiError::bad("echo", "`echo` is not supported"));
-    }
-    if o.get("suffix").is_some_and(|v| !v.is_null()) {
-        return Err(ApiError::bad("suffix", "`suffix` is not supported"));
-    }
-    if get_uint(o, "best_of", 1 << 20)?.is_some_and(|b| b != 1) {
-        return Err(ApiError::bad("best_of", "only best_of=1 is supported"));
-    }
-    let prompt = match o.get("prompt") {
-        Some(Value::String(s)) => CompletionPrompt::Text(s.clone()),
-        Some(Value::Array(a)) if a.len() == 1 && a[0].is_string() => {
-            CompletionPrompt::Text(a[0].as_str().unwrap_or("").to_string())
-        }
-        Some(Value::Array(a)) if !a.is_empty() && a.iter().all(Value::is_u64) => {
-            let n = n_vocab as u64;
-            let ids = a
-                .iter()
-                .map(|v| v.as_u64().filter(|&i| i < n).map(|i| i as u32))
-                .collect::<Option<Vec<u32>>>()
-                .ok_or_else(|| ApiError::bad("prompt", format!("token ids must be below {n}")))?;
-            CompletionPrompt::Ids(ids)
-        }
-        _ => {
-            return Err(ApiError::bad(
-                "prompt",
-                "`prompt` must be a string, a list of one string or a list of token ids",
-            ))
-        }
-    };
-    Ok((params, prompt))
 }
 
 fn parse_logprobs(o: &Obj) -> Result<Option<usize>, ApiError> {
@@ -149,7 +97,7 @@ fn parse_logprobs(o: &Obj) -> Result<Option<usize>, ApiError> {
     Ok(on.then(|| top.unwrap_or(0) as usize))
 }
 
-fn usage_json(u: &crate::worker::Usage) -> Value {
+pub(crate) fn usage_json(u: &crate::worker::Usage) -> Value {
     json!({
         "prompt_tokens": u.prompt_tokens,
         "completion_tokens": u.completion_tokens,
@@ -160,7 +108,7 @@ fn usage_json(u: &crate::worker::Usage) -> Value {
 
 /// The engine's time for the request (`worker::Timings`), on the finishing chunk of a stream and
 /// on a whole response, as llama-server reports `timings` (its field names where they match).
-fn timings_json(u: &crate::worker::Usage) -> Value {
+pub(crate) fn timings_json(u: &crate::worker::Usage) -> Value {
     let t = &u.timings;
     let rate = |n: usize, ms: f64| if ms > 0.0 { n as f64 * 1e3 / ms } else { 0.0 };
     json!({
@@ -241,13 +189,16 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
             params,
             messages,
             tools,
+            template_kwargs,
         } = validate_chat(&o, r.model.tokenizer.n_vocab())?;
-        let (_, prompt, parser) = render_messages(r, messages, tools, &o)?;
+        let (_, prompt, parser) = render_messages(r, messages, tools, template_kwargs)?;
         Ok((
             Prepared {
                 prompt,
                 params,
                 parser,
+                field: "messages",
+                default_max_tokens: None,
             },
             r.name.clone(),
         ))
@@ -260,7 +211,10 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
     let created = unix_now();
     if !stream {
         return match collect(rx, cancel).await {
-            Ok(c) => axum::Json(chat_body(&id, created, &model, c)).into_response(),
+            Ok(c) => {
+                let u = c.usage;
+                json_with_usage(chat_body(&id, created, &model, c), [&u])
+            }
             Err(e) => openai_err(&st.metrics, e),
         };
     }
@@ -350,105 +304,4 @@ fn chat_body(id: &str, created: u64, model: &str, c: Collected) -> Value {
         "usage": usage_json(&c.usage),
         "timings": timings_json(&c.usage),
     })
-}
-
-fn completion_logprobs(l: &[TokenLogprob]) -> Value {
-    let mut off = 0usize;
-    let mut offsets = Vec::new();
-    for t in l {
-        offsets.push(off);
-        off += t.token.len();
-    }
-    json!({
-        "tokens": l.iter().map(|t| &t.token).collect::<Vec<_>>(),
-        "token_logprobs": l.iter().map(|t| t.logprob).collect::<Vec<_>>(),
-        "top_logprobs": l.iter().map(|t| t.top.iter().map(|(s, _, p)| (s.clone(), json!(p))).collect::<serde_json::Map<_, _>>()).collect::<Vec<_>>(),
-        "text_offset": offsets,
-    })
-}
-
-/// `POST /v1/completions` (raw prompt; the client owns the whole prompt, so special-token text
-/// in it is parsed as special tokens).
-pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
-    let received = Instant::now();
-    let prep = || -> Result<(Prepared, String), ApiError> {
-        let r = st.ready()?;
-        let o = parse_object(&body_bytes(body)?)?;
-        check_model(&o, r)?;
-        let tok = &r.model.tokenizer;
-        let (params, prompt) = validate_completion(&o, tok.n_vocab())?;
-        let prompt = match prompt {
-            CompletionPrompt::Text(s) => tok
-                .encode(&s, true, true)
-                .map_err(|e| ApiError::invalid(format!("{e:#}")))?,
-            CompletionPrompt::Ids(ids) => ids,
-        };
-        Ok((
-            Prepared {
-                prompt,
-                params,
-                parser: ParserConfig::default(),
-            },
-            r.name.clone(),
-        ))
-    };
-    let (rx, cancel, stream, include_usage, model) = match start(&st, prep(), received) {
-        Ok(x) => x,
-        Err(resp) => return *resp,
-    };
-    let id = new_id("cmpl-");
-    let created = unix_now();
-    let obj = move |text: &str, lp: Value, finish: Value| {
-        json!({"id": id, "object": "text_completion", "created": created, "model": model,
-               "choices": [{"index": 0, "text": text, "logprobs": lp, "finish_reason": finish}]})
-    };
-    if !stream {
-        return match collect(rx, cancel).await {
-            Ok(c) => {
-                let lp = if c.logprobs.is_empty() {
-                    Value::Null
-                } else {
-                    completion_logprobs(&c.logprobs)
-                };
-                let mut v = obj(&c.content, lp, json!(c.finish));
-                v["usage"] = usage_json(&c.usage);
-                v["timings"] = timings_json(&c.usage);
-                axum::Json(v).into_response()
-            }
-            Err(e) => openai_err(&st.metrics, e),
-        };
-    }
-    let fmt = move |ev: Out| -> Vec<String> {
-        match ev {
-            Out::Progress { .. } => vec![],
-            Out::Delta {
-                content, logprobs, ..
-            } => {
-                let lp = if logprobs.is_empty() {
-                    Value::Null
-                } else {
-                    completion_logprobs(&logprobs)
-                };
-                vec![data(&obj(&content, lp, Value::Null))]
-            }
-            Out::Done { finish, usage, .. } => {
-                let mut last = obj("", Value::Null, json!(finish));
-                last["timings"] = timings_json(&usage);
-                let mut f = vec![data(&last)];
-                if include_usage {
-                    let mut u = obj("", Value::Null, Value::Null);
-                    u["choices"] = json!([]);
-                    u["usage"] = usage_json(&usage);
-                    f.push(data(&u));
-                }
-                f.push("data: [DONE]\n\n".into());
-                f
-            }
-            Out::Error(e) => vec![
-                data(&ApiError::invalid(e).openai_json()),
-                "data: [DONE]\n\n".into(),
-            ],
-        }
-    };
-    sse_response(rx, cancel, fmt)
 }

@@ -29,6 +29,8 @@ pub struct ChatRequest {
     pub messages: Vec<Value>,
     /// Tool definitions to render (`None`: no tools, or `tool_choice` "none").
     pub tools: Option<Value>,
+    /// `chat_template_kwargs`: extra variables for the chat template.
+    pub template_kwargs: Map<String, Value>,
 }
 
 /// Parse a body as a JSON object.
@@ -395,15 +397,81 @@ pub fn normalize_messages(v: Option<&Value>) -> Result<Vec<Value>, ApiError> {
     Ok(out)
 }
 
+/// Check a function's `parameters` (OpenAI) / `input_schema` (Anthropic): a JSON Schema object
+/// describing an object (its `type`, when given, is "object").
+pub fn check_schema(v: Option<&Value>, param: &str, what: &str) -> Result<(), ApiError> {
+    match v {
+        None | Some(Value::Null) => Ok(()),
+        Some(Value::Object(o)) => match o.get("type") {
+            None => Ok(()),
+            Some(Value::String(t)) if t == "object" => Ok(()),
+            Some(t) => Err(ApiError::bad(
+                param,
+                format!("{what} must be a JSON Schema of type \"object\", got type {t}"),
+            )),
+        },
+        Some(_) => Err(ApiError::bad(
+            param,
+            format!("{what} must be a JSON Schema object"),
+        )),
+    }
+}
+
 /// Validate OpenAI `tools` and `tool_choice`; returns the tools to render (None when there are
 /// none or `tool_choice` is "none").
 pub fn parse_tools(o: &Obj) -> Result<Option<Value>, ApiError> {
-    let choice = present(o, "tool_choice");
-    let none = match choice {
+    let arr = match present(o, "tools") {
+        None => &Vec::new(),
+        Some(Value::Array(a)) => a,
+        Some(_) => return Err(ApiError::bad("tools", "`tools` must be an array")),
+    };
+    let mut names = Vec::with_capacity(arr.len());
+    for (i, t) in arr.iter().enumerate() {
+        if t.get("type").and_then(Value::as_str) != Some("function") {
+            return Err(ApiError::bad(
+                "tools",
+                format!("tools[{i}].type must be 'function'"),
+            ));
+        }
+        let Some(f) = t.get("function").and_then(Value::as_object) else {
+            return Err(ApiError::bad(
+                "tools",
+                format!("tools[{i}].function must be an object"),
+            ));
+        };
+        let Some(name) = f.get("name").and_then(Value::as_str) else {
+            return Err(ApiError::bad(
+                "tools",
+                format!("tools[{i}].function.name must be a string"),
+            ));
+        };
+        if f.get("description")
+            .is_some_and(|d| !d.is_string() && !d.is_null())
+        {
+            return Err(ApiError::bad(
+                "tools",
+                format!("tools[{i}].function.description must be a string"),
+            ));
+        }
+        check_schema(
+            f.get("parameters"),
+            "tools",
+            &format!("tools[{i}].function.parameters"),
+        )?;
+        names.push(name);
+    }
+    let none = match present(o, "tool_choice") {
         None => false,
         Some(Value::String(s)) => match s.as_str() {
             "none" => true,
-            "auto" | "required" => false,
+            "auto" => false,
+            "required" if names.is_empty() => {
+                return Err(ApiError::bad(
+                    "tool_choice",
+                    "tool_choice 'required' needs `tools`",
+                ))
+            }
+            "required" => false,
             other => {
                 return Err(ApiError::bad(
                     "tool_choice",
@@ -412,6 +480,22 @@ pub fn parse_tools(o: &Obj) -> Result<Option<Value>, ApiError> {
             }
         },
         Some(Value::Object(c)) if c.get("type").and_then(Value::as_str) == Some("function") => {
+            let Some(name) = c
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+            else {
+                return Err(ApiError::bad(
+                    "tool_choice",
+                    "tool_choice.function.name must be a string",
+                ));
+            };
+            if !names.contains(&name) {
+                return Err(ApiError::bad(
+                    "tool_choice",
+                    format!("tool_choice names function '{name}', which is not in `tools`"),
+                ));
+            }
             false
         }
         Some(_) => {
@@ -421,31 +505,44 @@ pub fn parse_tools(o: &Obj) -> Result<Option<Value>, ApiError> {
             ))
         }
     };
-    let Some(tools) = present(o, "tools") else {
-        return Ok(None);
+    Ok((!arr.is_empty() && !none).then(|| Value::Array(arr.clone())))
+}
+
+/// Template variables the server sets itself (a kwarg may not replace them).
+const RESERVED_KWARGS: [&str; 4] = ["messages", "tools", "documents", "add_generation_prompt"];
+
+/// `chat_template_kwargs`: an object of extra template variables. The server's own variables
+/// cannot be replaced, and the switches templates test (`enable_thinking`, `thinking`) must be
+/// booleans: the string "false" would be true in the template.
+pub fn parse_template_kwargs(o: &Obj) -> Result<Map<String, Value>, ApiError> {
+    const P: &str = "chat_template_kwargs";
+    let k = match present(o, P) {
+        None => return Ok(Map::new()),
+        Some(Value::Object(k)) => k,
+        Some(_) => return Err(ApiError::bad(P, "`chat_template_kwargs` must be an object")),
     };
-    let arr = tools
-        .as_array()
-        .ok_or_else(|| ApiError::bad("tools", "`tools` must be an array"))?;
-    for (i, t) in arr.iter().enumerate() {
-        if t.get("type").and_then(Value::as_str) != Some("function") {
+    for (key, v) in k {
+        if RESERVED_KWARGS.contains(&key.as_str()) {
             return Err(ApiError::bad(
-                "tools",
-                format!("tools[{i}].type must be 'function'"),
+                P,
+                format!("chat_template_kwargs.{key} is set by the server and cannot be given"),
             ));
         }
-        if t.get("function")
-            .and_then(|f| f.get("name"))
-            .and_then(Value::as_str)
-            .is_none()
-        {
+        let want = match key.as_str() {
+            "enable_thinking" | "thinking" | "add_vision_id" => {
+                (!v.is_boolean() && !v.is_null()).then_some("a boolean")
+            }
+            "reasoning_effort" => (!v.is_string() && !v.is_null()).then_some("a string"),
+            _ => None,
+        };
+        if let Some(want) = want {
             return Err(ApiError::bad(
-                "tools",
-                format!("tools[{i}].function.name must be a string"),
+                P,
+                format!("chat_template_kwargs.{key} must be {want}, got {v}"),
             ));
         }
     }
-    Ok((!arr.is_empty() && !none).then(|| tools.clone()))
+    Ok(k.clone())
 }
 
 #[cfg(test)]
@@ -526,5 +623,116 @@ mod tests {
         ))
         .is_err());
         assert!(normalize_messages(Some(&json!([]))).is_err());
+    }
+
+    fn tool(name: &str, params: Value) -> Value {
+        json!({"type": "function", "function": {"name": name, "parameters": params}})
+    }
+
+    #[test]
+    fn tools_and_tool_choice_are_checked() {
+        let ok = json!({"type": "object", "properties": {"x": {"type": "string"}}});
+        let bad = [
+            (json!({"tools": [tool("f", json!("a string"))]}), "tools"),
+            (json!({"tools": [tool("f", json!([1]))]}), "tools"),
+            (
+                json!({"tools": [tool("f", json!({"type": "string"}))]}),
+                "tools",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": "f"}]}),
+                "tools",
+            ),
+            (
+                json!({"tools": [{"type": "function", "function": {"name": "f", "description": 5}}]}),
+                "tools",
+            ),
+            (
+                json!({"tools": [tool("f", ok.clone())], "tool_choice": {"type": "function", "function": {"name": "g"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"tool_choice": {"type": "function", "function": {"name": "g"}}}),
+                "tool_choice",
+            ),
+            (
+                json!({"tools": [tool("f", ok.clone())], "tool_choice": {"type": "function"}}),
+                "tool_choice",
+            ),
+            (json!({"tool_choice": "required"}), "tool_choice"),
+            (json!({"tool_choice": "sometimes"}), "tool_choice"),
+        ];
+        for (body, param) in bad {
+            let e = parse_tools(&obj(body.clone())).unwrap_err();
+            assert_eq!(
+                (e.status.as_u16(), e.param.as_deref()),
+                (400, Some(param)),
+                "{body}"
+            );
+            assert!(
+                !e.message.contains("Some(") && !e.message.contains("\\\""),
+                "{}",
+                e.message
+            );
+        }
+        let named = json!({"tools": [tool("f", ok.clone()), tool("g", json!({}))],
+                           "tool_choice": {"type": "function", "function": {"name": "g"}}});
+        assert_eq!(
+            parse_tools(&obj(named))
+                .unwrap()
+                .unwrap()
+                .as_array()
+                .unwrap()
+                .len(),
+            2
+        );
+        let none = json!({"tools": [tool("f", ok)], "tool_choice": "none"});
+        assert_eq!(parse_tools(&obj(none)).unwrap(), None);
+        assert_eq!(
+            parse_tools(&obj(json!({"tool_choice": "auto"}))).unwrap(),
+            None
+        );
+    }
+
+    #[test]
+    fn template_kwargs_are_checked() {
+        for (body, needle) in [
+            (
+                json!({"chat_template_kwargs": "enable_thinking=false"}),
+                "must be an object",
+            ),
+            (json!({"chat_template_kwargs": [1]}), "must be an object"),
+            (
+                json!({"chat_template_kwargs": {"enable_thinking": "false"}}),
+                "boolean",
+            ),
+            (json!({"chat_template_kwargs": {"thinking": 0}}), "boolean"),
+            (
+                json!({"chat_template_kwargs": {"reasoning_effort": 3}}),
+                "string",
+            ),
+            (
+                json!({"chat_template_kwargs": {"messages": []}}),
+                "set by the server",
+            ),
+            (
+                json!({"chat_template_kwargs": {"add_generation_prompt": false}}),
+                "set by the server",
+            ),
+        ] {
+            let e = parse_template_kwargs(&obj(body.clone())).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("chat_template_kwargs"), "{body}");
+            assert!(e.message.contains(needle), "{body}: {}", e.message);
+        }
+        let k = parse_template_kwargs(&obj(
+            json!({"chat_template_kwargs": {"enable_thinking": false, "custom": [1]}}),
+        ))
+        .unwrap();
+        assert_eq!(k["enable_thinking"], false);
+        assert!(
+            parse_template_kwargs(&obj(json!({"chat_template_kwargs": null})))
+                .unwrap()
+                .is_empty()
+        );
     }
 }

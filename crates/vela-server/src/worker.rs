@@ -100,6 +100,8 @@ pub struct Timings {
     /// Speculative decoding: drafted tokens and the drafts verification accepted.
     pub draft_n: usize,
     pub draft_n_accepted: usize,
+    /// From the request's arrival until its first token was sampled (0: none was).
+    pub ttft_ms: f64,
 }
 
 /// What the engine worker is doing ([`Metrics::phase`]), read by probes that attribute
@@ -219,7 +221,7 @@ pub fn run(
         cfg.drafter = drafter;
         metrics.set_phase(Phase::Idle);
         if let Err(e) = r {
-            eprintln!("vela-server: request failed: {e:#}");
+            tracing::error!("request failed: {e:#}");
             let _ = out.send(Out::Error(format!("{e:#}")));
         }
         metrics
@@ -251,9 +253,7 @@ fn log_cancel(metrics: &Metrics, clock: &StepClock, job: &Job, phase: &str) {
     let n = clock.after(&job.cancel);
     metrics.cancelled.fetch_add(1, Ordering::Relaxed);
     metrics.steps_after_cancel.fetch_add(n, Ordering::Relaxed);
-    eprintln!(
-        "vela-server: request cancelled during {phase}; {n} engine step(s) ran after the cancel"
-    );
+    tracing::info!("request cancelled during {phase}; {n} engine step(s) ran after the cancel");
 }
 
 fn serve_job(
@@ -472,6 +472,7 @@ fn generate(
     let mut n_gen = 0usize;
     let mut any_tool = false;
     let mut first = true;
+    let mut ttft_ms = 0.0;
     let mut step_start = Instant::now();
     let (finish, stop_word) = if let Some((drafter, draft_max, depth)) = spec {
         // Speculative decoding: verified tokens arrive through the callback, in order.
@@ -489,7 +490,9 @@ fn generate(
         let (_, reason, stats) =
             continue_speculative(session, drafter, &job.sampling, logits, &opts, &mut |t| {
                 if first {
-                    metrics.ttft.observe(job.received.elapsed().as_secs_f64());
+                    let t = job.received.elapsed().as_secs_f64();
+                    metrics.ttft.observe(t);
+                    ttft_ms = t * 1e3;
                     first = false;
                 } else {
                     metrics
@@ -561,7 +564,9 @@ fn generate(
                 (None, None) => sampler.sample(&mut logits),
             };
             if first {
-                metrics.ttft.observe(job.received.elapsed().as_secs_f64());
+                let t = job.received.elapsed().as_secs_f64();
+                metrics.ttft.observe(t);
+                ttft_ms = t * 1e3;
                 first = false;
             } else {
                 metrics
@@ -603,6 +608,7 @@ fn generate(
     };
     timings.predicted_n = n_gen;
     timings.predicted_ms = ms(t_decode);
+    timings.ttft_ms = ttft_ms;
     if stop_word.is_none() {
         let rest = detok.flush();
         let (mut text, hit) = stop.push(&rest);
