@@ -8,7 +8,7 @@ use clap::Parser;
 use serde_json::{json, Value};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use vela_formats::testdata;
 use vela_server::access::{subscriber, LogFormat};
@@ -27,25 +27,7 @@ fn args(extra: &[&str]) -> vela_server::ServeArgs {
 
 // ---- the access log: a JSON subscriber into a buffer, for the whole test binary ----
 
-#[derive(Clone, Default)]
-struct Buf(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buf {
-    fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(b);
-        Ok(b.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Buf {
-    type Writer = Buf;
-    fn make_writer(&'a self) -> Buf {
-        self.clone()
-    }
-}
+type Buf = vela_server::access::LogCapture;
 
 fn log() -> &'static Buf {
     static LOG: OnceLock<Buf> = OnceLock::new();
