@@ -659,6 +659,26 @@ mod tests {
         }
     }
 
+    /// `synth:glm5-flash` tokenizes text with the vocabulary its `vela synth` file carries
+    /// (llama.cpp's qwen35 one padded to 154,880 tokens, when found); `synth:glm5-tiny` has the
+    /// fixtures' synthetic vocabulary of 512.
+    #[test]
+    fn glm5_synth_vocabularies() {
+        use vela_models::glm5::synth_gguf::vocabulary;
+        let t = Tokenizer::from_gguf(&vocabulary("glm5-tiny").unwrap()).unwrap();
+        assert_eq!(t.n_vocab(), 512);
+        let g = vocabulary("glm5-flash").unwrap();
+        let t = Tokenizer::from_gguf(&g).unwrap();
+        assert_eq!(t.n_vocab(), 154_880);
+        if g.get_str("tokenizer.ggml.pre").ok() == Some("qwen35") {
+            let ids = t.encode("Hello world", false, false).unwrap();
+            assert!(
+                !ids.is_empty() && ids.iter().all(|&i| i < 151_936),
+                "{ids:?}"
+            );
+        }
+    }
+
     #[test]
     fn missing_files_are_clear_errors() {
         let dir = std::env::temp_dir().join(format!("vela-loader-test-{}", std::process::id()));
