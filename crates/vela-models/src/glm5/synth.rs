@@ -14,9 +14,9 @@
 //! maps N(0, 1/fan_in) on normalised inputs, the embedding N(0, 1), RMSNorm gammas 1 + N(0, 0.02²);
 //! mHC as DeepSeek V4's synth (mixes N(0, 1/(S·H)), bases N(0, 0.5²), scales 1 + N(0, 0.2²));
 //! KDA convolution taps N(0, 0.5²) (4 taps: unit output), `A_log` N(0, 0.5²) and `dt_bias`
-//! N(−3, 1) (decays mostly between e^−2.5 and nearly 1 per token; HF's init leans slow too), the indexer's
-//! LayerNorm bias N(0, 0.1²) and pool position bias N(0, 0.5²), the router's selection bias
-//! N(0, 0.3²).
+//! N(−3, 1) (decays mostly between e^−2.5 and nearly 1 per token; HF's init leans slow too),
+//! the indexer's LayerNorm bias N(0, 0.1²) and pool position bias N(0, 0.5²), the router's
+//! selection bias N(0, 0.3²).
 
 use super::*;
 use crate::placement::{HostExperts, Sizes};
