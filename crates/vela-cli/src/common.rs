@@ -16,8 +16,8 @@ pub struct ModelArgs {
     /// GGUF file, Hugging Face checkpoint directory (Gemma 4), a known model name
     /// (default: SmolLM2-135M-Instruct, fetched on first use), or synth:GEOMETRY[:TYPE[:SEED]]:
     /// random weights generated in memory (qwen3.8-flash-next[-12l], qwen4exp-tiny,
-    /// deepseek-v4-flash[-12l], deepseek-v4-tiny, each with -dspark for its DSpark drafter; TYPE
-    /// default q4_0).
+    /// deepseek-v4-flash[-12l], deepseek-v4-tiny, each with -dspark for its DSpark drafter,
+    /// glm5-flash[-12l], glm5-tiny; TYPE default q4_0).
     #[arg(long, short = 'm')]
     pub model: Option<String>,
     /// Where to run: cpu, cuda, cuda:N, or auto (a usable CUDA GPU, else the CPU).

@@ -138,13 +138,18 @@ pub fn info(a: InfoArgs) -> Result<()> {
     Ok(())
 }
 
-/// `vela info -m synth:GEOMETRY`: the geometry's config and, for DeepSeek V4, its memory plan
-/// (nothing is generated).
+/// `vela info -m synth:GEOMETRY`: the geometry's config and, for DeepSeek V4 and GLM 5, its
+/// memory plan (nothing is generated).
 fn info_synth(spec: &str) -> Result<()> {
     use vela_models::deepseekv4::{synth as d4, DeepseekV4Config};
+    use vela_models::glm5::{synth as g5, Glm5Config};
     use vela_models::qwen4exp::{synth as q4, Qwen4ExpConfig};
     let geometry = spec.split(':').next().unwrap_or_default();
-    if d4::is_geometry(geometry) {
+    if g5::is_geometry(geometry) {
+        let c = Glm5Config::from_json(&g5::config(geometry)?)?;
+        println!("synth geometry {geometry}: {}\n", c.summary());
+        print!("{}", g5::memory_plan(&c));
+    } else if d4::is_geometry(geometry) {
         let c = DeepseekV4Config::from_json(&d4::config(geometry)?)?;
         println!("synth geometry {geometry}: {}\n", c.summary());
         print!("{}", d4::memory_plan(&c));

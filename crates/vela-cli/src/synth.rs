@@ -1,7 +1,8 @@
 //! `vela synth`: a random-weight GGUF of a real model geometry (deterministic from the seed), for
 //! measuring throughput at real sizes without downloading weights. The `qwen4_exp` geometries
 //! (Qwen3.8 Flash Next) are written by `vela_models::qwen4exp::synth_gguf`: the file llama.cpp's
-//! converter and llama-quantize would make from the checkpoint `--model synth:GEOMETRY` generates.
+//! converter and llama-quantize would make from the checkpoint `--model synth:GEOMETRY` generates;
+//! the `glm5_next` ones (GLM 5.3 Flash) likewise by `vela_models::glm5::synth_gguf`.
 
 use anyhow::{bail, Result};
 use clap::Args;
@@ -9,6 +10,7 @@ use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use vela_models::deepseekv4::{synth as d4synth, DeepseekV4Config};
+use vela_models::glm5::{synth as g5synth, synth_gguf as g5gguf, Glm5Config};
 use vela_models::qwen4exp::{synth as q4synth, synth_gguf, Qwen4ExpConfig};
 use vela_models::synth::{self, QuantScheme, SynthOptions};
 
@@ -17,12 +19,12 @@ pub struct SynthArgs {
     /// Geometry name (see --list), e.g. llama3-8b, qwen2.5-7b, gemma3-27b, gemma4-31b,
     /// qwen3.8-flash-next-12l-smallple (Qwen3.8 Flash Next's first 12 layers with a small n-gram
     /// table: the same file for llama.cpp and vela; the published n-gram table, 51B parameters,
-    /// is too large for a file).
+    /// is too large for a file), glm5-flash-12l (GLM 5.3 Flash's first 12 layers).
     #[arg(long, required_unless_present_any = ["list", "vocab_only"])]
     pub arch: Option<String>,
     /// Weight type: f32 f16 bf16 q4_0 q4_1 q5_0 q5_1 q8_0 q4_k q5_k q6_k q4_k_m q5_k_m (for the
-    /// qwen4exp geometries: f32/f16/bf16 as llama.cpp's converter writes them, the others as
-    /// llama-quantize makes them from its f32 conversion).
+    /// qwen4exp and glm5 geometries: f32/f16/bf16 as llama.cpp's converter writes them, the others
+    /// as llama-quantize makes them from its f32 conversion).
     #[arg(long = "type", default_value = "q4_0")]
     pub ty: String,
     /// Seed: the same seed gives a byte-identical file on any machine.
@@ -95,6 +97,22 @@ pub fn synth(a: SynthArgs) -> Result<()> {
                 }
             );
         }
+        for name in g5synth::GEOMETRIES {
+            let c = Glm5Config::from_json(&g5synth::config(name)?)?;
+            println!(
+                "| {name} | Glm5Next | {} | {} | {}/{} | {} | {} |",
+                c.mixers.len(),
+                c.hidden,
+                c.n_head,
+                c.n_head,
+                c.n_vocab,
+                if name.starts_with("glm5-flash") {
+                    "zai-org/GLM-5.3-Flash (docs/glm5.md)"
+                } else {
+                    "(test shape)"
+                }
+            );
+        }
         return Ok(());
     }
     let Some(out) = a.out else {
@@ -133,7 +151,9 @@ pub fn synth(a: SynthArgs) -> Result<()> {
         bar.set_position(done);
         total_seen = total;
     };
-    if synth_gguf::is_geometry(&arch) {
+    if g5gguf::is_geometry(&arch) {
+        g5gguf::write(&arch, scheme, a.seed, &out, &opts, &mut progress)?;
+    } else if synth_gguf::is_geometry(&arch) {
         synth_gguf::write(
             &arch,
             scheme,

@@ -574,6 +574,62 @@ fn synth_deepseek_bench_and_memory_plan() {
     );
 }
 
+/// `--model synth:` for GLM 5: `vela info` gives the real geometry's memory plan and `vela plan`
+/// its experts placement without generating anything; the tiny geometry benchmarks in memory,
+/// and `vela synth` writes it as a `glm5-next` GGUF that runs.
+#[test]
+fn synth_glm5_memory_plan_bench_and_file() {
+    let out = vela(&["info", "-m", "synth:glm5-flash"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("313.3B parameters") && text.contains("320.8B"),
+        "{text}"
+    );
+    assert!(text.contains("| 1M |") && text.contains("| Q4_0"), "{text}");
+    let out = vela(&["plan", "-m", "synth:glm5-flash:q4_0", "--device", "cpu"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("in 42 MoE layers"),
+        "{text}"
+    );
+    let bench = |m: &str| {
+        let out = vela(&[
+            "bench", "-m", m, "-p", "64", "-n", "8", "-r", "1", "--device", "cpu",
+        ]);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("pp64") && text.contains("tg8"),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    bench("synth:glm5-tiny:q8_0");
+    let p = tmp("glm5-tiny.gguf");
+    let out = vela(&[
+        "synth",
+        "--arch",
+        "glm5-tiny",
+        "--type",
+        "q4_0",
+        "-o",
+        p.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info = vela(&["info", "-m", p.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        text.contains("architecture: glm5-next") && text.contains("model: glm5_next"),
+        "{text}"
+    );
+    bench(p.to_str().unwrap());
+    let list = vela(&["synth", "--list"]);
+    assert!(String::from_utf8_lossy(&list.stdout).contains("glm5-flash-12l"));
+}
+
 /// `--lookup` (prompt-lookup speculative decoding) prints exactly what plain greedy decoding
 /// prints, and accepts drafts on a prompt whose answer repeats it.
 #[test]

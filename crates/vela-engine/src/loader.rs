@@ -100,7 +100,7 @@ impl LoadOptions {
 pub const GPU_RESERVE: u64 = 3 << 30;
 
 /// The loaded bytes of the model at `path` (a GGUF file, a checkpoint directory or a
-/// `synth:` DeepSeek V4 geometry) per MoE layer's routed experts and the rest; `None` where
+/// `synth:` DeepSeek V4 or GLM 5 geometry) per MoE layer's routed experts and the rest; `None` where
 /// they are not known before loading (other `synth:` geometries).
 pub fn model_sizes(path: &Path, quant: Option<GgmlType>) -> Result<Option<Sizes>> {
     let one = |ty: GgmlType, cols: usize, rows: usize, stored: u64| {
@@ -108,8 +108,12 @@ pub fn model_sizes(path: &Path, quant: Option<GgmlType>) -> Result<Option<Sizes>
     };
     if let Some(spec) = path.to_str().and_then(|s| s.strip_prefix("synth:")) {
         let (geometry, ty, _) = synth_spec(spec)?;
-        return vela_models::deepseekv4::synth::is_geometry(geometry)
-            .then(|| vela_models::deepseekv4::synth::sizes(geometry, ty))
+        use vela_models::{deepseekv4::synth as d4, glm5::synth as g5};
+        if g5::is_geometry(geometry) {
+            return g5::sizes(geometry, ty).map(Some);
+        }
+        return d4::is_geometry(geometry)
+            .then(|| d4::sizes(geometry, ty))
             .transpose();
     }
     if path.is_dir() {
@@ -267,33 +271,43 @@ pub fn load(path: &Path, opts: &LoadOptions) -> Result<LoadedModel> {
     })
 }
 
-/// `synth:GEOMETRY[:TYPE[:SEED]]`: a geometry of `vela_models::qwen4exp::synth` or
-/// `vela_models::deepseekv4::synth` with random weights generated in memory (matrices in TYPE,
-/// default q4_0; seed default 1), for measuring real sizes without a file; the tokenizer is
-/// llama.cpp's `ggml-vocab-qwen35.gguf` or `ggml-vocab-deepseek-llm.gguf` (found as `vela synth`
-/// finds vocabularies; DeepSeek V3/V4's own vocabulary is not among them).
+/// `synth:GEOMETRY[:TYPE[:SEED]]`: a geometry of `vela_models::qwen4exp::synth`,
+/// `vela_models::deepseekv4::synth` or `vela_models::glm5::synth` with random weights generated
+/// in memory (matrices in TYPE, default q4_0; seed default 1), for measuring real sizes without a
+/// file; the tokenizer is llama.cpp's `ggml-vocab-qwen35.gguf` or `ggml-vocab-deepseek-llm.gguf`
+/// (found as `vela synth` finds vocabularies; DeepSeek V3/V4's own vocabulary is not among them),
+/// for GLM 5 the one its `vela synth` file carries (`glm5::synth_gguf::vocabulary`).
 pub fn load_synth(spec: &str, opts: &LoadOptions) -> Result<LoadedModel> {
     let (geometry, ty, seed) = synth_spec(spec)?;
     use vela_models::deepseekv4::{synth as d4synth, DeepseekV4Model};
+    use vela_models::glm5::{synth as g5synth, synth_gguf as g5gguf, Glm5Model};
     let deepseek = d4synth::is_geometry(geometry);
-    if !deepseek {
+    let glm5 = g5synth::is_geometry(geometry);
+    if !deepseek && !glm5 {
         vela_models::qwen4exp::synth::config(geometry).map_err(|e| {
             anyhow!(
-                "{e:#}; or a deepseek_v4 one ({})",
-                d4synth::GEOMETRIES.join(", ")
+                "{e:#}; or a deepseek_v4 one ({}), or a glm5_next one ({})",
+                d4synth::GEOMETRIES.join(", "),
+                g5synth::GEOMETRIES.join(", ")
             )
         })?;
     }
-    let vocab = vela_models::synth::find_tokenizer(if deepseek {
-        "ggml-vocab-deepseek-llm.gguf"
+    let vocab = if glm5 {
+        g5gguf::vocabulary(geometry)?
     } else {
-        "ggml-vocab-qwen35.gguf"
-    })?;
-    let tokenizer = Tokenizer::from_gguf(&GgufFile::open(&vocab)?)
-        .with_context(|| format!("cannot load the tokenizer {}", vocab.display()))?;
+        let path = vela_models::synth::find_tokenizer(if deepseek {
+            "ggml-vocab-deepseek-llm.gguf"
+        } else {
+            "ggml-vocab-qwen35.gguf"
+        })?;
+        GgufFile::open(&path)?
+    };
+    let tokenizer = Tokenizer::from_gguf(&vocab).context("cannot load the tokenizer")?;
     let t0 = std::time::Instant::now();
     let sizes = if deepseek {
         Some(d4synth::sizes(geometry, ty)?)
+    } else if glm5 {
+        Some(g5synth::sizes(geometry, ty)?)
     } else {
         None
     };
@@ -309,10 +323,17 @@ pub fn load_synth(spec: &str, opts: &LoadOptions) -> Result<LoadedModel> {
                     AnyBackend::Cpu(b) if deepseek => {
                         Arc::new(DeepseekV4Model::synth_placed(b, geometry, ty, seed, host)?)
                     }
+                    AnyBackend::Cpu(b) if glm5 => {
+                        Arc::new(Glm5Model::synth_placed(b, geometry, ty, seed, host)?)
+                    }
                     AnyBackend::Cpu(b) => Arc::new(Qwen4ExpModel::synth(b, geometry, ty, seed)?),
                     #[cfg(feature = "cuda")]
                     AnyBackend::Cuda(b) if deepseek => {
                         Arc::new(DeepseekV4Model::synth_placed(b, geometry, ty, seed, host)?)
+                    }
+                    #[cfg(feature = "cuda")]
+                    AnyBackend::Cuda(b) if glm5 => {
+                        Arc::new(Glm5Model::synth_placed(b, geometry, ty, seed, host)?)
                     }
                     #[cfg(feature = "cuda")]
                     AnyBackend::Cuda(b) => Arc::new(Qwen4ExpModel::synth(b, geometry, ty, seed)?),
@@ -486,7 +507,7 @@ fn load_placed(
             let plan = match &sizes {
                 Some(s) => Some(plan_experts(s, opts, true, Some(free))?),
                 None if opts.experts != ExpertsMode::Auto && opts.experts != ExpertsMode::Gpu => {
-                    bail!("--experts: this model's sizes are not known before loading (only DeepSeek V4 synth geometries, GGUF files and checkpoints are placed)")
+                    bail!("--experts: this model's sizes are not known before loading (only DeepSeek V4 and GLM 5 synth geometries, GGUF files and checkpoints are placed)")
                 }
                 None => None,
             };
@@ -635,6 +656,26 @@ mod tests {
             };
             let e = LoadOptions::from_flags(0, "cpu", None, "auto", g, c).unwrap_err();
             assert!(e.to_string().contains("GiB"), "{bad:?}: {e}");
+        }
+    }
+
+    /// `synth:glm5-flash` tokenizes text with the vocabulary its `vela synth` file carries
+    /// (llama.cpp's qwen35 one padded to 154,880 tokens, when found); `synth:glm5-tiny` has the
+    /// fixtures' synthetic vocabulary of 512.
+    #[test]
+    fn glm5_synth_vocabularies() {
+        use vela_models::glm5::synth_gguf::vocabulary;
+        let t = Tokenizer::from_gguf(&vocabulary("glm5-tiny").unwrap()).unwrap();
+        assert_eq!(t.n_vocab(), 512);
+        let g = vocabulary("glm5-flash").unwrap();
+        let t = Tokenizer::from_gguf(&g).unwrap();
+        assert_eq!(t.n_vocab(), 154_880);
+        if g.get_str("tokenizer.ggml.pre").ok() == Some("qwen35") {
+            let ids = t.encode("Hello world", false, false).unwrap();
+            assert!(
+                !ids.is_empty() && ids.iter().all(|&i| i < 151_936),
+                "{ids:?}"
+            );
         }
     }
 

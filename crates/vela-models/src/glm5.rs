@@ -35,6 +35,8 @@ mod gguf;
 mod kda;
 mod load;
 mod mla;
+pub mod synth;
+pub mod synth_gguf;
 
 pub use config::{Glm5Config, Indexer, Mixer};
 
@@ -141,44 +143,44 @@ fn pick3<T>(v: &mut [T], a: usize, b: usize, c: usize) -> [&mut T; 3] {
     v.get_disjoint_mut([a, b, c]).expect("distinct buffers")
 }
 
-impl<B: Backend> Glm5Model<B> {
-    /// The state layout and each layer's entries in it.
-    fn build_layout(c: &Glm5Config) -> (StateLayout, Vec<Vec<usize>>) {
-        let recurrent = |floats| LayerState::Recurrent {
-            floats,
-            snapshots: SNAPSHOTS,
-        };
-        let mut entries = Vec::new();
-        let mut per_layer = Vec::new();
-        for (il, m) in c.mixers.iter().enumerate() {
-            let states = match m {
-                Mixer::Kda => vec![
-                    recurrent((c.conv_k - 1) * 3 * c.kda_heads * c.kda_dim),
-                    recurrent(c.kda_heads * c.kda_dim * c.kda_dim),
-                ],
-                Mixer::Mla => {
-                    let mut v = vec![LayerState::Blocks {
-                        width: c.kv_rank,
-                        ratio: 1,
-                        raw_width: 0,
-                    }];
-                    if c.indexers[il] == Indexer::Full {
-                        v.push(LayerState::Blocks {
-                            width: c.idx_dim,
-                            ratio: c.idx_pool,
-                            raw_width: 2 * c.idx_dim,
-                        });
-                    }
-                    v
+/// The state layout and each layer's entries in it.
+fn build_layout(c: &Glm5Config) -> (StateLayout, Vec<Vec<usize>>) {
+    let recurrent = |floats| LayerState::Recurrent {
+        floats,
+        snapshots: SNAPSHOTS,
+    };
+    let mut entries = Vec::new();
+    let mut per_layer = Vec::new();
+    for (il, m) in c.mixers.iter().enumerate() {
+        let states = match m {
+            Mixer::Kda => vec![
+                recurrent((c.conv_k - 1) * 3 * c.kda_heads * c.kda_dim),
+                recurrent(c.kda_heads * c.kda_dim * c.kda_dim),
+            ],
+            Mixer::Mla => {
+                let mut v = vec![LayerState::Blocks {
+                    width: c.kv_rank,
+                    ratio: 1,
+                    raw_width: 0,
+                }];
+                if c.indexers[il] == Indexer::Full {
+                    v.push(LayerState::Blocks {
+                        width: c.idx_dim,
+                        ratio: c.idx_pool,
+                        raw_width: 2 * c.idx_dim,
+                    });
                 }
-            };
-            let first = entries.len();
-            entries.extend(states);
-            per_layer.push((first..entries.len()).collect());
-        }
-        (StateLayout::new(entries), per_layer)
+                v
+            }
+        };
+        let first = entries.len();
+        entries.extend(states);
+        per_layer.push((first..entries.len()).collect());
     }
+    (StateLayout::new(entries), per_layer)
+}
 
+impl<B: Backend> Glm5Model<B> {
     fn hc_dims(&self) -> HcDims {
         let c = &self.cfg;
         HcDims {

@@ -311,7 +311,12 @@ impl<B: Backend> Glm5Model<B> {
         Self::load(backend, &src, true, cfg)
     }
 
-    fn load(backend: Arc<B>, src: &WeightSource, gguf: bool, cfg: Glm5Config) -> Result<Self> {
+    pub(super) fn load(
+        backend: Arc<B>,
+        src: &WeightSource,
+        gguf: bool,
+        cfg: Glm5Config,
+    ) -> Result<Self> {
         let mut ld = Loader {
             be: &*backend,
             src,
@@ -338,7 +343,7 @@ impl<B: Backend> Glm5Model<B> {
             let w = ld.host("lm_head.weight", v, h)?.as_head(true);
             ld.upload(&w, 1.0)?
         };
-        let (layout, entries) = Self::build_layout(&cfg);
+        let (layout, entries) = build_layout(&cfg);
         let mut layers = Vec::with_capacity(cfg.mixers.len());
         for (i, state) in entries.into_iter().enumerate() {
             let p = format!("layers.{i}");

@@ -37,7 +37,7 @@
 //! The real n-gram table (51B parameters, 204 GB as F32) cannot be written: a table above
 //! [`MAX_TABLE_BYTES`] is refused (`qwen3.8-flash-next-12l-smallple` has a 0.5B-parameter one).
 
-mod rules;
+pub(crate) mod rules;
 
 use super::synth::{config, plan, vector_len, vector_make, Make, Plan};
 use super::{Mixer, Qwen4ExpConfig};
@@ -66,7 +66,7 @@ pub fn is_geometry(name: &str) -> bool {
 }
 
 /// Row `r` of a GGUF tensor as f32, into `out` (one row, `dims[0]` values).
-type Fill = Box<dyn Fn(u64, &mut [f32]) + Send + Sync>;
+pub(crate) type Fill = Box<dyn Fn(u64, &mut [f32]) + Send + Sync>;
 
 /// One GGUF tensor: its name and shape (GGML order), where the converter emits it (the sorted HF
 /// name it is written at, then its index among that name's outputs), the in-memory source's
@@ -797,7 +797,7 @@ fn generate_rows(
 
 /// Generate, convert and stream one tensor in chunks of rows; the next chunk is generated while
 /// one is written.
-fn write_tensor(
+pub(crate) fn write_tensor(
     spec: &TensorSpec,
     fill: &Fill,
     threads: usize,

@@ -122,7 +122,7 @@ fn rounded(n: u64) -> String {
 
 /// `general.size_label` as the converter computes it (experts × per-expert plus shared) from the
 /// tensors' names and shapes.
-pub(super) fn size_label<'a>(tensors: impl Iterator<Item = (&'a str, &'a [u64])>) -> String {
+pub(crate) fn size_label<'a>(tensors: impl Iterator<Item = (&'a str, &'a [u64])>) -> String {
     let (mut shared, mut expert, mut count, mut n) = (0u64, 0u64, 0u64, 0u64);
     for (name, dims) in tensors {
         let size: u64 = dims.iter().product();
