@@ -72,7 +72,8 @@ fn ema(old: Option<f64>, new: f64) -> Option<f64> {
 }
 
 impl StreamCosts {
-    /// The CPU ran `slots` routed slots in `secs`.
+    /// The CPU's part of a batch of `slots` routed slots took `secs` (with a device cache, the
+    /// CPU runs only the misses: the estimate of such a batch then includes the cache's help).
     pub fn record_cpu(&mut self, slots: usize, secs: f64) {
         if slots > 0 {
             let b = bucket(slots);

@@ -426,7 +426,8 @@ impl<B: Backend> Experts<B> {
             products(
                 &*h.cpu, &h.gate_up, &h.down, dims, &xm, &mids, nm, 1, &mut gu, &mut act, &mut ym,
             );
-            h.record_cpu(nm, t0);
+            // Per slot of the batch (the cache's hits included), the size the choice looks up.
+            h.record_cpu(ns, t0);
             let idx: Vec<u32> = miss.iter().map(|&j| j as u32).collect();
             let cs = s.cached.as_mut().expect("made above");
             be.write(&mut cs.rows, &ym);
