@@ -27,10 +27,11 @@
 
 use super::synth::{config, plan, Tensor};
 use super::{Glm5Config, Indexer, Mixer};
-use crate::qwen4exp::synth_gguf::{rules::size_label, write_tensor, Fill};
+use crate::qwen4exp::synth_gguf::rules::{quantize_types_with, size_label};
+use crate::qwen4exp::synth_gguf::{write_tensor, Fill};
 use crate::synth::{
-    fallback, find_tokenizer, normal, tensor_key, tokenizer_metadata as padded, Progress,
-    QuantScheme, SynthOptions,
+    find_tokenizer, normal, tensor_key, tokenizer_metadata as padded, Progress, QuantScheme,
+    SynthOptions,
 };
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::Value as Json;
@@ -367,33 +368,15 @@ fn converter_type(name: &str, dims: &[u64], ty: GgmlType) -> GgmlType {
     }
 }
 
-/// `use_more_bits` of llama-quantize.
-fn use_more_bits(i: usize, n: usize) -> bool {
-    i < n / 8 || i >= 7 * n / 8 || (i as i64 - (n / 8) as i64) % 3 == 2
-}
-
-/// llama-quantize's choice for every tensor of an F32 `glm5-next` file (in its order).
+/// llama-quantize's choice for every tensor of an F32 `glm5-next` file (in its order): the
+/// shared rules, with the indexer, KDA gate, low-rank MLA and mHC tensors kept F32 and the
+/// q_a / q_b products at Q8_0.
 fn quantize_types(
     list: &[(&str, &[u64])],
     scheme: QuantScheme,
     n_layer: usize,
     n_expert: usize,
 ) -> Vec<GgmlType> {
-    use GgmlType::*;
-    let base = scheme.base();
-    let q4ks = scheme == QuantScheme::Mostly(Q4_K);
-    let mixture = matches!(scheme, QuantScheme::Q4KM | QuantScheme::Q5KM);
-    let n_wv = list
-        .iter()
-        .filter(|(n, _)| n.contains("attn_v.weight"))
-        .count();
-    let mut i_wv = 0;
-    let layer = |n: &str| -> usize {
-        n.strip_prefix("blk.")
-            .and_then(|s| s.split('.').next())
-            .and_then(|s| s.parse().ok())
-            .unwrap_or(0)
-    };
     let kept = [
         "_norm.weight",
         "ffn_gate_inp.weight",
@@ -413,53 +396,13 @@ fn quantize_types(
         "attn_k_b.weight",
         "attn_v_b.weight",
     ];
-    list.iter()
-        .map(|&(n, dims)| {
-            let n_dims = dims.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
-            if n_dims < 2 || !n.ends_with("weight") || kept.iter().any(|k| n.contains(k)) {
-                return F32;
-            }
-            let ne0 = dims[0] as usize;
-            let mut t = base;
-            if n.contains("attn_q_a") || n.contains("attn_q_b") {
-                t = Q8_0;
-            } else if n == "output.weight" {
-                t = if !ne0.is_multiple_of(base.block_size()) || base == Q8_0 {
-                    Q8_0
-                } else {
-                    Q6_K
-                };
-            } else if n == "token_embd.weight" {
-            } else if n.contains("attn_v.weight") {
-                if mixture && use_more_bits(i_wv, n_wv) {
-                    t = Q6_K;
-                } else if q4ks && i_wv < 4 {
-                    t = Q5_K;
-                }
-                if n_expert == 8 {
-                    t = Q8_0;
-                }
-                i_wv += 1;
-            } else if n.contains("attn_k.weight") {
-                if n_expert == 8 {
-                    t = Q8_0;
-                }
-            } else if n.contains("ffn_down") {
-                let i = layer(n);
-                if mixture && use_more_bits(i, n_layer) {
-                    t = Q6_K;
-                } else if q4ks && i < n_layer / 8 {
-                    t = Q5_K;
-                }
-            } else if n.contains("attn_output.weight")
-                && n_expert == 8
-                && matches!(scheme, QuantScheme::Mostly(Q4_K) | QuantScheme::Q4KM)
-            {
-                t = Q5_K;
-            }
-            fallback(t, ne0)
-        })
-        .collect()
+    quantize_types_with(
+        list,
+        scheme,
+        (n_layer, n_expert),
+        &kept,
+        &["attn_q_a", "attn_q_b"],
+    )
 }
 
 /// The file's tensors in its order with their types.

@@ -26,12 +26,33 @@ pub(super) fn converter_type(name: &str, dims: &[u64], ty: GgmlType) -> GgmlType
     }
 }
 
-/// llama-quantize's choice for every tensor of an F32 file (in its order) under `scheme`.
+/// llama-quantize's choice for every tensor of an F32 `qwen4exp` file (in its order) under
+/// `scheme`.
 pub(super) fn quantize_types(
     list: &[(&str, &[u64])],
     scheme: QuantScheme,
     n_layer: usize,
     n_expert: usize,
+) -> Vec<GgmlType> {
+    let kept = [
+        "_norm.weight",
+        "ffn_gate_inp.weight",
+        "ssm_conv1d",
+        "indexer.k_proj.weight",
+        "indexer.q_proj.weight",
+    ];
+    quantize_types_with(list, scheme, (n_layer, n_expert), &kept, &[])
+}
+
+/// llama-quantize's choice for every tensor of an F32 file (in its order) under `scheme`, for
+/// an architecture whose tensors containing a `kept` name stay F32 and those containing a
+/// `q8` name become Q8_0. `(n_layer, n_expert)`: the file's blocks and experts.
+pub(crate) fn quantize_types_with(
+    list: &[(&str, &[u64])],
+    scheme: QuantScheme,
+    (n_layer, n_expert): (usize, usize),
+    kept: &[&str],
+    q8: &[&str],
 ) -> Vec<GgmlType> {
     use GgmlType::*;
     let base = scheme.base();
@@ -54,19 +75,14 @@ pub(super) fn quantize_types(
         .map(|&(n, dims)| {
             // ggml_n_dims: trailing dimensions of 1 do not count.
             let n_dims = dims.iter().rposition(|&d| d != 1).map_or(1, |i| i + 1);
-            let allowed = n_dims >= 2
-                && n.ends_with("weight")
-                && !n.contains("_norm.weight")
-                && !n.contains("ffn_gate_inp.weight")
-                && !n.contains("ssm_conv1d")
-                && !n.contains("indexer.k_proj.weight")
-                && !n.contains("indexer.q_proj.weight");
-            if !allowed {
+            if n_dims < 2 || !n.ends_with("weight") || kept.iter().any(|k| n.contains(k)) {
                 return F32;
             }
             let ne0 = dims[0] as usize;
             let mut t = base;
-            if n == "output.weight" {
+            if q8.iter().any(|k| n.contains(k)) {
+                t = Q8_0;
+            } else if n == "output.weight" {
                 t = if !ne0.is_multiple_of(base.block_size()) || base == Q8_0 {
                     Q8_0
                 } else {
