@@ -70,6 +70,28 @@ Fixtures (hidden 64, vocab 512, eager attention, eager experts):
                  heads, n_group 2 / topk_group 1, norm_topk_prob false, scale 1.0, SwiGLU limit 1.5 (the
                  clamps are active), rms_norm_eps 1e-6.
 
+MTP block (spec §9; neither HF nor llama.cpp runs it, so the oracle is scripts/glm5_ref.py's
+`mtp_rows`, written from the spec: it checks vela against the spec, not against the release's code):
+
+    $VELA_CACHE/golden/glm5/mtp/
+        config.json, tokenizer*, generation_config.json, prompts.json, logits_long.f32
+                                            flash_mini's, with num_nextn_predict_layers 1
+        model.safetensors                   flash_mini's tensors + a random MTP block
+                                            `model.language_model.layers.8.*` (eh_proj [H, 2H],
+                                            enorm, hnorm, shared_head.norm, an MLA layer with its
+                                            indexer, MoE; no shared_head.head: the model's head)
+        mtp_rows_long.f32                   f32 [T-1, vocab]: the block's logits for rows r = 0..T-2
+                                            of prompts["long"] (h_r, long[r+1]), one pass (what a
+                                            first draft reads after the target evaluated long[:r+1])
+        mtp_chain.json                      {"k": K, "chains": {n: {"drafts": [...]}}}: after long[:n],
+                                            K greedy drafts from `last` = long[n], each row's input
+                                            the previous row's shared_head-normed output and draft
+        mtp_chain_<n>.f32                   f32 [K, vocab]: the logits of those drafts
+        model-f32.gguf                      llama.cpp 0c1e570's converter of this directory (the
+                                            block as blk.8, its nextn.* tensors)
+        meta.json                           weight seed of the block, margins (router top-k, indexer
+                                            cutoff, greedy top-2 of every draft)
+
 Indexer files: {"index_kpool", "index_topk", "layers": {"<layer>": [row per query]}}, row =
 {"pos", "n_pools_visible", "selected_pools" (sorted pool ids; pool p = tokens p*kpool..p*kpool+kpool-1),
 "tail" (sorted raw tail tokens), "selected" (every token the query attends to, sorted),
@@ -169,50 +191,56 @@ def prompts_for() -> dict:
     return {p: [int(t) for t in rng.integers(2, VOCAB, n)] for p, n in LENS.items()}
 
 
-def randomize(model, gen: torch.Generator) -> None:
-    """Random language-model weights keeping activations O(1); every gamma, LayerNorm bias, hc
+def random_value(name: str, shape, gen: torch.Generator) -> torch.Tensor:
+    """A random language-model tensor keeping activations O(1); every gamma, LayerNorm bias, hc
     base/scale, decay parameter, pool gate/ape and router bias non-trivial (HF initialises most of
-    them to 1/0). The vision tower keeps HF's init (unused)."""
-    def rn(shape):
+    them to 1/0)."""
+    def rn():
         return torch.randn(shape, generator=gen)
 
+    leaf = name.rsplit(".", 1)[-1]
+    if name.endswith("norm.weight"):  # plain-gamma RMSNorms and the indexer LayerNorm
+        return 1.0 + 0.2 * rn()
+    if name.endswith("k_norm.bias"):
+        return 0.2 * rn()
+    if name.endswith("e_score_correction_bias"):
+        return 0.1 * rn()
+    if leaf == "fn":  # mHC: input is an RMS-normalised [hc*H] row
+        return rn() / shape[-1] ** 0.5
+    if leaf == "base":
+        return 0.5 * rn()
+    if leaf == "scale":
+        return torch.empty(shape).uniform_(0.5, 1.5, generator=gen)
+    if leaf == "A_log":
+        return 0.5 * rn()
+    if leaf == "dt_bias":
+        # mostly slow decays, as HF's (FLA's) init makes them: per-step log-decay about -0.25;
+        # fast ones make HF's f32 chunk cumsum lose digits (spec §3.5)
+        return -3.0 + rn()
+    if leaf == "index_kpool_compress_ape":
+        return 0.5 * rn()
+    if "conv1d" in name:  # [C, 1, K] depthwise
+        return rn() / shape[-1] ** 0.5
+    if "embed_tokens" in name:
+        return rn()
+    if name.endswith(("indexer.wq_b.weight", "indexer.weights_proj.weight", "mlp.gate.weight")):
+        # wider indexer scores / router logits (selection only): clearer top-k margins
+        return 2.0 * rn() / shape[-1] ** 0.5
+    if len(shape) in (2, 3):  # Linear [out, in]; experts [E, out, in]; pool gate [dI, H]
+        return rn() / shape[-1] ** 0.5
+    raise SystemExit(f"random_value: unhandled parameter {name} {tuple(shape)}")
+
+
+def randomize(model, gen: torch.Generator) -> None:
+    """`random_value` for every language-model parameter and the router biases (buffers). The
+    vision tower keeps HF's init (unused)."""
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.startswith("model.visual."):
-                continue
-            leaf = name.rsplit(".", 1)[-1]
-            if name.endswith("norm.weight"):  # plain-gamma RMSNorms and the indexer LayerNorm
-                p.copy_(1.0 + 0.2 * rn(p.shape))
-            elif name.endswith("k_norm.bias"):
-                p.copy_(0.2 * rn(p.shape))
-            elif leaf == "fn":  # mHC: input is an RMS-normalised [hc*H] row
-                p.copy_(rn(p.shape) / p.shape[-1] ** 0.5)
-            elif leaf == "base":
-                p.copy_(0.5 * rn(p.shape))
-            elif leaf == "scale":
-                p.copy_(torch.empty(p.shape).uniform_(0.5, 1.5, generator=gen))
-            elif leaf == "A_log":
-                p.copy_(0.5 * rn(p.shape))
-            elif leaf == "dt_bias":
-                # mostly slow decays, as HF's (FLA's) init makes them: per-step log-decay about -0.25;
-                # fast ones make HF's f32 chunk cumsum lose digits (spec §3.5)
-                p.copy_(-3.0 + rn(p.shape))
-            elif leaf == "index_kpool_compress_ape":
-                p.copy_(0.5 * rn(p.shape))
-            elif "conv1d" in name:  # [C, 1, K] depthwise
-                p.copy_(rn(p.shape) / p.shape[-1] ** 0.5)
-            elif "embed_tokens" in name:
-                p.copy_(rn(p.shape))
-            elif name.endswith(("indexer.wq_b.weight", "indexer.weights_proj.weight", "mlp.gate.weight")):
-                # wider indexer scores / router logits (selection only): clearer top-k margins
-                p.copy_(2.0 * rn(p.shape) / p.shape[-1] ** 0.5)
-            elif p.dim() in (2, 3):  # Linear [out, in]; experts [E, out, in]; pool gate [dI, H]
-                p.copy_(rn(p.shape) / p.shape[-1] ** 0.5)
-            else:
-                raise SystemExit(f"randomize: unhandled parameter {name} {tuple(p.shape)}")
+            if not name.startswith("model.visual."):
+                p.copy_(random_value(name, p.shape, gen))
         for name, b in model.named_buffers():
             if name.endswith("e_score_correction_bias"):
-                b.copy_(0.1 * rn(b.shape))
+                b.copy_(random_value(name, b.shape, gen))
 
 
 def text_kwargs(kw: dict) -> dict:
@@ -787,6 +815,104 @@ def llama_child(d: str) -> None:
     print(json.dumps({"files": files, "nmse": nmse, "commit": lo.LLAMA_CPP_COMMIT, "settings": lo.settings(kv_f32=True)}))
 
 
+# --------------------------------------------------------------------------------------------
+# the MTP block (reference only)
+
+MTP_K = 4
+MTP_CHAIN_N = [1, 5, 33, 150, 299]  # a first row, early pools, many pools, the whole prompt
+
+
+def mtp_tensors(state: dict, n: int, H: int, seed: int) -> dict:
+    """A random block `layers.<n>.*`: the shapes of the last trunk layer's MLA (full indexer) and
+    MoE with its norms, plus eh_proj, enorm, hnorm, shared_head.norm."""
+    pre = "model.language_model.layers."
+    src = max(int(k[len(pre):].split(".")[0]) for k in state if k.startswith(pre) and ".self_attn.indexer." in k)
+    shapes = {}
+    for k, v in state.items():
+        if k.startswith(f"{pre}{src}.") and not k[len(f"{pre}{src}."):].startswith("hc_"):
+            shapes[f"{pre}{n}." + k[len(f"{pre}{src}."):]] = tuple(v.shape)
+    for leaf, shape in (("eh_proj.weight", (H, 2 * H)), ("enorm.weight", (H,)), ("hnorm.weight", (H,)),
+                        ("shared_head.norm.weight", (H,))):
+        shapes[f"{pre}{n}.{leaf}"] = shape
+    gen = torch.Generator().manual_seed(seed)
+    return {k: random_value(k, shape, gen).float().contiguous() for k, shape in sorted(shapes.items())}
+
+
+def mtp_candidate(ref, cfg, P, h, long, seed):
+    """The block's reference outputs for one weight seed, or (None, why) when a margin is small."""
+    rec, gaps = [], []
+    rows, _ = ref.mtp_rows(h[:-1], long[1:], ref.MlaState(), P, cfg, 0, rec, gaps)
+    chains = {}
+    for n in MTP_CHAIN_N:
+        st = ref.MlaState()
+        if n > 1:
+            ref.mtp_rows(h[:n - 1], long[1:n], st, P, cfg, 0, [])
+        toks, lg, gap = ref.mtp_chain(h[n - 1], long[n], st, P, cfg, n - 1, MTP_K, rec, gaps)
+        chains[n] = (toks, lg, gap)
+    idx_gap = min([r["gap"] for r in rec if r["gap"] is not None], default=None)
+    greedy_gap = min(c[2] for c in chains.values())
+    margins = {"router_min_topk_gap": min(gaps), "indexer_min_cutoff_gap": idx_gap,
+               "greedy_min_top1_top2_logit_gap": greedy_gap,
+               "indexer_queries_dropping_pools": sum(1 for r in rec if r["gap"] is not None)}
+    if min(gaps) < ROUTER_MIN_GAP or (idx_gap is not None and idx_gap < INDEXER_MIN_GAP) \
+            or greedy_gap < GREEDY_MIN_GAP:
+        return None, margins
+    return (rows, chains, margins), None
+
+
+def build_mtp(src_name: str = "flash_mini") -> None:
+    """The `mtp` fixture: `src_name`'s checkpoint with a random MTP block and its reference."""
+    from safetensors.torch import load_file, save_file
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import glm5_ref as ref
+    t0 = time.time()
+    src, d = os.path.join(OUT, src_name), os.path.join(OUT, "mtp")
+    if os.path.isdir(d):
+        shutil.rmtree(d)
+    os.makedirs(d)
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "prompts.json",
+              "logits_long.f32"):
+        shutil.copy(os.path.join(src, f), d)
+    cj = json.load(open(os.path.join(src, "config.json")))
+    cj["text_config"]["num_nextn_predict_layers"] = 1
+    json.dump(cj, open(os.path.join(d, "config.json"), "w"), indent=2)
+    cfg = ref.parse_config(cj)
+    state = load_file(os.path.join(src, "model.safetensors"))
+    long = json.load(open(os.path.join(src, "prompts.json")))["prompts"]["long"]
+    P0 = ref.load_weights(src)
+    hid = []
+    trunk = ref.forward(long, ref.fresh(cfg), P0, cfg, 0, [], hidden=hid)
+    h = hid[0]
+    for seed in range(4321, 4321 + 40):
+        block = mtp_tensors(state, cfg["n"], cfg["H"], seed)
+        P = dict(P0)
+        P.update({k[len("model.language_model."):]: v.to(ref.D) for k, v in block.items()})
+        out, why = mtp_candidate(ref, cfg, P, h, long, seed)
+        if out is not None:
+            break
+        print(f"  mtp: seed {seed} rejected: {why}")
+    else:
+        sys.exit("mtp: no seed with clear margins")
+    rows, chains, margins = out
+    save_file({**state, **block}, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    files = {"mtp_rows_long.f32": {"dtype": "f32", "shape": write_f32(os.path.join(d, "mtp_rows_long.f32"), rows),
+                                   "what": "the block's logits for rows 0..T-2 of prompts['long'] (glm5_ref.py)"}}
+    for n, (toks, lg, _) in chains.items():
+        files[f"mtp_chain_{n}.f32"] = {"dtype": "f32", "shape": write_f32(os.path.join(d, f"mtp_chain_{n}.f32"), lg),
+                                       "what": f"{MTP_K} greedy chained drafts after long[:{n}] from long[{n}]"}
+    json.dump({"k": MTP_K, "chains": {str(n): {"drafts": c[0]} for n, c in chains.items()}},
+              open(os.path.join(d, "mtp_chain.json"), "w"))
+    want = np.fromfile(os.path.join(src, "logits_long.f32"), dtype="<f4").reshape(trunk.shape)
+    trunk_nmse = float((((trunk.numpy() - want) ** 2).sum(-1) / (want ** 2).sum(-1)).max())
+    meta = {"from": src_name, "weight_seed": seed, "margins": margins, "files": files,
+            "reference": "scripts/glm5_ref.py mtp_rows / mtp_chain in float64 (spec §9)",
+            "reference_trunk_vs_hf_f32_worst_position_nmse": trunk_nmse,
+            "transformers": transformers.__version__, "torch": torch.__version__}
+    json.dump(meta, open(os.path.join(d, "meta.json"), "w"), indent=1)
+    print(f"mtp: seed {seed}, margins {margins}, trunk vs HF nmse {trunk_nmse:.1e}, {time.time() - t0:.0f} s")
+    to_gguf("mtp")
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--gguf-child"]:
         gguf_child(sys.argv[2])
@@ -804,6 +930,8 @@ def main() -> None:
         if kw.get("_gguf"):
             to_gguf(name)
             llama_logits(name)
+    if not only or "mtp" in only:
+        build_mtp()
     print(f"done in {time.time() - t0:.0f} s: {OUT}")
 
 

@@ -7,7 +7,10 @@
 Checks a fixture of scripts/gen-glm5-fixtures.py: the no-cache logits of every prompt (against HF's
 f32 and f64 runs), the residual streams of `long`, the DSA indexer's selections, the cached chunked
 prefills and the 64 decode steps of `generate`, replayed through this file's own per-sequence state
-(KDA conv rows + recurrent state, MLA latent rows, indexer key/gate rows). Reads the checkpoint
+(KDA conv rows + recurrent state, MLA latent rows, indexer key/gate rows); with an MTP block
+(`mtp_rows_long.f32`, spec §9, which neither HF nor llama.cpp runs: `mtp_rows`, here the only
+oracle), the block's logits at every row of `long`, in one pass and chunked, and the chained
+greedy drafts of `mtp_chain.json`. Reads the checkpoint
 names HF writes (the release's names). KDA runs its recurrent form only (the chunked form is the
 same function). The only things taken from torch are tensors, matmul and elementwise math. Prints
 one line per check; exits non-zero when one fails (logits: worst per-position NMSE <= 1e-9;
@@ -173,6 +176,7 @@ def kda(x, st: KdaState, P, pfx, cfg):
 
 
 def indexer(x, qr, st: MlaState, P, pfx, cfg, pos0, layer, rec):
+    # rec rows also carry "gap": the k-th minus the (k+1)-th visible pool score (None: all kept)
     """Per query: the sorted token positions it attends to (spec §4)."""
     nI, dI, kp = cfg["nI"], cfg["dI"], cfg["kp"]
     T = x.shape[0]
@@ -200,7 +204,9 @@ def indexer(x, qr, st: MlaState, P, pfx, cfg, pos0, layer, rec):
         if cfg["tail"]:
             toks += list(range(nv * kp, t + 1))
         sels.append(sorted(toks))
-        rec.append({"layer": layer, "pos": t, "selected": sels[-1]})
+        ss = torch.sort(s, descending=True).values
+        gap = float(ss[keep - 1] - ss[keep]) if nv > keep else None
+        rec.append({"layer": layer, "pos": t, "selected": sels[-1], "gap": gap})
     return sels
 
 
@@ -228,7 +234,8 @@ def swiglu(x, g, u, dn, L):
     return lin(torch.nn.functional.silu(a) * b, dn)
 
 
-def ffn(x, P, pfx, cfg, dense):
+def ffn(x, P, pfx, cfg, dense, gaps=None):
+    """The FFN; `gaps` (a list) gets the router's smallest top-k margin of the rows."""
     L = cfg["L"]
     if dense:
         return swiglu(x, P[pfx + "gate_proj.weight"], P[pfx + "up_proj.weight"], P[pfx + "down_proj.weight"], L)
@@ -242,6 +249,9 @@ def ffn(x, P, pfx, cfg, dense):
         keep = keep.repeat_interleave(E // G, dim=1)
         choice = choice.masked_fill(keep == 0, -math.inf)
     idx = choice.topk(k, dim=-1).indices
+    if gaps is not None and k < E:
+        top = choice.topk(k + 1, dim=-1).values
+        gaps.append(float((top[:, k - 1] - top[:, k]).min()))
     w = s.gather(1, idx)
     if cfg["norm_topk"]:
         w = w / (w.sum(-1, keepdim=True) + 1e-20)
@@ -257,8 +267,9 @@ def ffn(x, P, pfx, cfg, dense):
     return out
 
 
-def forward(ids, states, P, cfg, pos0, rec, taps=None):
-    """Logits [T, V] of tokens `ids` at positions pos0.., updating `states` (one per layer)."""
+def forward(ids, states, P, cfg, pos0, rec, taps=None, hidden=None):
+    """Logits [T, V] of tokens `ids` at positions pos0.., updating `states` (one per layer);
+    `hidden` (a list) gets the post-norm hiddens [T, H] that feed the MTP block."""
     x = P["embed_tokens.weight"][torch.tensor(ids)]
     X = x.unsqueeze(1).expand(-1, cfg["N"], -1).clone()
     if taps is not None:
@@ -281,11 +292,45 @@ def forward(ids, states, P, cfg, pos0, rec, taps=None):
         if taps is not None:
             taps.append(X.clone())
     h = rms(X.mean(1), P["norm.weight"], cfg["eps"])
+    if hidden is not None:
+        hidden.append(h)
     return lin(h, P["lm_head.weight"])
+
+
+def mtp_rows(h, nxt, st: MlaState, P, cfg, r0, rec, gaps=None):
+    """The MTP block (spec §9) on rows r0.. (h [T, H]: each row's hidden; nxt: the token after each
+    row), its cache in `st`: (logits [T, V], the post-norm outputs g [T, H] that chain a draft)."""
+    pfx, eps = f"layers.{cfg['n']}.", cfg["eps"]
+    e = rms(P.get(pfx + "embed_tokens.weight", P["embed_tokens.weight"])[torch.tensor(nxt)],
+            P[pfx + "enorm.weight"], eps)
+    x = lin(torch.cat([e, rms(h, P[pfx + "hnorm.weight"], eps)], -1), P[pfx + "eh_proj.weight"])
+    a, _ = mla(rms(x, P[pfx + "input_layernorm.weight"], eps), st, P, pfx + "self_attn.", cfg, r0, cfg["n"], True,
+               None, rec)
+    x = x + a
+    x = x + ffn(rms(x, P[pfx + "post_attention_layernorm.weight"], eps), P, pfx + "mlp.", cfg, False, gaps)
+    g = rms(x, P[pfx + "shared_head.norm.weight"], eps)
+    return lin(g, P.get(pfx + "shared_head.head.weight", P["lm_head.weight"])), g
+
+
+def mtp_chain(h_last, last, st: MlaState, P, cfg, r, k, rec=None, gaps=None):
+    """k greedy drafts from row r (its hidden h_last [H], `last` the token after it), each row's
+    input the previous row's g and draft: (draft tokens, logits [k, V], smallest top-2 gap)."""
+    toks, rows, gap = [], [], math.inf
+    h, t = h_last.unsqueeze(0), last
+    for j in range(k):
+        lg, g = mtp_rows(h, [t], st, P, cfg, r + j, [] if rec is None else rec, gaps)
+        top = lg[0].topk(2).values
+        gap = min(gap, float(top[0] - top[1]))
+        t = int(lg[0].argmax())
+        toks.append(t)
+        rows.append(lg[0])
+        h = g
+    return toks, torch.stack(rows), gap
 
 
 def fresh(cfg):
     return [KdaState() if t == KDA else MlaState() for t in cfg["types"]]
+
 
 
 # ------------------------------------------------------------------------------------------ check
@@ -360,7 +405,35 @@ def check(d: str) -> bool:
         same = {(r["layer"], r["pos"]): r["selected"] for r in rec} == want_sel(os.path.join(d, "indexer_gen.json"))
         print(f"  {'indexer_gen':34s} {len(rec)} queries  {'identical' if same else 'DIFFERENT'}")
         ok.append(same)
+    if os.path.exists(os.path.join(d, "mtp_rows_long.f32")):
+        check_mtp(d, cfg, P, long, ok)
     return all(ok)
+
+
+def check_mtp(d, cfg, P, long, ok):
+    """The MTP files: every row of `long` in one pass and in chunks of 7 (the block's cache kept
+    across), and the chains of mtp_chain.json."""
+    hid = []
+    forward(long, fresh(cfg), P, cfg, 0, [], hidden=hid)
+    h = hid[0]
+    lg, _ = mtp_rows(h[:-1], long[1:], MlaState(), P, cfg, 0, [])
+    compare("mtp_rows_long", lg, os.path.join(d, "mtp_rows_long.f32"), ok)
+    st, outs = MlaState(), []
+    for r0 in range(0, len(long) - 1, 7):
+        r1 = min(r0 + 7, len(long) - 1)
+        outs.append(mtp_rows(h[r0:r1], long[r0 + 1:r1 + 1], st, P, cfg, r0, [])[0])
+    compare("mtp_rows_long (chunks of 7)", torch.cat(outs), os.path.join(d, "mtp_rows_long.f32"), ok)
+    j = json.load(open(os.path.join(d, "mtp_chain.json")))
+    for n, c in j["chains"].items():
+        n = int(n)
+        st = MlaState()
+        if n > 1:
+            mtp_rows(h[:n - 1], long[1:n], st, P, cfg, 0, [])
+        toks, rows, _ = mtp_chain(h[n - 1], long[n], st, P, cfg, n - 1, j["k"])
+        compare(f"mtp_chain_{n}", rows, os.path.join(d, f"mtp_chain_{n}.f32"), ok)
+        same = toks == c["drafts"]
+        print(f"  {'mtp_chain_' + str(n) + ' drafts':34s} {'identical' if same else 'DIFFERENT'}")
+        ok.append(same)
 
 
 def main():

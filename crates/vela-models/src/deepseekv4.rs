@@ -21,7 +21,7 @@
 //! streams per position (`deepseekv4/mtp.rs`), with DSpark stages ([`dspark`]) each stage's
 //! window. Rollback up to `max_batch` positions and checkpoints come with the kind.
 
-use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
+use crate::state::{alloc_kv, store_ring, ExtraState, LayerState, StateLayout};
 use crate::stepper::{self, StepCtl, StepState};
 use anyhow::{anyhow, bail, Result};
 use std::path::PathBuf;
@@ -256,25 +256,6 @@ fn pick2<T>(v: &mut [T], a: usize, b: usize) -> [&mut T; 2] {
 
 fn pick3<T>(v: &mut [T], a: usize, b: usize, c: usize) -> [&mut T; 3] {
     v.get_disjoint_mut([a, b, c]).expect("distinct buffers")
-}
-
-/// Rows `0..n` of `src` (`width` wide) into a ring of `slots` rows at positions `p0..p0 + n`
-/// (position p in row p mod slots).
-fn store_ring<B: Backend>(
-    be: &B,
-    src: &B::Buf,
-    (n, width): (usize, usize),
-    ring: &mut B::Buf,
-    slots: usize,
-    p0: usize,
-) {
-    let mut done = 0;
-    while done < n {
-        let slot = (p0 + done) % slots;
-        let run = (slots - slot).min(n - done);
-        be.copy_rows(src, done, run, width, ring, slot);
-        done += run;
-    }
 }
 
 /// Rotation frequencies of one interleaved pair each, in f32 as transformers computes them

@@ -19,13 +19,16 @@
 //! State per sequence ([`StateLayout`]): per KDA layer its convolution tail and its delta-rule
 //! matrix (recurrent, with the state after each of the last [`SNAPSHOTS`] positions kept for
 //! rollback), per MLA layer its latent rows, per full indexer its pooled keys with the raw
-//! `[key | gate]` rows of the open pool. Rollback up to `min(SNAPSHOTS, max_batch)` positions
+//! `[key | gate]` rows of the open pool; with the MTP block (`mtp.rs`), its own latent rows and
+//! pools and a ring of the trunk's hiddens. Rollback up to `min(SNAPSHOTS, max_batch)` positions
 //! without a checkpoint.
 
 use crate::blocks::mhc::{self, Hc, HcBufs, HcDims};
 use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
 use crate::stepper::{self, StepCtl, StepState};
 use anyhow::{bail, Result};
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use vela_compute::{Backend, KvType};
 
@@ -35,6 +38,7 @@ mod gguf;
 mod kda;
 mod load;
 mod mla;
+mod mtp;
 pub mod synth;
 pub mod synth_gguf;
 
@@ -72,6 +76,10 @@ pub struct Glm5Model<B: Backend> {
     ones: B::Vector,
     layout: StateLayout,
     weight_bytes_per_token: u64,
+    /// The MTP block, when the weights have one.
+    mtp: Option<mtp::Mtp<B>>,
+    /// Whether a drafter is bound (forwards keep the block's cache only then).
+    mtp_on: AtomicBool,
 }
 
 // Scratch buffers of a state (indices into `Glm5State::bufs`), `max_batch` rows each.
@@ -131,6 +139,8 @@ pub struct Glm5State<B: Backend> {
     sel: B::Ids,
     counts: B::Ids,
     key: u64,
+    /// `[max_batch, H]`: the hiddens of the MTP block's rows (a draft: its input hidden).
+    mtp_in: Option<B::Buf>,
     /// When set, every full indexer's selection is recorded: (layer, position, tokens).
     pub selections: Option<Vec<(usize, u32, Vec<u32>)>>,
 }
@@ -143,8 +153,27 @@ fn pick3<T>(v: &mut [T], a: usize, b: usize, c: usize) -> [&mut T; 3] {
     v.get_disjoint_mut([a, b, c]).expect("distinct buffers")
 }
 
-/// The state layout and each layer's entries in it.
-fn build_layout(c: &Glm5Config) -> (StateLayout, Vec<Vec<usize>>) {
+/// An MLA layer's state: its latent rows and, with an indexer, the pooled keys over the raw
+/// `[key | gate]` rows of the open pool.
+fn mla_states(c: &Glm5Config, full: bool) -> Vec<LayerState> {
+    let mut v = vec![LayerState::Blocks {
+        width: c.kv_rank,
+        ratio: 1,
+        raw_width: 0,
+    }];
+    if full {
+        v.push(LayerState::Blocks {
+            width: c.idx_dim,
+            ratio: c.idx_pool,
+            raw_width: 2 * c.idx_dim,
+        });
+    }
+    v
+}
+
+/// The state layout and each layer's entries in it; with `mtp`, the MTP block's latent rows,
+/// pools and ring of trunk hiddens last (the third value).
+fn build_layout(c: &Glm5Config, mtp: bool) -> (StateLayout, Vec<Vec<usize>>, Option<[usize; 3]>) {
     let recurrent = |floats| LayerState::Recurrent {
         floats,
         snapshots: SNAPSHOTS,
@@ -157,27 +186,24 @@ fn build_layout(c: &Glm5Config) -> (StateLayout, Vec<Vec<usize>>) {
                 recurrent((c.conv_k - 1) * 3 * c.kda_heads * c.kda_dim),
                 recurrent(c.kda_heads * c.kda_dim * c.kda_dim),
             ],
-            Mixer::Mla => {
-                let mut v = vec![LayerState::Blocks {
-                    width: c.kv_rank,
-                    ratio: 1,
-                    raw_width: 0,
-                }];
-                if c.indexers[il] == Indexer::Full {
-                    v.push(LayerState::Blocks {
-                        width: c.idx_dim,
-                        ratio: c.idx_pool,
-                        raw_width: 2 * c.idx_dim,
-                    });
-                }
-                v
-            }
+            Mixer::Mla => mla_states(c, c.indexers[il] == Indexer::Full),
         };
         let first = entries.len();
         entries.extend(states);
         per_layer.push((first..entries.len()).collect());
     }
-    (StateLayout::new(entries), per_layer)
+    let mtp = mtp.then(|| {
+        let first = entries.len();
+        entries.extend(mla_states(c, true));
+        // A ring of the hiddens of the last positions: a row waits for the token after it.
+        entries.push(LayerState::Blocks {
+            width: 0,
+            ratio: 1,
+            raw_width: c.hidden,
+        });
+        [first, first + 1, first + 2]
+    });
+    (StateLayout::new(entries), per_layer, mtp)
 }
 
 impl<B: Backend> Glm5Model<B> {
@@ -259,6 +285,7 @@ impl<B: Backend> Glm5Model<B> {
             sel: be.alloc_ids(nb * c.max_selected()),
             counts: be.alloc_ids(nb),
             key: StepCtl::new().key,
+            mtp_in: self.mtp.as_ref().map(|_| be.alloc(nb * h)),
             selections: None,
         }
     }
@@ -305,7 +332,12 @@ impl<B: Backend> Glm5Model<B> {
             let [x, mix, y] = pick3(&mut st.bufs, X, MIX, Y);
             mhc::post(be, d, n, x, mix, y);
         }
-        Ok(self.head(&mut st.bufs, n, logits_from))
+        let mtp = self.active_mtp();
+        let rows = self.head(&mut st.bufs, n, logits_from, mtp.is_some());
+        if let Some(mt) = mtp {
+            self.mtp_forward(st, mt, tokens, p0)?;
+        }
+        Ok(rows)
     }
 
     /// mHC before a block: `MIX` = the weights, `XN` = the normalised block input.
@@ -322,13 +354,14 @@ impl<B: Backend> Glm5Model<B> {
         );
     }
 
-    /// The logits of rows `logits_from..n` into `LOGITS`: the streams' mean, normalised, times
-    /// the output head; returns the number of rows.
-    fn head(&self, b: &mut [B::Buf], n: usize, logits_from: usize) -> usize {
+    /// The logits of rows `logits_from..n` into `LOGITS`: the streams' mean, normalised (every
+    /// row's into `XN` when one is asked for or `hiddens`), times the output head; returns the
+    /// number of rows.
+    fn head(&self, b: &mut [B::Buf], n: usize, logits_from: usize, hiddens: bool) -> usize {
         let be = &*self.backend;
         let c = &self.cfg;
         let rows = n - logits_from;
-        if rows == 0 {
+        if rows == 0 && !hiddens {
             return 0;
         }
         {
@@ -338,6 +371,9 @@ impl<B: Backend> Glm5Model<B> {
         {
             let [cc, xn] = pick2(b, C, XN);
             be.rms_norm(cc, &self.norm, n, c.hidden, c.eps, xn);
+            if rows == 0 {
+                return 0;
+            }
             be.copy_rows(xn, logits_from, rows, c.hidden, cc, 0);
         }
         let [cc, lg] = pick2(b, C, LOGITS);
@@ -426,6 +462,12 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Glm5Model<B> {
             false,
             &layers,
         )
+    }
+    fn discover_mtp(&self, model_path: &std::path::Path) -> Option<PathBuf> {
+        self.mtp_path(model_path)
+    }
+    fn load_mtp(&self, path: &std::path::Path) -> Option<Result<Box<dyn crate::mtp::MtpHead>>> {
+        Some(self.bind_mtp(path))
     }
 }
 

@@ -129,7 +129,8 @@ pub(crate) struct InputProj<'a, B: vela_compute::Backend> {
 impl<B: vela_compute::Backend> InputProj<'_, B> {
     /// `x_s = fc_hidden(norm_hidden(streams)_s) + fc_emb(norm_emb(E[t]))` for every stream `s`
     /// of `tokens.len()` rows of `s` streams of `h` (`stream_rows`: row `t` for stream row
-    /// `t·s + j`); scratch `a` as wide as `x`, `b` and `c` a row of `h` per token.
+    /// `t·s + j`; unread for one stream); scratch `a` as wide as `x`, `b` and `c` a row of `h`
+    /// per token.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn apply(
         &self,
@@ -148,8 +149,12 @@ impl<B: vela_compute::Backend> InputProj<'_, B> {
         be.get_rows(self.embd, tokens, 1.0, b)?;
         be.rms_norm(b, self.norm_emb, m, h, eps, c);
         be.matmul(self.fc_emb, c, m, b);
-        be.gather_rows(b, stream_rows, m * s, h, a);
-        be.add(x, a, m * s * h);
+        if s == 1 {
+            be.add(x, b, m * h);
+        } else {
+            be.gather_rows(b, stream_rows, m * s, h, a);
+            be.add(x, a, m * s * h);
+        }
         Ok(())
     }
 }

@@ -100,7 +100,7 @@ pub static ARCHS: &[Arch] = &[
         gguf: "glm5-next",
         hf_model_types: &["glm5_next", "glm5_next_text"],
         display: "GLM 5.3",
-        mtp: false,
+        mtp: true,
         family: Family::Glm5,
     },
 ];

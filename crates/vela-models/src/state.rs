@@ -21,6 +21,7 @@ use anyhow::{bail, Result};
 use vela_compute::{Backend, KvLayerSpec, KvType};
 
 mod store;
+pub(crate) use store::store_ring;
 pub use store::{BlocksMut, ExtraSnapshot, ExtraState};
 
 /// What one layer keeps for a sequence.

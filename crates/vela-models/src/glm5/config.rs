@@ -70,6 +70,8 @@ pub struct Glm5Config {
     pub routed_scale: f32,
     pub swiglu_limit: f32,
     pub tie_embeddings: bool,
+    /// `num_nextn_predict_layers`: MTP blocks after the trunk (`layers.{n}.*`; HF ignores them).
+    pub nextn: usize,
 }
 
 fn get<'a>(j: &'a Value, k: &str) -> Option<&'a Value> {
@@ -258,6 +260,7 @@ impl Glm5Config {
             routed_scale: float(j, "routed_scaling_factor", 2.5)?,
             swiglu_limit: float(j, "swiglu_limit", 10.0)?,
             tie_embeddings: flag(j, "tie_word_embeddings", false)?,
+            nextn: uint(j, "num_nextn_predict_layers", 0)?,
         };
         c.validate()?;
         Ok(c)

@@ -4,7 +4,9 @@
 //! onto the converter's. What the converter rewrites is undone by the loader (load.rs):
 //! `kv_b_proj` arrives as the per-head absorbed `attn_k_b` (W^k_hᵀ) and `attn_v_b` (W^v_h),
 //! `A_log` as `ssm_a = −exp(A_log)`, the routed experts stacked (`ffn_{gate,up,down}_exps`).
-//! An MTP block (blocks from `block_count − nextn_predict_layers` on, `nextn.*`) is not read.
+//! An MTP block (blocks from `block_count − nextn_predict_layers` on) keeps the trunk's names for
+//! its MLA and MoE tensors and adds `blk.N.nextn.*` (`eh_proj`, `enorm`, `hnorm`,
+//! `shared_head_norm`, optionally `shared_head_head` and `embed_tokens`; mtp.rs).
 
 use anyhow::{anyhow, bail, Context, Result};
 use serde_json::{json, Map, Value};
@@ -164,6 +166,7 @@ pub(super) fn config_json(g: &GgufFile) -> Result<Value> {
         ("vocab_size", json!(n_vocab)),
         ("hidden_size", json!(u("embedding_length")?)),
         ("num_hidden_layers", json!(n)),
+        ("num_nextn_predict_layers", json!(nextn)),
         ("layer_types", Value::Array(layer_types)),
         ("mlp_layer_types", Value::Array(mlp_layer_types)),
         ("indexer_types", Value::Array(indexer_types)),
@@ -251,7 +254,14 @@ pub(super) fn gguf_name(name: &str) -> Option<String> {
     let rest = name.strip_prefix("layers.")?;
     let (i, rest) = rest.split_once('.')?;
     i.parse::<usize>().ok()?;
-    let mapped = if rest.starts_with("hc_") && !rest.contains('.') {
+    let mapped = if let Some(a) = rest.strip_prefix("shared_head.") {
+        format!("nextn.shared_head_{a}")
+    } else if ["eh_proj.", "enorm.", "hnorm.", "embed_tokens."]
+        .iter()
+        .any(|p| rest.starts_with(p))
+    {
+        format!("nextn.{rest}")
+    } else if rest.starts_with("hc_") && !rest.contains('.') {
         format!("{rest}.weight")
     } else if let Some(a) = rest.strip_prefix("self_attn.indexer.") {
         match a {
@@ -372,6 +382,21 @@ mod tests {
                 "blk.2.ffn_up_shexp.weight",
             ),
             ("layers.0.mlp.down_proj.weight", "blk.0.ffn_down.weight"),
+            ("layers.8.eh_proj.weight", "blk.8.nextn.eh_proj.weight"),
+            ("layers.8.enorm.weight", "blk.8.nextn.enorm.weight"),
+            ("layers.8.hnorm.weight", "blk.8.nextn.hnorm.weight"),
+            (
+                "layers.8.shared_head.norm.weight",
+                "blk.8.nextn.shared_head_norm.weight",
+            ),
+            (
+                "layers.8.shared_head.head.weight",
+                "blk.8.nextn.shared_head_head.weight",
+            ),
+            (
+                "layers.8.embed_tokens.weight",
+                "blk.8.nextn.embed_tokens.weight",
+            ),
         ] {
             assert_eq!(gguf_name(a).as_deref(), Some(b), "{a}");
         }
@@ -455,6 +480,7 @@ mod tests {
     fn metadata_reads_back_into_the_config() {
         let c = Glm5Config::from_gguf(&file(&metadata())).unwrap();
         assert_eq!(c.mixers.len(), 4, "the MTP block is not a trunk layer");
+        assert_eq!(c.nextn, 1);
         assert_eq!(c.mixers[3], super::super::Mixer::Mla);
         assert_eq!(c.dense, [true, false, false, false]);
         assert_eq!((c.kda_heads, c.kda_dim, c.conv_k), (4, 16, 4));

@@ -19,7 +19,7 @@ use std::path::Path;
 use vela_compute::{Activation, HostWeight};
 use vela_formats::quant::GgmlType;
 
-struct Loader<'a, B: Backend> {
+pub(super) struct Loader<'a, B: Backend> {
     be: &'a B,
     src: &'a WeightSource,
     /// A llama.cpp GGUF (its own tensor names, gguf.rs).
@@ -51,10 +51,10 @@ impl<'a, B: Backend> Loader<'a, B> {
         }
         Ok(w)
     }
-    fn host(&self, name: &str, rows: usize, cols: usize) -> Result<HostWeight> {
+    pub(super) fn host(&self, name: &str, rows: usize, cols: usize) -> Result<HostWeight> {
         self.host_as(name, rows, cols, false)
     }
-    fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
+    pub(super) fn upload(&mut self, w: &HostWeight, share: f64) -> Result<B::Weight> {
         self.bytes += (w.bytes().len() as f64 * share) as u64;
         self.be.upload_weight(w)
     }
@@ -65,6 +65,10 @@ impl<'a, B: Backend> Loader<'a, B> {
     /// A matrix's values as f32, shape-checked (for the matrices rewritten at load).
     fn floats2(&self, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>> {
         self.floats(name, rows * cols)
+    }
+    /// Whether the source has a release-named tensor.
+    pub(super) fn has(&self, name: &str) -> Result<bool> {
+        Ok(self.src.has(&self.name(name)?))
     }
     fn floats(&self, name: &str, len: usize) -> Result<Vec<f32>> {
         let n = self.name(name)?;
@@ -78,7 +82,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         }
         Ok(v)
     }
-    fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
+    pub(super) fn vector(&self, name: &str, len: usize) -> Result<B::Vector> {
         self.be.upload_vector(&self.floats(name, len)?)
     }
 
@@ -143,7 +147,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
-    fn mla(&mut self, p: &str, c: &Glm5Config, full: bool) -> Result<Mla<B>> {
+    pub(super) fn mla(&mut self, p: &str, c: &Glm5Config, full: bool) -> Result<Mla<B>> {
         let (h, nh, dn, dv, r) = (c.hidden, c.n_head, c.nope_dim, c.v_dim, c.kv_rank);
         let (k_abs, v_abs) = if self.gguf {
             // The converter's split: attn_k_b {dn, r, nh} (W^k_hᵀ per head), attn_v_b
@@ -228,7 +232,7 @@ impl<'a, B: Backend> Loader<'a, B> {
         })
     }
 
-    fn moe(&mut self, p: &str, layer: usize, c: &Glm5Config) -> Result<Moe<B>> {
+    pub(super) fn moe(&mut self, p: &str, layer: usize, c: &Glm5Config) -> Result<Moe<B>> {
         let (e, h, i) = (c.n_expert, c.hidden, c.n_ff_exp);
         let share = c.top_k as f64 / e as f64;
         let src = self.src;
@@ -296,7 +300,7 @@ impl<B: Backend> Glm5Model<B> {
     pub fn load_hf(backend: Arc<B>, dir: &Path, spec: &LoadSpec) -> Result<Self> {
         let (j, src) = crate::weights::open_hf_text(dir, spec, "glm5_next")?;
         let cfg = Glm5Config::from_json(&j)?;
-        Self::load(backend, &src, false, cfg)
+        Self::load(backend, &src, false, cfg, Some(dir.to_path_buf()))
     }
 
     /// Load a llama.cpp 0c1e570 GGUF conversion (`glm5-next`), converting float matrices to
@@ -307,15 +311,19 @@ impl<B: Backend> Glm5Model<B> {
         spec: &LoadSpec,
     ) -> Result<Self> {
         let cfg = Glm5Config::from_gguf(&g)?;
+        let path = g.path().map(Path::to_path_buf);
         let src = WeightSource::gguf(g).with_spec(spec);
-        Self::load(backend, &src, true, cfg)
+        Self::load(backend, &src, true, cfg, path)
     }
 
+    /// The model from `src` (`source`: the file or directory, where its MTP block binds from;
+    /// `None`: generated).
     pub(super) fn load(
         backend: Arc<B>,
         src: &WeightSource,
         gguf: bool,
         cfg: Glm5Config,
+        source: Option<std::path::PathBuf>,
     ) -> Result<Self> {
         let mut ld = Loader {
             be: &*backend,
@@ -343,7 +351,8 @@ impl<B: Backend> Glm5Model<B> {
             let w = ld.host("lm_head.weight", v, h)?.as_head(true);
             ld.upload(&w, 1.0)?
         };
-        let (layout, entries) = build_layout(&cfg);
+        let has_mtp = ld.has_mtp(&cfg)?;
+        let (layout, entries, mtp_entries) = build_layout(&cfg, has_mtp);
         let mut layers = Vec::with_capacity(cfg.mixers.len());
         for (i, state) in entries.into_iter().enumerate() {
             let p = format!("layers.{i}");
@@ -369,7 +378,12 @@ impl<B: Backend> Glm5Model<B> {
         }
         let norm = ld.vector("norm.weight", h)?;
         let ones = backend.upload_vector(&vec![1.0; cfg.hc * h])?;
+        // The block's bytes are not read per target token.
         let weight_bytes_per_token = ld.bytes;
+        let mtp = match mtp_entries {
+            Some(e) => Some(ld.mtp(&cfg, e, source)?),
+            None => None,
+        };
         Ok(Glm5Model {
             backend,
             cfg,
@@ -380,6 +394,8 @@ impl<B: Backend> Glm5Model<B> {
             ones,
             layout,
             weight_bytes_per_token,
+            mtp,
+            mtp_on: Default::default(),
         })
     }
 }

@@ -65,10 +65,9 @@ impl<B: Backend> Glm5Model<B> {
         {
             let b = &mut st.bufs;
             {
-                let [xn, qr, lat] = pick3(b, XN, QR, LAT);
-                be.matmul_many(&[&a.q_a, &a.kv_a], xn, n, &mut [qr, lat]);
+                let [xn, qr] = pick2(b, XN, QR);
+                be.matmul(&a.q_a, xn, n, qr);
                 be.rms_norm_inplace(qr, &a.q_norm, n, c.q_rank, c.eps);
-                be.rms_norm_inplace(lat, &a.kv_norm, n, r, c.eps);
             }
             {
                 let [qr, q] = pick2(b, QR, Q);
@@ -77,13 +76,7 @@ impl<B: Backend> Glm5Model<B> {
             let [q, ql] = pick2(b, Q, QL);
             be.matmul_experts(&a.k_abs, r, q, true, &st.heads, n, nh, ql);
         }
-        be.store_rows_at(
-            &st.bufs[LAT],
-            r,
-            positions,
-            0,
-            st.extra.blocks_mut(ent[0])?.rows,
-        );
+        self.mla_cache(st, a, ent, positions)?;
         if let Some(ix) = &a.indexer {
             self.select(st, ix, ent[1], il, positions)?;
         }
@@ -114,32 +107,55 @@ impl<B: Backend> Glm5Model<B> {
         Ok(())
     }
 
-    /// The indexer: this forward's raw rows into the ring, the pools it completes, each query's
-    /// pools and then its tokens into `sel` / `counts` (`QR` holds the normalised q_a rows).
-    fn select(
+    /// The cache rows of an MLA layer for the normalised inputs in `XN` at `positions`, without
+    /// the attention: the latent rows and, with an indexer, its raw rows and completed pools.
+    pub(super) fn mla_cache(
+        &self,
+        st: &mut Glm5State<B>,
+        a: &Mla<B>,
+        ent: &[usize],
+        positions: &[u32],
+    ) -> Result<()> {
+        let be = &*self.backend;
+        let (n, r) = (positions.len(), self.cfg.kv_rank);
+        {
+            let [xn, lat] = pick2(&mut st.bufs, XN, LAT);
+            be.matmul(&a.kv_a, xn, n, lat);
+            be.rms_norm_inplace(lat, &a.kv_norm, n, r, self.cfg.eps);
+        }
+        be.store_rows_at(
+            &st.bufs[LAT],
+            r,
+            positions,
+            0,
+            st.extra.blocks_mut(ent[0])?.rows,
+        );
+        match &a.indexer {
+            Some(ix) => self.index_keys(st, ix, ent[1], positions),
+            None => Ok(()),
+        }
+    }
+
+    /// The indexer's keys of a forward (inputs in `XN`): the raw `[key | gate]` rows into the
+    /// ring and the pools they complete.
+    fn index_keys(
         &self,
         st: &mut Glm5State<B>,
         ix: &Indexer<B>,
         ent: usize,
-        il: usize,
         positions: &[u32],
     ) -> Result<()> {
         let be = &*self.backend;
         let c = &self.cfg;
         let n = positions.len();
-        let (ni, di, m) = (c.idx_heads, c.idx_dim, c.idx_pool);
+        let (di, m) = (c.idx_dim, c.idx_pool);
         let p0 = positions[0] as usize;
         let b = &mut st.bufs;
         {
-            let [xn, ki, zi, wi] = b.get_disjoint_mut([XN, KI, ZI, WI]).expect("distinct");
-            be.matmul_many(&[&ix.wk, &ix.gate, &ix.weights], xn, n, &mut [ki, zi, wi]);
+            let [xn, ki, zi] = b.get_disjoint_mut([XN, KI, ZI]).expect("distinct");
+            be.matmul_many(&[&ix.wk, &ix.gate], xn, n, &mut [ki, zi]);
             be.rms_norm_inplace(ki, &ix.k_norm, n, di, 1e-6);
             be.add_bias(ki, &ix.k_bias, n);
-            be.scale(wi, n * ni, (ni as f32).powf(-0.5));
-        }
-        {
-            let [qr, qi] = pick2(b, QR, QI);
-            be.matmul(&ix.wq, qr, n, qi);
         }
         let blk = st.extra.blocks_mut(ent)?;
         let slots = blk.raw_slots;
@@ -168,6 +184,34 @@ impl<B: Backend> Glm5Model<B> {
             );
             be.copy_rows(ent_buf, 0, k, di, blk.rows, first);
         }
+        Ok(())
+    }
+
+    /// The indexer's choice for the queries at `positions` ([`Self::index_keys`] ran; `QR` holds
+    /// the normalised q_a rows): each query's pools, then its tokens into `sel` / `counts`.
+    fn select(
+        &self,
+        st: &mut Glm5State<B>,
+        ix: &Indexer<B>,
+        ent: usize,
+        il: usize,
+        positions: &[u32],
+    ) -> Result<()> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let n = positions.len();
+        let (ni, di, m) = (c.idx_heads, c.idx_dim, c.idx_pool);
+        let b = &mut st.bufs;
+        {
+            let [xn, wi] = pick2(b, XN, WI);
+            be.matmul(&ix.weights, xn, n, wi);
+            be.scale(wi, n * ni, (ni as f32).powf(-0.5));
+        }
+        {
+            let [qr, qi] = pick2(b, QR, QI);
+            be.matmul(&ix.wq, qr, n, qi);
+        }
+        let blk = st.extra.blocks_mut(ent)?;
         let p = LightningParams {
             n_head: ni,
             head_dim: di,

@@ -372,7 +372,7 @@ impl<B: Backend> Glm5Model<B> {
             }
         };
         let src = WeightSource::synthetic(Arc::new(get), seed).with_host_experts(host);
-        Self::load(backend, &src, false, cfg)
+        Self::load(backend, &src, false, cfg, None)
     }
 }
 
@@ -426,7 +426,7 @@ pub const PLAN_BATCH: usize = 512;
 /// rollback snapshots, MLA latent rows, indexer pooled keys and raw rows), as vela stores them
 /// (f32).
 pub fn state_bytes(c: &Glm5Config, n_ctx: usize) -> [u64; 3] {
-    let (layout, per_layer) = build_layout(c);
+    let (layout, per_layer, _) = build_layout(c, false);
     let mut out = [0u64; 3];
     for (il, entries) in per_layer.iter().enumerate() {
         for (k, &e) in entries.iter().enumerate() {

@@ -336,3 +336,22 @@ impl<B: Backend> ExtraState<B> {
             .sum()
     }
 }
+
+/// Rows `0..n` of `src` (`width` wide) into a ring of `slots` rows at positions `p0..p0 + n`
+/// (position p in row p mod slots).
+pub(crate) fn store_ring<B: Backend>(
+    be: &B,
+    src: &B::Buf,
+    (n, width): (usize, usize),
+    ring: &mut B::Buf,
+    slots: usize,
+    p0: usize,
+) {
+    let mut done = 0;
+    while done < n {
+        let slot = (p0 + done) % slots;
+        let run = (slots - slot).min(n - done);
+        be.copy_rows(src, done, run, width, ring, slot);
+        done += run;
+    }
+}

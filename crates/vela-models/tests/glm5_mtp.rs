@@ -1,0 +1,160 @@
+//! The `glm5_next` MTP block vs `scripts/glm5_ref.py`'s float64 implementation of
+//! docs/glm5-spec.md §9 (`scripts/gen-glm5-fixtures.py` → `$VELA_CACHE/golden/glm5/mtp/`:
+//! `flash_mini` with a random block). Neither transformers nor llama.cpp 0c1e570 runs the block,
+//! so this checks vela against the spec, not against the release's code. The first draft after
+//! every prefix of the 300-token prompt (the block's cache kept by the target's forwards),
+//! evaluated token by token and in chunks, with the target's logits unchanged; the block's rows
+//! through any chunking bit-identical to one pass; chains of 4 drafts; llama.cpp's GGUF
+//! conversion carrying the block (`blk.8.nextn.*`); which paths bind the block.
+
+mod common;
+use common::*;
+use std::path::Path;
+use std::sync::Arc;
+use vela_compute::cpu::CpuBackend;
+use vela_compute::KvType;
+use vela_formats::gguf::GgufFile;
+use vela_models::glm5::Glm5Model;
+use vela_models::{LanguageModel, MtpHead};
+
+const BOUND: f64 = 1e-8;
+
+fn bind(m: Glm5Model<CpuBackend>, path: &Path) -> (Arc<dyn LanguageModel>, Box<dyn MtpHead>) {
+    let m: Arc<dyn LanguageModel> = Arc::new(m);
+    let found = m.discover_mtp(path).expect("the model has an MTP block");
+    let head = m.load_mtp(&found).unwrap();
+    (m, head)
+}
+
+fn load(dir: &Path) -> (Arc<dyn LanguageModel>, Box<dyn MtpHead>) {
+    let be = Arc::new(CpuBackend::new(2));
+    bind(
+        Glm5Model::load_hf(be, dir, &Default::default()).unwrap(),
+        dir,
+    )
+}
+
+fn load_gguf(dir: &Path) -> (Arc<dyn LanguageModel>, Box<dyn MtpHead>) {
+    let path = dir.join("model-f32.gguf");
+    let g = Arc::new(GgufFile::open(&path).unwrap());
+    let be = Arc::new(CpuBackend::new(2));
+    bind(
+        Glm5Model::load_gguf(be, g, &Default::default()).unwrap(),
+        &path,
+    )
+}
+
+#[test]
+fn first_draft_after_every_prefix_matches_the_reference() {
+    let Some(dir) = golden_fixture("glm5", "mtp", "mtp_rows_long.f32") else {
+        return;
+    };
+    let (m, mut head) = load(&dir);
+    let nv = m.n_vocab();
+    // HF's f32 logits of the trunk (flash_mini's): unchanged by the block's cache.
+    let trunk = f32s(&dir.join("logits_long.f32"));
+    for chunk in [1usize, 7, 50] {
+        let mut worst_trunk = 0f64;
+        let file = "mtp_rows_long.f32";
+        let worst = mtp::first_drafts(&m, &mut *head, &dir, file, chunk, BOUND, &mut |lg, at| {
+            for (i, p) in at.enumerate() {
+                let e = nmse(&lg[i * nv..(i + 1) * nv], &trunk[p * nv..(p + 1) * nv]);
+                assert!(e < BOUND, "target position {p}: NMSE {e:.2e}");
+                worst_trunk = worst_trunk.max(e);
+            }
+        });
+        eprintln!(
+            "chunks of {chunk}: worst first-draft NMSE {worst:.2e} over 299 rows; target's \
+             logits vs HF {worst_trunk:.2e}"
+        );
+    }
+}
+
+/// The block's cache rows do not depend on how the prompt was split: a chain of 4 drafts after
+/// the whole prompt reads every row, and its logits are the same bits after one pass, after
+/// chunks of 7 and 50 and token by token.
+#[test]
+fn block_rows_through_chunked_prefill_equal_one_pass() {
+    let Some(dir) = golden_fixture("glm5", "mtp", "mtp_chain.json") else {
+        return;
+    };
+    let (m, mut head) = load(&dir);
+    let long = id_list(&prompts(&dir)["prompts"]["long"]);
+    let n = long.len() - 1;
+    let mut first: Option<Vec<Vec<f32>>> = None;
+    for chunk in [n, 7, 50, 1] {
+        let mut st = m
+            .clone()
+            .new_state(long.len() + 16, chunk, KvType::F32)
+            .unwrap();
+        mtp::eval(&mut *st, &long[..n], 0, chunk);
+        let (_, rows) = mtp::drafts(&mut *head, &mut *st, long[n], n, 4);
+        match &first {
+            None => first = Some(rows),
+            Some(want) => assert!(*want == rows, "chunks of {chunk} differ from one pass"),
+        }
+    }
+}
+
+#[test]
+fn chained_drafts_match_the_reference() {
+    let Some(dir) = golden_fixture("glm5", "mtp", "mtp_chain.json") else {
+        return;
+    };
+    let (m, mut head) = load(&dir);
+    let worst = mtp::chains(&m, &mut *head, &dir, 16, BOUND);
+    eprintln!("chains of 4 drafts: greedy tokens equal, worst NMSE {worst:.2e}");
+}
+
+/// llama.cpp's conversion with the block (`blk.8.*`, `blk.8.nextn.*`, F32): the reference's
+/// rows and chains, and the checkpoint's draft logits to the bit.
+#[test]
+fn llama_cpp_gguf_with_the_block_matches_the_reference() {
+    let Some(dir) = golden_fixture("glm5", "mtp", "model-f32.gguf") else {
+        return;
+    };
+    let (m, mut head) = load_gguf(&dir);
+    for chunk in [1usize, 16] {
+        let file = "mtp_rows_long.f32";
+        let worst = mtp::first_drafts(&m, &mut *head, &dir, file, chunk, BOUND, &mut |_, _| {});
+        eprintln!("GGUF, chunks of {chunk}: worst first-draft NMSE {worst:.2e} over 299 rows");
+    }
+    mtp::chains(&m, &mut *head, &dir, 16, BOUND);
+    let long = id_list(&prompts(&dir)["prompts"]["long"]);
+    let (hf, mut hf_head) = load(&dir);
+    let chain = |m: &Arc<dyn LanguageModel>, head: &mut dyn MtpHead| {
+        let mut st = m
+            .clone()
+            .new_state(long.len() + 16, 16, KvType::F32)
+            .unwrap();
+        mtp::eval(&mut *st, &long[..100], 0, 16);
+        mtp::drafts(head, &mut *st, long[100], 100, 4).1
+    };
+    let (a, b) = (chain(&m, &mut *head), chain(&hf, &mut *hf_head));
+    for (x, y) in a.iter().zip(&b) {
+        let e = nmse(x, y);
+        assert!(e <= 1e-12, "GGUF vs checkpoint drafts: NMSE {e:.2e}");
+    }
+}
+
+/// The block binds from where it was loaded only; a checkpoint without one says so.
+#[test]
+fn mtp_is_loaded_with_the_model() {
+    let Some(dir) = golden_fixture("glm5", "mtp", "mtp_chain.json") else {
+        return;
+    };
+    let be = Arc::new(CpuBackend::new(1));
+    let m: Arc<dyn LanguageModel> =
+        Arc::new(Glm5Model::load_hf(be.clone(), &dir, &Default::default()).unwrap());
+    assert_eq!(m.discover_mtp(&dir).as_deref(), Some(dir.as_path()));
+    let plain = dir.parent().unwrap().join("flash_mini");
+    let e = m.load_mtp(&plain).err().unwrap().to_string();
+    assert!(e.contains("loaded with the model"), "{e}");
+    if plain.join("model.safetensors").exists() {
+        let p: Arc<dyn LanguageModel> =
+            Arc::new(Glm5Model::load_hf(be, &plain, &Default::default()).unwrap());
+        assert!(p.discover_mtp(&plain).is_none());
+        let e = p.load_mtp(&plain).err().unwrap().to_string();
+        assert!(e.contains("no MTP layer"), "{e}");
+    }
+}
