@@ -74,8 +74,9 @@ MTP block (spec §9; neither HF nor llama.cpp runs it, so the oracle is scripts/
 `mtp_rows`, written from the spec: it checks vela against the spec, not against the release's code):
 
     $VELA_CACHE/golden/glm5/mtp/
-        config.json, tokenizer*, generation_config.json, prompts.json, logits_long.f32
+        config.json, tokenizer*, generation_config.json, logits_long.f32
                                             flash_mini's, with num_nextn_predict_layers 1
+        prompts.json                        {"prompts": flash_mini's prompts}
         model.safetensors                   flash_mini's tensors + a random MTP block
                                             `model.language_model.layers.8.*` (eh_proj [H, 2H],
                                             enorm, hnorm, shared_head.norm, an MLA layer with its
@@ -870,15 +871,16 @@ def build_mtp(src_name: str = "flash_mini") -> None:
     if os.path.isdir(d):
         shutil.rmtree(d)
     os.makedirs(d)
-    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "prompts.json",
-              "logits_long.f32"):
+    for f in ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "logits_long.f32"):
         shutil.copy(os.path.join(src, f), d)
+    prompts = json.load(open(os.path.join(src, "prompts.json")))["prompts"]
+    json.dump({"prompts": prompts}, open(os.path.join(d, "prompts.json"), "w"))
     cj = json.load(open(os.path.join(src, "config.json")))
     cj["text_config"]["num_nextn_predict_layers"] = 1
     json.dump(cj, open(os.path.join(d, "config.json"), "w"), indent=2)
     cfg = ref.parse_config(cj)
     state = load_file(os.path.join(src, "model.safetensors"))
-    long = json.load(open(os.path.join(src, "prompts.json")))["prompts"]["long"]
+    long = prompts["long"]
     P0 = ref.load_weights(src)
     hid = []
     trunk = ref.forward(long, ref.fresh(cfg), P0, cfg, 0, [], hidden=hid)

@@ -361,6 +361,8 @@ def check(d: str) -> bool:
     ok = []
     print(os.path.basename(d.rstrip("/")))
     for p, ids in pj["prompts"].items():
+        if not os.path.exists(os.path.join(d, f"logits_{p}.f32")):  # the mtp fixture keeps `long` only
+            continue
         rec, taps = [], ([] if p == "long" else None)
         lg = forward(ids, fresh(cfg), P, cfg, 0, rec, taps)
         compare(f"logits_{p}", lg, os.path.join(d, f"logits_{p}.f32"), ok)
