@@ -430,7 +430,7 @@ fn gemma4_mtp_greedy_equals_plain() {
                 "--device",
                 "cpu",
             ]),
-            "drafts for Gemma 4, Qwen3.8 Flash Next, DeepSeek V4 targets only",
+            "drafts for Gemma 4, Qwen3.8 Flash Next, DeepSeek V4, GLM 5.3 targets only",
         );
     }
 }

@@ -286,7 +286,7 @@ mod tests {
         assert!(e.contains("'mamba'") && e.contains("gemma4_text"), "{e}");
         assert_eq!(
             mtp_arch_names(),
-            vec!["Gemma 4", "Qwen3.8 Flash Next", "DeepSeek V4"]
+            vec!["Gemma 4", "Qwen3.8 Flash Next", "DeepSeek V4", "GLM 5.3"]
         );
     }
 
