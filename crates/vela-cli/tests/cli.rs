@@ -576,7 +576,8 @@ fn synth_deepseek_bench_and_memory_plan() {
 
 /// `--model synth:` for GLM 5: `vela info` gives the real geometry's memory plan and `vela plan`
 /// its experts placement without generating anything; the tiny geometry benchmarks in memory,
-/// and `vela synth` writes it as a `glm5-next` GGUF that runs.
+/// speculative decoding with its MTP block included, and `vela synth` writes it as a
+/// `glm5-next` GGUF that runs.
 #[test]
 fn synth_glm5_memory_plan_bench_and_file() {
     let out = vela(&["info", "-m", "synth:glm5-flash"]);
@@ -589,7 +590,7 @@ fn synth_glm5_memory_plan_bench_and_file() {
     let out = vela(&["plan", "-m", "synth:glm5-flash:q4_0", "--device", "cpu"]);
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(
-        out.status.success() && text.contains("in 42 MoE layers"),
+        out.status.success() && text.contains("in 43 MoE layers"),
         "{text}"
     );
     let bench = |m: &str| {
@@ -604,6 +605,31 @@ fn synth_glm5_memory_plan_bench_and_file() {
         );
     };
     bench("synth:glm5-tiny:q8_0");
+    // The MTP block drafts (proposals forced to 70 % acceptance): `vela bench` fails unless
+    // every speculative run prints plain greedy decoding's tokens.
+    let out = vela(&[
+        "bench",
+        "-m",
+        "synth:glm5-tiny",
+        "--spec-accept",
+        "0.7",
+        "-n",
+        "24",
+        "-d",
+        "40",
+        "-r",
+        "1",
+        "--draft-max",
+        "3",
+        "--device",
+        "cpu",
+    ]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("the model's MTP head") && text.contains("p=0.7 K=3"),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let p = tmp("glm5-tiny.gguf");
     let out = vela(&[
         "synth",

@@ -70,22 +70,25 @@ fn memory_plan_of_the_real_geometry() {
     assert!((320.5e9..321.1e9).contains(&(p + mtp)), "{}", p + mtp);
     let active = synth::active_parameters(&c) as f64;
     assert!((17e9..18e9).contains(&active), "{active}");
+    // The weights held: the trunk and the MTP block.
+    let all = p + mtp;
     let q4 = synth::weight_bytes(&c, GgmlType::Q4_0) as f64;
-    assert!((p * 0.5625..p * 0.57).contains(&q4), "{q4}");
+    assert!((all * 0.5625..all * 0.57).contains(&q4), "{q4}");
     let bf16 = synth::weight_bytes(&c, GgmlType::BF16) as f64;
-    assert!((p * 2.0..p * 2.02).contains(&bf16), "{bf16}");
-    // The placement sizes: 42 MoE layers, the same total.
+    assert!((all * 2.0..all * 2.02).contains(&bf16), "{bf16}");
+    // The placement sizes: 42 MoE layers and the block's, the same total.
     let s = synth::sizes("glm5-flash", GgmlType::Q4_0).unwrap();
-    assert_eq!(s.experts.len(), 42);
+    assert_eq!(s.experts.len(), 43);
     assert_eq!(s.total(), q4 as u64);
-    // 1M positions: per KDA layer the conv tail and matrix with 4 snapshots; per MLA layer a
-    // 512-wide latent row per token and the indexer's 128-wide key per pool of 4 plus the raw
-    // [key | gate] rows of 2·4 + 512 positions.
+    // 1M positions: per KDA layer the conv tail and matrix with 4 snapshots; per MLA layer (11
+    // and the MTP block's) a 512-wide latent row per token and the indexer's 128-wide key per
+    // pool of 4 plus the raw [key | gate] rows of 2·4 + 512 positions; the block's ring of
+    // hiddens (2 + 512 rows of 4096).
     let n = 1usize << 20;
     let [kda, lat, idx] = synth::state_bytes(&c, n);
     assert_eq!(kda, 34 * (3 * 3 * 8192 + 64 * 128 * 128) * 4 * 5);
-    assert_eq!(lat, 11 * n as u64 * 512 * 4);
-    assert_eq!(idx, 11 * ((n as u64 / 4) * 128 + 520 * 256) * 4);
+    assert_eq!(lat, 12 * n as u64 * 512 * 4 + 514 * 4096 * 4);
+    assert_eq!(idx, 12 * ((n as u64 / 4) * 128 + 520 * 256) * 4);
     let plan = synth::memory_plan(&c);
     for row in [
         "| 1M |",

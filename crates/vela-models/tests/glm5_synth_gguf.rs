@@ -1,8 +1,9 @@
 //! `vela synth` for the `glm5_next` geometries (`vela_models::glm5::synth_gguf`): vela's logits
 //! on the written GGUF (llama.cpp's layout: per-head absorbed `attn_k_b` / `attn_v_b`,
-//! −exp(A_log), stacked experts) equal those of the in-memory model of the same geometry, types
-//! and seed; the metadata and tensor directory equal what llama.cpp's converter wrote for the
-//! `flash_mini` fixture (glm5-tiny's shapes); quantized files are the f32 file quantized; and
+//! −exp(A_log), stacked experts; the MTP block's `nextn.*`) equal those of the in-memory model of
+//! the same geometry, types and seed, and so do the MTP block's drafts; the metadata and tensor
+//! directory equal what llama.cpp's converter wrote for the `mtp` fixture (glm5-tiny's shapes
+//! with the block); quantized files are the f32 file quantized; and
 //! llama.cpp's own logits on the file (scripts/llama_oracle.py) are close to vela's.
 
 mod common;
@@ -42,6 +43,24 @@ fn logits(m: Arc<dyn LanguageModel>, toks: &[u32]) -> Vec<f32> {
     let mut st = m.new_state(128, toks.len(), KvType::F32).unwrap();
     let pos: Vec<u32> = (0..toks.len() as u32).collect();
     st.forward(toks, &pos, 0).unwrap()
+}
+
+/// The MTP block's logits of 3 greedy drafts after all but the last of `toks` (the block bound
+/// before the prompt, so the target's forward keeps its cache).
+fn drafts(m: Arc<dyn LanguageModel>, path: &Path, toks: &[u32]) -> Vec<f32> {
+    let mut head = m.load_mtp(&m.discover_mtp(path).unwrap()).unwrap();
+    let n = toks.len() - 1;
+    let mut st = m.new_state(128, n, KvType::F32).unwrap();
+    let pos: Vec<u32> = (0..n as u32).collect();
+    st.forward(&toks[..n], &pos, 0).unwrap();
+    let mut out = Vec::new();
+    head.draft(&mut *st, toks[n], n, 3, &mut |lg| {
+        let t = argmax(&lg) as u32;
+        out.extend(lg);
+        Ok(t)
+    })
+    .unwrap();
+    out
 }
 
 fn gguf_model(path: &Path) -> Arc<dyn LanguageModel> {
@@ -90,9 +109,15 @@ fn gguf_logits_equal_the_in_memory_model() {
             vela_compute::cpu::matmul::exact::set_thread_override(Some(exact));
             let path = write(ty, if exact { "ex" } else { "df" });
             let file = logits(gguf_model(&path), &toks);
+            let file_mtp = drafts(gguf_model(&path), &path, &toks);
             std::fs::remove_file(&path).unwrap();
             let mem = logits(synth_model(ty, SEED), &toks);
+            let mem_mtp = drafts(synth_model(ty, SEED), &path, &toks);
             vela_compute::cpu::matmul::exact::set_thread_override(None);
+            // The MTP block's drafts: the same bits where the trunk's are.
+            if exact_bound == 0.0 && (bound == 0.0 || exact) {
+                assert!(file_mtp == mem_mtp, "{}: MTP drafts", ty.name());
+            }
             assert_eq!(file.len(), toks.len() * NV);
             assert!(file.iter().all(|x| x.is_finite()));
             got[k] = worst(&file, &mem);
@@ -166,13 +191,13 @@ fn quantized_files_are_the_f32_file_quantized() {
     std::fs::remove_file(&f32_path).unwrap();
 }
 
-/// The metadata and tensor directory equal those llama.cpp's converter wrote for the
-/// `flash_mini` fixture (scripts/gen-glm5-fixtures.py: glm5-tiny's shapes, its f32 checkpoint):
-/// every key in order with its value (the name aside; the fixture's synthetic vocabulary is
-/// glm5-tiny's), every tensor's name, shape and type in order.
+/// The metadata and tensor directory equal those llama.cpp's converter wrote for the `mtp`
+/// fixture (scripts/gen-glm5-fixtures.py: glm5-tiny's shapes, its f32 checkpoint with an MTP
+/// block): every key in order with its value (the name aside; the fixture's synthetic
+/// vocabulary is glm5-tiny's), every tensor's name, shape and type in order.
 #[test]
 fn directory_equals_the_converters() {
-    let Some(dir) = golden_fixture("glm5", "flash_mini", "model-f32.gguf") else {
+    let Some(dir) = golden_fixture("glm5", "mtp", "model-f32.gguf") else {
         return;
     };
     let want = GgufFile::open(dir.join("model-f32.gguf")).unwrap();
@@ -287,18 +312,18 @@ fn llama_cpp_agrees_on_the_file() {
     }
 }
 
-/// The real geometries' files, planned without writing: glm5-flash-12l at Q4_0 is about 38 GB
-/// (3 dense and 9 MoE layers), the whole model about 178 GB.
+/// The real geometries' files, planned without writing: glm5-flash-12l at Q4_0 is about 44 GB
+/// (3 dense and 9 MoE layers, and the MTP block), the whole model about 183 GB.
 #[test]
 fn real_geometry_files() {
     let o = SynthOptions::default();
     let q4 = QuantScheme::Mostly(GgmlType::Q4_0);
     let n = synth_gguf::file_size("glm5-flash-12l", q4, 1, &o).unwrap() as f64;
     eprintln!("glm5-flash-12l q4_0: {n:.3e} bytes");
-    assert!((36e9..40e9).contains(&n), "{n}");
+    assert!((42e9..45e9).contains(&n), "{n}");
     let n = synth_gguf::file_size("glm5-flash", q4, 1, &o).unwrap() as f64;
     eprintln!("glm5-flash q4_0: {n:.3e} bytes");
-    assert!((175e9..182e9).contains(&n), "{n}");
+    assert!((180e9..186e9).contains(&n), "{n}");
     let types = synth_gguf::hf_types("glm5-flash-12l", q4).unwrap();
     assert_eq!(types["layers.3.self_attn.kv_b_proj.weight"], GgmlType::F32);
     assert_eq!(
@@ -306,4 +331,6 @@ fn real_geometry_files() {
         GgmlType::Q4_0
     );
     assert_eq!(types["lm_head.weight"], GgmlType::Q6_K);
+    // llama-quantize keeps the MTP block's input projection at Q8_0.
+    assert_eq!(types["layers.12.eh_proj.weight"], GgmlType::Q8_0);
 }

@@ -6,9 +6,9 @@
 //!
 //! Geometries: `glm5-flash` (the real config: spec §1 "real (Flash)", shared/notes/next-archs.md
 //! §3; 45 layers), `glm5-flash-12l` (its first 12 layers: 3 dense, 9 KDA, 3 MLA) and `glm5-tiny`
-//! (the shapes of scripts/gen-glm5-fixtures.py's `flash_mini`: 8 layers, 1 dense, 16 experts). The
-//! MTP block (layer 45 of the release) is not generated, vela does not run it; the plan counts
-//! its parameters.
+//! (the shapes of scripts/gen-glm5-fixtures.py's `flash_mini`: 8 layers, 1 dense, 16 experts).
+//! Each carries the release's MTP block after its layers (`num_nextn_predict_layers` 1: spec §9,
+//! `layers.{n}.*`), generated with the rest and loaded with the model as its drafter.
 //!
 //! **Values** (width-independent scales, so every geometry's activations keep unit scale): linear
 //! maps N(0, 1/fan_in) on normalised inputs, the embedding N(0, 1), RMSNorm gammas 1 + N(0, 0.02²);
@@ -107,7 +107,6 @@ pub fn config(name: &str) -> Result<Value> {
                 ("moe_intermediate_size", json!(32)),
                 ("n_routed_experts", json!(16)),
                 ("num_experts_per_tok", json!(4)),
-                ("num_nextn_predict_layers", json!(0)),
                 ("pad_token_id", Value::Null),
                 ("bos_token_id", json!(0)),
                 ("eos_token_id", json!(1)),
@@ -275,6 +274,18 @@ impl Planner<'_> {
         self.mlp(&format!("{p}.shared_experts"), i * c.n_shared);
     }
 
+    /// The MTP block after the layers (spec §9): `eh_proj` over the normalised
+    /// [embedding; hidden], its norms, an MLA layer with its own indexer and MoE (no mHC).
+    fn mtp_block(&mut self) {
+        let (n, h) = (self.c.mixers.len(), self.c.hidden);
+        let l = format!("layers.{n}");
+        self.mat(format!("{l}.eh_proj.weight"), h, 2 * h);
+        for g in ["enorm", "hnorm", "shared_head.norm"] {
+            self.gamma(format!("{l}.{g}.weight"), h);
+        }
+        self.block(&l, Mixer::Mla, true, false);
+    }
+
     /// A decoder layer's mixer and FFN with its norms (the mHC modules apart).
     fn block(&mut self, p: &str, mixer: Mixer, full: bool, dense: bool) {
         let h = self.c.hidden;
@@ -292,7 +303,7 @@ impl Planner<'_> {
     }
 }
 
-/// The checkpoint's tensors of a config (no MTP block).
+/// The checkpoint's tensors of a config, its MTP block included when it has one.
 pub(super) fn plan(c: &Glm5Config) -> HashMap<String, Tensor> {
     let mut p = Planner {
         c,
@@ -314,6 +325,9 @@ pub(super) fn plan(c: &Glm5Config) -> HashMap<String, Tensor> {
         p.hc(&format!("{l}.hc_attn"));
         p.hc(&format!("{l}.hc_ffn"));
         p.block(&l, mixer, c.indexers[i] == Indexer::Full, c.dense[i]);
+    }
+    if c.nextn > 0 {
+        p.mtp_block();
     }
     p.t
 }
@@ -378,7 +392,12 @@ impl<B: Backend> Glm5Model<B> {
 
 /// Parameters of a config (the MTP block left out).
 pub fn parameters(c: &Glm5Config) -> u64 {
-    plan(c).values().map(|t| (t.rows * t.cols) as u64).sum()
+    let mtp = format!("layers.{}.", c.mixers.len());
+    plan(c)
+        .iter()
+        .filter(|(n, _)| !n.starts_with(&mtp))
+        .map(|(_, t)| (t.rows * t.cols) as u64)
+        .sum()
 }
 
 /// Parameters one token reads: all but the routed experts, and `top_k` of those per MoE layer.
@@ -389,16 +408,14 @@ pub fn active_parameters(c: &Glm5Config) -> u64 {
 }
 
 /// Parameters of the release's MTP block (spec §9: `eh_proj`, `enorm`, `hnorm`, an MLA layer with
-/// a full indexer and MoE without mHC, `shared_head_norm`), not generated.
+/// a full indexer and MoE without mHC, `shared_head_norm`).
 pub fn mtp_parameters(c: &Glm5Config) -> u64 {
     let mut p = Planner {
         c,
         t: HashMap::new(),
     };
-    p.block("mtp", Mixer::Mla, true, false);
-    let h = c.hidden as u64;
-    let block: u64 = p.t.values().map(|t| (t.rows * t.cols) as u64).sum();
-    block + 2 * h * h + 3 * h
+    p.mtp_block();
+    p.t.values().map(|t| (t.rows * t.cols) as u64).sum()
 }
 
 /// Bytes of a config's weights as the in-memory model holds them with matrices in `qtype`
@@ -424,17 +441,25 @@ pub const PLAN_BATCH: usize = 512;
 
 /// A sequence's state at `n_ctx` positions in bytes: (KDA conv tails and matrices with their
 /// rollback snapshots, MLA latent rows, indexer pooled keys and raw rows), as vela stores them
-/// (f32).
+/// (f32); the MTP block's latent rows and ring of hiddens count as MLA rows, its pools as
+/// indexer rows.
 pub fn state_bytes(c: &Glm5Config, n_ctx: usize) -> [u64; 3] {
-    let (layout, per_layer, _) = build_layout(c, false);
+    let (layout, mut per_layer, mtp) = build_layout(c, c.nextn > 0);
+    let mut kinds: Vec<Mixer> = c.mixers.clone();
+    if let Some([lat, pools, ring]) = mtp {
+        per_layer.push(vec![lat, pools]);
+        kinds.push(Mixer::Mla);
+        per_layer.push(vec![ring]);
+        kinds.push(Mixer::Mla);
+    }
     let mut out = [0u64; 3];
-    for (il, entries) in per_layer.iter().enumerate() {
+    for (entries, kind) in per_layer.iter().zip(kinds) {
         for (k, &e) in entries.iter().enumerate() {
-            let kind = match c.mixers[il] {
+            let col = match kind {
                 Mixer::Kda => 0,
                 Mixer::Mla => 1 + k,
             };
-            out[kind] += layout.layers[e].bytes(n_ctx, PLAN_BATCH, KvType::F32);
+            out[col] += layout.layers[e].bytes(n_ctx, PLAN_BATCH, KvType::F32);
         }
     }
     out
@@ -462,8 +487,8 @@ pub fn memory_plan(c: &Glm5Config) -> String {
         x => format!("{:.1}M", x as f64 / 1e6),
     };
     let mut s = format!(
-        "{} parameters ({} layers), {} active per token; the release's MTP block (not generated) \
-         adds {}: {}.\n\nPer-sequence state (f32; KDA with its {SNAPSHOTS} rollback snapshots, \
+        "{} parameters ({} layers), {} active per token; the release's MTP block (generated and \
+         held with the model where the geometry has it, as below) adds {}: {}.\n\nPer-sequence state (f32; KDA with its {SNAPSHOTS} rollback snapshots, \
          {PLAN_BATCH}-row batches):\n\n\
          | context | KDA | MLA latent rows | indexer | total |\n|---:|---:|---:|---:|---:|\n",
         n(p),

@@ -1,5 +1,6 @@
 //! `vela synth` for the `glm5_next` geometries (`super::synth`): the GGUF llama.cpp 0c1e570's
-//! converter (`conversion/glm.py` `Glm5NextModel`, without the MTP block) would write from the
+//! converter (`conversion/glm.py` `Glm5NextModel`, the MTP block included as block `n` with its
+//! `nextn.*` tensors, `nextn_predict_layers`) would write from the
 //! checkpoint [`Glm5Model::synth`](super::Glm5Model::synth) generates, followed by
 //! `llama-quantize` for a quantized type; the inverse of `super::gguf`.
 //!
@@ -7,7 +8,9 @@
 //! for the checkpoint tensors it comes from, with the converter's rewrites (docs/glm5-spec.md
 //! §10): `kv_b_proj` split per head into `attn_k_b` = W^k_hᵀ `{dn, r, nh}` and `attn_v_b` = W^v_h
 //! `{r, dv, nh}`, `ssm_a = −exp(A_log)`, the conv kernels as `{Kc, 1, nk·dk, 1}`, the routed
-//! experts stacked (`ffn_{gate,up,down}_exps`), `dt_bias` as `ssm_dt.bias`.
+//! experts stacked (`ffn_{gate,up,down}_exps`), `dt_bias` as `ssm_dt.bias`; the MTP block's
+//! `eh_proj`, `enorm`, `hnorm`, `shared_head.norm` as `blk.n.nextn.{eh_proj, enorm, hnorm,
+//! shared_head_norm}`, its MLA layer and MoE under the trunk's names.
 //!
 //! **Types.** `f32`, `f16`, `bf16`: the converter at that `--outtype`: F32 for 1-D tensors, norms,
 //! names not ending in `.weight`, `ffn_gate_inp`, `ssm_conv1d_*`, `indexer.proj` and what
@@ -15,7 +18,7 @@
 //! `ssm_dt`, `exp_probs_b`). Another type: the converter at `f32`, then `llama-quantize` with its
 //! rules for `glm5-next` (`llama-quant.cpp`): the indexer, `ssm_{f,g}_{a,b}`, `ssm_beta`,
 //! `attn_kv_a_mqa`, `attn_k_b`, `attn_v_b` and the mHC tensors stay F32; `attn_q_a` / `attn_q_b`
-//! Q8_0; `output` Q6_K (Q8_0 for a Q8_0 file or rows not a multiple of 256); the `_S`/`_M` layer
+//! and `nextn.eh_proj` Q8_0; `output` Q6_K (Q8_0 for a Q8_0 file or rows not a multiple of 256); the `_S`/`_M` layer
 //! rules; rows not a multiple of the block fall back. Tensor order: the converter's (checkpoint
 //! names sorted) for float files, llama-quantize's (by layer, then name) for the others.
 //!
@@ -327,6 +330,22 @@ fn tensors(c: &Glm5Config, seed: u64) -> Result<Vec<Out>> {
         }
         b.ffn(&l, &bl, c.dense[i])?;
     }
+    if c.nextn > 0 {
+        let n = c.mixers.len();
+        let (l, bl) = (format!("layers.{n}"), format!("blk.{n}"));
+        for (hf, g) in [
+            ("eh_proj", "nextn.eh_proj"),
+            ("enorm", "nextn.enorm"),
+            ("hnorm", "nextn.hnorm"),
+            ("shared_head.norm", "nextn.shared_head_norm"),
+            ("input_layernorm", "attn_norm"),
+            ("post_attention_layernorm", "ffn_norm"),
+        ] {
+            b.plain(&format!("{l}.{hf}.weight"), format!("{bl}.{g}.weight"))?;
+        }
+        b.mla(&format!("{l}.self_attn"), &bl, true)?;
+        b.ffn(&l, &bl, false)?;
+    }
     let mut out = b.out;
     if out.len() != expected_count(&plan, c) {
         bail!("glm5 synth: {} GGUF tensors for the plan", out.len());
@@ -336,11 +355,12 @@ fn tensors(c: &Glm5Config, seed: u64) -> Result<Vec<Out>> {
 }
 
 /// GGUF tensors of a plan: one per checkpoint tensor, but one per routed-expert kind per layer
-/// and two for `kv_b_proj`.
+/// and two for `kv_b_proj` (the MTP block is one more MoE and MLA layer).
 fn expected_count(plan: &HashMap<String, Tensor>, c: &Glm5Config) -> usize {
     let experts = plan.keys().filter(|n| n.contains(".experts.")).count();
-    let moe = c.dense.iter().filter(|&&d| !d).count();
-    let mla = c.mixers.iter().filter(|&&m| m == Mixer::Mla).count();
+    let block = c.nextn.min(1);
+    let moe = c.dense.iter().filter(|&&d| !d).count() + block;
+    let mla = c.mixers.iter().filter(|&&m| m == Mixer::Mla).count() + block;
     plan.len() - experts + 3 * moe + mla
 }
 
@@ -401,7 +421,7 @@ fn quantize_types(
         scheme,
         (n_layer, n_expert),
         &kept,
-        &["attn_q_a", "attn_q_b"],
+        &["attn_q_a", "attn_q_b", "nextn.eh_proj"],
     )
 }
 
@@ -432,7 +452,8 @@ fn typed(c: &Glm5Config, scheme: QuantScheme, seed: u64) -> Result<(Vec<Out>, Ve
             .iter()
             .map(|o| (o.name.as_str(), o.dims.as_slice()))
             .collect();
-        quantize_types(&list, scheme, c.mixers.len(), c.n_expert)
+        // llama-quantize's layer count includes the MTP block (`n_layer_all`).
+        quantize_types(&list, scheme, c.mixers.len() + c.nextn, c.n_expert)
     };
     Ok((out, types))
 }
@@ -511,6 +532,8 @@ fn prepare(geometry: &str, scheme: QuantScheme, seed: u64, opts: &SynthOptions) 
         QuantScheme::Mostly(GgmlType::F32 | GgmlType::F16 | GgmlType::BF16)
     );
     let n = c.mixers.len();
+    // The converter's block count includes the MTP block.
+    let blocks = n + c.nextn;
     let lead = c.dense.iter().take_while(|&&d| d).count();
     if c.dense[lead..].iter().any(|&d| d) {
         bail!("llama.cpp's glm5-next has only leading dense layers");
@@ -540,15 +563,17 @@ fn prepare(geometry: &str, scheme: QuantScheme, seed: u64, opts: &SynthOptions) 
         Value::String(format!("vela synth {geometry} seed {seed}")),
     )?;
     kv("general.size_label", Value::String(label))?;
-    kv("block_count", u32v(n))?;
+    kv("block_count", u32v(blocks))?;
     kv("context_length", Value::U32(u("max_position_embeddings")?))?;
     kv("embedding_length", u32v(c.hidden))?;
     kv("feed_forward_length", u32v(c.n_ff))?;
     kv("attention.head_count", u32v(c.n_head))?;
+    // One KV head for MLA, none for KDA, padded with MLA for the MTP block.
     let kinds = c
         .mixers
         .iter()
-        .map(|&m| Value::I32((m == Mixer::Mla) as i32));
+        .map(|&m| Value::I32((m == Mixer::Mla) as i32))
+        .chain(std::iter::repeat_n(Value::I32(1), c.nextn));
     kv("attention.head_count_kv", Value::Array(kinds.collect()))?;
     kv("attention.layer_norm_rms_epsilon", Value::F32(c.eps))?;
     kv("expert_count", u32v(c.n_expert))?;
@@ -563,6 +588,9 @@ fn prepare(geometry: &str, scheme: QuantScheme, seed: u64, opts: &SynthOptions) 
     }
     kv("vocab_size", u32v(c.n_vocab))?;
     kv("attention.layer_norm_epsilon", Value::F32(1e-6))?;
+    if c.nextn > 0 {
+        kv("nextn_predict_layers", u32v(c.nextn))?;
+    }
     kv("ssm.conv_kernel", u32v(c.conv_k))?;
     kv("kda.head_dim", u32v(c.kda_dim))?;
     if let Some(lb) = c.lower_bound {
@@ -596,7 +624,7 @@ fn prepare(geometry: &str, scheme: QuantScheme, seed: u64, opts: &SynthOptions) 
     kv("expert_shared_count", u32v(c.n_shared))?;
     kv("expert_weights_scale", Value::F32(c.routed_scale))?;
     kv("expert_weights_norm", Value::Bool(c.norm_topk))?;
-    let clamp = Value::Array(vec![Value::F32(c.swiglu_limit); n]);
+    let clamp = Value::Array(vec![Value::F32(c.swiglu_limit); blocks]);
     kv("swiglu_clamp_exp", clamp.clone())?;
     kv("swiglu_clamp_shexp", clamp)?;
     if float {
