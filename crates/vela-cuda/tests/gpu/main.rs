@@ -461,6 +461,7 @@ mod attn;
 mod dsv4;
 mod gemm;
 mod gemma4;
+mod glm5;
 mod kernels2;
 mod mix;
 mod model;

@@ -1,6 +1,6 @@
 //! A model's own MTP layer on the GPU (its cache kept by the target's forwards): the first
 //! draft after every prefix of the fixture's `long` prompt against the reference rows of
-//! `scripts/gen-*-mtp.py`.
+//! `scripts/gen-*-mtp.py` (GLM 5.3: `scripts/gen-glm5-fixtures.py`'s `mtp` set).
 
 use super::*;
 use std::path::Path;
