@@ -2,8 +2,9 @@
 //! (`scripts/gen-glm5-fixtures.py`: `flash_mini` with a random block): greedy output identical to
 //! plain decoding for K = 1..4, sampled output distributed as plain decoding (χ², with the
 //! always-accept control caught), the block's cache after speculation, a rollback and a restored
-//! checkpoint equal to the one a plain evaluation leaves (`common/mtp.rs`), and a follow-up turn
-//! from a checkpoint with the drafter bound bit-identical to a fresh run.
+//! checkpoint equal to the one a plain evaluation leaves (`common/mtp.rs`), a follow-up turn
+//! from a checkpoint with the drafter bound bit-identical to a fresh run, and the depth cost
+//! model switching the (useless) random block off.
 
 mod common;
 
@@ -40,4 +41,13 @@ fn follow_up_turn_with_the_drafter_bound_equals_a_fresh_run() {
     assert_eq!(got, want, "turn 2 from the checkpoint vs a fresh run");
     assert!(st.accepted > 0 && st.drafted > st.accepted, "{st:?}");
     common::mtp::assert_cache_as_plain(&m, &dir, &mut s, "turn 2");
+}
+
+/// The depth cost model turns the random block off (a few probes) and keeps the output exact.
+#[test]
+fn depth_model_switches_a_useless_mtp_off() {
+    let Some(dir) = common::mtp::fixture("glm5") else {
+        return;
+    };
+    common::mtp::depth_model_switches_a_useless_drafter_off(&dir);
 }

@@ -10,7 +10,6 @@
 mod common;
 
 use common::mtp::{drafter, model, never, prompt, session};
-use common::spec;
 use std::path::PathBuf;
 use vela_engine::speculative::{generate_speculative, AcceptRule, SpecOptions};
 use vela_engine::{generate, GenerateOptions, Sampler, SamplerConfig};
@@ -24,37 +23,8 @@ crate::mtp_tests!("qwen4exp", 80, 6000);
 /// The depth cost model turns a useless drafter off (a few probes) and keeps the output exact.
 #[test]
 fn depth_model_switches_a_useless_mtp_off() {
-    use vela_engine::speculative::{DepthModel, PROBE_EVERY};
     let Some(dir) = fixture() else { return };
-    let m = model(&dir);
-    let cfg = SamplerConfig::greedy();
-    let p = prompt(&dir, "mid");
-    let n = 96;
-    let want = {
-        let mut s = session(&m, 8);
-        let mut d = drafter(&m, &dir, false);
-        spec(&mut s, &mut *d, &cfg, &p, n, 0, AcceptRule::Exact).0
-    };
-    let dm = DepthModel::new(4);
-    let mut s = session(&m, 8);
-    let mut d = drafter(&m, &dir, false);
-    let opts = SpecOptions {
-        depth: Some(&dm),
-        max_tokens: n,
-        draft_max: 4,
-        is_eog: &never,
-        rule: AcceptRule::Exact,
-    };
-    let (got, _, st) =
-        generate_speculative(&mut s, &mut *d, &cfg, &p, &opts, &mut |_| true).unwrap();
-    eprintln!("adaptive, random MTP: {st:?}; {:?}", dm.estimate());
-    assert_eq!(got, want);
-    // One exploration round of 4, then only probes of one draft.
-    assert!(
-        st.drafted <= 4 + st.rounds / PROBE_EVERY as usize + 1,
-        "{st:?}"
-    );
-    assert_eq!(dm.estimate().best, 0);
+    common::mtp::depth_model_switches_a_useless_drafter_off(&dir);
 }
 
 /// With a useless drafter the depth model decodes in runs of plain pipelined steps: an end

@@ -323,3 +323,38 @@ macro_rules! mtp_tests {
         }
     };
 }
+
+/// The depth cost model turns a useless drafter (random MTP weights) off after one exploration
+/// round and a few probes, and keeps plain greedy decoding's tokens.
+pub fn depth_model_switches_a_useless_drafter_off(dir: &Path) {
+    use vela_engine::speculative::{generate_speculative, DepthModel, SpecOptions, PROBE_EVERY};
+    let m = model(dir);
+    let cfg = SamplerConfig::greedy();
+    let p = prompt(dir, "mid");
+    let n = 96;
+    let want = {
+        let mut s = session(&m, 8);
+        let mut d = drafter(&m, dir, false);
+        spec(&mut s, &mut *d, &cfg, &p, n, 0, AcceptRule::Exact).0
+    };
+    let dm = DepthModel::new(4);
+    let mut s = session(&m, 8);
+    let mut d = drafter(&m, dir, false);
+    let opts = SpecOptions {
+        depth: Some(&dm),
+        max_tokens: n,
+        draft_max: 4,
+        is_eog: &never,
+        rule: AcceptRule::Exact,
+    };
+    let (got, _, st) =
+        generate_speculative(&mut s, &mut *d, &cfg, &p, &opts, &mut |_| true).unwrap();
+    eprintln!("adaptive, random MTP: {st:?}; {:?}", dm.estimate());
+    assert_eq!(got, want);
+    // One exploration round of 4, then only probes of one draft.
+    assert!(
+        st.drafted <= 4 + st.rounds / PROBE_EVERY as usize + 1,
+        "{st:?}"
+    );
+    assert_eq!(dm.estimate().best, 0);
+}
