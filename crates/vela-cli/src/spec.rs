@@ -13,8 +13,9 @@ use vela_engine::Session;
 #[derive(Args, Clone, Debug)]
 pub struct SpecArgs {
     /// The model's own drafter: a Gemma 4 assistant (HF directory or `gemma4-assistant` GGUF),
-    /// or the MTP layer of Qwen3.8 Flash Next / DeepSeek V4 (the checkpoint directory; for a
-    /// DeepSeek V4 GGUF, llama.cpp's `--mtp` export beside it). Without it, the model's drafter
+    /// or the MTP layer of Qwen3.8 Flash Next / DeepSeek V4 / GLM 5.3 (the checkpoint directory;
+    /// for a DeepSeek V4 GGUF, llama.cpp's `--mtp` export beside it; a GLM 5.3 GGUF carries its
+    /// block). Without it, the model's drafter
     /// is used when found (`mtp-NAME.gguf` beside `NAME.gguf`, `NAME-assistant/` beside an HF
     /// directory, the checkpoint's own MTP layer; see docs/speculative.md).
     #[arg(long, conflicts_with = "no_mtp")]
