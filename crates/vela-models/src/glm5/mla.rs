@@ -107,6 +107,78 @@ impl<B: Backend> Glm5Model<B> {
         Ok(())
     }
 
+    /// The indexer's choice for the queries at `positions` ([`Self::index_keys`] ran; `QR` holds
+    /// the normalised q_a rows): each query's pools, then its tokens into `sel` / `counts`.
+    fn select(
+        &self,
+        st: &mut Glm5State<B>,
+        ix: &Indexer<B>,
+        ent: usize,
+        il: usize,
+        positions: &[u32],
+    ) -> Result<()> {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let n = positions.len();
+        let (ni, di, m) = (c.idx_heads, c.idx_dim, c.idx_pool);
+        let b = &mut st.bufs;
+        {
+            let [xn, wi] = pick2(b, XN, WI);
+            be.matmul(&ix.weights, xn, n, wi);
+            be.scale(wi, n * ni, (ni as f32).powf(-0.5));
+        }
+        {
+            let [qr, qi] = pick2(b, QR, QI);
+            be.matmul(&ix.wq, qr, n, qi);
+        }
+        let blk = st.extra.blocks_mut(ent)?;
+        let p = LightningParams {
+            n_head: ni,
+            head_dim: di,
+            ratio: m,
+            top_k: c.idx_pools(),
+            scale: (di as f32).powf(-0.5),
+        };
+        be.lightning_select(
+            &b[QI],
+            &b[WI],
+            blk.rows,
+            positions,
+            &p,
+            &mut st.pools,
+            &mut st.pool_counts,
+        );
+        // The selected pools' tokens and the open pool's tail, in ascending order.
+        let kp = c.idx_pools();
+        let (mut pools, mut pc) = (vec![0u32; n * kp], vec![0u32; n]);
+        be.read_ids(&st.pools, &mut pools);
+        be.read_ids(&st.pool_counts, &mut pc);
+        let w = c.max_selected();
+        let (mut sel, mut cnt) = (vec![0u32; n * w], vec![0u32; n]);
+        for (t, &pos) in positions.iter().enumerate() {
+            let row = &mut sel[t * w..(t + 1) * w];
+            let mut j = 0;
+            for &pl in &pools[t * kp..t * kp + pc[t] as usize] {
+                for tok in pl as usize * m..(pl as usize + 1) * m {
+                    row[j] = tok as u32;
+                    j += 1;
+                }
+            }
+            let open = (pos as usize + 1) / m * m;
+            for tok in open..=pos as usize {
+                row[j] = tok as u32;
+                j += 1;
+            }
+            cnt[t] = j as u32;
+            if let Some(log) = &mut st.selections {
+                log.push((il, pos, row[..j].to_vec()));
+            }
+        }
+        be.write_ids(&mut st.sel, &sel);
+        be.write_ids(&mut st.counts, &cnt);
+        Ok(())
+    }
+
     /// The cache rows of an MLA layer for the normalised inputs in `XN` at `positions`, without
     /// the attention: the latent rows and, with an indexer, its raw rows and completed pools.
     pub(super) fn mla_cache(
@@ -184,78 +256,6 @@ impl<B: Backend> Glm5Model<B> {
             );
             be.copy_rows(ent_buf, 0, k, di, blk.rows, first);
         }
-        Ok(())
-    }
-
-    /// The indexer's choice for the queries at `positions` ([`Self::index_keys`] ran; `QR` holds
-    /// the normalised q_a rows): each query's pools, then its tokens into `sel` / `counts`.
-    fn select(
-        &self,
-        st: &mut Glm5State<B>,
-        ix: &Indexer<B>,
-        ent: usize,
-        il: usize,
-        positions: &[u32],
-    ) -> Result<()> {
-        let be = &*self.backend;
-        let c = &self.cfg;
-        let n = positions.len();
-        let (ni, di, m) = (c.idx_heads, c.idx_dim, c.idx_pool);
-        let b = &mut st.bufs;
-        {
-            let [xn, wi] = pick2(b, XN, WI);
-            be.matmul(&ix.weights, xn, n, wi);
-            be.scale(wi, n * ni, (ni as f32).powf(-0.5));
-        }
-        {
-            let [qr, qi] = pick2(b, QR, QI);
-            be.matmul(&ix.wq, qr, n, qi);
-        }
-        let blk = st.extra.blocks_mut(ent)?;
-        let p = LightningParams {
-            n_head: ni,
-            head_dim: di,
-            ratio: m,
-            top_k: c.idx_pools(),
-            scale: (di as f32).powf(-0.5),
-        };
-        be.lightning_select(
-            &b[QI],
-            &b[WI],
-            blk.rows,
-            positions,
-            &p,
-            &mut st.pools,
-            &mut st.pool_counts,
-        );
-        // The selected pools' tokens and the open pool's tail, in ascending order.
-        let kp = c.idx_pools();
-        let (mut pools, mut pc) = (vec![0u32; n * kp], vec![0u32; n]);
-        be.read_ids(&st.pools, &mut pools);
-        be.read_ids(&st.pool_counts, &mut pc);
-        let w = c.max_selected();
-        let (mut sel, mut cnt) = (vec![0u32; n * w], vec![0u32; n]);
-        for (t, &pos) in positions.iter().enumerate() {
-            let row = &mut sel[t * w..(t + 1) * w];
-            let mut j = 0;
-            for &pl in &pools[t * kp..t * kp + pc[t] as usize] {
-                for tok in pl as usize * m..(pl as usize + 1) * m {
-                    row[j] = tok as u32;
-                    j += 1;
-                }
-            }
-            let open = (pos as usize + 1) / m * m;
-            for tok in open..=pos as usize {
-                row[j] = tok as u32;
-                j += 1;
-            }
-            cnt[t] = j as u32;
-            if let Some(log) = &mut st.selections {
-                log.push((il, pos, row[..j].to_vec()));
-            }
-        }
-        be.write_ids(&mut st.sel, &sel);
-        be.write_ids(&mut st.counts, &cnt);
         Ok(())
     }
 }
