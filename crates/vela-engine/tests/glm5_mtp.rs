@@ -21,26 +21,7 @@ fn follow_up_turn_with_the_drafter_bound_equals_a_fresh_run() {
     let Some(dir) = common::mtp::fixture("glm5") else {
         return;
     };
-    let m = common::mtp::model(&dir);
-    let _bound = m.load_mtp(&dir).unwrap();
-    let long = common::mtp::prompt(&dir, "long");
-    common::hybrid::follow_up_turn(&m, &long, 16, vela_models::glm5::SNAPSHOTS);
-    let cfg = vela_engine::SamplerConfig::greedy();
-    let turn2 = &long[70..120];
-    let mut fresh = common::mtp::session(&m, 16);
-    let mut d = common::mtp::drafter(&m, &dir, true);
-    let conv: Vec<u32> = long[..70].iter().chain(turn2).copied().collect();
-    let rule = vela_engine::speculative::AcceptRule::Exact;
-    let (want, _) = common::spec(&mut fresh, &mut *d, &cfg, &conv, 24, 3, rule);
-    let mut s = common::mtp::session(&m, 16);
-    s.eval(&long[..70]).unwrap();
-    let cp = s.checkpoint();
-    s.eval(&[5, 6, 7, 8, 9]).unwrap();
-    s.restore(&cp).unwrap();
-    let (got, st) = common::spec(&mut s, &mut *d, &cfg, turn2, 24, 3, rule);
-    assert_eq!(got, want, "turn 2 from the checkpoint vs a fresh run");
-    assert!(st.accepted > 0 && st.drafted > st.accepted, "{st:?}");
-    common::mtp::assert_cache_as_plain(&m, &dir, &mut s, "turn 2");
+    common::mtp::follow_up_turn_with_the_drafter(&dir, vela_models::glm5::SNAPSHOTS, true);
 }
 
 /// The depth cost model turns the random block off (a few probes) and keeps the output exact.

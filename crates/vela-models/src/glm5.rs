@@ -464,10 +464,16 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Glm5Model<B> {
         )
     }
     fn discover_mtp(&self, model_path: &std::path::Path) -> Option<PathBuf> {
-        self.mtp_path(model_path)
+        crate::mtp::discover_own(self.mtp_source(), model_path)
     }
     fn load_mtp(&self, path: &std::path::Path) -> Option<Result<Box<dyn crate::mtp::MtpHead>>> {
-        Some(self.bind_mtp(path))
+        let on = &self.mtp_on;
+        Some(crate::mtp::bind_own::<Self>(
+            "glm5_next",
+            self.mtp_source(),
+            path,
+            on,
+        ))
     }
 }
 

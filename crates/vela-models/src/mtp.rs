@@ -126,7 +126,38 @@ pub(crate) struct InputProj<'a, B: vela_compute::Backend> {
     pub fc_hidden: &'a B::Weight,
 }
 
-impl<B: vela_compute::Backend> InputProj<'_, B> {
+impl<'a, B: vela_compute::Backend> InputProj<'a, B> {
+    /// The weights: the embedding table, its norm and projection, the hidden's norm (and the
+    /// width of one normalised row) and projection.
+    pub(crate) fn new(
+        embd: &'a B::Weight,
+        (norm_emb, fc_emb): (&'a B::Vector, &'a B::Weight),
+        (norm_hidden, fc_hidden): ((&'a B::Vector, usize), &'a B::Weight),
+    ) -> Self {
+        InputProj {
+            embd,
+            norm_emb,
+            fc_emb,
+            norm_hidden,
+            fc_hidden,
+        }
+    }
+
+    /// [`Self::apply`] with `x` and its scratch taken from `bufs` (indices `[x, a, b, c]`), the
+    /// streams `src` and their `stream_rows`.
+    pub(crate) fn apply_in(
+        &self,
+        be: &B,
+        (src, stream_rows): (&B::Buf, &B::Ids),
+        tokens: &[u32],
+        dims: (usize, usize, f32),
+        bufs: &mut [B::Buf],
+        [x, a, b, c]: [usize; 4],
+    ) -> Result<()> {
+        let [x, a, b, c] = bufs.get_disjoint_mut([x, a, b, c]).expect("distinct");
+        self.apply(be, src, tokens, stream_rows, dims, x, [a, b, c])
+    }
+
     /// `x_s = fc_hidden(norm_hidden(streams)_s) + fc_emb(norm_emb(E[t]))` for every stream `s`
     /// of `tokens.len()` rows of `s` streams of `h` (`stream_rows`: row `t` for stream row
     /// `t·s + j`; unread for one stream); scratch `a` as wide as `x`, `b` and `c` a row of `h`
@@ -192,12 +223,21 @@ pub(crate) fn cache_rows(tokens: &[u32], p0: usize) -> Option<(usize, &[u32])> {
     (!next.is_empty()).then_some((r0, next))
 }
 
-/// Bind a model's own MTP layer as its drafter: `source` is where the model loaded it from
-/// (`Ok(None)`: generated; `Err`: the model has none, why), which `path` must name; `on` turns
-/// the layer's cache on in the model's forwards.
+/// Where a model loaded its own MTP layer from (`Ok(None)`: generated; `Err`: the model has
+/// none, why).
+pub(crate) type Source<'a> = std::result::Result<Option<&'a Path>, &'a str>;
+
+/// [`crate::lm::CausalLm::discover_mtp`] of a model whose MTP layer is loaded with it: where it
+/// came from, or the model's own path when generated.
+pub(crate) fn discover_own(source: Source<'_>, model_path: &Path) -> Option<PathBuf> {
+    Some(source.ok()?.unwrap_or(model_path).to_path_buf())
+}
+
+/// Bind a model's own MTP layer as its drafter: `source` is where the model loaded it from,
+/// which `path` must name; `on` turns the layer's cache on in the model's forwards.
 pub(crate) fn bind_own<M: ChainedMtp + 'static>(
     arch: &str,
-    source: std::result::Result<Option<&Path>, &str>,
+    source: Source<'_>,
     path: &Path,
     on: &std::sync::atomic::AtomicBool,
 ) -> Result<Box<dyn MtpHead>> {

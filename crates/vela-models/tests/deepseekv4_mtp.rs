@@ -19,10 +19,7 @@ use vela_models::{LanguageModel, MtpHead};
 const BOUND: f64 = 1e-8;
 
 fn bind(m: DeepseekV4Model<CpuBackend>, path: &Path) -> (Arc<dyn LanguageModel>, Box<dyn MtpHead>) {
-    let m: Arc<dyn LanguageModel> = Arc::new(m);
-    let found = m.discover_mtp(path).expect("the model has an MTP block");
-    let head = m.load_mtp(&found).unwrap();
-    (m, head)
+    mtp::bind(Arc::new(m), path)
 }
 
 /// The checkpoint at load type F32 (the release's exact values), its block bound.
@@ -50,27 +47,10 @@ fn first_draft_after_every_prefix_matches_the_reference() {
         return;
     };
     let (m, mut head) = load(&dir);
-    let nv = m.n_vocab();
-    let trunk = f32s(&dir.join("logits_long.f32"));
     // One token per forward, and chunks of 7 and 50 (a forward's first row completes the
     // previous forward's last one); the target's logits as without the block.
-    for chunk in [1usize, 7, 50] {
-        let mut worst_trunk = 0f64;
-        let file = "mtp_rows_long.f32";
-        let worst = exact(|| {
-            mtp::first_drafts(&m, &mut *head, &dir, file, chunk, BOUND, &mut |lg, at| {
-                for (i, p) in at.enumerate() {
-                    let e = nmse(&lg[i * nv..(i + 1) * nv], &trunk[p * nv..(p + 1) * nv]);
-                    assert!(e < BOUND, "target position {p}: NMSE {e:.2e}");
-                    worst_trunk = worst_trunk.max(e);
-                }
-            })
-        });
-        eprintln!(
-            "chunks of {chunk}: worst first-draft NMSE {worst:.2e} over 299 rows; target's \
-             logits {worst_trunk:.2e}"
-        );
-    }
+    let files = ("mtp_rows_long.f32", "logits_long.f32");
+    exact(|| mtp::first_drafts_and_target((&m, &mut *head), &dir, files, &[1, 7, 50], BOUND));
 }
 
 #[test]

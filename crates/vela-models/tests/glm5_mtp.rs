@@ -19,29 +19,18 @@ use vela_models::{LanguageModel, MtpHead};
 
 const BOUND: f64 = 1e-8;
 
-fn bind(m: Glm5Model<CpuBackend>, path: &Path) -> (Arc<dyn LanguageModel>, Box<dyn MtpHead>) {
-    let m: Arc<dyn LanguageModel> = Arc::new(m);
-    let found = m.discover_mtp(path).expect("the model has an MTP block");
-    let head = m.load_mtp(&found).unwrap();
-    (m, head)
-}
-
 fn load(dir: &Path) -> (Arc<dyn LanguageModel>, Box<dyn MtpHead>) {
     let be = Arc::new(CpuBackend::new(2));
-    bind(
-        Glm5Model::load_hf(be, dir, &Default::default()).unwrap(),
-        dir,
-    )
+    let m = Glm5Model::load_hf(be, dir, &Default::default()).unwrap();
+    mtp::bind(Arc::new(m), dir)
 }
 
 fn load_gguf(dir: &Path) -> (Arc<dyn LanguageModel>, Box<dyn MtpHead>) {
     let path = dir.join("model-f32.gguf");
     let g = Arc::new(GgufFile::open(&path).unwrap());
     let be = Arc::new(CpuBackend::new(2));
-    bind(
-        Glm5Model::load_gguf(be, g, &Default::default()).unwrap(),
-        &path,
-    )
+    let m = Glm5Model::load_gguf(be, g, &Default::default()).unwrap();
+    mtp::bind(Arc::new(m), &path)
 }
 
 #[test]
@@ -50,24 +39,9 @@ fn first_draft_after_every_prefix_matches_the_reference() {
         return;
     };
     let (m, mut head) = load(&dir);
-    let nv = m.n_vocab();
-    // HF's f32 logits of the trunk (flash_mini's): unchanged by the block's cache.
-    let trunk = f32s(&dir.join("logits_long.f32"));
-    for chunk in [1usize, 7, 50] {
-        let mut worst_trunk = 0f64;
-        let file = "mtp_rows_long.f32";
-        let worst = mtp::first_drafts(&m, &mut *head, &dir, file, chunk, BOUND, &mut |lg, at| {
-            for (i, p) in at.enumerate() {
-                let e = nmse(&lg[i * nv..(i + 1) * nv], &trunk[p * nv..(p + 1) * nv]);
-                assert!(e < BOUND, "target position {p}: NMSE {e:.2e}");
-                worst_trunk = worst_trunk.max(e);
-            }
-        });
-        eprintln!(
-            "chunks of {chunk}: worst first-draft NMSE {worst:.2e} over 299 rows; target's \
-             logits vs HF {worst_trunk:.2e}"
-        );
-    }
+    // The target's logits against HF's f32 run (flash_mini's), unchanged by the block's cache.
+    let files = ("mtp_rows_long.f32", "logits_long.f32");
+    mtp::first_drafts_and_target((&m, &mut *head), &dir, files, &[1, 7, 50], BOUND);
 }
 
 /// The block's cache rows do not depend on how the prompt was split: a chain of 4 drafts after

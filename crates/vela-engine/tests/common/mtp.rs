@@ -358,3 +358,30 @@ pub fn depth_model_switches_a_useless_drafter_off(dir: &Path) {
     );
     assert_eq!(dm.estimate().best, 0);
 }
+
+/// The prefix cache's reuse with the drafter bound (the layer's cache kept by every forward):
+/// turn 2 from a checkpoint, or after a rollback within `limit`, gives a fresh run's logits;
+/// speculation (`guided`: with the blended drafter) from the restored state gives the tokens of
+/// the same speculation over the whole conversation, and leaves the layer's cache as a plain
+/// evaluation does.
+pub fn follow_up_turn_with_the_drafter(dir: &Path, limit: usize, guided: bool) {
+    let m = model(dir);
+    let _bound = m.load_mtp(dir).unwrap();
+    let long = prompt(dir, "long");
+    super::hybrid::follow_up_turn(&m, &long, 16, limit);
+    let cfg = SamplerConfig::greedy();
+    let turn2 = &long[70..120];
+    let mut fresh = session(&m, 16);
+    let mut d = drafter(&m, dir, guided);
+    let conv: Vec<u32> = long[..70].iter().chain(turn2).copied().collect();
+    let (want, _) = spec(&mut fresh, &mut *d, &cfg, &conv, 24, 3, AcceptRule::Exact);
+    let mut s = session(&m, 16);
+    s.eval(&long[..70]).unwrap();
+    let cp = s.checkpoint();
+    s.eval(&[5, 6, 7, 8, 9]).unwrap();
+    s.restore(&cp).unwrap();
+    let (got, st) = spec(&mut s, &mut *d, &cfg, turn2, 24, 3, AcceptRule::Exact);
+    assert_eq!(got, want, "turn 2 from the checkpoint vs a fresh run");
+    assert!(st.drafted > 0 && (!guided || st.accepted > 0), "{st:?}");
+    assert_cache_as_plain(&m, dir, &mut s, "turn 2");
+}

@@ -33,9 +33,9 @@ use super::ffn::Ffn;
 use super::load::Loader;
 use super::mla::Mla;
 use super::*;
-use crate::mtp::{ChainedMtp, InputProj, MtpHead};
+use crate::mtp::{ChainedMtp, InputProj};
 use anyhow::anyhow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 /// The MTP block's weights.
@@ -130,26 +130,12 @@ impl<B: Backend> Glm5Model<B> {
 
     /// The block's input `x` into `C` for the hiddens in `mtp_in` and `tokens` (one row each).
     fn mtp_input(&self, st: &mut Glm5State<B>, mt: &Mtp<B>, tokens: &[u32]) -> Result<()> {
-        let c = &self.cfg;
-        let w = InputProj::<B> {
-            embd: mt.embd.as_ref().unwrap_or(&self.embd),
-            norm_emb: &mt.enorm,
-            fc_emb: &mt.e_proj,
-            norm_hidden: (&mt.hnorm, c.hidden),
-            fc_hidden: &mt.h_proj,
-        };
+        let (h, eps) = (self.cfg.hidden, self.cfg.eps);
+        let embd = mt.embd.as_ref().unwrap_or(&self.embd);
+        let w = InputProj::new(embd, (&mt.enorm, &mt.e_proj), ((&mt.hnorm, h), &mt.h_proj));
         let src = st.mtp_in.as_ref().ok_or_else(no_mtp_state)?;
-        let [x, a, b, t] = st.bufs.get_disjoint_mut([C, F, Y, EX]).expect("distinct");
-        let dims = (1, c.hidden, c.eps);
-        w.apply(
-            &*self.backend,
-            src,
-            tokens,
-            &st.stream_rows,
-            dims,
-            x,
-            [a, b, t],
-        )
+        let (rows, bufs, at) = ((src, &st.stream_rows), &mut st.bufs, [C, F, Y, EX]);
+        w.apply_in(&*self.backend, rows, tokens, (1, h, eps), bufs, at)
     }
 
     /// The MTP part of a forward over `tokens` at `p0..` after its head (the post-norm hiddens
@@ -176,26 +162,10 @@ impl<B: Backend> Glm5Model<B> {
         self.mla_cache(st, &mt.mla, &mt.state, &rows)
     }
 
-    /// [`crate::lm::CausalLm::discover_mtp`]: where the block came from, when there is one.
-    pub(super) fn mtp_path(&self, model_path: &Path) -> Option<PathBuf> {
-        let mt = self.mtp.as_ref()?;
-        Some(
-            mt.source
-                .clone()
-                .unwrap_or_else(|| model_path.to_path_buf()),
-        )
-    }
-
-    /// [`crate::lm::CausalLm::load_mtp`]: the block loaded with the model, bound as a drafter.
-    pub(super) fn bind_mtp(&self, path: &Path) -> Result<Box<dyn MtpHead>>
-    where
-        B: 'static,
-    {
-        let source = match &self.mtp {
-            Some(mt) => Ok(mt.source.as_deref()),
-            None => Err("no layers.{num_hidden_layers}.eh_proj / blk.N.nextn.* tensors"),
-        };
-        crate::mtp::bind_own::<Self>("glm5_next", source, path, &self.mtp_on)
+    /// Where the block was loaded from (`Ok(None)`: generated), or why the model has none.
+    pub(super) fn mtp_source(&self) -> crate::mtp::Source<'_> {
+        let why = "no layers.{num_hidden_layers}.eh_proj / blk.N.nextn.* tensors";
+        self.mtp.as_ref().map(|mt| mt.source.as_deref()).ok_or(why)
     }
 }
 

@@ -110,3 +110,38 @@ pub fn chains(
     }
     worst
 }
+
+/// The model's own drafter: its MTP layer found from `path` and bound.
+pub fn bind(m: Arc<dyn LanguageModel>, path: &Path) -> (Arc<dyn LanguageModel>, Box<dyn MtpHead>) {
+    let found = m.discover_mtp(path).expect("the model has an MTP layer");
+    let head = m.load_mtp(&found).unwrap();
+    (m, head)
+}
+
+/// [`first_drafts`] after target forwards of each of `chunks` tokens, with the target's logits
+/// of every position checked against `trunk` (`[T, vocab]`) within `bound` too; prints the worst
+/// NMSE of both per chunk size.
+pub fn first_drafts_and_target(
+    (m, head): (&Arc<dyn LanguageModel>, &mut dyn MtpHead),
+    dir: &Path,
+    (rows, trunk): (&str, &str),
+    chunks: &[usize],
+    bound: f64,
+) {
+    let nv = m.n_vocab();
+    let want = f32s(&dir.join(trunk));
+    for &chunk in chunks {
+        let mut worst_trunk = 0f64;
+        let worst = first_drafts(m, head, dir, rows, chunk, bound, &mut |lg, at| {
+            for (i, p) in at.enumerate() {
+                let e = nmse(&lg[i * nv..(i + 1) * nv], &want[p * nv..(p + 1) * nv]);
+                assert!(e < bound, "target position {p}: NMSE {e:.2e}");
+                worst_trunk = worst_trunk.max(e);
+            }
+        });
+        eprintln!(
+            "chunks of {chunk}: worst first-draft NMSE {worst:.2e}; target's logits \
+             {worst_trunk:.2e}"
+        );
+    }
+}
