@@ -57,7 +57,7 @@ pub(super) struct Mtp<B: Backend> {
     /// State entries: latent rows, the indexer's pools, the ring of trunk hiddens.
     state: [usize; 3],
     /// The checkpoint directory or GGUF file it came from (`None`: generated).
-    pub(super) source: Option<PathBuf>,
+    source: Option<PathBuf>,
 }
 
 impl<B: Backend> Loader<'_, B> {
