@@ -624,8 +624,9 @@ mod tests {
         let c = Glm5Config::from_json(&config("glm5-tiny").unwrap()).unwrap();
         let p = plan(&c);
         // 2 top-level matrices and a norm; per layer 6 mHC tensors, 2 norms; KDA 15, MLA 7 + 7,
-        // dense 3, MoE 2 + 3·16 + 3.
-        assert_eq!(p.len(), 3 + 8 * 8 + 6 * 15 + 2 * 14 + 3 + 7 * 53);
+        // dense 3, MoE 2 + 3·16 + 3; the MTP block: eh_proj and 3 norms, 2 norms, MLA, MoE.
+        let mtp = 4 + 2 + 14 + 53;
+        assert_eq!(p.len(), 3 + 8 * 8 + 6 * 15 + 2 * 14 + 3 + 7 * 53 + mtp);
         assert!(config("glm5-nope").is_err() && !is_geometry("glm5-nope"));
     }
 }
