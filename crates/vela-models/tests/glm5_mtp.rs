@@ -5,7 +5,8 @@
 //! every prefix of the 300-token prompt (the block's cache kept by the target's forwards),
 //! evaluated token by token and in chunks, with the target's logits unchanged; the block's rows
 //! through any chunking bit-identical to one pass; chains of 4 drafts; llama.cpp's GGUF
-//! conversion carrying the block (`blk.8.nextn.*`); which paths bind the block.
+//! conversion carrying the block (`blk.8.nextn.*`); the block's optional own head and embedding
+//! table; which paths bind the block.
 
 mod common;
 use common::*;
@@ -14,6 +15,7 @@ use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
 use vela_compute::KvType;
 use vela_formats::gguf::GgufFile;
+use vela_formats::safetensors::SafetensorsFile;
 use vela_models::glm5::Glm5Model;
 use vela_models::{LanguageModel, MtpHead};
 
@@ -131,4 +133,70 @@ fn mtp_is_loaded_with_the_model() {
         let e = p.load_mtp(&plain).err().unwrap().to_string();
         assert!(e.contains("no MTP layer"), "{e}");
     }
+}
+
+/// The block's optional `shared_head.head` and `embed_tokens` are read: with a head of twice the
+/// model's and a table with two token rows swapped, a draft for one token is exactly twice the
+/// model's draft for the other (tokens absent from the prefix, whose cache rows the table also
+/// feeds).
+#[test]
+fn the_blocks_own_head_and_embedding_are_read() {
+    let Some(dir) = golden_fixture("glm5", "mtp", "mtp_chain.json") else {
+        return;
+    };
+    let long = id_list(&prompts(&dir)["prompts"]["long"]);
+    let n = 100;
+    let free: Vec<u32> = (2..512).filter(|t| !long[..n].contains(t)).collect();
+    let (a, b) = (free[0], free[1]);
+    let st = SafetensorsFile::open(dir.join("model.safetensors")).unwrap();
+    let floats = |name: &str| -> (Vec<usize>, Vec<f32>) {
+        let e = &st.tensors[name];
+        let v = st.data(e).chunks_exact(4);
+        (
+            e.shape.clone(),
+            v.map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                .collect(),
+        )
+    };
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let mut tensors: Vec<RawTensor> = st
+        .tensors
+        .iter()
+        .map(|(k, e)| (k.clone(), "F32", e.shape.clone(), st.data(e).to_vec()))
+        .collect();
+    let (shape, head) = floats("lm_head.weight");
+    let head: Vec<f32> = head.iter().map(|x| 2.0 * x).collect();
+    let pre = "model.language_model.layers.8";
+    tensors.push((
+        format!("{pre}.shared_head.head.weight"),
+        "F32",
+        shape,
+        bytes(&head),
+    ));
+    let (shape, mut emb) = floats("model.language_model.embed_tokens.weight");
+    let h = shape[1];
+    for j in 0..h {
+        emb.swap(a as usize * h + j, b as usize * h + j);
+    }
+    tensors.push((
+        format!("{pre}.embed_tokens.weight"),
+        "F32",
+        shape,
+        bytes(&emb),
+    ));
+    let tmp = std::env::temp_dir().join(format!("vela-glm5-mtp-own-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).unwrap();
+    std::fs::copy(dir.join("config.json"), tmp.join("config.json")).unwrap();
+    write_safetensors(&tmp.join("model.safetensors"), &tensors);
+    let draft = |path: &Path, last: u32| {
+        let (m, mut head) = load(path);
+        let mut s = m.clone().new_state(n + 8, 16, KvType::F32).unwrap();
+        mtp::eval(&mut *s, &long[..n], 0, 16);
+        mtp::drafts(&mut *head, &mut *s, last, n, 1).1.remove(0)
+    };
+    let own = draft(&tmp, a);
+    std::fs::remove_dir_all(&tmp).unwrap();
+    let twice: Vec<f32> = draft(&dir, b).iter().map(|x| 2.0 * x).collect();
+    assert!(own == twice, "the block's own head and table");
+    assert!(draft(&dir, a) != draft(&dir, b));
 }
