@@ -613,7 +613,9 @@ place|place-d4|place-tests)
   P=target/gpu-data/place
   mkdir -p "$OUT" "$VELA_CACHE/vocab"
   t0=$(date +%s)
-  xz -dc $P/vela-new.xz >/tmp/vela-new && xz -dc $P/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/vela-new /tmp/gpu-test-new
+  # The GPU test binary only travels for place-tests (a carry is at most 64 MiB).
+  xz -dc $P/vela-new.xz >/tmp/vela-new && chmod +x /tmp/vela-new
+  [ -f $P/gpu-test-new.xz ] && xz -dc $P/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/gpu-test-new
   for f in $P/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
@@ -687,16 +689,11 @@ place|place-d4|place-tests)
     /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu --expert-cache $c -p 512 -n 128 -r 2 2>&1 |
       grep -E "^\||experts" | tee -a $OUT/place-g26-traffic.md
   done
-  # Prefill of host layers: the measured choice against its forced sides (VELA_EXPERT_PREFILL),
-  # at PLACE_PP prompt lengths (default 512 2048), PLACE_PP_ROUNDS interleaved rounds (default 1).
+  # Prefill of host layers at PLACE_PP prompt lengths (default 512 2048): how many batches the
+  # measured choice streamed.
   for pp in ${PLACE_PP:-512 2048}; do
-    for r in $(seq ${PLACE_PP_ROUNDS:-1}); do
-      for m in cpu stream measured; do
-        echo "VELA_EXPERT_PREFILL=$m pp$pp round $r" | tee -a $OUT/place-g26-prefill.md
-        VELA_EXPERT_PREFILL=$m timeout 120 /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu \
-          --expert-cache 0 -p $pp -n 0 -r 3 2>&1 | grep -E "^\| g|experts" | tee -a $OUT/place-g26-prefill.md
-      done
-    done
+    timeout 120 /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu \
+      --expert-cache 0 -p $pp -n 0 -r 3 2>&1 | grep -E "^\| g|experts" | tee -a $OUT/place-g26-prefill.md
   done
   ;;
 d4s)

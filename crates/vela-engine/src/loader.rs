@@ -10,7 +10,7 @@ use vela_compute::cpu::CpuBackend;
 use vela_compute::Backend;
 use vela_formats::gguf::GgufFile;
 use vela_formats::quant::GgmlType;
-use vela_models::placement::{self, ExpertsMode, HostExperts, Plan, Prefill, Sizes};
+use vela_models::placement::{self, ExpertsMode, HostExperts, Plan, Sizes};
 use vela_models::{LanguageModel, LoadSpec};
 use vela_tokenizer::Tokenizer;
 
@@ -191,14 +191,11 @@ fn spec_of(
             eprintln!("{}", p.describe(s, gpu));
         }
         if !p.host_layers.is_empty() {
-            let mut h = HostExperts::new(cpu(), p.host_layers.clone(), p.cache_bytes);
-            // A/B switch of the prefill choice against its forced sides (docs/cuda.md).
-            h.prefill = match std::env::var("VELA_EXPERT_PREFILL").as_deref() {
-                Ok("cpu") => Prefill::Cpu,
-                Ok("stream") => Prefill::Stream,
-                _ => Prefill::Measured,
-            };
-            spec.host_experts = Some(h);
+            spec.host_experts = Some(HostExperts::new(
+                cpu(),
+                p.host_layers.clone(),
+                p.cache_bytes,
+            ));
         }
     }
     spec

@@ -6,6 +6,7 @@
 mod common;
 use common::*;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
 use vela_compute::KvType;
@@ -136,6 +137,16 @@ fn deepseekv4_host_experts_are_exact() {
             assert!(misses > hits / 4, "cache {cache}: {misses} misses");
         }
     }
+    // Long enough for later choices of the cached set: experts replaced in their slots.
+    let tokens: Vec<u32> = (0..240).map(|i| (i * 97 + 11) % 500).collect();
+    let base = logits(synth(None), &tokens);
+    let stats = &vela_models::blocks::expert_cache::CACHE_STATS;
+    let (c0, r0) = (host_calls(), stats.replaced.load(Ordering::Relaxed));
+    let got = logits(synth(host_cached(&all, 1 << 15)), &tokens);
+    assert_same("deepseek_v4 cache refreshed", c0, &got, &base);
+    let replaced = stats.replaced.load(Ordering::Relaxed) - r0;
+    eprintln!("cache refreshed: {replaced} experts replaced");
+    assert!(replaced > 0, "no cached expert was replaced");
 }
 
 /// The caches' hits (0) or misses (1) so far.

@@ -195,6 +195,30 @@ impl Backend for CpuBackend {
         Ok(cw)
     }
 
+    fn write_weight_rows(&self, dst: &mut CpuWeight, row0: usize, w: &HostWeight) -> Result<()> {
+        let h = &dst.host;
+        if w.ty != h.ty || w.cols != h.cols || row0 + w.rows > h.rows {
+            bail!(
+                "tensor '{}': {} rows of {} {} do not fit rows {row0}.. of a {}×{} {} weight",
+                w.name,
+                w.rows,
+                w.cols,
+                w.ty,
+                h.rows,
+                h.cols,
+                h.ty
+            );
+        }
+        // A new copy with the rows replaced, packed again: the CPU has no device to spare copies
+        // for, so this is for tests of the caches that use it.
+        let rb = h.bytes().len() / h.rows.max(1);
+        let mut bytes = h.bytes().to_vec();
+        bytes[row0 * rb..(row0 + w.rows) * rb].copy_from_slice(&w.bytes()[..w.rows * rb]);
+        let new = HostWeight::owned(&h.name, h.ty, h.rows, h.cols, bytes)?.as_head(h.head);
+        *dst = self.upload_weight(&new)?;
+        Ok(())
+    }
+
     fn upload_vector(&self, data: &[f32]) -> Result<Vec<f32>> {
         Ok(data.to_vec())
     }

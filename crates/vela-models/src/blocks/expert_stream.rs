@@ -21,7 +21,8 @@ use anyhow::Result;
 use std::sync::atomic::AtomicU64;
 use vela_compute::{Backend, HostWeight};
 
-/// How host layers run a batch ([`crate::placement::HostExperts::prefill`]).
+/// How host layers run a batch ([`crate::placement::HostExperts::prefill`]): by the measured
+/// costs; the forced sides let tests pin each path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Prefill {
     /// By the measured costs.
