@@ -5,7 +5,7 @@ chat template, *trained* to think + call a tool in GLM's `<arg_key>`/`<arg_value
 answer from the tool result: the server's GLM tool-call and `<think>` round trip on model output
 (scripts/test-server.sh glm5), as gen-deepseekv4-toolcall.py does for deepseek_v4.
 
-Regenerate (re-runnable, deterministic: byte-identical output; ~3-6 min on a busy 2-core machine):
+Regenerate (re-runnable, deterministic: byte-identical output; ~1.5 min, 1 thread):
 
     scripts/prepare-test-data.sh      # runs this in $VELA_CACHE/venv-torch
 or  $VELA_CACHE/venv-torch/bin/python scripts/gen-glm5-toolcall.py
@@ -60,7 +60,7 @@ Checks before writing: the no-cache forward has the answers as greedy tokens (ma
 and the indexer keeps every pool; the written checkpoint reloads to the same logits.
 
 Output: $VELA_CACHE/golden/glm5_toolcall/
-    config.json, model.safetensors   the trained checkpoint (f32, ~100 MB: embedding and head 40 MB each)
+    config.json, model.safetensors   the trained checkpoint (f32, 89 MB: embedding and head 40 MB each)
     generation_config.json           eos [<|endoftext|>, <|user|>, <|observation|>]
     tokenizer.json, tokenizer_config.json   the stand-in vocabulary above, the template
     expected.json                    tools, question, reasoning(s), call, tool result, final answer,
