@@ -37,6 +37,7 @@ mod load;
 mod mla;
 pub mod synth;
 pub mod synth_gguf;
+pub mod vocab;
 
 pub use config::{Glm5Config, Indexer, Mixer};
 
