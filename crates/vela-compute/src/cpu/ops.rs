@@ -992,3 +992,7 @@ impl Backend for CpuBackend {
             .copy_from_slice(&src[src_row * width..(src_row + n_rows) * width]);
     }
 }
+
+#[cfg(test)]
+#[path = "ops_tests.rs"]
+mod tests;

@@ -66,7 +66,3 @@ pub(super) fn rope_head(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) 
         x[b] = x0 * s + x1 * c;
     }
 }
-
-#[cfg(test)]
-#[path = "ops_tests.rs"]
-mod tests;
