@@ -284,6 +284,21 @@ CONVERSATIONS = [
      "extra": {"functions": json.dumps([t["function"] for t in TOOLS], indent=2),
                "datetime": "2025-03-07", "custom_flag": [1, 2.0, None]},
      "messages": [SYSTEM, {"role": "user", "content": "Hi"}]},
+    # A thinking model's call answered by a tool (the turn after the last user message keeps
+    # its reasoning in GLM / Qwen3 templates), then the same history with earlier reasoning kept
+    # by request (GLM's `clear_thinking`).
+    {"name": "reasoning_tool_roundtrip", "add_generation_prompt": True,
+     "extra": {"enable_thinking": True}, "tools": TOOLS,
+     "messages": [SYSTEM, TOOL_CALL_TURN[0],
+                  dict(TOOL_CALL_TURN[1], reasoning_content="Need the weather tool.\nCall it."),
+                  TOOL_CALL_TURN[2]]},
+    {"name": "reasoning_kept_by_kwarg", "add_generation_prompt": True,
+     "extra": {"clear_thinking": False}, "tools": TOOLS,
+     "messages": [TOOL_CALL_TURN[0],
+                  dict(TOOL_CALL_TURN[1], reasoning_content="Need the weather tool."),
+                  TOOL_CALL_TURN[2],
+                  {"role": "assistant", "content": "21.5 °C, sunny.", "reasoning_content": "Read it."},
+                  {"role": "user", "content": "And tomorrow?"}]},
     {"name": "unicode_and_markup", "add_generation_prompt": True, "extra": {},
      "messages": [{"role": "user",
                    "content": "  Grüße 👋 — <b>bold</b> & \"quotes\" {{ not a tag }}  "}]},

@@ -65,6 +65,9 @@
 #       with every routed expert on the CPU (vela --experts cpu --expert-cache 0, llama-bench
 #       -ncmoe 99), 3 interleaved rounds each; vela's traffic per token without and with a GPU
 #       cache of hot experts (PLACE_CACHE GiB): $OUT/place-*.md
+#   there:  scripts/gpu-suite.sh place-ab    # the same carry + a reference vela in
+#       target/gpu-data/place-old/vela-old.xz: expert-product GPU tests, pp512 old vs new (all on
+#       the GPU, experts streamed), tg256 per device cache size (one short call)
 #   there:  scripts/gpu-suite.sh place-d4    # the same carry: DeepSeek V4 Flash at full size (43
 #       layers, PLACE_TYPE default q4_0), more than the GPU holds, generated in memory and placed
 #       by --experts auto (PLACE_EXPERTS): the plan, pp512 + tg128 with host traffic and the
@@ -82,7 +85,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests|pack-place|place|place-d4|place-tests}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests|pack-place|place|place-d4|place-tests|place-ab}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -613,7 +616,9 @@ place|place-d4|place-tests)
   P=target/gpu-data/place
   mkdir -p "$OUT" "$VELA_CACHE/vocab"
   t0=$(date +%s)
-  xz -dc $P/vela-new.xz >/tmp/vela-new && xz -dc $P/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/vela-new /tmp/gpu-test-new
+  # The GPU test binary only travels for place-tests (a carry is at most 64 MiB).
+  xz -dc $P/vela-new.xz >/tmp/vela-new && chmod +x /tmp/vela-new
+  [ -f $P/gpu-test-new.xz ] && xz -dc $P/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/gpu-test-new
   for f in $P/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   nvidia-smi --query-gpu=name,driver_version,memory.total,memory.used --format=csv,noheader
@@ -687,17 +692,49 @@ place|place-d4|place-tests)
     /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu --expert-cache $c -p 512 -n 128 -r 2 2>&1 |
       grep -E "^\||experts" | tee -a $OUT/place-g26-traffic.md
   done
-  # Prefill of host layers: the measured choice against its forced sides (VELA_EXPERT_PREFILL),
-  # at PLACE_PP prompt lengths (default 512 2048), PLACE_PP_ROUNDS interleaved rounds (default 1).
+  # Prefill of host layers at PLACE_PP prompt lengths (default 512 2048): how many batches the
+  # measured choice streamed.
   for pp in ${PLACE_PP:-512 2048}; do
-    for r in $(seq ${PLACE_PP_ROUNDS:-1}); do
-      for m in cpu stream measured; do
-        echo "VELA_EXPERT_PREFILL=$m pp$pp round $r" | tee -a $OUT/place-g26-prefill.md
-        VELA_EXPERT_PREFILL=$m timeout 120 /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu \
-          --expert-cache 0 -p $pp -n 0 -r 3 2>&1 | grep -E "^\| g|experts" | tee -a $OUT/place-g26-prefill.md
+    timeout 120 /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu \
+      --expert-cache 0 -p $pp -n 0 -r 3 2>&1 | grep -E "^\| g|experts" | tee -a $OUT/place-g26-prefill.md
+  done
+  ;;
+place-ab)
+  # One short call for a change to the expert products or the device cache, from the carry of
+  # pack-place plus target/gpu-data/place-old/vela-old.xz (the reference build's vela): the
+  # GPU tests of the expert products, the weight row writes and host experts, meanwhile the
+  # synth Gemma-4-26B-A4B Q4_0 GGUF; then pp512 all on the GPU and with the CPU's experts
+  # streamed, old and new interleaved (PLACE_REPS rounds, default 3); then the new build's
+  # tg256 with device caches of PLACE_CACHES GiB (default "0 1 4"): $OUT/place-ab*.md.
+  P=target/gpu-data/place
+  mkdir -p "$OUT" "$VELA_CACHE/vocab"
+  t0=$(date +%s)
+  xz -dc $P/vela-new.xz >/tmp/vela-new && xz -dc $P/gpu-test-new.xz >/tmp/gpu-test-new &&
+    xz -dc target/gpu-data/place-old/vela-old.xz >/tmp/vela-old && chmod +x /tmp/vela-new /tmp/vela-old /tmp/gpu-test-new
+  for f in $P/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+  [ -f /tmp/g26.done ] || (/tmp/vela-new synth --arch gemma4-26b-a4b --type q4_0 -o /tmp/g26.gguf -t 12 >$OUT/place-synth.log 2>&1 &&
+    touch /tmp/g26.done) &
+  VELA_REQUIRE_GPU=1 timeout 120 /tmp/gpu-test-new --test-threads 1 matmul_experts write_weight_rows host_experts >$OUT/place-ab-tests.log 2>&1
+  echo "GPU tests: exit $? $(grep -E '^test result' $OUT/place-ab-tests.log) ($(( $(date +%s) - t0 )) s)"
+  grep -E "^test .*FAILED|panicked" $OUT/place-ab-tests.log | head
+  wait
+  echo "synth $(ls /tmp/g26.done 2>&1) ($(( $(date +%s) - t0 )) s)"
+  for r in $(seq ${PLACE_REPS:-3}); do
+    for b in old new; do
+      for e in gpu cpu; do
+        echo "$b experts $e round $r: $(timeout 60 /tmp/vela-$b bench -m /tmp/g26.gguf --device cuda --experts $e --expert-cache 0 \
+          -p 512 -n 0 -r 2 2>/dev/null | grep -E '^\| g' | awk -F'|' '{print $5}')" | tee -a $OUT/place-ab.md
       done
     done
   done
+  echo "pp done ($(( $(date +%s) - t0 )) s)"
+  for c in ${PLACE_CACHES:-0 1 4}; do
+    timeout 60 /tmp/vela-new bench -m /tmp/g26.gguf --device cuda --experts cpu --expert-cache $c -p 0 -n 256 -r 2 2>&1 |
+      grep -E "^\| g|experts in" | sed "s/^/cache $c GiB: /" | tee -a $OUT/place-ab-cache.md
+  done
+  echo "done ($(( $(date +%s) - t0 )) s)"
   ;;
 d4s)
   # DeepSeek V4's GPU tests (ops, the model vs HF, DSpark vs its reference; from the pack of

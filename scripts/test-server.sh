@@ -9,17 +9,19 @@
 # reasoning_content, tool_calls, the answer from the tool result with turn 1 from the prefix cache),
 # and a tiny deepseek_v4 trained the same way in DSML with the real DeepSeek V3/V4 vocabulary and V4
 # template (scripts/gen-deepseekv4-toolcall.py, an HF checkpoint directory; turns 2 and 3 reuse the
-# earlier turns exactly).
+# earlier turns exactly), and a tiny glm5_next trained the same way in GLM's <arg_key>/<arg_value>
+# format with a GLM-5-shaped vocabulary and the GLM-4.7-Flash template (scripts/gen-glm5-toolcall.py;
+# turn 2 from the cache equals a fresh server's logprobs).
 # Each run starts and stops its own servers.
 # Models come from $VELA_CACHE/models (default ~/.cache/vela/models); missing ones are skipped.
-# Usage: scripts/test-server.sh [smol|qwen|gemma|gemma4|qwen4exp|deepseekv4 ...]
+# Usage: scripts/test-server.sh [smol|qwen|gemma|gemma4|qwen4exp|deepseekv4|glm5 ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M="${VELA_CACHE:-$HOME/.cache/vela}/models"
 python3 -m pip install -q openai anthropic httpx >/dev/null 2>&1 || echo "warning: pip install failed" >&2
 cargo build --release -p vela-server --example serve
 BIN=${CARGO_TARGET_DIR:-target}/release/examples/serve
-kinds=("${@:-smol qwen gemma gemma4 qwen4exp deepseekv4}")
+kinds=("${@:-smol qwen gemma gemma4 qwen4exp deepseekv4 glm5}")
 status=0
 for k in ${kinds[*]}; do
   case $k in
@@ -29,6 +31,7 @@ for k in ${kinds[*]}; do
     gemma4) f=${VELA_CACHE:-$HOME/.cache/vela}/golden/gemma4_e2e/model-f32.gguf ;;
     qwen4exp) f=${VELA_CACHE:-$HOME/.cache/vela}/golden/qwen4exp_toolcall/model-f32.gguf ;;
     deepseekv4) f=${VELA_CACHE:-$HOME/.cache/vela}/golden/deepseekv4_toolcall ;;
+    glm5) f=${VELA_CACHE:-$HOME/.cache/vela}/golden/glm5_toolcall ;;
     *) echo "unknown kind $k" >&2; exit 2 ;;
   esac
   if [ ! -e "$f" ]; then echo "SKIP $k: $f missing"; continue; fi

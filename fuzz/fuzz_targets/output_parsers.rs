@@ -11,6 +11,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use vela_server::parser::{Event, OutputParser, ParserConfig};
+use vela_server::tool_schema::ArgKinds;
 
 /// Template excerpts that select each parser family in `ParserConfig::from_template`.
 const TEMPLATES: &[&str] = &[
@@ -64,6 +65,13 @@ fuzz_target!(|data: &[u8]| {
     let tools = (sel / TEMPLATES.len()) % 2 == 1;
     let mut cfg = ParserConfig::from_template(tpl, tools);
     cfg.start_in_reasoning = (sel / (2 * TEMPLATES.len())) % 2 == 1;
+    if tools {
+        // Schema-typed XML arguments (GLM, Qwen3.5): strings, a number, an object.
+        let t = serde_json::json!([{"type": "function", "function": {"name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+            "days": {"type": "integer"}, "opts": {"type": "object"}, "x": {"enum": ["a", 1]}}}}}]);
+        cfg.arg_kinds = ArgKinds::from_tools(Some(&t));
+    }
 
     // Split points at char boundaries (the worker only ever pushes whole characters).
     let mut cuts: Vec<usize> = split_bytes

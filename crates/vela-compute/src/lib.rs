@@ -63,6 +63,10 @@ pub trait Backend: Send + Sync {
     }
     fn read(&self, buf: &Self::Buf, out: &mut [f32]);
     fn upload_weight(&self, w: &HostWeight) -> Result<Self::Weight>;
+    /// Overwrite rows `row0..row0 + w.rows` of an uploaded weight with `w`'s rows (same type
+    /// and columns), as [`Backend::upload_weight`] would have laid them out: a device cache
+    /// replaces single experts in place.
+    fn write_weight_rows(&self, dst: &mut Self::Weight, row0: usize, w: &HostWeight) -> Result<()>;
     /// A small f32 vector (norm weight, bias).
     fn upload_vector(&self, data: &[f32]) -> Result<Self::Vector>;
     /// A zeroed id buffer of `len` entries.

@@ -38,6 +38,8 @@ pub struct CudaBackend {
     pub(crate) sparse_part: Mutex<CudaSlice<f32>>,
     /// The RoPE positions of the indexer's pooled keys (sparse.rs).
     pub(crate) sparse_pool_pos: Mutex<CudaSlice<u32>>,
+    /// The slots of a batch's expert products grouped by expert (`experts_group`, kit.rs).
+    pub(crate) expert_groups: Mutex<CudaSlice<u32>>,
     /// The decode-step recorder and graph cache (graph.rs, steps.rs).
     pub(crate) rec: Mutex<Recorder>,
     /// `[token, position]` of the decode step being recorded, and its device address.
@@ -89,6 +91,7 @@ impl CudaBackend {
             sparse_scores: Mutex::new(stream.alloc_zeros::<f32>(1)?),
             sparse_part: Mutex::new(stream.alloc_zeros::<f32>(1)?),
             sparse_pool_pos: Mutex::new(stream.alloc_zeros::<u32>(1)?),
+            expert_groups: Mutex::new(stream.alloc_zeros::<u32>(1)?),
             rec: Mutex::new(Recorder::default()),
             io: Mutex::new(io),
             io_ptr,

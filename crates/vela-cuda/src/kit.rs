@@ -213,8 +213,11 @@ impl CudaBackend {
 impl CudaBackend {
     /// See `Backend::matmul_experts`: the activations quantized once (Q8 / Q8_K, or f32 as
     /// is), then one `mme_*` launch (kernels/experts.cu): a warp per (expert row, slot), the
-    /// expert id read on the device. In exact mode `mmex_*` instead: f32 activations, f64 sums,
-    /// as the ordinary product's `mmx_*` and the CPU's exact mode.
+    /// expert id read on the device. From [`GROUP_MIN`] slots on (prompts, batches), quantized
+    /// weights go through `experts_group` and `mmeg_*` instead: a warp per (expert row, group of
+    /// up to 8 slots of that expert), each weight block decoded once for the group, the same
+    /// bits. In exact mode `mmex_*`: f32 activations, f64 sums, as the ordinary product's
+    /// `mmx_*` and the CPU's exact mode.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_experts_impl(
         &self,
@@ -270,6 +273,44 @@ impl CudaBackend {
             ActKind::Float => (self.ptr(x), w.cols),
             _ => self.quantize_act(&mut sc, kind, x, x_rows, w.cols),
         };
+        let n_exp = w.rows / rpe;
+        if n_slots >= GROUP_MIN && kind != ActKind::Float && n_exp <= MAX_EXPERTS {
+            // Groups: at most one partial group per expert (and the invalid ids' own).
+            let max_groups = n_slots.div_ceil(MEG) + n_slots.min(n_exp + 1);
+            let mut grp = self.expert_groups.lock().unwrap_or_else(|e| e.into_inner());
+            let need = 4 + n_slots + 3 * max_groups;
+            if grp.len() < need {
+                *grp = self
+                    .dev
+                    .stream
+                    .alloc_zeros::<u32>(need.next_power_of_two())
+                    .expect("CUDA alloc of the expert groups");
+                self.scratch_moved();
+            }
+            let gp = self.ptr(&*grp);
+            let args = [
+                Arg::P(self.ptr(ids)),
+                Arg::I(n_slots as i32),
+                Arg::I(n_exp as i32),
+                Arg::P(gp),
+            ];
+            self.launch("experts_group", (1, 1, 1), 1024, &args);
+            let args = [
+                Arg::P(self.ptr(&w.data)),
+                Arg::P(gp),
+                Arg::P(xp),
+                Arg::P(self.ptr(&*y)),
+                Arg::I(rpe as i32),
+                Arg::I(nb as i32),
+                Arg::I(n_exp as i32),
+                Arg::I(k as i32),
+                Arg::I(x_per_slot as i32),
+                Arg::I(n_slots as i32),
+            ];
+            let grid = (max_groups as u32, (rpe as u32).div_ceil(MM_WARPS), 1);
+            self.launch(&format!("mmeg_{suffix}"), grid, 32 * MM_WARPS, &args);
+            return;
+        }
         let args = [
             Arg::P(self.ptr(&w.data)),
             Arg::P(self.ptr(ids)),
@@ -277,13 +318,18 @@ impl CudaBackend {
             Arg::P(self.ptr(&*y)),
             Arg::I(rpe as i32),
             Arg::I(nb as i32),
-            Arg::I((w.rows / rpe) as i32),
+            Arg::I(n_exp as i32),
             Arg::I(k as i32),
             Arg::I(x_per_slot as i32),
         ];
         self.launch(&format!("mme_{suffix}"), grid, 32 * MM_WARPS, &args);
     }
 }
+
+/// Slots from which expert products go through the grouped kernels, and their group size
+/// (`MEG` in kernels/experts.cu).
+const GROUP_MIN: usize = 32;
+const MEG: usize = 8;
 
 /// Experts and slots the routing kernels hold (`KIT_MAX_EXPERTS`, `KIT_MAX_K` in kit.cu).
 const MAX_EXPERTS: usize = 1024;

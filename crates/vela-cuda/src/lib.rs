@@ -119,6 +119,10 @@ impl Backend for CudaBackend {
         self.upload_weight_impl(w)
     }
 
+    fn write_weight_rows(&self, dst: &mut CudaWeight, row0: usize, w: &HostWeight) -> Result<()> {
+        self.write_weight_rows_impl(dst, row0, w)
+    }
+
     fn upload_vector(&self, data: &[f32]) -> Result<CudaSlice<f32>> {
         Ok(self.dev.stream.clone_htod(data)?)
     }

@@ -1,4 +1,4 @@
-//! Weight upload (`upload_weight_impl`) and its progress: an `indicatif` bar on a terminal, one
+//! Weight upload (`upload_weight_impl`, `write_weight_rows_impl`) and its progress: an `indicatif` bar on a terminal, one
 //! summary line otherwise; and the embedding gather of uploaded weights (`get_rows_impl`).
 
 use crate::backend::CudaBackend;
@@ -73,43 +73,66 @@ impl Upload {
 impl CudaBackend {
     /// Upload one weight matrix (repacked into split rows where that applies).
     pub(crate) fn upload_weight_impl(&self, w: &vela_compute::HostWeight) -> Result<CudaWeight> {
-        if !supported(w.ty) {
-            bail!(
-                "tensor '{}' has type {} which the CUDA backend cannot multiply",
-                w.name,
-                w.ty
-            );
-        }
-        let bs = w.ty.block_size();
-        if !w.cols.is_multiple_of(bs) {
-            bail!(
-                "tensor '{}': {} columns are not a multiple of {bs}",
-                w.name,
-                w.cols
-            );
-        }
-        let row_bytes =
-            w.ty.row_bytes(w.cols as u64)
-                .ok_or_else(|| anyhow!("tensor '{}': bad row size", w.name))? as usize;
-        let bytes = w.bytes();
-        if bytes.len() < row_bytes * w.rows {
-            bail!("tensor '{}' data is shorter than its shape", w.name);
-        }
-        let n = row_bytes * w.rows;
-        let repack = split_repack(w.ty, w.cols);
-        let split = repack.is_some();
+        let row_bytes = check(w)?;
+        let split = split_repack(w.ty, w.cols).is_some();
         // Split Q6_K rows are padded to 16 bytes (`row_stride` in kernels/quant.cu).
         let stride = if split && w.ty == GgmlType::Q6_K {
             row_bytes.next_multiple_of(16)
         } else {
             row_bytes
         };
-        let mut data = self
+        let data = self
             .dev
             .stream
             .alloc_zeros::<u8>(stride * w.rows + WEIGHT_PAD)
             .with_context(|| format!("allocating tensor '{}'", w.name))?;
-        if let Some((kernel, per_row)) = repack {
+        let mut cw = CudaWeight {
+            data,
+            ty: w.ty,
+            rows: w.rows,
+            cols: w.cols,
+            row_bytes: stride,
+            split,
+        };
+        self.fill_rows(&mut cw, 0, w)?;
+        Ok(cw)
+    }
+
+    /// See `Backend::write_weight_rows`.
+    pub(crate) fn write_weight_rows_impl(
+        &self,
+        dst: &mut CudaWeight,
+        row0: usize,
+        w: &vela_compute::HostWeight,
+    ) -> Result<()> {
+        check(w)?;
+        if w.ty != dst.ty || w.cols != dst.cols || row0 + w.rows > dst.rows {
+            bail!(
+                "tensor '{}': {} rows of {} {} do not fit rows {row0}.. of a {}×{} {} weight",
+                w.name,
+                w.rows,
+                w.cols,
+                w.ty,
+                dst.rows,
+                dst.cols,
+                dst.ty
+            );
+        }
+        self.fill_rows(dst, row0, w)
+    }
+
+    /// `w`'s rows into `dst` from row `row0` on, repacked as the upload does.
+    fn fill_rows(
+        &self,
+        dst: &mut CudaWeight,
+        row0: usize,
+        w: &vela_compute::HostWeight,
+    ) -> Result<()> {
+        let row_bytes = check(w)?;
+        let n = row_bytes * w.rows;
+        let bytes = &w.bytes()[..n];
+        let at = row0 * dst.row_bytes;
+        if let Some((kernel, per_row)) = split_repack(w.ty, w.cols) {
             // Upload as is, then repack on the device into split rows.
             let mut raw = self
                 .dev
@@ -118,12 +141,12 @@ impl CudaBackend {
                 .with_context(|| format!("allocating tensor '{}'", w.name))?;
             self.dev
                 .stream
-                .memcpy_htod(&bytes[..n], &mut raw)
+                .memcpy_htod(bytes, &mut raw)
                 .with_context(|| format!("uploading tensor '{}'", w.name))?;
             let threads = w.rows * per_row;
             let args = [
                 Arg::P(self.ptr(&raw)),
-                Arg::P(self.ptr(&data)),
+                Arg::P(self.ptr(&dst.data) + at as u64),
                 Arg::I(w.rows as i32),
                 Arg::I((w.cols / w.ty.block_size()) as i32),
             ];
@@ -139,19 +162,38 @@ impl CudaBackend {
         } else {
             self.dev
                 .stream
-                .memcpy_htod(&bytes[..n], &mut data.slice_mut(0..n))
+                .memcpy_htod(bytes, &mut dst.data.slice_mut(at..at + n))
                 .with_context(|| format!("uploading tensor '{}'", w.name))?;
         }
         self.upload.add(n as u64);
-        Ok(CudaWeight {
-            data,
-            ty: w.ty,
-            rows: w.rows,
-            cols: w.cols,
-            row_bytes: stride,
-            split,
-        })
+        Ok(())
     }
+}
+
+/// A weight's bytes per row, after checking the backend can multiply it.
+fn check(w: &vela_compute::HostWeight) -> Result<usize> {
+    if !supported(w.ty) {
+        bail!(
+            "tensor '{}' has type {} which the CUDA backend cannot multiply",
+            w.name,
+            w.ty
+        );
+    }
+    let bs = w.ty.block_size();
+    if !w.cols.is_multiple_of(bs) {
+        bail!(
+            "tensor '{}': {} columns are not a multiple of {bs}",
+            w.name,
+            w.cols
+        );
+    }
+    let row_bytes =
+        w.ty.row_bytes(w.cols as u64)
+            .ok_or_else(|| anyhow!("tensor '{}': bad row size", w.name))? as usize;
+    if w.bytes().len() < row_bytes * w.rows {
+        bail!("tensor '{}' data is shorter than its shape", w.name);
+    }
+    Ok(row_bytes)
 }
 
 impl CudaBackend {

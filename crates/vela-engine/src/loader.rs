@@ -10,7 +10,7 @@ use vela_compute::cpu::CpuBackend;
 use vela_compute::Backend;
 use vela_formats::gguf::GgufFile;
 use vela_formats::quant::GgmlType;
-use vela_models::placement::{self, ExpertsMode, HostExperts, Plan, Prefill, Sizes};
+use vela_models::placement::{self, ExpertsMode, HostExperts, Plan, Sizes};
 use vela_models::{LanguageModel, LoadSpec};
 use vela_tokenizer::Tokenizer;
 
@@ -191,14 +191,11 @@ fn spec_of(
             eprintln!("{}", p.describe(s, gpu));
         }
         if !p.host_layers.is_empty() {
-            let mut h = HostExperts::new(cpu(), p.host_layers.clone(), p.cache_bytes);
-            // A/B switch of the prefill choice against its forced sides (docs/cuda.md).
-            h.prefill = match std::env::var("VELA_EXPERT_PREFILL").as_deref() {
-                Ok("cpu") => Prefill::Cpu,
-                Ok("stream") => Prefill::Stream,
-                _ => Prefill::Measured,
-            };
-            spec.host_experts = Some(h);
+            spec.host_experts = Some(HostExperts::new(
+                cpu(),
+                p.host_layers.clone(),
+                p.cache_bytes,
+            ));
         }
     }
     spec
@@ -347,12 +344,21 @@ pub fn load_synth(spec: &str, opts: &LoadOptions) -> Result<LoadedModel> {
         model.backend_name(),
         t0.elapsed().as_secs_f64()
     );
+    // GLM's stand-in vocabulary carries GLM's chat template (the others carry none of their own).
+    let chat_template = glm5
+        .then(|| {
+            vocab
+                .get_str("tokenizer.chat_template")
+                .ok()
+                .map(str::to_string)
+        })
+        .flatten();
     Ok(LoadedModel {
         path: PathBuf::from(format!("synth:{spec}")),
         gguf: None,
         model,
         tokenizer,
-        chat_template: None,
+        chat_template,
         special_texts: None,
     })
 }
@@ -660,8 +666,8 @@ mod tests {
     }
 
     /// `synth:glm5-flash` tokenizes text with the vocabulary its `vela synth` file carries
-    /// (llama.cpp's qwen35 one padded to 154,880 tokens, when found); `synth:glm5-tiny` has the
-    /// fixtures' synthetic vocabulary of 512.
+    /// (the GLM stand-in over llama.cpp's qwen35 ranks, 154,880 tokens, when found);
+    /// `synth:glm5-tiny` has the fixtures' synthetic vocabulary of 512.
     #[test]
     fn glm5_synth_vocabularies() {
         use vela_models::glm5::synth_gguf::vocabulary;
@@ -670,12 +676,32 @@ mod tests {
         let g = vocabulary("glm5-flash").unwrap();
         let t = Tokenizer::from_gguf(&g).unwrap();
         assert_eq!(t.n_vocab(), 154_880);
-        if g.get_str("tokenizer.ggml.pre").ok() == Some("qwen35") {
+        let found = vela_models::synth::find_tokenizer("ggml-vocab-qwen35.gguf").is_ok();
+        assert_eq!(g.get_str("tokenizer.ggml.pre").ok() == Some("glm4"), found);
+        let template = g.get_str("tokenizer.chat_template").ok();
+        assert_eq!(
+            template.is_some_and(|t| t.contains("<arg_key>")),
+            found && vela_models::glm5::vocab::find_template().is_some()
+        );
+        if found {
             let ids = t.encode("Hello world", false, false).unwrap();
             assert!(
-                !ids.is_empty() && ids.iter().all(|&i| i < 151_936),
+                !ids.is_empty() && ids.iter().all(|&i| i < 151_643),
                 "{ids:?}"
             );
+            // GLM's turn tokens are control tokens at GLM 5's ids, parsed only when asked.
+            let text = "[gMASK]<sop><|user|>Hi<|assistant|><think>";
+            let ids = t.encode(text, false, true).unwrap();
+            assert_eq!(ids[..3], [154_822, 154_824, 154_827], "{ids:?}");
+            assert_eq!(ids[ids.len() - 2..], [154_828, 154_841], "{ids:?}");
+            assert!(t
+                .encode(text, false, false)
+                .unwrap()
+                .iter()
+                .all(|&i| i < 151_643));
+            for eog in [154_820, 154_827, 154_829] {
+                assert!(t.is_eog(eog), "{eog}");
+            }
         }
     }
 

@@ -41,6 +41,7 @@ mod mla;
 mod mtp;
 pub mod synth;
 pub mod synth_gguf;
+pub mod vocab;
 
 pub use config::{Glm5Config, Indexer, Mixer};
 

@@ -6,12 +6,14 @@
 mod common;
 use common::*;
 use std::path::Path;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
 use vela_compute::KvType;
 use vela_formats::quant::GgmlType;
 use vela_models::deepseekv4::DeepseekV4Model;
 use vela_models::gemma4::Gemma4Model;
+use vela_models::glm5::Glm5Model;
 use vela_models::placement::{HostExperts, Prefill};
 use vela_models::qwen4exp::Qwen4ExpModel;
 use vela_models::{LanguageModel, LoadSpec};
@@ -136,6 +138,16 @@ fn deepseekv4_host_experts_are_exact() {
             assert!(misses > hits / 4, "cache {cache}: {misses} misses");
         }
     }
+    // Long enough for later choices of the cached set: experts replaced in their slots.
+    let tokens: Vec<u32> = (0..240).map(|i| (i * 97 + 11) % 500).collect();
+    let base = logits(synth(None), &tokens);
+    let stats = &vela_models::blocks::expert_cache::CACHE_STATS;
+    let (c0, r0) = (host_calls(), stats.replaced.load(Ordering::Relaxed));
+    let got = logits(synth(host_cached(&all, 1 << 15)), &tokens);
+    assert_same("deepseek_v4 cache refreshed", c0, &got, &base);
+    let replaced = stats.replaced.load(Ordering::Relaxed) - r0;
+    eprintln!("cache refreshed: {replaced} experts replaced");
+    assert!(replaced > 0, "no cached expert was replaced");
 }
 
 /// The caches' hits (0) or misses (1) so far.
@@ -160,4 +172,30 @@ fn qwen4exp_host_experts_are_exact() {
     let c0 = host_calls();
     let got = logits(load(&spec(None, &all)), tokens);
     assert_same("qwen4exp", c0, &got, &base);
+}
+
+/// GLM 5.3 (`glm5-tiny`: one dense layer, then MoE layers on KDA and MLA mixers): every MoE
+/// layer or one on the host, with every batch streamed, and with a small device cache.
+#[test]
+fn glm5_host_experts_are_exact() {
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 53 + 7) % 512).collect();
+    let synth = |h: Option<HostExperts>| -> Arc<dyn LanguageModel> {
+        let be = Arc::new(CpuBackend::new(2));
+        Arc::new(Glm5Model::synth_placed(be, "glm5-tiny", GgmlType::Q8_0, 1, h).unwrap())
+    };
+    let base = logits(synth(None), &tokens);
+    let all: Vec<usize> = (0..ALL).collect();
+    for layers in [&all[..], &[5][..]] {
+        let c0 = host_calls();
+        let got = logits(synth(host(layers)), &tokens);
+        assert_same(&format!("glm5 {layers:?}"), c0, &got, &base);
+    }
+    let mut h = host(&all).unwrap();
+    h.prefill = Prefill::Stream;
+    let c0 = host_calls();
+    assert_same("glm5 streamed", c0, &logits(synth(Some(h)), &tokens), &base);
+    let (c0, h0) = (host_calls(), cache_stat(0));
+    let got = logits(synth(host_cached(&all, 1 << 14)), &tokens);
+    assert_same("glm5 cache", c0, &got, &base);
+    assert!(cache_stat(0) > h0, "glm5: no slot ran from the cache");
 }

@@ -16,6 +16,7 @@ pub mod openai;
 pub mod parser;
 pub mod request;
 pub mod stop;
+pub mod tool_schema;
 pub mod worker;
 
 use anyhow::{bail, Context, Result};

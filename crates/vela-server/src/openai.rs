@@ -56,6 +56,7 @@ pub fn render_messages(
     let mut parser =
         ParserConfig::from_template(r.template_src.as_deref().unwrap_or(""), tools.is_some());
     parser.start_in_reasoning = rendered.trim_end().ends_with("<think>");
+    parser.arg_kinds = crate::tool_schema::ArgKinds::from_tools(tools.as_ref());
     Ok((rendered, tokens, parser))
 }
 

@@ -20,6 +20,7 @@
 //! closer inside a delimited string does not end the block). Generation stops at the
 //! `<|tool_response>` end-of-generation token, so it never reaches the parser.
 
+use crate::tool_schema::ArgKinds;
 use serde_json::{Map, Value};
 
 /// A parsed tool call; `arguments` is JSON text of an object.
@@ -70,6 +71,8 @@ pub struct ParserConfig {
     /// The content right after a reasoning block loses its leading whitespace (`<think>…
     /// </think>\n\n`, as llama.cpp's parser returns it; the template writes it back).
     pub lstrip_after_reasoning: bool,
+    /// Which arguments of the request's tools are strings (GLM / Qwen XML values).
+    pub arg_kinds: ArgKinds,
 }
 
 const DSML_OPEN: &str = "<｜DSML｜tool_calls>";
@@ -115,8 +118,9 @@ impl ParserConfig {
                 "</tool_call>".into(),
                 ToolSyntax::HermesOrGlm,
             ));
-            // Small Qwen2.5 models often answer with the bare JSON call, without the tags.
-            c.llama_json = true;
+            // Small Qwen2.5 models often answer with the bare JSON call, without the tags; GLM
+            // templates never show a JSON call, so a JSON answer there is content.
+            c.llama_json = !template.contains("<arg_key>");
         } else if template.contains("<|python_tag|>") || template.contains("\"parameters\"") {
             c.llama_json = true;
         }
@@ -240,7 +244,7 @@ impl OutputParser {
             Mode::Tool(i) => {
                 // Ended (EOS) before the closer: accept the block if it parses.
                 let (open, _, syn) = &self.cfg.tools[i];
-                match parse_block(*syn, &rest) {
+                match parse_block(*syn, &rest, &self.cfg.arg_kinds) {
                     Some(calls) => calls.into_iter().for_each(|c| out.push(Event::ToolCall(c))),
                     None => push_event(&mut out, Event::Content(format!("{open}{rest}"))),
                 }
@@ -381,7 +385,7 @@ impl OutputParser {
                     };
                     let body = self.buf[..p].to_string();
                     self.buf.drain(..p + close.len());
-                    match parse_block(syn, &body) {
+                    match parse_block(syn, &body, &self.cfg.arg_kinds) {
                         Some(calls) => calls.into_iter().for_each(|c| out.push(Event::ToolCall(c))),
                         None => push_event(out, Event::Content(format!("{open}{body}{close}"))),
                     }
@@ -393,17 +397,17 @@ impl OutputParser {
     }
 }
 
-/// Parse one tool block body; `None` when malformed.
-pub fn parse_block(syn: ToolSyntax, body: &str) -> Option<Vec<ToolCall>> {
+/// Parse one tool block body (argument types from `kinds`); `None` when malformed.
+pub fn parse_block(syn: ToolSyntax, body: &str, kinds: &ArgKinds) -> Option<Vec<ToolCall>> {
     match syn {
         ToolSyntax::HermesOrGlm => {
             let t = body.trim();
             if t.starts_with('{') {
                 parse_json_call(t, &["arguments", "parameters"]).map(|c| vec![c])
             } else if t.starts_with("<function=") {
-                parse_qwen_xml(t).map(|c| vec![c])
+                parse_qwen_xml(t, kinds).map(|c| vec![c])
             } else {
-                parse_glm(t).map(|c| vec![c])
+                parse_glm(t, kinds).map(|c| vec![c])
             }
         }
         ToolSyntax::Gemma4 => parse_gemma4(body.trim()).map(|c| vec![c]),
@@ -482,8 +486,10 @@ fn loose_value(s: &str) -> Value {
     serde_json::from_str(s).unwrap_or_else(|_| Value::String(s.to_string()))
 }
 
-/// GLM: `NAME\n<arg_key>k</arg_key>\n<arg_value>v</arg_value>...`.
-fn parse_glm(t: &str) -> Option<ToolCall> {
+/// GLM: `NAME<arg_key>k</arg_key><arg_value>v</arg_value>...` (GLM 4.5/4.6 put newlines between
+/// the parts). A value is the raw text for a string parameter, JSON for another declared one
+/// (the template writes non-strings with `tojson`), JSON-if-it-parses for an undeclared one.
+fn parse_glm(t: &str, kinds: &ArgKinds) -> Option<ToolCall> {
     let (name, mut rest) = match t.find("<arg_key>") {
         Some(p) => (t[..p].trim(), &t[p..]),
         None => (t, ""),
@@ -504,7 +510,8 @@ fn parse_glm(t: &str) -> Option<ToolCall> {
             .trim_start()
             .strip_prefix("<arg_value>")?;
         let ve = r.find("</arg_value>")?;
-        args.insert(key, loose_value(&r[..ve]));
+        let value = kinds.value(name, &key, &r[..ve], loose_value);
+        args.insert(key, value);
         rest = &r[ve + "</arg_value>".len()..];
     }
     Some(ToolCall {
@@ -514,9 +521,10 @@ fn parse_glm(t: &str) -> Option<ToolCall> {
 }
 
 /// Qwen3-Coder / Qwen3.5: `<function=NAME>` then `<parameter=KEY>\nVALUE\n</parameter>` blocks
-/// and `</function>`. A value is JSON when it parses as a number, boolean, null, object or array
-/// (the template writes those with `tojson`), otherwise the string between the newlines.
-fn parse_qwen_xml(t: &str) -> Option<ToolCall> {
+/// and `</function>`. A value is typed by the tool's schema (see `parse_glm`); an undeclared one
+/// is JSON when it parses as a number, boolean, null, object or array (the template writes those
+/// with `tojson`), otherwise the string between the newlines.
+fn parse_qwen_xml(t: &str, kinds: &ArgKinds) -> Option<ToolCall> {
     let r = t.strip_prefix("<function=")?;
     let ne = r.find('>')?;
     let name = r[..ne].trim();
@@ -538,10 +546,10 @@ fn parse_qwen_xml(t: &str) -> Option<ToolCall> {
         let ve = r.find("</parameter>")?;
         let raw = r[..ve].strip_prefix('\n').unwrap_or(&r[..ve]);
         let raw = raw.strip_suffix('\n').unwrap_or(raw);
-        let value = match serde_json::from_str::<Value>(raw) {
-            Ok(v) if !v.is_string() => v,
+        let value = kinds.value(name, &key, raw, |raw| match serde_json::from_str(raw) {
+            Ok(v) if !Value::is_string(&v) => v,
             _ => Value::String(raw.to_string()),
-        };
+        });
         args.insert(key, value);
         rest = &r[ve + "</parameter>".len()..];
     }
@@ -769,3 +777,7 @@ mod tests;
 #[cfg(test)]
 #[path = "parser_gemma4_tests.rs"]
 mod gemma4_tests;
+
+#[cfg(test)]
+#[path = "parser_glm_tests.rs"]
+mod glm_tests;

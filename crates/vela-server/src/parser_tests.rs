@@ -188,7 +188,11 @@ fn dsml_markers_out_of_order_are_content() {
         "<｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"k>v</｜DSML｜parameter>\"</｜DSML｜invoke>",
         "<｜DSML｜invoke name=\"f\"><｜DSML｜parameter name=\"k\" string</｜DSML｜parameter>>v</｜DSML｜invoke>",
     ] {
-        assert_eq!(parse_block(ToolSyntax::Dsml, body), None, "{body}");
+        assert_eq!(
+            parse_block(ToolSyntax::Dsml, body, &ArgKinds::default()),
+            None,
+            "{body}"
+        );
         let text = format!("<｜DSML｜tool_calls>{body}</｜DSML｜tool_calls>");
         check_all_splits(&cfg, &text, &[content(&text)]);
     }

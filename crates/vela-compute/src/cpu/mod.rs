@@ -12,6 +12,7 @@ pub mod ops;
 pub mod pool;
 pub mod recurrent;
 pub mod route;
+mod rows;
 pub mod simd;
 pub mod sparse;
 pub use ops::CpuBackend;

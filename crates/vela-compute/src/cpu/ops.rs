@@ -10,6 +10,7 @@ use super::kvdata::{concat, host_memory_available, KvData, KvLayer};
 pub use super::kvdata::{CpuKv, CpuKvSnapshot};
 use super::matmul::{self, QMatrix};
 use super::pool::ThreadPool;
+use super::rows::{rms_norm_row, rms_norm_row_inplace, rope_cache, rope_head};
 use super::simd;
 use super::{experts, kit, route};
 use crate::{
@@ -193,6 +194,30 @@ impl Backend for CpuBackend {
             cw.packed = matmul::PackedMatrix::new(&cw.qmatrix());
         }
         Ok(cw)
+    }
+
+    fn write_weight_rows(&self, dst: &mut CpuWeight, row0: usize, w: &HostWeight) -> Result<()> {
+        let h = &dst.host;
+        if w.ty != h.ty || w.cols != h.cols || row0 + w.rows > h.rows {
+            bail!(
+                "tensor '{}': {} rows of {} {} do not fit rows {row0}.. of a {}×{} {} weight",
+                w.name,
+                w.rows,
+                w.cols,
+                w.ty,
+                h.rows,
+                h.cols,
+                h.ty
+            );
+        }
+        // A new copy with the rows replaced, packed again: the CPU has no device to spare copies
+        // for, so this is for tests of the caches that use it.
+        let rb = h.bytes().len() / h.rows.max(1);
+        let mut bytes = h.bytes().to_vec();
+        bytes[row0 * rb..(row0 + w.rows) * rb].copy_from_slice(&w.bytes()[..w.rows * rb]);
+        let new = HostWeight::owned(&h.name, h.ty, h.rows, h.cols, bytes)?.as_head(h.head);
+        *dst = self.upload_weight(&new)?;
+        Ok(())
     }
 
     fn upload_vector(&self, data: &[f32]) -> Result<Vec<f32>> {
@@ -965,70 +990,6 @@ impl Backend for CpuBackend {
     ) {
         dst[dst_row * width..(dst_row + n_rows) * width]
             .copy_from_slice(&src[src_row * width..(src_row + n_rows) * width]);
-    }
-}
-
-/// Σ x² in f64 (as ggml, which sums in f64), in 8 interleaved lanes combined in a fixed order:
-/// the lanes vectorize, and the f64 sum of f32 squares differs from a sequential sum only far
-/// below f32 resolution.
-fn sum_sq_f64(x: &[f32]) -> f64 {
-    let mut lanes = [0f64; 8];
-    let mut it = x.chunks_exact(8);
-    for c in &mut it {
-        for i in 0..8 {
-            lanes[i] += (c[i] * c[i]) as f64;
-        }
-    }
-    let mut sum = ((lanes[0] + lanes[4]) + (lanes[1] + lanes[5]))
-        + ((lanes[2] + lanes[6]) + (lanes[3] + lanes[7]));
-    for &v in it.remainder() {
-        sum += (v * v) as f64;
-    }
-    sum
-}
-
-/// y = x * (1 / sqrt(mean(x²) + eps)) * w, with the sum of squares in f64 as ggml does.
-fn rms_norm_row(x: &[f32], w: &[f32], eps: f32, y: &mut [f32]) {
-    let mean = (sum_sq_f64(x) / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    for i in 0..x.len() {
-        y[i] = (x[i] * scale) * w[i];
-    }
-}
-
-/// [`rms_norm_row`] in place.
-fn rms_norm_row_inplace(x: &mut [f32], w: &[f32], eps: f32) {
-    let mean = (sum_sq_f64(x) / x.len() as f64) as f32;
-    let scale = 1.0 / (mean + eps).sqrt();
-    for (v, &wi) in x.iter_mut().zip(w) {
-        *v = (*v * scale) * wi;
-    }
-}
-
-/// cos/sin table for one position, built as ggml's rope cache (repeated f32 multiplication).
-fn rope_cache(pos: u32, p: &RopeParams, cache: &mut [f32]) {
-    let theta_scale = p.freq_base.powf(-2.0 / p.n_rot as f32);
-    let mut theta = pos as f32;
-    for i0 in (0..p.n_rot).step_by(2) {
-        let ff = p.freq_factors.as_ref().map(|f| f[i0 / 2]).unwrap_or(1.0);
-        let t = p.freq_scale * (theta / ff);
-        cache[i0] = t.cos();
-        cache[i0 + 1] = t.sin();
-        theta *= theta_scale;
-    }
-}
-
-fn rope_head(x: &mut [f32], cache: &[f32], n_rot: usize, neox: bool) {
-    for i0 in (0..n_rot).step_by(2) {
-        let (c, s) = (cache[i0], cache[i0 + 1]);
-        let (a, b) = if neox {
-            (i0 / 2, i0 / 2 + n_rot / 2)
-        } else {
-            (i0, i0 + 1)
-        };
-        let (x0, x1) = (x[a], x[b]);
-        x[a] = x0 * c - x1 * s;
-        x[b] = x0 * s + x1 * c;
     }
 }
 

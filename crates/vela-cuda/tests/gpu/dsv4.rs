@@ -349,7 +349,8 @@ fn placed_logits(m: Arc<dyn LanguageModel>, toks: &[u32]) -> Vec<f32> {
 }
 
 /// Routed experts in host memory (`vela_models::placement`) on DeepSeek V4 (`deepseek-v4-tiny`
-/// Q8_0, hash and top-k layers) and Qwen3.8 (the `gdn_qsa` fixture, f32): every layer's on the
+/// Q8_0, hash and top-k layers), Qwen3.8 (the `gdn_qsa` fixture, f32) and GLM 5.3 (`glm5-tiny`
+/// Q8_0, KDA and MLA layers): every layer's on the
 /// host, without and with a small GPU cache, against all on the GPU, in exact mode within the
 /// GPU-vs-CPU bound (worst position NMSE <= 1e-4, every position's argmax equal); the default
 /// mode reported.
@@ -367,7 +368,7 @@ fn dsv4_qwen4exp_host_experts_match_gpu() {
     let has_q4 = vela_formats::testdata::require(q4dir.join("logits_long.f32")).is_some();
     for exact in [true, false] {
         vela_compute::cpu::matmul::exact::set_thread_override(Some(exact));
-        for model in ["deepseek_v4", "qwen4exp"] {
+        for model in ["deepseek_v4", "qwen4exp", "glm5"] {
             if model == "qwen4exp" && !has_q4 {
                 continue;
             }
@@ -375,10 +376,15 @@ fn dsv4_qwen4exp_host_experts_match_gpu() {
                 let g = gpu()?;
                 g.set_exact_matmul(exact);
                 let g = Arc::new(g);
+                let ty = GgmlType::Q8_0;
                 Some(if model == "deepseek_v4" {
-                    let ty = GgmlType::Q8_0;
                     Arc::new(
                         DeepseekV4Model::synth_placed(g, "deepseek-v4-tiny", ty, 1, h).unwrap(),
+                    )
+                } else if model == "glm5" {
+                    Arc::new(
+                        vela_models::glm5::Glm5Model::synth_placed(g, "glm5-tiny", ty, 1, h)
+                            .unwrap(),
                     )
                 } else {
                     let spec = LoadSpec {
@@ -394,6 +400,7 @@ fn dsv4_qwen4exp_host_experts_match_gpu() {
             } else {
                 (0..96).map(|i| (i * 37 + 5) % 500).collect()
             };
+            // (Token ids under 512: glm5-tiny's vocabulary.)
             let want = placed_logits(base, &toks);
             let nv = want.len() / toks.len();
             for cache in [0, 1 << 16] {

@@ -295,6 +295,52 @@ fn matmul_and_get_rows_match_cpu() {
     }
 }
 
+/// `write_weight_rows` (a device cache replacing one expert in place) leaves the weight as an
+/// upload of the changed rows would: the same products, bit for bit, for a plain type, split
+/// rows (Q4_0) and padded split rows (Q6_K).
+#[test]
+fn write_weight_rows_equals_upload() {
+    let Some(g) = gpu() else { return };
+    let mut rng = Rng(29);
+    for ty in [
+        GgmlType::Q4_0,
+        GgmlType::Q8_0,
+        GgmlType::Q6_K,
+        GgmlType::F16,
+    ] {
+        let (rows, cols, at, n_new) = (64usize, ty.block_size() * 4, 16usize, 8usize);
+        let rb = ty.row_bytes(cols as u64).unwrap() as usize;
+        let (a, b) = (
+            random_weight(ty, rows, cols, &mut rng),
+            random_weight(ty, n_new, cols, &mut rng),
+        );
+        let mut merged = a.clone();
+        merged[at * rb..(at + n_new) * rb].copy_from_slice(&b);
+        let file = gguf(&[
+            ("a", ty, rows, cols, a),
+            ("b", ty, n_new, cols, b),
+            ("m", ty, rows, cols, merged),
+        ]);
+        let hw = |n: &str| HostWeight::from_gguf(&file, n).unwrap();
+        let mut w = g.upload_weight(&hw("a")).unwrap();
+        g.write_weight_rows(&mut w, at, &hw("b")).unwrap();
+        let fresh = g.upload_weight(&hw("m")).unwrap();
+        let x = rng.vec(3 * cols);
+        let xg = up(&g, &x);
+        let (mut y1, mut y2) = (g.alloc(3 * rows), g.alloc(3 * rows));
+        g.matmul(&w, &xg, 3, &mut y1);
+        g.matmul(&fresh, &xg, 3, &mut y2);
+        assert_eq!(
+            down(&g, &y1, 3 * rows),
+            down(&g, &y2, 3 * rows),
+            "{} rows written in place",
+            ty.name()
+        );
+        // Rows past the end: an error.
+        assert!(g.write_weight_rows(&mut w, rows - 4, &hw("b")).is_err());
+    }
+}
+
 #[test]
 fn elementwise_ops_match_cpu() {
     let Some(g) = gpu() else { return };

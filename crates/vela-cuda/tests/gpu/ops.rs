@@ -354,7 +354,8 @@ fn experts_vs_cpu(g: &CudaBackend, exact: bool) {
         for (n_exp, rpe) in [(4usize, 17usize), (3, 32), (8, 5)] {
             let (wg, wc) = upload_random(g, &cpu, ty, n_exp * rpe, cols, &mut rng);
             for k in 1..=3usize {
-                for (n_tokens, per_slot) in [(1usize, false), (3, true), (7, false)] {
+                // 40 tokens: from 32 slots on, the grouped kernels.
+                for (n_tokens, per_slot) in [(1usize, false), (3, true), (7, false), (40, false)] {
                     let n_slots = n_tokens * k;
                     let x_rows = if per_slot { n_slots } else { n_tokens };
                     let x = rng.vec(x_rows * cols);
@@ -389,6 +390,67 @@ fn experts_vs_cpu(g: &CudaBackend, exact: bool) {
         y[..2].iter().all(|v| v.is_finite()) && y[2..] == [0.0, 0.0],
         "{y:?}"
     );
+}
+
+/// The grouped expert products (32 slots or more) give the per-slot kernels' bits: a batch
+/// against each of its tokens alone (fewer slots), ids past the tensor included (zero rows),
+/// experts with more slots than one group, shared and per-slot activations.
+#[test]
+fn matmul_experts_grouped_equal_per_slot() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0x5eed_0e4b);
+    use GgmlType as G;
+    for (ty, cols) in [
+        (G::Q4_0, 96),
+        (G::Q4_0, 256),
+        (G::Q4_1, 64),
+        (G::Q5_0, 96),
+        (G::Q8_0, 160),
+        (G::Q4_K, 512),
+        (G::Q5_K, 256),
+        (G::Q6_K, 768),
+    ] {
+        let (n_exp, rpe) = (16usize, 24usize);
+        let (wg, _) = upload_random(&g, &cpu, ty, n_exp * rpe, cols, &mut rng);
+        for (n_tokens, k, per_slot) in [(40usize, 4usize, false), (19, 2, true)] {
+            let n_slots = n_tokens * k;
+            let x_rows = if per_slot { n_slots } else { n_tokens };
+            let x = rng.vec(x_rows * cols);
+            let ids: Vec<u32> = (0..n_slots)
+                .map(|_| (rng.next() % (n_exp as u64 + 1)) as u32)
+                .collect();
+            let mut yg = g.alloc(n_slots * rpe);
+            g.matmul_experts(
+                &wg,
+                rpe,
+                &up(&g, &x),
+                per_slot,
+                &up_ids(&g, &ids),
+                n_tokens,
+                k,
+                &mut yg,
+            );
+            let batch = down(&g, &yg, n_slots * rpe);
+            for t in 0..n_tokens {
+                let xr = if per_slot {
+                    t * k..(t + 1) * k
+                } else {
+                    t..t + 1
+                };
+                let xt = up(&g, &x[xr.start * cols..xr.end * cols]);
+                let mut y1 = g.alloc(k * rpe);
+                let it = up_ids(&g, &ids[t * k..(t + 1) * k]);
+                g.matmul_experts(&wg, rpe, &xt, per_slot, &it, 1, k, &mut y1);
+                assert_eq!(
+                    down(&g, &y1, k * rpe),
+                    batch[t * k * rpe..(t + 1) * k * rpe],
+                    "{} cols={cols} k={k} token {t}: grouped vs per slot",
+                    ty.name()
+                );
+            }
+        }
+    }
 }
 
 /// Routing edge cases on the device, as on the CPU: an all -inf softmax row (weights 0, also

@@ -3,15 +3,19 @@
 //! the CPU runs the rest.
 //!
 //! Which experts: each routed slot counts for its expert; every [`REFRESH`] routed tokens the
-//! counts decay by half and the `cap` experts with the largest counts become the cache (a new
-//! device copy of their rows when the set changed by at least an eighth, or the first time).
+//! counts decay by half. The first choice fills every slot (the most counted experts, then the
+//! lowest ids); later ones replace a cached expert only by one counted [`ADMIT`] times as often
+//! (the least counted cached one by the most counted other, while that holds), writing the new
+//! expert's rows over the old one's slot in place: a refresh costs the changed experts' bytes,
+//! and routing noise does not churn the set (re-uploading the whole cache every refresh made a
+//! 4 GiB cache slower than none: `docs/perf-log.md`).
 //! A step then splits its slots: cached ones multiply on the device (their expert ids mapped to
 //! cache slots; the others to an id past the cache, which gives zero rows), the rest on the
 //! CPU; the CPU's rows are added into the zero rows, so the combine runs over every slot in
 //! the usual order and the result differs from all-on-device only by the CPU's rounding of
 //! the slots it ran.
 
-use super::expert_stream::upload_experts;
+use super::expert_stream::{expert_rows, upload_experts};
 use super::experts::GateUp;
 use anyhow::Result;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,12 +24,18 @@ use vela_compute::{Backend, HostWeight};
 /// Routed tokens between two choices of the cached experts.
 pub const REFRESH: usize = 128;
 
+/// How many times as often as the least used cached expert another must have been routed to
+/// take its slot.
+pub const ADMIT: f64 = 1.25;
+
 /// Hits and misses of every layer's cache (slots run on the device / on the CPU), for
 /// `/metrics` and `vela bench`.
 pub struct CacheStats {
     pub hits: AtomicU64,
     pub misses: AtomicU64,
     pub refreshes: AtomicU64,
+    /// Experts written over another's slot by a later choice.
+    pub replaced: AtomicU64,
     pub bytes_uploaded: AtomicU64,
 }
 
@@ -33,6 +43,7 @@ pub static CACHE_STATS: CacheStats = CacheStats {
     hits: AtomicU64::new(0),
     misses: AtomicU64::new(0),
     refreshes: AtomicU64::new(0),
+    replaced: AtomicU64::new(0),
     bytes_uploaded: AtomicU64::new(0),
 };
 
@@ -72,16 +83,16 @@ impl<B: Backend> ExpertCache<B> {
     }
 
     /// Count a step's routed experts (`ids`, `n` tokens' slots); every [`REFRESH`] tokens choose
-    /// the cached set again and, when it changed enough, copy the new set's rows from the host
-    /// tensors (`gate_up` as fused `[E·2I, H]` or gate and up `[E·I, H]`; `down` `[E·H, I]`) to
-    /// the device with `upload`.
+    /// the cached set again and copy the rows of the experts that came in from the host tensors
+    /// (`gate_up` as fused `[E·2I, H]` or gate and up `[E·I, H]`; `down` `[E·H, I]`) to the
+    /// device through `be`.
     pub fn observe(
         &mut self,
         ids: &[u32],
         n: usize,
         gate_up: &[&HostWeight],
         down: &HostWeight,
-        upload: impl Fn(&HostWeight) -> Result<B::Weight>,
+        be: &B,
     ) -> Result<()> {
         for &e in ids {
             if let Some(c) = self.counts.get_mut(e as usize) {
@@ -93,34 +104,85 @@ impl<B: Backend> ExpertCache<B> {
             return Ok(());
         }
         self.since = 0;
-        let mut order: Vec<usize> = (0..self.n_expert)
-            .filter(|&e| self.counts[e] > 0.0)
-            .collect();
-        order.sort_by(|&a, &b| self.counts[b].total_cmp(&self.counts[a]).then(a.cmp(&b)));
-        order.truncate(self.cap);
+        let r = if self.weights.is_some() {
+            self.replace(gate_up, down, be)
+        } else {
+            self.fill(gate_up, down, be)
+        };
         self.counts.iter_mut().for_each(|c| *c *= 0.5);
-        let new = order
-            .iter()
-            .filter(|&&e| self.slot_of[e] == u32::MAX)
-            .count();
-        if self.weights.is_some() && new * 8 < self.cap.max(1) {
+        r
+    }
+
+    /// The first choice: every slot, in expert order.
+    fn fill(&mut self, gate_up: &[&HostWeight], down: &HostWeight, be: &B) -> Result<()> {
+        if self.cap == 0 || self.counts.iter().all(|&c| c == 0.0) {
             return Ok(());
         }
+        let mut order: Vec<usize> = (0..self.n_expert).collect();
+        order.sort_by(|&a, &b| self.counts[b].total_cmp(&self.counts[a]).then(a.cmp(&b)));
+        order.truncate(self.cap);
         order.sort_unstable();
-        // The old copy goes first: the device holds one copy at a time.
-        self.weights = None;
-        self.slot_of.fill(u32::MAX);
+        let (gate_up, down, bytes) =
+            upload_experts::<B>(gate_up, down, self.n_expert, Some(&order), |w| {
+                be.upload_weight(w)
+            })?;
         for (s, &e) in order.iter().enumerate() {
             self.slot_of[e] = s as u32;
         }
         self.held = order;
-        if self.held.is_empty() {
-            return Ok(());
-        }
-        let (gate_up, down, bytes) =
-            upload_experts::<B>(gate_up, down, self.n_expert, Some(&self.held), upload)?;
         self.weights = Some(CachedWeights { gate_up, down });
         CACHE_STATS.refreshes.fetch_add(1, Ordering::Relaxed);
+        CACHE_STATS
+            .bytes_uploaded
+            .fetch_add(bytes, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// A later choice: the least used cached experts give their slots to the most used others
+    /// while those were routed [`ADMIT`] times as often; their rows are written in place.
+    fn replace(&mut self, gate_up: &[&HostWeight], down: &HostWeight, be: &B) -> Result<()> {
+        let c = &self.counts;
+        let mut outside: Vec<usize> = (0..self.n_expert)
+            .filter(|&e| self.slot_of[e] == u32::MAX && c[e] > 0.0)
+            .collect();
+        outside.sort_by(|&a, &b| c[b].total_cmp(&c[a]).then(a.cmp(&b)));
+        let mut inside = self.held.clone();
+        inside.sort_by(|&a, &b| c[a].total_cmp(&c[b]).then(a.cmp(&b)));
+        let swaps: Vec<(usize, usize)> = outside
+            .into_iter()
+            .zip(inside)
+            .take_while(|&(new, old)| c[new] > ADMIT * c[old])
+            .collect();
+        if swaps.is_empty() {
+            return Ok(());
+        }
+        let w = self.weights.as_mut().expect("replace follows fill");
+        let ne = self.n_expert;
+        let mut bytes = 0u64;
+        let mut write = |dst: &mut B::Weight, src: &HostWeight, slot: usize, e: usize| {
+            let rows = expert_rows(src, ne, &[e])?;
+            bytes += rows.bytes().len() as u64;
+            be.write_weight_rows(dst, slot * (src.rows / ne), &rows)
+        };
+        for &(new, old) in &swaps {
+            let slot = self.slot_of[old] as usize;
+            match (&mut w.gate_up, gate_up) {
+                (GateUp::Fused(g), [src]) => write(g, src, slot, new)?,
+                (GateUp::Split(g, u), [gs, us]) => {
+                    write(g, gs, slot, new)?;
+                    write(u, us, slot, new)?;
+                }
+                _ => anyhow::bail!("experts: the cache's gate/up layout changed"),
+            }
+            write(&mut w.down, down, slot, new)?;
+            self.slot_of[old] = u32::MAX;
+            self.slot_of[new] = slot as u32;
+            self.held[slot] = new;
+        }
+        CACHE_STATS.refreshes.fetch_add(1, Ordering::Relaxed);
+        CACHE_STATS
+            .replaced
+            .fetch_add(swaps.len() as u64, Ordering::Relaxed);
         CACHE_STATS
             .bytes_uploaded
             .fetch_add(bytes, Ordering::Relaxed);
@@ -170,10 +232,9 @@ mod tests {
         let be = CpuBackend::new(1);
         let (gu, down) = (tensor("gu", 8 * 4, 2), tensor("down", 8 * 2, 2));
         let mut c = ExpertCache::<CpuBackend>::new(2, 8);
-        let up = |w: &HostWeight| be.upload_weight(w);
         // Experts 5 and 2 most used in the first window.
         let ids: Vec<u32> = [5, 2, 5, 2, 5, 1].repeat(REFRESH / 3);
-        c.observe(&ids, REFRESH, &[&gu], &down, up).unwrap();
+        c.observe(&ids, REFRESH, &[&gu], &down, &be).unwrap();
         assert_eq!(c.held, vec![2, 5]);
         let (m, any_hit, any_miss) = c.map(&[1, 2, 5, 7]);
         assert_eq!(m, vec![2, 0, 1, 2]);
@@ -196,11 +257,31 @@ mod tests {
                 v
             }[..]
         );
-        // Within a window nothing changes; after the next, expert 7 replaces 2.
-        c.observe(&[7; 40], 40, &[&gu], &down, up).unwrap();
+        // Within a window nothing changes; after the next, expert 7 replaces 2 in its slot (5
+        // stays: routed about as often as 7).
+        c.observe(&[7; 40], 40, &[&gu], &down, &be).unwrap();
         assert_eq!(c.held, vec![2, 5]);
-        c.observe(&[7, 5].repeat(REFRESH), REFRESH, &[&gu], &down, up)
+        c.observe(&[7, 5].repeat(REFRESH), REFRESH, &[&gu], &down, &be)
             .unwrap();
-        assert_eq!(c.held, vec![5, 7]);
+        assert_eq!(c.held, vec![7, 5]);
+        assert_eq!(c.map(&[7, 5, 2]).0, vec![0, 1, 2]);
+        let w = c.weights.as_ref().unwrap();
+        let GateUp::Fused(g) = &w.gate_up else {
+            panic!("fused")
+        };
+        assert_eq!(g.host().bytes(), {
+            let mut v = gu.row_range(7 * 4, 4, "a").unwrap().bytes().to_vec();
+            v.extend(gu.row_range(5 * 4, 4, "b").unwrap().bytes());
+            v
+        });
+        assert_eq!(w.down.host().bytes(), {
+            let mut v = down.row_range(14, 2, "a").unwrap().bytes().to_vec();
+            v.extend(down.row_range(10, 2, "b").unwrap().bytes());
+            v
+        });
+        // No churn: expert 1, now routed as often as the cached ones but less before, stays out.
+        c.observe(&[7, 5, 1].repeat(REFRESH), REFRESH, &[&gu], &down, &be)
+            .unwrap();
+        assert_eq!(c.held, vec![7, 5]);
     }
 }

@@ -21,7 +21,8 @@ use anyhow::Result;
 use std::sync::atomic::AtomicU64;
 use vela_compute::{Backend, HostWeight};
 
-/// How host layers run a batch ([`crate::placement::HostExperts::prefill`]).
+/// How host layers run a batch ([`crate::placement::HostExperts::prefill`]): by the measured
+/// costs; the forced sides let tests pin each path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Prefill {
     /// By the measured costs.
@@ -35,6 +36,12 @@ pub enum Prefill {
 
 /// CPU estimate (seconds) past which a batch is worth streaming once to measure the link.
 pub const EXPLORE_S: f64 = 0.02;
+
+/// Every this many choices between two measured sides (of batches worth measuring), the losing
+/// side runs once: each side's cost is measured only when it runs, and a stale or unlucky
+/// measurement (a first copy that paid for allocations, a CPU busy at the time) must not decide
+/// for good.
+pub const REEXPLORE: u64 = 16;
 
 /// Device memory a streamed batch leaves free.
 pub const MARGIN: u64 = 1 << 30;
@@ -60,6 +67,8 @@ pub struct StreamCosts {
     bw: Option<f64>,
     /// A copy failed: the CPU from then on.
     pub off: bool,
+    /// Choices made between two measured sides.
+    choices: u64,
 }
 
 fn bucket(slots: usize) -> usize {
@@ -90,7 +99,7 @@ impl StreamCosts {
 
     /// Whether a batch of `slots` routed slots whose experts take `bytes` goes to the device,
     /// which has `free` bytes of memory (None: a backend without memory of its own).
-    pub fn stream(&self, mode: Prefill, slots: usize, bytes: u64, free: Option<u64>) -> bool {
+    pub fn stream(&mut self, mode: Prefill, slots: usize, bytes: u64, free: Option<u64>) -> bool {
         let fits = free.is_some_and(|f| bytes.saturating_add(MARGIN) <= f);
         if self.off || !fits {
             return false;
@@ -103,10 +112,18 @@ impl StreamCosts {
                     return false;
                 };
                 let cpu = per_slot * slots as f64;
-                match self.bw {
-                    None => cpu > EXPLORE_S,
-                    Some(bw) => (bytes as f64 / bw) < cpu,
+                let Some(bw) = self.bw else {
+                    return cpu > EXPLORE_S;
+                };
+                let link = bytes as f64 / bw;
+                let pick = link < cpu;
+                if cpu.min(link) > EXPLORE_S {
+                    self.choices += 1;
+                    if self.choices.is_multiple_of(REEXPLORE) {
+                        return !pick;
+                    }
                 }
+                pick
             }
         }
     }
@@ -184,6 +201,32 @@ mod tests {
         assert!(!c.stream(Prefill::Cpu, 4096, 1 << 30, free));
         c.off = true;
         assert!(!c.stream(Prefill::Stream, 4096, 1 << 30, free));
+    }
+
+    #[test]
+    fn the_losing_side_is_measured_again() {
+        let free = Some(100 << 30);
+        let mut c = StreamCosts::default();
+        let m = Prefill::Measured;
+        // An unlucky first copy: 0.1 GiB/s makes the batch's 1 GiB 10 s against the CPU's 4 s.
+        c.record_cpu(4096, 4.096);
+        c.record_stream(1 << 30, 10.0);
+        let picks: Vec<bool> = (0..2 * REEXPLORE)
+            .map(|_| c.stream(m, 4096, 1 << 30, free))
+            .collect();
+        // The CPU, except every REEXPLORE-th batch, streamed to measure the link again.
+        assert_eq!(picks.iter().filter(|&&p| p).count(), 2);
+        assert!(picks[REEXPLORE as usize - 1]);
+        // Measured again at 4 GiB/s: streaming wins from then on (the CPU again every 16th).
+        c.record_stream(1 << 30, 0.25);
+        c.record_stream(1 << 30, 0.25);
+        let picks: Vec<bool> = (0..REEXPLORE)
+            .map(|_| c.stream(m, 4096, 1 << 30, free))
+            .collect();
+        assert_eq!(picks.iter().filter(|&&p| !p).count(), 1);
+        // Decode-sized batches (cheap either way) never explore.
+        c.record_cpu(8, 0.008);
+        assert!((0..4 * REEXPLORE).all(|_| !c.stream(m, 8, 1 << 30, free)));
     }
 
     #[test]

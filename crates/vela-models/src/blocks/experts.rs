@@ -361,7 +361,7 @@ impl<B: Backend> Experts<B> {
             .map(|c| c.lock().unwrap_or_else(|e| e.into_inner()));
         let mapped = guard.as_deref_mut().and_then(|c| {
             let gu = h.gate_up_hosts();
-            if let Err(e) = c.observe(&ids, n, &gu, h.down.host(), |w| be.upload_weight(w)) {
+            if let Err(e) = c.observe(&ids, n, &gu, h.down.host(), be) {
                 static WARNED: AtomicBool = AtomicBool::new(false);
                 if !WARNED.swap(true, Ordering::Relaxed) {
                     eprintln!("warning: the device cache of host-memory experts is off: {e:#}");

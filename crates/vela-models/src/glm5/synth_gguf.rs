@@ -23,12 +23,14 @@
 //! names sorted) for float files, llama-quantize's (by layer, then name) for the others.
 //!
 //! **Not the converter's.** The tokenizer ([`tokenizer_metadata`]: GLM's own is not among
-//! llama.cpp's vocabulary files): for the real geometries llama.cpp's `ggml-vocab-qwen35.gguf`
-//! (151,936 byte-level BPE tokens) padded to 154,880 with `[PAD<i>]`, when found; else, and for
-//! `glm5-tiny`, the fixtures' synthetic vocabulary (`<t{i}>`, pre-tokenizer `glm4`, BOS 0, EOS 1);
-//! `general.name`.
+//! llama.cpp's vocabulary files): for the real geometries a GLM stand-in (`super::vocab`:
+//! llama.cpp's `ggml-vocab-qwen35.gguf` BPE ranks, GLM's 36 added tokens at 154,820.., GLM's
+//! special tokens, pre-tokenizer `glm4`, the GLM-4.7-Flash chat template) padded to 154,880 with
+//! `[PAD<i>]`, when found; else, and for `glm5-tiny`, the fixtures' synthetic vocabulary (`<t{i}>`,
+//! pre-tokenizer `glm4`, BOS 0, EOS 1); `general.name`.
 
 use super::synth::{config, plan, Tensor};
+use super::vocab;
 use super::{Glm5Config, Indexer, Mixer};
 use crate::qwen4exp::synth_gguf::rules::{quantize_types_with, size_label};
 use crate::qwen4exp::synth_gguf::{write_tensor, Fill};
@@ -474,15 +476,20 @@ pub fn weight_bytes(c: &Glm5Config, scheme: QuantScheme) -> Result<(u64, u64)> {
 
 /// The `tokenizer.*` metadata of a geometry's file (see the module docs), or of `src`.
 pub fn tokenizer_metadata(n_vocab: usize, src: Option<&Path>) -> Result<Vec<(String, Value)>> {
-    let src = match src {
-        Some(p) => Some(p.to_path_buf()),
-        None if n_vocab >= QWEN35_VOCAB => find_tokenizer("ggml-vocab-qwen35.gguf").ok(),
-        None => None,
+    // A file given by the caller is used as it is; the default one becomes the GLM stand-in.
+    let (src, glm) = match src {
+        Some(p) => (Some(p.to_path_buf()), false),
+        None if n_vocab >= QWEN35_VOCAB => (find_tokenizer("ggml-vocab-qwen35.gguf").ok(), true),
+        None => (None, false),
     };
     if let Some(p) = src {
         let g =
             GgufFile::open(&p).with_context(|| format!("reading the tokenizer {}", p.display()))?;
-        return padded(&g, n_vocab);
+        let md = padded(&g, n_vocab)?;
+        return match glm && n_vocab >= vocab::FIRST_ADDED + vocab::ADDED.len() {
+            true => vocab::glm_metadata(md, n_vocab, vocab::find_template()),
+            false => Ok(md),
+        };
     }
     let s = |x: &str| Value::String(x.into());
     Ok(vec![
