@@ -1,0 +1,158 @@
+use super::*;
+use crate::parser::{Event, OutputParser};
+use vela_engine::grammar::tiny::{decode_random, validates, vocab};
+
+fn obj(v: Value) -> Obj {
+    v.as_object().unwrap().clone()
+}
+
+#[test]
+fn response_formats() {
+    let rf = |v: Value| response_format(&obj(json!({ "response_format": v })));
+    assert_eq!(response_format(&obj(json!({}))).unwrap(), None);
+    assert_eq!(rf(json!({"type": "text"})).unwrap(), None);
+    assert_eq!(
+        rf(json!({"type": "json_object"})).unwrap(),
+        Some(json!({"type": "object"}))
+    );
+    let s = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let got = rf(
+        json!({"type": "json_schema", "json_schema": {"name": "x", "strict": true, "schema": s}}),
+    );
+    assert_eq!(got.unwrap(), Some(s));
+    for bad in [
+        json!("json_object"),
+        json!({"type": "xml"}),
+        json!({"type": "json_schema"}),
+        json!({"type": "json_schema", "json_schema": {"name": 3, "schema": {}}}),
+        json!({"type": "json_schema", "json_schema": {"schema": "string"}}),
+        json!({"type": "json_schema", "json_schema": {"schema": {}, "strict": "yes"}}),
+    ] {
+        let e = rf(bad.clone()).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("response_format"), "{bad}");
+    }
+}
+
+fn weather_tools() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object",
+            "properties": {"city": {"type": "string", "maxLength": 6}, "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "ok", "parameters": {"type": "object",
+            "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+            "required": ["n"], "additionalProperties": false}}},
+    ])
+}
+
+#[test]
+fn forced_choices_pick_the_functions() {
+    let tools = weather_tools();
+    let names = |s: Option<Structured>| match s {
+        Some(Structured::Tools(f)) => f.into_iter().map(|(n, _)| n).collect::<Vec<_>>(),
+        other => panic!("{other:?}"),
+    };
+    let o = obj(json!({"tool_choice": "required"}));
+    assert_eq!(
+        names(structured(Some(&tools), openai_forced(&o), None)),
+        ["get_weather", "ok"]
+    );
+    let o = obj(json!({"tool_choice": {"type": "function", "function": {"name": "ok"}}}));
+    assert_eq!(
+        names(structured(Some(&tools), openai_forced(&o), None)),
+        ["ok"]
+    );
+    let o = obj(json!({"tool_choice": {"type": "tool", "name": "get_weather"}}));
+    assert_eq!(
+        names(structured(Some(&tools), anthropic_forced(&o), None)),
+        ["get_weather"]
+    );
+    let o = obj(json!({"tool_choice": {"type": "any"}}));
+    assert_eq!(
+        names(structured(Some(&tools), anthropic_forced(&o), None)).len(),
+        2
+    );
+    // auto: only the response format, if any.
+    let o = obj(json!({"tool_choice": "auto"}));
+    let s = structured(Some(&tools), openai_forced(&o), Some(json!({})));
+    assert_eq!(s, Some(Structured::Json(json!({}))));
+}
+
+/// Templates of each supported syntax (the markers `ParserConfig::from_template` looks for).
+const HERMES: &str = "{{ '<tool_call>' }} {{ tools }}";
+const DEEPSEEK_V31: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>{{ name }}<｜tool▁sep｜>";
+const DEEPSEEK_V3: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>";
+const LLAMA3: &str = "{\"name\": function name, \"parameters\": {{ x }}} <|python_tag|>";
+const NONE: &str = "{{ messages }}";
+
+/// Random-logit decoding under each syntax's forced-call grammar always yields calls that the
+/// server's own parser reads back, of the allowed functions, with valid arguments.
+#[test]
+fn forced_calls_parse_in_every_supported_syntax() {
+    let tok = vocab().unwrap();
+    let c = GrammarCompiler::new(&tok).unwrap();
+    let tools = weather_tools();
+    let all = match structured(Some(&tools), Some(Forced::Any), None) {
+        Some(Structured::Tools(f)) => f,
+        other => panic!("{other:?}"),
+    };
+    let only_ok = vec![all[1].clone()];
+    for template in [HERMES, DEEPSEEK_V31, DEEPSEEK_V3, LLAMA3, NONE] {
+        for fns in [&all, &only_ok] {
+            let mut cfg = ParserConfig::from_template(template, true);
+            let lark = tool_grammar(&c, template, &mut cfg, fns).unwrap();
+            let g = c
+                .compile(&Grammar::Lark(lark.clone()))
+                .unwrap_or_else(|e| panic!("{template}: {e:#}\n{lark}"));
+            let mut seen = std::collections::BTreeSet::new();
+            for seed in 0..16u64 {
+                for temp in [0.0, 1.0] {
+                    let mut g = g.clone();
+                    let (text, ended) = decode_random(&tok, &mut g, seed, temp, 3000).unwrap();
+                    assert!(ended, "{template}: no end in {text:?}");
+                    let mut p = OutputParser::new(cfg.clone());
+                    let mut ev = p.push(&text);
+                    ev.extend(p.finish());
+                    let calls: Vec<_> = ev
+                        .iter()
+                        .filter_map(|e| match e {
+                            Event::ToolCall(c) => Some(c.clone()),
+                            Event::Content(s) if s.trim().is_empty() => None,
+                            other => panic!("{template}: {other:?} in {text:?}"),
+                        })
+                        .collect();
+                    assert!(!calls.is_empty(), "{template}: no call in {text:?}");
+                    for call in calls {
+                        let (_, schema) = fns
+                            .iter()
+                            .find(|(n, _)| *n == call.name)
+                            .unwrap_or_else(|| panic!("{template}: unexpected {call:?}"));
+                        let args: Value = serde_json::from_str(&call.arguments).unwrap();
+                        assert!(validates(schema, schema, &args), "{template}: {call:?}");
+                        seen.insert(call.name);
+                    }
+                }
+            }
+            if fns.len() == 2 {
+                assert_eq!(seen.len(), 2, "{template}: both functions are reachable");
+            }
+        }
+    }
+}
+
+#[test]
+fn unsupported_tool_syntaxes_are_400s() {
+    let tok = vocab().unwrap();
+    let c = GrammarCompiler::new(&tok).unwrap();
+    let fns = vec![("f".to_string(), json!({"type": "object"}))];
+    for (template, what) in [
+        ("<tool_call>\n<function=NAME>\n<parameter=K>", "Qwen XML"),
+        ("<tool_call>{{ name }}<arg_key>k</arg_key>", "GLM"),
+        ("<|tool_call>call:", "Gemma 4"),
+        ("<｜DSML｜tool_calls>", "DSML"),
+    ] {
+        let mut cfg = ParserConfig::from_template(template, true);
+        let e = tool_grammar(&c, template, &mut cfg, &fns).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("tool_choice"));
+        assert!(e.message.contains(what), "{template}: {}", e.message);
+    }
+}
