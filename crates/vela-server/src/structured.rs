@@ -153,6 +153,17 @@ pub fn constraint(
     let compiler = r
         .grammar()
         .map_err(|e| ApiError::invalid(format!("constrained decoding is unavailable: {e}")))?;
+    let template = r.template_src.as_deref().unwrap_or("");
+    constraint_with(compiler, template, s, parser)
+}
+
+/// [`constraint`] with the model's grammar compiler and chat template source.
+pub fn constraint_with(
+    compiler: &GrammarCompiler,
+    template: &str,
+    s: &Structured,
+    parser: &mut ParserConfig,
+) -> Result<Constraint, ApiError> {
     let (grammar, field) = match s {
         Structured::Json(schema) => {
             // The answer is the JSON value: none of it is a tool call, even if it looks like one.
@@ -161,7 +172,6 @@ pub fn constraint(
             (Grammar::JsonSchema(schema.clone()), "response_format")
         }
         Structured::Tools(fns) => {
-            let template = r.template_src.as_deref().unwrap_or("");
             let l = tool_grammar(compiler, template, parser, fns)?;
             (Grammar::Lark(l), "tool_choice")
         }

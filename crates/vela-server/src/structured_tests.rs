@@ -156,3 +156,53 @@ fn unsupported_tool_syntaxes_are_400s() {
         assert!(e.message.contains(what), "{template}: {}", e.message);
     }
 }
+
+/// A prompt that ends inside `<think>`: the reasoning is free (it cannot end the turn), the
+/// answer after `</think>` is constrained; the parser splits them and the answer validates.
+#[test]
+fn reasoning_stays_free_when_the_prompt_opens_it() {
+    let tok = vocab().unwrap();
+    let c = GrammarCompiler::new(&tok).unwrap();
+    let template = "{{ '<think>' }} <tool_call>";
+    let schema = json!({"type": "object", "properties": {"ok": {"type": "boolean"}},
+                        "required": ["ok"], "additionalProperties": false});
+    let tools = weather_tools();
+    for s in [
+        Structured::Json(schema.clone()),
+        structured(Some(&tools), Some(Forced::Named("ok".into())), None).unwrap(),
+    ] {
+        let mut answers = 0;
+        for seed in 0..12u64 {
+            let mut cfg = ParserConfig::from_template(template, true);
+            cfg.start_in_reasoning = true;
+            let mut g = constraint_with(&c, template, &s, &mut cfg).unwrap();
+            assert!(!g.active());
+            let (text, ended) = decode_random(&tok, &mut g, seed, 1.0, 5000).unwrap();
+            assert!(ended, "{text:?}");
+            let mut p = OutputParser::new(cfg.clone());
+            let mut ev = p.push(&text);
+            ev.extend(p.finish());
+            let (mut content, mut reasoning, mut calls) = (String::new(), false, Vec::new());
+            for e in ev {
+                match e {
+                    Event::Content(t) => content.push_str(&t),
+                    Event::Reasoning(_) => reasoning = true,
+                    Event::ToolCall(c) => calls.push(c),
+                }
+            }
+            assert!(reasoning && text.contains("</think>"), "{text:?}");
+            match &s {
+                Structured::Json(schema) => {
+                    let v: Value = serde_json::from_str(&content).expect(&text);
+                    assert!(validates(schema, schema, &v), "{text:?}");
+                }
+                _ => {
+                    assert!(content.trim().is_empty() && !calls.is_empty(), "{text:?}");
+                    assert!(calls.iter().all(|c| c.name == "ok"), "{calls:?}");
+                }
+            }
+            answers += 1;
+        }
+        assert_eq!(answers, 12);
+    }
+}
