@@ -4,8 +4,8 @@
 //!
 //! A forced call is written in the model's own tool-call syntax (the one its template teaches
 //! and `parser.rs` reads back): the syntax's markers around a JSON object whose `arguments`
-//! validate against the function's `parameters`. Syntaxes whose arguments are not one JSON
-//! object (Qwen3.5 / GLM / DSML parameter blocks, Gemma 4 `call:`) are refused with a 400.
+//! validate against the function's `parameters`, or, for Qwen3.5 / GLM parameter blocks, one
+//! block per parameter (`structured_xml.rs`). Gemma 4 `call:` and DSML are refused with a 400.
 //! When the prompt ends inside a reasoning block (`<think>`), the reasoning stays free and the
 //! grammar starts after its closer.
 
@@ -13,6 +13,7 @@ use crate::error::ApiError;
 use crate::http::Ready;
 use crate::parser::{ParserConfig, ToolSyntax};
 use crate::request::Obj;
+use crate::structured_xml::{call_rule, Xml};
 use serde_json::{json, Value};
 use vela_engine::grammar::{styled_schema, Constraint, Grammar, GrammarCompiler};
 
@@ -209,7 +210,7 @@ fn lit(c: &GrammarCompiler, text: &str) -> String {
     }
 }
 
-fn quote(s: &str) -> String {
+pub(crate) fn quote(s: &str) -> String {
     Value::String(s.into()).to_string()
 }
 
@@ -238,18 +239,37 @@ pub fn tool_grammar(
         .map(|(o, cl, s)| (o.clone(), cl.clone(), *s))
     {
         Some((open, close, ToolSyntax::HermesOrGlm)) => {
-            if template.contains("<function=") {
-                return refuse("Qwen XML (<function=…><parameter=…>)");
-            }
-            if template.contains("<arg_key>") {
-                return refuse("GLM (<arg_key>/<arg_value>)");
+            let (o, cl) = (lit(c, &open), lit(c, &close));
+            let xml = if template.contains("<function=") {
+                Some(Xml::Qwen)
+            } else if template.contains("<arg_key>") {
+                Some(Xml::Glm)
+            } else {
+                None
+            };
+            if let Some(kind) = xml {
+                for (i, (name, params)) in fns.iter().enumerate() {
+                    call_rule(kind, i, name, params, &mut rules).map_err(|what| {
+                        ApiError::bad(
+                            "tool_choice",
+                            format!("tool '{name}' cannot be forced in this model's tool-call syntax: {what}"),
+                        )
+                    })?;
+                    calls.push(format!("call{i}"));
+                }
+                rules.push(match kind {
+                    Xml::Qwen => format!("block: {o} \"\\n\" call \"\\n\" {cl}"),
+                    Xml::Glm => format!("block: {o} call {cl}"),
+                });
+                rules.push(format!("call: {}", calls.join(" | ")));
+                let start = "start: block (\"\\n\" block)*";
+                return Ok(format!("{start}\n{}\n", rules.join("\n")));
             }
             for (i, (name, _)) in fns.iter().enumerate() {
                 let head = format!("{{\"name\": {}, \"arguments\": ", quote(name));
                 rules.push(format!("call{i}: {} {} \"}}\"", quote(&head), args(i)));
                 calls.push(format!("call{i}"));
             }
-            let (o, cl) = (lit(c, &open), lit(c, &close));
             rules.push(format!("block: {o} \"\\n\" call \"\\n\" {cl}"));
             "start: block (\"\\n\" block)*".to_string()
         }

@@ -41,6 +41,13 @@ fn weather_tools() -> Value {
         {"type": "function", "function": {"name": "ok", "parameters": {"type": "object",
             "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
             "required": ["n"], "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "note", "parameters": {"type": "object",
+            "$defs": {"tag": {"enum": ["a", "b"]}},
+            "properties": {"text": {"type": "string", "minLength": 1, "maxLength": 5},
+                "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "maxItems": 2},
+                "meta": {"type": "object", "properties": {"k": {"type": "boolean"}},
+                         "required": ["k"], "additionalProperties": false}},
+            "required": ["text"], "additionalProperties": false}}},
     ])
 }
 
@@ -54,7 +61,7 @@ fn forced_choices_pick_the_functions() {
     let o = obj(json!({"tool_choice": "required"}));
     assert_eq!(
         names(structured(Some(&tools), openai_forced(&o), None)),
-        ["get_weather", "ok"]
+        ["get_weather", "ok", "note"]
     );
     let o = obj(json!({"tool_choice": {"type": "function", "function": {"name": "ok"}}}));
     assert_eq!(
@@ -69,7 +76,7 @@ fn forced_choices_pick_the_functions() {
     let o = obj(json!({"tool_choice": {"type": "any"}}));
     assert_eq!(
         names(structured(Some(&tools), anthropic_forced(&o), None)).len(),
-        2
+        3
     );
     // auto: only the response format, if any.
     let o = obj(json!({"tool_choice": "auto"}));
@@ -83,6 +90,8 @@ const DEEPSEEK_V31: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin�
 const DEEPSEEK_V3: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>";
 const LLAMA3: &str = "{\"name\": function name, \"parameters\": {{ x }}} <|python_tag|>";
 const NONE: &str = "{{ messages }}";
+const QWEN_XML: &str = "<tool_call>\n<function={{ name }}>\n<parameter={{ k }}>";
+const GLM: &str = "<tool_call>{{ name }}<arg_key>{{ k }}</arg_key><arg_value>";
 
 /// Random-logit decoding under each syntax's forced-call grammar always yields calls that the
 /// server's own parser reads back, of the allowed functions, with valid arguments.
@@ -96,7 +105,15 @@ fn forced_calls_parse_in_every_supported_syntax() {
         other => panic!("{other:?}"),
     };
     let only_ok = vec![all[1].clone()];
-    for template in [HERMES, DEEPSEEK_V31, DEEPSEEK_V3, LLAMA3, NONE] {
+    for template in [
+        HERMES,
+        DEEPSEEK_V31,
+        DEEPSEEK_V3,
+        LLAMA3,
+        NONE,
+        QWEN_XML,
+        GLM,
+    ] {
         for fns in [&all, &only_ok] {
             let mut cfg = ParserConfig::from_template(template, true);
             let lark = tool_grammar(&c, template, &mut cfg, fns).unwrap();
@@ -132,8 +149,12 @@ fn forced_calls_parse_in_every_supported_syntax() {
                     }
                 }
             }
-            if fns.len() == 2 {
-                assert_eq!(seen.len(), 2, "{template}: both functions are reachable");
+            if fns.len() > 1 {
+                assert_eq!(
+                    seen.len(),
+                    fns.len(),
+                    "{template}: every function is reachable"
+                );
             }
         }
     }
@@ -145,8 +166,6 @@ fn unsupported_tool_syntaxes_are_400s() {
     let c = GrammarCompiler::new(&tok).unwrap();
     let fns = vec![("f".to_string(), json!({"type": "object"}))];
     for (template, what) in [
-        ("<tool_call>\n<function=NAME>\n<parameter=K>", "Qwen XML"),
-        ("<tool_call>{{ name }}<arg_key>k</arg_key>", "GLM"),
         ("<|tool_call>call:", "Gemma 4"),
         ("<｜DSML｜tool_calls>", "DSML"),
     ] {
@@ -204,5 +223,35 @@ fn reasoning_stays_free_when_the_prompt_opens_it() {
             answers += 1;
         }
         assert_eq!(answers, 12);
+    }
+}
+
+/// In the parameter-block syntaxes a string is raw text: what the parser would read back as
+/// another type cannot be enforced.
+#[test]
+fn parameter_blocks_refuse_what_the_parser_cannot_read_back() {
+    let tok = vocab().unwrap();
+    let c = GrammarCompiler::new(&tok).unwrap();
+    for (params, what) in [
+        (
+            json!({"type": "object", "properties": {"s": {"type": "string", "pattern": "^a+$"}}}),
+            "pattern",
+        ),
+        (
+            json!({"type": "object", "properties": {"s": {"enum": ["x", "1"]}}}),
+            "\"1\"",
+        ),
+        (
+            json!({"type": "object", "properties": {}, "required": ["s"]}),
+            "'s'",
+        ),
+    ] {
+        for template in [QWEN_XML, GLM] {
+            let mut cfg = ParserConfig::from_template(template, true);
+            let fns = vec![("f".to_string(), params.clone())];
+            let e = tool_grammar(&c, template, &mut cfg, &fns).unwrap_err();
+            assert_eq!(e.param.as_deref(), Some("tool_choice"));
+            assert!(e.message.contains(what), "{}", e.message);
+        }
     }
 }
