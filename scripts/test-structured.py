@@ -246,7 +246,7 @@ def test_lookup(args):
 def test_overhead(args, s):
     print(f"== cost per token: same prompts with and without the schema, interleaved, {args.repeats} rounds")
     rates = {"plain": [], "constrained": []}
-    gms = []
+    gms, shares = [], []
     picks = [SCHEMAS[k] for k in (0, 1, 2, 5, 8)]
     for rnd in range(args.repeats):
         per = {"plain": [], "constrained": []}
@@ -260,13 +260,15 @@ def test_overhead(args, s):
                 per[mode].append((t["predicted_n"], t["predicted_ms"]))
                 if mode == "constrained":
                     gms.append(t["grammar_ms"] / max(t["predicted_n"], 1))
+                    shares.append(t["grammar_ms"] / t["predicted_ms"] * 100)
         for mode in per:
             n = sum(x for x, _ in per[mode]); ms = sum(y for _, y in per[mode])
             rates[mode].append(n * 1e3 / ms)
     for mode, r in rates.items():
         print(f"  {mode:12s} decode tok/s: median {statistics.median(r):.1f} (min {min(r):.1f}, max {max(r):.1f}) rounds {[round(x, 1) for x in r]}")
     med = lambda m: statistics.median(rates[m])
-    print(f"  grammar time per token: median {statistics.median(gms):.3f} ms (min {min(gms):.3f}, max {max(gms):.3f})")
+    print(f"  grammar time per token: median {statistics.median(gms):.3f} ms (min {min(gms):.3f}, max {max(gms):.3f}); "
+          f"share of the constrained decode loop: median {statistics.median(shares):.2f} % (min {min(shares):.2f}, max {max(shares):.2f})")
     print(f"  overhead per token: {1e3 / med('constrained') - 1e3 / med('plain'):+.2f} ms "
           f"({(med('plain') / med('constrained') - 1) * 100:+.1f} % time per token)")
 
@@ -280,7 +282,15 @@ def main():
     ap.add_argument("--tools", type=int, default=40)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="CI size: 12 schema requests (one per schema), 4 tool requests, no timing")
+    ap.add_argument("--overhead-only", action="store_true", help="only the cost per token (part 4)")
     args = ap.parse_args()
+    if args.overhead_only:
+        s = Server(args)
+        try:
+            test_overhead(args, s)
+        finally:
+            s.stop()
+        sys.exit(0)
     if args.quick:
         args.n, args.tools = 12, 4
     t0 = time.time()
