@@ -17,6 +17,7 @@ pub mod parser;
 pub mod request;
 pub mod stop;
 pub mod structured;
+mod structured_gemma4;
 mod structured_xml;
 pub mod tool_schema;
 pub mod worker;

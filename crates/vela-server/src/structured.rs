@@ -4,8 +4,9 @@
 //!
 //! A forced call is written in the model's own tool-call syntax (the one its template teaches
 //! and `parser.rs` reads back): the syntax's markers around a JSON object whose `arguments`
-//! validate against the function's `parameters`, or, for Qwen3.5 / GLM parameter blocks, one
-//! block per parameter (`structured_xml.rs`). Gemma 4 `call:` and DSML are refused with a 400.
+//! validate against the function's `parameters`; for Qwen3.5 / GLM / DSML parameter blocks one
+//! block per parameter (`structured_xml.rs`); for Gemma 4 `call:NAME{k:v}` the schema converted
+//! to its syntax (`structured_gemma4.rs`). What a syntax cannot express is a 400 naming it.
 //! When the prompt ends inside a reasoning block (`<think>`), the reasoning stays free and the
 //! grammar starts after its closer.
 
@@ -13,6 +14,7 @@ use crate::error::ApiError;
 use crate::http::Ready;
 use crate::parser::{ParserConfig, ToolSyntax};
 use crate::request::Obj;
+use crate::structured_gemma4::{G4Rules, QUOTE};
 use crate::structured_xml::{call_rule, Xml};
 use serde_json::{json, Value};
 use vela_engine::grammar::{styled_schema, Constraint, Grammar, GrammarCompiler};
@@ -214,6 +216,13 @@ pub(crate) fn quote(s: &str) -> String {
     Value::String(s.into()).to_string()
 }
 
+fn not_forceable(name: &str, what: &str) -> ApiError {
+    ApiError::bad(
+        "tool_choice",
+        format!("tool '{name}' cannot be forced in this model's tool-call syntax: {what}"),
+    )
+}
+
 /// The Lark grammar of one or more calls in the template's syntax (see the module docs).
 pub fn tool_grammar(
     c: &GrammarCompiler,
@@ -221,15 +230,6 @@ pub fn tool_grammar(
     parser: &mut ParserConfig,
     fns: &[(String, Value)],
 ) -> Result<String, ApiError> {
-    let refuse = |what: &str| {
-        Err(ApiError::bad(
-            "tool_choice",
-            format!(
-                "a forced tool call cannot be enforced for this model: its {what} tool-call \
-                 syntax is not supported by constrained decoding"
-            ),
-        ))
-    };
     let args = |i: usize| format!("%json {}", styled_schema(&fns[i].1));
     let mut rules = Vec::new();
     let mut calls = Vec::new();
@@ -249,17 +249,13 @@ pub fn tool_grammar(
             };
             if let Some(kind) = xml {
                 for (i, (name, params)) in fns.iter().enumerate() {
-                    call_rule(kind, i, name, params, &mut rules).map_err(|what| {
-                        ApiError::bad(
-                            "tool_choice",
-                            format!("tool '{name}' cannot be forced in this model's tool-call syntax: {what}"),
-                        )
-                    })?;
+                    call_rule(kind, i, name, params, &mut rules)
+                        .map_err(|what| not_forceable(name, &what))?;
                     calls.push(format!("call{i}"));
                 }
                 rules.push(match kind {
                     Xml::Qwen => format!("block: {o} \"\\n\" call \"\\n\" {cl}"),
-                    Xml::Glm => format!("block: {o} call {cl}"),
+                    _ => format!("block: {o} call {cl}"),
                 });
                 rules.push(format!("call: {}", calls.join(" | ")));
                 let start = "start: block (\"\\n\" block)*";
@@ -297,8 +293,28 @@ pub fn tool_grammar(
             }
             format!("start: {} call+ {}", lit(c, &open), lit(c, &close))
         }
-        Some((_, _, ToolSyntax::Gemma4)) => return refuse("Gemma 4 (call:NAME{…})"),
-        Some((_, _, ToolSyntax::Dsml)) => return refuse("DeepSeek DSML"),
+        Some((open, close, ToolSyntax::Gemma4)) => {
+            let q = lit(c, QUOTE);
+            let q_text = c.special_token(QUOTE).is_none();
+            let mut g = G4Rules::new(&mut rules, q, q_text);
+            for (i, (name, params)) in fns.iter().enumerate() {
+                g.call(i, name, params)
+                    .map_err(|what| not_forceable(name, &what))?;
+                calls.push(format!("call{i}"));
+            }
+            let (o, cl) = (lit(c, &open), lit(c, &close));
+            rules.push(format!("block: {o} call {cl}"));
+            "start: block+".to_string()
+        }
+        Some((open, close, ToolSyntax::Dsml)) => {
+            for (i, (name, params)) in fns.iter().enumerate() {
+                call_rule(Xml::Dsml, i, name, params, &mut rules)
+                    .map_err(|what| not_forceable(name, &what))?;
+                calls.push(format!("call{i}"));
+            }
+            let (o, cl) = (lit(c, &open), lit(c, &close));
+            format!("start: {o} \"\\n\" call+ {cl}")
+        }
         None => {
             // Llama 3.x writes `{"name", "parameters"}`; a template without any tool syntax
             // gets the same bare JSON call, which the parser then reads.

@@ -91,6 +91,8 @@ const DEEPSEEK_V3: &str = "<｜tool▁calls▁begin｜><｜tool▁call▁begin�
 const LLAMA3: &str = "{\"name\": function name, \"parameters\": {{ x }}} <|python_tag|>";
 const NONE: &str = "{{ messages }}";
 const QWEN_XML: &str = "<tool_call>\n<function={{ name }}>\n<parameter={{ k }}>";
+const DSML: &str = "<｜DSML｜tool_calls>";
+const GEMMA4: &str = "{{ '<|tool_call>call:' }}";
 const GLM: &str = "<tool_call>{{ name }}<arg_key>{{ k }}</arg_key><arg_value>";
 
 /// Random-logit decoding under each syntax's forced-call grammar always yields calls that the
@@ -113,6 +115,8 @@ fn forced_calls_parse_in_every_supported_syntax() {
         NONE,
         QWEN_XML,
         GLM,
+        DSML,
+        GEMMA4,
     ] {
         for fns in [&all, &only_ok] {
             let mut cfg = ParserConfig::from_template(template, true);
@@ -160,19 +164,34 @@ fn forced_calls_parse_in_every_supported_syntax() {
     }
 }
 
+/// Gemma 4's syntax has no form for some schema constructs: a 400 naming them.
 #[test]
-fn unsupported_tool_syntaxes_are_400s() {
+fn gemma4_refuses_what_its_syntax_cannot_express() {
     let tok = vocab().unwrap();
     let c = GrammarCompiler::new(&tok).unwrap();
-    let fns = vec![("f".to_string(), json!({"type": "object"}))];
-    for (template, what) in [
-        ("<|tool_call>call:", "Gemma 4"),
-        ("<｜DSML｜tool_calls>", "DSML"),
+    let obj = |p: Value| json!({"type": "object", "properties": {"x": p}});
+    for (params, what) in [
+        (
+            obj(json!({"anyOf": [{"type": "string"}, {"type": "integer"}]})),
+            "anyOf",
+        ),
+        (obj(json!({"type": "string", "pattern": "^a$"})), "pattern"),
+        (obj(json!({"enum": ["a", 1]})), "enum"),
+        (
+            json!({"type": "object", "properties": {"a:b": {"type": "integer"}}}),
+            "a:b",
+        ),
+        (
+            json!({"$defs": {"n": {"type": "object", "properties": {"k": {"$ref": "#/$defs/n"}}}},
+                "type": "object", "properties": {"k": {"$ref": "#/$defs/n"}}}),
+            "$ref",
+        ),
     ] {
-        let mut cfg = ParserConfig::from_template(template, true);
-        let e = tool_grammar(&c, template, &mut cfg, &fns).unwrap_err();
+        let mut cfg = ParserConfig::from_template(GEMMA4, true);
+        let fns = vec![("f".to_string(), params.clone())];
+        let e = tool_grammar(&c, GEMMA4, &mut cfg, &fns).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("tool_choice"));
-        assert!(e.message.contains(what), "{template}: {}", e.message);
+        assert!(e.message.contains(what), "{params}: {}", e.message);
     }
 }
 

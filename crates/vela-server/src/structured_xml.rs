@@ -1,11 +1,14 @@
 //! Forced tool calls in the parameter-block syntaxes: Qwen3-Coder / Qwen3.5
-//! `<function=NAME>\n<parameter=K>\nV\n</parameter>\n</function>` and GLM
-//! `NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n`.
+//! `<function=NAME>\n<parameter=K>\nV\n</parameter>\n</function>`, GLM
+//! `NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n` and DeepSeek DSML
+//! `<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`.
 //!
-//! `parser.rs` reads a value as JSON when it parses as something other than a string, else as
-//! the raw text. So a string parameter is free text that is not JSON of another type (nor starts
-//! like an object or array) and does not contain its closer; any other parameter is JSON valid
-//! under its schema. Parameters come in the schema's order, the optional ones optional.
+//! `parser.rs` reads a Qwen or GLM value as JSON when it parses as something other than a
+//! string, else as the raw text. So a string parameter is free text that is not JSON of another
+//! type (nor starts like an object or array) and does not contain its closer; any other
+//! parameter is JSON valid under its schema. DSML says which values are strings
+//! (`string="true"`: raw text without the closer). Parameters come in the schema's order, the
+//! optional ones optional.
 
 use crate::structured::quote;
 use serde_json::{Map, Value};
@@ -15,6 +18,7 @@ use vela_engine::grammar::styled_schema;
 pub enum Xml {
     Qwen,
     Glm,
+    Dsml,
 }
 
 impl Xml {
@@ -23,7 +27,30 @@ impl Xml {
         match self {
             Xml::Qwen => "</parameter>",
             Xml::Glm => "</arg_value>",
+            Xml::Dsml => "</｜DSML｜parameter>",
         }
+    }
+
+    /// What precedes parameter `key`'s value (`string`: the value is a raw string) and what
+    /// follows it.
+    fn around(self, key: &str, string: bool) -> (String, String) {
+        let c = self.closer();
+        match self {
+            Xml::Qwen => (format!("<parameter={key}>\n"), format!("\n{c}\n")),
+            Xml::Glm => (
+                format!("<arg_key>{key}</arg_key>\n<arg_value>"),
+                format!("{c}\n"),
+            ),
+            Xml::Dsml => (
+                format!("<｜DSML｜parameter name=\"{key}\" string=\"{string}\">"),
+                format!("{c}\n"),
+            ),
+        }
+    }
+
+    /// Whether a raw string value must not read back as another JSON type.
+    fn typed_strings(self) -> bool {
+        self != Xml::Dsml
     }
 }
 
@@ -112,22 +139,16 @@ pub fn call_rule(
         ));
     }
     let closer = kind.closer();
+    let typed = kind.typed_strings();
     let mut parts = Vec::new();
     for (j, (key, p)) in props.iter().enumerate() {
-        let (open, suffix) = match kind {
-            Xml::Qwen => (format!("<parameter={key}>\n"), format!("\n{closer}\n")),
-            Xml::Glm => (
-                format!("<arg_key>{key}</arg_key>\n<arg_value>"),
-                format!("{closer}\n"),
-            ),
-        };
         let obj = p.as_object().unwrap_or(&empty);
-        let value = match string_schema(obj)? {
+        let string = string_schema(obj)?;
+        let (open, suffix) = kind.around(key, string.is_some());
+        let value = match string {
             Some(Str::OneOf(lits)) => {
-                if let Some(l) = lits
-                    .iter()
-                    .find(|l| !reads_as_string(l) || l.contains(closer))
-                {
+                let bad = |l: &&String| (typed && !reads_as_string(l)) || l.contains(closer);
+                if let Some(l) = lits.iter().find(bad) {
                     return Err(format!("enum value {l:?} of parameter '{key}'"));
                 }
                 let alts: Vec<String> = lits.iter().map(|l| quote(l)).collect();
@@ -140,8 +161,13 @@ pub fn call_rule(
                     max.map(|m| m.to_string()).unwrap_or_default()
                 );
                 let t = format!("SV{i}_{j}");
+                let not_typed = if typed {
+                    format!(" & ~/{TYPED}/")
+                } else {
+                    String::new()
+                };
                 rules.push(format!(
-                    "{t}: /(?s:.){len}/ & ~/{TYPED}/ & ~/(?s:.*){}(?s:.*)/",
+                    "{t}: /(?s:.){len}/{not_typed} & ~/(?s:.*){}(?s:.*)/",
                     regex_escape(closer)
                 ));
                 rules.push(format!("sv{i}_{j}[suffix={}]: {t}", quote(&suffix)));
@@ -176,6 +202,10 @@ pub fn call_rule(
             quote(&format!("<function={name}>\n"))
         ),
         Xml::Glm => format!("call{i}: {} {body}", quote(&format!("{name}\n"))),
+        Xml::Dsml => format!(
+            "call{i}: {} {body} \"</｜DSML｜invoke>\\n\"",
+            quote(&format!("<｜DSML｜invoke name=\"{name}\">\n"))
+        ),
     });
     Ok(())
 }

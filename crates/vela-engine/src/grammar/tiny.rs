@@ -10,12 +10,17 @@ use vela_formats::gguf::{GgufFile, Value};
 use vela_formats::gguf_write::GgufWriter;
 use vela_tokenizer::Tokenizer;
 
-/// Control tokens of the vocabulary (ids 1..).
-pub const CONTROL: [&str; 3] = ["<s>", "</s>", "<|im_end|>"];
-/// User-defined (plain text) markers.
-pub const MARKERS: [&str; 6] = [
+/// Control tokens of the vocabulary (ids 1..): a grammar names these by id.
+pub const CONTROL: [&str; 6] = [
+    "<s>",
+    "</s>",
+    "<|im_end|>",
+    "<|\"|>",
     "<tool_call>",
     "</tool_call>",
+];
+/// User-defined (plain text) markers.
+pub const MARKERS: [&str; 4] = [
     "<think>",
     "</think>",
     "<｜tool▁calls▁begin｜>",
