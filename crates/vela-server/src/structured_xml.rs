@@ -3,14 +3,15 @@
 //! `NAME\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>\n` and DeepSeek DSML
 //! `<｜DSML｜invoke name="NAME">\n<｜DSML｜parameter name="K" string="true|false">V</｜DSML｜parameter>`.
 //!
-//! `parser.rs` reads a Qwen or GLM value as JSON when it parses as something other than a
-//! string, else as the raw text. So a string parameter is free text that is not JSON of another
-//! type (nor starts like an object or array) and does not contain its closer; any other
-//! parameter is JSON valid under its schema. DSML says which values are strings
-//! (`string="true"`: raw text without the closer). Parameters come in the schema's order, the
-//! optional ones optional.
+//! `parser.rs` reads a Qwen or GLM value by the tool's schema (`tool_schema.rs`): the raw text
+//! for a parameter that may be a string, JSON for any other. So a string parameter is free text
+//! without its closer, any other parameter JSON valid under its schema, and one that may be a
+//! string or another type (`anyOf`, a type list) is refused: its JSON would read back as text.
+//! DSML says which values are strings (`string="true"`: raw text; `"false"`: JSON). Parameters
+//! come in the schema's order, the optional ones optional; local `$ref`s are followed.
 
 use crate::structured::quote;
+use crate::tool_schema::may_be_string;
 use serde_json::{Map, Value};
 use vela_engine::grammar::styled_schema;
 
@@ -47,16 +48,7 @@ impl Xml {
             ),
         }
     }
-
-    /// Whether a raw string value must not read back as another JSON type.
-    fn typed_strings(self) -> bool {
-        self != Xml::Dsml
-    }
 }
-
-/// Raw text the parser would read as JSON other than a string (serde_json skips whitespace
-/// around a value); anything starting like an object or array is excluded too.
-const TYPED: &str = r"[ \t\n\r]*(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false|null|[\[{](?s:.*))[ \t\n\r]*";
 
 fn regex_escape(s: &str) -> String {
     s.chars()
@@ -68,12 +60,15 @@ fn regex_escape(s: &str) -> String {
         .collect()
 }
 
-/// Whether the parser reads `s` back as the string `s`.
-fn reads_as_string(s: &str) -> bool {
-    match serde_json::from_str::<Value>(s) {
-        Ok(v) => v.is_string() && !s.trim_start().starts_with(['[', '{']),
-        Err(_) => !s.trim_start().starts_with(['[', '{']),
+/// `s` with its local `$ref`s followed (`None`: a dangling or too deep reference).
+fn resolved<'a>(mut s: &'a Value, root: &'a Value) -> Option<&'a Value> {
+    for _ in 0..16 {
+        let Some(r) = s.get("$ref").and_then(Value::as_str) else {
+            return Some(s);
+        };
+        s = r.strip_prefix('#').and_then(|p| root.pointer(p))?;
     }
+    None
 }
 
 /// A string-only schema: its strings as free text with these length bounds, or one of these
@@ -139,16 +134,20 @@ pub fn call_rule(
         ));
     }
     let closer = kind.closer();
-    let typed = kind.typed_strings();
     let mut parts = Vec::new();
     for (j, (key, p)) in props.iter().enumerate() {
+        let p = resolved(p, params).ok_or_else(|| format!("the '$ref' of parameter '{key}'"))?;
         let obj = p.as_object().unwrap_or(&empty);
         let string = string_schema(obj)?;
+        // Qwen and GLM read a value the schema lets be a string as text: only string-only
+        // schemas can be forced there.
+        if kind != Xml::Dsml && string.is_none() && may_be_string(p, params, 0) {
+            return Err(format!("parameter '{key}' may be a string or another type"));
+        }
         let (open, suffix) = kind.around(key, string.is_some());
         let value = match string {
             Some(Str::OneOf(lits)) => {
-                let bad = |l: &&String| (typed && !reads_as_string(l)) || l.contains(closer);
-                if let Some(l) = lits.iter().find(bad) {
+                if let Some(l) = lits.iter().find(|l| l.contains(closer)) {
                     return Err(format!("enum value {l:?} of parameter '{key}'"));
                 }
                 let alts: Vec<String> = lits.iter().map(|l| quote(l)).collect();
@@ -161,13 +160,8 @@ pub fn call_rule(
                     max.map(|m| m.to_string()).unwrap_or_default()
                 );
                 let t = format!("SV{i}_{j}");
-                let not_typed = if typed {
-                    format!(" & ~/{TYPED}/")
-                } else {
-                    String::new()
-                };
                 rules.push(format!(
-                    "{t}: /(?s:.){len}/{not_typed} & ~/(?s:.*){}(?s:.*)/",
+                    "{t}: /(?s:.){len}/ & ~/(?s:.*){}(?s:.*)/",
                     regex_escape(closer)
                 ));
                 rules.push(format!("sv{i}_{j}[suffix={}]: {t}", quote(&suffix)));
