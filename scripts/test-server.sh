@@ -7,6 +7,7 @@
 # the server equals plain decoding; Gemma 4 tool rendering), and a tiny qwen4_exp trained to think and
 # call a tool in Qwen3.5's XML with the real Qwen3.5 vocabulary/template (scripts/gen-qwen4exp-toolcall.py:
 # reasoning_content, tool_calls, the answer from the tool result with turn 1 from the prefix cache),
+# and structured output on Qwen2.5-Coder (scripts/test-structured.py --quick),
 # and a tiny deepseek_v4 trained the same way in DSML with the real DeepSeek V3/V4 vocabulary and V4
 # template (scripts/gen-deepseekv4-toolcall.py, an HF checkpoint directory; turns 2 and 3 reuse the
 # earlier turns exactly), and a tiny glm5_next trained the same way in GLM's <arg_key>/<arg_value>
@@ -18,7 +19,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M="${VELA_CACHE:-$HOME/.cache/vela}/models"
-python3 -m pip install -q openai anthropic httpx >/dev/null 2>&1 || echo "warning: pip install failed" >&2
+python3 -m pip install -q openai anthropic httpx jsonschema >/dev/null 2>&1 || echo "warning: pip install failed" >&2
 cargo build --release -p vela-server --example serve
 BIN=${CARGO_TARGET_DIR:-target}/release/examples/serve
 kinds=("${@:-smol qwen gemma gemma4 qwen4exp deepseekv4 glm5}")
@@ -37,5 +38,9 @@ for k in ${kinds[*]}; do
   if [ ! -e "$f" ]; then echo "SKIP $k: $f missing"; continue; fi
   echo "######## $k ($f)"
   python3 scripts/test-server.py --bin "$BIN" --model "$f" --kind "$k" || status=1
+  if [ "$k" = qwen ]; then
+    # Structured output, CI-sized (the full 200-request check: scripts/test-structured.py).
+    python3 scripts/test-structured.py --bin "$BIN" --model "$f" --quick || status=1
+  fi
 done
 exit $status

@@ -5,10 +5,11 @@ use crate::spec::{self, SpecArgs};
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use std::io::{BufRead, Write};
+use vela_engine::grammar::{Constraint, Grammar, GrammarCompiler};
 use vela_engine::speculative::{
     generate_speculative, AcceptRule, DepthModel, Drafter, SpecOptions,
 };
-use vela_engine::{generate, GenerateOptions, Sampler, SamplerConfig};
+use vela_engine::{generate, generate_constrained, GenerateOptions, Sampler, SamplerConfig};
 use vela_template::{ChatTemplate, RenderRequest};
 
 #[derive(Args)]
@@ -25,6 +26,10 @@ pub struct RunArgs {
     /// Do not add BOS even if the model asks for it.
     #[arg(long)]
     pub no_bos: bool,
+    /// Constrain the output to one JSON value valid under the JSON Schema in FILE (no
+    /// speculative decoding then).
+    #[arg(long, value_name = "FILE")]
+    pub json_schema: Option<std::path::PathBuf>,
 }
 
 #[derive(Args)]
@@ -81,6 +86,8 @@ struct Gen {
     draft_max: usize,
     /// The depth cost model (`None` with `--draft-fixed`).
     depth: Option<DepthModel>,
+    /// `--json-schema`: the grammar of the output.
+    grammar: Option<Constraint>,
 }
 
 impl Gen {
@@ -97,6 +104,7 @@ impl Gen {
             cfg,
             draft_max: a.draft_max,
             depth: (!a.draft_fixed).then(|| DepthModel::new(a.draft_max)),
+            grammar: None,
         })
     }
 }
@@ -126,9 +134,12 @@ fn stream_generate(
         }
         ok // stop when stdout is gone (e.g. `| head`)
     };
-    let out = match &mut gen.drafter {
-        None => generate(session, &mut gen.sampler, prompt, &opts, &mut emit)?.0,
-        Some(d) => {
+    let out = match (&mut gen.grammar, &mut gen.drafter) {
+        (Some(g), _) => {
+            generate_constrained(session, &mut gen.sampler, prompt, &opts, g, &mut emit)?.0
+        }
+        (None, None) => generate(session, &mut gen.sampler, prompt, &opts, &mut emit)?.0,
+        (None, Some(d)) => {
             let so = SpecOptions {
                 depth: gen.depth.as_ref(),
                 max_tokens,
@@ -156,6 +167,16 @@ pub fn run(a: RunArgs) -> Result<()> {
     }
     let mut session = l.session()?;
     let mut gen = Gen::new(cfg, &a.spec, &l, &a.model, &session)?;
+    if let Some(path) = &a.json_schema {
+        let text =
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+        let schema: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("{} is not JSON", path.display()))?;
+        let g = GrammarCompiler::new(&l.tokenizer)?
+            .compile(&Grammar::JsonSchema(schema))
+            .with_context(|| format!("the schema in {} cannot be enforced", path.display()))?;
+        gen.grammar = Some(g);
+    }
     let t0 = std::time::Instant::now();
     let out = stream_generate(&l, &mut session, &mut gen, &prompt, a.sample.max_tokens)?;
     println!();

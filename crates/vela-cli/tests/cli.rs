@@ -140,6 +140,58 @@ fn run_streams_only_generated_text() {
     assert!(text.starts_with(" Paris."), "{text:?}");
 }
 
+/// `vela run --json-schema FILE`: the output is one JSON value valid under the schema, ended by
+/// the model at the value's end; a schema that cannot be enforced is a one-line error.
+#[test]
+fn run_with_a_json_schema() {
+    let Some(m) = smol() else { return };
+    let schema = tmp("schema.json");
+    std::fs::write(
+        &schema,
+        r#"{"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+            "population": {"type": "integer", "minimum": 0}}, "required": ["city", "population"],
+            "additionalProperties": false}"#,
+    )
+    .unwrap();
+    let m = m.to_str().unwrap();
+    let args = |s: &Path| {
+        let a = [
+            "run",
+            "--model",
+            m,
+            "--prompt",
+            "The largest city of France, as JSON:",
+        ];
+        let b = [
+            "--temperature",
+            "0",
+            "--max-tokens",
+            "80",
+            "--threads",
+            "2",
+            "--json-schema",
+        ];
+        vela(&[&a[..], &b[..], &[s.to_str().unwrap()]].concat())
+    };
+    let out = args(&schema);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    let v: serde_json::Value = serde_json::from_str(text.trim()).expect(&text);
+    let o = v.as_object().expect(&text);
+    assert_eq!(o.len(), 2, "{text}");
+    assert!(
+        o["city"].as_str().is_some_and(|c| c.chars().count() <= 20),
+        "{text}"
+    );
+    assert!(o["population"].as_u64().is_some(), "{text}");
+    std::fs::write(&schema, r#"{"type": "object", "if": {}, "then": {}}"#).unwrap();
+    fails_with(&args(&schema), "cannot be enforced");
+}
+
 #[test]
 fn logits_and_tokenize_json() {
     let Some(m) = smol() else { return };

@@ -1,6 +1,7 @@
 //! The decode loop: prefill the prompt, then sample one token at a time until an end token, a
 //! stop condition or the token limit.
 
+use crate::grammar::Constraint;
 use crate::sampler::Sampler;
 use crate::session::{PendingArgmax, Session, StepInput};
 use anyhow::{bail, Result};
@@ -37,20 +38,7 @@ pub fn generate(
     opts: &GenerateOptions,
     on_token: &mut dyn FnMut(u32) -> bool,
 ) -> Result<(Vec<u32>, FinishReason)> {
-    if opts.max_tokens == 0 {
-        bail!("max_tokens must be at least 1");
-    }
-    if prompt.is_empty() {
-        bail!("the prompt is empty");
-    }
-    if session.n_past() + prompt.len() >= session.n_ctx() {
-        bail!(
-            "prompt too long: {} tokens (+{} cached) leave no room in the context of {} tokens",
-            prompt.len(),
-            session.n_past(),
-            session.n_ctx()
-        );
-    }
+    check(session, prompt, opts)?;
     for &t in session.tokens().iter().chain(prompt) {
         sampler.accept(t);
     }
@@ -76,6 +64,49 @@ pub fn generate(
         let mut logits = s.eval(toks)?;
         Ok(sampler.sample(&mut logits))
     })
+}
+
+/// [`generate`] under a grammar: each step evaluates the whole logits row, sets what `grammar`
+/// forbids to -inf, samples (bias, penalties, truncation and temperature then apply to the
+/// allowed tokens only) and advances the grammar. An end token is sampled only where the
+/// grammar can end.
+pub fn generate_constrained(
+    session: &mut Session,
+    sampler: &mut Sampler,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    grammar: &mut Constraint,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<(Vec<u32>, FinishReason)> {
+    check(session, prompt, opts)?;
+    for &t in session.tokens().iter().chain(prompt) {
+        sampler.accept(t);
+    }
+    decode(session, prompt, opts, on_token, &mut |s, toks| {
+        let mut logits = s.eval(toks)?;
+        grammar.apply(&mut logits)?;
+        let t = sampler.sample(&mut logits);
+        grammar.accept(t)?;
+        Ok(t)
+    })
+}
+
+fn check(session: &Session, prompt: &[u32], opts: &GenerateOptions) -> Result<()> {
+    if opts.max_tokens == 0 {
+        bail!("max_tokens must be at least 1");
+    }
+    if prompt.is_empty() {
+        bail!("the prompt is empty");
+    }
+    if session.n_past() + prompt.len() >= session.n_ctx() {
+        bail!(
+            "prompt too long: {} tokens (+{} cached) leave no room in the context of {} tokens",
+            prompt.len(),
+            session.n_past(),
+            session.n_ctx()
+        );
+    }
+    Ok(())
 }
 
 /// The loop shared by the three ways of picking a token: `next(session, tokens)` evaluates

@@ -1,13 +1,14 @@
 //! The engine: sequences with KV caches, sampling and the generation loop.
 
 pub mod generate;
+pub mod grammar;
 pub mod loader;
 pub mod prompt;
 pub mod sampler;
 pub mod session;
 pub mod speculative;
 
-pub use generate::{generate, FinishReason, GenerateOptions};
+pub use generate::{generate, generate_constrained, FinishReason, GenerateOptions};
 pub use sampler::{Sampler, SamplerConfig};
 pub use session::{Checkpoint, EvalOutcome, PendingArgmax, Session, SessionOptions, StepInput};
 

@@ -243,11 +243,14 @@ pub fn validate(o: &Obj) -> Result<ChatRequest, ApiError> {
     let params = params(o)?;
     let messages = to_openai_messages(o)?;
     let tools = tools_of(o)?;
+    let forced = crate::structured::anthropic_forced(o);
+    let structured = crate::structured::structured(tools.as_ref(), forced, None);
     Ok(ChatRequest {
         params,
         messages,
         tools,
         template_kwargs: Map::new(),
+        structured,
     })
 }
 
@@ -276,8 +279,12 @@ pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Res
             messages,
             tools,
             template_kwargs,
+            structured,
         } = validate(&o)?;
-        let (_, prompt, parser) = render_messages(r, messages, tools, template_kwargs)?;
+        let (_, prompt, mut parser) = render_messages(r, messages, tools, template_kwargs)?;
+        let constraint = structured
+            .map(|s| crate::structured::constraint(r, &s, &mut parser))
+            .transpose()?;
         Ok((
             crate::http::Prepared {
                 prompt,
@@ -285,6 +292,7 @@ pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Res
                 parser,
                 field: "messages",
                 default_max_tokens: None,
+                constraint,
             },
             r.name.clone(),
         ))

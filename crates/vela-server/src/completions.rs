@@ -175,6 +175,7 @@ pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> 
                 parser: ParserConfig::default(),
                 field: "prompt",
                 default_max_tokens: Some(DEFAULT_MAX_TOKENS),
+                constraint: None,
             });
         }
         Ok((ps, params, r.name.clone()))

@@ -21,6 +21,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc;
+use vela_engine::grammar::{Constraint, GrammarCompiler};
 use vela_engine::loader::LoadedModel;
 use vela_template::ChatTemplate;
 
@@ -36,6 +37,20 @@ pub struct Ready {
     pub jobs: mpsc::Sender<Job>,
     pub n_ctx: usize,
     pub ubatch: usize,
+    /// The vocabulary's grammar compiler, built by the first constrained request.
+    pub grammar: OnceLock<Result<Arc<GrammarCompiler>, String>>,
+}
+
+impl Ready {
+    /// The grammar compiler of the model's vocabulary (built once).
+    pub fn grammar(&self) -> Result<&GrammarCompiler, String> {
+        let g = self.grammar.get_or_init(|| {
+            GrammarCompiler::new(&self.model.tokenizer)
+                .map(Arc::new)
+                .map_err(|e| format!("{e:#}"))
+        });
+        g.as_deref().map_err(Clone::clone)
+    }
 }
 
 /// Server settings used by handlers.
@@ -147,6 +162,8 @@ pub struct Prepared {
     pub field: &'static str,
     /// Tokens to generate when the request gives no `max_tokens` (`None`: up to the context).
     pub default_max_tokens: Option<usize>,
+    /// Structured output: the grammar decoding must follow.
+    pub constraint: Option<Constraint>,
 }
 
 /// The tokens a job may generate: `max_tokens` when the prompt and it fit the context of `n_ctx`
@@ -244,6 +261,7 @@ pub fn submit_many(
             stop: p.params.stop,
             logprobs: p.params.logprobs,
             parser: p.parser,
+            constraint: p.constraint,
             cancel: cancel.clone(),
             out: tx,
             received,

@@ -16,6 +16,9 @@ pub mod openai;
 pub mod parser;
 pub mod request;
 pub mod stop;
+pub mod structured;
+mod structured_gemma4;
+mod structured_xml;
 pub mod tool_schema;
 pub mod worker;
 
@@ -317,6 +320,7 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
         jobs: tx,
         n_ctx,
         ubatch: args.ubatch.min(n_ctx),
+        grammar: OnceLock::new(),
     };
     if st.ready.set(ready).is_err() {
         bail!("server state initialised twice");

@@ -8,9 +8,10 @@ use crate::http::{
 };
 use crate::parser::{ParserConfig, ToolCall};
 use crate::request::{
-    check_response_format, get_bool, get_uint, normalize_messages, parse_common, parse_object,
-    parse_template_kwargs, parse_tools, ChatRequest, Obj,
+    get_bool, get_uint, normalize_messages, parse_common, parse_object, parse_template_kwargs,
+    parse_tools, ChatRequest, Obj,
 };
+use crate::structured;
 use crate::worker::{CancelToken, Out, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
@@ -72,17 +73,20 @@ pub fn render_chat(r: &Ready, o: &Obj) -> Result<(String, Vec<u32>), ApiError> {
 /// Validate a `/v1/chat/completions` body: everything but `model` (checked against the loaded
 /// model by the handler); `n_vocab` bounds `logit_bias` ids.
 pub fn validate_chat(o: &Obj, n_vocab: usize) -> Result<ChatRequest, ApiError> {
-    check_response_format(o)?;
+    let json_schema = structured::response_format(o)?;
     let mut params = parse_common(o, n_vocab, &["max_tokens", "max_completion_tokens"])?;
     params.logprobs = parse_logprobs(o)?;
     let messages = normalize_messages(o.get("messages"))?;
     let tools = parse_tools(o)?;
     let template_kwargs = parse_template_kwargs(o)?;
+    let structured =
+        structured::structured(tools.as_ref(), structured::openai_forced(o), json_schema);
     Ok(ChatRequest {
         params,
         messages,
         tools,
         template_kwargs,
+        structured,
     })
 }
 
@@ -119,6 +123,7 @@ pub(crate) fn timings_json(u: &crate::worker::Usage) -> Value {
         "predicted_n": t.predicted_n, "predicted_ms": t.predicted_ms,
         "predicted_per_second": rate(t.predicted_n, t.predicted_ms),
         "draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted,
+        "grammar_ms": t.grammar_ms,
         "queue_ms": t.queue_ms,
         "restore_ms": t.restore_ms, "restore_bytes": t.restore_bytes,
         "checkpoint_ms": t.checkpoint_ms, "checkpoint_bytes": t.checkpoint_bytes,
@@ -191,8 +196,12 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
             messages,
             tools,
             template_kwargs,
+            structured,
         } = validate_chat(&o, r.model.tokenizer.n_vocab())?;
-        let (_, prompt, parser) = render_messages(r, messages, tools, template_kwargs)?;
+        let (_, prompt, mut parser) = render_messages(r, messages, tools, template_kwargs)?;
+        let constraint = structured
+            .map(|s| structured::constraint(r, &s, &mut parser))
+            .transpose()?;
         Ok((
             Prepared {
                 prompt,
@@ -200,6 +209,7 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
                 parser,
                 field: "messages",
                 default_max_tokens: None,
+                constraint,
             },
             r.name.clone(),
         ))

@@ -31,6 +31,8 @@ pub struct ChatRequest {
     pub tools: Option<Value>,
     /// `chat_template_kwargs`: extra variables for the chat template.
     pub template_kwargs: Map<String, Value>,
+    /// Structured output to enforce (`response_format`, a forced tool call).
+    pub structured: Option<crate::structured::Structured>,
 }
 
 /// Parse a body as a JSON object.
@@ -236,25 +238,6 @@ pub fn parse_common(o: &Obj, n_vocab: usize, max_keys: &[&str]) -> Result<GenPar
         stream,
         include_usage,
     })
-}
-
-/// `response_format`: only `{"type":"text"}` is accepted.
-pub fn check_response_format(o: &Obj) -> Result<(), ApiError> {
-    let Some(rf) = present(o, "response_format") else {
-        return Ok(());
-    };
-    let t = rf.get("type").and_then(Value::as_str);
-    match t {
-        Some("text") => Ok(()),
-        Some(t @ ("json_object" | "json_schema")) => Err(ApiError::bad(
-            "response_format",
-            format!("response_format type '{t}' is not supported (no constrained decoding)"),
-        )),
-        _ => Err(ApiError::bad(
-            "response_format",
-            "`response_format.type` must be 'text'",
-        )),
-    }
 }
 
 /// Normalize OpenAI chat messages for the template: text parts joined, tool-call arguments
@@ -597,14 +580,6 @@ mod tests {
         assert_eq!(o["temperature"].as_f64(), Some(0.7000000000000001));
         let again = serde_json::to_vec(&Value::Object(o.clone())).unwrap();
         assert_eq!(parse_object(&again).unwrap(), o);
-    }
-
-    #[test]
-    fn response_format_only_text() {
-        assert!(check_response_format(&obj(json!({"response_format": {"type": "text"}}))).is_ok());
-        let e = check_response_format(&obj(json!({"response_format": {"type": "json_object"}})))
-            .unwrap_err();
-        assert!(e.message.contains("not supported"));
     }
 
     #[test]

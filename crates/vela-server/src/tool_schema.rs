@@ -63,7 +63,7 @@ fn resolve<'a>(r: &str, root: &'a Value) -> Option<&'a Value> {
 /// Whether `s` admits a string, in the order llama.cpp's schema reader looks at the keywords:
 /// `$ref`, `oneOf`/`anyOf`, a type list, `const`, `enum`, `type`, then without a type `allOf`
 /// and the string keywords. `depth` bounds reference cycles (a cycle is "not a string").
-fn may_be_string(s: &Value, root: &Value, depth: usize) -> bool {
+pub(crate) fn may_be_string(s: &Value, root: &Value, depth: usize) -> bool {
     if depth > 32 {
         return false;
     }

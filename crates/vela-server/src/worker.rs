@@ -14,6 +14,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
 use tokio::sync::mpsc;
+use vela_engine::grammar::Constraint;
 use vela_engine::loader::LoadedModel;
 use vela_engine::speculative::{
     continue_speculative, AcceptRule, DepthModel, Drafter, SpecOptions,
@@ -100,6 +101,9 @@ pub struct Timings {
     /// Speculative decoding: drafted tokens and the drafts verification accepted.
     pub draft_n: usize,
     pub draft_n_accepted: usize,
+    /// Structured output: time in the grammar (each step's token mask, applying it, advancing
+    /// past the sampled token), part of `predicted_ms`.
+    pub grammar_ms: f64,
     /// From the request's arrival until its first token was sampled (0: none was).
     pub ttft_ms: f64,
 }
@@ -171,6 +175,8 @@ pub struct Job {
     /// Some(n): report log-probabilities with `n` alternatives.
     pub logprobs: Option<usize>,
     pub parser: ParserConfig,
+    /// Structured output: the grammar every sampled token must follow.
+    pub constraint: Option<Constraint>,
     pub cancel: Arc<CancelToken>,
     pub out: mpsc::UnboundedSender<Out>,
     pub received: Instant,
@@ -353,11 +359,14 @@ fn serve_job(
         }
     };
     timings.restore_ms = ms(t_restore);
+    // Constrained requests decode without drafts: the grammar masks one position at a time.
     let spec = match drafter {
-        Some(d) if job.logprobs.is_none() => Some((&mut **d, cfg.draft_max, cfg.depth.as_ref())),
+        Some(d) if job.logprobs.is_none() && job.constraint.is_none() => {
+            Some((&mut **d, cfg.draft_max, cfg.depth.as_ref()))
+        }
         _ => None,
     };
-    let result = generate(model, &mut entry, reused, &job, metrics, spec, timings);
+    let result = generate(model, &mut entry, reused, job, metrics, spec, timings);
     cache.put(entry);
     result
 }
@@ -378,7 +387,7 @@ fn generate(
     model: &LoadedModel,
     entry: &mut Entry,
     reused: usize,
-    job: &Job,
+    mut job: Job,
     metrics: &Metrics,
     spec: Option<(&mut (dyn Drafter + 'static), usize, Option<&DepthModel>)>,
     mut timings: Timings,
@@ -395,6 +404,8 @@ fn generate(
     let mut clock = StepClock { ends: Vec::new() };
     let new = &job.prompt[reused..];
     let total = new.len();
+    let mut grammar = job.constraint.take();
+    let job = &job;
     let out = &job.out;
     let cancel = &job.cancel;
     metrics.set_phase(Phase::Prefill);
@@ -537,13 +548,15 @@ fn generate(
         // Decode steps return only the top-k selection (made on the device by a GPU) when it
         // decides the token exactly like the full row would (no logprobs, no penalties or bias,
         // see `Sampler::sample_top_k`); otherwise, and at the steps it does not decide, the row.
-        let device_k = match job.logprobs {
-            None => sampler.device_top_k(vela_engine::generate::SAMPLE_TOP_K_CAP),
-            Some(_) => None,
+        // A grammar masks the whole row, so constrained steps always take it.
+        let device_k = match (job.logprobs, &grammar) {
+            (None, None) => sampler.device_top_k(vela_engine::generate::SAMPLE_TOP_K_CAP),
+            _ => None,
         };
         // Plain greedy without logprobs: only the argmax comes back (computed on the device by
         // a GPU), not the logits row.
-        let device_argmax = job.logprobs.is_none() && sampler.cfg.is_plain_greedy();
+        let device_argmax =
+            job.logprobs.is_none() && grammar.is_none() && sampler.cfg.is_plain_greedy();
         let mut top = None;
         let mut next_id: Option<u32> = None;
         loop {
@@ -561,7 +574,19 @@ fn generate(
                 (None, Some(sel)) => sampler
                     .sample_top_k(&sel)
                     .expect("the top-k selection was checked to suffice"),
-                (None, None) => sampler.sample(&mut logits),
+                (None, None) => match &mut grammar {
+                    Some(g) => {
+                        let t0 = Instant::now();
+                        g.apply(&mut logits)?;
+                        let t1 = Instant::now();
+                        let t = sampler.sample(&mut logits);
+                        let t2 = Instant::now();
+                        g.accept(t)?;
+                        timings.grammar_ms += ((t1 - t0) + t2.elapsed()).as_secs_f64() * 1e3;
+                        t
+                    }
+                    None => sampler.sample(&mut logits),
+                },
             };
             if first {
                 let t = job.received.elapsed().as_secs_f64();
