@@ -93,6 +93,8 @@ import tarfile
 import tempfile
 import time
 
+import toolcall_fit
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE = os.environ.get("VELA_CACHE", os.path.expanduser("~/.cache/vela"))
 OUT = os.path.join(CACHE, "golden", "deepseekv4_toolcall")
@@ -229,56 +231,13 @@ def main() -> None:
           "sliding_window": 128, "index_n_heads": 8, "index_head_dim": 16, "index_topk": 512,
           "n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32}
     cfg, model = fx.make_model(kw, SEED)
-    model.train()
-    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-
-    # One forward over sequence 2 scores both answers: keep the logits from answer 1's first
-    # position on, score the answer positions.
-    keep = len(full2) - len(p1)
-    rows = [i - len(p1) for i in list(range(len(p1), len(full1))) + list(range(len(p2), len(full2)))]
-    rows_t = torch.tensor(rows)
-    target = torch.tensor([full2[len(p1) + r] for r in rows])
-    inputs = torch.tensor([full2[:-1]])
-
-    def answer_logits():
-        return model(inputs, use_cache=False, logits_to_keep=keep).logits[0][rows_t]
-
-    def margins():
-        model.eval()
-        with torch.no_grad():
-            top2 = answer_logits().topk(2, dim=-1)
-        model.train()
-        if not bool((top2.indices[:, 0] == target).all()):
-            return -1.0
-        return (top2.values[:, 0] - top2.values[:, 1]).min().item()
-
-    t1 = time.time()
-    for step in range(MAX_STEPS):
-        opt.zero_grad()
-        loss = torch.nn.functional.cross_entropy(answer_logits(), target)
-        loss.backward()
-        opt.step()
-        if step % 5 == 4:
-            m = margins()
-            print(f"step {step + 1}: loss {loss.item():.4f}, worst greedy margin {m:.2f} "
-                  f"({time.time() - t1:.0f} s)", flush=True)
-            if m >= MIN_MARGIN:
-                break
-    else:
-        raise SystemExit(f"did not fit the answers in {MAX_STEPS} steps")
-    model.eval()
-    final_margin = margins()
+    final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
 
     # HF greedy decoding with the cache, as a server runs it; then the indexer selections and the
     # router margins of one forward over sequence 2.
     probe = fx.Probe(model)
     probe.on = False
-    for p, full in seqs:
-        with torch.no_grad():
-            out = model.generate(torch.tensor([p]), max_new_tokens=len(full) - len(p) + 4, do_sample=False,
-                                 eos_token_id=EOS, pad_token_id=EOS)
-        ids = out[0, len(p):].tolist()
-        assert ids == full[len(p):], f"HF generate: {ids} != {full[len(p):]}"
+    toolcall_fit.check_greedy(model, seqs, EOS, EOS)
     probe.on = True
     probe.reset()
     with torch.no_grad():

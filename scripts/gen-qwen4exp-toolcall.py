@@ -77,6 +77,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+import toolcall_fit
 import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -367,57 +369,13 @@ def main() -> None:
               "max_position_embeddings": 4096, "eos_token_id": ENDOFTEXT, "bos_token_id": ENDOFTEXT,
               "pad_token_id": ENDOFTEXT, "tie_word_embeddings": True}
         cfg, model = fx.make_model(kw, SEED)
-        model.train()
-        opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-
-        # Prompt 2 starts with prompt 1 + answer 1, so one forward over sequence 2 scores both
-        # answers: keep the logits from answer 1's first position on, score the answer positions.
-        (p1, full1), (p2, full2) = seqs
-        assert full2[:len(full1)] == full1, "sequence 2 does not extend sequence 1 token for token"
-        keep = len(full2) - len(p1)
-        rows = [i - len(p1) for i in list(range(len(p1), len(full1))) + list(range(len(p2), len(full2)))]
-        rows_t = torch.tensor(rows)
-        target = torch.tensor([full2[len(p1) + r] for r in rows])
-        inputs = torch.tensor([full2[:-1]])
-
-        def answer_logits():
-            return model(inputs, use_cache=False, logits_to_keep=keep).logits[0][rows_t]
-
-        def margins():
-            model.eval()
-            with torch.no_grad():
-                top2 = answer_logits().topk(2, dim=-1)
-            model.train()
-            if not bool((top2.indices[:, 0] == target).all()):
-                return -1.0
-            return (top2.values[:, 0] - top2.values[:, 1]).min().item()
-
-        t1 = time.time()
-        for step in range(MAX_STEPS):
-            opt.zero_grad()
-            loss = torch.nn.functional.cross_entropy(answer_logits(), target)
-            loss.backward()
-            opt.step()
-            if step % 5 == 4:
-                m = margins()
-                print(f"step {step + 1}: loss {loss.item():.4f}, worst greedy margin {m:.2f} "
-                      f"({time.time() - t1:.0f} s)", flush=True)
-                if m >= MIN_MARGIN:
-                    break
-        else:
-            raise SystemExit(f"did not fit the answers in {MAX_STEPS} steps")
-        model.eval()
+        toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
 
         # HF greedy decoding with the cache (chunked prefill + recurrent steps), as a server runs
         # it; then the QSA selections and router margins of one forward over sequence 2.
         probe = fx.Probe(model)
         probe.on = False
-        for p, full in seqs:
-            with torch.no_grad():
-                out = model.generate(torch.tensor([p]), max_new_tokens=len(full) - len(p) + 4, do_sample=False,
-                                     eos_token_id=IM_END, pad_token_id=ENDOFTEXT)
-            ids = out[0, len(p):].tolist()
-            assert ids == full[len(p):], f"HF generate: {ids} != {full[len(p):]}"
+        toolcall_fit.check_greedy(model, seqs, IM_END, ENDOFTEXT)
         probe.on = True
         probe.reset()
         with torch.no_grad():
