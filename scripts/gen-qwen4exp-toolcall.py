@@ -369,7 +369,8 @@ def main() -> None:
               "max_position_embeddings": 4096, "eos_token_id": ENDOFTEXT, "bos_token_id": ENDOFTEXT,
               "pad_token_id": ENDOFTEXT, "tie_word_embeddings": True}
         cfg, model = fx.make_model(kw, SEED)
-        toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
+        final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
+        full2 = seqs[1][1]
 
         # HF greedy decoding with the cache (chunked prefill + recurrent steps), as a server runs
         # it; then the QSA selections and router margins of one forward over sequence 2.
@@ -386,7 +387,6 @@ def main() -> None:
               f"router top-k gap {router_gap:.2e}", flush=True)
         if dropped or router_gap < 1e-5:
             raise SystemExit("the indexer dropped blocks, or a router near-tie: change SEED or the budget")
-        final_margin = margins()
 
         hf = os.path.join(work, "hf")
         model.save_pretrained(hf, safe_serialization=True)
