@@ -20,10 +20,13 @@ NMSE(a, ref) = sum((a - ref)^2) / sum(ref^2) (float64), ref = the reference.
 Per prompt, with v = vela's last-position logits:
   pass_A = NMSE(v,Q) <= 1e-4 and argmax(v) == argmax(Q) and top10set(v) == top10set(Q)
   pass_B = NMSE(v,E) <= 10 * S and (argmax(v) in {argmax(E), argmax(Q)} or a near-tie)
-  S = llama.cpp's spread: the geometric mean of NMSE(Q,E) and of llama.cpp's NMSE to E with an F32
-      KV cache and (prompts <= 512 tokens) with one token per ubatch (fixture field
+  S = llama.cpp's spread: the largest of NMSE(Q,E) and of llama.cpp's NMSE to E with an F32 KV
+      cache and (prompts <= 512 tokens) with one token per ubatch (fixture field
       nmse_q_variants; settings as valid as the default, which move its NMSE by up to ~30x on a
-      prompt); NMSE(Q,E) alone if absent
+      prompt); NMSE(Q,E) alone if absent. One prompt's NMSE is a draw from a heavy-tailed
+      distribution (docs/testing.md, "Accuracy of the quantized path"): vela's AVX2 and scalar
+      kernels, which differ only in f32 summation order, land up to 10x apart on one prompt, so
+      the per-prompt bound only catches gross errors; the per-model geomean is the accuracy claim
   near-tie = E[argmax(E)] - E[argmax(v)] < max(0.1, 2 * RMS(Q - E)): vela's top token is within
       a gap that llama.cpp's own quantization noise flips as easily
   pass   = pass_A or pass_B
@@ -74,12 +77,11 @@ def top10(x) -> list[int]:
 
 
 def llama_spread(p: dict) -> float:
-    """llama.cpp's typical distance to E on this prompt: the geometric mean of NMSE(Q,E) over its
-    default settings and the variants in the fixture (F32 KV cache; one token per ubatch), which
-    are just as valid and move it by up to ~30x (docs/testing.md, "Accuracy of the quantized
-    path"). Fixtures without variants: NMSE(Q,E) alone."""
-    vals = [p["nmse_q_e"], *p.get("nmse_q_variants", {}).values()]
-    return math.exp(sum(math.log(max(x, EPS)) for x in vals) / len(vals))
+    """llama.cpp's distance to E on this prompt: the largest NMSE(Q,E) over its default settings
+    and the variants in the fixture (F32 KV cache; one token per ubatch), which are just as valid
+    and move it by up to ~30x (docs/testing.md, "Accuracy of the quantized path"). Fixtures
+    without variants: NMSE(Q,E) alone."""
+    return max([p["nmse_q_e"], *p.get("nmse_q_variants", {}).values()])
 
 
 def judge(v, q, e, p: dict) -> dict:
