@@ -82,6 +82,11 @@ pub struct ServeArgs {
     /// Requests that may wait for the engine (more: 429).
     #[arg(long, default_value_t = 64)]
     pub queue: usize,
+    /// Requests evaluated together at most (continuous batching: one forward pass per step
+    /// decodes a token for each and ingests prompt chunks within `--ubatch`); each holds its
+    /// own sequence state. More requests wait in the queue.
+    #[arg(long, short = 'p', default_value_t = 4)]
+    pub parallel: usize,
     /// Prefix-cache budget in MiB of KV cache (at least one sequence is always kept).
     #[arg(long, default_value_t = 1024)]
     pub cache_mb: usize,
@@ -334,6 +339,7 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
     let cfg = worker::WorkerConfig {
         session: opts,
         cache_bytes: args.cache_mb << 20,
+        parallel: args.parallel,
         drafter,
         draft_max: args.draft_max,
         depth: (!args.draft_fixed)

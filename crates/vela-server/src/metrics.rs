@@ -62,6 +62,11 @@ pub struct Metrics {
     pub steps_after_cancel: AtomicU64,
     pub cache_sessions: AtomicU64,
     pub cache_bytes: AtomicU64,
+    /// Continuous batching: requests admitted to the engine, engine steps (forward passes over
+    /// the active requests) and the requests those steps evaluated (their ratio: the mean batch).
+    pub running: AtomicU64,
+    pub steps: AtomicU64,
+    pub step_sequences: AtomicU64,
     /// Speculative decoding: tokens drafted and drafts accepted by verification.
     pub draft_tokens: AtomicU64,
     pub draft_accepted: AtomicU64,
@@ -85,6 +90,9 @@ impl Default for Metrics {
             steps_after_cancel: z(),
             cache_sessions: z(),
             cache_bytes: z(),
+            running: z(),
+            steps: z(),
+            step_sequences: z(),
             draft_tokens: z(),
             draft_accepted: z(),
             ttft: Histogram::new(TTFT_BOUNDS),
@@ -158,6 +166,24 @@ impl Metrics {
             "gauge",
             "Requests waiting for the engine.",
             &self.queue_depth,
+        );
+        one(
+            "vela_running_requests",
+            "gauge",
+            "Requests the engine is evaluating (continuous batching, at most --parallel).",
+            &self.running,
+        );
+        one(
+            "vela_engine_steps_total",
+            "counter",
+            "Engine steps: forward passes over the running requests.",
+            &self.steps,
+        );
+        one(
+            "vela_engine_step_requests_total",
+            "counter",
+            "Requests evaluated by the engine steps (divided by the steps: the mean batch).",
+            &self.step_sequences,
         );
         one(
             "vela_cancelled_requests_total",
