@@ -2,10 +2,11 @@
 # Build the llama.cpp 0c1e570 oracle (vendored in the PyPI llama-cpp-python==0.3.36 sdist) for
 # fixture generation and side-by-side benchmarks. Nothing of it is linked into vela.
 #
-#   scripts/build-llama-cpp.sh [avx2|avx512]      (default avx2)
+#   scripts/build-llama-cpp.sh [avx2|avx512|server]      (default avx2)
 #
 # Output: $VELA_CACHE/llama.cpp-<flavor>/bin/{llama-tokenize,llama-bench,llama-quantize,llama-simple,libllama.so}
-# plus $VELA_CACHE/llama-cpp-python/ (the sdist's ctypes bindings, used with LLAMA_CPP_LIB_PATH).
+# plus $VELA_CACHE/llama-cpp-python/ (the sdist's ctypes bindings, used with LLAMA_CPP_LIB_PATH);
+# `server`: $VELA_CACHE/llama-server/bin/llama-server (AVX2, static; scripts/bench-serve.py).
 set -euo pipefail
 FLAVOR=${1:-avx2}
 CACHE=${VELA_CACHE:-$HOME/.cache/vela}
@@ -38,6 +39,20 @@ if [ ! -d "$SRC" ]; then
 fi
 ln -sfn "$SRC" "$CACHE/llama-cpp-python"
 command -v cmake >/dev/null || { apt-get update -qq && apt-get install -y -qq cmake >&2; }
+if [ "$FLAVOR" = server ]; then
+  OUT=$CACHE/llama-server/bin
+  if [ ! -x "$OUT/llama-server" ]; then
+    B=$CACHE/build-llama-server
+    cmake -S "$SRC/vendor/llama.cpp" -B "$B" -DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS=OFF \
+      -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF >&2
+    cmake --build "$B" -j"$(nproc)" --target llama-server >&2
+    mkdir -p "$OUT"
+    cp -a "$B/bin/llama-server" "$OUT/"
+  fi
+  echo "$OUT"
+  exit 0
+fi
 case "$FLAVOR" in
   avx2) FLAGS="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON" ;;
   avx512) FLAGS="-DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_BF16=ON" ;;
