@@ -73,7 +73,7 @@ class Server:
 
 
 def one_request(port: int, text: str, max_tokens: int) -> dict:
-    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": text}],
+    body = json.dumps({"messages": [{"role": "user", "content": text}],
                        "max_tokens": max_tokens, "temperature": 0, "stream": True,
                        "stream_options": {"include_usage": True}}).encode()
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
