@@ -256,7 +256,8 @@ pub fn run(
             }
             continue;
         }
-        step(&mut active, &mut cfg, &metrics);
+        let can_admit = active.len() < parallel;
+        step(&mut active, &mut cfg, &metrics, can_admit);
         let mut i = 0;
         while i < active.len() {
             if matches!(active[i].stage, Stage::Done) {
@@ -281,8 +282,9 @@ pub fn run(
     metrics.set_phase(Phase::Idle);
 }
 
-/// One engine step over the active sequences (see [`run`]).
-fn step(active: &mut [Seq], cfg: &mut WorkerConfig, metrics: &Metrics) {
+/// One engine step over the active sequences (see [`run`]); `can_admit`: another request could be
+/// admitted (a speculative run yields only then).
+fn step(active: &mut [Seq], cfg: &mut WorkerConfig, metrics: &Metrics, can_admit: bool) {
     // Cancelled requests stop before the pass.
     for s in active.iter_mut() {
         if !matches!(s.stage, Stage::Done) && s.cancelled() {
@@ -362,7 +364,7 @@ fn step(active: &mut [Seq], cfg: &mut WorkerConfig, metrics: &Metrics) {
             return;
         }
     };
-    let yield_now = || metrics.queue_depth.load(Ordering::Relaxed) > 0;
+    let yield_now = || can_admit && metrics.queue_depth.load(Ordering::Relaxed) > 0;
     for ((i, tokens, is_prefill), next) in items.into_iter().zip(outs) {
         let s = &mut active[i];
         let next = if is_prefill {
