@@ -6,54 +6,10 @@ Usage: scripts/test-server.py --bin target/release/examples/serve --kind smol|qw
 servers on free ports (a warm one, and cold ones to compare against), prints a report and exits
 non-zero on failure. Re-runnable; needs `pip install openai anthropic httpx`.
 """
-import argparse, copy, json, os, re, socket, statistics, subprocess, sys, threading, time
+import argparse, copy, json, os, re, socket, statistics, sys, threading, time
 import httpx
 
-FAIL = []
-
-
-def check(cond, what):
-    print(("  ok   " if cond else "  FAIL ") + what, flush=True)
-    if not cond:
-        FAIL.append(what)
-
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
-
-
-class Server:
-    def __init__(self, args, extra=()):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = open(f"/tmp/vela-test-server-{self.port}.log", "w+")
-        cmd = [args.bin, "--model", args.model, "--port", str(self.port), "--threads", str(args.threads), *extra]
-        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        for _ in range(600):
-            try:
-                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
-                    break
-            except Exception:
-                pass
-            time.sleep(0.1)
-        self.model = httpx.get(self.base + "/v1/models").json()["data"][0]["id"]
-
-    def rss_kb(self):
-        for line in open(f"/proc/{self.p.pid}/status"):
-            if line.startswith("VmRSS"):
-                return int(line.split()[1])
-
-    def metric(self, name):
-        t = httpx.get(self.base + "/metrics").text
-        m = re.search(rf"^{name} (\S+)$", t, re.M)
-        return float(m.group(1)) if m else None
-
-    def logtext(self):
-        self.log.flush(); self.log.seek(0); return self.log.read()
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.terminate(); self.p.wait(10)
+from serve_harness import FAIL, Server, check
 
 
 def oai(s):
@@ -504,6 +460,72 @@ def test_gemma4_tools(args):
         s.stop()
 
 
+def streamed_chat(c, m, kw):
+    """A streamed chat request: (content, reasoning, tool calls with parsed arguments, finish_reason, usage)."""
+    sc, sr, calls, fin, usage = "", "", [], None, None
+    for ch in c.chat.completions.create(messages=m, stream=True, stream_options={"include_usage": True}, **kw):
+        usage = ch.usage or usage
+        for ci in ch.choices:
+            sc += ci.delta.content or ""
+            sr += (ci.delta.model_extra or {}).get("reasoning_content") or ""
+            calls += [(tc.function.name, json.loads(tc.function.arguments)) for tc in (ci.delta.tool_calls or [])]
+            fin = ci.finish_reason or fin
+    return sc, sr, calls, fin, usage
+
+
+def thinking_tool_turns(c, exp, msgs, kw, render, says, kw2=None, prefix2=True):
+    """Turns 1 and 2 of a model trained to think, call get_weather and answer from the tool result
+    (the trained prompts and answers in `exp`): the rendered prompt and its tokens, reasoning_content,
+    the tool call, finish_reason tool_calls and usage (the same streamed); then the tool result's
+    prompt, the answer with its reasoning and turn 1 reused from the prefix cache. `says`: what the
+    checks name (template, prompt-2 rendering, call, end token); `kw2`: the turn-2 request's extra
+    arguments; `prefix2`: prompt 2 starts with prompt 1 + answer 1 token for token. Returns
+    (msgs2, t2, m2, reasoning2, r2), or None when no call came."""
+    t = render(msgs)
+    check(t["prompt"] == exp["prompts"][0], f"rendered prompt 1 == the trained one ({says['template']})")
+    check(t["tokens"] == exp["prompt_ids"][0], f"prompt 1 tokens == {says['tokens']} ({len(t['tokens'])} tokens)")
+    r = c.chat.completions.create(messages=msgs, **kw)
+    m = r.choices[0].message
+    reasoning = (m.model_extra or {}).get("reasoning_content")
+    calls = [(tc.function.name, json.loads(tc.function.arguments)) for tc in (m.tool_calls or [])]
+    print(f"  message: content={m.content!r} reasoning={reasoning!r} tool_calls={calls}")
+    print(f"  usage: prompt {r.usage.prompt_tokens}, completion {r.usage.completion_tokens}")
+    check(r.choices[0].finish_reason == "tool_calls", f"finish_reason tool_calls ({r.choices[0].finish_reason})")
+    check(calls == [(exp["call"]["name"], exp["call"]["arguments"])], says["call"])
+    # Reasoning is trimmed and the content after </think> loses its leading newlines, as
+    # llama.cpp's parser returns them (the template writes them back when re-rendering).
+    check(reasoning == exp["reasoning"], f"<think> ... </think> -> reasoning_content ({reasoning!r})")
+    check(not (m.content or "").strip(), "no tool-call markup or text leaked into content")
+    n_ans = len(exp["answer_ids"][0])
+    check(r.usage.prompt_tokens == len(exp["prompt_ids"][0]) and r.usage.completion_tokens in (n_ans - 1, n_ans),
+          f"usage: {len(exp['prompt_ids'][0])} prompt tokens, {r.usage.completion_tokens} completion (the trained answer: {n_ans} tokens with {says['end']})")
+    sc, sr, scalls, fin, _ = streamed_chat(c, msgs, kw)
+    check(sr == (reasoning or "") and scalls == calls and fin == "tool_calls" and not sc.strip(),
+          "streamed: same reasoning, tool call and finish_reason, no content")
+    tc = m.tool_calls[0] if m.tool_calls else None
+    if tc is None:
+        return None
+    msgs2 = msgs + [{"role": "assistant", "content": None, "reasoning_content": reasoning, "tool_calls": [tc.model_dump()]},
+                    {"role": "tool", "tool_call_id": tc.id, "content": exp["tool_result"]}]
+    t2 = render(msgs2)
+    check(t2["tokens"] == exp["prompt_ids"][1], f"prompt 2 ({says['prompt2']}, the tool result) == the trained one ({len(t2['tokens'])} tokens)")
+    turn1 = exp["prompt_ids"][0] + exp["answer_ids"][0]
+    if prefix2:
+        check(t2["tokens"][:len(turn1)] == turn1, f"prompt 2 starts with prompt 1 + answer 1 token for token ({len(turn1)} tokens)")
+    r2 = c.chat.completions.create(messages=msgs2, **kw, **(kw2 or {}))
+    m2 = r2.choices[0].message
+    reasoning2 = (m2.model_extra or {}).get("reasoning_content")
+    cached = r2.usage.prompt_tokens_details.cached_tokens if r2.usage.prompt_tokens_details else None
+    print(f"  final answer: {m2.content!r} reasoning={reasoning2!r}")
+    print(f"  turn 2 usage: prompt {r2.usage.prompt_tokens}, cached {cached}, completion {r2.usage.completion_tokens} (turn 1: prompt + answer = {len(turn1)} tokens)")
+    check(m2.content == exp["final"] and reasoning2 == exp["reasoning_2"] and r2.choices[0].finish_reason == "stop",
+          f"answer from the tool result ({m2.content!r}), its reasoning, finish_reason stop")
+    # The server keeps the sequence's state through the last generated token that was fed back:
+    # everything but turn 1's final token (sampled, never evaluated) is reused.
+    check(cached is not None and cached >= len(turn1) - 1, f"turn 2 reuses turn 1 from the prefix cache: cached {cached} >= {len(turn1) - 1}")
+    return msgs2, t2, m2, reasoning2, r2
+
+
 def test_qwen4exp_tools(args, s):
     """A tiny qwen4_exp with the real Qwen3.5 vocabulary and chat template, trained to think + call
     get_weather in Qwen3.5's XML and to answer from the tool result
@@ -516,51 +538,17 @@ def test_qwen4exp_tools(args, s):
     c = oai(s)
     msgs = [{"role": "system", "content": exp["system"]}, {"role": "user", "content": exp["question"]}]
     kw = dict(model=s.model, tools=exp["tools"], temperature=0, max_tokens=64)
-    t = httpx.post(s.base + "/apply-template", json={"messages": msgs, "tools": exp["tools"]}).json()
-    check(t["prompt"] == exp["prompts"][0], "rendered prompt 1 == the trained one (template, tools, generation prompt `<think>\\n`)")
-    check(t["tokens"] == exp["prompt_ids"][0], f"prompt 1 tokens == llama.cpp's on the same vocabulary ({len(t['tokens'])} tokens)")
-    r = c.chat.completions.create(messages=msgs, **kw)
-    m = r.choices[0].message
-    reasoning = (m.model_extra or {}).get("reasoning_content")
-    calls = [(tc.function.name, json.loads(tc.function.arguments)) for tc in (m.tool_calls or [])]
-    print(f"  message: content={m.content!r} reasoning={reasoning!r} tool_calls={calls}")
-    print(f"  usage: prompt {r.usage.prompt_tokens}, completion {r.usage.completion_tokens}")
-    check(r.choices[0].finish_reason == "tool_calls", f"finish_reason tool_calls ({r.choices[0].finish_reason})")
-    check(calls == [(exp["call"]["name"], exp["call"]["arguments"])], "tool call get_weather({city: Paris}) with JSON arguments")
-    # Reasoning is trimmed and the content after </think> loses its leading newlines, as
-    # llama.cpp's parser returns them (the template writes them back when re-rendering).
-    check(reasoning == exp["reasoning"], f"<think> block -> reasoning_content ({reasoning!r})")
-    check(not (m.content or "").strip(), "no markup or text leaked into content")
-    n_ans = len(exp["answer_ids"][0])
-    check(r.usage.prompt_tokens == len(exp["prompt_ids"][0]) and r.usage.completion_tokens in (n_ans - 1, n_ans),
-          f"usage: {len(exp['prompt_ids'][0])} prompt tokens, {r.usage.completion_tokens} completion (the trained answer: {n_ans} tokens with the final <|im_end|>)")
-    sr, sc, fin = "", [], None
-    for ch in c.chat.completions.create(messages=msgs, stream=True, **kw):
-        for ci in ch.choices:
-            sr += (ci.delta.model_extra or {}).get("reasoning_content") or ""
-            sc += [(tc.function.name, tc.function.arguments) for tc in (ci.delta.tool_calls or [])]
-            fin = ci.finish_reason or fin
-    check(sr == (reasoning or "") and [(n, json.loads(x)) for n, x in sc] == calls and fin == "tool_calls",
-          "streamed: same reasoning, tool call and finish_reason")
-    tc = m.tool_calls[0] if m.tool_calls else None
-    if tc is None:
+
+    def render(m):
+        return httpx.post(s.base + "/apply-template", json={"messages": m, "tools": exp["tools"]}).json()
+
+    says = {"template": "template, tools, generation prompt `<think>\\n`", "tokens": "llama.cpp's on the same vocabulary",
+            "call": "tool call get_weather({city: Paris}) with JSON arguments", "end": "the final <|im_end|>",
+            "prompt2": "the call re-rendered as XML with its thinking"}
+    turns = thinking_tool_turns(c, exp, msgs, kw, render, says, prefix2=False)
+    if turns is None:
         return
-    msgs2 = msgs + [{"role": "assistant", "content": None, "reasoning_content": reasoning, "tool_calls": [tc.model_dump()]},
-                    {"role": "tool", "tool_call_id": tc.id, "content": exp["tool_result"]}]
-    t2 = httpx.post(s.base + "/apply-template", json={"messages": msgs2, "tools": exp["tools"]}).json()
-    check(t2["tokens"] == exp["prompt_ids"][1], f"prompt 2 (the call re-rendered as XML with its thinking, the tool result) == the trained one ({len(t2['tokens'])} tokens)")
-    r2 = c.chat.completions.create(messages=msgs2, **kw)
-    m2 = r2.choices[0].message
-    reasoning2 = (m2.model_extra or {}).get("reasoning_content")
-    cached = r2.usage.prompt_tokens_details.cached_tokens if r2.usage.prompt_tokens_details else None
-    turn1 = len(exp["prompt_ids"][0]) + len(exp["answer_ids"][0])
-    print(f"  final answer: {m2.content!r} reasoning={reasoning2!r}")
-    print(f"  turn 2 usage: prompt {r2.usage.prompt_tokens}, cached {cached}, completion {r2.usage.completion_tokens} (turn 1: prompt + answer = {turn1} tokens)")
-    check(m2.content == exp["final"] and reasoning2 == exp["reasoning_2"] and r2.choices[0].finish_reason == "stop",
-          f"answer from the tool result ({m2.content!r}), its reasoning, finish_reason stop")
-    # The server keeps the sequence's state through the last generated token that was fed back:
-    # everything but the final <|im_end|> (sampled, never evaluated) is reused.
-    check(cached is not None and cached >= turn1 - 1, f"turn 2 reuses turn 1 from the prefix cache: cached {cached} >= {turn1 - 1}")
+    msgs2, t2, m2, reasoning2, _ = turns
     # A new user turn: the template now renders the earlier assistant turns without their thinking,
     # so the prompt leaves the cached sequence inside turn 1's generation prompt (`<think>\n` is
     # gone); the recurrent state can only be rolled back a few positions (snapshots) or to a
@@ -609,57 +597,15 @@ def test_deepseekv4_tools(args, s):
         return httpx.post(s.base + "/apply-template", json={"messages": m, "tools": exp["tools"],
                                                             "chat_template_kwargs": kwargs}).json()
 
-    def streamed(m):
-        sc, sr, calls, fin, usage = "", "", [], None, None
-        for ch in c.chat.completions.create(messages=m, stream=True, stream_options={"include_usage": True}, **kw):
-            usage = ch.usage or usage
-            for ci in ch.choices:
-                sc += ci.delta.content or ""
-                sr += (ci.delta.model_extra or {}).get("reasoning_content") or ""
-                calls += [(tc.function.name, json.loads(tc.function.arguments)) for tc in (ci.delta.tool_calls or [])]
-                fin = ci.finish_reason or fin
-        return sc, sr, calls, fin, usage
-
-    t = render(msgs)
-    check(t["prompt"] == exp["prompts"][0], "rendered prompt 1 == the trained one (V4 template, tools, thinking on: ends `<｜Assistant｜><think>`)")
-    check(t["tokens"] == exp["prompt_ids"][0], f"prompt 1 tokens == the tokenizers library's on the same tokenizer.json ({len(t['tokens'])} tokens)")
-    r = c.chat.completions.create(messages=msgs, **kw)
-    m = r.choices[0].message
-    reasoning = (m.model_extra or {}).get("reasoning_content")
-    calls = [(tc.function.name, json.loads(tc.function.arguments)) for tc in (m.tool_calls or [])]
-    print(f"  message: content={m.content!r} reasoning={reasoning!r} tool_calls={calls}")
-    print(f"  usage: prompt {r.usage.prompt_tokens}, completion {r.usage.completion_tokens}")
-    check(r.choices[0].finish_reason == "tool_calls", f"finish_reason tool_calls ({r.choices[0].finish_reason})")
-    check(calls == [(exp["call"]["name"], exp["call"]["arguments"])], "DSML call -> tool_calls get_weather({city: Paris}) with JSON arguments")
-    check(reasoning == exp["reasoning"], f"<think> ... </think> -> reasoning_content ({reasoning!r})")
-    check(not (m.content or "").strip(), "no DSML markup or text leaked into content")
-    n_ans = len(exp["answer_ids"][0])
-    check(r.usage.prompt_tokens == len(exp["prompt_ids"][0]) and r.usage.completion_tokens in (n_ans - 1, n_ans),
-          f"usage: {len(exp['prompt_ids'][0])} prompt tokens, {r.usage.completion_tokens} completion (the trained answer: {n_ans} tokens with the end-of-sentence token)")
-    sc, sr, scalls, fin, _ = streamed(msgs)
-    check(sr == (reasoning or "") and scalls == calls and fin == "tool_calls" and not sc.strip(),
-          "streamed: same reasoning, tool call and finish_reason, no content")
-    tc = m.tool_calls[0] if m.tool_calls else None
-    if tc is None:
+    says = {"template": "V4 template, tools, thinking on: ends `<｜Assistant｜><think>`",
+            "tokens": "the tokenizers library's on the same tokenizer.json",
+            "call": "DSML call -> tool_calls get_weather({city: Paris}) with JSON arguments",
+            "end": "the end-of-sentence token", "prompt2": "the call re-rendered as DSML with its thinking"}
+    turns = thinking_tool_turns(c, exp, msgs, kw, render, says)
+    if turns is None:
         return
-    msgs2 = msgs + [{"role": "assistant", "content": None, "reasoning_content": reasoning, "tool_calls": [tc.model_dump()]},
-                    {"role": "tool", "tool_call_id": tc.id, "content": exp["tool_result"]}]
-    t2 = render(msgs2)
-    check(t2["tokens"] == exp["prompt_ids"][1], f"prompt 2 (the call re-rendered as DSML with its thinking, the tool result) == the trained one ({len(t2['tokens'])} tokens)")
-    turn1 = exp["prompt_ids"][0] + exp["answer_ids"][0]
-    check(t2["tokens"][:len(turn1)] == turn1, f"prompt 2 starts with prompt 1 + answer 1 token for token ({len(turn1)} tokens)")
-    r2 = c.chat.completions.create(messages=msgs2, **kw)
-    m2 = r2.choices[0].message
-    reasoning2 = (m2.model_extra or {}).get("reasoning_content")
-    cached = r2.usage.prompt_tokens_details.cached_tokens if r2.usage.prompt_tokens_details else None
-    print(f"  final answer: {m2.content!r} reasoning={reasoning2!r}")
-    print(f"  turn 2 usage: prompt {r2.usage.prompt_tokens}, cached {cached}, completion {r2.usage.completion_tokens} (turn 1: prompt + answer = {len(turn1)} tokens)")
-    check(m2.content == exp["final"] and reasoning2 == exp["reasoning_2"] and r2.choices[0].finish_reason == "stop",
-          f"answer from the tool result ({m2.content!r}), its reasoning, finish_reason stop")
-    # The server keeps the sequence's state through the last generated token that was fed back:
-    # everything but the final end-of-sentence token (sampled, never evaluated) is reused.
-    check(cached is not None and cached >= len(turn1) - 1, f"turn 2 reuses turn 1 from the prefix cache: cached {cached} >= {len(turn1) - 1}")
-    sc2, sr2, scalls2, fin2, su2 = streamed(msgs2)
+    msgs2, t2, m2, reasoning2, _ = turns
+    sc2, sr2, scalls2, fin2, su2 = streamed_chat(c, msgs2, kw)
     check(sc2 == m2.content and sr2 == reasoning2 and not scalls2 and fin2 == "stop",
           "turn 2 streamed: same answer, reasoning and finish_reason")
     check(su2 is not None and su2.prompt_tokens_details.cached_tokens >= len(exp["prompt_ids"][1]) - 1,
@@ -734,57 +680,15 @@ def test_glm5_tools(args, s):
     def render(m, **extra):
         return httpx.post(s.base + "/apply-template", json={"messages": m, "tools": exp["tools"], **extra}).json()
 
-    def streamed(m):
-        sc, sr, calls, fin, usage = "", "", [], None, None
-        for ch in c.chat.completions.create(messages=m, stream=True, stream_options={"include_usage": True}, **kw):
-            usage = ch.usage or usage
-            for ci in ch.choices:
-                sc += ci.delta.content or ""
-                sr += (ci.delta.model_extra or {}).get("reasoning_content") or ""
-                calls += [(tc.function.name, json.loads(tc.function.arguments)) for tc in (ci.delta.tool_calls or [])]
-                fin = ci.finish_reason or fin
-        return sc, sr, calls, fin, usage
-
-    t = render(msgs)
-    check(t["prompt"] == exp["prompts"][0], "rendered prompt 1 == jinja2's (GLM-4.7-Flash template, tools, ends `<|assistant|><think>`)")
-    check(t["tokens"] == exp["prompt_ids"][0], f"prompt 1 tokens == the tokenizers library's on the same tokenizer.json ({len(t['tokens'])} tokens)")
-    r = c.chat.completions.create(messages=msgs, **kw)
-    m = r.choices[0].message
-    reasoning = (m.model_extra or {}).get("reasoning_content")
-    calls = [(tc.function.name, json.loads(tc.function.arguments)) for tc in (m.tool_calls or [])]
-    print(f"  message: content={m.content!r} reasoning={reasoning!r} tool_calls={calls}")
-    print(f"  usage: prompt {r.usage.prompt_tokens}, completion {r.usage.completion_tokens}")
-    check(r.choices[0].finish_reason == "tool_calls", f"finish_reason tool_calls ({r.choices[0].finish_reason})")
-    check(calls == [(exp["call"]["name"], exp["call"]["arguments"])],
-          "GLM call -> tool_calls get_weather({city: \"Paris\", days: 2}): `days` typed by the schema")
-    check(reasoning == exp["reasoning"], f"<think> (from the prompt) ... </think> -> reasoning_content ({reasoning!r})")
-    check(not (m.content or "").strip(), "no GLM markup or text leaked into content")
-    n_ans = len(exp["answer_ids"][0])
-    check(r.usage.prompt_tokens == len(exp["prompt_ids"][0]) and r.usage.completion_tokens in (n_ans - 1, n_ans),
-          f"usage: {len(exp['prompt_ids'][0])} prompt tokens, {r.usage.completion_tokens} completion (the trained answer: {n_ans} tokens with <|observation|>)")
-    sc, sr, scalls, fin, _ = streamed(msgs)
-    check(sr == (reasoning or "") and scalls == calls and fin == "tool_calls" and not sc.strip(),
-          "streamed: same reasoning, tool call and finish_reason, no content")
-    tc = m.tool_calls[0] if m.tool_calls else None
-    if tc is None:
-        return
-    msgs2 = msgs + [{"role": "assistant", "content": None, "reasoning_content": reasoning, "tool_calls": [tc.model_dump()]},
-                    {"role": "tool", "tool_call_id": tc.id, "content": exp["tool_result"]}]
-    t2 = render(msgs2)
-    check(t2["tokens"] == exp["prompt_ids"][1], f"prompt 2 (the call re-rendered with its thinking, the tool result) == the trained one ({len(t2['tokens'])} tokens)")
-    turn1 = exp["prompt_ids"][0] + exp["answer_ids"][0]
-    check(t2["tokens"][:len(turn1)] == turn1, f"prompt 2 starts with prompt 1 + answer 1 token for token ({len(turn1)} tokens)")
+    says = {"template": "jinja2's GLM-4.7-Flash template, tools, ends `<|assistant|><think>`",
+            "tokens": "the tokenizers library's on the same tokenizer.json",
+            "call": "GLM call -> tool_calls get_weather({city: \"Paris\", days: 2}): `days` typed by the schema",
+            "end": "<|observation|>", "prompt2": "the call re-rendered with its thinking"}
     lp = dict(logprobs=True, top_logprobs=3)
-    r2 = c.chat.completions.create(messages=msgs2, **kw, **lp)
-    m2 = r2.choices[0].message
-    reasoning2 = (m2.model_extra or {}).get("reasoning_content")
-    cached = r2.usage.prompt_tokens_details.cached_tokens if r2.usage.prompt_tokens_details else None
-    print(f"  final answer: {m2.content!r} reasoning={reasoning2!r}")
-    print(f"  turn 2 usage: prompt {r2.usage.prompt_tokens}, cached {cached}, completion {r2.usage.completion_tokens} (turn 1: prompt + answer = {len(turn1)} tokens)")
-    check(m2.content == exp["final"] and reasoning2 == exp["reasoning_2"] and r2.choices[0].finish_reason == "stop",
-          f"answer from the tool result ({m2.content!r}), its reasoning, finish_reason stop")
-    # Everything but the final <|observation|> (sampled, never evaluated) is reused.
-    check(cached is not None and cached >= len(turn1) - 1, f"turn 2 reuses turn 1 from the prefix cache: cached {cached} >= {len(turn1) - 1}")
+    turns = thinking_tool_turns(c, exp, msgs, kw, render, says, kw2=lp)
+    if turns is None:
+        return
+    msgs2, t2, m2, reasoning2, r2 = turns
     fresh = Server(args)
     try:
         r2f = oai(fresh).chat.completions.create(messages=msgs2, **dict(kw, model=fresh.model), **lp)
@@ -793,7 +697,7 @@ def test_glm5_tools(args, s):
     lps = lambda x: [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs]) for t in x.choices[0].logprobs.content]
     check(r2f.usage.prompt_tokens_details.cached_tokens == 0 and lps(r2) == lps(r2f),
           f"turn 2 from the cache == a fresh server's prefill: every token's logprob and top 3 equal ({len(lps(r2))} tokens)")
-    sc2, sr2, scalls2, fin2, su2 = streamed(msgs2)
+    sc2, sr2, scalls2, fin2, su2 = streamed_chat(c, msgs2, kw)
     check(sc2 == m2.content and sr2 == reasoning2 and not scalls2 and fin2 == "stop",
           "turn 2 streamed: same answer, reasoning and finish_reason")
     # A new user turn with `clear_thinking: false`: every assistant turn keeps its thinking, so

@@ -20,48 +20,24 @@ Usage: scripts/test-structured.py --bin target/release/examples/serve --model QW
 
 Needs `pip install openai anthropic httpx jsonschema`. Exits non-zero on any failure.
 """
-import argparse, json, socket, statistics, subprocess, sys, time
+import argparse, json, statistics, sys, time
 
 import httpx
 import jsonschema
 import openai
 import anthropic
 
-FAIL = []
+from serve_harness import FAIL, check
+from serve_harness import Server as _Server
 
 
-def check(cond, what):
-    print(("  ok   " if cond else "  FAIL ") + what, flush=True)
-    if not cond:
-        FAIL.append(what)
+class Server(_Server):
+    """The harness's server with the official clients attached."""
 
-
-def free_port():
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close(); return p
-
-
-class Server:
     def __init__(self, args, extra=()):
-        self.port = free_port()
-        self.base = f"http://127.0.0.1:{self.port}"
-        self.log = open(f"/tmp/vela-test-structured-{self.port}.log", "w+")
-        cmd = [args.bin, "--model", args.model, "--port", str(self.port), "--threads", str(args.threads), *extra]
-        self.p = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT)
-        for _ in range(600):
-            try:
-                if httpx.get(self.base + "/health", timeout=1).status_code == 200:
-                    break
-            except Exception:
-                pass
-            time.sleep(0.1)
-        else:
-            raise SystemExit("server did not start; see " + self.log.name)
+        super().__init__(args, extra, tag="vela-test-structured")
         self.oai = openai.OpenAI(base_url=self.base + "/v1", api_key="x", max_retries=0, timeout=600)
         self.ant = anthropic.Anthropic(base_url=self.base, api_key="x", max_retries=0, timeout=600)
-
-    def stop(self):
-        self.p.terminate()
-        self.p.wait(timeout=30)
 
 
 S = lambda **p: {"type": "string", **p}

@@ -196,6 +196,30 @@ pub fn constraint_with(
     )
 }
 
+/// An object schema's `properties` (none: empty) and `required` names; a required name without a
+/// schema in `properties` is an error naming it as a `what` (property, parameter).
+pub(crate) fn object_parts<'a>(
+    s: &'a Value,
+    empty: &'a serde_json::Map<String, Value>,
+    what: &str,
+) -> Result<(&'a serde_json::Map<String, Value>, Vec<&'a str>), String> {
+    let props = s
+        .get("properties")
+        .and_then(Value::as_object)
+        .unwrap_or(empty);
+    let required: Vec<&str> = s
+        .get("required")
+        .and_then(Value::as_array)
+        .map(|r| r.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    if let Some(k) = required.iter().find(|k| !props.contains_key(**k)) {
+        return Err(format!(
+            "required {what} '{k}' without a schema in properties"
+        ));
+    }
+    Ok((props, required))
+}
+
 fn one_line(s: &str) -> String {
     let s = s.split_whitespace().collect::<Vec<_>>().join(" ");
     match s.char_indices().nth(400) {

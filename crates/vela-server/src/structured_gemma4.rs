@@ -138,20 +138,7 @@ impl<'a> G4Rules<'a> {
     /// `{k:v,…}`: the properties in order; a comma before each but the first one present.
     fn object(&mut self, s: &Value) -> Result<String, String> {
         let empty = Map::new();
-        let props = s
-            .get("properties")
-            .and_then(Value::as_object)
-            .unwrap_or(&empty);
-        let required: Vec<&str> = s
-            .get("required")
-            .and_then(Value::as_array)
-            .map(|r| r.iter().filter_map(Value::as_str).collect())
-            .unwrap_or_default();
-        if let Some(k) = required.iter().find(|k| !props.contains_key(**k)) {
-            return Err(format!(
-                "required property '{k}' without a schema in properties"
-            ));
-        }
+        let (props, required) = crate::structured::object_parts(s, &empty, "property")?;
         let mut items = Vec::new();
         for (k, v) in props {
             if k.is_empty() || k.contains([':', ',', '{', '}', '[', ']']) || k.trim() != k {

@@ -119,20 +119,7 @@ pub fn call_rule(
     rules: &mut Vec<String>,
 ) -> Result<(), String> {
     let empty = Map::new();
-    let props = params
-        .get("properties")
-        .and_then(Value::as_object)
-        .unwrap_or(&empty);
-    let required: Vec<&str> = params
-        .get("required")
-        .and_then(Value::as_array)
-        .map(|r| r.iter().filter_map(Value::as_str).collect())
-        .unwrap_or_default();
-    if let Some(k) = required.iter().find(|k| !props.contains_key(**k)) {
-        return Err(format!(
-            "required parameter '{k}' without a schema in properties"
-        ));
-    }
+    let (props, required) = crate::structured::object_parts(params, &empty, "parameter")?;
     let closer = kind.closer();
     let mut parts = Vec::new();
     for (j, (key, p)) in props.iter().enumerate() {
