@@ -297,8 +297,9 @@ fn step(active: &mut [Seq], cfg: &mut WorkerConfig, metrics: &Metrics, can_admit
     if live.is_empty() {
         return;
     }
-    // The step's inputs: every pending token, then prompt chunks, oldest request first, within
-    // the budget (at least one chunk, so a prompt always progresses).
+    // The step's inputs, in request order (oldest first; the pass below pairs them with the
+    // sessions in that order): every pending token, and prompt chunks within what the budget
+    // leaves (at least one chunk, so a prompt always progresses).
     let budget = cfg.session.ubatch.max(1);
     let mut used = live
         .iter()
@@ -321,7 +322,6 @@ fn step(active: &mut [Seq], cfg: &mut WorkerConfig, metrics: &Metrics, can_admit
             Stage::Done => {}
         }
     }
-    items.sort_by_key(|it| it.0);
     let prefill = items.iter().any(|it| it.2);
     metrics.steps.fetch_add(1, Ordering::Relaxed);
     metrics
