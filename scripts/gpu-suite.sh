@@ -73,6 +73,24 @@
 #       by --experts auto (PLACE_EXPERTS): the plan, pp512 + tg128 with host traffic and the
 #       device cache's hit rate; PLACE_DEPTHS="0 8192 ...": then the 12-layer geometry's tg64 at
 #       those depths (PLACE_FULL=0: only those): $OUT/place-d4*.md
+#   here:   scripts/gpu-suite.sh pack-g5x    # one carry (target/gpu-data/g5x): this tree's vela
+#                                         #    and GPU test binaries, the GLM stand-in vocabulary
+#                                         #    (ggml-vocab-qwen35), the glm5 `mtp` fixture
+#   there:  scripts/gpu-suite.sh g5x         # GLM 5.3 Flash (issue 35), from that carry plus
+#       target/gpu-data/llama-src.tar.gz (or the lb bundle): llama.cpp CUDA builds in the
+#       background while the GPU tests run (glm5, recurrent, sparse, host experts, MTP), then
+#       `vela synth --arch glm5-flash-12l` (G5X_TYPE default q4_0) writes one GGUF that vela
+#       benchmarks alone (pp512 + tg128, MTP verify cost K = 0..7, forced 50/70/90 %
+#       acceptance) and llama.cpp loads once (a smoke run): $OUT/g5x-*
+#   there:  scripts/gpu-suite.sh g5x-llama   # the next call on the same machine: that GGUF side
+#       by side with llama.cpp CUDA (bench-vs-llama.py, G5X_REPS rounds, default 3): pp512 +
+#       tg128, then tg128 at each depth of G5X_DEPTHS (default "8192 65536"): $OUT/g5x-vs-llama*.md
+#   there:  scripts/gpu-suite.sh g5x-ab      # one call from the carry of pack-g5x plus
+#       target/gpu-data/g5x-vela-old.xz (a reference build's vela): the GPU tests of the
+#       sparse, mHC, indexer and GLM kernels while the GGUF is written (to /dev/shm), then
+#       tg128 at depth 8192 and pp512 + tg128 at depth 0, new and old alternating
+#       (G5X_ROUNDS, default 1, of `-r 3` runs), then the new build's per-kernel GPU times
+#       of the decode at depth 0 (G5X_PROFILE=1): $OUT/g5x-ab*
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
 #   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
@@ -85,7 +103,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests|pack-place|place|place-d4|place-tests|place-ab}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests|pack-place|place|place-d4|place-tests|place-ab|pack-g5x|g5x|g5x-llama|g5x-ab}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -819,6 +837,105 @@ q4x-llama)
   [ -n "${Q4X_DEPTH:-}" ] && timeout 300 "${B[@]}" -p 0 -n 128 --depth $Q4X_DEPTH --out $OUT/q4x-vs-llama-d.md 2>>$OUT/q4x-vs-llama.log
   /tmp/vela-new bench -m /tmp/q12.gguf --device cuda -p 0 -n 4 -r 1 --json 2>/dev/null |
     python3 -c "import json,sys; j=json.load(sys.stdin); print('weight bytes per token', j['weight_bytes_per_token'])"
+  echo "done ($(( $(date +%s) - t0 )) s)"
+  ;;
+pack-g5x)
+  P=target/gpu-data/g5x
+  rm -rf $P && mkdir -p $P
+  xz -T2 -6 -c target/release/vela >$P/vela-new.xz
+  bin=$(ls -t target/release/deps/gpu-* | grep -v '\.d$' | head -1)
+  xz -T2 -6 -c "$bin" >$P/gpu-test-new.xz
+  src=${VELA_CACHE_HERE:-$HOME/.cache/vela}
+  xz -T2 -6 -c $src/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-qwen35.gguf >$P/vocab-qwen35.gguf.xz
+  tar cJf $P/glm5-mtp.tar.xz -C $src/golden glm5/mtp
+  [ -s target/gpu-data/lb/llama-bench-cuda.tar.xz ] || ls -la target/gpu-data/llama-src.tar.gz
+  du -sh $P
+  ;;
+g5x)
+  P=target/gpu-data/g5x
+  mkdir -p "$OUT" "$VELA_CACHE/vocab" "$VELA_CACHE/golden"
+  t0=$(date +%s)
+  xz -dc $P/vela-new.xz >/tmp/vela-new && xz -dc $P/gpu-test-new.xz >/tmp/gpu-test-new && chmod +x /tmp/vela-new /tmp/gpu-test-new
+  xz -dc $P/vocab-qwen35.gguf.xz >"$VELA_CACHE/vocab/ggml-vocab-qwen35.gguf"
+  tar xJf $P/glm5-mtp.tar.xz -C "$VELA_CACHE/golden"
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  free -g | head -2; nproc
+  llama_cuda_bg
+  # The GGUF meanwhile (the tests are GPU-bound).
+  (/tmp/vela-new synth --arch glm5-flash-12l --type ${G5X_TYPE:-q4_0} -o /tmp/g12.gguf -t 8 >$OUT/g5x-synth.log 2>&1 &&
+     touch /tmp/g12.done) &
+  spid=$!
+  VELA_REQUIRE_GPU=1 timeout ${G5X_TESTS_S:-200} /tmp/gpu-test-new --test-threads 1 ${G5X_TESTS:-glm5 recurrent sparse host_experts mtp} \
+    >$OUT/g5x-tests.log 2>&1
+  echo "GPU tests: exit $? $(grep -E '^test result' $OUT/g5x-tests.log) ($(( $(date +%s) - t0 )) s)"
+  grep -E "^test .*(FAILED|ignored)|RESULT|panicked" $OUT/g5x-tests.log | head -30
+  wait $spid
+  echo "synth $(ls /tmp/g12.done 2>&1) ($(( $(date +%s) - t0 )) s) $(tail -1 $OUT/g5x-synth.log)"
+  m=/tmp/g12.gguf
+  nvidia-smi --query-gpu=timestamp,memory.used --format=csv,noheader -lms 1000 >$OUT/g5x-mem.csv &
+  smi=$!
+  timeout 150 /tmp/vela-new bench -m $m --device cuda -p 512 -n 128 -r 3 2>&1 | tee $OUT/g5x-bench.md
+  echo "vela pp/tg done ($(( $(date +%s) - t0 )) s)"
+  kill $smi; echo "peak GPU memory: $(sort -t, -k2 -n $OUT/g5x-mem.csv | tail -1)"
+  timeout 120 /tmp/vela-new bench -m $m --device cuda --spec-cost -d 512 -r 3 --draft-max 7 2>&1 | tee $OUT/g5x-cost.md
+  timeout 150 /tmp/vela-new bench -m $m --device cuda --spec-accept 0.5,0.7,0.9 -d 512 -n 128 -r 2 --draft-max 5 2>&1 |
+    tee $OUT/g5x-spec.md
+  echo "vela spec done ($(( $(date +%s) - t0 )) s)"
+  wait $bpid
+  tail -3 /tmp/llama-build.log; echo "llama.cpp ready ($(( $(date +%s) - t0 )) s)"
+  timeout 120 /tmp/llama-bench-cuda/llama-bench -m $m -ngl 99 -p 64 -n 16 -r 1 2>&1 | tail -4
+  echo "done ($(( $(date +%s) - t0 )) s)"
+  ;;
+g5x-llama)
+  mkdir -p "$OUT" "$VELA_CACHE/llama.cpp-cuda"
+  t0=$(date +%s)
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  [ -x /tmp/vela-new ] && [ -f /tmp/g12.done ] || { echo "run the g5x stage on this machine first"; exit 1; }
+  llama_cuda_bg
+  wait $bpid
+  B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela-new --flavors cuda --threads 16 --reps ${G5X_REPS:-3}
+     "--llama-args=-ngl 99" "--vela-args=--device cuda" --models /tmp/g12.gguf)
+  timeout ${G5X_PPTG_S:-240} "${B[@]}" --out $OUT/g5x-vs-llama.md --json-out $OUT/g5x-vs-llama.json 2>$OUT/g5x-vs-llama.log
+  echo "pp/tg done ($(( $(date +%s) - t0 )) s)"
+  for dep in ${G5X_DEPTHS:-8192 65536}; do
+    timeout ${G5X_DEPTH_S:-300} "${B[@]}" -p 0 -n 128 --depth $dep --out $OUT/g5x-vs-llama-d$dep.md 2>>$OUT/g5x-vs-llama.log
+    echo "depth $dep done ($(( $(date +%s) - t0 )) s)"
+  done
+  /tmp/vela-new bench -m /tmp/g12.gguf --device cuda -p 0 -n 4 -r 1 --json 2>/dev/null |
+    python3 -c "import json,sys; j=json.load(sys.stdin); print('weight bytes per token', j['weight_bytes_per_token'])"
+  tail -30 $OUT/g5x-vs-llama.log
+  ;;
+g5x-ab)
+  P=target/gpu-data/g5x
+  mkdir -p "$OUT" "$VELA_CACHE/vocab" "$VELA_CACHE/golden"
+  t0=$(date +%s)
+  xz -dc $P/vela-new.xz >/tmp/vela-new && xz -dc $P/gpu-test-new.xz >/tmp/gpu-test-new &&
+    xz -dc target/gpu-data/g5x-vela-old.xz >/tmp/vela-old && chmod +x /tmp/vela-new /tmp/vela-old /tmp/gpu-test-new
+  xz -dc $P/vocab-qwen35.gguf.xz >"$VELA_CACHE/vocab/ggml-vocab-qwen35.gguf"
+  tar xJf $P/glm5-mtp.tar.xz -C "$VELA_CACHE/golden"
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  m=/dev/shm/g12.gguf
+  (/tmp/vela-new synth --arch glm5-flash-12l --type ${G5X_TYPE:-q4_0} -o $m -t 14 >$OUT/g5x-synth.log 2>&1 && touch /tmp/g12s.done) &
+  spid=$!
+  VELA_REQUIRE_GPU=1 timeout ${G5X_TESTS_S:-150} /tmp/gpu-test-new --test-threads 1 ${G5X_TESTS:-sparse dsv4_ops hyper_connection glm5 small_ops matmul_and_get_rows elementwise_ops} \
+    >$OUT/g5x-ab-tests.log 2>&1
+  echo "GPU tests: exit $? $(grep -E '^test result' $OUT/g5x-ab-tests.log) ($(( $(date +%s) - t0 )) s)"
+  grep -E "^test .*(FAILED|ignored)|panicked" $OUT/g5x-ab-tests.log | head -20
+  wait $spid
+  echo "synth $(ls /tmp/g12s.done 2>&1) ($(( $(date +%s) - t0 )) s) $(tail -1 $OUT/g5x-synth.log)"
+  for r in $(seq ${G5X_ROUNDS:-1}); do
+    for b in new old; do
+      echo "$b d8192 round $r: $(timeout 100 /tmp/vela-$b bench -m $m --device cuda -p 0 -n 128 -d 8192 -r 3 2>/dev/null | grep -E '^\| g' | awk -F'|' '{print $4 $5}')" | tee -a $OUT/g5x-ab.md
+    done
+    for b in new old; do
+      echo "$b d0 round $r: $(timeout 60 /tmp/vela-$b bench -m $m --device cuda -p 512 -n 128 -r 3 2>/dev/null | grep -E '^\| g' | awk -F'|' '{print $4 $5}' | tr '\n' ' ')" | tee -a $OUT/g5x-ab.md
+    done
+    echo "round $r done ($(( $(date +%s) - t0 )) s)"
+  done
+  [ "${G5X_PROFILE:-1}" = 1 ] && VELA_CUDA_PROFILE=1 timeout 60 /tmp/vela-new bench -m $m --device cuda -p 0 -n 32 >$OUT/g5x-ab-prof.txt 2>&1
+  head -30 $OUT/g5x-ab-prof.txt
   echo "done ($(( $(date +%s) - t0 )) s)"
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;
