@@ -507,7 +507,9 @@ pub trait Backend: Send + Sync {
     /// Σ_h relu(q_h · key_e) · scale · w[t, h] (`q` `[n, n_head·head_dim]`, `w` `[n, n_head]`).
     /// With at most `top_k` visible entries all of them are selected; otherwise the `top_k`
     /// best (the lower entry first among equal scores, NaN lowest). Row t of `sel`
-    /// (`[n, top_k]`) gets them in ascending order, `counts[t]` their number.
+    /// (`[n, top_k]`) gets them in ascending order, `counts[t]` their number. With `expand`
+    /// the row (`[n, p.width()]`) lists positions: e·ratio .. e·ratio + ratio − 1 of each kept
+    /// entry e in ascending order, then the open entry's ⌊(pos+1)/ratio⌋·ratio ..= pos.
     #[allow(clippy::too_many_arguments)]
     fn lightning_select(
         &self,

@@ -49,6 +49,21 @@ pub struct LightningParams {
     pub top_k: usize,
     /// Multiplier of each head's `relu(q·k)` (`head_dim^-½`).
     pub scale: f32,
+    /// List positions instead of entries (GLM 5.3's pools): those of each kept entry, then the
+    /// open entry's tail (see [`crate::Backend::lightning_select`]).
+    pub expand: bool,
+}
+
+impl LightningParams {
+    /// Width of a row of the selection: `top_k` entries, or with `expand` their positions and
+    /// the open entry's tail.
+    pub fn width(&self) -> usize {
+        if self.expand {
+            self.top_k * self.ratio + self.ratio - 1
+        } else {
+            self.top_k
+        }
+    }
 }
 
 /// Attention geometry and options of one layer.

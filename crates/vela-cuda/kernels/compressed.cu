@@ -5,7 +5,56 @@
 
 __device__ __forceinline__ float dsv4_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
 
-// One thread per token: the row of mix becomes [pre | post | C] (head: [pre]).
+// The combination matrix C (S x S) of one token: scaled logits plus bias, a softmax per row (+ eps),
+// then `iters` Sinkhorn rounds (rows from the second on, then columns). SS > 0: S is SS and c a
+// local array the compiler keeps in registers (the same operations in the same order as on the
+// row in global memory, so the same bits).
+template <int SS>
+__device__ __forceinline__ void dsv4_mhc_comb(float* c, const float* __restrict__ b, float s2, int S,
+                                              int iters, float eps) {
+    if (SS > 0) S = SS;
+#pragma unroll
+    for (int j = 0; j < S; j++) {
+        float m = NEG_INF;
+#pragma unroll
+        for (int k = 0; k < S; k++) {
+            float v = c[j * S + k] * s2 + b[j * S + k];
+            c[j * S + k] = v;
+            m = fmaxf(m, v);
+        }
+        float sum = 0.0f;
+#pragma unroll
+        for (int k = 0; k < S; k++) {
+            float e = expf(c[j * S + k] - m);
+            c[j * S + k] = e;
+            sum += e;
+        }
+#pragma unroll
+        for (int k = 0; k < S; k++) c[j * S + k] = c[j * S + k] / sum + eps;
+    }
+    for (int it = 0; it < iters; it++) {
+        if (it > 0)
+#pragma unroll
+            for (int j = 0; j < S; j++) {
+                float sum = 0.0f;
+#pragma unroll
+                for (int k = 0; k < S; k++) sum += c[j * S + k];
+#pragma unroll
+                for (int k = 0; k < S; k++) c[j * S + k] /= sum + eps;
+            }
+#pragma unroll
+        for (int k = 0; k < S; k++) {
+            float sum = 0.0f;
+#pragma unroll
+            for (int j = 0; j < S; j++) sum += c[j * S + k];
+#pragma unroll
+            for (int j = 0; j < S; j++) c[j * S + k] /= sum + eps;
+        }
+    }
+}
+
+// One thread per token: the row of mix becomes [pre | post | C] (head: [pre]). Four streams (the
+// released models) work in registers; other counts on the row in place.
 extern "C" __global__ void dsv4_mhc_weights(float* mix, const float* __restrict__ base, float s0,
                                             float s1, float s2, int n, int S, int iters, float eps,
                                             int head) {
@@ -18,33 +67,15 @@ extern "C" __global__ void dsv4_mhc_weights(float* mix, const float* __restrict_
     if (head) return;
     for (int i = S; i < 2 * S; i++) row[i] = 2.0f * dsv4_sigmoid(row[i] * s1 + base[i]);
     float* c = row + 2 * S;
-    for (int j = 0; j < S; j++) {
-        float m = NEG_INF;
-        for (int k = 0; k < S; k++) {
-            float v = c[j * S + k] * s2 + base[2 * S + j * S + k];
-            c[j * S + k] = v;
-            m = fmaxf(m, v);
-        }
-        float sum = 0.0f;
-        for (int k = 0; k < S; k++) {
-            float e = expf(c[j * S + k] - m);
-            c[j * S + k] = e;
-            sum += e;
-        }
-        for (int k = 0; k < S; k++) c[j * S + k] = c[j * S + k] / sum + eps;
-    }
-    for (int it = 0; it < iters; it++) {
-        if (it > 0)
-            for (int j = 0; j < S; j++) {
-                float sum = 0.0f;
-                for (int k = 0; k < S; k++) sum += c[j * S + k];
-                for (int k = 0; k < S; k++) c[j * S + k] /= sum + eps;
-            }
-        for (int k = 0; k < S; k++) {
-            float sum = 0.0f;
-            for (int j = 0; j < S; j++) sum += c[j * S + k];
-            for (int j = 0; j < S; j++) c[j * S + k] /= sum + eps;
-        }
+    if (S == 4) {
+        float r[16];
+#pragma unroll
+        for (int i = 0; i < 16; i++) r[i] = c[i];
+        dsv4_mhc_comb<4>(r, base + 2 * S, s2, S, iters, eps);
+#pragma unroll
+        for (int i = 0; i < 16; i++) c[i] = r[i];
+    } else {
+        dsv4_mhc_comb<0>(c, base + 2 * S, s2, S, iters, eps);
     }
 }
 
@@ -222,10 +253,11 @@ __device__ int lsel_scan(int v, int* sh, int* total) {
 // One block per query: the top_k entries by score (the lower entry first among equal scores),
 // in ascending order. The k-th largest key by a 4-pass radix select (8 bits a pass, a shared
 // histogram of the keys that match the bits fixed so far), then the entries above it and the
-// first ones equal to it, compacted in index order by block scans: O(entries) per query.
+// first ones equal to it, compacted in index order by block scans: O(entries) per query. With
+// `expand` the row lists positions: the `ratio` of each kept entry, then the open entry's tail.
 extern "C" __global__ void dsv4_lightning_select(const float* __restrict__ scores,
                                                  const u32* __restrict__ pos, int ratio, int top_k,
-                                                 int stride, u32* sel, u32* counts) {
+                                                 int stride, int expand, u32* sel, u32* counts) {
     PDL_ENTRY();
     __shared__ u32 hist[256];
     __shared__ u32 s_prefix, s_mask;
@@ -233,10 +265,12 @@ extern "C" __global__ void dsv4_lightning_select(const float* __restrict__ score
     __shared__ int scan_sh[32];
     int t = blockIdx.x;
     int nv = ((int)pos[t] + 1) / ratio;
-    u32* row = sel + (size_t)t * top_k;
+    int width = expand ? top_k * ratio + ratio - 1 : top_k;
+    u32* row = sel + (size_t)t * width;
     if (nv <= top_k) {
-        for (int x = threadIdx.x; x < nv; x += blockDim.x) row[x] = (u32)x;
-        if (threadIdx.x == 0) counts[t] = (u32)nv;
+        int all = expand ? (int)pos[t] + 1 : nv;
+        for (int x = threadIdx.x; x < all; x += blockDim.x) row[x] = (u32)x;
+        if (threadIdx.x == 0) counts[t] = (u32)all;
         return;
     }
     const float* s = scores + (size_t)t * stride;
@@ -280,10 +314,19 @@ extern "C" __global__ void dsv4_lightning_select(const float* __restrict__ score
         int keep = b < nv && (key > kth || (eq && base_eq + eq_before < need));
         base_eq += tot;
         int out_before = lsel_scan(keep, scan_sh, &tot);
-        if (keep) row[base_out + out_before] = (u32)b;
+        if (keep && expand)
+            for (int u = 0; u < ratio; u++) row[(base_out + out_before) * ratio + u] = (u32)(b * ratio + u);
+        else if (keep)
+            row[base_out + out_before] = (u32)b;
         base_out += tot;
     }
-    if (threadIdx.x == 0) counts[t] = (u32)base_out;
+    if (!expand) {
+        if (threadIdx.x == 0) counts[t] = (u32)base_out;
+        return;
+    }
+    int open = nv * ratio, n = base_out * ratio;
+    for (int x = open + (int)threadIdx.x; x <= (int)pos[t]; x += blockDim.x) row[n + x - open] = (u32)x;
+    if (threadIdx.x == 0) counts[t] = (u32)(n + (int)pos[t] + 1 - open);
 }
 
 // One block per (query, head): online softmax (with the sink) over the selected rows of two

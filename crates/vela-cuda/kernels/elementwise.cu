@@ -8,14 +8,37 @@ extern "C" __global__ void rms_norm(const float* x, const float* __restrict__ w,
     PDL_ENTRY();
     const float* xr = x + (size_t)blockIdx.x * width;
     float* yr = out + (size_t)blockIdx.x * width;
+    // Eight loads in flight per thread (a wide row, mHC's 4 x 4096 streams, is one block: one
+    // load at a time made it latency-bound); each thread still adds its elements in order.
+    const int bd = blockDim.x;
     double s = 0.0;
-    for (int i = threadIdx.x; i < width; i += blockDim.x) {
+    int i = threadIdx.x;
+    for (; i + 7 * bd < width; i += 8 * bd) {
+        float v[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) v[u] = xr[i + u * bd];
+#pragma unroll
+        for (int u = 0; u < 8; u++) s += (double)(v[u] * v[u]);
+    }
+    for (; i < width; i += bd) {
         float v = xr[i];
         s += (double)(v * v);
     }
     float mean = (float)(block_sum_d(s) / (double)width);
     float scale = 1.0f / sqrtf(mean + eps);
-    for (int i = threadIdx.x; i < width; i += blockDim.x) yr[i] = (xr[i] * scale) * w[i];
+    // out may be x (in place): each element is read before it is written, by the same thread.
+    i = threadIdx.x;
+    for (; i + 7 * bd < width; i += 8 * bd) {
+        float v[8], g[8];
+#pragma unroll
+        for (int u = 0; u < 8; u++) {
+            v[u] = xr[i + u * bd];
+            g[u] = w[i + u * bd];
+        }
+#pragma unroll
+        for (int u = 0; u < 8; u++) yr[i + u * bd] = (v[u] * scale) * g[u];
+    }
+    for (; i < width; i += bd) yr[i] = (xr[i] * scale) * w[i];
 }
 
 // RoPE: block per token, thread per (head, pair). The angle of pair i is built like the CPU's

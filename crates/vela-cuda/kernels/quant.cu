@@ -559,12 +559,40 @@ __device__ void mmf(const u8* __restrict__ W, const float* __restrict__ X, float
     }
 }
 
+// One block per output row (256 threads) of a one-token float product with few rows (mHC's 24
+// mixes of 4 x 4096 streams, MLA's latent projection, the low-rank gates): the rows spread over
+// the SMs instead of one warp per row on a few of them. Each thread sums its columns, then the
+// warps' sums in order.
+template <int T>
+__device__ void mmf_row(const u8* __restrict__ W, const float* __restrict__ X, float* __restrict__ Y,
+                        int cols) {
+    __shared__ float part[32];
+    int r = blockIdx.x;
+    float acc = 0.0f;
+    for (int c = threadIdx.x; c < cols; c += blockDim.x) {
+        float wv = T == 0 ? ((const float*)W)[(size_t)r * cols + c]
+                          : h2f(((const u16*)W)[(size_t)r * cols + c]);
+        float xv = X[c];
+        if (T == 1) xv = round_f16(xv);
+        acc = fmaf(wv, xv, acc);
+    }
+    acc = warp_sum(acc);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = acc;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int w = 0; w < (int)(blockDim.x >> 5); w++) s += part[w];
+        Y[r] = s;
+    }
+}
+
 #define MM32(T, NAME)                                                                              \
     extern "C" __global__ void NAME##_t8(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mm32<T, 8>(W, X, Y, rows, nb, n); }
 #define MMK(T, NAME)                                                                               \
     extern "C" __global__ void NAME##_t8(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmk<T, 8>(W, X, Y, rows, nb, n); }
 #define MMF(T, NAME)                                                                               \
     extern "C" __global__ void NAME##_t1(const u8* W, const float* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmf<T, 1>(W, X, Y, rows, nb, n); } \
+    extern "C" __global__ void NAME##_b1(const u8* W, const float* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmf_row<T>(W, X, Y, nb); } \
     extern "C" __global__ void NAME##_t8(const u8* W, const float* X, float* Y, int rows, int nb, int n) { PDL_ENTRY(); mmf<T, 8>(W, X, Y, rows, nb, n); }
 
 MM32(2, mm_q4_0)

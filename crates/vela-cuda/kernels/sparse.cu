@@ -168,31 +168,34 @@ extern "C" __global__ void sparse_topk(const float* __restrict__ scores,
     if (threadIdx.x == 0) counts[t] = (u32)(n + pos + 1 - nb * c);
 }
 
-// Grid (parts, K/V heads, queries), 256 threads: attention of the G = nh/nkv query heads that
-// share K/V head kh over part p of query t's selection (positions p*SPARSE_PART.. of it). One
-// warp per selected key (coalesced K row, every head's dot), then per head the part's max m and
-// sum l of exp(s - m), and acc = sum exp(s - m) V (threads over the head dim). part_acc is
-// [q, nh, parts, hd], part_ml [q, nh, parts, 2]. Limits: G <= SPARSE_MAX_G, hd a multiple of 32
-// up to SPARSE_MAX_HD, G*hd <= 4096.
+// Grid (parts, K/V heads x head groups, queries), 256 threads: attention of group hg (query
+// heads hg*gs.. of the G = nh/nkv heads that share K/V head kh, at most gs of them) over part p
+// of query t's selection (positions p*SPARSE_PART.. of it). One warp per selected key (coalesced
+// K row, every head's dot), then per head the part's max m and sum l of exp(s - m), and
+// acc = sum exp(s - m) V (threads over the head dim). part_acc is [q, nh, parts, hd], part_ml
+// [q, nh, parts, 2]. Many heads on one K/V head (MLA's 64 on one latent row) take several
+// groups, each reading the part's rows again (from L2). Limits: gs <= SPARSE_MAX_G, hd a
+// multiple of 32 up to SPARSE_MAX_HD, gs*hd <= 4096.
 extern "C" __global__ void sparse_attn_part(const float* __restrict__ q,
                                             const float* __restrict__ k,
                                             const float* __restrict__ v,
                                             const u32* __restrict__ sel,
                                             const u32* __restrict__ counts, int width, int nh,
-                                            int nkv, int hd, float scale, int parts,
+                                            int nkv, int hd, float scale, int parts, int gs,
                                             float* __restrict__ part_acc,
                                             float* __restrict__ part_ml) {
     PDL_ENTRY();
     __shared__ float qs[4096];
     __shared__ float ps[SPARSE_MAX_G * SPARSE_PART];
     __shared__ u32 ids[SPARSE_PART];
-    int p = blockIdx.x, kh = blockIdx.y, t = blockIdx.z;
-    int G = nh / nkv, kvw = nkv * hd;
+    int groups = (nh / nkv + gs - 1) / gs;
+    int p = blockIdx.x, kh = blockIdx.y / groups, hg = blockIdx.y % groups, t = blockIdx.z;
+    int h0 = kh * (nh / nkv) + hg * gs, G = min(gs, nh / nkv - hg * gs), kvw = nkv * hd;
     int n = (int)counts[t];
     int j0 = p * SPARSE_PART;
     if (j0 >= n) return;
     int m = min(SPARSE_PART, n - j0);
-    const float* qt = q + ((size_t)t * nh + (size_t)kh * G) * hd;
+    const float* qt = q + ((size_t)t * nh + (size_t)h0) * hd;
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = qt[i];
     for (int j = threadIdx.x; j < m; j += blockDim.x) ids[j] = sel[(size_t)t * width + j0 + j];
     __syncthreads();
@@ -214,7 +217,7 @@ extern "C" __global__ void sparse_attn_part(const float* __restrict__ q,
         }
     }
     __syncthreads();
-    size_t base = ((size_t)t * nh + (size_t)kh * G) * parts + p;
+    size_t base = ((size_t)t * nh + (size_t)h0) * parts + p;
     for (int g = warp; g < G; g += nw) {
         float* pg = ps + g * SPARSE_PART;
         float a = lane < m ? pg[lane] : NEG_INF, b = lane + 32 < m ? pg[lane + 32] : NEG_INF;

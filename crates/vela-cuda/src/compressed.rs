@@ -191,7 +191,7 @@ impl CudaBackend {
         assert!(
             q.len() >= n * p.n_head * p.head_dim
                 && w.len() >= n * p.n_head
-                && sel.len() >= n * p.top_k
+                && sel.len() >= n * p.width()
                 && counts.len() >= n,
             "lightning_select: buffer too small"
         );
@@ -221,6 +221,7 @@ impl CudaBackend {
             Arg::I(p.ratio as i32),
             Arg::I(p.top_k as i32),
             Arg::I(stride as i32),
+            Arg::I(p.expand as i32),
             Arg::P(self.ptr(sel)),
             Arg::P(self.ptr(counts)),
         ];

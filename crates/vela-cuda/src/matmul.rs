@@ -18,6 +18,10 @@ pub(crate) const MM_WARPS: u32 = 4;
 /// Row groups per warp of `mv_q8_0_r2n` (`MV32_NARROW_G` in kernels/matvec.cu).
 const MV_NARROW_G: u32 = 4;
 
+/// One-token float products with at most this many rows (and rows of at least 1024 columns)
+/// run a block per row (`mm_f32_b1`): one warp per row would leave most SMs idle.
+const ROW_BLOCK_ROWS: usize = 2048;
+
 impl CudaBackend {
     /// `ys[i] = x · ws[i]ᵀ`. The activations are quantized once for all weights that share their
     /// block type and width (Q/K/V, gate/up); `pre` names activations already quantized (by
@@ -109,6 +113,19 @@ impl CudaBackend {
                 };
                 let wr = vec![(self.ptr(&w.data), w.data.len() as u64)];
                 self.launch_w(&name, grid, 32 * MM_WARPS, &args, wr);
+                continue;
+            }
+            if n == 1 && kind == ActKind::Float && w.rows <= ROW_BLOCK_ROWS && w.cols >= 1024 {
+                let args = [
+                    Arg::P(self.ptr(&w.data)),
+                    Arg::P(xp),
+                    Arg::P(self.ptr(&**y)),
+                    Arg::I(w.rows as i32),
+                    Arg::I(nb as i32),
+                    Arg::I(1),
+                ];
+                let grid = (w.rows as u32, 1, 1);
+                self.launch(&format!("mm_{suffix}_b1"), grid, 256, &args);
                 continue;
             }
             let tt = if n == 1 { 1 } else { 8 };

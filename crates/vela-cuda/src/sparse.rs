@@ -35,10 +35,15 @@ fn fast_select(p: &IndexerParams) -> bool {
     p.n_head >= 1 && p.n_head <= 32 && p.head_dim <= 256 && p.n_head * p.head_dim <= 1024
 }
 
+/// Query heads per block of sparse_attn_part: all those of a K/V head when they fit its limits
+/// (at most `MAX_G`, heads × head dim at most 4096), else groups of the most that fit.
+fn head_group(g: usize, hd: usize) -> usize {
+    g.min(MAX_G).min(4096 / hd.max(1)).max(1)
+}
+
 /// Whether the fast attention kernels take this shape (sparse_attn_part's limits).
-fn fast_attention(nh: usize, nkv: usize, hd: usize) -> bool {
-    let g = nh / nkv;
-    g <= MAX_G && hd.is_multiple_of(32) && hd > 0 && hd <= MAX_HD && g * hd <= 4096
+fn fast_attention(hd: usize) -> bool {
+    hd.is_multiple_of(32) && hd > 0 && hd <= MAX_HD
 }
 
 impl CudaBackend {
@@ -125,10 +130,12 @@ impl CudaBackend {
         if n == 0 {
             return;
         }
-        if self.tune.exact() || !fast_attention(nh, nkv, hd) {
+        if self.tune.exact() || !fast_attention(hd) {
             return self.attention_selected_ref(q, k, v, sel, counts, n, width, heads, scale, out);
         }
         let parts = width.div_ceil(PART);
+        let gs = head_group(nh / nkv, hd);
+        let groups = (nh / nkv).div_ceil(gs);
         let rows = n.min(PART_ROWS);
         let acc = self.grown_zeroed(
             &self.sparse_part,
@@ -156,12 +163,13 @@ impl CudaBackend {
                 Arg::I(hd as i32),
                 Arg::F(scale),
                 Arg::I(parts as i32),
+                Arg::I(gs as i32),
                 Arg::P(acc),
                 Arg::P(ml),
             ];
             self.launch(
                 "sparse_attn_part",
-                (parts as u32, nkv as u32, m as u32),
+                (parts as u32, (nkv * groups) as u32, m as u32),
                 256,
                 &args,
             );

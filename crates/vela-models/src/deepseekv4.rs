@@ -696,6 +696,7 @@ impl<B: Backend> DeepseekV4Model<B> {
                     ratio: m,
                     top_k: c.idx_topk,
                     scale: (c.idx_dim as f32).powf(-0.5),
+                    expand: false,
                 };
                 let keys = st.extra.block_rows(ix.comp.entry)?;
                 be.lightning_select(

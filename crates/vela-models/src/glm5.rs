@@ -132,9 +132,6 @@ pub struct Glm5State<B: Backend> {
     stream_rows: B::Ids,
     /// Head h for slot t·nh + h (the per-head absorbed products).
     heads: B::Ids,
-    /// The indexer's pools per query (`[n, pools]`), their counts.
-    pools: B::Ids,
-    pool_counts: B::Ids,
     /// The tokens each query attends to (`[n, max_selected]`), their counts: the last full
     /// indexer's selection, which a shared layer reuses.
     sel: B::Ids,
@@ -281,8 +278,6 @@ impl<B: Backend> Glm5Model<B> {
             experts: crate::blocks::experts::ExpertScratch::new(be, c.top_k, c.n_ff_exp, h, nb),
             stream_rows: ids((0..nb * s).map(|r| (r / s) as u32).collect()),
             heads: ids((0..nb * c.n_head).map(|i| (i % c.n_head) as u32).collect()),
-            pools: be.alloc_ids(nb * c.idx_pools()),
-            pool_counts: be.alloc_ids(nb),
             sel: be.alloc_ids(nb * c.max_selected()),
             counts: be.alloc_ids(nb),
             key: StepCtl::new().key,

@@ -221,16 +221,18 @@ pub fn lightning_select(
     sel: &mut [u32],
     counts: &mut [u32],
 ) {
-    let (nh, di) = (p.n_head, p.head_dim);
+    let (nh, di, width) = (p.n_head, p.head_dim, p.width());
     let mut scores: Vec<(f32, u32)> = Vec::new();
     for (t, &pos) in positions.iter().enumerate() {
         let nv = (pos as usize + 1) / p.ratio;
-        let row = &mut sel[t * p.top_k..(t + 1) * p.top_k];
+        let row = &mut sel[t * width..(t + 1) * width];
         if nv <= p.top_k {
-            for (i, v) in row.iter_mut().take(nv).enumerate() {
+            // Every entry; expanded, every position up to pos.
+            let all = if p.expand { pos as usize + 1 } else { nv };
+            for (i, v) in row.iter_mut().take(all).enumerate() {
                 *v = i as u32;
             }
-            counts[t] = nv as u32;
+            counts[t] = all as u32;
             continue;
         }
         scores.clear();
@@ -253,8 +255,22 @@ pub fn lightning_select(
         scores.select_nth_unstable_by(p.top_k - 1, |a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         let mut kept: Vec<u32> = scores[..p.top_k].iter().map(|s| s.1).collect();
         kept.sort_unstable();
-        row.copy_from_slice(&kept);
-        counts[t] = p.top_k as u32;
+        if !p.expand {
+            row.copy_from_slice(&kept);
+            counts[t] = p.top_k as u32;
+            continue;
+        }
+        let r = p.ratio;
+        let tail = nv * r..=pos as usize;
+        let expanded = kept
+            .iter()
+            .flat_map(|&e| e as usize * r..(e as usize + 1) * r);
+        let mut j = 0;
+        for (v, x) in row.iter_mut().zip(expanded.chain(tail)) {
+            *v = x as u32;
+            j += 1;
+        }
+        counts[t] = j as u32;
     }
 }
 
@@ -370,6 +386,7 @@ mod tests {
             ratio: 1,
             top_k: 2,
             scale: 1.0,
+            expand: false,
         };
         // Keys 3, 5, 5, 1: entry 1 and 2 tie at the top.
         let keys = [3.0f32, 5.0, 5.0, 1.0];
@@ -382,6 +399,35 @@ mod tests {
         // Few entries visible: all of them.
         lightning_select(&[1.0], &[1.0], &keys, &[1], &p, &mut sel, &mut counts);
         assert_eq!((sel[..2].to_vec(), counts[0]), (vec![0, 1], 2));
+    }
+
+    #[test]
+    fn lightning_expands_pools_to_positions_and_the_open_tail() {
+        // Pools of 3: at position 13 pools 0..4 are complete (keys 3, 5, 1, 5), 12..=13 open.
+        let p = LightningParams {
+            n_head: 1,
+            head_dim: 1,
+            ratio: 3,
+            top_k: 2,
+            scale: 1.0,
+            expand: true,
+        };
+        assert_eq!(p.width(), 8);
+        let keys = [3.0f32, 5.0, 1.0, 5.0];
+        let (mut sel, mut counts) = (vec![0u32; 16], vec![0u32; 2]);
+        lightning_select(
+            &[1.0; 2],
+            &[1.0; 2],
+            &keys,
+            &[13, 5],
+            &p,
+            &mut sel,
+            &mut counts,
+        );
+        assert_eq!(counts, [8, 6]);
+        assert_eq!(sel[..8], [3, 4, 5, 9, 10, 11, 12, 13]);
+        // Two complete pools fit the budget: every position up to 5.
+        assert_eq!(sel[8..14], [0, 1, 2, 3, 4, 5]);
     }
 
     #[test]

@@ -111,6 +111,7 @@ fn dsv4_ops_match_cpu() {
         ratio: 4,
         top_k: 8,
         scale: 32f32.powf(-0.5),
+        expand: false,
     };
     let positions: Vec<u32> = (90..97).collect();
     let nq = positions.len();
@@ -144,6 +145,49 @@ fn dsv4_ops_match_cpu() {
     g.read_ids(&sg, &mut a);
     cpu.read_ids(&sc, &mut b);
     assert_eq!(a, b, "lightning_select");
+    // Expanded to positions (GLM 5.3's pools), queries before and after the budget.
+    {
+        let p = LightningParams { expand: true, ..p };
+        let positions: Vec<u32> = positions.iter().copied().chain([5, 33, 34]).collect();
+        let (nq, w) = (positions.len(), p.width());
+        let q = rng.vec(nq * p.n_head * p.head_dim);
+        let wts = rng.vec(nq * p.n_head);
+        let (mut sg, mut cg) = (g.alloc_ids(nq * w), g.alloc_ids(nq));
+        let (mut sc, mut cc) = (cpu.alloc_ids(nq * w), cpu.alloc_ids(nq));
+        g.lightning_select(
+            &up(&g, &q),
+            &up(&g, &wts),
+            &kg,
+            &positions,
+            &p,
+            &mut sg,
+            &mut cg,
+        );
+        cpu.lightning_select(
+            &up(&cpu, &q),
+            &up(&cpu, &wts),
+            &kc,
+            &positions,
+            &p,
+            &mut sc,
+            &mut cc,
+        );
+        let (mut ca, mut cb) = (vec![0u32; nq], vec![0u32; nq]);
+        g.read_ids(&cg, &mut ca);
+        cpu.read_ids(&cc, &mut cb);
+        assert_eq!(ca, cb, "lightning_select expanded: counts");
+        let (mut a, mut b) = (vec![0u32; nq * w], vec![0u32; nq * w]);
+        g.read_ids(&sg, &mut a);
+        cpu.read_ids(&sc, &mut b);
+        for t in 0..nq {
+            let k = cb[t] as usize;
+            assert_eq!(
+                a[t * w..t * w + k],
+                b[t * w..t * w + k],
+                "lightning_select expanded"
+            );
+        }
+    }
     // Attention with sinks over both sets (the window and the selected entries).
     let (nh, hd, win) = (4usize, 64usize, 6usize);
     let qa = rng.vec(nq * nh * hd);

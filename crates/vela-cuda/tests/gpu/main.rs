@@ -264,7 +264,9 @@ fn matmul_and_get_rows_match_cpu() {
     ];
     for ty in types {
         let bs = ty.block_size();
-        for &(rows, cols_blocks) in &[(37usize, 3usize), (130, 9)] {
+        // Float weights also few rows of many columns (one block per row for one token).
+        let wide: &[(usize, usize)] = if bs == 1 { &[(24, 4100)] } else { &[] };
+        for &(rows, cols_blocks) in [(37usize, 3usize), (130, 9)].iter().chain(wide) {
             let cols = bs * cols_blocks;
             let file = gguf(&[("w", ty, rows, cols, random_weight(ty, rows, cols, &mut rng))]);
             let hw = HostWeight::from_gguf(&file, "w").unwrap();
@@ -369,6 +371,19 @@ fn elementwise_ops_match_cpu() {
     g.rms_norm_inplace(&mut ig, &hg, n * w / 64, 64, 1e-6);
     cpu.rms_norm_inplace(&mut ic, &hc, n * w / 64, 64, 1e-6);
     check("rms_norm_inplace", &down(&g, &ig, n * w), &ic, 1e-6);
+    // Wide rows (mHC's 4 streams of 4096, plus a tail the unrolled loop does not take), in place.
+    {
+        let ww = 16384 + 37;
+        let (xw, nw) = (rng.vec(2 * ww), rng.vec(ww));
+        let (wg, wc) = (
+            g.upload_vector(&nw).unwrap(),
+            cpu.upload_vector(&nw).unwrap(),
+        );
+        let (mut ig, mut ic) = (up(&g, &xw), up(&cpu, &xw));
+        g.rms_norm_inplace(&mut ig, &wg, 2, ww, 1e-6);
+        cpu.rms_norm_inplace(&mut ic, &wc, 2, ww, 1e-6);
+        check("rms_norm_inplace wide", &down(&g, &ig, 2 * ww), &ic, 1e-6);
+    }
     // rope, both styles, partial rotation, large positions, with and without freq factors
     let positions = [0u32, 1, 17, 700, 4095];
     for (neox, ff) in [(true, false), (false, false), (true, true)] {

@@ -149,8 +149,8 @@ fn row_ulps(a: &[f32], b: &[f32], hd: usize) -> f32 {
 }
 
 /// Attention over real selections (decode deep in the context: 2051 positions; a prefill
-/// chunk of 40 queries) at the real head geometry (24 heads over 2 K/V heads of 256) and the
-/// small one: within a bound of the CPU in default mode, within the reference kernel's bound in
+/// chunk of 40 queries) at the real head geometries (24 heads over 2 K/V heads of 256; 64 heads
+/// on one latent row of 512, as GLM 5.3's and DeepSeek V4's MLA) and small ones: within a bound of the CPU in default mode, within the reference kernel's bound in
 /// exact mode, and every query's row the same bits alone as in its batch.
 #[test]
 fn sparse_attention_fast_matches_cpu() {
@@ -166,7 +166,14 @@ fn sparse_attention_fast_matches_cpu() {
     let w = p.max_selected();
     let ctx = 8200usize;
     let keys = rng.vec(ctx / p.block * p.head_dim);
-    for (nh, nkv, hd) in [(24usize, 2usize, 256usize), (6, 2, 64)] {
+    // The last two take several head groups per K/V head (MLA's 64 heads on one latent row of
+    // 512; 20 heads of 128: a full group of 16 and one of 4).
+    for (nh, nkv, hd) in [
+        (24usize, 2usize, 256usize),
+        (6, 2, 64),
+        (64, 1, 512),
+        (20, 1, 128),
+    ] {
         for positions in [
             vec![8191u32],
             (8150..8190).collect::<Vec<u32>>(),

@@ -16,8 +16,8 @@
 //!
 //! The LayerNorm of the indexer keys is an RMSNorm of centred keys plus the bias: the centring
 //! (subtracting the mean over the key's channels) is folded into the rows of `wk` at load.
-//! The pools are scored and chosen on the backend ([`Backend::lightning_select`]); their tokens
-//! are listed on the host (one read-back per full layer).
+//! The pools are scored and chosen, and their tokens listed, on the backend
+//! ([`Backend::lightning_select`] with `expand`).
 
 use super::*;
 use vela_compute::LightningParams;
@@ -132,50 +132,35 @@ impl<B: Backend> Glm5Model<B> {
             be.matmul(&ix.wq, qr, n, qi);
         }
         let blk = st.extra.blocks_mut(ent)?;
+        // The chosen pools' tokens and the open pool's tail, in ascending order, straight into
+        // the attention's selection (no read-back).
         let p = LightningParams {
             n_head: ni,
             head_dim: di,
             ratio: m,
             top_k: c.idx_pools(),
             scale: (di as f32).powf(-0.5),
+            expand: true,
         };
+        debug_assert_eq!(p.width(), c.max_selected());
         be.lightning_select(
             &b[QI],
             &b[WI],
             blk.rows,
             positions,
             &p,
-            &mut st.pools,
-            &mut st.pool_counts,
+            &mut st.sel,
+            &mut st.counts,
         );
-        // The selected pools' tokens and the open pool's tail, in ascending order.
-        let kp = c.idx_pools();
-        let (mut pools, mut pc) = (vec![0u32; n * kp], vec![0u32; n]);
-        be.read_ids(&st.pools, &mut pools);
-        be.read_ids(&st.pool_counts, &mut pc);
-        let w = c.max_selected();
-        let (mut sel, mut cnt) = (vec![0u32; n * w], vec![0u32; n]);
-        for (t, &pos) in positions.iter().enumerate() {
-            let row = &mut sel[t * w..(t + 1) * w];
-            let mut j = 0;
-            for &pl in &pools[t * kp..t * kp + pc[t] as usize] {
-                for tok in pl as usize * m..(pl as usize + 1) * m {
-                    row[j] = tok as u32;
-                    j += 1;
-                }
-            }
-            let open = (pos as usize + 1) / m * m;
-            for tok in open..=pos as usize {
-                row[j] = tok as u32;
-                j += 1;
-            }
-            cnt[t] = j as u32;
-            if let Some(log) = &mut st.selections {
-                log.push((il, pos, row[..j].to_vec()));
+        if let Some(log) = &mut st.selections {
+            let w = p.width();
+            let (mut sel, mut cnt) = (vec![0u32; n * w], vec![0u32; n]);
+            be.read_ids(&st.sel, &mut sel);
+            be.read_ids(&st.counts, &mut cnt);
+            for (t, &pos) in positions.iter().enumerate() {
+                log.push((il, pos, sel[t * w..t * w + cnt[t] as usize].to_vec()));
             }
         }
-        be.write_ids(&mut st.sel, &sel);
-        be.write_ids(&mut st.counts, &cnt);
         Ok(())
     }
 
