@@ -234,6 +234,7 @@ fn params(o: &Obj) -> Result<GenParams, ApiError> {
         logprobs: None,
         stream,
         include_usage: true,
+        n: 1,
     })
 }
 

@@ -127,13 +127,16 @@ fn lp_json(l: &[TokenLogprob]) -> Value {
     }
 }
 
-/// The counts of a batch together (timings added up too).
-fn total(us: &[Usage]) -> Usage {
+/// The counts of a batch together (timings added up too), `n` choices per prompt: a prompt's
+/// tokens count once, as OpenAI counts them.
+pub(crate) fn total(us: &[Usage], n: usize) -> Usage {
     let mut t = Usage::default();
-    for u in us {
-        t.prompt_tokens += u.prompt_tokens;
+    for (i, u) in us.iter().enumerate() {
+        if i % n.max(1) == 0 {
+            t.prompt_tokens += u.prompt_tokens;
+            t.cached_tokens += u.cached_tokens;
+        }
         t.completion_tokens += u.completion_tokens;
-        t.cached_tokens += u.cached_tokens;
         let (a, b) = (&mut t.timings, &u.timings);
         a.queue_ms += b.queue_ms;
         a.restore_ms += b.restore_ms;
@@ -151,8 +154,8 @@ fn total(us: &[Usage]) -> Usage {
 }
 
 /// `POST /v1/completions` (raw prompt; the client owns the whole prompt, so special-token text
-/// in it is parsed as special tokens). A batch of prompts gives one choice per prompt, in
-/// prompt order, streamed one prompt after the other.
+/// in it is parsed as special tokens). A batch of prompts gives `n` choices per prompt, in
+/// prompt order (choice `i·n + j` is prompt i's j-th), streamed one choice after the other.
 pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
     let received = Instant::now();
     let prep = || -> Result<(Vec<Prepared>, GenParams, String), ApiError> {
@@ -169,14 +172,16 @@ pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> 
                     .map_err(|e| ApiError::bad("prompt", format!("{e:#}")))?,
                 CompletionPrompt::Ids(ids) => ids,
             };
-            ps.push(Prepared {
-                prompt,
-                params: params.clone(),
-                parser: ParserConfig::default(),
-                field: "prompt",
-                default_max_tokens: Some(DEFAULT_MAX_TOKENS),
-                constraint: None,
-            });
+            for j in 0..params.n {
+                ps.push(Prepared {
+                    prompt: prompt.clone(),
+                    params: params.choice(j),
+                    parser: ParserConfig::default(),
+                    field: "prompt",
+                    default_max_tokens: Some(DEFAULT_MAX_TOKENS),
+                    constraint: None,
+                });
+            }
         }
         Ok((ps, params, r.name.clone()))
     };
@@ -211,7 +216,7 @@ pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> 
                 Err(e) => return openai_err(&st.metrics, e),
             }
         }
-        let sum = total(&usage);
+        let sum = total(&usage, params.n);
         let mut v = obj(Value::Array(choices));
         v["usage"] = usage_json(&sum);
         v["timings"] = timings_json(&sum);
@@ -245,7 +250,7 @@ pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> 
                 if usage.len() == n {
                     if params.include_usage {
                         let mut u = obj(json!([]));
-                        u["usage"] = usage_json(&total(&usage));
+                        u["usage"] = usage_json(&total(&usage, params.n));
                         f.push(data(&u));
                     }
                     f.push("data: [DONE]\n\n".into());

@@ -265,6 +265,7 @@ pub fn submit_many(
             cancel: cancel.clone(),
             out: tx,
             received,
+            requeued: false,
         });
         out.push((rx, cancel));
     }

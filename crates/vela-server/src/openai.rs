@@ -1,26 +1,25 @@
 //! `POST /v1/chat/completions` (OpenAI shape, stream and non-stream) and the chat rendering
 //! shared with `/apply-template` and `/v1/messages`.
 
+use crate::completions::total;
 use crate::error::ApiError;
 use crate::http::{
-    body_bytes, check_model, collect, data, json_with_usage, new_id, openai_err, sse_response,
-    submit, unix_now, Collected, Prepared, Ready, St,
+    body_bytes, check_model, collect, data, json_with_usage, new_id, openai_err, sse_response_many,
+    submit_many, unix_now, Collected, Prepared, Ready, St,
 };
 use crate::parser::{ParserConfig, ToolCall};
 use crate::request::{
     get_bool, get_uint, normalize_messages, parse_common, parse_object, parse_template_kwargs,
-    parse_tools, ChatRequest, Obj,
+    parse_tools, ChatRequest, GenParams, Obj,
 };
 use crate::structured;
-use crate::worker::{CancelToken, Out, TokenLogprob};
+use crate::worker::{Out, TokenLogprob};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::State;
 use axum::response::Response;
 use serde_json::{json, Map, Value};
-use std::sync::Arc;
 use std::time::Instant;
-use tokio::sync::mpsc;
 use vela_template::RenderRequest;
 
 pub use crate::completions::{completions, validate_completion, CompletionPrompt};
@@ -159,35 +158,11 @@ fn tool_calls_json(calls: &[ToolCall], start: usize, with_index: bool) -> Value 
     )
 }
 
-/// A queued request: its output channel, cancel token, `stream`, `include_usage` and model name.
-type Started = (
-    mpsc::UnboundedReceiver<Out>,
-    Arc<CancelToken>,
-    bool,
-    bool,
-    String,
-);
-
-/// Queue a prepared OpenAI request (checking readiness), or the error response to send.
-fn start(
-    st: &crate::http::AppState,
-    prep: Result<(Prepared, String), ApiError>,
-    received: Instant,
-) -> Result<Started, Box<Response>> {
-    let err = |e| Box::new(openai_err(&st.metrics, e));
-    let (p, model) = prep.map_err(err)?;
-    let r = st
-        .ready()
-        .map_err(|_| err(ApiError::internal("not ready")))?;
-    let (stream, include_usage) = (p.params.stream, p.params.include_usage);
-    let (rx, cancel) = submit(st, r, p, received).map_err(err)?;
-    Ok((rx, cancel, stream, include_usage, model))
-}
-
-/// `POST /v1/chat/completions`.
+/// `POST /v1/chat/completions`. With `n` > 1 the choices are sequences of their own, copies of
+/// the prompt's session once it is in; a stream sends them one after the other.
 pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
     let received = Instant::now();
-    let prep = || -> Result<(Prepared, String), ApiError> {
+    let prep = || -> Result<(Vec<Prepared>, GenParams, String), ApiError> {
         let r = st.ready()?;
         let o = parse_object(&body_bytes(body)?)?;
         check_model(&o, r)?;
@@ -202,46 +177,65 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
         let constraint = structured
             .map(|s| structured::constraint(r, &s, &mut parser))
             .transpose()?;
-        Ok((
-            Prepared {
-                prompt,
-                params,
-                parser,
+        let ps = (0..params.n)
+            .map(|j| Prepared {
+                prompt: prompt.clone(),
+                params: params.choice(j),
+                parser: parser.clone(),
                 field: "messages",
                 default_max_tokens: None,
-                constraint,
-            },
-            r.name.clone(),
-        ))
+                constraint: constraint.clone(),
+            })
+            .collect();
+        Ok((ps, params, r.name.clone()))
     };
-    let (rx, cancel, stream, include_usage, model) = match start(&st, prep(), received) {
+    let (ps, params, model) = match prep() {
         Ok(x) => x,
-        Err(resp) => return *resp,
+        Err(e) => return openai_err(&st.metrics, e),
+    };
+    let Ok(r) = st.ready() else {
+        return openai_err(&st.metrics, ApiError::internal("not ready"));
+    };
+    let jobs = match submit_many(&st, r, ps, received) {
+        Ok(j) => j,
+        Err(e) => return openai_err(&st.metrics, e),
     };
     let id = new_id("chatcmpl-");
     let created = unix_now();
-    if !stream {
-        return match collect(rx, cancel).await {
-            Ok(c) => {
-                let u = c.usage;
-                json_with_usage(chat_body(&id, created, &model, c), [&u])
+    let n = jobs.len();
+    if !params.stream {
+        let mut cs = Vec::with_capacity(n);
+        for (rx, cancel) in jobs {
+            match collect(rx, cancel).await {
+                Ok(c) => cs.push(c),
+                // The other choices' receivers drop here, so the worker stops them.
+                Err(e) => return openai_err(&st.metrics, e),
             }
-            Err(e) => openai_err(&st.metrics, e),
-        };
+        }
+        let usage: Vec<_> = cs.iter().map(|c| c.usage).collect();
+        return json_with_usage(chat_body(&id, created, &model, cs), &usage);
     }
-    let chunk = move |delta: Value, logprobs: Value, finish: Value| {
+    let include_usage = params.include_usage;
+    let chunk = move |i: usize, delta: Value, logprobs: Value, finish: Value| {
         json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model,
                "system_fingerprint": "vela",
-               "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
+               "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": finish}]})
     };
-    let mut n_calls = 0usize;
-    let mut first = vec![data(&chunk(
-        json!({"role": "assistant", "content": ""}),
-        Value::Null,
-        Value::Null,
-    ))];
-    let fmt = move |ev: Out| -> Vec<String> {
-        let mut f = std::mem::take(&mut first);
+    let cancels: Vec<_> = jobs.iter().map(|j| j.1.clone()).collect();
+    let mut n_calls = vec![0usize; n];
+    let mut started = vec![false; n];
+    let mut usage = Vec::new();
+    let mut failed = false;
+    let fmt = move |i: usize, ev: Out| -> Vec<String> {
+        if failed {
+            return vec![];
+        }
+        let mut f = Vec::new();
+        if !started[i] {
+            started[i] = true;
+            let role = json!({"role": "assistant", "content": ""});
+            f.push(data(&chunk(i, role, Value::Null, Value::Null)));
+        }
         match ev {
             Out::Progress { .. } => {}
             Out::Delta {
@@ -265,54 +259,78 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
                 if !tool_calls.is_empty() {
                     d.insert(
                         "tool_calls".into(),
-                        tool_calls_json(&tool_calls, n_calls, true),
+                        tool_calls_json(&tool_calls, n_calls[i], true),
                     );
-                    n_calls += tool_calls.len();
+                    n_calls[i] += tool_calls.len();
                 }
-                f.push(data(&chunk(Value::Object(d), lp, Value::Null)));
+                f.push(data(&chunk(i, Value::Object(d), lp, Value::Null)));
             }
-            Out::Done { finish, usage, .. } => {
-                let mut last = chunk(json!({}), Value::Null, json!(finish));
-                last["timings"] = timings_json(&usage);
+            Out::Done {
+                finish, usage: u, ..
+            } => {
+                usage.push(u);
+                let mut last = chunk(i, json!({}), Value::Null, json!(finish));
+                last["timings"] = timings_json(&u);
                 f.push(data(&last));
-                if include_usage {
-                    let mut u = chunk(json!({}), Value::Null, Value::Null);
-                    u["choices"] = json!([]);
-                    u["usage"] = usage_json(&usage);
-                    f.push(data(&u));
+                if usage.len() == n {
+                    if include_usage {
+                        let mut u = chunk(0, json!({}), Value::Null, Value::Null);
+                        u["choices"] = json!([]);
+                        u["usage"] = usage_json(&total(&usage, n));
+                        f.push(data(&u));
+                    }
+                    f.push("data: [DONE]\n\n".into());
                 }
-                f.push("data: [DONE]\n\n".into());
             }
             Out::Error(e) => {
+                // The other choices stop too.
+                failed = true;
+                cancels.iter().for_each(|c| c.cancel());
                 f.push(data(&ApiError::invalid(e).openai_json()));
                 f.push("data: [DONE]\n\n".into());
             }
         }
         f
     };
-    sse_response(rx, cancel, fmt)
+    sse_response_many(jobs, fmt)
 }
 
-fn chat_body(id: &str, created: u64, model: &str, c: Collected) -> Value {
-    // A tool-call turn whose only text is whitespace (e.g. the newline between Gemma 4's
-    // `<channel|>` and `<|tool_call>`) has no content.
-    let no_text = c.content.trim().is_empty() && !c.tool_calls.is_empty();
-    let mut msg = json!({"role": "assistant", "content": if no_text { Value::Null } else { json!(c.content) }});
-    if !c.reasoning.is_empty() {
-        msg["reasoning_content"] = json!(c.reasoning);
-    }
-    if !c.tool_calls.is_empty() {
-        msg["tool_calls"] = tool_calls_json(&c.tool_calls, 0, false);
-    }
-    let lp = if c.logprobs.is_empty() {
-        Value::Null
-    } else {
-        chat_logprobs(&c.logprobs)
-    };
+/// The non-streaming answer: one choice per collected sequence.
+fn chat_body(id: &str, created: u64, model: &str, cs: Vec<Collected>) -> Value {
+    let n = cs.len();
+    let usage: Vec<_> = cs.iter().map(|c| c.usage).collect();
+    let sum = total(&usage, n);
+    let choices: Vec<Value> = cs
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| {
+            // A tool-call turn whose only text is whitespace (e.g. the newline between Gemma
+            // 4's `<channel|>` and `<|tool_call>`) has no content.
+            let no_text = c.content.trim().is_empty() && !c.tool_calls.is_empty();
+            let content = if no_text {
+                Value::Null
+            } else {
+                json!(c.content)
+            };
+            let mut msg = json!({"role": "assistant", "content": content});
+            if !c.reasoning.is_empty() {
+                msg["reasoning_content"] = json!(c.reasoning);
+            }
+            if !c.tool_calls.is_empty() {
+                msg["tool_calls"] = tool_calls_json(&c.tool_calls, 0, false);
+            }
+            let lp = if c.logprobs.is_empty() {
+                Value::Null
+            } else {
+                chat_logprobs(&c.logprobs)
+            };
+            json!({"index": i, "message": msg, "logprobs": lp, "finish_reason": c.finish})
+        })
+        .collect();
     json!({
         "id": id, "object": "chat.completion", "created": created, "model": model, "system_fingerprint": "vela",
-        "choices": [{"index": 0, "message": msg, "logprobs": lp, "finish_reason": c.finish}],
-        "usage": usage_json(&c.usage),
-        "timings": timings_json(&c.usage),
+        "choices": choices,
+        "usage": usage_json(&sum),
+        "timings": timings_json(&sum),
     })
 }

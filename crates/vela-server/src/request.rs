@@ -8,6 +8,9 @@ use vela_engine::SamplerConfig;
 /// Largest `max_tokens` accepted (anything above is "absurd": 400).
 pub const MAX_TOKENS_LIMIT: u64 = 1 << 20;
 
+/// Most choices one request may ask for (`n`); each is a sequence of its own.
+pub const MAX_N: usize = 16;
+
 /// Sampling and output settings shared by every endpoint.
 #[derive(Debug, Clone)]
 pub struct GenParams {
@@ -17,6 +20,18 @@ pub struct GenParams {
     pub logprobs: Option<usize>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices to generate from the prompt (`n`): copies of its session once it is in, each
+    /// sampled with its own seed (`seed + i`).
+    pub n: usize,
+}
+
+impl GenParams {
+    /// The parameters of choice `i` of `n`: its own sampling seed.
+    pub fn choice(&self, i: usize) -> GenParams {
+        let mut p = self.clone();
+        p.sampling.seed = p.sampling.seed.wrapping_add(i as u64);
+        p
+    }
 }
 
 pub type Obj = Map<String, Value>;
@@ -209,11 +224,14 @@ pub fn parse_common(o: &Obj, n_vocab: usize, max_keys: &[&str]) -> Result<GenPar
             max_tokens = Some(m as usize);
         }
     }
-    if let Some(n) = get_uint(o, "n", 1 << 20)? {
-        if n != 1 {
-            return Err(ApiError::bad("n", "only n=1 is supported"));
+    let n = match get_uint(o, "n", 1 << 20)? {
+        None => 1,
+        Some(0) => return Err(ApiError::bad("n", "`n` must be at least 1")),
+        Some(n) if n > MAX_N as u64 => {
+            return Err(ApiError::bad("n", format!("`n` must be at most {MAX_N}")))
         }
-    }
+        Some(n) => n as usize,
+    };
     let stream = get_bool(o, "stream")?.unwrap_or(false);
     let mut include_usage = false;
     if let Some(so) = present(o, "stream_options") {
@@ -237,6 +255,7 @@ pub fn parse_common(o: &Obj, n_vocab: usize, max_keys: &[&str]) -> Result<GenPar
         logprobs: None,
         stream,
         include_usage,
+        n,
     })
 }
 
@@ -546,7 +565,8 @@ mod tests {
             (json!({"max_tokens": 0}), "max_tokens"),
             (json!({"max_tokens": 1e30}), "max_tokens"),
             (json!({"max_tokens": 99999999999u64}), "max_tokens"),
-            (json!({"n": 2}), "n"),
+            (json!({"n": 0}), "n"),
+            (json!({"n": 17}), "n"),
             (json!({"stop": [1]}), "stop"),
             (json!({"logit_bias": {"abc": 1}}), "logit_bias"),
             (json!({"logit_bias": {"5": 1000}}), "logit_bias"),

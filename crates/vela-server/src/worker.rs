@@ -13,6 +13,7 @@ use crate::cache::PrefixCache;
 use crate::metrics::Metrics;
 use crate::parser::{Event, ParserConfig, ToolCall};
 use seq::{Next, Seq, Stage};
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::Instant;
@@ -180,6 +181,8 @@ pub struct Job {
     pub cancel: Arc<CancelToken>,
     pub out: mpsc::UnboundedSender<Out>,
     pub received: Instant,
+    /// Admitted once already (a follower put back): not counted in the queue again.
+    pub requeued: bool,
 }
 
 /// Settings of the worker.
@@ -218,12 +221,19 @@ pub fn run(
         .rollback_limit(cfg.session.ubatch.max(1));
     let parallel = cfg.parallel.max(1);
     let mut active: Vec<Seq> = Vec::new();
+    // Followers whose leader stopped before its prompt was in, or whose copy failed: admitted
+    // again before new requests.
+    let mut requeue: VecDeque<Job> = VecDeque::new();
     let mut open = true;
     metrics.set_phase(Phase::Idle);
     loop {
-        // Admit waiting requests between steps; block only when idle.
-        while active.len() < parallel {
-            let job = if active.is_empty() {
+        // Admit waiting requests between steps; block only when idle. Followers count as the
+        // sequences they become.
+        let load = |a: &[Seq]| a.len() + a.iter().map(|s| s.followers.len()).sum::<usize>();
+        while load(&active) < parallel {
+            let job = if let Some(j) = requeue.pop_front() {
+                j
+            } else if active.is_empty() {
                 match open.then(|| jobs.blocking_recv()).flatten() {
                     Some(j) => j,
                     None => {
@@ -241,9 +251,33 @@ pub fn run(
                     }
                 }
             };
-            metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            if !job.requeued {
+                metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            }
             if job.cancel.is_cancelled() || job.out.is_closed() {
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
+            // The same prompt as one being evaluated (`n` > 1, identical requests): wait for a
+            // copy of its session instead of evaluating it again; or copy it now, when it is in
+            // and the first token not yet evaluated.
+            let same = |s: &&mut Seq| s.prompt() == &job.prompt[..];
+            if let Some(l) = active
+                .iter_mut()
+                .filter(same)
+                .find(|s| matches!(s.stage, Stage::Prefill))
+            {
+                l.followers.push(job);
+                continue;
+            }
+            let copy = active
+                .iter()
+                .find(|s| s.prompt() == &job.prompt[..])
+                .and_then(|s| s.copy_prompt());
+            if let Some((Ok(session), logits)) = copy {
+                active.extend(Seq::forked(
+                    &model, &mut cache, session, job, logits, &metrics,
+                ));
                 continue;
             }
             if let Some(s) = Seq::start(&model, &cfg.session, &mut cache, rollback_limit, job) {
@@ -256,12 +290,30 @@ pub fn run(
             }
             continue;
         }
-        let can_admit = active.len() < parallel;
-        step(&mut active, &mut cfg, &metrics, can_admit);
+        let can_admit = load(&active) < parallel;
+        let forks = step(&mut active, &mut cfg, &metrics, can_admit);
+        for (mut job, session, logits) in forks {
+            match session {
+                Ok(session) => {
+                    let s = Seq::forked(&model, &mut cache, session, job, logits, &metrics);
+                    active.extend(s);
+                }
+                Err(e) => {
+                    tracing::warn!("copying a session for an identical prompt failed: {e:#}");
+                    job.requeued = true;
+                    requeue.push_back(job);
+                }
+            }
+        }
         let mut i = 0;
         while i < active.len() {
             if matches!(active[i].stage, Stage::Done) {
-                cache.put(active.remove(i).entry);
+                let mut s = active.remove(i);
+                for mut j in s.followers.drain(..) {
+                    j.requeued = true;
+                    requeue.push_back(j);
+                }
+                cache.put(s.entry);
             } else {
                 i += 1;
             }
@@ -282,9 +334,18 @@ pub fn run(
     metrics.set_phase(Phase::Idle);
 }
 
+/// A follower's job, a copy of its leader's session, and the prompt's last logits row.
+type Fork = (Job, anyhow::Result<Session>, Vec<f32>);
+
 /// One engine step over the active sequences (see [`run`]); `can_admit`: another request could be
-/// admitted (a speculative run yields only then).
-fn step(active: &mut [Seq], cfg: &mut WorkerConfig, metrics: &Metrics, can_admit: bool) {
+/// admitted (a speculative run yields only then). Returns the followers of sequences whose
+/// prompt this step completed, with copies of their sessions.
+fn step(
+    active: &mut [Seq],
+    cfg: &mut WorkerConfig,
+    metrics: &Metrics,
+    can_admit: bool,
+) -> Vec<Fork> {
     // Cancelled requests stop before the pass.
     for s in active.iter_mut() {
         if !matches!(s.stage, Stage::Done) && s.cancelled() {
@@ -294,8 +355,9 @@ fn step(active: &mut [Seq], cfg: &mut WorkerConfig, metrics: &Metrics, can_admit
     let live: Vec<usize> = (0..active.len())
         .filter(|&i| !matches!(active[i].stage, Stage::Done))
         .collect();
+    let mut forks = Vec::new();
     if live.is_empty() {
-        return;
+        return forks;
     }
     // The step's inputs, in request order (oldest first; the pass below pairs them with the
     // sessions in that order): every pending token, and prompt chunks within what the budget
@@ -361,7 +423,7 @@ fn step(active: &mut [Seq], cfg: &mut WorkerConfig, metrics: &Metrics, can_admit
             for it in &items {
                 active[it.0].fail(&e);
             }
-            return;
+            return forks;
         }
     };
     let yield_now = || can_admit && metrics.queue_depth.load(Ordering::Relaxed) > 0;
@@ -372,7 +434,13 @@ fn step(active: &mut [Seq], cfg: &mut WorkerConfig, metrics: &Metrics, can_admit
                 unreachable!("prefill steps return logits")
             };
             match s.prefilled(tokens.len(), l, metrics) {
-                Some(l) => Next::Logits(l),
+                Some(l) => {
+                    // Before the first token: the session holds just the prompt.
+                    for (job, session) in s.prompt_done(&l) {
+                        forks.push((job, session, l.clone()));
+                    }
+                    Next::Logits(l)
+                }
                 None => continue,
             }
         } else {
@@ -390,6 +458,7 @@ fn step(active: &mut [Seq], cfg: &mut WorkerConfig, metrics: &Metrics, can_admit
             s.fail(&e);
         }
     }
+    forks
 }
 
 /// Steps recorded for the cancellation metric.

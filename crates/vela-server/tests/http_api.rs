@@ -806,3 +806,110 @@ fn concurrent_requests_share_steps_and_match_alone() {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
+
+/// `n` > 1: every choice is what a request of its own with seed `seed + i` gives; the prompt is
+/// evaluated once (the other choices copy its session: their timings show no prompt tokens, the
+/// usage counts the prompt once); streamed, every index finishes before one `[DONE]`;
+/// completions give prompt i's choice j at index i·n + j.
+#[test]
+fn n_choices_copy_the_prompt_and_match_separate_requests() {
+    let Some(alone) = smol() else { return };
+    let Some(a) = start_smol(&["--parallel", "4", "--ubatch", "16"]) else {
+        return;
+    };
+    let msg = "Write one sentence about the sea, the wind and the old lighthouse on the hill.";
+    let body = |n: usize, seed: u64| json!({"messages": user(msg), "max_tokens": 12, "temperature": 1.0, "seed": seed, "n": n});
+    let want: Vec<Value> = (0..3)
+        .map(|i| {
+            let r = post(alone, "/v1/chat/completions", body(1, 7 + i));
+            assert_eq!(r.status, 200, "{}", r.body);
+            r.json()
+        })
+        .collect();
+    let (p0, c0) = (
+        metric(a, "vela_prompt_tokens_total"),
+        metric(a, "vela_cached_prompt_tokens_total"),
+    );
+    let r = post(a, "/v1/chat/completions", body(3, 7));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let ch = v["choices"].as_array().unwrap();
+    assert_eq!(ch.len(), 3);
+    for (i, c) in ch.iter().enumerate() {
+        assert_eq!(c["index"], i);
+        assert_eq!(
+            c["message"]["content"], want[i]["choices"][0]["message"]["content"],
+            "choice {i}"
+        );
+    }
+    let n_prompt = want[0]["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64().unwrap(), n_prompt);
+    let completion: u64 = want
+        .iter()
+        .map(|w| w["usage"]["completion_tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        v["usage"]["completion_tokens"].as_u64().unwrap(),
+        completion
+    );
+    // Three prompts' worth counted, two of them from the copied session.
+    let evaluated = (metric(a, "vela_prompt_tokens_total") - p0)
+        - (metric(a, "vela_cached_prompt_tokens_total") - c0);
+    assert!(
+        evaluated <= n_prompt as f64,
+        "{evaluated} prompt tokens evaluated"
+    );
+    // Streamed.
+    let mut b = body(2, 7);
+    b["stream"] = json!(true);
+    let r = post(a, "/v1/chat/completions", b);
+    assert_eq!(r.status, 200);
+    let ev = r.events();
+    assert_eq!(ev.last().map(String::as_str), Some("[DONE]"));
+    assert_eq!(ev.iter().filter(|e| *e == "[DONE]").count(), 1);
+    let mut text = vec![String::new(); 2];
+    let mut prompt_n = [None; 2];
+    for e in &ev[..ev.len() - 1] {
+        let v: Value = serde_json::from_str(e).unwrap();
+        for c in v["choices"].as_array().unwrap() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            text[i].push_str(c["delta"]["content"].as_str().unwrap_or(""));
+            if !c["finish_reason"].is_null() {
+                prompt_n[i] = v["timings"]["prompt_n"].as_u64();
+            }
+        }
+    }
+    for i in 0..2 {
+        assert_eq!(
+            text[i],
+            want[i]["choices"][0]["message"]["content"]
+                .as_str()
+                .unwrap(),
+            "streamed choice {i}"
+        );
+    }
+    assert_eq!(
+        prompt_n[1],
+        Some(0),
+        "the second choice evaluated its prompt"
+    );
+    // Completions: two prompts, two choices each.
+    let r = post(
+        a,
+        "/v1/completions",
+        json!({"prompt": ["The sky is", "One, two,"], "max_tokens": 4, "temperature": 0, "n": 2}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let v = r.json();
+    let ch = v["choices"].as_array().unwrap();
+    assert_eq!(ch.len(), 4);
+    // Greedy: a prompt's two choices are the same text.
+    assert_eq!(ch[0]["text"], ch[1]["text"]);
+    assert_eq!(ch[2]["text"], ch[3]["text"]);
+    assert_eq!(ch[3]["index"], 3);
+    for n in [0, 17] {
+        let r = post(a, "/v1/chat/completions", body(n, 7));
+        assert_eq!(r.status, 400, "n={n}: {}", r.body);
+        assert_eq!(r.json()["error"]["param"], "n");
+    }
+}

@@ -62,6 +62,12 @@ pub(super) struct Seq<'m> {
     /// only the argmax.
     device_k: Option<usize>,
     device_argmax: bool,
+    /// Requests with the same prompt that arrived while it was being evaluated (`n` > 1, or
+    /// identical requests): each gets a copy of the session once the prompt is in.
+    pub followers: Vec<Job>,
+    /// The prompt's last logits row, until the first decode step: a request with the same
+    /// prompt arriving meanwhile copies the session and samples from it.
+    prompt_logits: Option<Vec<f32>>,
 }
 
 /// The request's job and the state that turns its tokens into output events, apart from the
@@ -223,6 +229,13 @@ fn follow_up(entry: &Entry, n: usize) -> bool {
         .is_some_and(|cp| n + SLACK >= cp.n_past())
 }
 
+/// Report a request that cannot start.
+fn fail<T>(job: &Job, e: anyhow::Error) -> Option<T> {
+    tracing::error!("request failed: {e:#}");
+    let _ = job.out.send(Out::Error(format!("{e:#}")));
+    None
+}
+
 impl<'m> Seq<'m> {
     /// Admit `job`: a session from the cache rolled back to the shared prefix. A prompt that
     /// cannot fit the context (the HTTP side refuses it first) or a session that cannot be made
@@ -232,7 +245,7 @@ impl<'m> Seq<'m> {
         opts: &SessionOptions,
         cache: &mut PrefixCache,
         rollback_limit: usize,
-        mut job: Job,
+        job: Job,
     ) -> Option<Seq<'m>> {
         let mut timings = Timings {
             queue_ms: ms(job.received),
@@ -246,15 +259,56 @@ impl<'m> Seq<'m> {
             &job.prompt,
             &mut timings,
         );
-        let fail = |job: &Job, e: anyhow::Error| {
-            tracing::error!("request failed: {e:#}");
-            let _ = job.out.send(Out::Error(format!("{e:#}")));
-            None
-        };
-        let (mut entry, reused) = match picked {
+        let (entry, reused) = match picked {
             Ok(x) => x,
             Err(e) => return fail(&job, e),
         };
+        Seq::build(model, cache, entry, reused, job, timings)
+    }
+
+    /// A follower of a sequence whose prompt is in: `session` is a copy of that sequence's,
+    /// holding exactly `job`'s prompt; `logits` are its last row. The request then continues as
+    /// any other (its first token sampled here).
+    pub fn forked(
+        model: &'m Arc<LoadedModel>,
+        cache: &mut PrefixCache,
+        session: Session,
+        job: Job,
+        logits: Vec<f32>,
+        metrics: &Metrics,
+    ) -> Option<Seq<'m>> {
+        let timings = Timings {
+            queue_ms: ms(job.received),
+            ..Timings::default()
+        };
+        let n = session.n_past();
+        let mut entry = Entry::new(session);
+        entry.prompt_cp = Some(entry.session.checkpoint());
+        let mut s = Seq::build(model, cache, entry, n, job, timings)?;
+        let prompt_len = s.em.job.prompt.len();
+        metrics
+            .prompt_tokens
+            .fetch_add(prompt_len as u64, Ordering::Relaxed);
+        metrics
+            .cached_prompt_tokens
+            .fetch_add(prompt_len as u64, Ordering::Relaxed);
+        s.t_decode = Instant::now();
+        if let Err(e) = s.advance(Next::Logits(logits), metrics) {
+            s.fail(&e);
+        }
+        Some(s)
+    }
+
+    /// The request's sequence around `entry`, whose session holds the first `reused` prompt
+    /// tokens.
+    fn build(
+        model: &'m Arc<LoadedModel>,
+        cache: &mut PrefixCache,
+        mut entry: Entry,
+        reused: usize,
+        mut job: Job,
+        timings: Timings,
+    ) -> Option<Seq<'m>> {
         let n_ctx = entry.session.n_ctx();
         if job.prompt.len() >= n_ctx {
             let n = job.prompt.len();
@@ -325,7 +379,34 @@ impl<'m> Seq<'m> {
             t_decode: now,
             device_k,
             device_argmax,
+            followers: Vec::new(),
+            prompt_logits: None,
         })
+    }
+
+    /// The request's prompt.
+    pub fn prompt(&self) -> &[u32] {
+        &self.em.job.prompt
+    }
+
+    /// The prompt is in (`logits`, its last row): copies of the session, which holds just the
+    /// prompt, for the followers; the row is kept for requests that follow before the first
+    /// decode step.
+    pub fn prompt_done(&mut self, logits: &[f32]) -> Vec<(Job, anyhow::Result<Session>)> {
+        self.prompt_logits = Some(logits.to_vec());
+        let jobs = std::mem::take(&mut self.followers);
+        jobs.into_iter()
+            .map(|j| (j, self.entry.session.fork()))
+            .collect()
+    }
+
+    /// A copy of the session holding just the prompt, and the prompt's last logits row, while
+    /// the first decode step has not run.
+    pub fn copy_prompt(&self) -> Option<(anyhow::Result<Session>, Vec<f32>)> {
+        let fresh = matches!(self.stage, Stage::Pending(_))
+            && self.entry.session.n_past() == self.em.job.prompt.len();
+        let logits = self.prompt_logits.as_ref().filter(|_| fresh)?;
+        Some((self.entry.session.fork(), logits.clone()))
     }
 
     /// The client went away or cancelled.
@@ -429,6 +510,7 @@ impl<'m> Seq<'m> {
     /// A decode step's forward pass included this sequence.
     pub fn stepped(&mut self) {
         self.em.clock.step();
+        self.prompt_logits = None;
     }
 
     /// Whether the request is out of tokens or of context.
