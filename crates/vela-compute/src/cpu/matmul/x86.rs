@@ -21,6 +21,21 @@ use super::act::{self, f16_to_f32, ActKind, ActQ8, ActQ8K};
 use super::decode::{DecK, Q32, QK};
 use super::scalar::FloatW;
 
+/// Bytes ahead of the block being decoded that a one-token call prefetches: decode streams each
+/// weight row once, and the hardware prefetcher alone left it well below the memory's bandwidth
+/// (perf-log).
+const PREFETCH: usize = 4096;
+
+/// Prefetch the block at `p + PREFETCH` (`bytes` long).
+#[inline(always)]
+unsafe fn prefetch_block(p: *const u8, bytes: usize) {
+    let mut o = 0;
+    while o < bytes {
+        _mm_prefetch::<_MM_HINT_T0>(p.add(PREFETCH + o) as *const i8);
+        o += 64;
+    }
+}
+
 #[inline(always)]
 unsafe fn hsum(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
@@ -107,6 +122,9 @@ unsafe fn tile_q32<B: Q32, const R: usize, const T: usize, const VNNI: bool>(
         let mut wv = [_mm256_setzero_si256(); R];
         for r in 0..R {
             let p = w.add(r * ws + b * B::BYTES);
+            if T == 1 {
+                prefetch_block(p, B::BYTES);
+            }
             dw[r] = f16_to_f32(u16::from_le_bytes([*p, *p.add(1)]));
             if B::HAS_MIN {
                 mw[r] = f16_to_f32(u16::from_le_bytes([*p.add(2), *p.add(3)]));
@@ -166,7 +184,11 @@ unsafe fn tile_qk<B: QK, const R: usize, const T: usize, const VNNI: bool>(
     let mut scx = [[0i16; 128]; R];
     for b in 0..nb {
         for r in 0..R {
-            B::decode(w.add(r * ws + b * B::BYTES), &mut dec[r]);
+            let p = w.add(r * ws + b * B::BYTES);
+            if T == 1 {
+                prefetch_block(p, B::BYTES);
+            }
+            B::decode(p, &mut dec[r]);
             for g in 0..16 {
                 for l in 0..8 {
                     scx[r][8 * g + l] = dec[r].sc[g];
@@ -195,6 +217,105 @@ unsafe fn tile_qk<B: QK, const R: usize, const T: usize, const VNNI: bool>(
                 // Exact integer totals, then the scalar kernel's expression (no FMA): results
                 // do not depend on the kernel path or on how tokens are batched.
                 acc[r][t] += a.d * dec[r].d * isum as f32 - a.d * dec[r].dmin * corr as f32;
+            }
+        }
+    }
+    for r in 0..R {
+        for t in 0..T {
+            *y.add(t * ys + r) = acc[r][t];
+        }
+    }
+}
+
+/// The f16 at `p + o` as f32 (F16C).
+#[inline(always)]
+unsafe fn f16_ptr(p: *const u8, o: usize) -> f32 {
+    let h = (p.add(o) as *const u16).read_unaligned();
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h as i32)))
+}
+
+/// A 256-bit decoder of Q4_K ([`QK::KIND`] 4), the AVX-512 decoder's data flow in 256-bit
+/// registers: the 256 unsigned quants as 8 chunks of 32 in element order (`q`), per chunk its
+/// scale in every i16 lane (`s`), and returns the 16 "mins" as i16 (each sub-block's twice, for
+/// the 16 bsums) and the two multipliers `d`, `dmin`. What [`QK::decode`] yields, without the
+/// byte round trip. (Q6_K keeps [`tile_qk`]: this form measured no faster for it, perf-log.)
+#[inline(always)]
+unsafe fn decode_q4k(
+    p: *const u8,
+    q: &mut [__m256i; 8],
+    s: &mut [__m256i; 8],
+) -> (__m256i, f32, f32) {
+    let m15 = _mm256_set1_epi8(15);
+    for k in 0..4 {
+        let x = _mm256_loadu_si256(p.add(16 + 32 * k) as *const __m256i);
+        q[2 * k] = _mm256_and_si256(x, m15);
+        q[2 * k + 1] = _mm256_and_si256(_mm256_srli_epi16::<4>(x), m15);
+    }
+    let w = p.add(4) as *const u32;
+    let (a, b, c) = (
+        w.read_unaligned(),
+        w.add(1).read_unaligned(),
+        w.add(2).read_unaligned(),
+    );
+    let sc_lo = a & 0x3f3f_3f3f;
+    let sc_hi = (c & 0x0f0f_0f0f) | (((a >> 6) & 0x0303_0303) << 4);
+    let mn_lo = b & 0x3f3f_3f3f;
+    let mn_hi = ((c >> 4) & 0x0f0f_0f0f) | (((b >> 6) & 0x0303_0303) << 4);
+    let sc = (sc_lo as u64 | (sc_hi as u64) << 32).to_le_bytes();
+    for (v, &x) in s.iter_mut().zip(&sc) {
+        *v = _mm256_set1_epi16(x as i16);
+    }
+    let mn = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(
+        (mn_lo as u64 | (mn_hi as u64) << 32) as i64,
+    ));
+    let mn = _mm256_set_m128i(_mm_unpackhi_epi16(mn, mn), _mm_unpacklo_epi16(mn, mn));
+    (mn, f16_ptr(p, 0), f16_ptr(p, 2))
+}
+
+/// Tile kernel for Q4_K against [`ActQ8K`] activations with [`decode_q4k`]: the same exact
+/// integer totals and float expression as [`tile_qk`], so the same bits.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tile_q4k<B: QK, const R: usize, const T: usize, const VNNI: bool>(
+    w: *const u8,
+    ws: usize,
+    x: *const u8,
+    xs: usize,
+    nb: usize,
+    y: *mut f32,
+    ys: usize,
+) {
+    let mut acc = [[0f32; T]; R];
+    let z = _mm256_setzero_si256();
+    let (mut q, mut s) = ([[z; 8]; R], [[z; 8]; R]);
+    let (mut mn, mut dd) = ([z; R], [(0f32, 0f32); R]);
+    for b in 0..nb {
+        for r in 0..R {
+            let p = w.add(r * ws + b * B::BYTES);
+            if T == 1 {
+                prefetch_block(p, B::BYTES);
+            }
+            let (m, d, dmin) = decode_q4k(p, &mut q[r], &mut s[r]);
+            mn[r] = m;
+            dd[r] = (d, dmin);
+        }
+        for t in 0..T {
+            let a = &*(x.add(t * xs) as *const ActQ8K).add(b);
+            let bs = _mm256_load_si256(a.bsums.as_ptr() as *const __m256i);
+            for r in 0..R {
+                let mut isum = z;
+                for c in 0..8 {
+                    let av = _mm256_loadu_si256(a.qs.as_ptr().add(32 * c) as *const __m256i);
+                    let p = _mm256_maddubs_epi16(q[r][c], av);
+                    isum = if VNNI {
+                        _mm256_dpwssd_epi32(isum, p, s[r][c])
+                    } else {
+                        _mm256_add_epi32(isum, _mm256_madd_epi16(p, s[r][c]))
+                    };
+                }
+                let corr = hsum_epi32(_mm256_madd_epi16(mn[r], bs));
+                let isum = hsum_epi32(isum);
+                acc[r][t] += a.d * dd[r].0 * isum as f32 - a.d * dd[r].1 * corr as f32;
             }
         }
     }
@@ -309,6 +430,8 @@ macro_rules! entry_points {
         ) {
             if $wide && B::KIND != 0 {
                 super::x86_512::tile_qk::<B, R, T>(w, ws, x, xs, nb, y, ys)
+            } else if B::KIND == 4 {
+                tile_q4k::<B, R, T, { $vnni }>(w, ws, x, xs, nb, y, ys)
             } else {
                 tile_qk::<B, R, T, { $vnni }>(w, ws, x, xs, nb, y, ys)
             }
