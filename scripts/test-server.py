@@ -64,6 +64,18 @@ def test_basic(args, s):
     check(st == rs.choices[0].message.content, "streamed stop text equals non-stream")
     a = [c.chat.completions.create(model=s.model, messages=msgs, max_tokens=20, temperature=1.0, seed=sd).choices[0].message.content for sd in (7, 7, 8)]
     check(a[0] == a[1], f"same seed → same text ({a[0]!r})"); check(a[0] != a[2], "different seed → different text")
+    # n > 1: choice i is what seed 7 + i gives alone; the prompt counts once; streamed, each
+    # index has its own role, text and finish.
+    rn = c.chat.completions.create(model=s.model, messages=msgs, max_tokens=20, temperature=1.0, seed=7, n=2)
+    got = [x.message.content for x in rn.choices]
+    check([x.index for x in rn.choices] == [0, 1] and got == [a[0], a[2]], f"n=2 choices equal seeds 7 and 8 alone: {got!r}")
+    one = c.chat.completions.create(model=s.model, messages=msgs, max_tokens=20, temperature=1.0, seed=7)
+    check(rn.usage.prompt_tokens == one.usage.prompt_tokens, f"n=2 usage counts the prompt once ({rn.usage.prompt_tokens})")
+    texts, fins = ["", ""], [None, None]
+    for ch in c.chat.completions.create(model=s.model, messages=msgs, max_tokens=20, temperature=1.0, seed=7, n=2, stream=True):
+        for ci in ch.choices:
+            texts[ci.index] += ci.delta.content or ""; fins[ci.index] = ci.finish_reason or fins[ci.index]
+    check(texts == [a[0], a[2]] and all(fins), f"n=2 streamed: {texts!r} {fins}")
     lp = c.chat.completions.create(model=s.model, messages=msgs, max_tokens=5, temperature=0, logprobs=True, top_logprobs=3)
     lc = lp.choices[0].logprobs.content
     check(len(lc) == 5 and all(len(x.top_logprobs) == 3 and x.logprob <= 0 and abs(x.logprob - x.top_logprobs[0].logprob) < 1e-4 for x in lc), "logprobs: greedy token is top-1, 3 alternatives")

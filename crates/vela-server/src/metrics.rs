@@ -55,6 +55,9 @@ pub struct Metrics {
     pub prompt_tokens: AtomicU64,
     pub generated_tokens: AtomicU64,
     pub cached_prompt_tokens: AtomicU64,
+    /// Requests that took a copy of another's session holding their prompt (`n` > 1,
+    /// identical prompts) instead of evaluating it.
+    pub prompt_copies: AtomicU64,
     pub queue_depth: AtomicU64,
     pub cancelled: AtomicU64,
     /// Engine forward passes (prefill chunks or decode steps) that completed after a request's
@@ -85,6 +88,7 @@ impl Default for Metrics {
             prompt_tokens: z(),
             generated_tokens: z(),
             cached_prompt_tokens: z(),
+            prompt_copies: z(),
             queue_depth: z(),
             cancelled: z(),
             steps_after_cancel: z(),
@@ -148,6 +152,12 @@ impl Metrics {
             "counter",
             "Prompt tokens reused from the prefix cache (not recomputed).",
             &self.cached_prompt_tokens,
+        );
+        one(
+            "vela_prompt_copies_total",
+            "counter",
+            "Requests served from a copy of another request's session holding the same prompt.",
+            &self.prompt_copies,
         );
         one(
             "vela_draft_tokens_total",

@@ -826,9 +826,10 @@ fn n_choices_copy_the_prompt_and_match_separate_requests() {
             r.json()
         })
         .collect();
-    let (p0, c0) = (
+    let (p0, c0, k0) = (
         metric(a, "vela_prompt_tokens_total"),
         metric(a, "vela_cached_prompt_tokens_total"),
+        metric(a, "vela_prompt_copies_total"),
     );
     let r = post(a, "/v1/chat/completions", body(3, 7));
     assert_eq!(r.status, 200, "{}", r.body);
@@ -859,6 +860,7 @@ fn n_choices_copy_the_prompt_and_match_separate_requests() {
         evaluated <= n_prompt as f64,
         "{evaluated} prompt tokens evaluated"
     );
+    assert_eq!(metric(a, "vela_prompt_copies_total") - k0, 2.0);
     // Streamed.
     let mut b = body(2, 7);
     b["stream"] = json!(true);
@@ -912,4 +914,35 @@ fn n_choices_copy_the_prompt_and_match_separate_requests() {
         assert_eq!(r.status, 400, "n={n}: {}", r.body);
         assert_eq!(r.json()["error"]["param"], "n");
     }
+}
+
+/// A request waiting for an identical prompt that another client is evaluating still gets its
+/// answer (the same as alone) when that client goes away first.
+#[test]
+fn follower_outlives_its_leader() {
+    let Some(alone) = smol() else { return };
+    let Some(a) = start_smol(&["--parallel", "4", "--ubatch", "16"]) else {
+        return;
+    };
+    let text = "The old lighthouse keeper wrote in his log every evening. ".repeat(20);
+    let body = json!({"prompt": text, "max_tokens": 8, "temperature": 0});
+    let want = post(alone, "/v1/completions", body.clone()).json()["choices"][0]["text"].clone();
+    let c0 = metric(a, "vela_cancelled_requests_total");
+    // The leader streams (its prompt takes dozens of 16-token steps), the follower arrives, then
+    // the leader's client disconnects.
+    let mut lead = body.clone();
+    lead["stream"] = json!(true);
+    let mut s = send_body(a, "POST", "/v1/completions", &[], Some(&lead));
+    let mut first = [0u8; 64];
+    let _ = std::io::Read::read(&mut s, &mut first);
+    let follower = std::thread::spawn(move || post(a, "/v1/completions", body));
+    std::thread::sleep(Duration::from_millis(50));
+    drop(s);
+    let r = follower.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.json()["choices"][0]["text"], want);
+    assert!(
+        metric(a, "vela_cancelled_requests_total") > c0,
+        "the leader was not cancelled"
+    );
 }

@@ -292,6 +292,7 @@ impl<'m> Seq<'m> {
         metrics
             .cached_prompt_tokens
             .fetch_add(prompt_len as u64, Ordering::Relaxed);
+        metrics.prompt_copies.fetch_add(1, Ordering::Relaxed);
         s.t_decode = Instant::now();
         if let Err(e) = s.advance(Next::Logits(logits), metrics) {
             s.fail(&e);
