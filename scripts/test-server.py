@@ -210,7 +210,7 @@ def test_bad_input(args, s):
         ("max_tokens negative", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": -1}, 400),
         ("max_tokens huge", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**30}, 400),
         ("top_p > 1", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "top_p": 5}, 400),
-        ("n = 3", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 3}, 400),
+        ("n = 17", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "n": 17}, 400),
         ("unknown response_format type", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "xml"}}, 400),
         ("unsupported schema keyword", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "object", "if": {}, "then": {}}}}}, 400),
         ("unknown stream_options key", "/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stream_options": {"foo": 1}}, 400),

@@ -125,9 +125,9 @@ unsafe fn tile_q32<B: Q32, const R: usize, const T: usize, const VNNI: bool>(
             if T == 1 {
                 prefetch_block(p, B::BYTES);
             }
-            dw[r] = f16_to_f32(u16::from_le_bytes([*p, *p.add(1)]));
+            dw[r] = f16_ptr(p, 0);
             if B::HAS_MIN {
-                mw[r] = f16_to_f32(u16::from_le_bytes([*p.add(2), *p.add(3)]));
+                mw[r] = f16_ptr(p, 2);
             }
             wv[r] = decode_q32::<B>(p);
             if B::SIGNED && VNNI {
