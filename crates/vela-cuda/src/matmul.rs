@@ -115,20 +115,6 @@ impl CudaBackend {
                 self.launch_w(&name, grid, 32 * MM_WARPS, &args, wr);
                 continue;
             }
-            if n == 1 && kind == ActKind::Float && w.rows <= ROW_BLOCK_ROWS && w.cols >= 1024 {
-                let args = [
-                    Arg::P(self.ptr(&w.data)),
-                    Arg::P(xp),
-                    Arg::P(self.ptr(&**y)),
-                    Arg::I(w.rows as i32),
-                    Arg::I(nb as i32),
-                    Arg::I(1),
-                ];
-                let grid = (w.rows as u32, 1, 1);
-                self.launch(&format!("mm_{suffix}_b1"), grid, 256, &args);
-                continue;
-            }
-            let tt = if n == 1 { 1 } else { 8 };
             let args = [
                 Arg::P(self.ptr(&w.data)),
                 Arg::P(xp),
@@ -137,6 +123,12 @@ impl CudaBackend {
                 Arg::I(nb as i32),
                 Arg::I(n as i32),
             ];
+            if n == 1 && kind == ActKind::Float && w.rows <= ROW_BLOCK_ROWS && w.cols >= 1024 {
+                let grid = (w.rows as u32, 1, 1);
+                self.launch(&format!("mm_{suffix}_b1"), grid, 256, &args);
+                continue;
+            }
+            let tt = if n == 1 { 1 } else { 8 };
             let grid = ((w.rows as u32).div_ceil(MM_WARPS), n.div_ceil(tt) as u32, 1);
             self.launch(&format!("mm_{suffix}_t{tt}"), grid, 32 * MM_WARPS, &args);
         }

@@ -212,6 +212,20 @@ pub fn submit(
         .ok_or_else(|| ApiError::internal("no job was queued"))
 }
 
+/// Queue the prepared jobs of an OpenAI request (`prepared`: its validation's result, the jobs
+/// and what the answer needs besides), or the error response.
+pub fn submit_openai<T>(
+    st: &AppState,
+    prepared: Result<(Vec<Prepared>, T), ApiError>,
+    received: Instant,
+) -> Result<(Vec<Queued>, T), Box<Response>> {
+    let queued = prepared.and_then(|(ps, extra)| {
+        let r = st.ready().map_err(|_| ApiError::internal("not ready"))?;
+        Ok((submit_many(st, r, ps, received)?, extra))
+    });
+    queued.map_err(|e| Box::new(openai_err(&st.metrics, e)))
+}
+
 /// Queue the jobs of one request, all or none (a batch of prompts runs in order).
 pub fn submit_many(
     st: &AppState,

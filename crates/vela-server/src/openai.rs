@@ -5,7 +5,7 @@ use crate::completions::total;
 use crate::error::ApiError;
 use crate::http::{
     body_bytes, check_model, collect, data, json_with_usage, new_id, openai_err, sse_response_many,
-    submit_many, unix_now, Collected, Prepared, Ready, St,
+    submit_openai, unix_now, Collected, Prepared, Ready, St,
 };
 use crate::parser::{ParserConfig, ToolCall};
 use crate::request::{
@@ -189,17 +189,11 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
             .collect();
         Ok((ps, params, r.name.clone()))
     };
-    let (ps, params, model) = match prep() {
-        Ok(x) => x,
-        Err(e) => return openai_err(&st.metrics, e),
-    };
-    let Ok(r) = st.ready() else {
-        return openai_err(&st.metrics, ApiError::internal("not ready"));
-    };
-    let jobs = match submit_many(&st, r, ps, received) {
-        Ok(j) => j,
-        Err(e) => return openai_err(&st.metrics, e),
-    };
+    let (jobs, (params, model)) =
+        match submit_openai(&st, prep().map(|(ps, p, m)| (ps, (p, m))), received) {
+            Ok(x) => x,
+            Err(resp) => return *resp,
+        };
     let id = new_id("chatcmpl-");
     let created = unix_now();
     let n = jobs.len();
