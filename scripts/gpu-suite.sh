@@ -891,7 +891,9 @@ g5x-llama)
   mkdir -p "$OUT" "$VELA_CACHE/llama.cpp-cuda"
   t0=$(date +%s)
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
-  [ -x /tmp/vela-new ] && [ -f /tmp/g12.done ] || { echo "run the g5x stage on this machine first"; exit 1; }
+  [ -x /tmp/vela-new ] && [ -f /tmp/g12.done ] || { echo "run the g5x or g5x-ab stage on this machine first"; exit 1; }
+  # A detached build of g5x-ab (G5X_LLAMA_BG=1) still running: wait for it.
+  while [ -f /tmp/llama-build.log ] && ! grep -q "build exit" /tmp/llama-build.log; do sleep 5; done
   llama_cuda_bg
   wait $bpid
   B=(python3 scripts/bench-vs-llama.py --vela /tmp/vela-new --flavors cuda --threads 16 --reps ${G5X_REPS:-3}
@@ -916,8 +918,17 @@ g5x-ab)
   tar xJf $P/glm5-mtp.tar.xz -C "$VELA_CACHE/golden"
   export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  # G5X_LLAMA_BG=1: llama.cpp CUDA builds detached meanwhile, for a g5x-llama call right after
+  # this one on the same machine (it waits for the build).
+  if [ "${G5X_LLAMA_BG:-0}" = 1 ] && [ ! -x /tmp/llama-bench-cuda/llama-bench ]; then
+    setsid nohup bash -c 'nice -n 19 bash scripts/build-llama-cpp-cuda.sh build >/tmp/llama-build.log 2>&1; rc=$?
+      mkdir -p /tmp/llama-bench-cuda && cp /tmp/llama-cuda/build/bin/llama-bench /tmp/llama-bench-cuda/ &&
+      find /tmp/llama-cuda/build -name "*.so*" -exec cp -P {} /tmp/llama-bench-cuda/ \;
+      echo "build exit $rc" >>/tmp/llama-build.log' >/dev/null 2>&1 </dev/null &
+  fi
   m=/dev/shm/g12.gguf
-  (/tmp/vela-new synth --arch glm5-flash-12l --type ${G5X_TYPE:-q4_0} -o $m -t 14 >$OUT/g5x-synth.log 2>&1 && touch /tmp/g12s.done) &
+  (/tmp/vela-new synth --arch glm5-flash-12l --type ${G5X_TYPE:-q4_0} -o $m -t 14 >$OUT/g5x-synth.log 2>&1 &&
+     touch /tmp/g12s.done /tmp/g12.done && ln -sfn $m /tmp/g12.gguf) &
   spid=$!
   VELA_REQUIRE_GPU=1 timeout ${G5X_TESTS_S:-150} /tmp/gpu-test-new --test-threads 1 ${G5X_TESTS:-sparse dsv4_ops hyper_connection glm5 small_ops matmul_and_get_rows elementwise_ops} \
     >$OUT/g5x-ab-tests.log 2>&1
@@ -932,10 +943,15 @@ g5x-ab)
     for b in new old; do
       echo "$b d0 round $r: $(timeout 60 /tmp/vela-$b bench -m $m --device cuda -p 512 -n 128 -r 3 2>/dev/null | grep -E '^\| g' | awk -F'|' '{print $4 $5}' | tr '\n' ' ')" | tee -a $OUT/g5x-ab.md
     done
+    # The new build without decode graphs (the control for the graphs alone).
+    [ "${G5X_NOGRAPH:-1}" = 1 ] &&
+      echo "new-nograph d0 round $r: $(VELA_CUDA_GRAPH=0 timeout 60 /tmp/vela-new bench -m $m --device cuda -p 0 -n 128 -r 3 2>/dev/null | grep -E '^\| g' | awk -F'|' '{print $4 $5}')" | tee -a $OUT/g5x-ab.md
     echo "round $r done ($(( $(date +%s) - t0 )) s)"
   done
+  VELA_CUDA_DEBUG=1 timeout 60 /tmp/vela-new bench -m $m --device cuda -p 0 -n 64 -r 1 2>&1 | grep -E "decode graphs|^\| g"
   [ "${G5X_PROFILE:-1}" = 1 ] && VELA_CUDA_PROFILE=1 timeout 60 /tmp/vela-new bench -m $m --device cuda -p 0 -n 32 >$OUT/g5x-ab-prof.txt 2>&1
   head -30 $OUT/g5x-ab-prof.txt
+  [ -f /tmp/llama-build.log ] && tail -2 /tmp/llama-build.log
   echo "done ($(( $(date +%s) - t0 )) s)"
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;

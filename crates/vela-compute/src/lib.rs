@@ -10,6 +10,8 @@ use anyhow::Result;
 
 mod host_weight;
 pub use host_weight::HostWeight;
+pub mod kv_export;
+pub use kv_export::{KvExport, KvLayerExport};
 mod params;
 pub use params::*;
 
@@ -85,6 +87,13 @@ pub trait Backend: Send + Sync {
     fn kv_clone(&self, kv: &Self::Kv) -> Self::Kv;
     /// Bytes held by a cache.
     fn kv_bytes(&self, kv: &Self::Kv) -> usize;
+    /// The rows of every position a cache holds for a sequence of `n_past` positions, by
+    /// position ([`kv_export`]: the prefix cache's files).
+    fn kv_export(&self, kv: &Self::Kv, n_past: usize) -> KvExport;
+    /// Write an export back into a cache of the same element type and layers (any capacity
+    /// that holds the positions the sequence reads); an error, with nothing written, when it
+    /// does not fit.
+    fn kv_import(&self, kv: &mut Self::Kv, e: &KvExport) -> Result<()>;
 
     // --- ops ---
     /// out[t] = row `ids[t]` of the embedding matrix, times `scale`.
@@ -502,6 +511,41 @@ pub trait Backend: Send + Sync {
         n_windows: usize,
         out: &mut Self::Buf,
     );
+    /// [`Backend::compress_pool`] of the windows the rows at `positions` complete (position p
+    /// with (p + 1) % `m` = 0 completes window p / `m`), each into row p / `m` of `rows`.
+    /// `scratch` holds as many rows of `width` as the positions complete windows. A GPU reads
+    /// the positions on the device, so a decode step's launches do not depend on the position.
+    #[allow(clippy::too_many_arguments)]
+    fn compress_pool_at(
+        &self,
+        raw: &Self::Buf,
+        (raw_slots, raw_width): (usize, usize),
+        width: usize,
+        ape: &Self::Vector,
+        (m, overlap): (usize, bool),
+        positions: &[u32],
+        scratch: &mut Self::Buf,
+        rows: &mut Self::Buf,
+    ) {
+        let windows: Vec<usize> = positions
+            .iter()
+            .filter(|&&p| (p as usize + 1).is_multiple_of(m))
+            .map(|&p| p as usize / m)
+            .collect();
+        let mut i = 0;
+        while i < windows.len() {
+            let mut j = i + 1;
+            while j < windows.len() && windows[j] == windows[j - 1] + 1 {
+                j += 1;
+            }
+            let (first, k) = (windows[i], j - i);
+            self.compress_pool(
+                raw, raw_slots, raw_width, width, ape, m, overlap, first, k, scratch,
+            );
+            self.copy_rows(scratch, 0, k, width, rows, first);
+            i = j;
+        }
+    }
     /// The Lightning indexer's selection: for the query row t at `positions[t]`, the visible
     /// entries e < ⌊(pos+1)/ratio⌋ of `keys` (`[entries, head_dim]`) are scored
     /// Σ_h relu(q_h · key_e) · scale · w[t, h] (`q` `[n, n_head·head_dim]`, `w` `[n, n_head]`).

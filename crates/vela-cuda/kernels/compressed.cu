@@ -134,15 +134,12 @@ extern "C" __global__ void dsv4_rope_trailing(float* x, const u32* __restrict__ 
     v[1] = x1 * c + x0 * s;
 }
 
-// One thread per (window, channel): softmax over the window's slots of logit + ape, times values.
-extern "C" __global__ void dsv4_compress_pool(const float* __restrict__ raw, int raw_slots,
-                                              int raw_width, int d, const float* __restrict__ ape,
-                                              int m, int overlap, int first, int n_windows,
-                                              float* __restrict__ out) {
-    PDL_ENTRY();
-    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (e >= (long long)n_windows * d) return;
-    int c = (int)(e % d), w = first + (int)(e / d);
+// Channel c of window w's pooled row: softmax over the window's slots of logit + ape, times
+// the values.
+__device__ __forceinline__ float compress_window(const float* __restrict__ raw, int raw_slots,
+                                                 int raw_width, int d,
+                                                 const float* __restrict__ ape, int m,
+                                                 int overlap, int w, int c) {
     int half = overlap ? 2 * d : d;
     // Slot j of 2m (overlap; the first m are the previous window's) or of m.
     int n_slots = overlap ? 2 * m : m, j0 = (overlap && w == 0) ? m : 0;
@@ -163,9 +160,9 @@ extern "C" __global__ void dsv4_compress_pool(const float* __restrict__ raw, int
         const float* r = raw + (p % raw_slots) * raw_width;
         mx = fmaxf(mx, r[half + vc] + ape[ac]);
     }
-    float sum = 0.0f;
+    float sum = 0.0f, acc = 0.0f;
     for (int pass = 0; pass < 2; pass++) {
-        float acc = 0.0f;
+        acc = 0.0f;
         for (int j = j0; j < n_slots; j++) {
             long long p; int vc, ac;
             if (overlap) {
@@ -184,8 +181,39 @@ extern "C" __global__ void dsv4_compress_pool(const float* __restrict__ raw, int
             if (pass == 0) sum += ex;
             else acc += ex / sum * r[vc];
         }
-        if (pass == 1) out[(size_t)(e / d) * d + c] = acc;
     }
+    return acc;
+}
+
+// One thread per (window, channel) of windows first .. first + n_windows - 1.
+extern "C" __global__ void dsv4_compress_pool(const float* __restrict__ raw, int raw_slots,
+                                              int raw_width, int d, const float* __restrict__ ape,
+                                              int m, int overlap, int first, int n_windows,
+                                              float* __restrict__ out) {
+    PDL_ENTRY();
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (long long)n_windows * d) return;
+    int c = (int)(e % d), w = first + (int)(e / d);
+    out[(size_t)(e / d) * d + c] =
+        compress_window(raw, raw_slots, raw_width, d, ape, m, overlap, w, c);
+}
+
+// One thread per (row, channel) of the n rows at pos: a row whose position p completes its
+// window (p + 1 divisible by m) pools window p / m into that row of `rows`; the others do
+// nothing, so the launch is the same at every position of a decode.
+extern "C" __global__ void dsv4_compress_pool_at(const float* __restrict__ raw, int raw_slots,
+                                                 int raw_width, int d,
+                                                 const float* __restrict__ ape, int m,
+                                                 int overlap, const u32* __restrict__ pos, int n,
+                                                 float* __restrict__ rows) {
+    PDL_ENTRY();
+    long long e = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (e >= (long long)n * d) return;
+    int c = (int)(e % d);
+    int p = (int)pos[e / d];
+    if ((p + 1) % m != 0) return;
+    int w = p / m;
+    rows[(size_t)w * d + c] = compress_window(raw, raw_slots, raw_width, d, ape, m, overlap, w, c);
 }
 
 // Blocks of (query, LSC_PER_BLOCK entries): the scores of the visible entries into scores row

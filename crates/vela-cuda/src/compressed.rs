@@ -173,6 +173,55 @@ impl CudaBackend {
         self.launch_1d("dsv4_compress_pool", n_windows * d, &args);
     }
 
+    /// [`vela_compute::Backend::compress_pool_at`]: one launch whose rows find their windows
+    /// from the positions on the device (the step's `io` slot while one is recorded).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn compress_pool_at_impl(
+        &self,
+        raw: &CudaBuf,
+        (raw_slots, raw_width): (usize, usize),
+        d: usize,
+        ape: &CudaSlice<f32>,
+        (m, overlap): (usize, bool),
+        positions: &[u32],
+        rows: &mut CudaBuf,
+    ) {
+        let n = positions.len();
+        if n == 0 || d == 0 {
+            return;
+        }
+        let half = if overlap { 2 * d } else { d };
+        let last = *positions.iter().max().unwrap_or(&0) as usize;
+        assert!(
+            m >= 1
+                && raw_width >= 2 * half
+                && raw.len() >= raw_slots * raw_width
+                && ape.len() >= m * half
+                && rows.len() >= (last + 1) / m * d,
+            "compress_pool_at: buffer too small"
+        );
+        let mut sc = self.scratch();
+        let pp = self.positions(&mut sc, positions);
+        drop(sc);
+        let args = [
+            Arg::P(self.ptr(raw)),
+            Arg::I(raw_slots as i32),
+            Arg::I(raw_width as i32),
+            Arg::I(d as i32),
+            Arg::P(self.ptr(ape)),
+            Arg::I(m as i32),
+            Arg::I(overlap as i32),
+            Arg::P(pp),
+            Arg::I(n as i32),
+            Arg::P(self.ptr(rows)),
+        ];
+        self.launch_1d("dsv4_compress_pool_at", n * d, &args);
+    }
+
+    /// The scores of every visible entry into the backend's scratch (rows of a power-of-two
+    /// stride of at least 1024 entries), then the selection; positions through
+    /// [`CudaBackend::positions`]. A decode step's launches change only where the stride
+    /// doubles.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn lightning_select_impl(
         &self,
@@ -196,28 +245,32 @@ impl CudaBackend {
             "lightning_select: buffer too small"
         );
         let max_pos = *positions.iter().max().unwrap_or(&0) as usize;
-        let stride = ((max_pos + 1) / p.ratio).max(1);
-        let mut pos = self.alloc_ids(n);
-        self.write_ids(&mut pos, positions);
-        let scores = self.alloc(n * stride);
+        let stride = ((max_pos + 1) / p.ratio)
+            .max(1)
+            .next_power_of_two()
+            .max(1024);
+        let scores = self.grown_zeroed(&self.sparse_scores, n * stride, "lightning scores");
+        let mut sc = self.scratch();
+        let pos = self.positions(&mut sc, positions);
+        drop(sc);
         let args = [
             Arg::P(self.ptr(q)),
             Arg::P(self.ptr(w)),
             Arg::P(self.ptr(keys)),
-            Arg::P(self.ptr(&pos)),
+            Arg::P(pos),
             Arg::I(p.n_head as i32),
             Arg::I(p.head_dim as i32),
             Arg::I(p.ratio as i32),
             Arg::F(p.scale),
             Arg::I(stride as i32),
-            Arg::P(self.ptr(&scores)),
+            Arg::P(scores),
         ];
         // LSC_PER_BLOCK entries a block (kernels/compressed.cu).
         let tiles = stride.div_ceil(64) as u32;
         self.launch("dsv4_lightning_scores", (n as u32, tiles, 1), 256, &args);
         let args = [
-            Arg::P(self.ptr(&scores)),
-            Arg::P(self.ptr(&pos)),
+            Arg::P(scores),
+            Arg::P(pos),
             Arg::I(p.ratio as i32),
             Arg::I(p.top_k as i32),
             Arg::I(stride as i32),

@@ -320,6 +320,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dsv4_mhc_expand",
             "dsv4_rope_trailing",
             "dsv4_compress_pool",
+            "dsv4_compress_pool_at",
             "dsv4_lightning_scores",
             "dsv4_lightning_select",
             "dsv4_attention_sink",

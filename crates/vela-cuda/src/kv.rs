@@ -124,6 +124,80 @@ impl CudaBackend {
         }
     }
 
+    /// [`vela_compute::Backend::kv_export`]: the rows copied to the host by runs of slots.
+    pub(crate) fn kv_export_impl(&self, kv: &CudaKv, n_past: usize) -> vela_compute::KvExport {
+        use vela_compute::kv_export::{held_from, row_bytes, slot_runs};
+        self.flush_recording();
+        let layers = kv
+            .layers
+            .iter()
+            .map(|l| {
+                let first = held_from(&l.spec, n_past);
+                let (wk, wv) = row_bytes(&l.spec, kv.ty);
+                let n = n_past - first;
+                let (mut k, mut v) = (vec![0u8; n * wk], vec![0u8; n * wv]);
+                for (i, slot, len) in slot_runs(first, n_past, l.spec.capacity) {
+                    let st = &self.dev.stream;
+                    if wk > 0 {
+                        st.memcpy_dtoh(
+                            &l.k.slice(slot * wk..(slot + len) * wk),
+                            &mut k[i * wk..(i + len) * wk],
+                        )
+                        .expect("CUDA copy of K rows to the host");
+                    }
+                    if wv > 0 {
+                        st.memcpy_dtoh(
+                            &l.v.slice(slot * wv..(slot + len) * wv),
+                            &mut v[i * wv..(i + len) * wv],
+                        )
+                        .expect("CUDA copy of V rows to the host");
+                    }
+                }
+                vela_compute::KvLayerExport {
+                    first,
+                    k_row: wk,
+                    v_row: wv,
+                    k,
+                    v,
+                }
+            })
+            .collect();
+        vela_compute::KvExport {
+            ty: kv.ty,
+            n_past,
+            layers,
+        }
+    }
+
+    /// [`vela_compute::Backend::kv_import`].
+    pub(crate) fn kv_import_impl(&self, kv: &mut CudaKv, e: &vela_compute::KvExport) -> Result<()> {
+        use vela_compute::kv_export::{import_plan, row_bytes, slot_runs};
+        self.flush_recording();
+        let specs: Vec<&KvLayerSpec> = kv.layers.iter().map(|l| &l.spec).collect();
+        let from = import_plan(e, &specs, kv.ty)?;
+        for ((l, x), keep) in kv.layers.iter_mut().zip(&e.layers).zip(from) {
+            let (wk, wv) = row_bytes(&l.spec, kv.ty);
+            let skip = keep - x.first;
+            for (i, slot, len) in slot_runs(keep, e.n_past, l.spec.capacity) {
+                let r = skip + i;
+                let st = &self.dev.stream;
+                if wk > 0 {
+                    st.memcpy_htod(
+                        &x.k[r * wk..(r + len) * wk],
+                        &mut l.k.slice_mut(slot * wk..(slot + len) * wk),
+                    )?;
+                }
+                if wv > 0 {
+                    st.memcpy_htod(
+                        &x.v[r * wv..(r + len) * wv],
+                        &mut l.v.slice_mut(slot * wv..(slot + len) * wv),
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     pub(crate) fn kv_clone_impl(&self, kv: &CudaKv) -> CudaKv {
         self.flush_recording();
         let layers = kv

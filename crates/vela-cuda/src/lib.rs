@@ -177,6 +177,14 @@ impl Backend for CudaBackend {
         kv.layers.iter().map(|l| l.k.len() + l.v.len()).sum()
     }
 
+    fn kv_export(&self, kv: &CudaKv, n_past: usize) -> vela_compute::KvExport {
+        self.kv_export_impl(kv, n_past)
+    }
+
+    fn kv_import(&self, kv: &mut CudaKv, e: &vela_compute::KvExport) -> Result<()> {
+        self.kv_import_impl(kv, e)
+    }
+
     fn get_rows(&self, w: &CudaWeight, ids: &[u32], scale: f32, out: &mut CudaBuf) -> Result<()> {
         self.get_rows_impl(w, ids, scale, out)
     }
@@ -539,6 +547,20 @@ impl Backend for CudaBackend {
         self.compress_pool_impl(
             raw, raw_slots, raw_width, width, ape, m, overlap, first, n_windows, out,
         );
+    }
+
+    fn compress_pool_at(
+        &self,
+        raw: &CudaBuf,
+        ring: (usize, usize),
+        width: usize,
+        ape: &CudaSlice<f32>,
+        window: (usize, bool),
+        positions: &[u32],
+        _scratch: &mut CudaBuf,
+        rows: &mut CudaBuf,
+    ) {
+        self.compress_pool_at_impl(raw, ring, width, ape, window, positions, rows);
     }
 
     fn lightning_select(

@@ -3,6 +3,7 @@
 pub mod generate;
 pub mod grammar;
 pub mod loader;
+pub mod persist;
 pub mod prompt;
 pub mod sampler;
 pub mod session;

@@ -522,6 +522,34 @@ impl Session {
         })
     }
 
+    /// Everything the state holds for the tokens so far, to be written to disk
+    /// ([`crate::persist`]).
+    pub fn export(&self) -> Result<vela_models::StateExport> {
+        if self.tokens.contains(&PLACEHOLDER) {
+            bail!("a pipelined decode step's token is not known yet (argmax_finish first)");
+        }
+        self.state.export(&self.tokens)
+    }
+
+    /// Take back a saved state of the sequence `tokens` (same model and layout; any context
+    /// that holds it). On an error the session is reset (empty), never half loaded.
+    pub fn import(&mut self, tokens: &[u32], e: &vela_models::StateExport) -> Result<()> {
+        self.tokens.clear();
+        if tokens.len() >= self.state.n_ctx() {
+            bail!(
+                "{} saved tokens do not fit a context of {}",
+                tokens.len(),
+                self.state.n_ctx()
+            );
+        }
+        if let Some(&t) = tokens.iter().find(|&&t| t as usize >= self.model.n_vocab()) {
+            bail!("saved token {t} is outside the vocabulary");
+        }
+        self.state.import(e, tokens)?;
+        self.tokens = tokens.to_vec();
+        Ok(())
+    }
+
     /// The model's state of this sequence (e.g. for the model's own drafter, which reads it).
     pub fn state(&self) -> &dyn ModelState {
         &*self.state

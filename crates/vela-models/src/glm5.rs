@@ -117,8 +117,9 @@ const RL: usize = 26; // [E] router logits
 const SG: usize = 27; // [max(Id, I·n_shared)] gate
 const SU: usize = 28; // [max(Id, I·n_shared)] up
 const EX: usize = 29; // [H] routed experts
-const LOGITS: usize = 30; // [V]
-const N_BUFS: usize = 31;
+const KZ: usize = 30; // [2·dI] indexer [key | gate] rows for the ring
+const LOGITS: usize = 31; // [V]
+const N_BUFS: usize = 32;
 
 /// One sequence: scratch buffers, the declared state, the selections.
 pub struct Glm5State<B: Backend> {
@@ -259,6 +260,7 @@ impl<B: Backend> Glm5Model<B> {
             ff,
             ff,
             h,
+            2 * c.idx_dim,
             c.n_vocab,
         ];
         debug_assert_eq!(widths.len(), N_BUFS);
@@ -334,6 +336,21 @@ impl<B: Backend> Glm5Model<B> {
             self.mtp_forward(st, mt, tokens, p0)?;
         }
         Ok(rows)
+    }
+
+    /// Whether a one-token step runs the same launches at every position, reading its token
+    /// and position on the device (`stepper`): the latent rows, the indexer's ring and pools and
+    /// its selection take the positions there, and the recurrent states cycle through their
+    /// snapshot slots (a few distinct steps). Not with the MTP block bound (its ring is
+    /// written by position on the host), a selections log (read back), or routed experts in
+    /// host memory (read back mid-step).
+    fn graph_safe(&self, st: &Glm5State<B>) -> bool {
+        self.active_mtp().is_none()
+            && st.selections.is_none()
+            && !self.layers.iter().any(|l| match &l.ffn {
+                ffn::Ffn::Moe(m) => m.experts.on_host(),
+                ffn::Ffn::Dense(_) => false,
+            })
     }
 
     /// mHC before a block: `MIX` = the weights, `XN` = the normalised block input.
@@ -445,9 +462,9 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Glm5Model<B> {
         positions: &[u32],
         logits_from: usize,
     ) -> Result<usize> {
-        // Not graph-safe: the indexer's selection is expanded to tokens on the host.
         let layers =
             |st: &mut Glm5State<B>, t: &[u32], p: &[u32], lf: usize| self.layers(st, t, p, lf);
+        let safe = self.graph_safe(st);
         stepper::run(
             &*self.backend,
             st,
@@ -455,9 +472,31 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Glm5Model<B> {
             positions,
             logits_from,
             self.cfg.n_vocab,
-            false,
+            safe,
             &layers,
         )
+    }
+    fn argmax_start(
+        &self,
+        st: &mut Glm5State<B>,
+        token: Option<u32>,
+        pos: u32,
+    ) -> Result<Option<u64>> {
+        let layers =
+            |st: &mut Glm5State<B>, t: &[u32], p: &[u32], lf: usize| self.layers(st, t, p, lf);
+        let safe = self.graph_safe(st);
+        stepper::argmax_start(
+            &*self.backend,
+            st,
+            token,
+            pos,
+            self.cfg.n_vocab,
+            safe,
+            &layers,
+        )
+    }
+    fn argmax_finish(&self, ticket: u64) -> Result<u32> {
+        self.backend.argmax_finish(ticket)
     }
     fn discover_mtp(&self, model_path: &std::path::Path) -> Option<PathBuf> {
         crate::mtp::discover_own(self.mtp_source(), model_path)

@@ -164,6 +164,18 @@ pub trait ModelState: Send {
     }
     /// An independent copy (same cache contents).
     fn fork(&self) -> Result<Box<dyn ModelState>>;
+    /// Everything this state holds for the sequence `tokens` (its first `tokens.len()`
+    /// positions), to be written to disk ([`StateExport`]).
+    fn export(&self, tokens: &[u32]) -> Result<StateExport> {
+        let _ = tokens;
+        bail!("this model's sequence state cannot be saved")
+    }
+    /// Take back an export of a state of the same model and layout, the sequence `tokens`
+    /// (checked before anything is written).
+    fn import(&mut self, e: &StateExport, tokens: &[u32]) -> Result<()> {
+        let _ = (e, tokens);
+        bail!("this model's sequence state cannot be loaded")
+    }
     /// Trailing positions that can be dropped without a checkpoint (the tokens after them are
     /// simply forgotten; `usize::MAX`: any number): [`StateLayout::rollback_limit`].
     fn rollback_limit(&self) -> usize {
@@ -225,6 +237,11 @@ pub trait CausalLm: Send + Sync + 'static {
     }
     fn kv(st: &Self::State) -> &<Self::Be as Backend>::Kv;
     fn kv_mut(st: &mut Self::State) -> &mut <Self::Be as Backend>::Kv;
+    /// A state whose cache was loaded for the sequence `tokens`: the host-side record of its
+    /// tokens, for models that keep one (default: none).
+    fn set_history(&self, st: &mut Self::State, tokens: &[u32]) {
+        let _ = (st, tokens);
+    }
     /// The state's recurrent and block storage (`None`: the model keeps none).
     fn extra(st: &Self::State) -> Option<&ExtraState<Self::Be>> {
         let _ = st;
@@ -432,6 +449,20 @@ pub type DecoderSeq<B> = Seq<crate::decoder::DecoderModel<B>>;
 /// A sequence of a Gemma 4 model.
 pub type Gemma4Seq<B> = Seq<crate::gemma4::Gemma4Model<B>>;
 
+/// A sequence state's contents: the backend cache's rows and the extra storage.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StateExport {
+    pub kv: vela_compute::KvExport,
+    pub extra: Option<crate::state::ExtraExport>,
+}
+
+impl StateExport {
+    /// Bytes of values.
+    pub fn bytes(&self) -> usize {
+        self.kv.bytes() + self.extra.as_ref().map_or(0, |e| e.bytes())
+    }
+}
+
 /// A checkpoint of a [`Seq`]: the backend cache's and the extra storage's.
 struct SeqSnapshot<S> {
     kv: S,
@@ -531,6 +562,33 @@ impl<M: CausalLm> ModelState for Seq<M> {
             max_batch: self.max_batch,
             rollback_limit: self.rollback_limit,
         }))
+    }
+    fn export(&self, tokens: &[u32]) -> Result<StateExport> {
+        let be = &**self.model.backend();
+        let n = tokens.len();
+        Ok(StateExport {
+            kv: be.kv_export(M::kv(&self.state), n),
+            extra: M::extra(&self.state).map(|e| e.export(be, n)),
+        })
+    }
+    fn import(&mut self, e: &StateExport, tokens: &[u32]) -> Result<()> {
+        let n = tokens.len();
+        if e.kv.n_past != n || e.extra.as_ref().is_some_and(|x| x.n_past != n) {
+            bail!("the saved state holds another number of positions");
+        }
+        if n > self.n_ctx {
+            bail!("{n} positions do not fit a context of {}", self.n_ctx);
+        }
+        let be = &**self.model.backend();
+        match (M::extra_mut(&mut self.state), &e.extra) {
+            (Some(x), Some(v)) => x.import(be, v)?,
+            (None, None) => {}
+            (Some(x), None) if x.is_empty() => {}
+            _ => bail!("the saved state has another layout"),
+        }
+        be.kv_import(M::kv_mut(&mut self.state), &e.kv)?;
+        self.model.set_history(&mut self.state, tokens);
+        Ok(())
     }
     fn rollback_limit(&self) -> usize {
         self.rollback_limit

@@ -854,6 +854,10 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Qwen4ExpModel<B> {
         s.history.clone_from(&st.history);
         Ok(s)
     }
+    fn set_history(&self, st: &mut Qwen4ExpState<B>, tokens: &[u32]) {
+        let n = tokens.len().min(st.history.len());
+        st.history[..n].copy_from_slice(&tokens[..n]);
+    }
     fn kv(st: &Qwen4ExpState<B>) -> &B::Kv {
         &st.kv
     }

@@ -22,7 +22,7 @@ use vela_compute::{Backend, KvLayerSpec, KvType};
 
 mod store;
 pub(crate) use store::store_ring;
-pub use store::{BlocksMut, ExtraSnapshot, ExtraState};
+pub use store::{BlocksMut, ExtraExport, ExtraLayerExport, ExtraSnapshot, ExtraState};
 
 /// What one layer keeps for a sequence.
 #[derive(Clone, Debug, PartialEq, Eq)]

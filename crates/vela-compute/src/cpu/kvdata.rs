@@ -81,6 +81,47 @@ impl KvData {
             _ => unreachable!("snapshot type matches cache type"),
         }
     }
+    /// Values `off..off + n` as little-endian bytes, appended to `out`.
+    pub(super) fn read_bytes(&self, off: usize, n: usize, out: &mut Vec<u8>) {
+        match self {
+            KvData::F32(d) => d[off..off + n]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
+            KvData::F16(d) => d[off..off + n]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
+            KvData::Bf16(d) => d[off..off + n]
+                .iter()
+                .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
+        }
+    }
+    /// Overwrite values from `off` with little-endian `bytes` of this element type.
+    pub(super) fn write_bytes(&mut self, off: usize, bytes: &[u8]) {
+        match self {
+            KvData::F32(d) => {
+                for (x, b) in d[off..].iter_mut().zip(bytes.chunks_exact(4)) {
+                    *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+                }
+            }
+            KvData::F16(d) => {
+                for (x, b) in d[off..].iter_mut().zip(bytes.chunks_exact(2)) {
+                    *x = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+            KvData::Bf16(d) => {
+                for (x, b) in d[off..].iter_mut().zip(bytes.chunks_exact(2)) {
+                    *x = bf16::from_bits(u16::from_le_bytes([b[0], b[1]]));
+                }
+            }
+        }
+    }
+    pub(super) fn ty(&self) -> KvType {
+        match self {
+            KvData::F32(_) => KvType::F32,
+            KvData::F16(_) => KvType::F16,
+            KvData::Bf16(_) => KvType::Bf16,
+        }
+    }
     pub(super) fn bytes(&self) -> usize {
         match self {
             KvData::F32(d) => d.len() * 4,

@@ -308,6 +308,55 @@ impl Backend for CpuBackend {
         kv.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum()
     }
 
+    fn kv_export(&self, kv: &CpuKv, n_past: usize) -> crate::KvExport {
+        use crate::kv_export::{held_from, slot_runs};
+        let ty = kv.layers.first().map_or(KvType::F32, |l| l.k.ty());
+        let layers = kv
+            .layers
+            .iter()
+            .map(|l| {
+                let first = held_from(&l.spec, n_past);
+                let (wk, wv) = (
+                    l.spec.n_head_kv * l.spec.head_dim_k,
+                    l.spec.n_head_kv * l.spec.head_dim_v,
+                );
+                let (mut k, mut v) = (Vec::new(), Vec::new());
+                for (_, slot, len) in slot_runs(first, n_past, l.spec.capacity) {
+                    l.k.read_bytes(slot * wk, len * wk, &mut k);
+                    l.v.read_bytes(slot * wv, len * wv, &mut v);
+                }
+                crate::KvLayerExport {
+                    first,
+                    k_row: wk * ty.bytes(),
+                    v_row: wv * ty.bytes(),
+                    k,
+                    v,
+                }
+            })
+            .collect();
+        crate::KvExport { ty, n_past, layers }
+    }
+
+    fn kv_import(&self, kv: &mut CpuKv, e: &crate::KvExport) -> Result<()> {
+        use crate::kv_export::{import_plan, slot_runs};
+        let ty = kv.layers.first().map_or(e.ty, |l| l.k.ty());
+        let specs: Vec<&KvLayerSpec> = kv.layers.iter().map(|l| &l.spec).collect();
+        let from = import_plan(e, &specs, ty)?;
+        for ((l, x), keep) in kv.layers.iter_mut().zip(&e.layers).zip(from) {
+            let (wk, wv) = (
+                l.spec.n_head_kv * l.spec.head_dim_k,
+                l.spec.n_head_kv * l.spec.head_dim_v,
+            );
+            let skip = keep - x.first;
+            for (i, slot, len) in slot_runs(keep, e.n_past, l.spec.capacity) {
+                let (r, n) = (skip + i, len);
+                l.k.write_bytes(slot * wk, &x.k[r * x.k_row..(r + n) * x.k_row]);
+                l.v.write_bytes(slot * wv, &x.v[r * x.v_row..(r + n) * x.v_row]);
+            }
+        }
+        Ok(())
+    }
+
     fn get_rows(&self, w: &CpuWeight, ids: &[u32], scale: f32, out: &mut Vec<f32>) -> Result<()> {
         let cols = w.host.cols;
         let row_bytes = w.host.ty.row_bytes(cols as u64).unwrap() as usize;

@@ -103,6 +103,39 @@ fn dsv4_ops_match_cpu() {
         let e = rel(&down(&g, &pg, k * d), &down(&cpu, &pc, k * d));
         eprintln!("RESULT | compress_pool overlap {overlap} | rel {e:.2e} |");
         assert!(e < 1e-5, "compress_pool overlap {overlap}: {e}");
+        // By position: the windows that rows 3m−3 .. 5m complete, straight into their rows;
+        // the other rows stay as they were.
+        let positions: Vec<u32> = (3 * m as u32 - 3..5 * m as u32).collect();
+        let nr = 6;
+        let zeros = vec![0f32; nr * d];
+        let (mut rg, mut rc) = (up(&g, &zeros), up(&cpu, &zeros));
+        let (mut tg, mut tc) = (g.alloc(3 * d), cpu.alloc(3 * d));
+        let (rawg, rawc) = (up(&g, &raw), up(&cpu, &raw));
+        g.compress_pool_at(
+            &rawg,
+            (slots, 2 * half),
+            d,
+            &ag,
+            (m, overlap),
+            &positions,
+            &mut tg,
+            &mut rg,
+        );
+        cpu.compress_pool_at(
+            &rawc,
+            (slots, 2 * half),
+            d,
+            &ac,
+            (m, overlap),
+            &positions,
+            &mut tc,
+            &mut rc,
+        );
+        let (a, b) = (down(&g, &rg, nr * d), down(&cpu, &rc, nr * d));
+        let e = rel(&a, &b);
+        eprintln!("RESULT | compress_pool_at overlap {overlap} | rel {e:.2e} |");
+        assert!(e < 1e-5, "compress_pool_at overlap {overlap}: {e}");
+        assert!(b[2 * d..5 * d].iter().all(|&x| x != 0.0) && b[..2 * d].iter().all(|&x| x == 0.0));
     }
     // The indexer: more entries than it keeps, ties at zero; the same selections.
     let p = LightningParams {

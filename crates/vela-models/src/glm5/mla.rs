@@ -206,7 +206,6 @@ impl<B: Backend> Glm5Model<B> {
         let c = &self.cfg;
         let n = positions.len();
         let (di, m) = (c.idx_dim, c.idx_pool);
-        let p0 = positions[0] as usize;
         let b = &mut st.bufs;
         {
             let [xn, ki, zi] = b.get_disjoint_mut([XN, KI, ZI]).expect("distinct");
@@ -214,33 +213,29 @@ impl<B: Backend> Glm5Model<B> {
             be.rms_norm_inplace(ki, &ix.k_norm, n, di, 1e-6);
             be.add_bias(ki, &ix.k_bias, n);
         }
+        // Raw row [key | gate logits] of position p in ring slot p % slots (stored on the
+        // device by position: a decode step's launches do not depend on it).
+        {
+            let [ki, zi, kz] = b.get_disjoint_mut([KI, ZI, KZ]).expect("distinct");
+            for i in 0..n {
+                be.copy_rows(ki, i, 1, di, kz, 2 * i);
+                be.copy_rows(zi, i, 1, di, kz, 2 * i + 1);
+            }
+        }
         let blk = st.extra.blocks_mut(ent)?;
         let slots = blk.raw_slots;
-        // Raw row [key | gate logits] of position p in ring slot p % slots; as rows of dI, the
-        // key is row 2·slot and the gate row 2·slot + 1.
-        for (i, &p) in positions.iter().enumerate() {
-            let slot = p as usize % slots;
-            be.copy_rows(&b[KI], i, 1, di, blk.raw, 2 * slot);
-            be.copy_rows(&b[ZI], i, 1, di, blk.raw, 2 * slot + 1);
-        }
-        let (first, last) = (p0 / m, (p0 + n) / m);
-        if last > first {
-            let k = last - first;
-            let ent_buf = &mut b[ENT];
-            be.compress_pool(
-                blk.raw,
-                slots,
-                2 * di,
-                di,
-                &ix.ape,
-                m,
-                false,
-                first,
-                k,
-                ent_buf,
-            );
-            be.copy_rows(ent_buf, 0, k, di, blk.rows, first);
-        }
+        be.store_rows_at(&b[KZ], 2 * di, positions, slots, blk.raw);
+        // The pools these rows complete.
+        be.compress_pool_at(
+            blk.raw,
+            (slots, 2 * di),
+            di,
+            &ix.ape,
+            (m, false),
+            positions,
+            &mut b[ENT],
+            blk.rows,
+        );
         Ok(())
     }
 }

@@ -61,6 +61,44 @@ impl ExtraSnapshot {
     }
 }
 
+/// An [`ExtraState`]'s contents for a sequence of `n_past` positions (the prefix cache's
+/// files): per layer, what it needs to go on from there and to roll back as the original could.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ExtraExport {
+    pub n_past: usize,
+    pub layers: Vec<ExtraLayerExport>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub enum ExtraLayerExport {
+    None,
+    /// Every slot, in slot order (the state after k positions is slot k % slots).
+    Recurrent {
+        slots: Vec<Vec<f32>>,
+    },
+    /// The rows of the complete blocks, and the raw rows of positions `raw_first..n_past` by
+    /// position.
+    Blocks {
+        rows: Vec<f32>,
+        raw_first: usize,
+        raw: Vec<f32>,
+    },
+}
+
+impl ExtraExport {
+    /// Bytes of values.
+    pub fn bytes(&self) -> usize {
+        self.layers
+            .iter()
+            .map(|l| match l {
+                ExtraLayerExport::None => 0,
+                ExtraLayerExport::Recurrent { slots } => slots.iter().map(|s| s.len() * 4).sum(),
+                ExtraLayerExport::Blocks { rows, raw, .. } => (rows.len() + raw.len()) * 4,
+            })
+            .sum()
+    }
+}
+
 /// A blocks layer's buffers (see the module docs).
 pub struct BlocksMut<'a, B: Backend> {
     /// `[n_blocks, width]`: row `b` = block `b` (positions `b·ratio..(b+1)·ratio`).
@@ -263,6 +301,131 @@ impl<B: Backend> ExtraState<B> {
                     Some(v),
                 ) if v.len() == *raw_slots * *raw_width => be.write(raw, v),
                 _ => bail!("checkpoint belongs to a state of another layout"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The contents for a sequence of `n_past` positions ([`ExtraExport`]).
+    pub fn export(&self, be: &B, n_past: usize) -> ExtraExport {
+        let layers = self
+            .layers
+            .iter()
+            .map(|s| match s {
+                Store::None => ExtraLayerExport::None,
+                Store::Recurrent { slots, floats } => ExtraLayerExport::Recurrent {
+                    slots: slots
+                        .iter()
+                        .map(|b| {
+                            let mut v = vec![0f32; *floats];
+                            be.read(b, &mut v);
+                            v
+                        })
+                        .collect(),
+                },
+                Store::Blocks {
+                    rows,
+                    raw,
+                    width,
+                    ratio,
+                    raw_width,
+                    raw_slots,
+                    ..
+                } => {
+                    let mut r = vec![0f32; n_past / ratio * width];
+                    be.read(rows, &mut r);
+                    let mut ring = vec![0f32; raw_slots * raw_width];
+                    be.read(raw, &mut ring);
+                    let raw_first = n_past.saturating_sub(*raw_slots);
+                    let mut out = Vec::with_capacity((n_past - raw_first) * raw_width);
+                    for p in raw_first..n_past {
+                        let slot = p % raw_slots;
+                        out.extend_from_slice(&ring[slot * raw_width..(slot + 1) * raw_width]);
+                    }
+                    ExtraLayerExport::Blocks {
+                        rows: r,
+                        raw_first,
+                        raw: out,
+                    }
+                }
+            })
+            .collect();
+        ExtraExport { n_past, layers }
+    }
+
+    /// Write an export back (a state of the same layout; another context or batch size may
+    /// do when it holds the positions). Checks everything before writing anything.
+    pub fn import(&mut self, be: &B, e: &ExtraExport) -> Result<()> {
+        if e.layers.len() != self.layers.len() {
+            bail!("the saved state has another layout");
+        }
+        for (i, (s, x)) in self.layers.iter().zip(&e.layers).enumerate() {
+            let ok = match (s, x) {
+                (Store::None, ExtraLayerExport::None) => true,
+                (Store::Recurrent { slots: a, floats }, ExtraLayerExport::Recurrent { slots }) => {
+                    a.len() == slots.len() && slots.iter().all(|v| v.len() == *floats)
+                }
+                (
+                    Store::Blocks {
+                        width,
+                        ratio,
+                        raw_width,
+                        n_rows,
+                        ..
+                    },
+                    ExtraLayerExport::Blocks {
+                        rows,
+                        raw_first,
+                        raw,
+                    },
+                ) => {
+                    let blocks = e.n_past / ratio;
+                    // At least the raw rows of the open block and the one before it.
+                    rows.len() == blocks * width
+                        && blocks <= *n_rows
+                        && *raw_first <= e.n_past.saturating_sub(2 * ratio)
+                        && raw.len() == (e.n_past - raw_first) * raw_width
+                }
+                _ => false,
+            };
+            if !ok {
+                bail!("layer {i}: the saved state does not fit this one");
+            }
+        }
+        for (s, x) in self.layers.iter_mut().zip(&e.layers) {
+            match (s, x) {
+                (Store::Recurrent { slots: a, .. }, ExtraLayerExport::Recurrent { slots }) => {
+                    for (b, v) in a.iter_mut().zip(slots) {
+                        be.write(b, v);
+                    }
+                }
+                (
+                    Store::Blocks {
+                        rows: r,
+                        raw: ring,
+                        raw_width,
+                        raw_slots,
+                        ..
+                    },
+                    ExtraLayerExport::Blocks {
+                        rows,
+                        raw_first,
+                        raw,
+                    },
+                ) => {
+                    if !rows.is_empty() {
+                        be.write(r, rows);
+                    }
+                    let mut v = vec![0f32; *raw_slots * *raw_width];
+                    let from = (*raw_first).max(e.n_past.saturating_sub(*raw_slots));
+                    for p in from..e.n_past {
+                        let (slot, j) = (p % *raw_slots, p - raw_first);
+                        v[slot * *raw_width..(slot + 1) * *raw_width]
+                            .copy_from_slice(&raw[j * *raw_width..(j + 1) * *raw_width]);
+                    }
+                    be.write(ring, &v);
+                }
+                _ => {}
             }
         }
         Ok(())
