@@ -25,6 +25,7 @@ python3 fuzz/gen-text-seeds.py
 python3 fuzz/gen-safetensors-seeds.py
 python3 fuzz/gen-safetensors-index-seeds.py
 python3 fuzz/gen-vocab-text-seeds.py
+python3 fuzz/gen-state-seeds.py
 if python3 -c 'import gguf' 2>/dev/null; then
   python3 fuzz/gen-seeds.py
 else
@@ -43,6 +44,7 @@ cargo fuzz build
 SLOW=$((RUNS / 4))
 for t in gguf_parse:16384:$RUNS safetensors_parse:16384:$RUNS safetensors_index:16384:$RUNS \
          request_bodies:16384:$RUNS output_parsers:4096:$RUNS config_json:16384:$RUNS \
+         state_file:65536:$RUNS \
          tokenizer_json:65536:$SLOW chat_template:4096:$SLOW gguf_vocab_text:4096:$SLOW \
          template_source:4096:$SLOW; do
   IFS=: read -r name max_len runs <<<"$t"

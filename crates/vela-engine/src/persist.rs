@@ -19,7 +19,7 @@ use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use vela_compute::{KvExport, KvLayerExport, KvType};
 use vela_models::state::{ExtraExport, ExtraLayerExport};
-use vela_models::StateExport;
+pub use vela_models::StateExport;
 
 const MAGIC: &[u8; 8] = b"VELAPC\x00\x01";
 

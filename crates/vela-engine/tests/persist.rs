@@ -128,3 +128,74 @@ fn kv_caches_survive_a_file() {
         check(name, m.model.clone(), &ids, 3);
     }
 }
+
+/// The writer of [`killed_writers_never_leave_a_corrupt_file`]: with `VELA_PERSIST_WRITER_DIR`
+/// set, writes states of growing token lists there until it is killed (otherwise nothing).
+#[test]
+fn writer_child() {
+    let Some(dir) = std::env::var_os("VELA_PERSIST_WRITER_DIR") else {
+        return;
+    };
+    let dir = std::path::PathBuf::from(dir);
+    let st = vela_models::StateExport {
+        kv: vela_compute::KvExport {
+            ty: KvType::F16,
+            n_past: 1,
+            layers: vec![vela_compute::KvLayerExport {
+                first: 0,
+                k_row: 4 << 20,
+                v_row: 4 << 20,
+                k: vec![7; 4 << 20],
+                v: vec![9; 4 << 20],
+            }],
+        },
+        extra: None,
+    };
+    for i in 0u32.. {
+        let tokens = [i % 8];
+        let b = persist::encode("writer", &tokens, &st);
+        persist::write_atomic(&dir, &persist::file_name("writer", &tokens), &b).unwrap();
+    }
+}
+
+/// A process killed (SIGKILL) at random points while it writes 8 MiB states, 100 times: every
+/// file left under a state's name loads and checks out; only temporary files can be partial.
+#[test]
+fn killed_writers_never_leave_a_corrupt_file() {
+    let dir = std::env::temp_dir().join(format!("vela-persist-kill-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = std::env::current_exe().unwrap();
+    let (mut loaded, mut partial) = (0usize, 0usize);
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    for _ in 0..100 {
+        let mut child = std::process::Command::new(&exe)
+            .args(["--exact", "writer_child", "--test-threads", "1"])
+            .env("VELA_PERSIST_WRITER_DIR", &dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        std::thread::sleep(std::time::Duration::from_millis(20 + rng % 120));
+        child.kill().unwrap();
+        child.wait().unwrap();
+        for e in std::fs::read_dir(&dir).unwrap().flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == persist::EXT) {
+                let (tokens, st) = persist::load(&p, "writer")
+                    .unwrap_or_else(|err| panic!("{} left corrupt: {err:#}", p.display()));
+                assert_eq!(tokens.len(), 1);
+                assert_eq!(st.kv.layers[0].k[123], 7);
+                loaded += 1;
+            } else {
+                partial += 1;
+                std::fs::remove_file(&p).unwrap();
+            }
+        }
+    }
+    eprintln!("RESULT | persist kill -9 loop | 100 kills, {loaded} files checked, {partial} temporary files left |");
+    assert!(loaded > 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

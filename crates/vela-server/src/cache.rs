@@ -130,6 +130,8 @@ pub struct PrefixCache {
     pub entries: Vec<Entry>,
     pub budget: usize,
     clock: u64,
+    /// Where evicted sessions go (`--cache-dir`).
+    pub disk: Option<crate::disk_cache::DiskCache>,
 }
 
 impl PrefixCache {
@@ -138,6 +140,17 @@ impl PrefixCache {
             entries: Vec::new(),
             budget,
             clock: 0,
+            disk: None,
+        }
+    }
+
+    /// Save every session to disk (shutdown) and wait for the writes.
+    pub fn spill_all(&mut self) {
+        if let Some(d) = &mut self.disk {
+            for e in &self.entries {
+                d.spill(&e.session);
+            }
+            d.close();
         }
     }
 
@@ -160,10 +173,14 @@ impl PrefixCache {
         Some((self.entries.swap_remove(i), r))
     }
 
-    /// Take the least recently used entry (to recycle its memory).
+    /// Take the least recently used entry (to recycle its memory; saved to disk first).
     pub fn take_lru(&mut self) -> Option<Entry> {
         let i = (0..self.entries.len()).min_by_key(|&i| self.entries[i].last_used)?;
-        Some(self.entries.swap_remove(i))
+        let e = self.entries.swap_remove(i);
+        if let Some(d) = &self.disk {
+            d.spill(&e.session);
+        }
+        Some(e)
     }
 
     pub fn total_bytes(&self) -> usize {
@@ -183,7 +200,10 @@ impl PrefixCache {
         let mut victims = lru_victims(&items, self.budget, 1);
         victims.sort_unstable_by(|a, b| b.cmp(a));
         for v in victims {
-            self.entries.swap_remove(v);
+            let e = self.entries.swap_remove(v);
+            if let Some(d) = &self.disk {
+                d.spill(&e.session);
+            }
         }
     }
 }

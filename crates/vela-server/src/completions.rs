@@ -141,6 +141,7 @@ pub(crate) fn total(us: &[Usage], n: usize) -> Usage {
         a.queue_ms += b.queue_ms;
         a.restore_ms += b.restore_ms;
         a.restore_bytes += b.restore_bytes;
+        a.cache_load_ms += b.cache_load_ms;
         a.prompt_n += b.prompt_n;
         a.prompt_ms += b.prompt_ms;
         a.checkpoint_ms += b.checkpoint_ms;

@@ -68,6 +68,10 @@ pub struct AppState {
     pub metrics: Arc<Metrics>,
     pub settings: Settings,
     pub created: u64,
+    /// Set at shutdown: the engine worker saves what it must and ends.
+    pub stopping: Arc<std::sync::atomic::AtomicBool>,
+    /// Signalled by the engine worker when it has ended (its saves written).
+    pub engine_done: Mutex<Option<std::sync::mpsc::Receiver<()>>>,
 }
 
 pub type St = State<Arc<AppState>>;

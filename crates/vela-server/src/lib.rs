@@ -8,6 +8,7 @@ pub mod access;
 pub mod anthropic;
 pub mod cache;
 pub mod completions;
+pub mod disk_cache;
 pub mod endpoints;
 pub mod error;
 pub mod http;
@@ -90,6 +91,13 @@ pub struct ServeArgs {
     /// Prefix-cache budget in MiB of KV cache (at least one sequence is always kept).
     #[arg(long, default_value_t = 1024)]
     pub cache_mb: usize,
+    /// Persistent prefix cache: sequences evicted from memory, and all of them at shutdown, are
+    /// saved here and found again by token prefix, also after a restart (docs/server.md).
+    #[arg(long)]
+    pub cache_dir: Option<std::path::PathBuf>,
+    /// Disk budget of `--cache-dir` in MiB (least recently used files go first).
+    #[arg(long, default_value_t = 10240)]
+    pub cache_disk_mb: u64,
     /// Gemma 4 assistant for MTP speculative decoding (HF directory or GGUF). Without it, an
     /// assistant next to a Gemma 4 target is used when found (docs/speculative.md).
     #[arg(long, conflicts_with = "no_mtp")]
@@ -136,9 +144,10 @@ pub fn serve_until(
         rt,
         mut server,
         shutdown,
+        state,
         ..
     } = r;
-    rt.block_on(async move {
+    let res = rt.block_on(async move {
         tokio::select! {
             res = &mut server => return res?.map_err(anyhow::Error::from),
             why = stop => tracing::info!(
@@ -155,9 +164,31 @@ pub fn serve_until(
             }
             why = stop_signal() => tracing::warn!(%addr, "{why} received again: stopping now"),
         }
-        tracing::info!(%addr, "server stopped");
         Ok(())
-    })
+    });
+    stop_engine(&state, ENGINE_SAVE);
+    tracing::info!(%addr, "server stopped");
+    res
+}
+
+/// How long the engine may take at shutdown to save the prefix cache (`--cache-dir`).
+const ENGINE_SAVE: std::time::Duration = std::time::Duration::from_secs(120);
+
+/// Ask the engine worker to end (saving its cached sequences when `--cache-dir` is set) and
+/// wait for it, at most `wait`.
+pub fn stop_engine(state: &http::AppState, wait: std::time::Duration) {
+    state
+        .stopping
+        .store(true, std::sync::atomic::Ordering::Relaxed);
+    let Some(done) = state.engine_done.lock().ok().and_then(|mut d| d.take()) else {
+        return;
+    };
+    if let Some(r) = state.ready.get() {
+        let _ = r.jobs.blocking_send(worker::Job::wake());
+    }
+    if done.recv_timeout(wait).is_err() {
+        tracing::warn!("the engine did not finish within {} s", wait.as_secs());
+    }
 }
 
 /// Ctrl-C (SIGINT) or SIGTERM.
@@ -225,6 +256,8 @@ pub fn spawn(args: ServeArgs) -> Result<Running> {
             cache_mb: args.cache_mb,
         },
         created: http::unix_now(),
+        stopping: Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        engine_done: Mutex::new(None),
     });
     let addr = format!("{}:{}", args.host, args.port);
     let listener = rt
@@ -290,6 +323,18 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
     // An impossible --ctx fails the start, not every request.
     vela_engine::Session::check_memory(&*m.model, n_ctx, args.ubatch, opts.kv_type)?;
     let drafter = load_drafter(&args, &m, &opts)?;
+    let disk = match &args.cache_dir {
+        Some(dir) => {
+            let id = vela_engine::persist::identity(&*m.model, &path, opts.kv_type)?;
+            Some(disk_cache::DiskCache::open(
+                dir,
+                &id,
+                args.cache_disk_mb << 20,
+                st.metrics.clone(),
+            )?)
+        }
+        None => None,
+    };
     let template = match &m.chat_template {
         Some(src) => {
             let (bos, eos) = m.bos_eos_text();
@@ -336,9 +381,16 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
         t0.elapsed().as_secs_f64(),
         args.ubatch
     );
+    let (done, engine_done) = std::sync::mpsc::channel();
+    if let Ok(mut d) = st.engine_done.lock() {
+        *d = Some(engine_done);
+    }
     let cfg = worker::WorkerConfig {
         session: opts,
         cache_bytes: args.cache_mb << 20,
+        disk,
+        stop: st.stopping.clone(),
+        done: Some(done),
         parallel: args.parallel,
         drafter,
         draft_max: args.draft_max,

@@ -65,6 +65,13 @@ pub struct Metrics {
     pub steps_after_cancel: AtomicU64,
     pub cache_sessions: AtomicU64,
     pub cache_bytes: AtomicU64,
+    /// The persistent prefix cache (`--cache-dir`): files and their bytes, sessions loaded from
+    /// it, files written, and failures (a write that failed, a file refused at load).
+    pub disk_files: AtomicU64,
+    pub disk_bytes: AtomicU64,
+    pub disk_hits: AtomicU64,
+    pub disk_writes: AtomicU64,
+    pub disk_errors: AtomicU64,
     /// Continuous batching: requests admitted to the engine, engine steps (forward passes over
     /// the active requests) and the requests those steps evaluated (their ratio: the mean batch).
     pub running: AtomicU64,
@@ -94,6 +101,11 @@ impl Default for Metrics {
             steps_after_cancel: z(),
             cache_sessions: z(),
             cache_bytes: z(),
+            disk_files: z(),
+            disk_bytes: z(),
+            disk_hits: z(),
+            disk_writes: z(),
+            disk_errors: z(),
             running: z(),
             steps: z(),
             step_sequences: z(),
@@ -219,6 +231,40 @@ impl Metrics {
             "KV bytes held by the prefix cache.",
             &self.cache_bytes,
         );
+        for (name, kind, help, v) in [
+            (
+                "vela_prefix_cache_disk_files",
+                "gauge",
+                "Sequence states saved in --cache-dir.",
+                &self.disk_files,
+            ),
+            (
+                "vela_prefix_cache_disk_bytes",
+                "gauge",
+                "Bytes of the sequence states saved in --cache-dir.",
+                &self.disk_bytes,
+            ),
+            (
+                "vela_prefix_cache_disk_hits_total",
+                "counter",
+                "Requests that continued a sequence state loaded from --cache-dir.",
+                &self.disk_hits,
+            ),
+            (
+                "vela_prefix_cache_disk_writes_total",
+                "counter",
+                "Sequence states written to --cache-dir.",
+                &self.disk_writes,
+            ),
+            (
+                "vela_prefix_cache_disk_errors_total",
+                "counter",
+                "Writes to --cache-dir that failed and files there refused at load.",
+                &self.disk_errors,
+            ),
+        ] {
+            one(name, kind, help, v);
+        }
         // Routed experts in host memory (`--experts`) and their device cache: process-wide.
         let ht = &vela_engine::expert_stats::HOST_TRAFFIC;
         let cs = &vela_engine::expert_stats::CACHE_STATS;

@@ -125,6 +125,7 @@ pub(crate) fn timings_json(u: &crate::worker::Usage) -> Value {
         "grammar_ms": t.grammar_ms,
         "queue_ms": t.queue_ms,
         "restore_ms": t.restore_ms, "restore_bytes": t.restore_bytes,
+        "cache_load_ms": t.cache_load_ms,
         "checkpoint_ms": t.checkpoint_ms, "checkpoint_bytes": t.checkpoint_bytes,
     })
 }

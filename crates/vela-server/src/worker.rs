@@ -87,6 +87,8 @@ pub struct Timings {
     /// restore), and the bytes a restore copied back.
     pub restore_ms: f64,
     pub restore_bytes: usize,
+    /// Loading the sequence's saved state from `--cache-dir` (0 when none was loaded).
+    pub cache_load_ms: f64,
     /// Prompt tokens evaluated (not taken from the cache) and the time of that evaluation,
     /// from the first chunk's start until the last chunk's logits are on the host.
     pub prompt_n: usize,
@@ -185,10 +187,35 @@ pub struct Job {
     pub requeued: bool,
 }
 
+impl Job {
+    /// An empty job that only wakes an idle worker (at shutdown); never evaluated.
+    pub fn wake() -> Job {
+        Job {
+            prompt: Vec::new(),
+            sampling: SamplerConfig::default(),
+            max_tokens: 0,
+            stop: Vec::new(),
+            logprobs: None,
+            parser: ParserConfig::default(),
+            constraint: None,
+            cancel: CancelToken::new(),
+            out: mpsc::unbounded_channel().0,
+            received: Instant::now(),
+            requeued: true,
+        }
+    }
+}
+
 /// Settings of the worker.
 pub struct WorkerConfig {
     pub session: SessionOptions,
     pub cache_bytes: usize,
+    /// The persistent prefix cache (`--cache-dir`).
+    pub disk: Option<crate::disk_cache::DiskCache>,
+    /// Shutdown: the loop ends once this is set and no request is running (a [`Job::wake`]
+    /// wakes an idle worker); then `done` is signalled.
+    pub stop: Arc<std::sync::atomic::AtomicBool>,
+    pub done: Option<std::sync::mpsc::Sender<()>>,
     /// Sequences evaluated together at most (continuous batching); more requests wait in the
     /// queue.
     pub parallel: usize,
@@ -214,6 +241,7 @@ pub fn run(
     metrics: Arc<Metrics>,
 ) {
     let mut cache = PrefixCache::new(cfg.cache_bytes);
+    cache.disk = cfg.disk.take();
     // Trailing positions a session can drop without a checkpoint (the same for every session).
     let rollback_limit = model
         .model
@@ -233,6 +261,8 @@ pub fn run(
         while load(&active) < parallel {
             let job = if let Some(j) = requeue.pop_front() {
                 j
+            } else if active.is_empty() && cfg.stop.load(Ordering::Relaxed) {
+                break;
             } else if active.is_empty() {
                 match open.then(|| jobs.blocking_recv()).flatten() {
                     Some(j) => j,
@@ -251,6 +281,10 @@ pub fn run(
                     }
                 }
             };
+            if job.prompt.is_empty() {
+                // A wake-up (shutdown): the loop below sees the flag.
+                break;
+            }
             if !job.requeued {
                 metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
             }
@@ -285,7 +319,7 @@ pub fn run(
             }
         }
         if active.is_empty() {
-            if !open {
+            if !open || cfg.stop.load(Ordering::Relaxed) {
                 break;
             }
             continue;
@@ -331,7 +365,19 @@ pub fn run(
             .cache_bytes
             .store(cache.total_bytes() as u64, Ordering::Relaxed);
     }
+    // Shutdown: every cached sequence to disk (`--cache-dir`), the writes finished.
+    if let Some(d) = &cache.disk {
+        tracing::info!(
+            "prefix cache: saving {} sequence(s) to {}",
+            cache.entries.len(),
+            d.dir().display()
+        );
+    }
+    cache.spill_all();
     metrics.set_phase(Phase::Idle);
+    if let Some(d) = cfg.done.take() {
+        let _ = d.send(());
+    }
 }
 
 /// A follower's job, a copy of its leader's session, and the prompt's last logits row.

@@ -946,3 +946,87 @@ fn follower_outlives_its_leader() {
         "the leader was not cancelled"
     );
 }
+
+/// `--cache-dir`: a conversation's second turn after a restart reuses the first turn's saved
+/// sequence as if the server had not stopped (the same cached tokens and text as a server that
+/// kept running), and a corrupt file is refused with a log line, not loaded.
+#[test]
+fn prefix_cache_survives_a_restart() {
+    let Some(alone) = smol() else { return };
+    let dir = std::env::temp_dir().join(format!("vela-cache-dir-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let m = testdata::model(testdata::SMOLLM2).unwrap();
+    let serve = || {
+        let r = vela_server::spawn(args(&[
+            "--model",
+            m.to_str().unwrap(),
+            "--ctx",
+            "256",
+            "--cache-dir",
+            dir.to_str().unwrap(),
+        ]))
+        .unwrap();
+        r.wait_ready().unwrap();
+        r
+    };
+    let turn1 = user("Name three colours of the sea at dawn.");
+    let body = |messages: &Value| json!({"messages": messages, "max_tokens": 12, "temperature": 0});
+    let first = |a: SocketAddr| {
+        let r = post(a, "/v1/chat/completions", body(&turn1));
+        assert_eq!(r.status, 200, "{}", r.body);
+        r.json()["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let answer = first(alone);
+    let turn2 = json!([
+        turn1[0],
+        {"role": "assistant", "content": answer},
+        {"role": "user", "content": "And at dusk?"}
+    ]);
+    // The reference: the same server keeps the first turn in memory.
+    let a = start_smol(&[]).unwrap();
+    assert_eq!(first(a), answer);
+    let want = post(a, "/v1/chat/completions", body(&turn2)).json();
+    let cached = |v: &Value| v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64();
+    assert!(cached(&want).unwrap() > 0);
+    // Turn one, then stop: the session is saved.
+    let r = serve();
+    assert_eq!(first(r.addr), answer);
+    vela_server::stop_engine(&r.state, std::time::Duration::from_secs(60));
+    assert_eq!(metric(r.addr, "vela_prefix_cache_disk_writes_total"), 1.0);
+    drop(r);
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+    assert_eq!(files.len(), 1, "one saved sequence");
+    // A new server finds it: turn two as if nothing had stopped.
+    let r = serve();
+    assert_eq!(metric(r.addr, "vela_prefix_cache_disk_files"), 1.0);
+    let got = post(r.addr, "/v1/chat/completions", body(&turn2)).json();
+    assert_eq!(cached(&got), cached(&want), "{got}");
+    assert_eq!(
+        got["choices"][0]["message"]["content"],
+        want["choices"][0]["message"]["content"]
+    );
+    assert_eq!(metric(r.addr, "vela_prefix_cache_disk_hits_total"), 1.0);
+    assert!(got["timings"]["cache_load_ms"].as_f64().unwrap() > 0.0);
+    vela_server::stop_engine(&r.state, std::time::Duration::from_secs(60));
+    drop(r);
+    // Corrupt every saved file: refused (counted, logged), the turn still right, nothing reused.
+    for f in std::fs::read_dir(&dir).unwrap().flatten() {
+        let mut b = std::fs::read(f.path()).unwrap();
+        let i = b.len() / 2;
+        b[i] ^= 0xff;
+        std::fs::write(f.path(), b).unwrap();
+    }
+    let r = serve();
+    let got = post(r.addr, "/v1/chat/completions", body(&turn2)).json();
+    assert_eq!(cached(&got), Some(0), "{got}");
+    assert_eq!(
+        got["choices"][0]["message"]["content"],
+        want["choices"][0]["message"]["content"]
+    );
+    assert!(metric(r.addr, "vela_prefix_cache_disk_errors_total") >= 1.0);
+    drop(r);
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -131,7 +131,19 @@ fn pick_session(
     prompt: &[u32],
     timings: &mut Timings,
 ) -> anyhow::Result<(Entry, usize)> {
-    let (mut entry, mut reuse) = match cache.take_best(rollback_limit, prompt) {
+    let mut best = cache.take_best(rollback_limit, prompt);
+    // A saved sequence sharing more (`--cache-dir`): loaded into a fresh or recycled session.
+    let in_memory = best.as_ref().map_or(0, |(_, r)| r.reused());
+    let on_disk = cache
+        .disk
+        .as_ref()
+        .and_then(|d| d.best(rollback_limit, prompt, in_memory));
+    if on_disk.is_some() {
+        if let Some((e, _)) = best.take() {
+            cache.put(e);
+        }
+    }
+    let (mut entry, mut reuse) = match best {
         Some(x) => x,
         None => {
             let per = cache
@@ -144,11 +156,19 @@ fn pick_session(
             } else {
                 None
             };
-            let e = match e {
+            let mut e = match e {
                 Some(e) => e,
                 None => Entry::new(Session::new(model.model.clone(), opts)?),
             };
-            (e, Reuse::Reset)
+            let mut reuse = Reuse::Reset;
+            if let (Some(i), Some(d)) = (on_disk, &cache.disk) {
+                let t = Instant::now();
+                if d.load_into(i, &mut e.session).is_ok() {
+                    timings.cache_load_ms = ms(t);
+                    reuse = crate::cache::plan(e.session.tokens(), &[], rollback_limit, prompt);
+                }
+            }
+            (e, reuse)
         }
     };
     // A request that shares only part of a cached sequence (e.g. just the system prompt) must not
