@@ -91,6 +91,10 @@
 #       tg128 at depth 8192 and pp512 + tg128 at depth 0, new and old alternating
 #       (G5X_ROUNDS, default 1, of `-r 3` runs), then the new build's per-kernel GPU times
 #       of the decode at depth 0 (G5X_PROFILE=1): $OUT/g5x-ab*
+#   here:   scripts/gpu-suite.sh pack-pc     # one small carry (target/gpu-data/pc): vela, the
+#                                         #    Llama 3 tokenizer source
+#   there:  scripts/gpu-suite.sh pc          # --cache-dir on the GPU: a synth Llama-3-8B Q4_0,
+#       a PC_TOKENS-token turn loaded after a restart vs evaluated again (bench-cache-dir.py)
 #   A smaller suite: SUITE_MODELS / SUITE_KEYS / SUITE_SYNTH (see below), the same for every stage;
 #   SUITE_AB8K="SWITCH=value ..." reruns the synth models' 8K-depth decode per switch (bench stage),
 #   SUITE_AB0 their tg128 at depth 0; SUITE_SAMPLED="SWITCH=value ..." vela's sampled tg128 (T=0.8)
@@ -103,7 +107,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests|pack-place|place|place-d4|place-tests|place-ab|pack-g5x|g5x|g5x-llama|g5x-ab}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests|pack-place|place|place-d4|place-tests|place-ab|pack-g5x|g5x|g5x-llama|g5x-ab|pack-pc|pc}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -952,6 +956,32 @@ g5x-ab)
   [ "${G5X_PROFILE:-1}" = 1 ] && VELA_CUDA_PROFILE=1 timeout 60 /tmp/vela-new bench -m $m --device cuda -p 0 -n 32 >$OUT/g5x-ab-prof.txt 2>&1
   head -30 $OUT/g5x-ab-prof.txt
   [ -f /tmp/llama-build.log ] && tail -2 /tmp/llama-build.log
+  echo "done ($(( $(date +%s) - t0 )) s)"
+  ;;
+pack-pc)
+  # One small carry (target/gpu-data/pc): this tree's vela and the Llama 3 tokenizer source.
+  P=target/gpu-data/pc
+  rm -rf $P && mkdir -p $P
+  xz -T2 -6 -c target/release/vela >$P/vela.xz
+  xz -T2 -6 -c "${VELA_CACHE_HERE:-$HOME/.cache/vela}/llama-cpp-python/vendor/llama.cpp/models/ggml-vocab-llama-bpe.gguf" >$P/vocab-llama-bpe.gguf.xz
+  du -sh $P
+  ;;
+pc)
+  # The persistent prefix cache on the GPU: a synth Llama-3-8B Q4_0, turn two of a PC_TOKENS
+  # prompt (default 32768) loaded from --cache-dir after a restart vs evaluated again
+  # (scripts/bench-cache-dir.py, PC_ROUNDS rounds, default 3): $OUT/pc.md
+  P=target/gpu-data/pc
+  mkdir -p "$OUT" "$VELA_CACHE/vocab"
+  t0=$(date +%s)
+  xz -dc $P/vela.xz >/tmp/vela && chmod +x /tmp/vela
+  xz -dc $P/vocab-llama-bpe.gguf.xz >"$VELA_CACHE/vocab/ggml-vocab-llama-bpe.gguf"
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  df -h /tmp | tail -1
+  /tmp/vela synth --arch llama3-8b --type q4_0 -o /dev/shm/l8.gguf -t 14 2>&1 | tail -1
+  echo "synth ($(( $(date +%s) - t0 )) s)"
+  PYTHONUNBUFFERED=1 python3 scripts/bench-cache-dir.py --vela /tmp/vela --model /dev/shm/l8.gguf --device cuda \
+    --threads 16 --tokens ${PC_TOKENS:-32768} --rounds ${PC_ROUNDS:-3} | tee $OUT/pc.md
   echo "done ($(( $(date +%s) - t0 )) s)"
   ;;
 *) echo "unknown stage $stage" >&2; exit 1 ;;
