@@ -172,26 +172,25 @@ impl DiskCache {
     }
 
     /// The saved sequence that lets `prompt` reuse the most tokens, if it reuses more than
-    /// `than`: its index and the tokens reused.
-    pub fn best(&self, rollback_limit: usize, prompt: &[u32], than: usize) -> Option<usize> {
+    /// `than`: its file.
+    pub fn best(&self, rollback_limit: usize, prompt: &[u32], than: usize) -> Option<PathBuf> {
         let ix = self.index();
         ix.files
             .iter()
-            .enumerate()
-            .map(|(i, f)| (i, plan(&f.tokens, &[], rollback_limit, prompt), f.used))
-            .filter(|(_, r, _)| matches!(r, Reuse::Truncate(n) if *n > than))
-            .max_by_key(|(_, r, used)| (r.reused(), *used))
-            .map(|(i, _, _)| i)
+            .map(|f| (f, plan(&f.tokens, &[], rollback_limit, prompt)))
+            .filter(|(_, r)| matches!(r, Reuse::Truncate(n) if *n > than))
+            .max_by_key(|(f, r)| (r.reused(), f.used))
+            .map(|(f, _)| f.path.clone())
     }
 
-    /// Load file `i` of [`Self::best`] into `s`. A file that fails to load (truncated, corrupt,
-    /// not fitting this session) is logged, deleted and forgotten; `s` is then empty.
-    pub fn load_into(&self, i: usize, s: &mut Session) -> Result<usize> {
-        let path = match self.index().files.get(i) {
-            Some(f) => f.path.clone(),
-            None => anyhow::bail!("no saved sequence {i}"),
-        };
-        let r = persist::load(&path, &self.identity).and_then(|(t, st)| s.import(&t, &st));
+    /// Load a file of [`Self::best`] into `s`. A file that fails to load is logged and
+    /// forgotten, and deleted when it is unreadable (gone, truncated, corrupt) rather than only
+    /// unfit for this session (a smaller context); `s` is then empty.
+    pub fn load_into(&self, path: &Path, s: &mut Session) -> Result<usize> {
+        let mut unreadable = false;
+        let r = persist::load(path, &self.identity)
+            .inspect_err(|_| unreadable = true)
+            .and_then(|(t, st)| s.import(&t, &st));
         let mut ix = self.index();
         let at = ix.files.iter().position(|f| f.path == path);
         match r {
@@ -208,7 +207,9 @@ impl DiskCache {
                 tracing::warn!("prefix cache: not loading {}: {e:#}", path.display());
                 if let Some(j) = at {
                     ix.files.remove(j);
-                    let _ = std::fs::remove_file(&path);
+                    if unreadable {
+                        let _ = std::fs::remove_file(path);
+                    }
                 }
                 ix.publish(&self.metrics);
                 Err(e)

@@ -161,9 +161,9 @@ fn pick_session(
                 None => Entry::new(Session::new(model.model.clone(), opts)?),
             };
             let mut reuse = Reuse::Reset;
-            if let (Some(i), Some(d)) = (on_disk, &cache.disk) {
+            if let (Some(path), Some(d)) = (&on_disk, &cache.disk) {
                 let t = Instant::now();
-                if d.load_into(i, &mut e.session).is_ok() {
+                if d.load_into(path, &mut e.session).is_ok() {
                     timings.cache_load_ms = ms(t);
                     reuse = crate::cache::plan(e.session.tokens(), &[], rollback_limit, prompt);
                 }
