@@ -12,8 +12,8 @@ mod host_weight;
 pub use host_weight::HostWeight;
 pub mod kv_export;
 mod select;
-pub use select::{argmax, top_k_row, TopK};
 pub use kv_export::{KvExport, KvLayerExport};
+pub use select::{argmax, top_k_row, TopK};
 mod params;
 pub use params::*;
 
