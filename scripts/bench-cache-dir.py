@@ -50,26 +50,20 @@ class Server:
                 time.sleep(0.2)
         raise RuntimeError("server did not start")
 
-    def complete(self, prompt):
-        body = json.dumps({"prompt": prompt, "max_tokens": 1, "temperature": 0}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/v1/completions", body,
+    def post(self, path, body, timeout):
+        req = urllib.request.Request(f"http://127.0.0.1:{self.port}{path}", json.dumps(body).encode(),
                                      {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=1800) as r:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
             return json.load(r)
 
+    def complete(self, prompt):
+        return self.post("/v1/completions", {"prompt": prompt, "max_tokens": 1, "temperature": 0}, 1800)
+
     def tokenize(self, text):
-        body = json.dumps({"content": text}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/tokenize", body,
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.load(r)["tokens"]
+        return self.post("/tokenize", {"content": text}, 60)["tokens"]
 
     def detokenize(self, tokens):
-        body = json.dumps({"tokens": tokens}).encode()
-        req = urllib.request.Request(f"http://127.0.0.1:{self.port}/detokenize", body,
-                                     {"Content-Type": "application/json"})
-        with urllib.request.urlopen(req, timeout=60) as r:
-            return json.load(r)["content"]
+        return self.post("/detokenize", {"tokens": tokens}, 60)["content"]
 
     def stop(self):
         self.p.send_signal(signal.SIGTERM)

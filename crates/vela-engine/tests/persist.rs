@@ -129,14 +129,20 @@ fn kv_caches_survive_a_file() {
     }
 }
 
-/// The writer of [`killed_writers_never_leave_a_corrupt_file`]: with `VELA_PERSIST_WRITER_DIR`
-/// set, writes states of growing token lists there until it is killed (otherwise nothing).
+/// The directory of [`killed_writers_never_leave_a_corrupt_file`] run by process `pid`.
+fn kill_dir(pid: u32) -> std::path::PathBuf {
+    std::env::temp_dir().join(format!("vela-persist-kill-{pid}"))
+}
+
+/// The writer of [`killed_writers_never_leave_a_corrupt_file`]: started by that test (its
+/// parent), writes states into the parent's directory until it is killed; otherwise (no such
+/// directory) nothing.
 #[test]
 fn writer_child() {
-    let Some(dir) = std::env::var_os("VELA_PERSIST_WRITER_DIR") else {
+    let dir = kill_dir(std::os::unix::process::parent_id());
+    if !dir.is_dir() {
         return;
-    };
-    let dir = std::path::PathBuf::from(dir);
+    }
     let st = vela_models::StateExport {
         kv: vela_compute::KvExport {
             ty: KvType::F16,
@@ -162,7 +168,7 @@ fn writer_child() {
 /// file left under a state's name loads and checks out; only temporary files can be partial.
 #[test]
 fn killed_writers_never_leave_a_corrupt_file() {
-    let dir = std::env::temp_dir().join(format!("vela-persist-kill-{}", std::process::id()));
+    let dir = kill_dir(std::process::id());
     std::fs::create_dir_all(&dir).unwrap();
     let exe = std::env::current_exe().unwrap();
     let (mut loaded, mut partial) = (0usize, 0usize);
@@ -170,7 +176,6 @@ fn killed_writers_never_leave_a_corrupt_file() {
     for _ in 0..100 {
         let mut child = std::process::Command::new(&exe)
             .args(["--exact", "writer_child", "--test-threads", "1"])
-            .env("VELA_PERSIST_WRITER_DIR", &dir)
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
