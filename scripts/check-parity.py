@@ -4,6 +4,10 @@
     python3 scripts/check-parity.py --vela target/release/vela [--models smollm2,gemma3,qwen25]
                                     [--prompts factual,code] [--no-greedy] [--strict-greedy]
     python3 scripts/check-parity.py --self-test      # proves the checker passes/fails correctly
+    python3 scripts/check-parity.py --vela PATH --record DIR   # only run vela: its logits and
+                                    # greedy texts -> DIR/<model>/ (needs only the manifests)
+    python3 scripts/check-parity.py --replay DIR [--models ...]  # judge what --record wrote
+    (--record on a machine without the fixtures' logits, e.g. the GPU machine, --replay here)
 
 Fixtures: `$VELA_CACHE/golden/parity/<model>/manifest.json` from scripts/gen-parity-fixtures.py
 (Q = llama.cpp on the quantized file, E = llama.cpp on the same weights dequantized to F32).
@@ -133,13 +137,17 @@ def vela_logits(vela, model: Path, tokens: list[int], n_vocab: int) -> np.ndarra
     return lg
 
 
-def greedy_check(vela, model: Path, p: dict, strict: bool) -> tuple[str, bool]:
-    """Compare vela's greedy text with llama.cpp's (Q and E). Returns (description, failed)."""
-    out = run_vela(vela, ["run", "--model", str(model), "--prompt", p["text"], "--max-tokens", "32",
+def vela_greedy_text(vela, model: Path, text: str) -> str:
+    """vela's 32 greedy tokens after `text` (the prompt echo stripped)."""
+    out = run_vela(vela, ["run", "--model", str(model), "--prompt", text, "--max-tokens", "32",
                           "--temperature", "0"])
-    if out.startswith(p["text"]):
-        out = out[len(p["text"]):]
-    out = out.rstrip("\n")
+    if out.startswith(text):
+        out = out[len(text):]
+    return out.rstrip("\n")
+
+
+def greedy_check(out: str, p: dict, strict: bool) -> tuple[str, bool]:
+    """Compare vela's greedy text `out` with llama.cpp's (Q and E). Returns (description, failed)."""
     tq, te = p["greedy_q_text"].rstrip("\n"), p["greedy_e_text"].rstrip("\n")
     if out == te or out == tq:
         return ("match E" if out == te else "match Q"), False
@@ -175,8 +183,69 @@ def char_to_step(p: dict, k: int) -> int:
         return min(k // 4, len(p["greedy_e"]))
 
 
-def check(vela: list[str], models: list[str] | None, prompts: list[str] | None, greedy: bool,
-          strict_greedy: bool) -> int:
+class Recorded:
+    """vela's answers written by --record (DIR/<model>/<prompt>.v.f32, greedy.json) and read back
+    by --replay instead of running vela."""
+
+    def __init__(self, root: Path, key: str):
+        self.dir = root / key
+        gf = self.dir / "greedy.json"
+        self.greedy = json.loads(gf.read_text()) if gf.exists() else {}
+
+    def logits(self, name: str, n_vocab: int) -> np.ndarray:
+        f = self.dir / f"{name}.v.f32"
+        if not f.exists():
+            raise RuntimeError(f"no recorded logits {f}")
+        lg = np.fromfile(f, dtype="<f4")
+        if lg.shape != (n_vocab,):
+            raise RuntimeError(f"{f}: {lg.shape[0]} logits, expected {n_vocab}")
+        return lg
+
+    def text(self, name: str) -> str:
+        if name not in self.greedy:
+            raise RuntimeError(f"no recorded greedy text for {name}")
+        return self.greedy[name]
+
+
+def record(vela: list[str], root: Path, models: list[str] | None, prompts: list[str] | None,
+           greedy: bool, jobs: int = 1) -> int:
+    """Run vela on every prompt of the manifests (`jobs` prompts at a time) and keep its answers
+    (see Recorded)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    keys = models or sorted(p.name for p in PARITY.iterdir() if (p / "manifest.json").exists())
+    failed = False
+    for key in keys:
+        man = json.loads((PARITY / key / "manifest.json").read_text())
+        model = MODELS_DIR / man["model_file"]
+        d = root / key
+        d.mkdir(parents=True, exist_ok=True)
+
+        def one(p: dict):
+            lg = vela_logits(vela, model, p["tokens"], man["n_vocab"])
+            lg.astype("<f4").tofile(d / f"{p['name']}.v.f32")
+            if greedy and not p["parse_special"] and p.get("greedy_q"):
+                return vela_greedy_text(vela, model, p["text"])
+            return None
+
+        todo = [p for p in man["prompts"] if not prompts or p["name"] in prompts]
+        texts = {}
+        with ThreadPoolExecutor(max(1, jobs)) as ex:
+            for p, fut in [(p, ex.submit(one, p)) for p in todo]:
+                try:
+                    t = fut.result()
+                    if t is not None:
+                        texts[p["name"]] = t
+                except (RuntimeError, subprocess.TimeoutExpired) as e:
+                    print(f"{key}/{p['name']}: {e}", file=sys.stderr)
+                    failed = True
+        (d / "greedy.json").write_text(json.dumps(texts))
+        print(f"{key}: recorded {len(list(d.glob('*.v.f32')))} logits, {len(texts)} greedy texts in {d}")
+    return 1 if failed else 0
+
+
+def check(vela: list[str] | None, models: list[str] | None, prompts: list[str] | None, greedy: bool,
+          strict_greedy: bool, replay: Path | None = None) -> int:
     if not PARITY.exists():
         print(f"error: no fixtures in {PARITY}: run scripts/gen-parity-fixtures.py", file=sys.stderr)
         return 2
@@ -190,13 +259,14 @@ def check(vela: list[str], models: list[str] | None, prompts: list[str] | None, 
         man = json.loads(mf.read_text())
         model = MODELS_DIR / man["model_file"]
         nv = man["n_vocab"]
+        rec = Recorded(replay, key) if replay else None
         for p in man["prompts"]:
             if prompts and p["name"] not in prompts:
                 continue
             q = np.fromfile(PARITY / key / p["q_logits"], dtype="<f4")
             e = np.fromfile(PARITY / key / p["e_logits"], dtype="<f4")
             try:
-                v = vela_logits(vela, model, p["tokens"], nv)
+                v = rec.logits(p["name"], nv) if rec else vela_logits(vela, model, p["tokens"], nv)
                 j = judge(v, q, e, p)
             except (RuntimeError, subprocess.TimeoutExpired) as ex:
                 j = {"error": str(ex), "pass": False}
@@ -207,7 +277,8 @@ def check(vela: list[str], models: list[str] | None, prompts: list[str] | None, 
             if greedy and not p["parse_special"] and p.get("greedy_q"):
                 p["_model_file"] = man["model_file"]
                 try:
-                    desc, gfail = greedy_check(vela, model, p, strict_greedy)
+                    out = rec.text(p["name"]) if rec else vela_greedy_text(vela, model, p["text"])
+                    desc, gfail = greedy_check(out, p, strict_greedy)
                 except (RuntimeError, subprocess.TimeoutExpired) as ex:
                     desc, gfail = f"error: {ex}", strict_greedy
                 failed |= gfail
@@ -310,11 +381,20 @@ def main():
     ap.add_argument("--no-greedy", action="store_true", help="skip the `vela run` greedy comparison")
     ap.add_argument("--strict-greedy", action="store_true", help="fail on a greedy divergence at E margin >= 0.1")
     ap.add_argument("--self-test", action="store_true", help="check this script with a fake vela")
+    ap.add_argument("--record", type=Path, help="only run vela and keep its answers in this directory")
+    ap.add_argument("--replay", type=Path, help="judge the answers that --record kept here (no vela)")
+    ap.add_argument("--jobs", type=int, default=1, help="--record: prompts run at a time")
     a = ap.parse_args()
     models = a.models.split(",") if a.models else None
     prompts = a.prompts.split(",") if a.prompts else None
     if a.self_test:
         sys.exit(self_test(models, prompts))
+    if a.replay:
+        if not a.replay.is_dir():
+            print(f"error: {a.replay} is not a directory", file=sys.stderr)
+            sys.exit(2)
+        sys.exit(check(None, models, prompts, greedy=not a.no_greedy, strict_greedy=a.strict_greedy,
+                       replay=a.replay))
     if not a.vela:
         ap.error("--vela PATH is required (or --self-test)")
     vela = Path(a.vela)
@@ -327,6 +407,8 @@ def main():
         print(f"error: `{vela} logits` is not implemented yet (exit {probe.returncode}): "
               f"{(probe.stderr or probe.stdout).strip()[:300]}", file=sys.stderr)
         sys.exit(2)
+    if a.record:
+        sys.exit(record([str(vela)], a.record, models, prompts, greedy=not a.no_greedy, jobs=a.jobs))
     sys.exit(check([str(vela)], models, prompts, greedy=not a.no_greedy, strict_greedy=a.strict_greedy))
 
 

@@ -140,47 +140,9 @@ llama_cuda_bg() {
   ln -sfn /tmp/llama-bench-cuda "$VELA_CACHE/llama.cpp-cuda/bin"
 }
 
-# Carry groups: first-fit of the files of $S (largest first) into bins of 64 MiB less what else
-# travels with each call (the working tree's tracked and untracked-not-ignored files, and
-# shared/ if the checkout has one) less 1 MiB -> $S/groups.txt, and $S/manifest.txt ("size
-# name" of every other file; the test stage checks the stash against it before it starts).
+# Carry groups of the files of $S (each call's carry, largest first): scripts/carry_groups.py.
 groups() {
-  python3 - "$S" <<'EOF'
-import os, subprocess, sys
-d = sys.argv[1]
-tree = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                      capture_output=True, check=True).stdout.split(b"\0")
-# Each file counted in whole 4 KiB blocks, as the device tool's limit counts it (with ~700 small
-# files, apparent sizes undercount by ~2 MiB and a 56 MiB group was refused).
-blk = lambda f: -(-os.path.getsize(f) // 4096) * 4096
-tree_bytes = sum(blk(f) for f in tree if f and os.path.isfile(f))
-for root, _, fs in os.walk("shared"):
-    tree_bytes += sum(blk(os.path.join(root, f)) for f in fs)
-limit = (64 << 20) - tree_bytes - (1 << 20)
-print(f"working tree {tree_bytes / 2**20:.1f} MiB: carry groups of at most {limit / 2**20:.1f} MiB")
-skip = {"groups.txt", "manifest.txt"}
-with open(os.path.join(d, "manifest.txt"), "w") as m:
-    for f in sorted(os.listdir(d)):
-        if f not in skip:
-            m.write(f"{os.path.getsize(os.path.join(d, f))} {f}\n")
-files = sorted(((os.path.getsize(os.path.join(d, f)), f) for f in os.listdir(d)), reverse=True)
-bins = []
-too_big = [f for size, f in files if size > limit]
-if too_big:
-    sys.exit(f"files larger than a carry group ({limit / 2**20:.1f} MiB): {' '.join(too_big)}")
-for size, f in files:
-    for b in bins:
-        if b[0] + size <= limit:
-            b[0] += size; b[1].append(f); break
-    else:
-        bins.append([size, [f]])
-with open(os.path.join(d, "groups.txt"), "w") as g:
-    for size, fs in bins:
-        g.write(" ".join(fs) + "\n")
-print(f"{len(bins)} carry groups:")
-for size, fs in bins:
-    print(f"  {size / 2**20:5.1f} MiB: {' '.join(fs)}")
-EOF
+  python3 scripts/carry_groups.py "$S"
 }
 
 # vela's tg128 of one model ("SWITCH=value" or base; more switches joined by '/'), the rest of
