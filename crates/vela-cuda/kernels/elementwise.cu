@@ -111,28 +111,6 @@ extern "C" __global__ void add(float* x, const float* __restrict__ y, long long 
     if (i < n) x[i] += y[i];
 }
 
-// The activation rounding residual of a product's input (`precise_products`, matmul.rs):
-// r = x - d*q element by element, (d, q) the block's scale and quant as quantize_q8 /
-// quantize_q8k left them in a. Rounded like the CPU's (`cpu/matmul/refine.rs`): no FMA.
-extern "C" __global__ void residual_q8(const float* __restrict__ x, const AQ8* __restrict__ a,
-                                       float* __restrict__ r, long long n) {
-    PDL_ENTRY();
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const AQ8* b = a + i / 32;
-    float q = (float)((const i8*)b->qs)[i % 32];
-    r[i] = __fsub_rn(x[i], __fmul_rn(b->d, q));
-}
-extern "C" __global__ void residual_q8k(const float* __restrict__ x, const AQ8K* __restrict__ a,
-                                        float* __restrict__ r, long long n) {
-    PDL_ENTRY();
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= n) return;
-    const AQ8K* b = a + i / 256;
-    float q = (float)((const i8*)b->qs)[i % 256];
-    r[i] = __fsub_rn(x[i], __fmul_rn(b->d, q));
-}
-
 extern "C" __global__ void add_bias(float* x, const float* __restrict__ b, int width, long long n) {
     PDL_ENTRY();
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;

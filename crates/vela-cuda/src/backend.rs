@@ -12,7 +12,7 @@ use crate::upload::Upload;
 use anyhow::{Context, Result};
 use cudarc::driver::{CudaSlice, DeviceRepr, ValidAsZeroBits};
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 /// Reusable device scratch: quantized activations and the last uploaded positions.
@@ -57,10 +57,6 @@ pub struct CudaBackend {
     pub(crate) upload: Upload,
     /// cuBLAS and its scratch (gemm.rs, attn_gemm.rs).
     pub(crate) gemm: Mutex<GemmState>,
-    /// `Backend::precise_products` is on (precise.rs).
-    pub(crate) precise: AtomicBool,
-    /// The precise products' rounding residuals and their products (precise.rs).
-    pub(crate) precise_bufs: Mutex<Vec<CudaSlice<f32>>>,
 }
 
 impl CudaBackend {
@@ -105,8 +101,6 @@ impl CudaBackend {
             scratch_gen: AtomicU64::new(0),
             upload: Upload::default(),
             gemm: Mutex::new(GemmState::default()),
-            precise: AtomicBool::new(false),
-            precise_bufs: Mutex::new(Vec::new()),
             dev,
         })
     }

@@ -203,8 +203,6 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
         "elementwise",
         &[
             "rms_norm",
-            "residual_q8",
-            "residual_q8k",
             "prefetch_l2",
             "rope",
             "rope_qk",

@@ -35,7 +35,6 @@ mod kv;
 mod l2pf;
 mod matmul;
 pub mod nvrtc;
-mod precise;
 mod profile;
 mod recurrent;
 pub mod sample;
@@ -782,14 +781,7 @@ impl Backend for CudaBackend {
         k: usize,
         y: &mut CudaBuf,
     ) {
-        let rpe = rows_per_expert;
-        if !self.matmul_experts_precise(w, rpe, x, x_per_slot, ids, n_tokens, k, y) {
-            self.matmul_experts_impl(w, rpe, x, x_per_slot, ids, n_tokens, k, y);
-        }
-    }
-
-    fn precise_products(&self, on: bool) {
-        self.precise.store(on, std::sync::atomic::Ordering::Relaxed);
+        self.matmul_experts_impl(w, rows_per_expert, x, x_per_slot, ids, n_tokens, k, y);
     }
 
     fn kv_store(&self, kv: &mut CudaKv, layer: usize, k: &CudaBuf, v: &CudaBuf, positions: &[u32]) {

@@ -25,24 +25,8 @@ const ROW_BLOCK_ROWS: usize = 2048;
 impl CudaBackend {
     /// `ys[i] = x · ws[i]ᵀ`. The activations are quantized once for all weights that share their
     /// block type and width (Q/K/V, gate/up); `pre` names activations already quantized (by
-    /// `norm_q8*`) as (kind, width, device address, blocks per row). Without `pre`, precise
-    /// products (precise.rs) when they are on.
+    /// `norm_q8*`) as (kind, width, device address, blocks per row).
     pub(crate) fn matmul_many_impl(
-        &self,
-        ws: &[&CudaWeight],
-        x: &CudaBuf,
-        n: usize,
-        ys: &mut [&mut CudaBuf],
-        pre: Option<(ActKind, usize, u64, usize)>,
-    ) {
-        if pre.is_none() && self.matmul_precise(ws, x, n, ys) {
-            return;
-        }
-        self.matmul_plain(ws, x, n, ys, pre);
-    }
-
-    /// [`Self::matmul_many_impl`] without the precise products.
-    pub(crate) fn matmul_plain(
         &self,
         ws: &[&CudaWeight],
         x: &CudaBuf,
@@ -351,7 +335,6 @@ impl CudaBackend {
     fn norm_fusable(&self, ws: &[&CudaWeight], n_rows: usize, width: usize) -> Option<ActKind> {
         let kind = ws.first().map(|w| w.info().1)?;
         let ok = !self.tune.exact()
-            && !self.precise_on()
             && n_rows > 0
             && matches!(kind, ActKind::Q8 | ActKind::Q8K)
             && ws.iter().all(|w| w.cols == width && w.info().1 == kind)
@@ -527,7 +510,6 @@ impl CudaBackend {
     ) {
         let kind = Some(w.info().1);
         let fusable = !self.tune.exact()
-            && !self.precise_on()
             && n_rows > 0
             && w.cols == width
             && matches!(kind, Some(ActKind::Q8 | ActKind::Q8K))
@@ -597,7 +579,6 @@ impl CudaBackend {
             _ => (256, AQ8K_BYTES),
         };
         let fusable = !self.tune.exact()
-            && !self.precise_on()
             && n > 0
             && w.cols == width
             && width.is_multiple_of(bs)

@@ -528,7 +528,6 @@ mod mix;
 mod model;
 mod mtp;
 mod ops;
-mod precise;
 mod qwen4exp;
 mod recurrent;
 mod sample;

@@ -312,7 +312,7 @@ fn route_hash_matches_cpu() {
 #[test]
 fn matmul_experts_match_cpu() {
     let Some(g) = gpu() else { return };
-    experts_vs_cpu(&g, false, false);
+    experts_vs_cpu(&g, false);
 }
 
 /// The same in exact mode on both backends (f32 activations, f64 sums, as the ordinary exact
@@ -325,23 +325,17 @@ fn matmul_experts_exact_match_cpu_exact() {
     let Some(g) = gpu() else { return };
     exact::set_thread_override(Some(true));
     g.set_exact_matmul(true);
-    experts_vs_cpu(&g, true, false);
+    experts_vs_cpu(&g, true);
     g.set_exact_matmul(false);
     exact::set_thread_override(None);
 }
 
 /// `matmul_experts` on `g` and on the CPU over the cases above (exact mode set by the caller on
-/// both backends, or not; precise products on both, or not).
-pub(crate) fn experts_vs_cpu(g: &CudaBackend, exact: bool, precise: bool) {
+/// both backends, or not).
+fn experts_vs_cpu(g: &CudaBackend, exact: bool) {
     let cpu = CpuBackend::new(0);
-    g.precise_products(precise);
-    cpu.precise_products(precise);
     let mut rng = Rng(0xe4be_7715);
-    let (mode, tol) = match (exact, precise) {
-        (true, _) => ("exact ", 1e-6),
-        (false, true) => ("precise ", 1e-4),
-        _ => ("", 1e-4),
-    };
+    let (mode, tol) = if exact { ("exact ", 1e-6) } else { ("", 1e-4) };
     use GgmlType as G;
     let types = [
         (G::Q4_0, 96),
