@@ -20,9 +20,13 @@ pub struct RunArgs {
     pub sample: SampleArgs,
     #[command(flatten)]
     pub spec: SpecArgs,
-    /// The prompt (raw text completion; BOS is added as the model's metadata says).
-    #[arg(long, short = 'p')]
-    pub prompt: String,
+    /// The prompt (raw text completion; BOS is added as the model's metadata says). Also as
+    /// the positional argument, or from standard input when neither is given.
+    #[arg(long, short = 'p', conflicts_with = "text")]
+    pub prompt: Option<String>,
+    /// The prompt, as a positional argument.
+    #[arg(value_name = "PROMPT")]
+    pub text: Option<String>,
     /// Do not add BOS even if the model asks for it.
     #[arg(long)]
     pub no_bos: bool,
@@ -158,10 +162,33 @@ fn stream_generate(
     Ok(out)
 }
 
+/// The prompt given (`--prompt` or positional), else standard input read to its end when it is
+/// not a terminal, less one final line break (what `echo` and editors append).
+fn prompt_text(given: Option<String>) -> Result<String> {
+    use std::io::{IsTerminal, Read};
+    if let Some(t) = given {
+        return Ok(t);
+    }
+    let mut stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        bail!("no prompt: give it as an argument, with --prompt, or on standard input");
+    }
+    let mut t = String::new();
+    stdin
+        .read_to_string(&mut t)
+        .context("reading the prompt from standard input")?;
+    let keep = t
+        .strip_suffix('\n')
+        .map_or(t.len(), |s| s.strip_suffix('\r').unwrap_or(s).len());
+    t.truncate(keep);
+    Ok(t)
+}
+
 pub fn run(a: RunArgs) -> Result<()> {
     let cfg = a.sample.config()?;
+    let text = prompt_text(a.prompt.or(a.text))?;
     let l = common::load(&a.model)?;
-    let prompt = l.tokenizer.encode(&a.prompt, !a.no_bos, false)?;
+    let prompt = l.tokenizer.encode(&text, !a.no_bos, false)?;
     if prompt.is_empty() {
         bail!("the prompt is empty after tokenization");
     }

@@ -138,6 +138,33 @@ fn run_streams_only_generated_text() {
     );
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.starts_with(" Paris."), "{text:?}");
+    // The prompt as the positional argument, and on standard input (less its final line
+    // break): the same text.
+    let args = ["--temperature", "0", "--max-tokens", "8", "--threads", "2"];
+    let mut pos = vec![
+        "run",
+        "--model",
+        m.to_str().unwrap(),
+        "The capital of France is",
+    ];
+    pos.extend(args);
+    let out = vela(&pos);
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_vela"))
+        .args(["run", "--model", m.to_str().unwrap()])
+        .args(args)
+        .env("VELA_OFFLINE", "1")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    let mut stdin = child.stdin.take().unwrap();
+    stdin.write_all(b"The capital of France is\n").unwrap();
+    drop(stdin);
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(String::from_utf8(out.stdout).unwrap(), text);
 }
 
 /// `vela run --json-schema FILE`: the output is one JSON value valid under the schema, ended by

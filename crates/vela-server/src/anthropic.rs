@@ -268,6 +268,28 @@ fn event(name: &str, v: Value) -> String {
     format!("event: {name}\ndata: {v}\n\n")
 }
 
+/// `POST /v1/messages/count_tokens`: the prompt tokens a `/v1/messages` request with this body
+/// would have (its messages, system prompt and tools through the chat template), as
+/// `{"input_tokens": N}`. The body is a messages request without `max_tokens` (one given is
+/// checked as usual).
+pub async fn count_tokens(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
+    let count = || -> Result<usize, ApiError> {
+        let r = st.ready()?;
+        let mut o = parse_object(&body_bytes(body)?)?;
+        check_model(&o, r)?;
+        o.entry("max_tokens").or_insert(json!(1));
+        let req = validate(&o)?;
+        let (_, prompt, _) = render_messages(r, req.messages, req.tools, req.template_kwargs)?;
+        Ok(prompt.len())
+    };
+    match count() {
+        Ok(n) => {
+            axum::response::IntoResponse::into_response(axum::Json(json!({ "input_tokens": n })))
+        }
+        Err(e) => err(&st, e),
+    }
+}
+
 /// `POST /v1/messages`.
 pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Response {
     let received = Instant::now();

@@ -1030,3 +1030,35 @@ fn prefix_cache_survives_a_restart() {
     drop(r);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `POST /v1/messages/count_tokens` (what Claude Code asks before it sends): the prompt tokens a
+/// `/v1/messages` request with the same system prompt, messages and tools has; malformed bodies
+/// and another model's name are errors in the Anthropic shape.
+#[test]
+fn count_tokens_matches_the_messages_prompt() {
+    let Some(a) = smol() else { return };
+    let tools = json!([{"name": "get_weather", "description": "Weather of a city",
+        "input_schema": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}]);
+    for body in [
+        json!({"messages": user("Hi")}),
+        json!({"system": "Answer in one word.", "messages": user("What is the capital of France?"), "tools": tools}),
+    ] {
+        let r = post(a, "/v1/messages/count_tokens", body.clone());
+        assert_eq!(r.status, 200, "{}", r.body);
+        let n = r.json()["input_tokens"].as_u64().unwrap();
+        let mut m = body;
+        m["max_tokens"] = json!(1);
+        let r = post(a, "/v1/messages", m);
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.json()["usage"]["input_tokens"].as_u64(), Some(n));
+    }
+    let r = post(a, "/v1/messages/count_tokens", json!({"messages": "hi"}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    assert_eq!(r.json()["type"], json!("error"), "{}", r.body);
+    let r = post(
+        a,
+        "/v1/messages/count_tokens",
+        json!({"model": "other-model", "messages": user("Hi")}),
+    );
+    assert_eq!(r.status, 404, "{}", r.body);
+}
