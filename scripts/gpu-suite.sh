@@ -41,6 +41,10 @@
 #   there:  scripts/gpu-suite.sh tests       # from the carry of pack-ab: this tree's whole GPU test
 #       binary (the model tests on a synth Qwen2.5-0.5B-geometry model, the HF fixtures the pack
 #       carries): $OUT/tests.log
+#   there:  scripts/gpu-suite.sh d4x-ab      # the same carry: DeepSeek V4's attention and op GPU
+#       tests (new binary), then tg128 of the 12-layer geometry at depth 0 and at each depth of
+#       D4X_DEPTHS (default 8192), the reference and this build alternating (D4X_ROUNDS rounds,
+#       default 2, of `-r 2`): $OUT/d4x-ab.md
 #   there:  scripts/gpu-suite.sh d4s         # from the same carry: DeepSeek V4's GPU tests and DSpark
 #       speculation on the 12-layer geometry (verification cost, forced acceptance): $OUT/d4s-*
 #   there:  scripts/gpu-suite.sh q4x-llama   # from the carry of pack-ab + the llama.cpp source (or its
@@ -107,7 +111,7 @@
 #   the pack of `pack-small`), set for every stage there.
 #   Results: $OUT/*.md (+ logs). Never touches GPU settings.
 set -uo pipefail
-stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4s|tests|pack-place|place|place-d4|place-tests|place-ab|pack-g5x|g5x|g5x-llama|g5x-ab|pack-pc|pc}
+stage=${1:?stage: pack|regroup|pack-small|recv|test|bench|pack-quick|quick|pack-ab|ab|q4x|q4x-llama|q4x-fast|d4x|d4x-ab|d4s|tests|pack-place|place|place-d4|place-tests|place-ab|pack-g5x|g5x|g5x-llama|g5x-ab|pack-pc|pc}
 root=$(cd "$(dirname "$0")/.." && pwd)
 cd "$root"
 S=${SUITE_DIR:-target/gpu-data/suite}
@@ -565,6 +569,31 @@ d4x)
     done
   fi
   echo "peak GPU memory: $(sort -t, -k2 -n $OUT/d4x-mem.csv | tail -1)"
+  ;;
+d4x-ab)
+  A=target/gpu-data/ab
+  mkdir -p "$OUT" "$VELA_CACHE/vocab" "$VELA_CACHE/golden/deepseekv4/flash_mini"
+  for b in vela-old vela-new gpu-test-new; do xz -dc $A/$b.xz >/tmp/$b && chmod +x /tmp/$b; done
+  for f in $A/vocab-*.gguf.xz; do v=$(basename "$f" .gguf.xz); xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$v.gguf"; done
+  [ -d $A/d4 ] && cp $A/d4/* "$VELA_CACHE/golden/deepseekv4/flash_mini/"
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  VELA_REQUIRE_GPU=1 timeout 240 /tmp/gpu-test-new --test-threads 1 --nocapture dsv4 attention_sink deepseekv4 \
+    >$OUT/d4x-tests.log 2>&1
+  echo "gpu tests: exit $? $(grep -E '^test result' $OUT/d4x-tests.log)"
+  grep -E '^test .* FAILED|panicked|RESULT \| attention_sink' $OUT/d4x-tests.log | head -20
+  m=synth:deepseek-v4-flash-12l:${D4X_TYPE:-q4_0}
+  { echo "| round | depth | build | tg128 t/s |"; echo "|---|---|---|---|"; } >$OUT/d4x-ab.md
+  for r in $(seq ${D4X_ROUNDS:-2}); do
+    for dep in 0 ${D4X_DEPTHS:-8192}; do
+      order="vela-old vela-new"; [ $((r % 2)) = 0 ] && order="vela-new vela-old"
+      for b in $order; do
+        t=$(timeout 300 /tmp/$b bench -m $m --device cuda -p 0 -n 128 -d $dep -r 2 2>/dev/null |
+            grep -o 'tg128[^|]*| [0-9.]* ± [0-9.]*' | grep -o '[0-9.]* ± [0-9.]*$')
+        echo "| $r | $dep | $b | $t |" | tee -a $OUT/d4x-ab.md
+      done
+    done
+  done
   ;;
 tests)
   A=target/gpu-data/ab

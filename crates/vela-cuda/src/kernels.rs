@@ -324,6 +324,8 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "dsv4_lightning_scores",
             "dsv4_lightning_select",
             "dsv4_attention_sink",
+            "dsv4_attn_sink_part",
+            "dsv4_attn_sink_combine",
             "dsv4_act_mul_silu_limit",
         ],
     ),

@@ -283,6 +283,92 @@ fn dsv4_ops_match_cpu() {
     assert!(e < 1e-5, "act_mul SiluLimit: {e}");
 }
 
+/// `attention_sink` at DeepSeek V4's width (head dim 512, up to 64 query heads on one K=V row)
+/// on the parts kernels: queries with no rows, with rows in one set only, and with more than one
+/// part, head groups full and partial, more queries than one launch takes; within 1e-5 (of the
+/// largest output) of the CPU's.
+#[test]
+fn attention_sink_parts_match_cpu() {
+    let Some(g) = gpu() else { return };
+    let cpu = CpuBackend::new(0);
+    let mut rng = Rng(0x51_4c);
+    let hd = 512usize;
+    for (nh, nq) in [(64usize, 1usize), (12, 11), (64, 3)] {
+        let (win, top, n_rows, n_ents) = (128usize, 300usize, 160usize, 400usize);
+        let rows = rng.vec(n_rows * hd);
+        let ents = rng.vec(n_ents * hd);
+        let sinks: Vec<f32> = rng.vec(nh).iter().map(|v| v * 4.0).collect();
+        // (window rows, entries) of each query: one query with every row of both sets; of 11,
+        // (t·37 mod 129, t·91 mod 301), query 0 with none at all; of 3, one set only, then all.
+        let (wcnt, ecnt): (Vec<u32>, Vec<u32>) = (0..nq)
+            .map(|t| match (nq, t) {
+                (1, _) | (3, 2) => (win, top),
+                (3, 0) => (5, 0),
+                (3, _) => (0, 77),
+                _ => ((t * 37) % (win + 1), (t * 91) % (top + 1)),
+            })
+            .map(|(a, b)| (a as u32, b as u32))
+            .unzip();
+        let wsel: Vec<u32> = (0..nq * win)
+            .map(|i| ((i * 7 + 3) % n_rows) as u32)
+            .collect();
+        let esel: Vec<u32> = (0..nq * top)
+            .map(|i| ((i * 13 + 1) % n_ents) as u32)
+            .collect();
+        let q: Vec<f32> = rng.vec(nq * nh * hd).iter().map(|v| v * 0.2).collect();
+        let run_g = || {
+            let up_i = |d: &[u32]| {
+                let mut b = g.alloc_ids(d.len());
+                g.write_ids(&mut b, d);
+                b
+            };
+            let (ws, wc, es, ec) = (up_i(&wsel), up_i(&wcnt), up_i(&esel), up_i(&ecnt));
+            let (rg, eg) = (up(&g, &rows), up(&g, &ents));
+            let sk = g.upload_vector(&sinks).unwrap();
+            let mut o = g.alloc(nq * nh * hd);
+            g.attention_sink(
+                &up(&g, &q),
+                (&rg, &ws, &wc, win),
+                (&eg, &es, &ec, top),
+                &sk,
+                nq,
+                nh,
+                hd,
+                (hd as f32).powf(-0.5),
+                &mut o,
+            );
+            down(&g, &o, nq * nh * hd)
+        };
+        let run_c = || {
+            let up_i = |d: &[u32]| {
+                let mut b = cpu.alloc_ids(d.len());
+                cpu.write_ids(&mut b, d);
+                b
+            };
+            let (ws, wc, es, ec) = (up_i(&wsel), up_i(&wcnt), up_i(&esel), up_i(&ecnt));
+            let (rc, ec2) = (up(&cpu, &rows), up(&cpu, &ents));
+            let sk = cpu.upload_vector(&sinks).unwrap();
+            let mut o = cpu.alloc(nq * nh * hd);
+            cpu.attention_sink(
+                &up(&cpu, &q),
+                (&rc, &ws, &wc, win),
+                (&ec2, &es, &ec, top),
+                &sk,
+                nq,
+                nh,
+                hd,
+                (hd as f32).powf(-0.5),
+                &mut o,
+            );
+            down(&cpu, &o, nq * nh * hd)
+        };
+        let (og, oc) = (run_g(), run_c());
+        let e = rel(&og, &oc);
+        eprintln!("RESULT | attention_sink parts nh={nh} queries={nq} | rel {e:.2e} |");
+        assert!(e < 1e-5, "attention_sink parts nh={nh} queries={nq}: {e}");
+    }
+}
+
 /// The `flash_mini` fixture on the GPU: in exact mode within 1e-8 NMSE of HF at every position
 /// of the 300-token prompt, and the same logits fed token by token; the default mode reported.
 #[test]
