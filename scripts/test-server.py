@@ -87,6 +87,13 @@ def test_basic(args, s):
     with ac.messages.stream(model=s.model, max_tokens=20, extra_body={"temperature": 0}, system="Be brief.", messages=[{"role": "user", "content": "Name a color."}]) as stm:
         txt = "".join(stm.text_stream); fm = stm.get_final_message()
     check(txt == m.content[0].text and fm.usage.output_tokens == m.usage.output_tokens, "streamed messages == non-stream")
+    # A system message inside the conversation (Claude Code sends them) joins the system prompt.
+    m2 = ac.messages.create(model=s.model, max_tokens=20, extra_body={"temperature": 0},
+                            messages=[{"role": "user", "content": "Name a color."}, {"role": "system", "content": "Be brief."}])
+    check(m2.content[0].text == m.content[0].text and m2.usage.input_tokens == m.usage.input_tokens,
+          "messages: a system message inside the conversation == the system prompt")
+    n = ac.messages.count_tokens(model=s.model, system="Be brief.", messages=[{"role": "user", "content": "Name a color."}])
+    check(n.input_tokens == m.usage.input_tokens, f"count_tokens {n.input_tokens} == the request's input_tokens")
 
 
 def conversation_prompts(kind, n_turns, filler):
@@ -223,7 +230,7 @@ def test_bad_input(args, s):
         ("completions prompt wrong type", "/v1/completions", {"prompt": {"a": 1}}, 400),
         ("completions echo", "/v1/completions", {"prompt": "a", "echo": True}, 400),
         ("messages: max_tokens missing", "/v1/messages", {"model": s.model, "messages": [{"role": "user", "content": "x"}]}, 400),
-        ("messages: bad role", "/v1/messages", {"model": s.model, "max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, 400),
+        ("messages: bad role", "/v1/messages", {"model": s.model, "max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]}, 400),
         ("detokenize bad id", "/detokenize", {"tokens": [-1, 10**12]}, 400),
         ("tokenize content missing", "/tokenize", {}, 400),
         ("unknown route", "/v1/engines", {}, 404),

@@ -3,6 +3,7 @@
 //! Every subcommand prints its result on stdout and logs on stderr; errors are one line on stderr
 //! with exit status 1 (2 for usage errors, from clap).
 
+mod agent;
 mod bench;
 mod bench_spec;
 mod common;
@@ -38,6 +39,8 @@ enum Cmd {
     Bench(bench::BenchArgs),
     /// OpenAI/Anthropic-compatible HTTP server with an exact prefix cache.
     Serve(vela_server::ServeArgs),
+    /// A coding-agent client (Claude Code, aider) against a local `vela serve` started for it.
+    Agent(agent::AgentArgs),
     /// Headless evaluation: multi-turn workloads, per-turn metrics, stall probe, A/B gates.
     Eval(vela_eval::EvalArgs),
     /// Write a random-weight GGUF of a real model geometry (for benchmarks at real sizes).
@@ -71,6 +74,7 @@ fn main() {
         Cmd::Serve(a) => vela_server::serve(a),
         Cmd::Synth(a) => synth::synth(a),
         Cmd::Eval(a) => vela_eval::eval(a),
+        Cmd::Agent(a) => agent::agent(a),
     };
     if let Err(e) = r {
         // One line: the chain of causes joined.

@@ -806,3 +806,86 @@ fn closed_stdout_ends_quietly() {
     // Killed by SIGPIPE (no status code) or a clean exit, never the panic's 101.
     assert_ne!(out.status.code(), Some(101), "stderr: {err}");
 }
+
+/// `vela agent` with a stand-in `claude` on PATH (a Python script speaking the Messages API as
+/// Claude Code does: Bearer key, the model from ANTHROPIC_MODEL, a system message inside the
+/// conversation, tools, count_tokens first): the server it starts answers, the client's
+/// arguments and exit status pass through, and the port is free afterwards. A missing client is
+/// a one-line error naming how to install it.
+#[test]
+fn agent_starts_a_server_for_the_client_and_stops_it() {
+    let Some(m) = smol() else { return };
+    let dir = tmp("agent-bin");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report.json");
+    let script = format!(
+        r#"#!/usr/bin/env python3
+import json, os, sys, urllib.request
+base, key, model = (os.environ[k] for k in ("ANTHROPIC_BASE_URL", "ANTHROPIC_AUTH_TOKEN", "ANTHROPIC_MODEL"))
+def post(path, body):
+    req = urllib.request.Request(base + path, json.dumps(body).encode(),
+        {{"Authorization": "Bearer " + key, "content-type": "application/json", "anthropic-version": "2023-06-01"}})
+    try:
+        with urllib.request.urlopen(req) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+msgs = [{{"role": "user", "content": [{{"type": "text", "text": "Say OK", "cache_control": {{"type": "ephemeral"}}}}]}},
+        {{"role": "system", "content": "Answer briefly."}}]
+tools = [{{"name": "Read", "description": "Read a file", "input_schema": {{"type": "object", "properties": {{"path": {{"type": "string"}}}}}}}}]
+body = {{"model": model, "system": [{{"type": "text", "text": "You are a helpful assistant."}}], "messages": msgs, "tools": tools,
+        "metadata": {{"user_id": "x"}}, "max_tokens": 4}}
+out = {{"args": sys.argv[1:], "count": post("/v1/messages/count_tokens", body), "messages": post("/v1/messages", body),
+       "health": urllib.request.urlopen(base + "/health").status}}
+json.dump(out, open({report:?}, "w"))
+sys.exit(3)
+"#,
+        report = report.to_str().unwrap()
+    );
+    let client = dir.join("claude");
+    std::fs::write(&client, script).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap());
+    let out = Command::new(env!("CARGO_BIN_EXE_vela"))
+        .args(["agent", "-m", m.to_str().unwrap(), "--ctx", "1024"])
+        .args(["--", "-p", "hello world"])
+        .env("VELA_OFFLINE", "1")
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "the client's status: {err}");
+    assert!(
+        err.contains("ANTHROPIC_BASE_URL=http://127.0.0.1:"),
+        "{err}"
+    );
+    assert!(err.contains(" free"), "the port is released: {err}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert_eq!(r["args"], serde_json::json!(["-p", "hello world"]));
+    assert_eq!(r["count"][0], 200, "{r}");
+    let n = r["count"][1]["input_tokens"].as_u64().unwrap();
+    assert_eq!(r["messages"][0], 200, "{r}");
+    assert_eq!(r["messages"][1]["usage"]["input_tokens"].as_u64(), Some(n));
+    assert_eq!(r["messages"][1]["model"], "vela");
+    // The port the stand-in used is free again.
+    let port: u16 = err
+        .split("ANTHROPIC_BASE_URL=http://127.0.0.1:")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|p| p.parse().ok())
+        .unwrap();
+    assert!(std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+    // No client on PATH: one line saying how to install it.
+    let out = Command::new(env!("CARGO_BIN_EXE_vela"))
+        .args(["agent", "-m", m.to_str().unwrap()])
+        .env("PATH", "/nonexistent")
+        .output()
+        .unwrap();
+    fails_with(&out, "npm install -g @anthropic-ai/claude-code");
+}

@@ -63,21 +63,28 @@ pub fn to_openai_messages(o: &Obj) -> Result<Vec<Value>, ApiError> {
         .and_then(Value::as_array)
         .filter(|a| !a.is_empty())
         .ok_or_else(|| ApiError::bad("messages", "`messages` must be a non-empty array"))?;
+    let mut late_system = Vec::new();
     for (i, m) in msgs.iter().enumerate() {
         let p = format!("messages[{i}]");
         let role = m
             .get("role")
             .and_then(Value::as_str)
             .ok_or_else(|| ApiError::bad(&p, format!("{p}.role must be a string")))?;
-        if role != "user" && role != "assistant" {
-            return Err(ApiError::bad(
-                &p,
-                format!("{p}.role must be 'user' or 'assistant'"),
-            ));
-        }
         let content = m
             .get("content")
             .ok_or_else(|| ApiError::bad(&p, format!("{p}.content is required")))?;
+        if role == "system" {
+            // A system message within the conversation (Claude Code sends them): its text joins
+            // the system prompt, which every chat template takes at the start.
+            late_system.push(text_of(content, &p)?);
+            continue;
+        }
+        if role != "user" && role != "assistant" {
+            return Err(ApiError::bad(
+                &p,
+                format!("{p}.role must be 'user', 'assistant' or 'system'"),
+            ));
+        }
         let blocks = match content {
             Value::String(s) => vec![json!({"type": "text", "text": s})],
             Value::Array(a) => a.clone(),
@@ -129,6 +136,15 @@ pub fn to_openai_messages(o: &Obj) -> Result<Vec<Value>, ApiError> {
                 msg["tool_calls"] = Value::Array(calls);
             }
             out.push(msg);
+        }
+    }
+    if !late_system.is_empty() {
+        let late = late_system.join("\n\n");
+        match out.first_mut().filter(|m| m["role"] == "system") {
+            Some(m) => {
+                m["content"] = json!(format!("{}\n\n{late}", m["content"].as_str().unwrap_or("")))
+            }
+            None => out.insert(0, json!({"role": "system", "content": late})),
         }
     }
     Ok(out)
@@ -363,22 +379,20 @@ pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Res
             Err(e) => err(&st, e),
         };
     }
-    // Streaming: one open block at a time (thinking / text), tool_use blocks complete at once.
-    let mut started = false;
+    // Streaming: `message_start` at once, `ping` events while the prompt is evaluated (as
+    // Anthropic's API: clients take them as activity), then one open block at a time (thinking /
+    // text), tool_use blocks complete at once.
+    let start = event(
+        "message_start",
+        json!({"type": "message_start", "message": {
+        "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
+        "stop_reason": null, "stop_sequence": null,
+        "usage": {"input_tokens": n_prompt, "output_tokens": 0}}}),
+    );
     let mut open: Option<&'static str> = None;
     let mut index = 0usize;
     let fmt = move |ev: Out| -> Vec<String> {
         let mut f = Vec::new();
-        if !started {
-            started = true;
-            f.push(event(
-                "message_start",
-                json!({"type": "message_start", "message": {
-                "id": id, "type": "message", "role": "assistant", "model": model, "content": [],
-                "stop_reason": null, "stop_sequence": null,
-                "usage": {"input_tokens": n_prompt, "output_tokens": 0}}}),
-            ));
-        }
         let close = |f: &mut Vec<String>, open: &mut Option<&'static str>, index: &mut usize| {
             if open.take().is_some() {
                 f.push(event(
@@ -466,8 +480,11 @@ pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Res
         }
         f
     };
-    sse_response(rx, cancel, fmt)
+    sse_response(rx, cancel, vec![start], PING, fmt)
 }
+
+/// The Anthropic streams' keepalive.
+const PING: &str = "event: ping\ndata: {\"type\": \"ping\"}\n\n";
 
 #[cfg(test)]
 mod tests {

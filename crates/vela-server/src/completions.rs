@@ -263,7 +263,7 @@ pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> 
             }
         }
     };
-    sse_response_many(jobs, fmt)
+    sse_response_many(jobs, Vec::new(), crate::http::KEEPALIVE_COMMENT, fmt)
 }
 
 #[cfg(test)]

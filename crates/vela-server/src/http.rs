@@ -391,14 +391,20 @@ impl Drop for GuardedStream {
     }
 }
 
-/// Stream a job as SSE: `fmt` turns each engine event into frames; a `: keepalive` comment is
-/// sent after every prefill chunk and every 5 s of silence. A failed write cancels the job.
+/// The OpenAI streams' keepalive: an SSE comment.
+pub const KEEPALIVE_COMMENT: &str = ": keepalive\n\n";
+
+/// Stream a job as SSE: `first` at once (before the prompt is in), then `fmt` turns each engine
+/// event into frames; `keepalive` is sent after every prefill chunk and every 5 s of silence. A
+/// failed write cancels the job.
 pub fn sse_response(
     rx: mpsc::UnboundedReceiver<Out>,
     cancel: Arc<CancelToken>,
+    first: Vec<String>,
+    keepalive: &'static str,
     mut fmt: impl FnMut(Out) -> Vec<String> + Send + 'static,
 ) -> Response {
-    sse_response_many(vec![(rx, cancel)], move |_, ev| fmt(ev))
+    sse_response_many(vec![(rx, cancel)], first, keepalive, move |_, ev| fmt(ev))
 }
 
 /// Stream the jobs of one request as SSE, one after the other (the worker runs them in that
@@ -406,6 +412,8 @@ pub fn sse_response(
 /// go to the access log ([`StreamNote`]).
 pub fn sse_response_many(
     jobs: Vec<Queued>,
+    first: Vec<String>,
+    keepalive: &'static str,
     mut fmt: impl FnMut(usize, Out) -> Vec<String> + Send + 'static,
 ) -> Response {
     let (btx, brx) = mpsc::channel::<Bytes>(64);
@@ -417,12 +425,18 @@ pub fn sse_response_many(
         let mut tick = tokio::time::interval(Duration::from_secs(5));
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        for f in first {
+            if btx.send(Bytes::from(f)).await.is_err() {
+                c2.iter().for_each(|c| c.cancel());
+                return;
+            }
+        }
         for (i, (mut rx, _)) in jobs.into_iter().enumerate() {
             loop {
                 let frames: Vec<String> = tokio::select! {
                     ev = rx.recv() => match ev {
                         None => break,
-                        Some(Out::Progress { .. }) => vec![": keepalive\n\n".to_string()],
+                        Some(Out::Progress { .. }) => vec![keepalive.to_string()],
                         Some(ev) => {
                             if let Ok(mut s) = slot.lock() {
                                 match &ev {
@@ -434,7 +448,7 @@ pub fn sse_response_many(
                             fmt(i, ev)
                         }
                     },
-                    _ = tick.tick() => vec![": keepalive\n\n".to_string()],
+                    _ = tick.tick() => vec![keepalive.to_string()],
                 };
                 for f in frames {
                     if btx.send(Bytes::from(f)).await.is_err() {

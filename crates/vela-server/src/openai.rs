@@ -287,7 +287,7 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
         }
         f
     };
-    sse_response_many(jobs, fmt)
+    sse_response_many(jobs, Vec::new(), crate::http::KEEPALIVE_COMMENT, fmt)
 }
 
 /// The non-streaming answer: one choice per collected sequence.
