@@ -218,3 +218,67 @@ __device__ __forceinline__ void q8k_block(const float v[8], AQ8K* __restrict__ o
     o->qs[lane * 2] = (q[0] & 255) | ((q[1] & 255) << 8) | ((q[2] & 255) << 16) | ((u32)(q[3] & 255) << 24);
     o->qs[lane * 2 + 1] = (q[4] & 255) | ((q[5] & 255) << 8) | ((q[6] & 255) << 16) | ((u32)(q[7] & 255) << 24);
 }
+
+// ---- attention over one part of a selection (GLM's sparse attention, DeepSeek V4's sink
+// attention): a block of 256 threads, the G query heads of a group sharing each row read ----
+#define ATTN_PART 64    // rows per part
+#define ATTN_MAX_G 16   // query heads per group
+#define ATTN_MAX_HD 512 // head dim (a multiple of 32)
+// Rows krows[j] / vrows[j] (j < m <= ATTN_PART; in shared memory, loaded by the caller, who
+// synchronised after) against the G heads' queries qs ([G, hd] in shared memory; G*hd <= 4096):
+// one warp per row (coalesced, every head's dot) into ps ([ATTN_MAX_G, ATTN_PART], shared), then
+// per head the part's max m and sum l of exp(s - m) into part_ml[(base + g*parts)*2 ..+2], and
+// acc = sum exp(s - m) v (threads over the head dim) into part_acc[(base + g*parts)*hd + d].
+__device__ __forceinline__ void attn_part_rows(const float* qs, const float* const* krows,
+                                               const float* const* vrows, int m, int G, int hd,
+                                               float scale, int parts, size_t base, float* ps,
+                                               float* __restrict__ part_acc,
+                                               float* __restrict__ part_ml) {
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    int per = hd >> 5;
+    for (int j = warp; j < m; j += nw) {
+        const float* kr = krows[j];
+        float kv[ATTN_MAX_HD / 32];
+#pragma unroll
+        for (int i = 0; i < ATTN_MAX_HD / 32; i++) kv[i] = i < per ? kr[lane + 32 * i] : 0.0f;
+        for (int g = 0; g < G; g++) {
+            const float* qg = qs + g * hd;
+            float d = 0.0f;
+#pragma unroll
+            for (int i = 0; i < ATTN_MAX_HD / 32; i++)
+                if (i < per) d += qg[lane + 32 * i] * kv[i];
+            d = warp_sum(d);
+            if (lane == 0) ps[g * ATTN_PART + j] = d * scale;
+        }
+    }
+    __syncthreads();
+    for (int g = warp; g < G; g += nw) {
+        float* pg = ps + g * ATTN_PART;
+        float a = lane < m ? pg[lane] : NEG_INF, b = lane + 32 < m ? pg[lane + 32] : NEG_INF;
+        float mx = warp_max(fmaxf(a, b));
+        float ea = lane < m ? expf(a - mx) : 0.0f, eb = lane + 32 < m ? expf(b - mx) : 0.0f;
+        if (lane < m) pg[lane] = ea;
+        if (lane + 32 < m) pg[lane + 32] = eb;
+        float l = warp_sum(ea + eb);
+        if (lane == 0) {
+            size_t o = (base + (size_t)g * parts) * 2;
+            part_ml[o] = mx;
+            part_ml[o + 1] = l;
+        }
+    }
+    __syncthreads();
+    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
+        float acc[ATTN_MAX_G];
+#pragma unroll
+        for (int g = 0; g < ATTN_MAX_G; g++) acc[g] = 0.0f;
+        for (int j = 0; j < m; j++) {
+            float x = vrows[j][d];
+#pragma unroll
+            for (int g = 0; g < ATTN_MAX_G; g++)
+                if (g < G) acc[g] += ps[g * ATTN_PART + j] * x;
+        }
+#pragma unroll
+        for (int g = 0; g < ATTN_MAX_G; g++)
+            if (g < G) part_acc[(base + (size_t)g * parts) * hd + d] = acc[g];
+    }
+}

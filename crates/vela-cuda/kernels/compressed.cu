@@ -425,14 +425,12 @@ extern "C" __global__ void dsv4_attention_sink(const float* __restrict__ q,
 
 // dsv4_attention_sink in parts and head groups (what few queries need: decode, verification).
 // Grid (parts, head groups, queries), 256 threads. Part p of query t covers its rows
-// p*DSV4_PART.. (the a rows, then the b rows); the gs heads of group hg (hg*gs..) share each row
+// p*ATTN_PART.. (the a rows, then the b rows); the gs heads of group hg (hg*gs..) share each row
 // read (K = V, one row for every head). One warp per row (coalesced, every head's dot), then per
 // head the part's max m and sum l of exp(s - m), and acc = sum exp(s - m) row (threads over the
 // head dim). part_acc is [q, nh, parts, hd], part_ml [q, nh, parts, 2]; dsv4_attn_sink_combine
-// adds the sink. Limits: hd a multiple of 32 up to DSV4_MAX_HD, gs <= DSV4_MAX_G, gs*hd <= 4096.
-#define DSV4_PART 64
-#define DSV4_MAX_G 16
-#define DSV4_MAX_HD 512
+// adds the sink. Limits: hd a multiple of 32 up to ATTN_MAX_HD, gs <= ATTN_MAX_G, gs*hd <= 4096
+// (attn_part_rows, common.cu).
 extern "C" __global__ void dsv4_attn_sink_part(const float* __restrict__ q,
                                                const float* __restrict__ ra, const u32* __restrict__ sa,
                                                const u32* __restrict__ ca, int wa,
@@ -443,14 +441,14 @@ extern "C" __global__ void dsv4_attn_sink_part(const float* __restrict__ q,
                                                float* __restrict__ part_ml) {
     PDL_ENTRY();
     __shared__ float qs[4096];
-    __shared__ float ps[DSV4_MAX_G * DSV4_PART];
-    __shared__ const float* rows[DSV4_PART];
+    __shared__ float ps[ATTN_MAX_G * ATTN_PART];
+    __shared__ const float* rows[ATTN_PART];
     int p = blockIdx.x, hg = blockIdx.y, t = blockIdx.z;
     int h0 = hg * gs, G = min(gs, nh - h0);
     int na = (int)ca[t], total = na + (int)cb[t];
-    int j0 = p * DSV4_PART;
+    int j0 = p * ATTN_PART;
     if (j0 >= total) return;
-    int m = min(DSV4_PART, total - j0);
+    int m = min(ATTN_PART, total - j0);
     const float* qt = q + ((size_t)t * nh + (size_t)h0) * hd;
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = qt[i];
     for (int j = threadIdx.x; j < m; j += blockDim.x) {
@@ -459,54 +457,8 @@ extern "C" __global__ void dsv4_attn_sink_part(const float* __restrict__ q,
                          : rb + (size_t)sb[(size_t)t * wb + g - na] * hd;
     }
     __syncthreads();
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int per = hd >> 5;
-    for (int j = warp; j < m; j += nw) {
-        const float* r = rows[j];
-        float kv[DSV4_MAX_HD / 32];
-#pragma unroll
-        for (int i = 0; i < DSV4_MAX_HD / 32; i++) kv[i] = i < per ? r[lane + 32 * i] : 0.0f;
-        for (int g = 0; g < G; g++) {
-            const float* qg = qs + g * hd;
-            float d = 0.0f;
-#pragma unroll
-            for (int i = 0; i < DSV4_MAX_HD / 32; i++)
-                if (i < per) d += qg[lane + 32 * i] * kv[i];
-            d = warp_sum(d);
-            if (lane == 0) ps[g * DSV4_PART + j] = d * scale;
-        }
-    }
-    __syncthreads();
     size_t base = ((size_t)t * nh + (size_t)h0) * parts + p;
-    for (int g = warp; g < G; g += nw) {
-        float* pg = ps + g * DSV4_PART;
-        float a = lane < m ? pg[lane] : NEG_INF, b = lane + 32 < m ? pg[lane + 32] : NEG_INF;
-        float mx = warp_max(fmaxf(a, b));
-        float ea = lane < m ? expf(a - mx) : 0.0f, eb = lane + 32 < m ? expf(b - mx) : 0.0f;
-        if (lane < m) pg[lane] = ea;
-        if (lane + 32 < m) pg[lane + 32] = eb;
-        float l = warp_sum(ea + eb);
-        if (lane == 0) {
-            size_t o = (base + (size_t)g * parts) * 2;
-            part_ml[o] = mx;
-            part_ml[o + 1] = l;
-        }
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc[DSV4_MAX_G];
-#pragma unroll
-        for (int g = 0; g < DSV4_MAX_G; g++) acc[g] = 0.0f;
-        for (int j = 0; j < m; j++) {
-            float x = rows[j][d];
-#pragma unroll
-            for (int g = 0; g < DSV4_MAX_G; g++)
-                if (g < G) acc[g] += ps[g * DSV4_PART + j] * x;
-        }
-#pragma unroll
-        for (int g = 0; g < DSV4_MAX_G; g++)
-            if (g < G) part_acc[(base + (size_t)g * parts) * hd + d] = acc[g];
-    }
+    attn_part_rows(qs, rows, rows, m, G, hd, scale, parts, base, ps, part_acc, part_ml);
 }
 
 // Grid (heads, queries), threads over the head dim: the parts of dsv4_attn_sink_part merged with
@@ -520,7 +472,7 @@ extern "C" __global__ void dsv4_attn_sink_combine(const float* __restrict__ part
                                                   int parts, float* __restrict__ out) {
     PDL_ENTRY();
     int h = blockIdx.x, t = blockIdx.y;
-    int np = min(parts, ((int)ca[t] + (int)cb[t] + DSV4_PART - 1) / DSV4_PART);
+    int np = min(parts, ((int)ca[t] + (int)cb[t] + ATTN_PART - 1) / ATTN_PART);
     size_t base = ((size_t)t * nh + h) * parts;
     float mx = sinks[h];
     for (int p = 0; p < np; p++) mx = fmaxf(mx, part_ml[(base + p) * 2]);

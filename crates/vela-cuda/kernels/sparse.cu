@@ -7,9 +7,9 @@
 // the batch it is in.
 
 #define SPARSE_TILE 32  // key blocks per block of sparse_scores_t
-#define SPARSE_PART 64  // selected positions per part of sparse_attn_part
-#define SPARSE_MAX_G 16 // query heads per K/V head in sparse_attn_part
-#define SPARSE_MAX_HD 512
+#define SPARSE_PART ATTN_PART     // selected positions per part of sparse_attn_part
+#define SPARSE_MAX_G ATTN_MAX_G   // query heads per K/V head in sparse_attn_part
+#define SPARSE_MAX_HD ATTN_MAX_HD
 
 // Grid (tiles, queries), 128 threads: the scores of SPARSE_TILE complete blocks of query t, as
 // sparse_index_scores computes them (serial f32 dot per head, relu-summed over the heads in
@@ -187,7 +187,8 @@ extern "C" __global__ void sparse_attn_part(const float* __restrict__ q,
     PDL_ENTRY();
     __shared__ float qs[4096];
     __shared__ float ps[SPARSE_MAX_G * SPARSE_PART];
-    __shared__ u32 ids[SPARSE_PART];
+    __shared__ const float* krows[SPARSE_PART];
+    __shared__ const float* vrows[SPARSE_PART];
     int groups = (nh / nkv + gs - 1) / gs;
     int p = blockIdx.x, kh = blockIdx.y / groups, hg = blockIdx.y % groups, t = blockIdx.z;
     int h0 = kh * (nh / nkv) + hg * gs, G = min(gs, nh / nkv - hg * gs), kvw = nkv * hd;
@@ -197,56 +198,14 @@ extern "C" __global__ void sparse_attn_part(const float* __restrict__ q,
     int m = min(SPARSE_PART, n - j0);
     const float* qt = q + ((size_t)t * nh + (size_t)h0) * hd;
     for (int i = threadIdx.x; i < G * hd; i += blockDim.x) qs[i] = qt[i];
-    for (int j = threadIdx.x; j < m; j += blockDim.x) ids[j] = sel[(size_t)t * width + j0 + j];
-    __syncthreads();
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
-    int per = hd >> 5;
-    for (int j = warp; j < m; j += nw) {
-        const float* kr = k + (size_t)ids[j] * kvw + (size_t)kh * hd;
-        float kv[SPARSE_MAX_HD / 32];
-#pragma unroll
-        for (int i = 0; i < SPARSE_MAX_HD / 32; i++) kv[i] = i < per ? kr[lane + 32 * i] : 0.0f;
-        for (int g = 0; g < G; g++) {
-            const float* qg = qs + g * hd;
-            float d = 0.0f;
-#pragma unroll
-            for (int i = 0; i < SPARSE_MAX_HD / 32; i++)
-                if (i < per) d += qg[lane + 32 * i] * kv[i];
-            d = warp_sum(d);
-            if (lane == 0) ps[g * SPARSE_PART + j] = d * scale;
-        }
+    for (int j = threadIdx.x; j < m; j += blockDim.x) {
+        size_t r = (size_t)sel[(size_t)t * width + j0 + j] * kvw + (size_t)kh * hd;
+        krows[j] = k + r;
+        vrows[j] = v + r;
     }
     __syncthreads();
     size_t base = ((size_t)t * nh + (size_t)h0) * parts + p;
-    for (int g = warp; g < G; g += nw) {
-        float* pg = ps + g * SPARSE_PART;
-        float a = lane < m ? pg[lane] : NEG_INF, b = lane + 32 < m ? pg[lane + 32] : NEG_INF;
-        float mx = warp_max(fmaxf(a, b));
-        float ea = lane < m ? expf(a - mx) : 0.0f, eb = lane + 32 < m ? expf(b - mx) : 0.0f;
-        if (lane < m) pg[lane] = ea;
-        if (lane + 32 < m) pg[lane + 32] = eb;
-        float l = warp_sum(ea + eb);
-        if (lane == 0) {
-            size_t o = (base + (size_t)g * parts) * 2;
-            part_ml[o] = mx;
-            part_ml[o + 1] = l;
-        }
-    }
-    __syncthreads();
-    for (int d = threadIdx.x; d < hd; d += blockDim.x) {
-        float acc[SPARSE_MAX_G];
-#pragma unroll
-        for (int g = 0; g < SPARSE_MAX_G; g++) acc[g] = 0.0f;
-        for (int j = 0; j < m; j++) {
-            float x = v[(size_t)ids[j] * kvw + (size_t)kh * hd + d];
-#pragma unroll
-            for (int g = 0; g < SPARSE_MAX_G; g++)
-                if (g < G) acc[g] += ps[g * SPARSE_PART + j] * x;
-        }
-#pragma unroll
-        for (int g = 0; g < SPARSE_MAX_G; g++)
-            if (g < G) part_acc[(base + (size_t)g * parts) * hd + d] = acc[g];
-    }
+    attn_part_rows(qs, krows, vrows, m, G, hd, scale, parts, base, ps, part_acc, part_ml);
 }
 
 // Grid (heads, queries), 128 threads over the head dim: the parts of sparse_attn_part merged

@@ -4,6 +4,7 @@
 
 use crate::backend::CudaBackend;
 use crate::device::Arg;
+use crate::sparse;
 use crate::weight::CudaBuf;
 use cudarc::driver::CudaSlice;
 use vela_compute::{Backend, LightningParams};
@@ -11,11 +12,7 @@ use vela_compute::{Backend, LightningParams};
 /// Most streams `dsv4_mhc_expand` holds per thread.
 const MAX_STREAMS: usize = 16;
 
-/// `DSV4_PART`, `DSV4_MAX_G` and `DSV4_MAX_HD` in kernels/compressed.cu.
-const SINK_PART: usize = 64;
-const SINK_MAX_G: usize = 16;
-const SINK_MAX_HD: usize = 512;
-/// Queries per launch of the attention parts.
+/// Queries per launch of the sink attention's parts (bounds their scratch).
 const SINK_ROWS: usize = 8;
 
 impl CudaBackend {
@@ -318,61 +315,40 @@ impl CudaBackend {
         if n == 0 {
             return;
         }
-        if !self.tune.exact() && hd.is_multiple_of(32) && hd <= SINK_MAX_HD {
-            return self.attention_sink_parts(q, a, b, sinks, n, nh, hd, scale, out);
+        if self.tune.exact() || !sparse::fast_attention(hd) {
+            let args = [
+                Arg::P(self.ptr(q)),
+                Arg::P(self.ptr(a.0)),
+                Arg::P(self.ptr(a.1)),
+                Arg::P(self.ptr(a.2)),
+                Arg::I(a.3 as i32),
+                Arg::P(self.ptr(b.0)),
+                Arg::P(self.ptr(b.1)),
+                Arg::P(self.ptr(b.2)),
+                Arg::I(b.3 as i32),
+                Arg::P(self.ptr(sinks)),
+                Arg::I(nh as i32),
+                Arg::I(hd as i32),
+                Arg::F(scale),
+                Arg::P(self.ptr(out)),
+            ];
+            self.launch(
+                "dsv4_attention_sink",
+                (n as u32, nh as u32, 1),
+                THREADS as u32,
+                &args,
+            );
+            return;
         }
-        let args = [
-            Arg::P(self.ptr(q)),
-            Arg::P(self.ptr(a.0)),
-            Arg::P(self.ptr(a.1)),
-            Arg::P(self.ptr(a.2)),
-            Arg::I(a.3 as i32),
-            Arg::P(self.ptr(b.0)),
-            Arg::P(self.ptr(b.1)),
-            Arg::P(self.ptr(b.2)),
-            Arg::I(b.3 as i32),
-            Arg::P(self.ptr(sinks)),
-            Arg::I(nh as i32),
-            Arg::I(hd as i32),
-            Arg::F(scale),
-            Arg::P(self.ptr(out)),
-        ];
-        self.launch(
-            "dsv4_attention_sink",
-            (n as u32, nh as u32, 1),
-            THREADS as u32,
-            &args,
-        );
-    }
-
-    /// `attention_sink` in parts of `SINK_PART` rows and groups of heads that share each row
-    /// read (`dsv4_attn_sink_part`), merged with the sink by `dsv4_attn_sink_combine`: one block
-    /// per (query, head) left a decode step with 64 blocks, each reading every row again.
-    /// Queries go in launches of `SINK_ROWS` (bounds the parts' scratch). The grid depends on
-    /// the selections' widths, not on their counts.
-    #[allow(clippy::too_many_arguments)]
-    fn attention_sink_parts(
-        &self,
-        q: &CudaBuf,
-        a: (&CudaBuf, &CudaSlice<u32>, &CudaSlice<u32>, usize),
-        b: (&CudaBuf, &CudaSlice<u32>, &CudaSlice<u32>, usize),
-        sinks: &CudaSlice<f32>,
-        n: usize,
-        nh: usize,
-        hd: usize,
-        scale: f32,
-        out: &mut CudaBuf,
-    ) {
-        let parts = (a.3 + b.3).div_ceil(SINK_PART).max(1);
-        let gs = nh.min(SINK_MAX_G).min(4096 / hd).max(1);
+        // In parts of `sparse::PART` rows and groups of heads that share each row read
+        // (`dsv4_attn_sink_part`, whose body is GLM's sparse attention's), merged with the sink
+        // by `dsv4_attn_sink_combine`: one block per (query, head) left a decode step with 64
+        // blocks, each reading every row again. The grid depends on the selections' widths,
+        // not on their counts. Exact mode keeps the one-block kernel.
+        let parts = (a.3 + b.3).div_ceil(sparse::PART).max(1);
+        let gs = sparse::head_group(nh, hd);
         let groups = nh.div_ceil(gs);
-        let rows = n.min(SINK_ROWS);
-        let acc = self.grown_zeroed(
-            &self.sparse_part,
-            rows * nh * parts * (hd + 2),
-            "attention parts",
-        );
-        let ml = acc + (rows * nh * parts * hd * 4) as u64;
+        let (acc, ml) = self.attn_parts_scratch(n.min(SINK_ROWS), nh, parts, hd);
         for t0 in (0..n).step_by(SINK_ROWS) {
             let m = SINK_ROWS.min(n - t0);
             let (qo, co) = ((t0 * nh * hd * 4) as u64, (t0 * 4) as u64);

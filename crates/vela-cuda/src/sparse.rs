@@ -14,9 +14,10 @@ use crate::weight::CudaBuf;
 use cudarc::driver::CudaSlice;
 use vela_compute::{Backend, IndexerParams};
 
-/// `SPARSE_TILE`, `SPARSE_PART`, `SPARSE_MAX_G`, `SPARSE_MAX_HD` in sparse.cu.
+/// `SPARSE_TILE` in sparse.cu; `ATTN_PART`, `ATTN_MAX_G`, `ATTN_MAX_HD` (`attn_part_rows`, the
+/// attention parts of this file and of DeepSeek V4's sink attention) in common.cu.
 const TILE: usize = 32;
-const PART: usize = 64;
+pub(crate) const PART: usize = 64;
 const MAX_G: usize = 16;
 const MAX_HD: usize = 512;
 
@@ -35,18 +36,36 @@ fn fast_select(p: &IndexerParams) -> bool {
     p.n_head >= 1 && p.n_head <= 32 && p.head_dim <= 256 && p.n_head * p.head_dim <= 1024
 }
 
-/// Query heads per block of sparse_attn_part: all those of a K/V head when they fit its limits
-/// (at most `MAX_G`, heads × head dim at most 4096), else groups of the most that fit.
-fn head_group(g: usize, hd: usize) -> usize {
+/// Query heads per block of the attention parts (`attn_part_rows`): all `g` heads that share
+/// their rows when they fit its limits (at most `MAX_G`, heads × head dim at most 4096), else
+/// groups of the most that fit.
+pub(crate) fn head_group(g: usize, hd: usize) -> usize {
     g.min(MAX_G).min(4096 / hd.max(1)).max(1)
 }
 
-/// Whether the fast attention kernels take this shape (sparse_attn_part's limits).
-fn fast_attention(hd: usize) -> bool {
+/// Whether the attention parts (`attn_part_rows`) take this head dim.
+pub(crate) fn fast_attention(hd: usize) -> bool {
     hd.is_multiple_of(32) && hd > 0 && hd <= MAX_HD
 }
 
 impl CudaBackend {
+    /// The attention parts' scratch for `rows` queries of `nh` heads in `parts` parts:
+    /// (`part_acc` `[rows, nh, parts, hd]`, `part_ml` `[rows, nh, parts, 2]`) device addresses.
+    pub(crate) fn attn_parts_scratch(
+        &self,
+        rows: usize,
+        nh: usize,
+        parts: usize,
+        hd: usize,
+    ) -> (u64, u64) {
+        let acc = self.grown_zeroed(
+            &self.sparse_part,
+            rows * nh * parts * (hd + 2),
+            "attention parts",
+        );
+        (acc, acc + (rows * nh * parts * hd * 4) as u64)
+    }
+
     pub(crate) fn indexer_select_impl(
         &self,
         q: &CudaBuf,
@@ -136,13 +155,7 @@ impl CudaBackend {
         let parts = width.div_ceil(PART);
         let gs = head_group(nh / nkv, hd);
         let groups = (nh / nkv).div_ceil(gs);
-        let rows = n.min(PART_ROWS);
-        let acc = self.grown_zeroed(
-            &self.sparse_part,
-            rows * nh * parts * (hd + 2),
-            "sparse attention parts",
-        );
-        let ml = acc + (rows * nh * parts * hd * 4) as u64;
+        let (acc, ml) = self.attn_parts_scratch(n.min(PART_ROWS), nh, parts, hd);
         let mut t0 = 0;
         while t0 < n {
             let m = PART_ROWS.min(n - t0);

@@ -283,6 +283,44 @@ fn dsv4_ops_match_cpu() {
     assert!(e < 1e-5, "act_mul SiluLimit: {e}");
 }
 
+/// The inputs of one `attention_sink` call, on the host: the queries, the window's rows, the
+/// entries, the sinks, and per set its selection, counts and width.
+struct SinkSets<'a> {
+    q: &'a [f32],
+    rows: &'a [f32],
+    ents: &'a [f32],
+    sinks: &'a [f32],
+    sel: [(&'a [u32], &'a [u32], usize); 2],
+}
+
+impl SinkSets<'_> {
+    /// `attention_sink` of these inputs on `be`: its output, read back.
+    fn run<B: Backend>(&self, be: &B, nq: usize, nh: usize, hd: usize) -> Vec<f32> {
+        let ids = |d: &[u32]| {
+            let mut b = be.alloc_ids(d.len());
+            be.write_ids(&mut b, d);
+            b
+        };
+        let [(ws, wc, win), (es, ec, top)] = self.sel;
+        let (ws, wc, es, ec) = (ids(ws), ids(wc), ids(es), ids(ec));
+        let (r, e) = (up(be, self.rows), up(be, self.ents));
+        let sk = be.upload_vector(self.sinks).unwrap();
+        let mut o = be.alloc(nq * nh * hd);
+        be.attention_sink(
+            &up(be, self.q),
+            (&r, &ws, &wc, win),
+            (&e, &es, &ec, top),
+            &sk,
+            nq,
+            nh,
+            hd,
+            (hd as f32).powf(-0.5),
+            &mut o,
+        );
+        down(be, &o, nq * nh * hd)
+    }
+}
+
 /// `attention_sink` at DeepSeek V4's width (head dim 512, up to 64 query heads on one K=V row)
 /// on the parts kernels: queries with no rows, with rows in one set only, and with more than one
 /// part, head groups full and partial, more queries than one launch takes; within 1e-5 (of the
@@ -316,53 +354,14 @@ fn attention_sink_parts_match_cpu() {
             .map(|i| ((i * 13 + 1) % n_ents) as u32)
             .collect();
         let q: Vec<f32> = rng.vec(nq * nh * hd).iter().map(|v| v * 0.2).collect();
-        let run_g = || {
-            let up_i = |d: &[u32]| {
-                let mut b = g.alloc_ids(d.len());
-                g.write_ids(&mut b, d);
-                b
-            };
-            let (ws, wc, es, ec) = (up_i(&wsel), up_i(&wcnt), up_i(&esel), up_i(&ecnt));
-            let (rg, eg) = (up(&g, &rows), up(&g, &ents));
-            let sk = g.upload_vector(&sinks).unwrap();
-            let mut o = g.alloc(nq * nh * hd);
-            g.attention_sink(
-                &up(&g, &q),
-                (&rg, &ws, &wc, win),
-                (&eg, &es, &ec, top),
-                &sk,
-                nq,
-                nh,
-                hd,
-                (hd as f32).powf(-0.5),
-                &mut o,
-            );
-            down(&g, &o, nq * nh * hd)
+        let sets = SinkSets {
+            q: &q,
+            rows: &rows,
+            ents: &ents,
+            sinks: &sinks,
+            sel: [(&wsel, &wcnt, win), (&esel, &ecnt, top)],
         };
-        let run_c = || {
-            let up_i = |d: &[u32]| {
-                let mut b = cpu.alloc_ids(d.len());
-                cpu.write_ids(&mut b, d);
-                b
-            };
-            let (ws, wc, es, ec) = (up_i(&wsel), up_i(&wcnt), up_i(&esel), up_i(&ecnt));
-            let (rc, ec2) = (up(&cpu, &rows), up(&cpu, &ents));
-            let sk = cpu.upload_vector(&sinks).unwrap();
-            let mut o = cpu.alloc(nq * nh * hd);
-            cpu.attention_sink(
-                &up(&cpu, &q),
-                (&rc, &ws, &wc, win),
-                (&ec2, &es, &ec, top),
-                &sk,
-                nq,
-                nh,
-                hd,
-                (hd as f32).powf(-0.5),
-                &mut o,
-            );
-            down(&cpu, &o, nq * nh * hd)
-        };
-        let (og, oc) = (run_g(), run_c());
+        let (og, oc) = (sets.run(&g, nq, nh, hd), sets.run(&cpu, nq, nh, hd));
         let e = rel(&og, &oc);
         eprintln!("RESULT | attention_sink parts nh={nh} queries={nq} | rel {e:.2e} |");
         assert!(e < 1e-5, "attention_sink parts nh={nh} queries={nq}: {e}");
