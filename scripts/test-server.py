@@ -788,7 +788,7 @@ def main():
     ap.add_argument("--bin", required=True); ap.add_argument("--model", required=True)
     ap.add_argument("--kind", choices=["smol", "qwen", "gemma", "gemma4", "qwen4exp", "deepseekv4", "glm5"], required=True)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: basic,cache,cancel,bad,expect,load,tools")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: basic,cache,cancel,bad,expect,load,tools,responses")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
     s = Server(args)
@@ -805,6 +805,9 @@ def main():
                 test_tools(args, s)
             if "basic" not in skip:
                 test_basic(args, s)
+            if "responses" not in skip:
+                from test_responses import test_responses
+                test_responses(s, oai(s))
         elif args.kind == "gemma4":
             test_gemma4_mtp(args, s)
             test_gemma4_tools(args)

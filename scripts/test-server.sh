@@ -13,13 +13,15 @@
 # earlier turns exactly), and a tiny glm5_next trained the same way in GLM's <arg_key>/<arg_value>
 # format with a GLM-5-shaped vocabulary and the GLM-4.7-Flash template (scripts/gen-glm5-toolcall.py;
 # turn 2 from the cache equals a fresh server's logprobs).
+# Then the web chat UI in a real Chromium with Qwen2.5-Coder (scripts/test-ui.py; screenshots in
+# $VELA_CACHE/ui-test/).
 # Each run starts and stops its own servers.
 # Models come from $VELA_CACHE/models (default ~/.cache/vela/models); missing ones are skipped.
 # Usage: scripts/test-server.sh [smol|qwen|gemma|gemma4|qwen4exp|deepseekv4|glm5 ...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 M="${VELA_CACHE:-$HOME/.cache/vela}/models"
-python3 -m pip install -q openai anthropic httpx jsonschema >/dev/null 2>&1 || echo "warning: pip install failed" >&2
+python3 -m pip install -q openai anthropic httpx jsonschema playwright >/dev/null 2>&1 || echo "warning: pip install failed" >&2
 cargo build --release -p vela-server --example serve
 BIN=${CARGO_TARGET_DIR:-target}/release/examples/serve
 kinds=("${@:-smol qwen gemma gemma4 qwen4exp deepseekv4 glm5}")
@@ -43,4 +45,12 @@ for k in ${kinds[*]}; do
     python3 scripts/test-structured.py --bin "$BIN" --model "$f" --quick || status=1
   fi
 done
+# The web chat UI at / (scripts/test-ui.py drives Debian's Chromium through Playwright).
+ui_model=$M/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf
+if [ -e "$ui_model" ]; then
+  echo "######## web UI ($ui_model)"
+  python3 scripts/test-ui.py --bin "$BIN" --model "$ui_model" || status=1
+else
+  echo "SKIP web UI: $ui_model missing"
+fi
 exit $status

@@ -25,6 +25,8 @@ pub enum Client {
     Claude,
     /// aider (`aider`, OpenAI Chat Completions API): `python3 -m pip install aider-chat`.
     Aider,
+    /// OpenAI Codex CLI (`codex`, OpenAI Responses API): `npm install -g @openai/codex`.
+    Codex,
 }
 
 impl Client {
@@ -32,12 +34,14 @@ impl Client {
         match self {
             Client::Claude => "claude",
             Client::Aider => "aider",
+            Client::Codex => "codex",
         }
     }
     fn install_hint(self) -> &'static str {
         match self {
             Client::Claude => "npm install -g @anthropic-ai/claude-code",
             Client::Aider => "python3 -m pip install aider-chat",
+            Client::Codex => "npm install -g @openai/codex",
         }
     }
     /// The variables that point the client at `base` with `model`, and that keep it from
@@ -71,6 +75,33 @@ impl Client {
                 // The model price list ships with litellm; it is not fetched.
                 v("LITELLM_LOCAL_MODEL_COST_MAP", "True"),
             ],
+            // The provider itself is configured by `args` (Codex reads the key from this).
+            Client::Codex => vec![v("VELA_API_KEY", key)],
+        }
+    }
+    /// Arguments that go before the user's: Codex takes its provider from `-c` overrides.
+    fn args(self, base: &str, model: &str, ctx: usize) -> Vec<String> {
+        match self {
+            Client::Claude | Client::Aider => Vec::new(),
+            Client::Codex => {
+                // The prompt of a CPU-served model can take minutes before the first event.
+                let provider = format!(
+                    "model_providers.vela={{name=\"vela\", base_url=\"{base}/v1\", \
+                     env_key=\"VELA_API_KEY\", wire_api=\"responses\", \
+                     stream_idle_timeout_ms=3600000}}"
+                );
+                [
+                    "-m".to_string(),
+                    model.to_string(),
+                    "-c".into(),
+                    "model_provider=vela".into(),
+                    "-c".into(),
+                    provider,
+                    "-c".into(),
+                    format!("model_context_window={ctx}"),
+                ]
+                .into()
+            }
         }
     }
 }
@@ -86,7 +117,8 @@ pub struct AgentArgs {
     /// The model the started server serves (as `vela serve --model`; default: vela's default).
     #[arg(long, short = 'm')]
     pub model: Option<String>,
-    /// Context of the started server: agents send long system prompts and tool lists.
+    /// Context of the started server (agents send long system prompts and tool lists); Codex is
+    /// told it as its model's context window.
     #[arg(long, default_value_t = 32768)]
     pub ctx: usize,
     /// Most tokens the client may ask for in one answer (told to it; the rest of the context is
@@ -278,17 +310,22 @@ pub fn agent(a: AgentArgs) -> Result<()> {
         }
     };
     let env = client.env(&base, &key, model, a.max_output);
+    let mut args = client.args(&base, model, a.ctx);
     eprintln!("vela agent: {} with", program.display());
     for (k, v) in &env {
         eprintln!("  {k}={v}");
     }
+    if !args.is_empty() {
+        eprintln!("  arguments: {}", args.join(" "));
+    }
+    args.extend(a.client_args.iter().cloned());
     #[cfg(unix)]
     // SAFETY: SIG_IGN is a valid disposition; Ctrl-C is the client's while it runs.
     unsafe {
         libc::signal(libc::SIGINT, libc::SIG_IGN);
     }
     let status = Command::new(&program)
-        .args(&a.client_args)
+        .args(&args)
         .envs(env)
         .status()
         .with_context(|| format!("running {}", program.display()));

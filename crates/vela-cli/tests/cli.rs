@@ -889,3 +889,86 @@ sys.exit(3)
         .unwrap();
     fails_with(&out, "npm install -g @anthropic-ai/claude-code");
 }
+
+/// `vela agent --client codex`: the stand-in `codex` finds the provider in its `-c` arguments
+/// (base URL, key variable, `wire_api="responses"`) and sends a Codex-shaped request there,
+/// streamed and not.
+#[test]
+fn agent_points_codex_at_the_responses_api() {
+    let Some(m) = smol() else { return };
+    let dir = tmp("agent-codex-bin");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let report = dir.join("report.json");
+    let script = format!(
+        r#"#!/usr/bin/env python3
+import json, os, re, sys, urllib.request
+args = sys.argv[1:]
+provider = next(a for a in args if a.startswith("model_providers.vela="))
+base = re.search(r'base_url="([^"]+)"', provider).group(1)
+key = os.environ[re.search(r'env_key="([^"]+)"', provider).group(1)]
+def post(body):
+    req = urllib.request.Request(base + "/responses", json.dumps(body).encode(),
+        {{"Authorization": "Bearer " + key, "content-type": "application/json"}})
+    with urllib.request.urlopen(req) as r:
+        raw = r.read().decode()
+        return r.status, (json.loads(raw) if not body["stream"] else
+            [json.loads(l[6:]) for l in raw.splitlines() if l.startswith("data: ")])
+fn = {{"type": "function", "name": "exec_command", "parameters": {{"type": "object", "properties": {{"cmd": {{"type": "string"}}}}}}}}
+body = {{"model": args[args.index("-m") + 1], "instructions": "", "store": False, "reasoning": {{"summary": "auto"}},
+        "input": [{{"type": "message", "role": "developer", "content": [{{"type": "input_text", "text": "You are a coding agent."}}]}},
+                  {{"type": "message", "role": "user", "content": [{{"type": "input_text", "text": "Say OK"}}]}}],
+        "tools": [fn, {{"type": "namespace", "name": "agents", "tools": [dict(fn, name="spawn_agent")]}}, {{"type": "web_search"}}],
+        "tool_choice": "auto", "parallel_tool_calls": True, "max_output_tokens": 4, "stream": False}}
+out = {{"args": args, "plain": post(body), "streamed": post(dict(body, stream=True))}}
+json.dump(out, open({report:?}, "w"))
+"#,
+        report = report.to_str().unwrap()
+    );
+    let client = dir.join("codex");
+    std::fs::write(&client, script).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap());
+    let out = Command::new(env!("CARGO_BIN_EXE_vela"))
+        .args(["agent", "--client", "codex", "-m", m.to_str().unwrap()])
+        .args(["--ctx", "1024", "--", "exec", "hello"])
+        .env("VELA_OFFLINE", "1")
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("VELA_API_KEY=") && err.contains(" free"),
+        "{err}"
+    );
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    let args: Vec<&str> = r["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    assert_eq!(&args[..4], ["-m", "vela", "-c", "model_provider=vela"]);
+    assert!(args.contains(&"model_context_window=1024"), "{args:?}");
+    assert!(args[5].contains(r#"wire_api="responses""#), "{args:?}");
+    assert_eq!(&args[args.len() - 2..], ["exec", "hello"]);
+    let plain = &r["plain"];
+    assert_eq!(plain[0], 200, "{r}");
+    assert_eq!(plain[1]["object"], "response");
+    let status = plain[1]["status"].as_str().unwrap();
+    assert!(["completed", "incomplete"].contains(&status), "{r}");
+    assert!(plain[1]["usage"]["input_tokens"].as_u64().unwrap() > 20);
+    let events = r["streamed"][1].as_array().unwrap();
+    assert_eq!(events[0]["type"], "response.created");
+    let last = events.last().unwrap()["type"].as_str().unwrap();
+    assert!(
+        ["response.completed", "response.incomplete"].contains(&last),
+        "{r}"
+    );
+}

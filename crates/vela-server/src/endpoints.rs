@@ -1,11 +1,12 @@
-//! The router and the utility endpoints: health, props, metrics, models, tokenize,
-//! detokenize, apply-template, and the JSON answers for unknown routes and wrong methods.
+//! The router (the web UI's routes are in `ui.rs`) and the utility endpoints: health, props,
+//! metrics, models, tokenize, detokenize, apply-template, and the JSON answers for unknown routes
+//! and wrong methods.
 
 use crate::error::ApiError;
 use crate::http::{body_bytes, guard_mw, openai_err, AppState, St};
 use crate::parser::ParserConfig;
 use crate::request::parse_object;
-use crate::{access, anthropic, openai};
+use crate::{access, anthropic, openai, responses};
 use axum::body::Bytes;
 use axum::extract::rejection::{BytesRejection, PathRejection};
 use axum::extract::{DefaultBodyLimit, Path, Request, State};
@@ -33,6 +34,8 @@ pub fn router(st: Arc<AppState>, max_body: usize) -> Router {
         .route("/v1/completions", post(openai::completions))
         .route("/v1/messages", post(anthropic::messages))
         .route("/v1/messages/count_tokens", post(anthropic::count_tokens))
+        .route("/v1/responses", post(responses::responses))
+        .merge(crate::ui::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(middleware::from_fn_with_state(st.clone(), guard_mw))

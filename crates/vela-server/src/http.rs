@@ -512,8 +512,10 @@ pub async fn guard_mw(State(st): St, req: Request, next: Next) -> Response {
         return preflight(&req);
     }
     let path = req.uri().path().to_string();
+    // `/health` and the web UI's static files (no secrets in them) answer without the key.
+    let public = path == "/health" || crate::ui::is_public(req.method(), &path);
     if let Some(key) = &st.settings.api_key {
-        if path != "/health" && !authorized(key, &req) {
+        if !public && !authorized(key, &req) {
             let e = ApiError::new(StatusCode::UNAUTHORIZED, "invalid or missing API key")
                 .with_code("invalid_api_key");
             let mut r = e.response_for(&path);

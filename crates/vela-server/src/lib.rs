@@ -16,11 +16,13 @@ pub mod metrics;
 pub mod openai;
 pub mod parser;
 pub mod request;
+pub mod responses;
 pub mod stop;
 pub mod structured;
 mod structured_gemma4;
 mod structured_xml;
 pub mod tool_schema;
+mod ui;
 pub mod worker;
 
 use anyhow::{bail, Context, Result};
@@ -71,7 +73,8 @@ pub struct ServeArgs {
     /// Prefill chunk size (tokens per forward pass; cancellation granularity).
     #[arg(long, default_value_t = 256)]
     pub ubatch: usize,
-    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every endpoint but /health.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on every endpoint but /health
+    /// and the web UI's static files.
     #[arg(long)]
     pub api_key: Option<String>,
     /// Largest request body in bytes (larger: 413).
