@@ -121,8 +121,9 @@ pub struct AgentArgs {
     /// told it as its model's context window.
     #[arg(long, default_value_t = 32768)]
     pub ctx: usize,
-    /// Most tokens the client may ask for in one answer (told to it; the rest of the context is
-    /// the prompt's).
+    /// Most tokens the client may ask for in one answer (told to Claude Code; the started server's
+    /// `--max-tokens` for clients that set no limit, Codex and aider); the rest of the context is
+    /// the prompt's.
     #[arg(long, default_value_t = 4096)]
     pub max_output: usize,
     /// The server's API key (`--url`), or the one the started server requires.
@@ -195,7 +196,8 @@ impl Server {
         let mut cmd = Command::new(exe);
         cmd.args(["serve", "--host", "127.0.0.1", "--alias", MODEL_ID])
             .args(["--port", &port.to_string(), "--ctx", &a.ctx.to_string()])
-            .args(["--api-key", key]);
+            .args(["--api-key", key])
+            .args(["--max-tokens", &a.max_output.to_string()]);
         if let Some(m) = &a.model {
             cmd.args(["--model", m]);
         }

@@ -59,6 +59,8 @@ pub struct Settings {
     pub cors: bool,
     pub queue: usize,
     pub cache_mb: usize,
+    /// `--max-tokens`: the output limit of requests that set none.
+    pub max_tokens: Option<usize>,
 }
 
 /// Shared state of all handlers.
@@ -265,7 +267,7 @@ pub fn submit_many(
         let max_tokens = fit_context(
             p.prompt.len(),
             p.params.max_tokens,
-            p.default_max_tokens,
+            st.settings.max_tokens.or(p.default_max_tokens),
             r.n_ctx,
             p.field,
         )

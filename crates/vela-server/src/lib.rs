@@ -70,6 +70,11 @@ pub struct ServeArgs {
     /// Context size per sequence (0 = the model's, capped at 8192).
     #[arg(long, default_value_t = 4096)]
     pub ctx: usize,
+    /// Most tokens a request that sets no `max_tokens` (`max_completion_tokens`,
+    /// `max_output_tokens`) may generate (default: until the context is full; `/v1/completions`
+    /// without it: 16, as OpenAI's).
+    #[arg(long)]
+    pub max_tokens: Option<usize>,
     /// Prefill chunk size (tokens per forward pass; cancellation granularity).
     #[arg(long, default_value_t = 256)]
     pub ubatch: usize,
@@ -257,6 +262,7 @@ pub fn spawn(args: ServeArgs) -> Result<Running> {
             cors: args.cors,
             queue: args.queue,
             cache_mb: args.cache_mb,
+            max_tokens: args.max_tokens,
         },
         created: http::unix_now(),
         stopping: Arc::new(std::sync::atomic::AtomicBool::new(false)),

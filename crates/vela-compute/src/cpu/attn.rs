@@ -1,4 +1,4 @@
-//! Blocked causal attention for prefill batches (AVX-512).
+//! Blocked causal attention for prefill batches (AVX-512, or AVX2 with the same results).
 //!
 //! The per-token attention in `ops.rs` walks the keys once per query token, one 64-element dot
 //! at a time; for a batch that is ~10 GFLOP/s. Here a task is one KV head × a block of
@@ -14,6 +14,10 @@
 //! Steps 2 and 3 perform exactly the operations of the per-token path in the same order (so
 //! `O` is bit-identical for identical scores); the scores differ from it only in the summation
 //! order of the `q·k` dot.
+//!
+//! The AVX2 tiles (8-lane registers: 16 keys and 16 columns per tile) do the same operations as
+//! the AVX-512 ones: a lane is one key (scores) or one column (`P·V`), accumulated over `d` or
+//! over the keys in the same order, so both give bit-identical outputs.
 
 use half::f16;
 use std::arch::x86_64::*;
@@ -48,19 +52,26 @@ impl KvRef<'_> {
     }
 }
 
-/// Whether [`attention`] handles this geometry on this CPU.
+/// The register width of the score and `P·V` tiles.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Isa {
+    Avx2,
+    Avx512,
+}
+
+/// Whether [`attention`] handles this geometry on this CPU with `isa`.
 ///
 /// Used for every batch size, decode included: each output row is computed by the same
 /// operations whatever the batch (row tiles, key blocks and task splits only change which lane
 /// or thread computes it), so logits do not depend on how a prompt is split into batches.
-pub(crate) fn supported(p: &AttnParams, n_tokens: usize) -> bool {
+pub(crate) fn supported(p: &AttnParams, n_tokens: usize, isa: Isa) -> bool {
     n_tokens >= 1
         && p.head_dim_v.is_multiple_of(64)
         && p.head_dim_k > 0
         && p.n_head_kv > 0
         && p.n_head.is_multiple_of(p.n_head_kv)
         && p.n_head / p.n_head_kv <= 64
-        && std::arch::is_x86_feature_detected!("avx512f")
+        && (isa == Isa::Avx2 || std::arch::is_x86_feature_detected!("avx512f"))
         && std::arch::is_x86_feature_detected!("avx2")
         && std::arch::is_x86_feature_detected!("fma")
         && std::arch::is_x86_feature_detected!("f16c")
@@ -99,6 +110,7 @@ pub(crate) fn attention(
     layer_window: Option<usize>,
     positions: &[u32],
     p: &AttnParams,
+    isa: Isa,
     out: &mut [f32],
 ) {
     let n = positions.len();
@@ -173,11 +185,11 @@ pub(crate) fn attention(
             let out_ptr = &out_ptr;
             TASK_SCRATCH.with(|cell| {
                 let mut sc = cell.borrow_mut();
-                // SAFETY: AVX-512F/FMA/F16C checked by `supported`; the task writes only the
+                // SAFETY: the features of `isa` checked by `supported`; the task writes only the
                 // rows of its tokens and query heads.
                 unsafe {
                     task(
-                        q, &kv, window, positions, p, g, heads, t0, t1, &mut sc, out_ptr.0,
+                        q, &kv, window, positions, p, isa, g, heads, t0, t1, &mut sc, out_ptr.0,
                     )
                 };
             });
@@ -194,7 +206,7 @@ struct KeySet<'a> {
     ldk: usize,
 }
 
-#[target_feature(enable = "avx2,fma,f16c,avx512f")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 unsafe fn task(
     q: &[f32],
@@ -202,6 +214,7 @@ unsafe fn task(
     window: Option<usize>,
     positions: &[u32],
     p: &AttnParams,
+    isa: Isa,
     g: usize,
     heads: std::ops::Range<usize>,
     t0: usize,
@@ -259,25 +272,11 @@ unsafe fn task(
         }
         let (klo, khi) = (lo / KB * KB, hi.div_ceil(KB) * KB);
         // 1. scores.
-        let mut kb = klo;
-        while kb < khi {
-            let mut acc = [[_mm512_setzero_ps(); 2]; RB];
-            for d in 0..dk {
-                let k0 = _mm512_loadu_ps(kt.as_ptr().add(d * ldk + kb));
-                let k1 = _mm512_loadu_ps(kt.as_ptr().add(d * ldk + kb + 16));
-                for r in 0..RB {
-                    let qd = _mm512_set1_ps(*qs.get_unchecked((rb + r) * dk + d));
-                    acc[r][0] = _mm512_fmadd_ps(qd, k0, acc[r][0]);
-                    acc[r][1] = _mm512_fmadd_ps(qd, k1, acc[r][1]);
-                }
-            }
-            let sc = _mm512_set1_ps(p.scale);
-            for r in 0..RB {
-                let dst = s.as_mut_ptr().add((rb + r) * ldk + kb);
-                _mm512_storeu_ps(dst, _mm512_mul_ps(acc[r][0], sc));
-                _mm512_storeu_ps(dst.add(16), _mm512_mul_ps(acc[r][1], sc));
-            }
-            kb += KB;
+        let rows_q = &qs[rb * dk..(rb + RB) * dk];
+        let srows = &mut s[rb * ldk..(rb + RB) * ldk];
+        match isa {
+            Isa::Avx512 => scores_avx512(rows_q, kt, srows, dk, ldk, klo..khi, p.scale),
+            Isa::Avx2 => scores_avx2(rows_q, kt, srows, dk, ldk, klo..khi, p.scale),
         }
         // 2. softmax per row over its own range; zero the rest of the block's range.
         for r in rb..rb + RB {
@@ -300,29 +299,11 @@ unsafe fn task(
                 srow[lo..hi].iter_mut().for_each(|x| *x = 0.0);
             }
         }
-        // 3. O = P·V over the block's key range, 64 columns at a time.
-        for c0 in (0..dv).step_by(64) {
-            let mut acc = [[_mm512_setzero_ps(); 4]; RB];
-            for j in lo..hi {
-                let vp = vv.as_ptr().add(j * dv + c0);
-                let vr = [
-                    _mm512_loadu_ps(vp),
-                    _mm512_loadu_ps(vp.add(16)),
-                    _mm512_loadu_ps(vp.add(32)),
-                    _mm512_loadu_ps(vp.add(48)),
-                ];
-                for r in 0..RB {
-                    let pr = _mm512_set1_ps(*s.get_unchecked((rb + r) * ldk + j));
-                    for x in 0..4 {
-                        acc[r][x] = _mm512_fmadd_ps(pr, vr[x], acc[r][x]);
-                    }
-                }
-            }
-            for r in 0..RB {
-                for x in 0..4 {
-                    _mm512_storeu_ps(o.as_mut_ptr().add(r * dv + c0 + 16 * x), acc[r][x]);
-                }
-            }
+        // 3. O = P·V over the block's key range.
+        let prows = &s[rb * ldk..(rb + RB) * ldk];
+        match isa {
+            Isa::Avx512 => pv_avx512(prows, vv, o, ldk, dv, lo..hi),
+            Isa::Avx2 => pv_avx2(prows, vv, o, ldk, dv, lo..hi),
         }
         for r in rb..(rb + RB).min(rows) {
             let (t, hh) = (t0 + r / nh, h_base + r % nh);
@@ -332,29 +313,154 @@ unsafe fn task(
     }
 }
 
+/// Scores of [`RB`] rows (`qs`: `[RB][dk]`) over the keys `keys` (multiples of [`KB`]):
+/// `s[r][key] = (q_r · k_key) · scale`, one lane per key, FMAs over `d` in order.
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn scores_avx512(
+    qs: &[f32],
+    kt: &[f32],
+    s: &mut [f32],
+    dk: usize,
+    ldk: usize,
+    keys: std::ops::Range<usize>,
+    scale: f32,
+) {
+    for kb in keys.step_by(KB) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; RB];
+        for d in 0..dk {
+            let k0 = _mm512_loadu_ps(kt.as_ptr().add(d * ldk + kb));
+            let k1 = _mm512_loadu_ps(kt.as_ptr().add(d * ldk + kb + 16));
+            for r in 0..RB {
+                let qd = _mm512_set1_ps(*qs.get_unchecked(r * dk + d));
+                acc[r][0] = _mm512_fmadd_ps(qd, k0, acc[r][0]);
+                acc[r][1] = _mm512_fmadd_ps(qd, k1, acc[r][1]);
+            }
+        }
+        let sc = _mm512_set1_ps(scale);
+        for r in 0..RB {
+            let dst = s.as_mut_ptr().add(r * ldk + kb);
+            _mm512_storeu_ps(dst, _mm512_mul_ps(acc[r][0], sc));
+            _mm512_storeu_ps(dst.add(16), _mm512_mul_ps(acc[r][1], sc));
+        }
+    }
+}
+
+/// [`scores_avx512`] with 8-lane registers, 16 keys per tile.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn scores_avx2(
+    qs: &[f32],
+    kt: &[f32],
+    s: &mut [f32],
+    dk: usize,
+    ldk: usize,
+    keys: std::ops::Range<usize>,
+    scale: f32,
+) {
+    for kb in keys.step_by(16) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; RB];
+        for d in 0..dk {
+            let k0 = _mm256_loadu_ps(kt.as_ptr().add(d * ldk + kb));
+            let k1 = _mm256_loadu_ps(kt.as_ptr().add(d * ldk + kb + 8));
+            for r in 0..RB {
+                let qd = _mm256_set1_ps(*qs.get_unchecked(r * dk + d));
+                acc[r][0] = _mm256_fmadd_ps(qd, k0, acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(qd, k1, acc[r][1]);
+            }
+        }
+        let sc = _mm256_set1_ps(scale);
+        for r in 0..RB {
+            let dst = s.as_mut_ptr().add(r * ldk + kb);
+            _mm256_storeu_ps(dst, _mm256_mul_ps(acc[r][0], sc));
+            _mm256_storeu_ps(dst.add(8), _mm256_mul_ps(acc[r][1], sc));
+        }
+    }
+}
+
+/// `o[r] = Σ_key p[r][key] · v[key]` for [`RB`] rows (`p`: `[RB][ldk]`) over `keys` in order,
+/// one lane per column, 64 columns per tile.
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn pv_avx512(
+    p: &[f32],
+    vv: &[f32],
+    o: &mut [f32],
+    ldk: usize,
+    dv: usize,
+    keys: std::ops::Range<usize>,
+) {
+    for c0 in (0..dv).step_by(64) {
+        let mut acc = [[_mm512_setzero_ps(); 4]; RB];
+        for j in keys.clone() {
+            let vp = vv.as_ptr().add(j * dv + c0);
+            let vr = [
+                _mm512_loadu_ps(vp),
+                _mm512_loadu_ps(vp.add(16)),
+                _mm512_loadu_ps(vp.add(32)),
+                _mm512_loadu_ps(vp.add(48)),
+            ];
+            for r in 0..RB {
+                let pr = _mm512_set1_ps(*p.get_unchecked(r * ldk + j));
+                for x in 0..4 {
+                    acc[r][x] = _mm512_fmadd_ps(pr, vr[x], acc[r][x]);
+                }
+            }
+        }
+        for r in 0..RB {
+            for x in 0..4 {
+                _mm512_storeu_ps(o.as_mut_ptr().add(r * dv + c0 + 16 * x), acc[r][x]);
+            }
+        }
+    }
+}
+
+/// [`pv_avx512`] with 8-lane registers, 16 columns per tile.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn pv_avx2(
+    p: &[f32],
+    vv: &[f32],
+    o: &mut [f32],
+    ldk: usize,
+    dv: usize,
+    keys: std::ops::Range<usize>,
+) {
+    for c0 in (0..dv).step_by(16) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; RB];
+        for j in keys.clone() {
+            let vp = vv.as_ptr().add(j * dv + c0);
+            let vr = [_mm256_loadu_ps(vp), _mm256_loadu_ps(vp.add(8))];
+            for r in 0..RB {
+                let pr = _mm256_set1_ps(*p.get_unchecked(r * ldk + j));
+                acc[r][0] = _mm256_fmadd_ps(pr, vr[0], acc[r][0]);
+                acc[r][1] = _mm256_fmadd_ps(pr, vr[1], acc[r][1]);
+            }
+        }
+        for r in 0..RB {
+            _mm256_storeu_ps(o.as_mut_ptr().add(r * dv + c0), acc[r][0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(r * dv + c0 + 8), acc[r][1]);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use crate::cpu::CpuBackend;
     use crate::{AttnParams, Backend, KvLayerSpec, KvType};
 
-    /// The batch path is bit-identical to one-token calls (batch invariance) and agrees with a
-    /// naive f64 reference, with GQA, a wrapping sliding window, soft-capping and both cache
-    /// types.
+    /// The batch path (in the selected kernel family's width) is bit-identical to one-token
+    /// calls (batch invariance) and agrees with a naive f64 reference, with GQA, a wrapping
+    /// sliding window, soft-capping and every cache type.
     #[test]
     fn batch_equals_one_token_calls_and_matches_f64_reference() {
-        if !super::supported(
-            &AttnParams {
-                n_head: 1,
-                n_head_kv: 1,
-                head_dim_k: 1,
-                head_dim_v: 64,
-                scale: 1.0,
-                window: None,
-                softcap: None,
-            },
-            8,
-        ) {
-            eprintln!("skipped: no AVX-512");
+        let any = AttnParams {
+            n_head: 1,
+            n_head_kv: 1,
+            head_dim_k: 1,
+            head_dim_v: 64,
+            scale: 1.0,
+            window: None,
+            softcap: None,
+        };
+        if !super::supported(&any, 8, super::Isa::Avx2) {
+            eprintln!("skipped: no AVX2");
             return;
         }
         let be = CpuBackend::new(2);
@@ -462,5 +568,43 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The AVX2 tiles give the AVX-512 tiles' output bit for bit (same operations per lane).
+    #[test]
+    fn avx2_tiles_equal_avx512_tiles() {
+        use super::{attention, supported, Isa, KvRef};
+        let p = AttnParams {
+            n_head: 6,
+            n_head_kv: 2,
+            head_dim_k: 80,
+            head_dim_v: 128,
+            scale: 0.2,
+            window: Some(50),
+            softcap: Some(7.0),
+        };
+        if !supported(&p, 1, Isa::Avx512) {
+            eprintln!("skipped: no AVX-512");
+            return;
+        }
+        let pool = crate::cpu::pool::ThreadPool::new(2);
+        let (cap, n) = (100usize, 37usize);
+        let mut seed = 9u32;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(1664525).wrapping_add(1013904223);
+            (seed >> 8) as f32 / (1 << 24) as f32 - 0.5
+        };
+        let k: Vec<f32> = (0..cap * 2 * 80).map(|_| rnd()).collect();
+        let v: Vec<f32> = (0..cap * 2 * 128).map(|_| rnd()).collect();
+        let q: Vec<f32> = (0..n * 6 * 80).map(|_| rnd() * 3.0).collect();
+        let positions: Vec<u32> = (90..90 + n as u32).collect();
+        let run = |isa| {
+            let mut out = vec![f32::NAN; n * 6 * 128];
+            let (kr, vr) = (KvRef::F32(&k), KvRef::F32(&v));
+            attention(&pool, &q, kr, vr, cap, None, &positions, &p, isa, &mut out);
+            out
+        };
+        let (a, b) = (run(Isa::Avx2), run(Isa::Avx512));
+        assert!(a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()));
     }
 }

@@ -914,8 +914,15 @@ impl Backend for CpuBackend {
     ) {
         let l = &kv.layers[layer];
         let n = positions.len();
+        // The blocked attention in the width of the selected kernel family (`VELA_KERNEL`).
         #[cfg(target_arch = "x86_64")]
-        if matmul::Kernel::selected() == matmul::Kernel::Avx512 && super::attn::supported(p, n) {
+        let isa = match matmul::Kernel::selected() {
+            matmul::Kernel::Avx512 => Some(super::attn::Isa::Avx512),
+            matmul::Kernel::Avx2 => Some(super::attn::Isa::Avx2),
+            _ => None,
+        };
+        #[cfg(target_arch = "x86_64")]
+        if let Some(isa) = isa.filter(|&isa| super::attn::supported(p, n, isa)) {
             use super::attn::KvRef;
             fn r(d: &KvData) -> KvRef<'_> {
                 match d {
@@ -927,7 +934,7 @@ impl Backend for CpuBackend {
             let (k, v) = (r(&l.k), r(&l.v));
             let cap = l.spec.capacity;
             let w = l.spec.window;
-            super::attn::attention(&self.pool, q, k, v, cap, w, positions, p, out);
+            super::attn::attention(&self.pool, q, k, v, cap, w, positions, p, isa, out);
             return;
         }
         let group = p.n_head / p.n_head_kv;
