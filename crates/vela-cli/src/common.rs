@@ -14,7 +14,7 @@ use vela_tokenizer::Tokenizer;
 #[derive(Args, Clone, Debug)]
 pub struct ModelArgs {
     /// GGUF file, Hugging Face checkpoint directory (Gemma 4), a known model name
-    /// (default: SmolLM2-135M-Instruct, fetched on first use), or synth:GEOMETRY[:TYPE[:SEED]]:
+    /// (default: Qwen2.5-Coder-0.5B-Instruct, fetched on first use), or synth:GEOMETRY[:TYPE[:SEED]]:
     /// random weights generated in memory (qwen3.8-flash-next[-12l], qwen4exp-tiny,
     /// deepseek-v4-flash[-12l], deepseek-v4-tiny, each with -dspark for its DSpark drafter,
     /// glm5-flash[-12l], glm5-tiny; TYPE default q4_0).

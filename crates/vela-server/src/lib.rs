@@ -33,7 +33,8 @@ use vela_engine::SessionOptions;
 /// Options of `vela serve`.
 #[derive(clap::Args, Debug, Clone)]
 pub struct ServeArgs {
-    /// Model: a GGUF path, a known model name or hf://owner/repo/file.gguf (default: SmolLM2).
+    /// Model: a GGUF path, a known model name or hf://owner/repo/file.gguf (default:
+    /// Qwen2.5-Coder-0.5B-Instruct).
     #[arg(long, short = 'm')]
     pub model: Option<String>,
     /// The model id `/v1/models` reports and requests may name (the file's name stays accepted).
