@@ -316,6 +316,7 @@ unsafe fn task(
 /// Scores of [`RB`] rows (`qs`: `[RB][dk]`) over the keys `keys` (multiples of [`KB`]):
 /// `s[r][key] = (q_r · k_key) · scale`, one lane per key, FMAs over `d` in order.
 #[target_feature(enable = "avx2,fma,avx512f")]
+#[allow(clippy::needless_range_loop)]
 unsafe fn scores_avx512(
     qs: &[f32],
     kt: &[f32],
@@ -347,6 +348,7 @@ unsafe fn scores_avx512(
 
 /// [`scores_avx512`] with 8-lane registers, 16 keys per tile.
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::needless_range_loop)]
 unsafe fn scores_avx2(
     qs: &[f32],
     kt: &[f32],
@@ -379,6 +381,7 @@ unsafe fn scores_avx2(
 /// `o[r] = Σ_key p[r][key] · v[key]` for [`RB`] rows (`p`: `[RB][ldk]`) over `keys` in order,
 /// one lane per column, 64 columns per tile.
 #[target_feature(enable = "avx2,fma,avx512f")]
+#[allow(clippy::needless_range_loop)]
 unsafe fn pv_avx512(
     p: &[f32],
     vv: &[f32],
@@ -414,6 +417,7 @@ unsafe fn pv_avx512(
 
 /// [`pv_avx512`] with 8-lane registers, 16 columns per tile.
 #[target_feature(enable = "avx2,fma")]
+#[allow(clippy::needless_range_loop)]
 unsafe fn pv_avx2(
     p: &[f32],
     vv: &[f32],
