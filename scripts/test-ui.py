@@ -44,9 +44,10 @@ def ensure_chromium():
                          "or run this script as root to have it installed")
     print("installing chromium (apt-get)", flush=True)
     cmd = ["apt-get", "install", "-y", "-qq", "chromium"]
-    if subprocess.run(cmd).returncode != 0:
-        subprocess.run(["apt-get", "update", "-qq"], check=True)
-        subprocess.run(cmd, check=True)
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    if subprocess.run(cmd, env=env).returncode != 0:
+        subprocess.run(["apt-get", "update", "-qq"], check=True, env=env)
+        subprocess.run(cmd, check=True, env=env)
 
 
 def import_playwright():
