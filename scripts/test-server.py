@@ -788,7 +788,7 @@ def main():
     ap.add_argument("--bin", required=True); ap.add_argument("--model", required=True)
     ap.add_argument("--kind", choices=["smol", "qwen", "gemma", "gemma4", "qwen4exp", "deepseekv4", "glm5"], required=True)
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: basic,cache,cancel,bad,expect,load,tools,responses")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: basic,cache,cancel,bad,expect,load,tools,responses,fulldisk")
     args = ap.parse_args()
     skip = set(args.skip.split(","))
     s = Server(args)
@@ -800,6 +800,9 @@ def main():
                     f(args, s)
             if "cache" not in skip:
                 test_prefix_cache(args, s, "chat")
+            if "fulldisk" not in skip:
+                from test_full_disk import test_full_disk
+                test_full_disk(args)
         elif args.kind == "qwen":
             if "tools" not in skip:
                 test_tools(args, s)
