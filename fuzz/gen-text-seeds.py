@@ -14,7 +14,7 @@ Sources ($VELA_CACHE, default ~/.cache/vela; missing sources are skipped with a 
                   llama.cpp's models/templates, three per template.
   template_source every template of llama.cpp's models/templates as it is, and cut at a few
                   points (the target renders the bytes as a template's source).
-  request_bodies  OpenAI chat and completions and Anthropic messages bodies built from the
+  request_bodies  OpenAI chat, completions and responses and Anthropic messages bodies built from the
                   conversations of golden/templates/manifest.json and the tool-call fixtures,
                   plus the rejected-request cases of scripts/test-server.py.
   output_parsers  model outputs from the tool-call fixtures' recorded answers and the string
@@ -239,6 +239,32 @@ def anthropic_of(conv):
     return body
 
 
+def responses_of(conv):
+    """A chat conversation as a `/v1/responses` body."""
+    items, instructions = [], None
+    for m in conv["messages"]:
+        role, content = m.get("role"), m.get("content")
+        if role == "system":
+            instructions = content
+        elif role == "tool":
+            items.append({"type": "function_call_output", "call_id": m.get("tool_call_id"), "output": content})
+        else:
+            if content:
+                kind = "output_text" if role == "assistant" else "input_text"
+                items.append({"type": "message", "role": role, "content": [{"type": kind, "text": content}]})
+            for c in m.get("tool_calls") or []:
+                f = c.get("function", {})
+                items.append({"type": "function_call", "call_id": c.get("id"), "name": f.get("name"),
+                              "arguments": f.get("arguments")})
+    body = {"model": "m", "max_output_tokens": 64, "input": items}
+    if instructions is not None:
+        body["instructions"] = instructions
+    if conv.get("tools"):
+        body["tools"] = [dict(t["function"], type="function") for t in conv["tools"]
+                         if isinstance(t, dict) and "function" in t]
+    return body
+
+
 def gen_request_bodies():
     d = out_dir("request_bodies")
     x = [{"role": "user", "content": "x"}]
@@ -271,6 +297,25 @@ def gen_request_bodies():
             chat["chat_template_kwargs"] = c["extra"]
         bodies.append(chat)
         bodies.append(anthropic_of(c))
+        bodies.append(responses_of(c))
+    # A Codex CLI request's shape (`/v1/responses`).
+    dev = {"type": "message", "role": "developer", "content": [{"type": "input_text", "text": "You are a coding agent."}]}
+    fn = {"type": "function", "name": "exec_command", "strict": False,
+          "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}, "required": ["cmd"]}}
+    bodies.append({"model": "m", "instructions": "", "stream": True, "store": False, "tool_choice": "auto",
+                   "parallel_tool_calls": True, "reasoning": {"summary": "auto"}, "include": ["reasoning.encrypted_content"],
+                   "input": [dev, {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "ls"}]},
+                             {"type": "reasoning", "summary": [], "encrypted_content": None},
+                             {"type": "function_call", "call_id": "c1", "name": "exec_command", "arguments": "{\"cmd\":\"ls\"}"},
+                             {"type": "function_call_output", "call_id": "c1", "output": "a.txt"},
+                             {"type": "custom_tool_call", "call_id": "c2", "name": "apply_patch", "input": "*** Begin Patch"},
+                             {"type": "custom_tool_call_output", "call_id": "c2", "output": [{"type": "input_text", "text": "ok"}]}],
+                   "tools": [fn, {"type": "namespace", "name": "agents", "tools": [dict(fn, name="spawn_agent")]},
+                             {"type": "custom", "name": "apply_patch", "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+                             {"type": "web_search"}],
+                   "text": {"format": {"type": "json_schema", "name": "o", "schema": {"type": "object"}}},
+                   "max_output_tokens": 64})
+    bodies.append({"input": "hi", "previous_response_id": "resp_1"})
     n = 0
     for i, b in enumerate(bodies):
         (d / f"body-{i:03d}.json").write_text(json.dumps(b, ensure_ascii=False))

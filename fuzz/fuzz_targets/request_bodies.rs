@@ -1,5 +1,5 @@
 //! Fuzz the server's request validation on arbitrary bodies: `/v1/chat/completions`,
-//! `/v1/completions` (OpenAI) and `/v1/messages` (Anthropic). Never a panic; every rejection is
+//! `/v1/completions`, `/v1/responses` (OpenAI) and `/v1/messages` (Anthropic). Never a panic; every rejection is
 //! a 4xx naming no more than one field; a body that parses re-serialises to JSON that parses to
 //! the same object and validates the same way (same error, or the same parameters, messages and
 //! tools); normalising already-normalised chat messages changes nothing.
@@ -7,7 +7,7 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::Value;
-use vela_server::anthropic;
+use vela_server::{anthropic, responses};
 use vela_server::error::ApiError;
 use vela_server::openai::{validate_chat, validate_completion};
 use vela_server::request::{normalize_messages, parse_object, ChatRequest, GenParams, Obj};
@@ -45,10 +45,12 @@ fn chat_key(o: &Obj, r: &Result<ChatRequest, ApiError>) -> String {
 fn validate_all(o: &Obj) -> Vec<String> {
     let chat = validate_chat(o, N_VOCAB);
     let msgs = anthropic::validate(o);
+    let resp = responses::validate(o, N_VOCAB);
     let compl = validate_completion(o, N_VOCAB);
     for e in [
         chat.as_ref().err(),
         msgs.as_ref().err(),
+        resp.as_ref().err(),
         compl.as_ref().err(),
     ]
     .into_iter()
@@ -62,7 +64,7 @@ fn validate_all(o: &Obj) -> Vec<String> {
             .expect("normalised messages validate");
         assert_eq!(again, c.messages);
     }
-    for c in [&chat, &msgs].into_iter().flatten() {
+    for c in [&chat, &msgs, &resp].into_iter().flatten() {
         assert!(c.messages.iter().all(Value::is_object));
         assert!(c.tools.as_ref().is_none_or(Value::is_array));
     }
@@ -70,7 +72,12 @@ fn validate_all(o: &Obj) -> Vec<String> {
         Ok((p, prompt)) => format!("ok {} {prompt:?}", params_key(o, &p)),
         Err(e) => format!("err {e:?}"),
     };
-    vec![chat_key(o, &chat), chat_key(o, &msgs), compl]
+    vec![
+        chat_key(o, &chat),
+        chat_key(o, &msgs),
+        chat_key(o, &resp),
+        compl,
+    ]
 }
 
 fuzz_target!(|data: &[u8]| {

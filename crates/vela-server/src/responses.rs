@@ -599,6 +599,12 @@ impl Emitter {
     }
 }
 
+/// Validate a Responses body as the handler does, without a model: its chat translation, then
+/// the chat validation (the fuzzer's entry point).
+pub fn validate(o: &Obj, n_vocab: usize) -> Result<ChatRequest, ApiError> {
+    validate_chat(&translate(o)?.chat, n_vocab)
+}
+
 /// The response object's fields that echo the request.
 fn base(o: &Obj, id: &str, model: &str) -> Value {
     let get = |k: &str, d: Value| o.get(k).filter(|v| !v.is_null()).cloned().unwrap_or(d);
