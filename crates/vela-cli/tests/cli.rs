@@ -807,6 +807,18 @@ fn closed_stdout_ends_quietly() {
     assert_ne!(out.status.code(), Some(101), "stderr: {err}");
 }
 
+/// Write an executable stand-in client `name` into `dir`; returns a `PATH` that finds it first.
+fn stand_in(dir: &Path, name: &str, script: &str) -> String {
+    let client = dir.join(name);
+    std::fs::write(&client, script).unwrap();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    format!("{}:{}", dir.display(), std::env::var("PATH").unwrap())
+}
+
 /// `vela agent` with a stand-in `claude` on PATH (a Python script speaking the Messages API as
 /// Claude Code does: Bearer key, the model from ANTHROPIC_MODEL, a system message inside the
 /// conversation, tools, count_tokens first): the server it starts answers, the client's
@@ -843,14 +855,7 @@ sys.exit(3)
 "#,
         report = report.to_str().unwrap()
     );
-    let client = dir.join("claude");
-    std::fs::write(&client, script).unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap());
+    let path = stand_in(&dir, "claude", &script);
     let out = Command::new(env!("CARGO_BIN_EXE_vela"))
         .args(["agent", "-m", m.to_str().unwrap(), "--ctx", "1024"])
         .args(["--", "-p", "hello world"])
@@ -925,14 +930,7 @@ json.dump(out, open({report:?}, "w"))
 "#,
         report = report.to_str().unwrap()
     );
-    let client = dir.join("codex");
-    std::fs::write(&client, script).unwrap();
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&client, std::fs::Permissions::from_mode(0o755)).unwrap();
-    }
-    let path = format!("{}:{}", dir.display(), std::env::var("PATH").unwrap());
+    let path = stand_in(&dir, "codex", &script);
     let out = Command::new(env!("CARGO_BIN_EXE_vela"))
         .args(["agent", "--client", "codex", "-m", m.to_str().unwrap()])
         .args(["--ctx", "1024", "--max-output", "3", "--", "exec", "hello"])

@@ -4,7 +4,7 @@ use crate::error::ApiError;
 use crate::http::{
     body_bytes, check_model, collect, json_with_usage, new_id, sse_response, submit, St,
 };
-use crate::openai::render_messages;
+use crate::openai::{prepare_chat, render_messages};
 use crate::request::{
     check_schema, get_f32, get_stop, get_uint, parse_object, ChatRequest, GenParams, Obj,
     MAX_TOKENS_LIMIT,
@@ -313,28 +313,7 @@ pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Res
         let r = st.ready()?;
         let o = parse_object(&body_bytes(body)?)?;
         check_model(&o, r)?;
-        let ChatRequest {
-            params,
-            messages,
-            tools,
-            template_kwargs,
-            structured,
-        } = validate(&o)?;
-        let (_, prompt, mut parser) = render_messages(r, messages, tools, template_kwargs)?;
-        let constraint = structured
-            .map(|s| crate::structured::constraint(r, &s, &mut parser))
-            .transpose()?;
-        Ok((
-            crate::http::Prepared {
-                prompt,
-                params,
-                parser,
-                field: "messages",
-                default_max_tokens: None,
-                constraint,
-            },
-            r.name.clone(),
-        ))
+        Ok((prepare_chat(r, validate(&o)?, "messages")?, r.name.clone()))
     };
     let (p, model) = match prep() {
         Ok(x) => x,

@@ -60,6 +60,35 @@ pub fn render_messages(
     Ok((rendered, tokens, parser))
 }
 
+/// A validated chat request rendered for the engine: its prompt tokens, output parser and the
+/// grammar of its structured output, with its parameters; `field` names the prompt's request
+/// field in errors. Shared by the chat, Messages and Responses endpoints.
+pub fn prepare_chat(
+    r: &Ready,
+    req: ChatRequest,
+    field: &'static str,
+) -> Result<Prepared, ApiError> {
+    let ChatRequest {
+        params,
+        messages,
+        tools,
+        template_kwargs,
+        structured,
+    } = req;
+    let (_, prompt, mut parser) = render_messages(r, messages, tools, template_kwargs)?;
+    let constraint = structured
+        .map(|s| structured::constraint(r, &s, &mut parser))
+        .transpose()?;
+    Ok(Prepared {
+        prompt,
+        params,
+        parser,
+        field,
+        default_max_tokens: None,
+        constraint,
+    })
+}
+
 /// Render an OpenAI chat body (`messages`, `tools`, `chat_template_kwargs`).
 pub fn render_chat(r: &Ready, o: &Obj) -> Result<(String, Vec<u32>), ApiError> {
     let messages = normalize_messages(o.get("messages"))?;
@@ -167,25 +196,19 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
         let r = st.ready()?;
         let o = parse_object(&body_bytes(body)?)?;
         check_model(&o, r)?;
-        let ChatRequest {
-            params,
-            messages,
-            tools,
-            template_kwargs,
-            structured,
-        } = validate_chat(&o, r.model.tokenizer.n_vocab())?;
-        let (_, prompt, mut parser) = render_messages(r, messages, tools, template_kwargs)?;
-        let constraint = structured
-            .map(|s| structured::constraint(r, &s, &mut parser))
-            .transpose()?;
+        let p = prepare_chat(
+            r,
+            validate_chat(&o, r.model.tokenizer.n_vocab())?,
+            "messages",
+        )?;
+        let params = p.params.clone();
         let ps = (0..params.n)
             .map(|j| Prepared {
-                prompt: prompt.clone(),
+                prompt: p.prompt.clone(),
                 params: params.choice(j),
-                parser: parser.clone(),
-                field: "messages",
-                default_max_tokens: None,
-                constraint: constraint.clone(),
+                parser: p.parser.clone(),
+                constraint: p.constraint.clone(),
+                ..p
             })
             .collect();
         Ok((ps, params, r.name.clone()))

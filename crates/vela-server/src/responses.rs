@@ -9,7 +9,7 @@ use crate::http::{
     body_bytes, check_model, collect, data, json_with_usage, new_id, openai_err, sse_response,
     submit, unix_now, Prepared, St,
 };
-use crate::openai::{render_messages, timings_json, validate_chat};
+use crate::openai::{prepare_chat, timings_json, validate_chat};
 use crate::parser::ToolCall;
 use crate::request::{get_uint, parse_object, ChatRequest, Obj, MAX_TOKENS_LIMIT};
 use crate::worker::{Out, Usage};
@@ -403,6 +403,17 @@ struct Emitter {
 }
 
 impl Emitter {
+    fn new(base: Value, kinds: HashMap<String, ToolKind>) -> Emitter {
+        Emitter {
+            base,
+            kinds,
+            seq: 0,
+            output: Vec::new(),
+            open: None,
+            pending_ws: String::new(),
+        }
+    }
+
     fn event(&mut self, f: &mut Vec<String>, ty: &str, mut v: Value) {
         v["type"] = json!(ty);
         v["sequence_number"] = json!(self.seq);
@@ -630,34 +641,9 @@ pub async fn responses(State(st): St, body: Result<Bytes, BytesRejection>) -> Re
         let o = parse_object(&body_bytes(body)?)?;
         check_model(&o, r)?;
         let Translated { chat, kinds } = translate(&o)?;
-        let ChatRequest {
-            params,
-            messages,
-            tools,
-            template_kwargs,
-            structured,
-        } = validate_chat(&chat, r.model.tokenizer.n_vocab())?;
-        let (_, prompt, mut parser) = render_messages(r, messages, tools, template_kwargs)?;
-        let constraint = structured
-            .map(|s| crate::structured::constraint(r, &s, &mut parser))
-            .transpose()?;
-        let em = Emitter {
-            base: base(&o, &new_id("resp_"), &r.name),
-            kinds,
-            seq: 0,
-            output: Vec::new(),
-            open: None,
-            pending_ws: String::new(),
-        };
-        let p = Prepared {
-            prompt,
-            params,
-            parser,
-            field: "input",
-            default_max_tokens: None,
-            constraint,
-        };
-        Ok((p, em))
+        let req = validate_chat(&chat, r.model.tokenizer.n_vocab())?;
+        let em = Emitter::new(base(&o, &new_id("resp_"), &r.name), kinds);
+        Ok((prepare_chat(r, req, "input")?, em))
     };
     let (p, mut em) = match prep() {
         Ok(x) => x,

@@ -6,14 +6,7 @@ fn tr(v: Value) -> Result<Translated, ApiError> {
 }
 
 fn emitter(kinds: HashMap<String, ToolKind>) -> Emitter {
-    Emitter {
-        base: json!({"id": "resp_1"}),
-        kinds,
-        seq: 0,
-        output: Vec::new(),
-        open: None,
-        pending_ws: String::new(),
-    }
+    Emitter::new(json!({"id": "resp_1"}), kinds)
 }
 
 /// The event types and payloads of SSE frames.
