@@ -89,6 +89,18 @@ pub trait Backend: Send + Sync {
     fn kv_clone(&self, kv: &Self::Kv) -> Self::Kv;
     /// Bytes held by a cache.
     fn kv_bytes(&self, kv: &Self::Kv) -> usize;
+    /// Make storage exist for positions `0..n_past` (a paged cache allocates blocks as a
+    /// sequence grows; an error, with nothing lost, when memory runs out). Called before every
+    /// forward; a cache allocated whole at its creation does nothing.
+    fn kv_reserve(&self, kv: &mut Self::Kv, n_past: usize) -> Result<()> {
+        let _ = (kv, n_past);
+        Ok(())
+    }
+    /// Free storage no position below `n_past` uses (after a rollback or reset); a cache
+    /// allocated whole at its creation keeps it.
+    fn kv_release(&self, kv: &mut Self::Kv, n_past: usize) {
+        let _ = (kv, n_past);
+    }
     /// The rows of every position a cache holds for a sequence of `n_past` positions, by
     /// position ([`kv_export`]: the prefix cache's files).
     fn kv_export(&self, kv: &Self::Kv, n_past: usize) -> KvExport;

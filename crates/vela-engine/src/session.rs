@@ -469,6 +469,7 @@ impl Session {
         }
         self.state.restore(&*cp.snapshot)?;
         self.tokens.truncate(cp.n_past);
+        self.state.release(cp.n_past);
         Ok(())
     }
 
@@ -491,6 +492,7 @@ impl Session {
             );
         }
         self.tokens.truncate(n);
+        self.state.release(n);
         Ok(())
     }
 
@@ -508,6 +510,7 @@ impl Session {
     /// Clear the sequence.
     pub fn reset(&mut self) {
         self.tokens.clear();
+        self.state.release(0);
     }
 
     /// An independent copy of this session (same tokens, copied cache).

@@ -157,6 +157,11 @@ pub trait ModelState: Send {
     fn checkpoint(&self, n_past: usize) -> Box<dyn Any + Send + Sync>;
     /// Undo every cache write made since `snap` (from [`ModelState::checkpoint`] of this state).
     fn restore(&mut self, snap: &(dyn Any + Send + Sync)) -> Result<()>;
+    /// The sequence now holds only positions `0..n_past` (rolled back or reset): free the
+    /// storage of the rest where the backend allocates by use ([`Backend::kv_release`]).
+    fn release(&mut self, n_past: usize) {
+        let _ = n_past;
+    }
     /// Bytes a checkpoint copied (recurrent states, raw rings); an attention cache's checkpoint
     /// is a position mark and copies nothing.
     fn snapshot_bytes(&self, _snap: &(dyn Any + Send + Sync)) -> usize {
@@ -411,7 +416,7 @@ impl<M: CausalLm> LanguageModel for M {
                 .downcast_mut::<Seq<M>>()
                 .filter(|s| std::ptr::eq(&*s.model, self))
                 .ok_or_else(|| anyhow!("a batched sequence belongs to another model"))?;
-            seq.begin(it.positions);
+            seq.begin(it.positions)?;
             typed.push(BatchItem {
                 state: &mut seq.state,
                 tokens: it.tokens,
@@ -472,17 +477,23 @@ struct SeqSnapshot<S> {
 type Snapshot<M> = SeqSnapshot<<<M as CausalLm>::Be as Backend>::KvSnapshot>;
 
 impl<M: CausalLm> Seq<M> {
-    /// Recurrent states restart from zeros when a forward starts at position 0.
-    fn begin(&mut self, positions: &[u32]) {
+    /// Before a forward at `positions`: K/V storage for every position up to the last one (a
+    /// paged cache grows here, and an allocation failure is an error before anything is
+    /// written); recurrent states restart from zeros when a forward starts at position 0.
+    fn begin(&mut self, positions: &[u32]) -> Result<()> {
+        let end = positions.iter().max().map_or(0, |&p| p as usize + 1);
+        let be = &**self.model.backend();
+        be.kv_reserve(M::kv_mut(&mut self.state), end)?;
         if let (Some(e), Some(&p)) = (M::extra_mut(&mut self.state), positions.first()) {
-            e.begin(&**self.model.backend(), p as usize);
+            e.begin(be, p as usize);
         }
+        Ok(())
     }
 }
 
 impl<M: CausalLm> ModelState for Seq<M> {
     fn forward(&mut self, tokens: &[u32], pos: &[u32], logits_from: usize) -> Result<Vec<f32>> {
-        self.begin(pos);
+        self.begin(pos)?;
         self.model
             .forward(&mut self.state, tokens, pos, logits_from)
     }
@@ -492,7 +503,7 @@ impl<M: CausalLm> ModelState for Seq<M> {
         pos: &[u32],
         logits_from: usize,
     ) -> Result<Vec<u32>> {
-        self.begin(pos);
+        self.begin(pos)?;
         self.model
             .forward_argmax(&mut self.state, tokens, pos, logits_from)
     }
@@ -504,12 +515,12 @@ impl<M: CausalLm> ModelState for Seq<M> {
         k: usize,
         need_row: &dyn Fn(&TopK) -> bool,
     ) -> Result<Vec<(TopK, Option<Vec<f32>>)>> {
-        self.begin(pos);
+        self.begin(pos)?;
         self.model
             .forward_top_k(&mut self.state, tokens, pos, logits_from, k, need_row)
     }
     fn argmax_start(&mut self, token: Option<u32>, pos: u32) -> Result<Option<u64>> {
-        self.begin(&[pos]);
+        self.begin(&[pos])?;
         CausalLm::argmax_start(&*self.model, &mut self.state, token, pos)
     }
     fn argmax_finish(&mut self, ticket: u64) -> Result<u32> {
@@ -540,6 +551,11 @@ impl<M: CausalLm> ModelState for Seq<M> {
         }
         be.kv_restore(M::kv_mut(&mut self.state), &s.kv);
         Ok(())
+    }
+    fn release(&mut self, n_past: usize) {
+        self.model
+            .backend()
+            .kv_release(M::kv_mut(&mut self.state), n_past);
     }
     fn snapshot_bytes(&self, snap: &(dyn Any + Send + Sync)) -> usize {
         snap.downcast_ref::<Snapshot<M>>()

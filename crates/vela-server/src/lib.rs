@@ -97,6 +97,12 @@ pub struct ServeArgs {
     /// own sequence state. More requests wait in the queue.
     #[arg(long, short = 'p', default_value_t = 4)]
     pub parallel: usize,
+    /// Sequence-state memory in MiB the running requests may reserve together: each reserves
+    /// the state of its prompt + `max_tokens` positions when admitted, and waits in the queue
+    /// while that does not fit (one request alone always runs). 0: `--parallel` full contexts.
+    /// The state is allocated as a sequence grows (CPU), so set `max_tokens` to admit more.
+    #[arg(long, default_value_t = 0)]
+    pub kv_budget_mb: u64,
     /// Prefix-cache budget in MiB of KV cache (at least one sequence is always kept).
     #[arg(long, default_value_t = 1024)]
     pub cache_mb: usize,
@@ -395,6 +401,13 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
     if let Ok(mut d) = st.engine_done.lock() {
         *d = Some(engine_done);
     }
+    let kv_budget = match args.kv_budget_mb {
+        0 => {
+            let one = m.model.state_layout();
+            args.parallel.max(1) as u64 * one.bytes(n_ctx, args.ubatch.max(1), opts.kv_type)
+        }
+        mb => mb << 20,
+    };
     let cfg = worker::WorkerConfig {
         session: opts,
         cache_bytes: args.cache_mb << 20,
@@ -402,6 +415,8 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
         stop: st.stopping.clone(),
         done: Some(done),
         parallel: args.parallel,
+        n_ctx,
+        kv_budget,
         drafter,
         draft_max: args.draft_max,
         depth: (!args.draft_fixed)

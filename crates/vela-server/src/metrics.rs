@@ -75,6 +75,11 @@ pub struct Metrics {
     /// Continuous batching: requests admitted to the engine, engine steps (forward passes over
     /// the active requests) and the requests those steps evaluated (their ratio: the mean batch).
     pub running: AtomicU64,
+    /// State memory: what the running requests reserved, the budget, and what their sequences
+    /// hold now (allocated by use: at most the reservation).
+    pub kv_reserved: AtomicU64,
+    pub kv_budget: AtomicU64,
+    pub kv_held: AtomicU64,
     pub steps: AtomicU64,
     pub step_sequences: AtomicU64,
     /// Speculative decoding: tokens drafted and drafts accepted by verification.
@@ -107,6 +112,9 @@ impl Default for Metrics {
             disk_writes: z(),
             disk_errors: z(),
             running: z(),
+            kv_reserved: z(),
+            kv_budget: z(),
+            kv_held: z(),
             steps: z(),
             step_sequences: z(),
             draft_tokens: z(),
@@ -194,6 +202,24 @@ impl Metrics {
             "gauge",
             "Requests the engine is evaluating (continuous batching, at most --parallel).",
             &self.running,
+        );
+        one(
+            "vela_kv_reserved_bytes",
+            "gauge",
+            "Sequence-state bytes reserved by the running requests (prompt + max_tokens each).",
+            &self.kv_reserved,
+        );
+        one(
+            "vela_kv_budget_bytes",
+            "gauge",
+            "Sequence-state bytes the running requests may reserve together (--kv-budget-mb).",
+            &self.kv_budget,
+        );
+        one(
+            "vela_kv_held_bytes",
+            "gauge",
+            "Sequence-state bytes the running requests' sequences hold now (allocated by use).",
+            &self.kv_held,
         );
         one(
             "vela_engine_steps_total",

@@ -219,6 +219,12 @@ pub struct WorkerConfig {
     /// Sequences evaluated together at most (continuous batching); more requests wait in the
     /// queue.
     pub parallel: usize,
+    /// The context of every session, and the sequence-state bytes the running requests may
+    /// reserve together: each reserves the state of `prompt + max_tokens` positions at
+    /// admission ([`vela_models::StateLayout::bytes`]); a request that would exceed the budget
+    /// waits at the head of the queue (one alone always runs).
+    pub n_ctx: usize,
+    pub kv_budget: u64,
     /// Speculative decoding (requests without logprobs or grammar, while they run alone): the
     /// drafter and drafts per round.
     pub drafter: Option<Box<dyn Drafter>>,
@@ -248,6 +254,15 @@ pub fn run(
         .state_layout()
         .rollback_limit(cfg.session.ubatch.max(1));
     let parallel = cfg.parallel.max(1);
+    let layout = model.model.state_layout();
+    let (n_ctx, ubatch, kv_type) = (cfg.n_ctx, cfg.session.ubatch.max(1), cfg.session.kv_type);
+    let need = |j: &Job| layout.bytes((j.prompt.len() + j.max_tokens).min(n_ctx), ubatch, kv_type);
+    let reserved = |a: &[Seq]| -> u64 {
+        a.iter()
+            .map(|s| need(s.job()) + s.followers.iter().map(need).sum::<u64>())
+            .sum()
+    };
+    metrics.kv_budget.store(cfg.kv_budget, Ordering::Relaxed);
     let mut active: Vec<Seq> = Vec::new();
     // Followers whose leader stopped before its prompt was in, or whose copy failed: admitted
     // again before new requests.
@@ -255,6 +270,8 @@ pub fn run(
     let mut open = true;
     metrics.set_phase(Phase::Idle);
     loop {
+        // The request at the head of the queue waits for state memory.
+        let mut no_room = false;
         // Admit waiting requests between steps; block only when idle. Followers count as the
         // sequences they become.
         let load = |a: &[Seq]| a.len() + a.iter().map(|s| s.followers.len()).sum::<usize>();
@@ -292,6 +309,16 @@ pub fn run(
                 metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                 continue;
             }
+            if !active.is_empty() && reserved(&active) + need(&job) > cfg.kv_budget {
+                // First in line again (counted in the queue again): admitted when a running
+                // request's reservation is released.
+                let mut job = job;
+                job.requeued = false;
+                metrics.queue_depth.fetch_add(1, Ordering::Relaxed);
+                requeue.push_front(job);
+                no_room = true;
+                break;
+            }
             // The same prompt as one being evaluated (`n` > 1, identical requests): wait for a
             // copy of its session instead of evaluating it again; or copy it now, when it is in
             // and the first token not yet evaluated.
@@ -324,7 +351,7 @@ pub fn run(
             }
             continue;
         }
-        let can_admit = load(&active) < parallel;
+        let can_admit = load(&active) < parallel && !no_room;
         let forks = step(&mut active, &mut cfg, &metrics, can_admit);
         for (mut job, session, logits) in forks {
             match session {
@@ -358,6 +385,16 @@ pub fn run(
         metrics
             .running
             .store(active.len() as u64, Ordering::Relaxed);
+        metrics
+            .kv_reserved
+            .store(reserved(&active), Ordering::Relaxed);
+        metrics.kv_held.store(
+            active
+                .iter()
+                .map(|s| s.entry.session.kv_bytes() as u64)
+                .sum(),
+            Ordering::Relaxed,
+        );
         metrics
             .cache_sessions
             .store(cache.entries.len() as u64, Ordering::Relaxed);

@@ -19,10 +19,10 @@
 //! the AVX-512 ones: a lane is one key (scores) or one column (`P·V`), accumulated over `d` or
 //! over the keys in the same order, so both give bit-identical outputs.
 
-use half::f16;
 use std::arch::x86_64::*;
 use std::cell::RefCell;
 
+use super::kvdata::KvData;
 use super::pool::ThreadPool;
 use super::simd;
 use crate::AttnParams;
@@ -35,20 +35,14 @@ const RB: usize = 4;
 const KB: usize = 32;
 
 /// A K or V ring of one layer: `[slot][n_head_kv][dim]`.
-#[derive(Clone, Copy)]
-pub(crate) enum KvRef<'a> {
-    F32(&'a [f32]),
-    F16(&'a [f16]),
-    Bf16(&'a [half::bf16]),
-}
+pub(crate) type KvRef<'a> = &'a KvData;
 
-impl KvRef<'_> {
-    fn row_into(&self, off: usize, dst: &mut [f32]) {
-        match self {
-            KvRef::F32(k) => dst.copy_from_slice(&k[off..off + dst.len()]),
-            KvRef::F16(k) => simd::f16_to_f32(&k[off..off + dst.len()], dst),
-            KvRef::Bf16(k) => simd::bf16_to_f32(&k[off..off + dst.len()], dst),
-        }
+/// Values `at..at + dst.len()` of a ring's slot `slot`, as f32.
+fn row_into(kv: KvRef, slot: usize, at: usize, dst: &mut [f32]) {
+    match kv {
+        KvData::F32(k) => dst.copy_from_slice(k.get(slot, at, dst.len())),
+        KvData::F16(k) => simd::f16_to_f32(k.get(slot, at, dst.len()), dst),
+        KvData::Bf16(k) => simd::bf16_to_f32(k.get(slot, at, dst.len()), dst),
     }
 }
 
@@ -147,8 +141,8 @@ pub(crate) fn attention(
                     let vrow = std::slice::from_raw_parts_mut(vvp.0.add((g * ldk + j) * dv), dv);
                     if j < nk {
                         let slot = (kmin + j) % capacity;
-                        k.row_into((slot * nkv + g) * dk, &mut row);
-                        v.row_into((slot * nkv + g) * dv, vrow);
+                        row_into(k, slot, g * dk, &mut row);
+                        row_into(v, slot, g * dv, vrow);
                     } else {
                         // Padding keys: finite, so that `0 · v` stays 0.
                         row.fill(0.0);
@@ -577,7 +571,8 @@ mod tests {
     /// The AVX2 tiles give the AVX-512 tiles' output bit for bit (same operations per lane).
     #[test]
     fn avx2_tiles_equal_avx512_tiles() {
-        use super::{attention, supported, Isa, KvRef};
+        use super::super::kvdata::{KvData, Pages};
+        use super::{attention, supported, Isa};
         let p = AttnParams {
             n_head: 6,
             n_head_kv: 2,
@@ -604,8 +599,13 @@ mod tests {
         let positions: Vec<u32> = (90..90 + n as u32).collect();
         let run = |isa| {
             let mut out = vec![f32::NAN; n * 6 * 128];
-            let (kr, vr) = (KvRef::F32(&k), KvRef::F32(&v));
-            attention(&pool, &q, kr, vr, cap, None, &positions, &p, isa, &mut out);
+            let (kr, vr) = (
+                KvData::F32(Pages::from_values(2 * 80, &k)),
+                KvData::F32(Pages::from_values(2 * 128, &v)),
+            );
+            attention(
+                &pool, &q, &kr, &vr, cap, None, &positions, &p, isa, &mut out,
+            );
             out
         };
         let (a, b) = (run(Isa::Avx2), run(Isa::Avx512));

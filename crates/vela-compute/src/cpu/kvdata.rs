@@ -1,26 +1,33 @@
-//! The CPU backend's K/V storage: per-layer rings of f32, f16 or bf16 values, their snapshots,
-//! and zeroed allocations that report failure instead of aborting.
+//! The CPU backend's K/V storage: per-layer rings of f32, f16 or bf16 values kept in blocks of
+//! [`BLOCK_SLOTS`] slots that exist only once reserved (paged: a sequence holds memory for the
+//! positions it has, not for its whole context), their snapshots, and allocations that report
+//! failure instead of aborting.
 
 use super::simd;
-use crate::{KvLayerSpec, KvType};
+use crate::KvType;
 use anyhow::{bail, Result};
 use half::{bf16, f16};
 
-pub(super) enum KvData {
-    F32(Vec<f32>),
-    F16(Vec<f16>),
-    Bf16(Vec<bf16>),
-}
+/// Slots (positions) per block of storage.
+pub(super) const BLOCK_SLOTS: usize = 64;
 
 /// Types whose all-zero bit pattern is the value 0.0 (so a zeroed allocation is a valid vector).
-trait ZeroBits: Copy {}
-impl ZeroBits for f32 {}
-impl ZeroBits for f16 {}
-impl ZeroBits for bf16 {}
+pub(super) trait Elem: Copy + Send + Sync + 'static {
+    const ZERO: Self;
+}
+impl Elem for f32 {
+    const ZERO: f32 = 0.0;
+}
+impl Elem for f16 {
+    const ZERO: f16 = f16::ZERO;
+}
+impl Elem for bf16 {
+    const ZERO: bf16 = bf16::ZERO;
+}
 
 /// `vec![0; n]` that reports an allocation failure as an error instead of aborting. Zeroed pages
-/// come from the allocator (calloc), so untouched parts of a large cache cost no memory.
-fn zeroed_vec<T: ZeroBits>(n: usize) -> Result<Vec<T>> {
+/// come from the allocator (calloc), so untouched parts of a large block cost no memory.
+fn zeroed_vec<T: Elem>(n: usize) -> Result<Vec<T>> {
     if n == 0 {
         return Ok(Vec::new());
     }
@@ -37,7 +44,7 @@ fn zeroed_vec<T: ZeroBits>(n: usize) -> Result<Vec<T>> {
         );
     }
     // SAFETY: `p` was allocated by the global allocator with the layout of `[T; n]`, and every
-    // element is initialized: all-zero bits are 0.0 for every `ZeroBits` type.
+    // element is initialized: all-zero bits are 0.0 for every `Elem` type.
     Ok(unsafe { Vec::from_raw_parts(p, n, n) })
 }
 
@@ -49,70 +56,254 @@ pub(super) fn host_memory_available() -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// One layer's K or V ring of `slots` slots × `row` values, addressed by value offset
+/// (`slot * row + i`), stored in blocks of [`BLOCK_SLOTS`] slots. A block is allocated by
+/// [`Pages::reserve`] (or, for the few writes that do not follow one, by the write itself) and
+/// freed by [`Pages::release`]; reading a block that does not exist gives zeros.
+pub(super) struct Pages<T> {
+    row: usize,
+    slots: usize,
+    blocks: Vec<Option<Box<[T]>>>,
+    /// Zeros (one row, at most 65,536 values): what a missing block reads as.
+    zero: Box<[T]>,
+}
+
+impl<T: Elem> Pages<T> {
+    pub(super) fn new(slots: usize, row: usize) -> Self {
+        Pages {
+            row,
+            slots,
+            blocks: (0..slots.div_ceil(BLOCK_SLOTS)).map(|_| None).collect(),
+            zero: vec![T::ZERO; row.min(1 << 16)].into_boxed_slice(),
+        }
+    }
+
+    /// A ring holding `data` (`slots * row` values), every block allocated.
+    #[cfg(test)]
+    pub(super) fn from_values(row: usize, data: &[T]) -> Self {
+        let mut p = Pages::new(data.len() / row, row);
+        p.reserve(p.slots).unwrap();
+        p.write_with(0, data.len(), |dst, i| {
+            dst.copy_from_slice(&data[i..i + dst.len()])
+        });
+        p
+    }
+
+    fn block_values(&self, b: usize) -> usize {
+        BLOCK_SLOTS.min(self.slots - b * BLOCK_SLOTS) * self.row
+    }
+
+    /// The blocks a range of values spans: (block, offset in it, values, offset in the range).
+    fn segments(&self, off: usize, n: usize) -> Vec<(usize, usize, usize, usize)> {
+        let bv = BLOCK_SLOTS * self.row;
+        let mut out = Vec::new();
+        let mut done = 0;
+        while done < n {
+            let at = off + done;
+            let (b, i) = (at / bv, at % bv);
+            let take = (n - done).min(self.block_values(b) - i);
+            out.push((b, i, take, done));
+            done += take;
+        }
+        out
+    }
+
+    /// Allocate the blocks of slots `0..min(slots, capacity)`.
+    pub(super) fn reserve(&mut self, slots: usize) -> Result<()> {
+        let nb = slots.min(self.slots).div_ceil(BLOCK_SLOTS);
+        for b in 0..nb {
+            if self.blocks[b].is_none() {
+                self.blocks[b] = Some(zeroed_vec(self.block_values(b))?.into_boxed_slice());
+            }
+        }
+        Ok(())
+    }
+
+    /// Free the blocks whose slots all lie at or after `keep` (a ring that has wrapped keeps
+    /// everything: callers pass `keep` ≥ capacity then).
+    pub(super) fn release(&mut self, keep: usize) {
+        for b in keep.div_ceil(BLOCK_SLOTS)..self.blocks.len() {
+            self.blocks[b] = None;
+        }
+    }
+
+    /// Values `at..at + len` of slot `slot`'s row (`len` ≤ the row).
+    #[inline]
+    pub(super) fn get(&self, slot: usize, at: usize, len: usize) -> &[T] {
+        match &self.blocks[slot / BLOCK_SLOTS] {
+            Some(x) => &x[(slot % BLOCK_SLOTS) * self.row + at..][..len],
+            None => &self.zero[..len],
+        }
+    }
+
+    /// Call `f(dst, i)` for each block's part of values `off..off + n` (`i`: offset in the
+    /// range), allocating missing blocks.
+    fn write_with(&mut self, off: usize, n: usize, mut f: impl FnMut(&mut [T], usize)) {
+        for (b, i, take, at) in self.segments(off, n) {
+            if self.blocks[b].is_none() {
+                let v = zeroed_vec(self.block_values(b))
+                    .unwrap_or_else(|e| panic!("KV block allocation: {e:#}"));
+                self.blocks[b] = Some(v.into_boxed_slice());
+            }
+            let blk = self.blocks[b].as_mut().expect("allocated above");
+            f(&mut blk[i..i + take], at);
+        }
+    }
+
+    fn read_with(&self, off: usize, n: usize, mut f: impl FnMut(&[T])) {
+        for (b, i, take, _) in self.segments(off, n) {
+            match &self.blocks[b] {
+                Some(x) => f(&x[i..i + take]),
+                None => {
+                    let z = vec![T::ZERO; take];
+                    f(&z)
+                }
+            }
+        }
+    }
+
+    fn values(&self, off: usize, n: usize) -> Vec<T> {
+        let mut out = Vec::with_capacity(n);
+        self.read_with(off, n, |s| out.extend_from_slice(s));
+        out
+    }
+
+    fn bytes(&self) -> usize {
+        let held: usize = self.blocks.iter().flatten().map(|b| b.len()).sum();
+        held * std::mem::size_of::<T>()
+    }
+}
+
+impl<T: Elem> Clone for Pages<T> {
+    fn clone(&self) -> Self {
+        Pages {
+            row: self.row,
+            slots: self.slots,
+            blocks: self.blocks.clone(),
+            zero: self.zero.clone(),
+        }
+    }
+}
+
+/// A layer's K or V ring in its element type.
+pub(super) enum KvData {
+    F32(Pages<f32>),
+    F16(Pages<f16>),
+    Bf16(Pages<bf16>),
+}
+
+/// Values copied out of a ring (a checkpoint's saved window).
+pub(super) enum Flat {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
+}
+
+impl Flat {
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Flat::F32(d) => d.len(),
+            Flat::F16(d) => d.len(),
+            Flat::Bf16(d) => d.len(),
+        }
+    }
+}
+
 impl KvData {
-    /// A zeroed cache of `n` values, or an error when the allocator refuses (a huge `--ctx` must
-    /// not abort the process; `vec![0; n]` would).
-    pub(super) fn new(ty: KvType, n: usize) -> Result<KvData> {
-        Ok(match ty {
-            KvType::F32 => KvData::F32(zeroed_vec(n)?),
-            KvType::F16 => KvData::F16(zeroed_vec(n)?),
-            KvType::Bf16 => KvData::Bf16(zeroed_vec(n)?),
-        })
+    /// A ring of `slots` slots × `row` values; no memory is taken until [`KvData::reserve`].
+    pub(super) fn new(ty: KvType, slots: usize, row: usize) -> KvData {
+        match ty {
+            KvType::F32 => KvData::F32(Pages::new(slots, row)),
+            KvType::F16 => KvData::F16(Pages::new(slots, row)),
+            KvType::Bf16 => KvData::Bf16(Pages::new(slots, row)),
+        }
+    }
+    /// Storage for slots `0..slots` (capped by the capacity), or an error when the allocator
+    /// refuses (a huge context must not abort the process).
+    pub(super) fn reserve(&mut self, slots: usize) -> Result<()> {
+        match self {
+            KvData::F32(p) => p.reserve(slots),
+            KvData::F16(p) => p.reserve(slots),
+            KvData::Bf16(p) => p.reserve(slots),
+        }
+    }
+    pub(super) fn release(&mut self, keep: usize) {
+        match self {
+            KvData::F32(p) => p.release(keep),
+            KvData::F16(p) => p.release(keep),
+            KvData::Bf16(p) => p.release(keep),
+        }
     }
     pub(super) fn write(&mut self, off: usize, src: &[f32]) {
         match self {
-            KvData::F32(d) => d[off..off + src.len()].copy_from_slice(src),
-            KvData::F16(d) => simd::f32_to_f16(src, &mut d[off..off + src.len()]),
-            KvData::Bf16(d) => simd::f32_to_bf16(src, &mut d[off..off + src.len()]),
+            KvData::F32(p) => p.write_with(off, src.len(), |d, i| {
+                d.copy_from_slice(&src[i..i + d.len()])
+            }),
+            KvData::F16(p) => p.write_with(off, src.len(), |d, i| {
+                simd::f32_to_f16(&src[i..i + d.len()], d)
+            }),
+            KvData::Bf16(p) => p.write_with(off, src.len(), |d, i| {
+                simd::f32_to_bf16(&src[i..i + d.len()], d)
+            }),
         }
     }
-    pub(super) fn clone_range(&self, off: usize, n: usize) -> KvData {
+    pub(super) fn clone_range(&self, off: usize, n: usize) -> Flat {
         match self {
-            KvData::F32(d) => KvData::F32(d[off..off + n].to_vec()),
-            KvData::F16(d) => KvData::F16(d[off..off + n].to_vec()),
-            KvData::Bf16(d) => KvData::Bf16(d[off..off + n].to_vec()),
+            KvData::F32(p) => Flat::F32(p.values(off, n)),
+            KvData::F16(p) => Flat::F16(p.values(off, n)),
+            KvData::Bf16(p) => Flat::Bf16(p.values(off, n)),
         }
     }
-    pub(super) fn copy_from(&mut self, off: usize, src: &KvData) {
+    /// Write `n` values of `src` from its offset `from` at `off`.
+    pub(super) fn copy_from(&mut self, off: usize, src: &Flat, from: usize, n: usize) {
         match (self, src) {
-            (KvData::F32(d), KvData::F32(s)) => d[off..off + s.len()].copy_from_slice(s),
-            (KvData::F16(d), KvData::F16(s)) => d[off..off + s.len()].copy_from_slice(s),
-            (KvData::Bf16(d), KvData::Bf16(s)) => d[off..off + s.len()].copy_from_slice(s),
+            (KvData::F32(p), Flat::F32(s)) => {
+                p.write_with(off, n, |d, i| d.copy_from_slice(&s[from + i..][..d.len()]))
+            }
+            (KvData::F16(p), Flat::F16(s)) => {
+                p.write_with(off, n, |d, i| d.copy_from_slice(&s[from + i..][..d.len()]))
+            }
+            (KvData::Bf16(p), Flat::Bf16(s)) => {
+                p.write_with(off, n, |d, i| d.copy_from_slice(&s[from + i..][..d.len()]))
+            }
             _ => unreachable!("snapshot type matches cache type"),
         }
     }
     /// Values `off..off + n` as little-endian bytes, appended to `out`.
     pub(super) fn read_bytes(&self, off: usize, n: usize, out: &mut Vec<u8>) {
         match self {
-            KvData::F32(d) => d[off..off + n]
-                .iter()
-                .for_each(|x| out.extend_from_slice(&x.to_le_bytes())),
-            KvData::F16(d) => d[off..off + n]
-                .iter()
-                .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
-            KvData::Bf16(d) => d[off..off + n]
-                .iter()
-                .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes())),
+            KvData::F32(p) => p.read_with(off, n, |s| {
+                s.iter()
+                    .for_each(|x| out.extend_from_slice(&x.to_le_bytes()))
+            }),
+            KvData::F16(p) => p.read_with(off, n, |s| {
+                s.iter()
+                    .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes()))
+            }),
+            KvData::Bf16(p) => p.read_with(off, n, |s| {
+                s.iter()
+                    .for_each(|x| out.extend_from_slice(&x.to_bits().to_le_bytes()))
+            }),
         }
     }
     /// Overwrite values from `off` with little-endian `bytes` of this element type.
     pub(super) fn write_bytes(&mut self, off: usize, bytes: &[u8]) {
         match self {
-            KvData::F32(d) => {
-                for (x, b) in d[off..].iter_mut().zip(bytes.chunks_exact(4)) {
+            KvData::F32(p) => p.write_with(off, bytes.len() / 4, |d, i| {
+                for (x, b) in d.iter_mut().zip(bytes[i * 4..].chunks_exact(4)) {
                     *x = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
                 }
-            }
-            KvData::F16(d) => {
-                for (x, b) in d[off..].iter_mut().zip(bytes.chunks_exact(2)) {
+            }),
+            KvData::F16(p) => p.write_with(off, bytes.len() / 2, |d, i| {
+                for (x, b) in d.iter_mut().zip(bytes[i * 2..].chunks_exact(2)) {
                     *x = f16::from_bits(u16::from_le_bytes([b[0], b[1]]));
                 }
-            }
-            KvData::Bf16(d) => {
-                for (x, b) in d[off..].iter_mut().zip(bytes.chunks_exact(2)) {
+            }),
+            KvData::Bf16(p) => p.write_with(off, bytes.len() / 2, |d, i| {
+                for (x, b) in d.iter_mut().zip(bytes[i * 2..].chunks_exact(2)) {
                     *x = bf16::from_bits(u16::from_le_bytes([b[0], b[1]]));
                 }
-            }
+            }),
         }
     }
     pub(super) fn ty(&self) -> KvType {
@@ -122,26 +313,35 @@ impl KvData {
             KvData::Bf16(_) => KvType::Bf16,
         }
     }
+    /// Bytes of the blocks allocated.
     pub(super) fn bytes(&self) -> usize {
         match self {
-            KvData::F32(d) => d.len() * 4,
-            KvData::F16(d) => d.len() * 2,
-            KvData::Bf16(d) => d.len() * 2,
+            KvData::F32(p) => p.bytes(),
+            KvData::F16(p) => p.bytes(),
+            KvData::Bf16(p) => p.bytes(),
         }
     }
+    /// A copy of the allocated blocks.
     pub(super) fn deep_clone(&self) -> KvData {
         match self {
-            KvData::F32(d) => KvData::F32(d.clone()),
-            KvData::F16(d) => KvData::F16(d.clone()),
-            KvData::Bf16(d) => KvData::Bf16(d.clone()),
+            KvData::F32(p) => KvData::F32(p.clone()),
+            KvData::F16(p) => KvData::F16(p.clone()),
+            KvData::Bf16(p) => KvData::Bf16(p.clone()),
         }
     }
 }
 
 pub(super) struct KvLayer {
-    pub(super) spec: KvLayerSpec,
+    pub(super) spec: crate::KvLayerSpec,
     pub(super) k: KvData,
     pub(super) v: KvData,
+}
+
+impl KvLayer {
+    /// Slots of this layer's ring that positions `0..n_past` occupy.
+    pub(super) fn slots_for(&self, n_past: usize) -> usize {
+        n_past.min(self.spec.capacity)
+    }
 }
 
 /// Per-layer K/V rings.
@@ -151,51 +351,39 @@ pub struct CpuKv {
 
 /// Saved sliding-window slots: (layer, first position, K rows, V rows).
 pub struct CpuKvSnapshot {
-    pub(super) saved: Vec<(usize, usize, KvData, KvData)>,
+    pub(super) saved: Vec<(usize, usize, Flat, Flat)>,
 }
 
-pub(super) fn concat(parts: Vec<KvData>) -> KvData {
+/// Values of several ranges in one [`Flat`].
+pub(super) fn concat(parts: Vec<Flat>) -> Flat {
     let mut it = parts.into_iter();
     let Some(first) = it.next() else {
-        return KvData::F32(Vec::new());
+        return Flat::F32(Vec::new());
     };
     match first {
-        KvData::F32(mut v) => {
-            for p in it {
-                if let KvData::F32(x) = p {
+        Flat::F32(mut v) => {
+            it.for_each(|p| {
+                if let Flat::F32(x) = p {
                     v.extend_from_slice(&x)
                 }
-            }
-            KvData::F32(v)
+            });
+            Flat::F32(v)
         }
-        KvData::F16(mut v) => {
-            for p in it {
-                if let KvData::F16(x) = p {
+        Flat::F16(mut v) => {
+            it.for_each(|p| {
+                if let Flat::F16(x) = p {
                     v.extend_from_slice(&x)
                 }
-            }
-            KvData::F16(v)
+            });
+            Flat::F16(v)
         }
-        KvData::Bf16(mut v) => {
-            for p in it {
-                if let KvData::Bf16(x) = p {
+        Flat::Bf16(mut v) => {
+            it.for_each(|p| {
+                if let Flat::Bf16(x) = p {
                     v.extend_from_slice(&x)
                 }
-            }
-            KvData::Bf16(v)
+            });
+            Flat::Bf16(v)
         }
-    }
-}
-
-impl KvData {
-    pub(super) fn len_elems(&self) -> usize {
-        match self {
-            KvData::F32(d) => d.len(),
-            KvData::F16(d) => d.len(),
-            KvData::Bf16(d) => d.len(),
-        }
-    }
-    pub(super) fn slice(&self, off: usize, n: usize) -> KvData {
-        self.clone_range(off, n)
     }
 }

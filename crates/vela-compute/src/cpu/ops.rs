@@ -239,12 +239,12 @@ impl Backend for CpuBackend {
     fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<CpuKv> {
         let mut out = Vec::with_capacity(layers.len());
         for spec in layers {
-            let nk = spec.capacity * spec.n_head_kv * spec.head_dim_k;
-            let nv = spec.capacity * spec.n_head_kv * spec.head_dim_v;
+            let wk = spec.n_head_kv * spec.head_dim_k;
+            let wv = spec.n_head_kv * spec.head_dim_v;
             out.push(KvLayer {
                 spec: spec.clone(),
-                k: KvData::new(ty, nk)?,
-                v: KvData::new(ty, nv)?,
+                k: KvData::new(ty, spec.capacity, wk),
+                v: KvData::new(ty, spec.capacity, wv),
             });
         }
         Ok(CpuKv { layers: out })
@@ -281,11 +281,11 @@ impl Backend for CpuBackend {
                 l.spec.n_head_kv * l.spec.head_dim_k,
                 l.spec.n_head_kv * l.spec.head_dim_v,
             );
-            let n = ks.len_elems() / wk;
+            let n = ks.len() / wk;
             for i in 0..n {
                 let s = (first + i) % l.spec.capacity;
-                l.k.copy_from(s * wk, &ks.slice(i * wk, wk));
-                l.v.copy_from(s * wv, &vs.slice(i * wv, wv));
+                l.k.copy_from(s * wk, ks, i * wk, wk);
+                l.v.copy_from(s * wv, vs, i * wv, wv);
             }
         }
     }
@@ -306,6 +306,25 @@ impl Backend for CpuBackend {
 
     fn kv_bytes(&self, kv: &CpuKv) -> usize {
         kv.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum()
+    }
+
+    fn kv_reserve(&self, kv: &mut CpuKv, n_past: usize) -> Result<()> {
+        for l in &mut kv.layers {
+            let slots = l.slots_for(n_past);
+            l.k.reserve(slots)?;
+            l.v.reserve(slots)?;
+        }
+        Ok(())
+    }
+
+    fn kv_release(&self, kv: &mut CpuKv, n_past: usize) {
+        for l in &mut kv.layers {
+            // A ring that has wrapped holds live positions in every slot.
+            if n_past < l.spec.capacity {
+                l.k.release(n_past);
+                l.v.release(n_past);
+            }
+        }
     }
 
     fn kv_export(&self, kv: &CpuKv, n_past: usize) -> crate::KvExport {
@@ -342,6 +361,7 @@ impl Backend for CpuBackend {
         let ty = kv.layers.first().map_or(e.ty, |l| l.k.ty());
         let specs: Vec<&KvLayerSpec> = kv.layers.iter().map(|l| &l.spec).collect();
         let from = import_plan(e, &specs, ty)?;
+        self.kv_reserve(kv, e.n_past)?;
         for ((l, x), keep) in kv.layers.iter_mut().zip(&e.layers).zip(from) {
             let (wk, wv) = (
                 l.spec.n_head_kv * l.spec.head_dim_k,
@@ -923,15 +943,7 @@ impl Backend for CpuBackend {
         };
         #[cfg(target_arch = "x86_64")]
         if let Some(isa) = isa.filter(|&isa| super::attn::supported(p, n, isa)) {
-            use super::attn::KvRef;
-            fn r(d: &KvData) -> KvRef<'_> {
-                match d {
-                    KvData::F32(x) => KvRef::F32(x),
-                    KvData::F16(x) => KvRef::F16(x),
-                    KvData::Bf16(x) => KvRef::Bf16(x),
-                }
-            }
-            let (k, v) = (r(&l.k), r(&l.v));
+            let (k, v) = (&l.k, &l.v);
             let cap = l.spec.capacity;
             let w = l.spec.window;
             super::attn::attention(&self.pool, q, k, v, cap, w, positions, p, isa, out);
@@ -971,16 +983,16 @@ impl Backend for CpuBackend {
                 let first_slot = first % cap;
                 let mut slot = first_slot;
                 for i in 0..nk {
-                    let off = (slot * p.n_head_kv + g) * dk;
+                    let (s, at) = (slot, g * dk);
                     slot = if slot + 1 == cap { 0 } else { slot + 1 };
                     let krow: &[f32] = match &l.k {
-                        KvData::F32(k) => &k[off..off + dk],
+                        KvData::F32(k) => k.get(s, at, dk),
                         KvData::F16(k) => {
-                            simd::f16_to_f32(&k[off..off + dk], &mut kf);
+                            simd::f16_to_f32(k.get(s, at, dk), &mut kf);
                             &kf
                         }
                         KvData::Bf16(k) => {
-                            simd::bf16_to_f32(&k[off..off + dk], &mut kf);
+                            simd::bf16_to_f32(k.get(s, at, dk), &mut kf);
                             &kf
                         }
                     };
@@ -1003,16 +1015,16 @@ impl Backend for CpuBackend {
                 acc.iter_mut().for_each(|a| *a = 0.0);
                 let mut slot = first_slot;
                 for i in 0..nk {
-                    let off = (slot * p.n_head_kv + g) * dv;
+                    let (s, at) = (slot, g * dv);
                     slot = if slot + 1 == cap { 0 } else { slot + 1 };
                     let vrow: &[f32] = match &l.v {
-                        KvData::F32(v) => &v[off..off + dv],
+                        KvData::F32(v) => v.get(s, at, dv),
                         KvData::F16(v) => {
-                            simd::f16_to_f32(&v[off..off + dv], &mut vf);
+                            simd::f16_to_f32(v.get(s, at, dv), &mut vf);
                             &vf
                         }
                         KvData::Bf16(v) => {
-                            simd::bf16_to_f32(&v[off..off + dv], &mut vf);
+                            simd::bf16_to_f32(v.get(s, at, dv), &mut vf);
                             &vf
                         }
                     };

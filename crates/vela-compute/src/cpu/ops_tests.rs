@@ -5,17 +5,56 @@ use super::*;
 
 #[test]
 fn kv_allocation_failure_is_an_error() {
-    // Beyond any address space: Layout refuses it; far beyond RAM: the allocator does.
-    assert!(KvData::new(KvType::F32, usize::MAX / 2).is_err());
-    let e = KvData::new(KvType::F16, 1 << 55)
-        .err()
-        .expect("a 64 PiB cache must fail");
+    // Beyond any address space: Layout refuses it; far beyond RAM: the allocator does. Nothing
+    // is allocated before `reserve`.
+    let mut k = KvData::new(KvType::F32, 4, usize::MAX / 64);
+    assert!(k.reserve(1).is_err());
+    let mut k = KvData::new(KvType::F16, 2, 1 << 55);
+    assert_eq!(k.bytes(), 0);
+    let e = k.reserve(2).expect_err("a 64 PiB block must fail");
     assert!(e.to_string().contains("--ctx"), "{e}");
-    match KvData::new(KvType::Bf16, 1000).unwrap() {
-        KvData::Bf16(v) => assert!(v.len() == 1000 && v.iter().all(|x| x.to_f32() == 0.0)),
-        _ => unreachable!(),
-    }
+    let mut k = KvData::new(KvType::Bf16, 1000, 3);
+    k.reserve(1000).unwrap();
+    let mut b = Vec::new();
+    k.read_bytes(0, 3000, &mut b);
+    assert!(b.len() == 6000 && b.iter().all(|&x| x == 0));
     assert!(host_memory_available().is_none_or(|b| b > 0));
+}
+
+/// The cache holds blocks for the positions it has: reserved as a sequence grows, freed by a
+/// rollback, copied by a fork only where they exist; a wrapped ring keeps all of its slots.
+#[test]
+fn kv_memory_follows_the_positions_held() {
+    let be = CpuBackend::new(1);
+    let bs = super::super::kvdata::BLOCK_SLOTS;
+    let specs = [kv_spec(None, 4 * bs), kv_spec(Some(8), 12)];
+    let mut kv = be.new_kv(&specs, KvType::F16).unwrap();
+    assert_eq!(be.kv_bytes(&kv), 0);
+    // Per block of the full layer: `bs` slots × 4 values × 2 bytes, K and V; the ring: 12 slots.
+    let (block, ring) = (bs * 4 * 2 * 2, 12 * 4 * 2 * 2);
+    be.kv_reserve(&mut kv, 10).unwrap();
+    assert_eq!(be.kv_bytes(&kv), block + ring);
+    let n = bs + bs / 2;
+    be.kv_reserve(&mut kv, n).unwrap();
+    assert_eq!(be.kv_bytes(&kv), 2 * block + ring);
+    let row = |p: usize| vec![p as f32; 4];
+    for p in 0..n {
+        be.kv_store(&mut kv, 0, &row(p), &row(p), &[p as u32]);
+    }
+    let fork = be.kv_clone(&kv);
+    assert_eq!(be.kv_bytes(&fork), 2 * block + ring);
+    // Back to half a block: the full layer's second block goes; the wrapped ring stays.
+    be.kv_release(&mut kv, bs / 2);
+    assert_eq!(be.kv_bytes(&kv), block + ring);
+    let e = be.kv_export(&fork, n);
+    let x = half::f16::from_f32((n - 1) as f32).to_bits().to_le_bytes();
+    assert_eq!(&e.layers[0].k[(n - 1) * 8..n * 8], &x.repeat(4)[..]);
+    let mut back = be.new_kv(&specs, KvType::F16).unwrap();
+    be.kv_import(&mut back, &e).unwrap();
+    assert_eq!(be.kv_export(&back, n).layers[0].k, e.layers[0].k);
+    // A reset frees everything.
+    be.kv_release(&mut back, 0);
+    assert_eq!(be.kv_bytes(&back), 0);
 }
 
 #[test]
@@ -142,7 +181,7 @@ fn checkpoint_restore_undoes_ring_overwrites() {
     // Positions 3,4,5 (the window of position 5) must be back in their slots.
     if let KvData::F32(k) = &kv.layers[0].k {
         for p in 3..6 {
-            assert_eq!(k[(p % 4) * 4], p as f32);
+            assert_eq!(k.get(p % 4, 0, 1)[0], p as f32);
         }
     } else {
         panic!()

@@ -410,6 +410,10 @@ impl<'m> Seq<'m> {
         &self.em.job.prompt
     }
 
+    pub fn job(&self) -> &Job {
+        &self.em.job
+    }
+
     /// The prompt is in (`logits`, its last row): copies of the session, which holds just the
     /// prompt, for the followers; the row is kept for requests that follow before the first
     /// decode step.
