@@ -78,15 +78,22 @@ pub fn choose(
         .map(|(i, r, _)| (i, r))
 }
 
-/// Indices to evict (least recently used first) so that the total bytes fit `budget`, always
-/// keeping at least `keep_min` entries. `items` are (bytes, last-used stamp).
+/// Sequences the cache keeps at most, whatever their bytes: each also holds scratch buffers its
+/// state bytes do not count, so sequences whose K/V is allocated by use (a few positions each)
+/// must not pile up by the hundred.
+pub const MAX_ENTRIES: usize = 64;
+
+/// Indices to evict (least recently used first) so that the total bytes fit `budget` and at most
+/// [`MAX_ENTRIES`] remain, always keeping at least `keep_min` entries. `items` are (bytes,
+/// last-used stamp).
 pub fn lru_victims(items: &[(usize, u64)], budget: usize, keep_min: usize) -> Vec<usize> {
     let mut order: Vec<usize> = (0..items.len()).collect();
     order.sort_by_key(|&i| items[i].1);
     let mut total: usize = items.iter().map(|x| x.0).sum();
     let mut out = Vec::new();
     for i in order {
-        if total <= budget || items.len() - out.len() <= keep_min {
+        let left = items.len() - out.len();
+        if (total <= budget && left <= MAX_ENTRIES) || left <= keep_min {
             break;
         }
         total -= items[i].0;
@@ -281,5 +288,9 @@ mod tests {
         assert_eq!(lru_victims(&items, 200, 1), vec![1]);
         assert_eq!(lru_victims(&items, 0, 1), vec![1, 2]);
         assert_eq!(lru_victims(&items, 1000, 1), Vec::<usize>::new());
+        // Small sequences: at most MAX_ENTRIES, the oldest go.
+        let many: Vec<(usize, u64)> = (0..MAX_ENTRIES as u64 + 3).map(|t| (1, 100 - t)).collect();
+        let v = lru_victims(&many, 1 << 30, 1);
+        assert_eq!(v, vec![MAX_ENTRIES + 2, MAX_ENTRIES + 1, MAX_ENTRIES]);
     }
 }

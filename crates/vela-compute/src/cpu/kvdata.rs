@@ -64,6 +64,8 @@ pub(super) struct Pages<T> {
     row: usize,
     slots: usize,
     blocks: Vec<Option<Box<[T]>>>,
+    /// Values in the allocated blocks.
+    held: usize,
     /// Zeros (one row, at most 65,536 values): what a missing block reads as.
     zero: Box<[T]>,
 }
@@ -74,6 +76,7 @@ impl<T: Elem> Pages<T> {
             row,
             slots,
             blocks: (0..slots.div_ceil(BLOCK_SLOTS)).map(|_| None).collect(),
+            held: 0,
             zero: vec![T::ZERO; row.min(1 << 16)].into_boxed_slice(),
         }
     }
@@ -114,6 +117,7 @@ impl<T: Elem> Pages<T> {
         for b in 0..nb {
             if self.blocks[b].is_none() {
                 self.blocks[b] = Some(zeroed_vec(self.block_values(b))?.into_boxed_slice());
+                self.held += self.block_values(b);
             }
         }
         Ok(())
@@ -123,7 +127,9 @@ impl<T: Elem> Pages<T> {
     /// everything: callers pass `keep` ≥ capacity then).
     pub(super) fn release(&mut self, keep: usize) {
         for b in keep.div_ceil(BLOCK_SLOTS)..self.blocks.len() {
-            self.blocks[b] = None;
+            if self.blocks[b].take().is_some() {
+                self.held -= self.block_values(b);
+            }
         }
     }
 
@@ -144,6 +150,7 @@ impl<T: Elem> Pages<T> {
                 let v = zeroed_vec(self.block_values(b))
                     .unwrap_or_else(|e| panic!("KV block allocation: {e:#}"));
                 self.blocks[b] = Some(v.into_boxed_slice());
+                self.held += self.block_values(b);
             }
             let blk = self.blocks[b].as_mut().expect("allocated above");
             f(&mut blk[i..i + take], at);
@@ -169,8 +176,11 @@ impl<T: Elem> Pages<T> {
     }
 
     fn bytes(&self) -> usize {
-        let held: usize = self.blocks.iter().flatten().map(|b| b.len()).sum();
-        held * std::mem::size_of::<T>()
+        debug_assert_eq!(
+            self.held,
+            self.blocks.iter().flatten().map(|b| b.len()).sum::<usize>()
+        );
+        self.held * std::mem::size_of::<T>()
     }
 }
 
@@ -180,6 +190,7 @@ impl<T: Elem> Clone for Pages<T> {
             row: self.row,
             slots: self.slots,
             blocks: self.blocks.clone(),
+            held: self.held,
             zero: self.zero.clone(),
         }
     }

@@ -151,7 +151,9 @@ fn pick_session(
                 .first()
                 .map(|e| e.session.kv_bytes())
                 .unwrap_or(0);
-            let e = if !cache.entries.is_empty() && cache.total_bytes() + per > cache.budget {
+            let full = cache.total_bytes() + per > cache.budget
+                || cache.entries.len() >= crate::cache::MAX_ENTRIES;
+            let e = if !cache.entries.is_empty() && full {
                 cache.take_lru()
             } else {
                 None
