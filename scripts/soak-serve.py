@@ -2,8 +2,10 @@
 """Soak test of `vela serve`: many streaming clients for minutes, with random lengths, random
 disconnects and prefix-sharing conversations.
 
-    python3 scripts/soak-serve.py --model M.gguf [--vela target/release/vela] [--clients 64]
-        [--minutes 10] [--parallel 8] [--queue 64] [--ctx 2048] [--threads 2] [--seed 1]
+    cargo build --release -p vela-server --example serve
+    python3 scripts/soak-serve.py [--model M.gguf] [--bin target/release/examples/serve]
+        [--clients 64] [--minutes 10] [--parallel 8] [--queue 64] [--ctx 2048] [--threads 2]
+        [--seed 1]
 
 Each client loops until the time is up: it continues one of a few multi-turn conversations (a
 shared system prompt, its earlier turns sent back, so prompts share prefixes with other clients'
@@ -12,7 +14,8 @@ streams the answer, and in one request of five closes the connection after a ran
 chunks. Checked: every request ends with 200 and a well-formed stream (`[DONE]`), or 429 with
 `Retry-After` (the queue is full: deliberate), or the client's own disconnect; nothing else
 counts as an error. The server's RSS is sampled every 5 s: reported after warm-up (the first
-quarter of the run) and at the end. From the server's log (JSON lines): the engine steps that ran
+quarter of the run), per minute and at the end. From the server's log (JSON lines): the engine
+steps that ran
 after each cancellation (`request cancelled during ...; N engine step(s) ran after the cancel`):
 the most any cancellation saw must be 1. Exit status 1 when a check fails.
 """
@@ -24,13 +27,13 @@ import json
 import os
 import random
 import re
-import socket
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serve_harness import Server  # noqa: E402
 
 CACHE = Path(os.environ.get("VELA_CACHE", str(Path.home() / ".cache" / "vela")))
 SYSTEMS = [
@@ -42,19 +45,6 @@ ASKS = ["Name a river in {x}.", "Write one line about {x}.", "What is {x} known 
         "Give a number between 1 and {n}.", "Translate 'good morning' for a visitor to {x}.",
         "Write a function that returns {n} squared.", "Summarise our talk so far in a sentence."]
 PLACES = ["France", "Peru", "Japan", "Kenya", "Norway", "Chile", "Egypt", "Canada", "India"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1])
-    return 0
 
 
 class Stats:
@@ -139,7 +129,7 @@ def client(port: int, seed: int, until: float, st: Stats):
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", default=str(CACHE / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"))
-    ap.add_argument("--vela", default="target/release/vela")
+    ap.add_argument("--bin", default="target/release/examples/serve")
     ap.add_argument("--clients", type=int, default=64)
     ap.add_argument("--minutes", type=float, default=10)
     ap.add_argument("--parallel", type=int, default=8)
@@ -148,24 +138,9 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args()
-    port = free_port()
-    log = open(f"/tmp/vela-soak-{port}.log", "w+")
-    p = subprocess.Popen([a.vela, "serve", "--model", a.model, "--port", str(port), "--threads",
-                          str(a.threads), "--parallel", str(a.parallel), "--queue", str(a.queue),
-                          "--ctx", str(a.ctx), "--device", "cpu", "--log-format", "json"],
-                         stdout=subprocess.DEVNULL, stderr=log)
-    t0 = time.time()
-    while True:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    break
-        except OSError:
-            pass
-        if p.poll() is not None or time.time() - t0 > 180:
-            print("server did not start", file=sys.stderr)
-            return 1
-        time.sleep(0.5)
+    srv = Server(a, ["--parallel", str(a.parallel), "--queue", str(a.queue), "--ctx", str(a.ctx),
+                     "--device", "cpu", "--log-format", "json"], tag="vela-soak")
+    port = srv.port
     st = Stats()
     start = time.time()
     until = start + a.minutes * 60
@@ -175,19 +150,15 @@ def main() -> int:
         t.start()
     samples = []
     while any(t.is_alive() for t in ts):
-        samples.append((time.time() - start, rss_kb(p.pid)))
+        samples.append((time.time() - start, srv.rss_kb()))
         time.sleep(5)
     for t in ts:
         t.join()
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
-        metrics = r.read().decode()
-    p.terminate()
-    p.wait(60)
-    log.seek(0)
+    metric = {k: srv.metric(k) for k in ("vela_prefix_cache_sessions",
+                                         "vela_cached_prompt_tokens_total", "vela_prompt_tokens_total")}
+    srv.stop()
     after = [int(m.group(1)) for m in re.finditer(r"(\d+) engine step\(s\) ran after the cancel",
-                                                 log.read())]
-    metric = lambda k: next((float(l.split()[1]) for l in metrics.splitlines()
-                             if l.startswith(k + " ")), float("nan"))
+                                                 srv.logtext())]
     warm = [kb for t, kb in samples if t >= a.minutes * 15]
     ok = st.n["errors"] == 0 and (not after or max(after) <= 1)
     print(json.dumps({
@@ -197,9 +168,9 @@ def main() -> int:
         "rss_mb_max": round(max(kb for _, kb in samples) / 1024, 1) if samples else None,
         "rss_mb_per_minute": [round(kb / 1024) for t, kb in samples if int(t) % 60 < 5],
         "cancellations_logged": len(after), "max_steps_after_cancel": max(after, default=0),
-        "prefix_cache_sessions": metric("vela_prefix_cache_sessions"),
-        "cached_prompt_tokens": metric("vela_cached_prompt_tokens_total"),
-        "prompt_tokens": metric("vela_prompt_tokens_total"),
+        "prefix_cache_sessions": metric["vela_prefix_cache_sessions"],
+        "cached_prompt_tokens": metric["vela_cached_prompt_tokens_total"],
+        "prompt_tokens": metric["vela_prompt_tokens_total"],
         "first_errors": st.errors[:5],
     }, indent=1))
     return 0 if ok else 1

@@ -97,18 +97,22 @@ impl<T: Elem> Pages<T> {
     }
 
     /// The blocks a range of values spans: (block, offset in it, values, offset in the range).
-    fn segments(&self, off: usize, n: usize) -> Vec<(usize, usize, usize, usize)> {
-        let bv = BLOCK_SLOTS * self.row;
-        let mut out = Vec::new();
+    /// An iterator, not a list: `kv_store` writes every token's row of every layer through it.
+    fn segments(&self, off: usize, n: usize) -> impl Iterator<Item = (usize, usize, usize, usize)> {
+        let (bv, row, slots) = (BLOCK_SLOTS * self.row, self.row, self.slots);
         let mut done = 0;
-        while done < n {
+        std::iter::from_fn(move || {
+            if done >= n {
+                return None;
+            }
             let at = off + done;
             let (b, i) = (at / bv, at % bv);
-            let take = (n - done).min(self.block_values(b) - i);
-            out.push((b, i, take, done));
+            let block = BLOCK_SLOTS.min(slots - b * BLOCK_SLOTS) * row;
+            let take = (n - done).min(block - i);
+            let seg = (b, i, take, done);
             done += take;
-        }
-        out
+            Some(seg)
+        })
     }
 
     /// Allocate the blocks of slots `0..min(slots, capacity)`.
