@@ -3,7 +3,7 @@
 
     python3 scripts/bench-serve.py --model M.gguf [--vela target/release/vela]
         [--llama-server PATH] [--clients 1,4,16,64] [--reps 3] [--requests 2] [--max-tokens 64]
-        [--threads 2] [--ctx 1024] [--out FILE.md]
+        [--threads 2] [--ctx 1024] [--device cpu|cuda] [--engines vela,llama] [--out FILE.md]
 
 For each concurrency C and repetition (the engines' order alternates per repetition), each engine
 is started with C sequences (vela: `--parallel C --ctx CTX`; llama-server: `-np C -c C*CTX`, its
@@ -11,7 +11,9 @@ continuous batching), then C streaming clients each send `--requests` chat reque
 another (distinct prompts of ~150-250 tokens, greedy, `max_tokens`). Reported per engine and C:
 aggregate generated tokens/s over the run's wall time, TTFT p50/p99 and inter-token latency p99
 (gaps between streamed content chunks), median over the repetitions with the min-max spread, and
-vela/llama ratios. llama-server: `bash scripts/build-llama-cpp.sh server` (llama.cpp 0c1e570).
+vela/llama ratios. llama-server: `bash scripts/build-llama-cpp.sh server` (llama.cpp 0c1e570);
+with `--device cuda` vela runs on the GPU and llama-server offloads every layer (`-ngl 99`; its
+CUDA build: scripts/build-llama-cpp-cuda.sh, run by scripts/gpu-serve.sh).
 """
 from __future__ import annotations
 
@@ -137,16 +139,20 @@ def main():
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--ctx", type=int, default=1024, help="context per sequence")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--engines", default="vela,llama", help="which engines run, in this order")
     ap.add_argument("--out")
     a = ap.parse_args()
+    gpu = ["-ngl", "99"] if a.device == "cuda" else []
     engines = {
         "vela": lambda c, port: [a.vela, "serve", "--model", a.model, "--port", str(port),
                                  "--threads", str(a.threads), "--parallel", str(c),
-                                 "--ctx", str(a.ctx), "--device", "cpu"],
+                                 "--ctx", str(a.ctx), "--device", a.device],
         "llama": lambda c, port: [a.llama_server, "-m", a.model, "--port", str(port),
                                   "-t", str(a.threads), "-tb", str(a.threads), "-np", str(c),
-                                  "-c", str(c * a.ctx), "--no-webui"],
+                                  "-c", str(c * a.ctx), "--no-webui", *gpu],
     }
+    engines = {e: engines[e] for e in a.engines.split(",")}
     res: dict = {}
     for c in [int(x) for x in a.clients.split(",")]:
         for rep in range(a.reps):
@@ -177,6 +183,12 @@ def main():
         if v and l:
             lines.append(f"C={c}: vela/llama tok/s {med([r['tps'] for r in v]) / med([r['tps'] for r in l]):.2f}, "
                          f"TTFT p50 {med([r['ttft50'] for r in v]) / med([r['ttft50'] for r in l]):.2f}")
+    for name in engines:
+        one = res.get((name, 1))
+        for c in sorted({c for _, c in res if c > 1}):
+            if one and res.get((name, c)):
+                lines.append(f"{name}: C={c} aggregate / C=1 = "
+                             f"{med([r['tps'] for r in res[(name, c)]]) / med([r['tps'] for r in one]):.2f}x")
     text = "\n".join(lines)
     print(text)
     if a.out:

@@ -101,6 +101,13 @@ pub trait Backend: Send + Sync {
     fn kv_release(&self, kv: &mut Self::Kv, n_past: usize) {
         let _ = (kv, n_past);
     }
+    /// Whether buffers from [`Backend::alloc`] cost memory only once written and are cheap to
+    /// free and make again (host memory): a sequence left idle then gives its scratch buffers
+    /// back until its next forward (`ModelState::park`). A GPU keeps them: its recorded decode
+    /// steps point into them.
+    fn scratch_by_use(&self) -> bool {
+        false
+    }
     /// The rows of every position a cache holds for a sequence of `n_past` positions, by
     /// position ([`kv_export`]: the prefix cache's files).
     fn kv_export(&self, kv: &Self::Kv, n_past: usize) -> KvExport;

@@ -568,6 +568,12 @@ impl Session {
     pub fn kv_bytes(&self) -> usize {
         self.state.kv_bytes()
     }
+
+    /// The session goes idle: its scratch buffers are given back until its next evaluation
+    /// ([`ModelState::park`]).
+    pub fn park(&mut self) {
+        self.state.park();
+    }
 }
 
 #[cfg(test)]

@@ -162,6 +162,10 @@ pub trait ModelState: Send {
     fn release(&mut self, n_past: usize) {
         let _ = n_past;
     }
+    /// The sequence goes idle (into the prefix cache): give back its scratch buffers where the
+    /// backend allocates by use ([`Backend::scratch_by_use`]); its next forward makes them
+    /// again. The cache and everything the sequence holds stay as they are.
+    fn park(&mut self) {}
     /// Bytes a checkpoint copied (recurrent states, raw rings); an attention cache's checkpoint
     /// is a position mark and copies nothing.
     fn snapshot_bytes(&self, _snap: &(dyn Any + Send + Sync)) -> usize {
@@ -405,6 +409,8 @@ impl<M: CausalLm> LanguageModel for M {
             n_ctx,
             max_batch,
             rollback_limit,
+            kv_type: kv,
+            parked: false,
         }))
     }
     fn forward_batch(&self, items: &mut [BatchItem<'_, dyn ModelState>]) -> Result<Vec<Vec<f32>>> {
@@ -447,6 +453,9 @@ pub struct Seq<M: CausalLm> {
     n_ctx: usize,
     max_batch: usize,
     rollback_limit: usize,
+    kv_type: KvType,
+    /// The state's scratch buffers are made for no rows ([`ModelState::park`]).
+    parked: bool,
 }
 
 /// A sequence of the shared decoder.
@@ -481,12 +490,34 @@ impl<M: CausalLm> Seq<M> {
     /// paged cache grows here, and an allocation failure is an error before anything is
     /// written); recurrent states restart from zeros when a forward starts at position 0.
     fn begin(&mut self, positions: &[u32]) -> Result<()> {
+        if self.parked {
+            self.rescratch(self.max_batch)?;
+            self.parked = false;
+        }
         let end = positions.iter().max().map_or(0, |&p| p as usize + 1);
         let be = &**self.model.backend();
         be.kv_reserve(M::kv_mut(&mut self.state), end)?;
         if let (Some(e), Some(&p)) = (M::extra_mut(&mut self.state), positions.first()) {
             e.begin(be, p as usize);
         }
+        Ok(())
+    }
+
+    /// Remake the state's scratch buffers for `max_batch` rows (0: none), keeping its cache,
+    /// extra storage and host-side record: a state around empty storage is made first (the
+    /// fallible part), then the storage moves over.
+    fn rescratch(&mut self, max_batch: usize) -> Result<()> {
+        let be = &**self.model.backend();
+        let kv = be.new_kv(&[], self.kv_type)?;
+        let extra = ExtraState::new(be, &StateLayout::default(), self.n_ctx, 0);
+        let mut fresh = self
+            .model
+            .fork_state(&self.state, kv, extra, self.n_ctx, max_batch)?;
+        std::mem::swap(M::kv_mut(&mut fresh), M::kv_mut(&mut self.state));
+        if let (Some(a), Some(b)) = (M::extra_mut(&mut fresh), M::extra_mut(&mut self.state)) {
+            std::mem::swap(a, b);
+        }
+        self.state = fresh;
         Ok(())
     }
 }
@@ -557,6 +588,12 @@ impl<M: CausalLm> ModelState for Seq<M> {
             .backend()
             .kv_release(M::kv_mut(&mut self.state), n_past);
     }
+    fn park(&mut self) {
+        // Failing to make the small state is harmless: the sequence keeps its buffers.
+        if !self.parked && self.model.backend().scratch_by_use() && self.rescratch(0).is_ok() {
+            self.parked = true;
+        }
+    }
     fn snapshot_bytes(&self, snap: &(dyn Any + Send + Sync)) -> usize {
         snap.downcast_ref::<Snapshot<M>>()
             .and_then(|s| s.extra.as_ref())
@@ -577,6 +614,8 @@ impl<M: CausalLm> ModelState for Seq<M> {
             n_ctx: self.n_ctx,
             max_batch: self.max_batch,
             rollback_limit: self.rollback_limit,
+            kv_type: self.kv_type,
+            parked: false,
         }))
     }
     fn export(&self, tokens: &[u32]) -> Result<StateExport> {

@@ -196,6 +196,8 @@ impl PrefixCache {
 
     /// Put an entry back (most recently used) and evict down to the budget.
     pub fn put(&mut self, mut e: Entry) {
+        // Idle in the cache: only its state is worth keeping, not its scratch buffers.
+        e.session.park();
         self.clock += 1;
         e.last_used = self.clock;
         self.entries.push(e);

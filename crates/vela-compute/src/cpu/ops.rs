@@ -327,6 +327,10 @@ impl Backend for CpuBackend {
         }
     }
 
+    fn scratch_by_use(&self) -> bool {
+        true
+    }
+
     fn kv_export(&self, kv: &CpuKv, n_past: usize) -> crate::KvExport {
         use crate::kv_export::{held_from, slot_runs};
         let ty = kv.layers.first().map_or(KvType::F32, |l| l.k.ty());
