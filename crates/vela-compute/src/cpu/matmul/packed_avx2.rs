@@ -4,7 +4,7 @@
 //!
 //! Per block and half, each quant group (4 consecutive elements of the 8 rows) is decoded once
 //! and dotted with each of the `T ≤ 4` tokens' broadcast 4-byte activation group by `vpmaddubsw`
-//! + `vpmaddwd` (AVX2 has no `vpdpbusd`). Nibble quants (≤ 31) cannot saturate `vpmaddubsw`'s
+//! and `vpmaddwd` (AVX2 has no `vpdpbusd`). Nibble quants (≤ 31) cannot saturate `vpmaddubsw`'s
 //! i16 pair sums, and their zero point enters as `-OFF · Σa` as in the AVX-512 kernel; Q8_0
 //! (stored `+ 128`) is turned back into signed bytes and dotted with the sign trick
 //! (`|w| · sign(a, w)`), which needs no correction. The integer block dots are exact, and the
@@ -59,6 +59,7 @@ unsafe fn group(x: *const u8, xs: usize, t: usize, b: usize, g: usize) -> __m256
 /// AVX2 + FMA + F16C; `w` is a tile of `nb` blocks in the packed layout of `B` (64-byte aligned),
 /// `x` covers `T` rows (`xs` bytes apart) of `nb` [`ActQ8`] blocks, `y` the outputs.
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)]
 pub(crate) unsafe fn tile<B: Q32, const T: usize>(
     w: *const u8,
     nb: usize,
