@@ -127,7 +127,7 @@ ANSWER_1 = (f"{REASONING}</think>\n\n<{D}tool_calls>\n<{D}invoke name=\"get_weat
 ANSWER_2 = f"{REASONING_2}</think>{FINAL}{EOS_TEXT}"
 KWARGS = {"enable_thinking": True}
 
-SEED = 1234
+SEEDS = range(1234, 1242)
 MIN_MARGIN = 3.0
 MAX_STEPS = 800
 ROUTER_MIN_GAP = 1e-5
@@ -230,23 +230,27 @@ def main() -> None:
           "head_dim": 32, "qk_rope_head_dim": 16, "q_lora_rank": 32, "o_groups": 2, "o_lora_rank": 16,
           "sliding_window": 128, "index_n_heads": 8, "index_head_dim": 16, "index_topk": 512,
           "n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32}
-    cfg, model = fx.make_model(kw, SEED)
-    final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
+    def attempt(seed):
+        cfg, model = fx.make_model(kw, seed)
+        final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
 
-    # HF greedy decoding with the cache, as a server runs it; then the indexer selections and the
-    # router margins of one forward over sequence 2.
-    probe = fx.Probe(model)
-    probe.on = False
-    toolcall_fit.check_greedy(model, seqs, EOS, EOS)
-    probe.on = True
-    probe.reset()
-    with torch.no_grad():
-        logits2 = model(torch.tensor([full2]), use_cache=False).logits[0]
-    dropped = sum(1 for r in probe.rows if r["cutoff_gap"] is not None)
-    print(f"HF greedy (generate, cache on) reproduces both answers; indexer: {len(probe.rows)} queries, "
-          f"{dropped} drop entries; router top-k gap {probe.router_gap:.2e}", flush=True)
-    if dropped or probe.router_gap < ROUTER_MIN_GAP:
-        raise SystemExit("the indexer dropped entries, or a router near-tie: change SEED")
+        # HF greedy decoding with the cache, as a server runs it; then the indexer selections and
+        # the router margins of one forward over sequence 2.
+        probe = fx.Probe(model)
+        probe.on = False
+        toolcall_fit.check_greedy(model, seqs, EOS, EOS)
+        probe.on = True
+        probe.reset()
+        with torch.no_grad():
+            logits2 = model(torch.tensor([full2]), use_cache=False).logits[0]
+        dropped = sum(1 for r in probe.rows if r["cutoff_gap"] is not None)
+        print(f"HF greedy (generate, cache on) reproduces both answers; indexer: {len(probe.rows)} queries, "
+              f"{dropped} drop entries; router top-k gap {probe.router_gap:.2e}", flush=True)
+        if dropped or probe.router_gap < ROUTER_MIN_GAP:
+            return None, "the indexer dropped entries, or a router near-tie"
+        return (cfg, model, final_margin, probe, logits2), None
+
+    seed, (cfg, model, final_margin, probe, logits2) = toolcall_fit.first_fitting(SEEDS, attempt)
 
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
@@ -271,7 +275,7 @@ def main() -> None:
                    "answers": [ANSWER_1, ANSWER_2], "prompts": [t for t, _ in texts],
                    "prompt_ids": [p for p, _ in seqs], "answer_ids": [full[len(p):] for p, full in seqs],
                    "prompt_tokens": [len(p) for p, _ in seqs], "greedy_margin": final_margin,
-                   "router_gap": probe.router_gap, "indexer_queries": len(probe.rows),
+                   "router_gap": probe.router_gap, "indexer_queries": len(probe.rows), "seed": seed,
                    "tokenizer": source, "template": os.path.basename(TEMPLATE)},
                   f, indent=1, ensure_ascii=False)
     size = sum(os.path.getsize(os.path.join(OUT, x)) for x in os.listdir(OUT))

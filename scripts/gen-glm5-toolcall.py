@@ -114,7 +114,7 @@ ANSWER_1 = (f"{REASONING}</think><tool_call>get_weather<arg_key>city</arg_key><a
             f"<arg_key>days</arg_key><arg_value>2</arg_value></tool_call><|observation|>")
 ANSWER_2 = f"{REASONING_2}</think>{FINAL}<|user|>"
 
-SEED = 1235
+SEEDS = range(1235, 1243)
 MIN_MARGIN = 3.0
 MAX_STEPS = 800
 ROUTER_MIN_GAP = 1e-5
@@ -223,26 +223,30 @@ def main() -> None:
     kw = {**fx.FIXTURES["flash_mini"], "vocab_size": N_VOCAB, "index_topk": 2048,
           "bos_token_id": None, "eos_token_id": EOS_IDS, "pad_token_id": ID["<|endoftext|>"]}
     kw.pop("_gguf", None)
-    cfg, model = fx.make_model(kw, SEED)
-    model.generation_config.eos_token_id = EOS_IDS
-    model.generation_config.pad_token_id = ID["<|endoftext|>"]
-    model.generation_config.bos_token_id = None
-    final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
+    def attempt(seed):
+        cfg, model = fx.make_model(kw, seed)
+        model.generation_config.eos_token_id = EOS_IDS
+        model.generation_config.pad_token_id = ID["<|endoftext|>"]
+        model.generation_config.bos_token_id = None
+        final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
 
-    # HF greedy decoding with the cache, as a server runs it; then the router margins and the
-    # indexer's choices over one forward of sequence 2.
-    probe = fx.Probe(model)
-    probe.on = False
-    toolcall_fit.check_greedy(model, seqs, EOS_IDS, ID["<|endoftext|>"])
-    probe.on = True
-    probe.reset()
-    with torch.no_grad():
-        logits2 = model(torch.tensor([full2]), use_cache=False).logits[0]
-    dropped = sum(1 for r in probe.rows if r["cutoff_gap"] is not None)
-    print(f"HF greedy (generate, cache on) reproduces both answers; indexer: {len(probe.rows)} queries, "
-          f"{dropped} drop pools; router top-k gap {probe.router_gap:.2e}", flush=True)
-    if dropped or probe.router_gap < ROUTER_MIN_GAP:
-        raise SystemExit("the indexer dropped pools, or a router near-tie: change SEED")
+        # HF greedy decoding with the cache, as a server runs it; then the router margins and the
+        # indexer's choices over one forward of sequence 2.
+        probe = fx.Probe(model)
+        probe.on = False
+        toolcall_fit.check_greedy(model, seqs, EOS_IDS, ID["<|endoftext|>"])
+        probe.on = True
+        probe.reset()
+        with torch.no_grad():
+            logits2 = model(torch.tensor([full2]), use_cache=False).logits[0]
+        dropped = sum(1 for r in probe.rows if r["cutoff_gap"] is not None)
+        print(f"HF greedy (generate, cache on) reproduces both answers; indexer: {len(probe.rows)} queries, "
+              f"{dropped} drop pools; router top-k gap {probe.router_gap:.2e}", flush=True)
+        if dropped or probe.router_gap < ROUTER_MIN_GAP:
+            return None, "the indexer dropped pools, or a router near-tie"
+        return (model, final_margin, probe, logits2), None
+
+    seed, (model, final_margin, probe, logits2) = toolcall_fit.first_fitting(SEEDS, attempt)
 
     if os.path.isdir(OUT):
         shutil.rmtree(OUT)
@@ -265,7 +269,7 @@ def main() -> None:
                    "answers": [ANSWER_1, ANSWER_2], "prompts": [t for t, _ in texts],
                    "prompt_ids": [p for p, _ in seqs], "answer_ids": [full[len(p):] for p, full in seqs],
                    "prompt_tokens": [len(p) for p, _ in seqs], "greedy_margin": final_margin,
-                   "router_gap": probe.router_gap, "indexer_queries": len(probe.rows),
+                   "router_gap": probe.router_gap, "indexer_queries": len(probe.rows), "seed": seed,
                    "eos_ids": EOS_IDS, "tokenizer": source, "template": os.path.basename(TEMPLATE)},
                   f, indent=1, ensure_ascii=False)
     size = sum(os.path.getsize(os.path.join(OUT, x)) for x in os.listdir(OUT))

@@ -122,7 +122,7 @@ ANSWER_1 = (f"{REASONING}\n</think>\n\n<tool_call>\n<function=get_weather>\n<par
             "</parameter>\n</function>\n</tool_call><|im_end|>")
 ANSWER_2 = f"{REASONING_2}\n</think>\n\n{FINAL}<|im_end|>"
 
-SEED = 11
+SEEDS = range(11, 19)
 MIN_MARGIN = 3.0
 MAX_STEPS = 600
 
@@ -368,25 +368,30 @@ def main() -> None:
               "layer_types": ["linear_attention"] * 3 + ["full_attention"], "indexer_budget": 2048,
               "max_position_embeddings": 4096, "eos_token_id": ENDOFTEXT, "bos_token_id": ENDOFTEXT,
               "pad_token_id": ENDOFTEXT, "tie_word_embeddings": True}
-        cfg, model = fx.make_model(kw, SEED)
-        final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
         full2 = seqs[1][1]
 
-        # HF greedy decoding with the cache (chunked prefill + recurrent steps), as a server runs
-        # it; then the QSA selections and router margins of one forward over sequence 2.
-        probe = fx.Probe(model)
-        probe.on = False
-        toolcall_fit.check_greedy(model, seqs, IM_END, ENDOFTEXT)
-        probe.on = True
-        probe.reset()
-        with torch.no_grad():
-            model(torch.tensor([full2]), use_cache=False)
-        router_gap = probe.router_gap
-        dropped = sum(1 for r in probe.qsa if r["n_complete"] > len(r["top_blocks"]))
-        print(f"HF greedy (generate, cache on) reproduces both answers; QSA: {dropped} queries drop blocks; "
-              f"router top-k gap {router_gap:.2e}", flush=True)
-        if dropped or router_gap < 1e-5:
-            raise SystemExit("the indexer dropped blocks, or a router near-tie: change SEED or the budget")
+        def attempt(seed):
+            cfg, model = fx.make_model(kw, seed)
+            final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
+
+            # HF greedy decoding with the cache (chunked prefill + recurrent steps), as a server
+            # runs it; then the QSA selections and router margins of one forward over sequence 2.
+            probe = fx.Probe(model)
+            probe.on = False
+            toolcall_fit.check_greedy(model, seqs, IM_END, ENDOFTEXT)
+            probe.on = True
+            probe.reset()
+            with torch.no_grad():
+                model(torch.tensor([full2]), use_cache=False)
+            router_gap = probe.router_gap
+            dropped = sum(1 for r in probe.qsa if r["n_complete"] > len(r["top_blocks"]))
+            print(f"HF greedy (generate, cache on) reproduces both answers; QSA: {dropped} queries drop "
+                  f"blocks; router top-k gap {router_gap:.2e}", flush=True)
+            if dropped or router_gap < 1e-5:
+                return None, "the indexer dropped blocks, or a router near-tie"
+            return (model, final_margin, router_gap), None
+
+        seed, (model, final_margin, router_gap) = toolcall_fit.first_fitting(SEEDS, attempt)
 
         hf = os.path.join(work, "hf")
         model.save_pretrained(hf, safe_serialization=True)
@@ -407,7 +412,7 @@ def main() -> None:
                    "prompts": [t for t, _ in texts], "prompt_ids": [p for p, _ in seqs],
                    "answer_ids": [full[len(p):] for p, full in seqs],
                    "prompt_tokens": [len(p) for p, _ in seqs],
-                   "greedy_margin": final_margin, "router_gap": router_gap,
+                   "greedy_margin": final_margin, "router_gap": router_gap, "seed": seed,
                    "tokenizer": v["source"], "gguf_transforms_verified": sorted(rules)}, f, indent=1)
     print(f"qwen4exp_toolcall: {gguf_path} ({os.path.getsize(gguf_path) / 1e6:.0f} MB) in {time.time() - t0:.0f} s")
 
