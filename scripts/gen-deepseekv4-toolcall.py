@@ -231,18 +231,10 @@ def main() -> None:
           "sliding_window": 128, "index_n_heads": 8, "index_head_dim": 16, "index_topk": 512,
           "n_routed_experts": 16, "num_experts_per_tok": 4, "moe_intermediate_size": 32}
     def attempt(seed):
-        cfg, model = fx.make_model(kw, seed)
-        final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
-
-        # HF greedy decoding with the cache, as a server runs it; then the indexer selections and
-        # the router margins of one forward over sequence 2.
-        probe = fx.Probe(model)
-        probe.on = False
-        toolcall_fit.check_greedy(model, seqs, EOS, EOS)
-        probe.on = True
-        probe.reset()
-        with torch.no_grad():
-            logits2 = model(torch.tensor([full2]), use_cache=False).logits[0]
+        # Fitted, HF's cached greedy decoding checked (as a server runs it), then the indexer
+        # selections and the router margins of one forward over sequence 2.
+        cfg, model, final_margin, probe, logits2 = toolcall_fit.fit_and_probe(
+            fx, kw, seed, seqs, MAX_STEPS, MIN_MARGIN, EOS, EOS)
         dropped = sum(1 for r in probe.rows if r["cutoff_gap"] is not None)
         print(f"HF greedy (generate, cache on) reproduces both answers; indexer: {len(probe.rows)} queries, "
               f"{dropped} drop entries; router top-k gap {probe.router_gap:.2e}", flush=True)

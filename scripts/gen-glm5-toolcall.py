@@ -223,22 +223,16 @@ def main() -> None:
     kw = {**fx.FIXTURES["flash_mini"], "vocab_size": N_VOCAB, "index_topk": 2048,
           "bos_token_id": None, "eos_token_id": EOS_IDS, "pad_token_id": ID["<|endoftext|>"]}
     kw.pop("_gguf", None)
-    def attempt(seed):
-        cfg, model = fx.make_model(kw, seed)
+    def prepare(model):
         model.generation_config.eos_token_id = EOS_IDS
         model.generation_config.pad_token_id = ID["<|endoftext|>"]
         model.generation_config.bos_token_id = None
-        final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
 
-        # HF greedy decoding with the cache, as a server runs it; then the router margins and the
-        # indexer's choices over one forward of sequence 2.
-        probe = fx.Probe(model)
-        probe.on = False
-        toolcall_fit.check_greedy(model, seqs, EOS_IDS, ID["<|endoftext|>"])
-        probe.on = True
-        probe.reset()
-        with torch.no_grad():
-            logits2 = model(torch.tensor([full2]), use_cache=False).logits[0]
+    def attempt(seed):
+        # Fitted, HF's cached greedy decoding checked (as a server runs it), then the router
+        # margins and the indexer's choices over one forward of sequence 2.
+        _, model, final_margin, probe, logits2 = toolcall_fit.fit_and_probe(
+            fx, kw, seed, seqs, MAX_STEPS, MIN_MARGIN, EOS_IDS, ID["<|endoftext|>"], prepare)
         dropped = sum(1 for r in probe.rows if r["cutoff_gap"] is not None)
         print(f"HF greedy (generate, cache on) reproduces both answers; indexer: {len(probe.rows)} queries, "
               f"{dropped} drop pools; router top-k gap {probe.router_gap:.2e}", flush=True)

@@ -368,21 +368,13 @@ def main() -> None:
               "layer_types": ["linear_attention"] * 3 + ["full_attention"], "indexer_budget": 2048,
               "max_position_embeddings": 4096, "eos_token_id": ENDOFTEXT, "bos_token_id": ENDOFTEXT,
               "pad_token_id": ENDOFTEXT, "tie_word_embeddings": True}
-        full2 = seqs[1][1]
 
         def attempt(seed):
-            cfg, model = fx.make_model(kw, seed)
-            final_margin = toolcall_fit.fit_answers(model, seqs, MAX_STEPS, MIN_MARGIN)
-
-            # HF greedy decoding with the cache (chunked prefill + recurrent steps), as a server
-            # runs it; then the QSA selections and router margins of one forward over sequence 2.
-            probe = fx.Probe(model)
-            probe.on = False
-            toolcall_fit.check_greedy(model, seqs, IM_END, ENDOFTEXT)
-            probe.on = True
-            probe.reset()
-            with torch.no_grad():
-                model(torch.tensor([full2]), use_cache=False)
+            # Fitted, HF's cached greedy decoding checked (chunked prefill + recurrent steps, as a
+            # server runs it), then the QSA selections and router margins of one forward over
+            # sequence 2.
+            _, model, final_margin, probe, _ = toolcall_fit.fit_and_probe(
+                fx, kw, seed, seqs, MAX_STEPS, MIN_MARGIN, IM_END, ENDOFTEXT)
             router_gap = probe.router_gap
             dropped = sum(1 for r in probe.qsa if r["n_complete"] > len(r["top_blocks"]))
             print(f"HF greedy (generate, cache on) reproduces both answers; QSA: {dropped} queries drop "

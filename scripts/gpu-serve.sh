@@ -50,7 +50,6 @@ build)
   t0=$(date +%s)
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   [ -d "$LC/llama.cpp" ] || tar xzf $P/llama-src.tar.gz -C "$LC"
-  cp $P/llama-src.tar.gz target/gpu-data/llama-src.tar.gz
   (bash scripts/build-llama-cpp-cuda.sh build "$LC" >"$OUT/llama-build.log" 2>&1; echo "build rc $?" >>"$OUT/llama-build.log") &
   bpid=$!
   nvrtc

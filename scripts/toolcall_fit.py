@@ -74,3 +74,22 @@ def first_fitting(seeds, attempt):
             return seed, value
         print(f"seed {seed}: {why}; trying the next seed", flush=True)
     raise SystemExit(f"no seed of {list(seeds)} fits: each left a near-tie")
+
+
+def fit_and_probe(fx, kw, seed, seqs, max_steps, min_margin, eos, pad, prepare=None):
+    """One seed's model of fixture module `fx`: made (`prepare(model)` then, if given), fitted to
+    the answers, checked by HF's cached greedy decoding, then probed (`fx.Probe`: router margins,
+    indexer choices) over one forward of sequence 2. Returns `(cfg, model, margin, probe, logits)`
+    with the logits of that forward."""
+    cfg, model = fx.make_model(kw, seed)
+    if prepare:
+        prepare(model)
+    margin = fit_answers(model, seqs, max_steps, min_margin)
+    probe = fx.Probe(model)
+    probe.on = False
+    check_greedy(model, seqs, eos, pad)
+    probe.on = True
+    probe.reset()
+    with torch.no_grad():
+        logits = model(torch.tensor([seqs[1][1]]), use_cache=False).logits[0]
+    return cfg, model, margin, probe, logits
