@@ -26,23 +26,40 @@ pub(crate) unsafe fn q32<B: Q32>(
     let mut q = [0u8; 32];
     let (mut sumf, mut summ) = (0f32, 0f32);
     for (b, a) in acts.iter().enumerate() {
-        let (d, m) = B::decode(w.add(b * B::BYTES), &mut q);
-        let mut isum = 0i32;
-        for i in 0..32 {
-            let wq = if B::SIGNED {
-                q[i] as i8 as i32
-            } else {
-                q[i] as i32
-            };
-            isum += wq * a.qs[i] as i32;
-        }
-        isum -= B::OFF * a.sum;
-        sumf += isum as f32 * (d * a.d);
-        if B::HAS_MIN {
-            summ += m * a.s;
-        }
+        q32_block::<B>(w.add(b * B::BYTES), a, &mut q, &mut sumf, &mut summ);
     }
     *y = sumf + summ;
+}
+
+/// One block of [`q32`]: the exact integer dot, then `sumf += isum · (d_w · d_x)` and
+/// `summ += m_w · s_x` (no FMA). The SIMD kernels finish odd blocks with it, so their sums follow
+/// the same steps.
+///
+/// # Safety
+/// `w` must point to one weight block.
+#[inline(always)]
+pub(crate) unsafe fn q32_block<B: Q32>(
+    w: *const u8,
+    a: &ActQ8,
+    q: &mut [u8; 32],
+    sumf: &mut f32,
+    summ: &mut f32,
+) {
+    let (d, m) = B::decode(w, q);
+    let mut isum = 0i32;
+    for i in 0..32 {
+        let wq = if B::SIGNED {
+            q[i] as i8 as i32
+        } else {
+            q[i] as i32
+        };
+        isum += wq * a.qs[i] as i32;
+    }
+    isum -= B::OFF * a.sum;
+    *sumf += isum as f32 * (d * a.d);
+    if B::HAS_MIN {
+        *summ += m * a.s;
+    }
 }
 
 /// One k-quant row dot against `Q8_K` activations.

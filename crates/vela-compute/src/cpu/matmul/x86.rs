@@ -381,24 +381,6 @@ unsafe fn tile_f<W: FloatW, const R: usize, const T: usize>(
     }
 }
 
-/// The 256-bit per-block VNNI kernel (used by `x86_512` for the blocks after the last group).
-///
-/// # Safety
-/// AVX-512 VNNI features and pointer extents as for [`super::TileFn`].
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-pub(crate) unsafe fn tile_q32_vnni<B: Q32, const R: usize, const T: usize>(
-    w: *const u8,
-    ws: usize,
-    x: *const u8,
-    xs: usize,
-    nb: usize,
-    y: *mut f32,
-    ys: usize,
-) {
-    tile_q32::<B, R, T, true>(w, ws, x, xs, nb, y, ys)
-}
-
 macro_rules! entry_points {
     ($feat:literal, $vnni:expr, $q32body:path, $wide:expr, $q32:ident, $qk:ident, $f:ident) => {
         /// # Safety

@@ -13,15 +13,16 @@
 //!   64-bit mask is assembled from the two `qh` words in scalar registers;
 //! * Q8_0: the two 32-byte quant arrays are concatenated as is and shifted to unsigned (`^ 0x80`).
 //!
-//! One `vpdpbusd` per (row, token, pair) yields 16 i32 lanes, each a partial dot of one block;
-//! the zero-point correction `-OFF · Σa` of each block enters the accumulator's first lane of that
-//! block (built once per token and pair with a zero-masked `vpermd`). The lanes are converted to
-//! f32 and multiplied by the lane-expanded weight scale and activation scale (`vpermps`), and
-//! accumulated into one f32 register per (row, token). The additive mins of Q4_1/Q5_1 contribute
-//! `m · s` for 8 blocks with one FMA per (row, token, group). Leftover blocks (`nb % 8`) form a
-//! last, partial group (masked gathers) of whole pairs; a final odd block goes through the
-//! 256-bit per-block kernel of `x86.rs`. Weights are software-prefetched [`PREFETCH`] bytes ahead. Every output is produced by a fixed operation order
-//! that does not depend on the tile position, so results are independent of the thread split.
+//! One `vpdpbusd` per (row, token, pair) yields 16 i32 lanes, each a partial dot of one block.
+//! The 4 pairs of a group are reduced with integer unpacks and adds ([`reduce`]) to the 8 exact
+//! block dots, the zero-point correction `-OFF · Σa` is added per block, and then, exactly like
+//! the scalar kernel: `sumf += isum as f32 * (d_w * d_a)` and `summ += m_w · s_a` (products
+//! lane-wise, the sums block by block in order, no FMA), `y = sumf + summ`. Leftover blocks
+//! (`nb % 8`) form a last, partial group (masked gathers) of whole pairs; a final odd block goes
+//! through the scalar block step. So this kernel, the packed GEMM (`packed.rs`) and the scalar
+//! kernel agree bit for bit: weights used in place (the output head, routed experts in host
+//! memory) give the packed copies' results. Weights are software-prefetched [`PREFETCH`] bytes
+//! ahead.
 
 use std::arch::x86_64::*;
 
@@ -101,30 +102,44 @@ unsafe fn act_pair<B: Q32>(a: *const ActQ8) -> __m512i {
     }
 }
 
-/// Lane → block-in-group index for pair `p` (0..4), and the lanes that take the zero-point
-/// correction (first lane of each block).
-#[inline(always)]
-unsafe fn pair_lanes<B: Q32>(p: i32) -> (__m512i, u16) {
-    let (a, b) = (2 * p, 2 * p + 1);
-    if B::SIGNED {
-        (
-            _mm512_setr_epi32(a, a, a, a, a, a, a, a, b, b, b, b, b, b, b, b),
-            0x0101,
-        )
-    } else {
-        (
-            _mm512_setr_epi32(a, a, a, a, b, b, b, b, a, a, a, a, b, b, b, b),
-            0x0011,
-        )
-    }
-}
-
 /// Weight bytes prefetched ahead of the group being decoded (per row stream): decode walks
 /// `R` rows at once, and the scale gather that starts each group otherwise stalls on DRAM.
 const PREFETCH: usize = 4096;
 
-/// Blocks `b0 .. b0 + 2 * NP` (`NP ≤ 4`, a constant so the pair loop unrolls with constant lane
-/// maps) of an `R × T` tile into `acc` (see the module docs).
+/// The 8 exact block dots of a group from its 4 pair registers (missing pairs zero), in the
+/// block order 0, 2, 4, 6, 1, 3, 5, 7 ([`POS`]).
+///
+/// After the 32-bit and 64-bit unpack-adds, 128-bit lane `k` of `y` holds, for pairs 0..4, the
+/// sum of lane `k` of that pair's register. A Q8_0 pair register has block `2p` in lanes 0, 1
+/// and `2p + 1` in lanes 2, 3; a nibble pair register alternates them (0, 2 and 1, 3).
+#[inline(always)]
+unsafe fn reduce<B: Q32>(p: &[__m512i; 4]) -> __m256i {
+    let x01 = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(p[0], p[1]),
+        _mm512_unpackhi_epi32(p[0], p[1]),
+    );
+    let x23 = _mm512_add_epi32(
+        _mm512_unpacklo_epi32(p[2], p[3]),
+        _mm512_unpackhi_epi32(p[2], p[3]),
+    );
+    let y = _mm512_add_epi32(
+        _mm512_unpacklo_epi64(x01, x23),
+        _mm512_unpackhi_epi64(x01, x23),
+    );
+    if B::SIGNED {
+        let a = _mm512_shuffle_i32x4::<0b00_00_10_00>(y, y);
+        let b = _mm512_shuffle_i32x4::<0b00_00_11_01>(y, y);
+        _mm512_castsi512_si256(_mm512_add_epi32(a, b))
+    } else {
+        _mm256_add_epi32(_mm512_castsi512_si256(y), _mm512_extracti64x4_epi64::<1>(y))
+    }
+}
+
+/// Where block `j` of a group sits in [`reduce`]'s result.
+const POS: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
+
+/// Blocks `b0 .. b0 + 2 * NP` (`NP ≤ 4`, a constant so the pair loop unrolls) of an `R × T`
+/// tile into the scalar kernel's running sums (see the module docs).
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn group<B: Q32, const R: usize, const T: usize, const NP: usize>(
@@ -133,7 +148,8 @@ unsafe fn group<B: Q32, const R: usize, const T: usize, const NP: usize>(
     x: *const u8,
     xs: usize,
     b0: usize,
-    acc: &mut [[__m512; T]; R],
+    sumf: &mut [[f32; T]; R],
+    summ: &mut [[f32; T]; R],
 ) {
     // Offset folded into the integer dot: Q8_0 is shifted by +128 to unsigned.
     let off: i32 = if B::SIGNED { 128 } else { B::OFF };
@@ -143,6 +159,8 @@ unsafe fn group<B: Q32, const R: usize, const T: usize, const NP: usize>(
         _mm256_set1_epi32(n),
         _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7),
     );
+    // Per-block values in [`reduce`]'s block order.
+    let order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     // (No closures here: they do not inherit the caller's target features, so intrinsics
     // inside one are not inlined.)
     let mut dw = [_mm256_setzero_ps(); R];
@@ -156,57 +174,66 @@ unsafe fn group<B: Q32, const R: usize, const T: usize, const NP: usize>(
             o += 64;
         }
         let hv = gather_masked(p, B::BYTES as i32, full, lanes_ok);
-        dw[r] = halves_to_f32::<false>(hv);
+        dw[r] = _mm256_permutevar8x32_ps(halves_to_f32::<false>(hv), order);
         if B::HAS_MIN {
-            mw[r] = halves_to_f32::<true>(hv);
+            mw[r] = _mm256_permutevar8x32_ps(halves_to_f32::<true>(hv), order);
         }
     }
     let mut da = [_mm256_setzero_ps(); T];
     let mut sa = [_mm256_setzero_ps(); T];
-    let mut corr8 = [_mm256_setzero_si256(); T];
+    let mut corr = [_mm256_setzero_si256(); T];
+    let mut av = [[_mm512_setzero_si512(); 4]; T];
     for t in 0..T {
-        let a = (x.add(t * xs) as *const ActQ8).add(b0) as *const u8;
-        da[t] = _mm256_castsi256_ps(gather_masked(a, AB, full, lanes_ok));
+        let a = (x.add(t * xs) as *const ActQ8).add(b0);
+        let ab = a as *const u8;
+        da[t] = _mm256_permutevar8x32_ps(
+            _mm256_castsi256_ps(gather_masked(ab, AB, full, lanes_ok)),
+            order,
+        );
         if B::HAS_MIN {
-            sa[t] = _mm256_castsi256_ps(gather_masked(a.add(4), AB, full, lanes_ok));
+            sa[t] = _mm256_permutevar8x32_ps(
+                _mm256_castsi256_ps(gather_masked(ab.add(4), AB, full, lanes_ok)),
+                order,
+            );
         }
         if off != 0 {
-            let sums = gather_masked(a.add(8), AB, full, lanes_ok);
-            corr8[t] = _mm256_mullo_epi32(sums, _mm256_set1_epi32(-off));
+            let sums = gather_masked(ab.add(8), AB, full, lanes_ok);
+            corr[t] = _mm256_permutevar8x32_epi32(
+                _mm256_mullo_epi32(sums, _mm256_set1_epi32(-off)),
+                order,
+            );
+        }
+        for p in 0..NP {
+            av[t][p] = act_pair::<B>(a.add(2 * p));
         }
     }
-    if B::HAS_MIN {
-        for r in 0..R {
-            for t in 0..T {
-                acc[r][t] = _mm512_fmadd_ps(
-                    _mm512_zextps256_ps512(mw[r]),
-                    _mm512_zextps256_ps512(sa[t]),
-                    acc[r][t],
-                );
-            }
+    let mut f = [[[0f32; G]; T]; R];
+    let mut m = [[[0f32; G]; T]; R];
+    for r in 0..R {
+        let mut wv = [_mm512_setzero_si512(); 4];
+        for p in 0..NP {
+            wv[p] = load_pair::<B>(w.add(r * ws + (b0 + 2 * p) * B::BYTES));
         }
-    }
-    for p in 0..NP as i32 {
-        let (lanes, cmask) = pair_lanes::<B>(p);
-        let mut av = [_mm512_setzero_si512(); T];
-        let mut al = [_mm512_setzero_ps(); T];
-        let mut cv = [_mm512_setzero_si512(); T];
         for t in 0..T {
-            let a = (x.add(t * xs) as *const ActQ8).add(b0 + 2 * p as usize);
-            av[t] = act_pair::<B>(a);
-            al[t] = _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(da[t]));
-            if off != 0 {
-                cv[t] =
-                    _mm512_maskz_permutexvar_epi32(cmask, lanes, _mm512_castsi256_si512(corr8[t]));
+            let mut dp = [_mm512_setzero_si512(); 4];
+            for p in 0..NP {
+                dp[p] = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wv[p], av[t][p]);
+            }
+            let isum = _mm256_add_epi32(reduce::<B>(&dp), corr[t]);
+            let v = _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(dw[r], da[t]));
+            _mm256_storeu_ps(f[r][t].as_mut_ptr(), v);
+            if B::HAS_MIN {
+                _mm256_storeu_ps(m[r][t].as_mut_ptr(), _mm256_mul_ps(mw[r], sa[t]));
             }
         }
+    }
+    for &k in &POS[..2 * NP] {
         for r in 0..R {
-            let wv = load_pair::<B>(w.add(r * ws + (b0 + 2 * p as usize) * B::BYTES));
-            let wl = _mm512_permutexvar_ps(lanes, _mm512_castps256_ps512(dw[r]));
             for t in 0..T {
-                let dp = _mm512_dpbusd_epi32(cv[t], wv, av[t]);
-                let f = _mm512_mul_ps(_mm512_cvtepi32_ps(dp), wl);
-                acc[r][t] = _mm512_fmadd_ps(f, al[t], acc[r][t]);
+                sumf[r][t] += f[r][t][k];
+                if B::HAS_MIN {
+                    summ[r][t] += m[r][t][k];
+                }
             }
         }
     }
@@ -224,37 +251,34 @@ pub(crate) unsafe fn tile_q32<B: Q32, const R: usize, const T: usize>(
     y: *mut f32,
     ys: usize,
 ) {
-    let mut acc = [[_mm512_setzero_ps(); T]; R];
+    let (mut sumf, mut summ) = ([[0f32; T]; R], [[0f32; T]; R]);
     let ng = nb / G;
     for g in 0..ng {
-        group::<B, R, T, 4>(w, ws, x, xs, g * G, &mut acc);
+        group::<B, R, T, 4>(w, ws, x, xs, g * G, &mut sumf, &mut summ);
     }
     // A partial group of whole pairs (masked gathers), then at most one odd block.
     let mut done = ng * G;
     let pairs = (nb - done) / 2;
     match pairs {
-        1 => group::<B, R, T, 1>(w, ws, x, xs, done, &mut acc),
-        2 => group::<B, R, T, 2>(w, ws, x, xs, done, &mut acc),
-        3 => group::<B, R, T, 3>(w, ws, x, xs, done, &mut acc),
+        1 => group::<B, R, T, 1>(w, ws, x, xs, done, &mut sumf, &mut summ),
+        2 => group::<B, R, T, 2>(w, ws, x, xs, done, &mut sumf, &mut summ),
+        3 => group::<B, R, T, 3>(w, ws, x, xs, done, &mut sumf, &mut summ),
         _ => {}
     }
     done += 2 * pairs;
-    let mut tail = [0f32; 16];
     if done < nb {
-        // `tail[t * R + r]` via the per-block 256-bit kernel.
-        super::x86::tile_q32_vnni::<B, R, T>(
-            w.add(done * B::BYTES),
-            ws,
-            x.add(done * std::mem::size_of::<ActQ8>()),
-            xs,
-            nb - done,
-            tail.as_mut_ptr(),
-            R,
-        );
+        let mut q = [0u8; 32];
+        for r in 0..R {
+            for t in 0..T {
+                let a = &*(x.add(t * xs) as *const ActQ8).add(done);
+                let p = w.add(r * ws + done * B::BYTES);
+                super::scalar::q32_block::<B>(p, a, &mut q, &mut sumf[r][t], &mut summ[r][t]);
+            }
+        }
     }
     for r in 0..R {
         for t in 0..T {
-            *y.add(t * ys + r) = _mm512_reduce_add_ps(acc[r][t]) + tail[t * R + r];
+            *y.add(t * ys + r) = sumf[r][t] + summ[r][t];
         }
     }
 }
