@@ -91,7 +91,93 @@ unsafe fn decode_q32<B: Q32>(p: *const u8) -> __m256i {
     v
 }
 
-/// Tile kernel for the 32-element block types against [`ActQ8`] activations.
+/// The 8 exact sums of `v[0..8]`'s lanes, in order.
+#[inline(always)]
+unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
+    let h01 = _mm256_hadd_epi32(v[0], v[1]);
+    let h23 = _mm256_hadd_epi32(v[2], v[3]);
+    let h45 = _mm256_hadd_epi32(v[4], v[5]);
+    let h67 = _mm256_hadd_epi32(v[6], v[7]);
+    // 128-bit lane k of h0..3: the sums of v[0..4]'s lane k.
+    let h0 = _mm256_hadd_epi32(h01, h23);
+    let h4 = _mm256_hadd_epi32(h45, h67);
+    _mm256_add_epi32(
+        _mm256_permute2x128_si256::<0x20>(h0, h4),
+        _mm256_permute2x128_si256::<0x31>(h0, h4),
+    )
+}
+
+/// Blocks `b0 .. b0 + n` (`n ≤ 8`; `FULL`: `n` = 8, a constant so the loops unroll) of
+/// [`tile_q32`] into its running sums.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn group32<B: Q32, const R: usize, const T: usize, const VNNI: bool, const FULL: bool>(
+    w: *const u8,
+    ws: usize,
+    x: *const u8,
+    xs: usize,
+    b0: usize,
+    n: usize,
+    off: i32,
+    sumf: &mut [[f32; T]; R],
+    summ: &mut [[f32; T]; R],
+) {
+    let n = if FULL { 8 } else { n };
+    for r in 0..R {
+        let mut dw = [0f32; 8];
+        let mut mw = [0f32; 8];
+        let mut wv = [_mm256_setzero_si256(); 8];
+        for j in 0..n {
+            let p = w.add(r * ws + (b0 + j) * B::BYTES);
+            if T == 1 {
+                prefetch_block(p, B::BYTES);
+            }
+            dw[j] = f16_ptr(p, 0);
+            if B::HAS_MIN {
+                mw[j] = f16_ptr(p, 2);
+            }
+            wv[j] = decode_q32::<B>(p);
+            if B::SIGNED && VNNI {
+                wv[j] = _mm256_xor_si256(wv[j], _mm256_set1_epi8(-128));
+            }
+        }
+        for t in 0..T {
+            let a = (x.add(t * xs) as *const ActQ8).add(b0);
+            let mut v = [_mm256_setzero_si256(); 8];
+            for j in 0..n {
+                let a = &*a.add(j);
+                let av = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
+                let corr = if off != 0 {
+                    _mm256_zextsi128_si256(_mm_cvtsi32_si128(-off * a.sum))
+                } else {
+                    _mm256_setzero_si256()
+                };
+                v[j] = if B::SIGNED && !VNNI {
+                    let ax = _mm256_sign_epi8(wv[j], wv[j]);
+                    let sy = _mm256_sign_epi8(av, wv[j]);
+                    dot_u8i8::<false>(corr, ax, sy)
+                } else {
+                    dot_u8i8::<VNNI>(corr, wv[j], av)
+                };
+            }
+            let mut isum = [0i32; 8];
+            _mm256_storeu_si256(isum.as_mut_ptr() as *mut __m256i, reduce8(&v));
+            for j in 0..n {
+                let a = &*a.add(j);
+                sumf[r][t] += isum[j] as f32 * (dw[j] * a.d);
+                if B::HAS_MIN {
+                    summ[r][t] += mw[j] * a.s;
+                }
+            }
+        }
+    }
+}
+
+/// Tile kernel for the 32-element block types against [`ActQ8`] activations, in the scalar
+/// kernel's order: per group of 8 blocks the integer dots are reduced to exact block sums
+/// ([`reduce8`]), then `sumf += isum as f32 * (d_w * d_a)` and `summ += m_w · s_a` block by block
+/// (no FMA), `y = sumf + summ`. So it gives the scalar kernel's bits, like the packed GEMMs:
+/// weights used in place (the output head, routed experts in host memory) and packed copies agree.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile_q32<B: Q32, const R: usize, const T: usize, const VNNI: bool>(
@@ -103,8 +189,7 @@ unsafe fn tile_q32<B: Q32, const R: usize, const T: usize, const VNNI: bool>(
     y: *mut f32,
     ys: usize,
 ) {
-    let mut acc = [[_mm256_setzero_ps(); T]; R];
-    let mut summ = [[0f32; T]; R];
+    let (mut sumf, mut summ) = ([[0f32; T]; R], [[0f32; T]; R]);
     // Signed Q8_0 weights: with VNNI shift them to unsigned (w + 128) and correct with the
     // activation sum; without VNNI use the sign trick (|w| · sign(a, w)).
     let off = if B::SIGNED {
@@ -116,51 +201,17 @@ unsafe fn tile_q32<B: Q32, const R: usize, const T: usize, const VNNI: bool>(
     } else {
         B::OFF
     };
-    for b in 0..nb {
-        let mut dw = [0f32; R];
-        let mut mw = [0f32; R];
-        let mut wv = [_mm256_setzero_si256(); R];
-        for r in 0..R {
-            let p = w.add(r * ws + b * B::BYTES);
-            if T == 1 {
-                prefetch_block(p, B::BYTES);
-            }
-            dw[r] = f16_ptr(p, 0);
-            if B::HAS_MIN {
-                mw[r] = f16_ptr(p, 2);
-            }
-            wv[r] = decode_q32::<B>(p);
-            if B::SIGNED && VNNI {
-                wv[r] = _mm256_xor_si256(wv[r], _mm256_set1_epi8(-128));
-            }
-        }
-        for t in 0..T {
-            let a = &*(x.add(t * xs) as *const ActQ8).add(b);
-            let av = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-            let corr = if off != 0 {
-                _mm256_zextsi128_si256(_mm_cvtsi32_si128(-off * a.sum))
-            } else {
-                _mm256_setzero_si256()
-            };
-            for r in 0..R {
-                let isum = if B::SIGNED && !VNNI {
-                    let ax = _mm256_sign_epi8(wv[r], wv[r]);
-                    let sy = _mm256_sign_epi8(av, wv[r]);
-                    dot_u8i8::<false>(corr, ax, sy)
-                } else {
-                    dot_u8i8::<VNNI>(corr, wv[r], av)
-                };
-                let scale = _mm256_set1_ps(dw[r] * a.d);
-                acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[r][t]);
-                if B::HAS_MIN {
-                    summ[r][t] += mw[r] * a.s;
-                }
-            }
-        }
+    let mut b0 = 0;
+    while b0 + 8 <= nb {
+        group32::<B, R, T, VNNI, true>(w, ws, x, xs, b0, 8, off, &mut sumf, &mut summ);
+        b0 += 8;
+    }
+    if b0 < nb {
+        group32::<B, R, T, VNNI, false>(w, ws, x, xs, b0, nb - b0, off, &mut sumf, &mut summ);
     }
     for r in 0..R {
         for t in 0..T {
-            *y.add(t * ys + r) = hsum(acc[r][t]) + summ[r][t];
+            *y.add(t * ys + r) = sumf[r][t] + summ[r][t];
         }
     }
 }
