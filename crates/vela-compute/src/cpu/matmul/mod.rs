@@ -22,6 +22,8 @@ pub mod exact;
 #[allow(clippy::needless_range_loop)]
 mod packed;
 #[cfg(target_arch = "x86_64")]
+mod packed_avx2;
+#[cfg(target_arch = "x86_64")]
 mod packed_k;
 mod refine;
 #[allow(clippy::needless_range_loop)]
@@ -350,12 +352,14 @@ pub fn matmul_multi(
 /// of the GGUF layout (k-quants: [`PackedMatrix::min_tokens`]).
 pub const PACKED_MIN_TOKENS: usize = 1;
 
-/// Whether weights of type `ty` should be repacked with [`PackedMatrix::new`] for `kernel`
-/// (only the AVX-512 family has a packed GEMM, for the 32-element block types).
+/// Whether weights of type `ty` should be repacked with [`PackedMatrix::new`] for `kernel`:
+/// the AVX-512 family has a packed GEMM for the 32-element block types and the k-quants, the
+/// AVX2 family for the 32-element block types (`packed_avx2.rs`).
 pub fn packs(kernel: Kernel, ty: GgmlType) -> bool {
     use GgmlType as G;
+    let q32 = matches!(ty, G::Q4_0 | G::Q4_1 | G::Q5_0 | G::Q5_1 | G::Q8_0);
     cfg!(target_arch = "x86_64")
-        && kernel == Kernel::Avx512
+        && (kernel == Kernel::Avx2 && q32 || kernel == Kernel::Avx512)
         && matches!(
             ty,
             G::Q4_0
@@ -411,7 +415,7 @@ pub fn matmul_rows_packed(
 }
 
 /// [`matmul_multi_packed`] with an explicit kernel family (tests and benchmarks); the packed
-/// copies are only used with [`Kernel::Avx512`].
+/// copies are used where [`packs`] says so for that family.
 pub fn matmul_multi_packed_with(
     kernel: Kernel,
     pool: &ThreadPool,
@@ -521,7 +525,7 @@ fn matmul_dispatch(
         }
         jobs.push(Job {
             #[cfg(target_arch = "x86_64")]
-            packed: p.map(|p| (p, packed::kernels(ty))),
+            packed: p.map(|p| (p, packed::kernels(kernel, ty))),
             #[cfg(not(target_arch = "x86_64"))]
             packed: p,
             tiles: tiles(kernel, ty),
@@ -620,8 +624,8 @@ fn matmul_dispatch(
                     let kind = kinds[j.act];
                     // The range's first tile in the packed matrix.
                     let tile0 = p.row0 / PackedRows::ROWS;
-                    // SAFETY: `packed` is only chosen for the AVX-512 family (features checked
-                    // by `kernel.available()`); shapes validated above (the tiles lie in the
+                    // SAFETY: `packed` is only chosen where `packs(kernel, ty)` (the family's
+                    // features checked by `kernel.available()`); shapes validated above (the tiles lie in the
                     // matrix); disjoint output rows.
                     unsafe {
                         packed::run_tiles(

@@ -61,7 +61,7 @@ pub struct PackedMatrix {
 }
 
 /// Section offsets of a tile with `nb` blocks: `(m, qh, q, tile_bytes)`.
-fn offsets(ty: GgmlType, nb: usize) -> (usize, usize, usize, usize) {
+pub(crate) fn offsets(ty: GgmlType, nb: usize) -> (usize, usize, usize, usize) {
     let (has_min, q5, nq) = match ty {
         GgmlType::Q4_0 => (false, false, 4),
         GgmlType::Q4_1 => (true, false, 4),
@@ -204,33 +204,70 @@ impl PackedMatrix {
 /// `r < valid_rows`, `t < T`.
 pub(crate) type PackedFn = unsafe fn(*const u8, usize, *const u8, usize, *mut f32, usize, usize);
 
-/// The kernels for `ty` indexed by `T - 1` (every type [`PackedMatrix::new`] packs).
+/// The GGUF type of a 32-element block type.
+pub(crate) fn type_of<B: Q32>() -> GgmlType {
+    if B::SIGNED {
+        GgmlType::Q8_0
+    } else if B::HAS_MIN {
+        if B::QH_AT != 0 {
+            GgmlType::Q5_1
+        } else {
+            GgmlType::Q4_1
+        }
+    } else if B::QH_AT != 0 {
+        GgmlType::Q5_0
+    } else {
+        GgmlType::Q4_0
+    }
+}
+
+/// The kernels of `kernel`'s family for `ty`, indexed by `T - 1` (every type
+/// [`PackedMatrix::new`] packs for that family: [`super::packs`]).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn kernels(ty: GgmlType) -> Kernels {
+pub(crate) fn kernels(kernel: super::Kernel, ty: GgmlType) -> Kernels {
     use super::decode::*;
+    use super::packed_avx2 as a2;
     macro_rules! k {
-        ($B:ty, $tm:literal) => {
-            Kernels {
-                fns: [
-                    x86::tile::<$B, 1>,
-                    x86::tile::<$B, 2>,
-                    x86::tile::<$B, 3>,
-                    x86::tile::<$B, 4>,
-                    x86::tile::<$B, 5>,
-                    x86::tile::<$B, 6>,
-                    x86::tile::<$B, 7>,
-                    x86::tile::<$B, 8>,
-                ],
-                t_max: $tm,
+        ($B:ty) => {
+            if kernel == super::Kernel::Avx512 {
+                Kernels {
+                    fns: [
+                        x86::tile::<$B, 1>,
+                        x86::tile::<$B, 2>,
+                        x86::tile::<$B, 3>,
+                        x86::tile::<$B, 4>,
+                        x86::tile::<$B, 5>,
+                        x86::tile::<$B, 6>,
+                        x86::tile::<$B, 7>,
+                        x86::tile::<$B, 8>,
+                    ],
+                    t_max: TOKENS,
+                }
+            } else {
+                // `t_max` keeps calls at T ≤ 4; the unused entries repeat the widest kernel.
+                let w: PackedFn = a2::tile::<$B, 4>;
+                Kernels {
+                    fns: [
+                        a2::tile::<$B, 1>,
+                        a2::tile::<$B, 2>,
+                        a2::tile::<$B, 3>,
+                        w,
+                        w,
+                        w,
+                        w,
+                        w,
+                    ],
+                    t_max: a2::TOKENS,
+                }
             }
         };
     }
     match ty {
-        GgmlType::Q4_0 => k!(Q4_0, 8),
-        GgmlType::Q4_1 => k!(Q4_1, 8),
-        GgmlType::Q5_0 => k!(Q5_0, 8),
-        GgmlType::Q5_1 => k!(Q5_1, 8),
-        GgmlType::Q8_0 => k!(Q8_0, 8),
+        GgmlType::Q4_0 => k!(Q4_0),
+        GgmlType::Q4_1 => k!(Q4_1),
+        GgmlType::Q5_0 => k!(Q5_0),
+        GgmlType::Q5_1 => k!(Q5_1),
+        GgmlType::Q8_0 => k!(Q8_0),
         _ => super::packed_k::kernels(ty),
     }
 }
@@ -241,7 +278,7 @@ pub(crate) fn kernels(ty: GgmlType) -> Kernels {
 /// goes to `y[t * rows + r - row0]`; the tiles must overlap that range.
 ///
 /// # Safety
-/// AVX-512 VNNI available; `xq` covers `n_tokens` activation rows of `p.cols` elements in the
+/// The kernels' CPU features available; `xq` covers `n_tokens` activation rows of `p.cols` elements in the
 /// type's activation layout, `y` `n_tokens * rows` floats, and the tiles lie in the row range.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
@@ -337,20 +374,7 @@ mod x86 {
         ys: usize,
         valid: usize,
     ) {
-        let ty = if B::SIGNED {
-            GgmlType::Q8_0
-        } else if B::HAS_MIN {
-            if B::QH_AT != 0 {
-                GgmlType::Q5_1
-            } else {
-                GgmlType::Q4_1
-            }
-        } else if B::QH_AT != 0 {
-            GgmlType::Q5_0
-        } else {
-            GgmlType::Q4_0
-        };
-        let (m_off, qh_off, q_off, tile_bytes) = offsets(ty, nb);
+        let (m_off, qh_off, q_off, tile_bytes) = offsets(type_of::<B>(), nb);
         let nibble = !B::SIGNED;
         let q5 = B::QH_AT != 0;
         let off = off::<B>();

@@ -630,13 +630,8 @@ fn simd_activation_quantization_is_bit_identical_to_scalar() {
 
 #[test]
 fn packed_gemm_is_bit_identical_to_scalar() {
-    if !Kernel::Avx512.available() {
-        eprintln!("skipped: no AVX-512 VNNI");
-        return;
-    }
     let pools: Vec<ThreadPool> = (1..=3).map(ThreadPool::new).collect();
     let mut rng = Rng(99);
-    let mut cases = 0;
     let types = [
         G::Q4_0,
         G::Q4_1,
@@ -649,60 +644,76 @@ fn packed_gemm_is_bit_identical_to_scalar() {
         G::Q5_K,
         G::Q6_K,
     ];
-    for ty in types {
-        assert!(packs(Kernel::Avx512, ty));
-        let col_set = if ty.block_size() == 256 {
-            [256usize, 512, 768, 1280]
-        } else {
-            [32usize, 96, 320, 576]
-        };
-        for cols in col_set {
-            for rows in [1usize, 15, 16, 17, 40] {
-                let data = random_weights(&mut rng, ty, rows, cols);
-                let w = QMatrix {
-                    ty,
-                    rows,
-                    cols,
-                    data: &data,
-                };
-                let p = PackedMatrix::new(&w).expect("packable");
-                assert!(p.bytes() >= rows * ty.row_bytes(cols as u64).unwrap() as usize);
-                for n in [1usize, 2, 7, 8, 9, 19] {
-                    if n < p.min_tokens() {
-                        // Not packed at this batch size (checked by the reference test).
-                        continue;
-                    }
-                    let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
-                    let want = run(Kernel::Scalar, &pools[0], ty, &data, rows, cols, &x, n);
-                    for pool in &pools {
-                        let mut y = vec![f32::NAN; n * rows];
-                        matmul_multi_packed_with(
-                            Kernel::Avx512,
-                            pool,
-                            &[&w],
-                            &[Some(&p)],
-                            &x,
-                            n,
-                            &mut [&mut y[..]],
-                        );
-                        for j in 0..n * rows {
-                            assert_eq!(
-                                y[j].to_bits(),
-                                want[j].to_bits(),
-                                "{} rows={rows} cols={cols} n={n} j={j}: {} vs scalar {}",
-                                ty.name(),
-                                y[j],
-                                want[j]
-                            );
+    for kernel in [Kernel::Avx2, Kernel::Avx512] {
+        if !kernel.available() {
+            eprintln!("skipped: no {} kernels on this CPU", kernel.name());
+            continue;
+        }
+        let mut cases = 0;
+        for ty in types {
+            // AVX2 packs the 32-element block types only.
+            assert_eq!(
+                packs(kernel, ty),
+                kernel == Kernel::Avx512 || ty.block_size() == 32
+            );
+            if !packs(kernel, ty) {
+                continue;
+            }
+            let col_set = if ty.block_size() == 256 {
+                [256usize, 512, 768, 1280]
+            } else {
+                [32usize, 96, 320, 576]
+            };
+            for cols in col_set {
+                for rows in [1usize, 15, 16, 17, 40] {
+                    let data = random_weights(&mut rng, ty, rows, cols);
+                    let w = QMatrix {
+                        ty,
+                        rows,
+                        cols,
+                        data: &data,
+                    };
+                    let p = PackedMatrix::new(&w).expect("packable");
+                    assert!(p.bytes() >= rows * ty.row_bytes(cols as u64).unwrap() as usize);
+                    for n in [1usize, 2, 4, 5, 7, 8, 9, 19] {
+                        if n < p.min_tokens() {
+                            // Not packed at this batch size (checked by the reference test).
+                            continue;
                         }
-                        cases += 1;
+                        let x: Vec<f32> = (0..n * cols).map(|_| rng.f() * 3.0).collect();
+                        let want = run(Kernel::Scalar, &pools[0], ty, &data, rows, cols, &x, n);
+                        for pool in &pools {
+                            let mut y = vec![f32::NAN; n * rows];
+                            matmul_multi_packed_with(
+                                kernel,
+                                pool,
+                                &[&w],
+                                &[Some(&p)],
+                                &x,
+                                n,
+                                &mut [&mut y[..]],
+                            );
+                            for j in 0..n * rows {
+                                assert_eq!(
+                                    y[j].to_bits(),
+                                    want[j].to_bits(),
+                                    "{} {} rows={rows} cols={cols} n={n} j={j}: {} vs scalar {}",
+                                    kernel.name(),
+                                    ty.name(),
+                                    y[j],
+                                    want[j]
+                                );
+                            }
+                            cases += 1;
+                        }
                     }
                 }
             }
         }
+        // The k-quant copies (AVX-512 only) start at 2 tokens.
+        let k = if kernel == Kernel::Avx512 { 5 * 7 } else { 0 };
+        assert_eq!(cases, (5 * 8 + k) * 4 * 5 * 3, "{}", kernel.name());
     }
-    // The k-quant copies start at 2 tokens.
-    assert_eq!(cases, (5 * 6 + 5 * 5) * 4 * 5 * 3);
 }
 
 #[test]
