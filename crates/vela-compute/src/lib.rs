@@ -800,6 +800,29 @@ pub trait Backend: Send + Sync {
         self.attention(q, kv, layer, positions, p, a);
         self.matmul(w, a, positions.len(), y);
     }
+    /// One layer's RoPE + K/V store ([`Backend::norm_rope_qk_store`] with `norms`, else
+    /// [`Backend::rope_qk_store`]) and [`Backend::attention`] of several sequences in one call:
+    /// the rows of `q`, `k`, `v` and `out` are sequence 0's `positions[0].len()` rows, then
+    /// sequence 1's, ..., each over its own `kvs[i]`. A GPU runs each op once over all rows
+    /// instead of once per sequence; a row's results are the per-sequence calls' up to the
+    /// split-K rounding. Returns false without doing anything where there is no such path (the
+    /// default): the caller runs the sequences one by one.
+    #[allow(clippy::too_many_arguments)]
+    fn rope_store_attend_batch(
+        &self,
+        _q: &mut Self::Buf,
+        _k: &mut Self::Buf,
+        _v: &mut Self::Buf,
+        _kvs: &mut [&mut Self::Kv],
+        _layer: usize,
+        _positions: &[&[u32]],
+        _rope: &RopeParams,
+        _norms: Option<(&Self::Vector, &Self::Vector, f32)>,
+        _p: &AttnParams,
+        _out: &mut Self::Buf,
+    ) -> bool {
+        false
+    }
     /// `gate = act(gate) * up` over `n_rows * width` elements ([`Backend::act_mul`]), then
     /// `y = gate · wᵀ` ([`Backend::matmul`]).
     #[allow(clippy::too_many_arguments)]

@@ -184,7 +184,7 @@ __device__ void attention(const float* __restrict__ q, const void* __restrict__ 
 }
 
 #define ATTN(KT, W, D, NAME)                                                                        \
-    extern "C" __launch_bounds__(32 * W) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
+    extern "C" __launch_bounds__(32 * W) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* out, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap, const unsigned long long* kvt) { KVT_ROW(blockIdx.y); PDL_ENTRY(); \
         attention<KT, W, D>(q, kc, vc, pos, out, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
 ATTN(0, ATT_WARPS, ATT_MAXD, attention_f32)
 ATTN(1, ATT_WARPS, ATT_MAXD, attention_f16)
@@ -328,7 +328,7 @@ __device__ void attention_part(const float* __restrict__ q, const void* __restri
 }
 
 #define PART(KT, NAME)                                                                             \
-    extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { PDL_ENTRY(); \
+    extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap, const unsigned long long* kvt) { KVT_ROW(blockIdx.y); PDL_ENTRY(); \
         attention_part<KT>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
 PART(0, attention_part_f32)
 PART(1, attention_part_f16)
@@ -513,7 +513,7 @@ __device__ __forceinline__ void part2_prefetch(const void* kc, const void* vc, c
 }
 
 #define PART2(KT, D, NAME)                                                                         \
-    extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { KV_PF(part2_prefetch<KT>(kc, vc, pos, n_head, n_head_kv, hdk, hdv, capacity, window)); PDL_ENTRY(); \
+    extern "C" __launch_bounds__(32 * SPLIT_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap, const unsigned long long* kvt) { KVT_ROW(blockIdx.y); KV_PF(part2_prefetch<KT>(kc, vc, pos, n_head, n_head_kv, hdk, hdv, capacity, window)); PDL_ENTRY(); \
         attention_part2<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, hdk, hdv, capacity, window, scale, softcap); }
 PART2(0, ATT_MAXD, attention_part2_f32)
 PART2(1, ATT_MAXD, attention_part2_f16)
@@ -638,7 +638,7 @@ __device__ void attention_partw_pre(const float* __restrict__ q, const void* __r
     partw_store<D>(part + (((size_t)t * n_head + h) * S + s) * (D + 2), acc, m, l, lane);
 }
 #define PARTW(KT, D, NAME)                                                                         \
-    extern "C" __launch_bounds__(32) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap) { KV_PF(part2_prefetch<KT>(kc, vc, pos, n_head, n_head_kv, hdk, hdv, capacity, window)); PDL_ENTRY(); \
+    extern "C" __launch_bounds__(32) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int hdk, int hdv, int capacity, int window, float scale, float softcap, const unsigned long long* kvt) { KVT_ROW(blockIdx.y); KV_PF(part2_prefetch<KT>(kc, vc, pos, n_head, n_head_kv, hdk, hdv, capacity, window)); PDL_ENTRY(); \
         attention_partw_pre<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap); }
 PARTW(1, 64, attention_partw_f16_d64)
 PARTW(1, 128, attention_partw_f16_d128)

@@ -282,3 +282,15 @@ __device__ __forceinline__ void attn_part_rows(const float* qs, const float* con
             if (g < G) part_acc[(base + (size_t)g * parts) * hd + d] = acc[g];
     }
 }
+
+// A batched step over several sequences' caches (CudaBackend::rope_store_attend_batch): `kvt`, where
+// not null, holds for each query row `row` the K and V cache bases of that row's sequence, which
+// replace the kernel's `kc` and `vc`. Before anything reads them (and before PDL_ENTRY: the table
+// is uploaded before the step's kernels).
+#define KVT_ROW(row)                                                                               \
+    do {                                                                                           \
+        if (kvt) {                                                                                 \
+            kc = (decltype(kc))kvt[2 * (size_t)(row)];                                             \
+            vc = (decltype(vc))kvt[2 * (size_t)(row) + 1];                                         \
+        }                                                                                          \
+    } while (0)

@@ -245,7 +245,7 @@ extern "C" __global__ void argmax_final_io(const float* __restrict__ cv, const i
 #define ROPE_RESUME() pdl_resume()
 // The extern wrappers of rope_store_heads (below), one per cache type.
 #define ROPE_STORE(FN, KT, NAME)                                                                     \
-    extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity) { ROPE_ENTRY(); \
+    extern "C" __global__ void NAME(float* q, float* k, const float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity, const unsigned long long* kvt) { KVT_ROW(blockIdx.x); ROPE_ENTRY(); \
         FN<KT>(q, k, (float*)v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity); }
 
 // RoPE + KV store with one block per head (three blocks per token, each looping over all heads,
@@ -351,7 +351,7 @@ ROPE_STORE(rope_store_heads, 0, rope_store_heads_f32)
 ROPE_STORE(rope_store_heads, 1, rope_store_heads_f16)
 ROPE_STORE(rope_store_heads, 2, rope_store_heads_bf16)
 #define ROPE_NORM_STORE(KT, NAME)                                                                    \
-    extern "C" __global__ void NAME(float* q, float* k, float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity, const float* qn, const float* kn, const float* vn, float eps) { ROPE_ENTRY(); \
+    extern "C" __global__ void NAME(float* q, float* k, float* v, const u32* pos, void* kc, void* vc, int n_head, int n_head_kv, int head_dim, int n_rot, float theta_scale, float freq_scale, const float* ff, int neox, int wk, int wv, int capacity, const float* qn, const float* kn, const float* vn, float eps, const unsigned long long* kvt) { KVT_ROW(blockIdx.x); ROPE_ENTRY(); \
         rope_store_heads<KT, true>(q, k, v, pos, kc, vc, n_head, n_head_kv, head_dim, n_rot, theta_scale, freq_scale, ff, neox, wk, wv, capacity, qn, kn, vn, eps); }
 ROPE_NORM_STORE(0, rope_norm_store_heads_f32)
 ROPE_NORM_STORE(1, rope_norm_store_heads_f16)

@@ -526,7 +526,7 @@ __device__ void flash_decode(const float* __restrict__ q, const void* __restrict
 }
 
 #define FLASH_DECODE(KT, D, NAME)                                                                  \
-    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap, int target, int min_tiles) { PDL_ENTRY(); \
+    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap, int target, int min_tiles, const unsigned long long* kvt) { KVT_ROW(blockIdx.y); PDL_ENTRY(); \
         flash_decode<KT, D>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap, target, min_tiles); }
 FLASH_DECODE(1, 64, flash_decode_f16_d64)
 FLASH_DECODE(1, 128, flash_decode_f16_d128)
@@ -679,7 +679,7 @@ __device__ void flash_decode_d512(const float* __restrict__ q, const void* __res
 }
 
 #define FLASH_DECODE_D512(KT, NAME)                                                                \
-    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap, int target, int min_tiles) { PDL_ENTRY(); \
+    extern "C" __launch_bounds__(32 * FA_WARPS) __global__ void NAME(const float* q, const void* kc, const void* vc, const u32* pos, float* part, int n_head, int n_head_kv, int capacity, int window, float scale, float softcap, int target, int min_tiles, const unsigned long long* kvt) { KVT_ROW(blockIdx.y); PDL_ENTRY(); \
         flash_decode_d512<KT>(q, kc, vc, pos, part, n_head, n_head_kv, capacity, window, scale, softcap, target, min_tiles); }
 FLASH_DECODE_D512(1, flash_decode_f16_d512)
 FLASH_DECODE_D512(2, flash_decode_bf16_d512)

@@ -199,6 +199,7 @@ impl CudaBackend {
         positions: &[u32],
         p: &RopeParams,
         norms: RopeNorms<'_>,
+        kvt: u64,
     ) {
         let l = &kv.layers[layer];
         let (qn, kn, vn, eps) = norms;
@@ -215,7 +216,7 @@ impl CudaBackend {
         }
         let norms = fold.then_some(norms);
         self.rope_qk_store_impl(
-            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, norms,
+            q, k, v, kv, layer, n_head, n_head_kv, head_dim, positions, p, norms, kvt,
         );
     }
 
@@ -236,9 +237,14 @@ impl CudaBackend {
         positions: &[u32],
         p: &RopeParams,
         norms: Option<RopeNorms<'_>>,
+        kvt: u64,
     ) {
         let l = &kv.layers[layer];
         if p.n_rot == 0 || l.spec.head_dim_k != head_dim {
+            assert!(
+                kvt == 0,
+                "rope_qk_store: a K/V table needs the per-head kernel"
+            );
             self.rope_qk(q, k, n_head, n_head_kv, head_dim, positions, p);
             self.kv_store(kv, layer, k, v, positions);
             return;
@@ -285,6 +291,7 @@ impl CudaBackend {
             threads = 256;
             name = name.replace("rope_store", "rope_norm_store");
         }
+        args.push(Arg::P(kvt));
         self.launch(&name, (positions.len() as u32, heads, 1), threads, &args);
     }
 
@@ -309,6 +316,7 @@ impl CudaBackend {
         p: &AttnParams,
         out: &mut CudaBuf,
         quant: Option<(ActKind, u64)>,
+        kvt: u64,
     ) -> bool {
         if positions.is_empty() {
             return false;
@@ -359,7 +367,11 @@ impl CudaBackend {
         }
         let wide = wide && !(warp_follow && hd == 128);
         // Decode where it applies: tensor-core split-K.
-        if n_tok <= SPLIT_MAX_ROWS
+        // With a K/V table (rows of different sequences, `rope_store_attend_batch`) every row is
+        // a decode row of its own sequence: the split-K kernels at any row count, never the
+        // prefill kernels, which share K/V tiles between rows.
+        let split_rows = n_tok <= SPLIT_MAX_ROWS || kvt != 0;
+        if split_rows
             && group <= 16
             && self.tensor_core_attention(kv.ty, p, self.flash_decode_dims())
             && (keys >= min_keys || wide)
@@ -381,6 +393,7 @@ impl CudaBackend {
                 Arg::F(p.softcap.unwrap_or(0.0)),
                 Arg::I(target as i32),
                 Arg::I(FD_MIN_TILES as i32),
+                Arg::P(kvt),
             ];
             let name = format!("flash_decode_{}_d{hd}", kv_suffix(kv.ty));
             let grid = (p.n_head_kv as u32, n_tok as u32, parts as u32);
@@ -389,7 +402,7 @@ impl CudaBackend {
             return self.combine_parts(pt, out, n_tok, p.n_head, hd, parts, cq);
         }
         let parts = split_parts(d512, p.n_head * n_tok, l.spec.capacity, p.head_dim_k);
-        let split_ok = n_tok <= SPLIT_MAX_ROWS && parts > 1 && p.head_dim_k.is_multiple_of(4);
+        let split_ok = split_rows && parts > 1 && p.head_dim_k.is_multiple_of(4);
         // The second split-K version (`attention_part2`: no per-chunk round trips) takes value
         // dims whose 8-element pieces divide 128 threads; others the first (`attention_part`).
         let v2 = p.head_dim_v.is_multiple_of(8) && 128 % (p.head_dim_v / 8) == 0;
@@ -424,6 +437,7 @@ impl CudaBackend {
                 Arg::I(window as i32),
                 Arg::F(p.scale),
                 Arg::F(p.softcap.unwrap_or(0.0)),
+                Arg::P(kvt),
             ];
             // Both part kernels take the same arguments.
             let (name, block) = if warp {
@@ -436,7 +450,7 @@ impl CudaBackend {
             let cq = combine_quant(quant, p.head_dim_v);
             return self.combine_parts(pt, out, n_tok, p.n_head, p.head_dim_v, parts, cq);
         }
-        if self.flash_applies(kv.ty, p, positions) {
+        if kvt == 0 && self.flash_applies(kv.ty, p, positions) {
             // Tensor-core flash attention (flash.cu): 64 query rows per block.
             let name = format!("flash_{}_d{}", kv_suffix(kv.ty), p.head_dim_k);
             let args = [
@@ -457,7 +471,7 @@ impl CudaBackend {
             self.launch(&name, grid, 128, &args);
             return false;
         }
-        if d512 && self.attention_gemm_applies(kv.ty, p, positions, l.spec.capacity) {
+        if kvt == 0 && d512 && self.attention_gemm_applies(kv.ty, p, positions, l.spec.capacity) {
             // Head dims above 256 (Gemma 4's full layers): two tensor-core products through
             // cuBLAS and a row softmax (attn_gemm.rs). On failure the plain kernel below
             // recomputes the whole output.
@@ -482,6 +496,7 @@ impl CudaBackend {
             Arg::I(window as i32),
             Arg::F(p.scale),
             Arg::F(p.softcap.unwrap_or(0.0)),
+            Arg::P(kvt),
         ];
         // Without flash attention: prefill batches (n_head * n_tok >= ATT_W4_MIN_BLOCKS)
         // already fill the GPU with (head, row) work and run 4 warps per row (`attention_*_w4`;

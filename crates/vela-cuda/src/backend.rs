@@ -20,6 +20,9 @@ pub(crate) struct Scratch {
     pub(crate) act: CudaSlice<u8>,
     pub(crate) pos: CudaSlice<u32>,
     pub(crate) pos_host: Vec<u32>,
+    /// The K/V table of a batched step (`batch_attn.rs`) and its host copy.
+    pub(crate) kvt: CudaSlice<u64>,
+    pub(crate) kvt_host: Vec<u64>,
 }
 
 /// RoPE frequency factors: the host vector (kept alive as the cache key) and its device copy.
@@ -77,6 +80,8 @@ impl CudaBackend {
             act: stream.alloc_zeros::<u8>(1)?,
             pos: stream.alloc_zeros::<u32>(1)?,
             pos_host: Vec::new(),
+            kvt: stream.alloc_zeros::<u64>(1)?,
+            kvt_host: Vec::new(),
         };
         let io = stream.alloc_zeros::<u32>(2)?;
         let io_ptr = dev.ptr(&io);

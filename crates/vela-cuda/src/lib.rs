@@ -23,6 +23,8 @@ mod attn;
 mod attn_gemm;
 mod attn_parts;
 mod backend;
+mod batch_attn;
+pub use batch_attn::BATCHED_LAYERS;
 mod compressed;
 mod cublas;
 mod device;
@@ -329,7 +331,7 @@ impl Backend for CudaBackend {
         p: &RopeParams,
     ) {
         let (n_kv, hd) = (n_head_kv, head_dim);
-        self.rope_qk_store_impl(q, k, v, kv, layer, n_head, n_kv, hd, positions, p, None);
+        self.rope_qk_store_impl(q, k, v, kv, layer, n_head, n_kv, hd, positions, p, None, 0);
     }
 
     fn norm_rope_qk_store(
@@ -360,6 +362,7 @@ impl Backend for CudaBackend {
             positions,
             p,
             (qn, kn, v_norm, eps),
+            0,
         );
     }
 
@@ -814,7 +817,23 @@ impl Backend for CudaBackend {
         p: &AttnParams,
         out: &mut CudaBuf,
     ) {
-        self.attention_impl(q, kv, layer, positions, p, out, None);
+        self.attention_impl(q, kv, layer, positions, p, out, None, 0);
+    }
+
+    fn rope_store_attend_batch(
+        &self,
+        q: &mut CudaBuf,
+        k: &mut CudaBuf,
+        v: &mut CudaBuf,
+        kvs: &mut [&mut CudaKv],
+        layer: usize,
+        positions: &[&[u32]],
+        rope: &RopeParams,
+        norms: Option<(&CudaSlice<f32>, &CudaSlice<f32>, f32)>,
+        p: &AttnParams,
+        out: &mut CudaBuf,
+    ) -> bool {
+        self.rope_store_attend_batch_impl(q, k, v, kvs, layer, positions, rope, norms, p, out)
     }
 
     fn attention_matmul(

@@ -585,14 +585,14 @@ impl CudaBackend {
             && kind != ActKind::Float
             && !self.use_gemm(n, &[w]);
         if !fusable {
-            self.attention_impl(q, kv, layer, positions, p, a, None);
+            self.attention_impl(q, kv, layer, positions, p, a, None, 0);
             self.matmul_many_impl(&[w], a, n, &mut [y], None);
             return;
         }
         let mut sc = self.scratch();
         let ap = self.act_scratch(&mut sc, n * width / bs * bb);
         drop(sc);
-        let done = self.attention_impl(q, kv, layer, positions, p, a, Some((kind, ap)));
+        let done = self.attention_impl(q, kv, layer, positions, p, a, Some((kind, ap)), 0);
         let pre = done.then_some((kind, width, ap, width / bs));
         self.matmul_many_impl(&[w], a, n, &mut [y], pre);
     }

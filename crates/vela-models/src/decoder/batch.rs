@@ -7,7 +7,11 @@
 use super::{check_batch, Attended, Bufs, DecoderModel, ForwardState};
 use crate::lm::BatchItem;
 use anyhow::Result;
-use vela_compute::Backend;
+use vela_compute::{AttnParams, Backend};
+
+/// Most rows of an item that [`DecoderModel::attend_together`] takes (decode steps and short
+/// speculative checks; longer prompt chunks run the prefill kernels per sequence).
+const TOGETHER_ROWS: usize = 8;
 
 impl<B: Backend> DecoderModel<B> {
     /// Evaluate every item (each sequence appears once) and return, per item, the logits of
@@ -53,9 +57,25 @@ impl<B: Backend> DecoderModel<B> {
             c.n_head_kv * c.head_dim_v,
         );
         let aw = c.n_head * c.head_dim_v;
+        // Decode-sized items whose every row gives logits: the backend may run a layer's RoPE,
+        // store and attention for all of them at once (`Backend::rope_store_attend_batch`).
+        let together = items
+            .iter()
+            .all(|it| it.tokens.len() <= TOGETHER_ROWS && it.logits_from == 0);
         let rows = self.pass(b, &tokens, &mut |b, il| {
             let last = il + 1 == n_layer;
             let ap = self.attn_params(il);
+            if together && self.attend_together(b, items, il, &ap) {
+                if last {
+                    be.precise_products(true);
+                }
+                be.matmul(&self.layers[il].wo, &b.a, total, &mut b.o);
+                return Ok(Attended {
+                    rows: total,
+                    swap_qa: false,
+                    swap_xh: false,
+                });
+            }
             // `off`: the item's first row in the batch; `kept`: rows kept so far (the last
             // layer moves each item's logits rows to the front of `a` and `h`).
             let (mut off, mut kept) = (0, 0);
@@ -117,5 +137,39 @@ impl<B: Backend> DecoderModel<B> {
             at += r;
         }
         Ok(out)
+    }
+}
+
+impl<B: Backend> DecoderModel<B> {
+    /// Layer `il`'s RoPE, K/V store and attention of every item's rows in `b` (q, k, v → a)
+    /// through one [`Backend::rope_store_attend_batch`]; false where the backend has no such
+    /// path (nothing was done).
+    fn attend_together(
+        &self,
+        b: &mut Bufs<B>,
+        items: &mut [BatchItem<'_, ForwardState<B>>],
+        il: usize,
+        ap: &AttnParams,
+    ) -> bool {
+        let c = &self.cfg;
+        let l = &self.layers[il];
+        let norms = match (&l.q_norm, &l.k_norm) {
+            (Some(qn), Some(kn)) => Some((qn, kn, c.rms_eps)),
+            _ => None,
+        };
+        let positions: Vec<&[u32]> = items.iter().map(|it| it.positions).collect();
+        let mut kvs: Vec<&mut B::Kv> = items.iter_mut().map(|it| &mut it.state.kv).collect();
+        self.backend.rope_store_attend_batch(
+            &mut b.q,
+            &mut b.k,
+            &mut b.v,
+            &mut kvs,
+            il,
+            &positions,
+            &c.layers[il].rope,
+            norms,
+            ap,
+            &mut b.a,
+        )
     }
 }
