@@ -57,6 +57,9 @@ impl CudaBackend {
         if min == 0 || n < min || self.tune.exact() {
             return false;
         }
+        if ws.iter().all(|w| crate::matmul::mvt_applies(w.info().0, n)) {
+            return false;
+        }
         if ws
             .iter()
             .any(|w| w.cols % 8 != 0 || type_info(w.ty).is_none())

@@ -100,6 +100,7 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mmx_q6_ks",
             "mv_q4_0",
             "mv_q4_0s",
+            "mvt_q4_0s",
             "mv_q4_1",
             "mv_q5_0",
             "mv_q5_1",

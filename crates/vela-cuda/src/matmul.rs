@@ -15,6 +15,18 @@ const AQ8K_BYTES: usize = 304;
 /// Warps (weight rows) per matmul thread block (`WARPS` in quant.cu).
 pub(crate) const MM_WARPS: u32 = 4;
 
+/// Tokens per grid row of the several-token matvec (`MVT_NT` in matvec.cu).
+const MVT_NT: usize = 8;
+
+/// Most tokens whose products take the several-token matvec rather than cuBLAS or the tiled
+/// integer kernels (decode steps of up to this many sequences).
+pub(crate) const MVT_MAX: usize = 16;
+
+/// Whether a product of `n` tokens with weights of kernel suffix `suffix` runs `mvt_*`.
+pub(crate) fn mvt_applies(suffix: &str, n: usize) -> bool {
+    (2..=MVT_MAX).contains(&n) && suffix == "q4_0s"
+}
+
 /// Row groups per warp of `mv_q8_0_r2n` (`MV32_NARROW_G` in kernels/matvec.cu).
 const MV_NARROW_G: u32 = 4;
 
@@ -89,6 +101,25 @@ impl CudaBackend {
                     }
                 },
             };
+            if mvt_applies(suffix, n) {
+                // The decode rows of a batched step (`mvt_q4_0s`): two rows per warp, the
+                // weights read once per MVT_NT tokens.
+                let grid = (
+                    (w.rows as u32).div_ceil(MM_WARPS * 2),
+                    n.div_ceil(MVT_NT) as u32,
+                    1,
+                );
+                let args = [
+                    Arg::P(self.ptr(&w.data)),
+                    Arg::P(xp),
+                    Arg::P(self.ptr(&**y)),
+                    Arg::I(w.rows as i32),
+                    Arg::I(nb as i32),
+                    Arg::I(n as i32),
+                ];
+                self.launch(&format!("mvt_{suffix}"), grid, 32 * MM_WARPS, &args);
+                continue;
+            }
             if n == 1 && kind != ActKind::Float {
                 let r = self.mv_rows(w.rows);
                 let mut grid = ((w.rows as u32).div_ceil(MM_WARPS * r), 1, 1);

@@ -274,7 +274,7 @@ fn matmul_and_get_rows_match_cpu() {
                 g.upload_weight(&hw).unwrap(),
                 cpu.upload_weight(&hw).unwrap(),
             );
-            for n in [1usize, 3, 17] {
+            for n in [1usize, 3, 12, 17] {
                 let x = rng.vec(n * cols);
                 let (xg, xc) = (up(&g, &x), up(&cpu, &x));
                 let (mut yg, mut yc) = (g.alloc(n * rows), cpu.alloc(n * rows));
