@@ -436,7 +436,8 @@ mod tests {
 
     /// With programmatic dependent launch a kernel may start before the previous one ends, so
     /// every block of every kernel must pass `griddepcontrol.wait` before it touches shared
-    /// data: each `__global__` body starts with `PDL_ENTRY();` (after a `KV_PF(...);` L2 hint),
+    /// data: each `__global__` body starts with `PDL_ENTRY();` (after a batched step's
+    /// `KVT_ROW(...);` and a `KV_PF(...);` L2 hint),
     /// or with `X_ENTRY();` where the kernel's function calls `X_RESUME();` once after reading
     /// only constants (weights, positions).
     #[test]
@@ -455,6 +456,13 @@ mod tests {
                 // (MV_ENTRY / MV_RESUME in kernels/matvec.cu, checked below).
                 // The decode attention's parts first ask L2 for their older keys (KV_PF in
                 // kernels/attention.cu: prefetch hints only, no load whose value is used).
+                // A batched step's kernels first take their row's K/V cache bases from the
+                // step's table (KVT_ROW in kernels/common.cu: uploaded before the step, like the
+                // positions, never written by a kernel).
+                let body = match body.strip_prefix("KVT_ROW(") {
+                    Some(b) => b[b.find("); ").expect("KVT_ROW(...);") + 3..].trim_start(),
+                    None => body,
+                };
                 let body = match body.strip_prefix("KV_PF(") {
                     Some(b) => b[b.find("); ").expect("KV_PF(...);") + 3..].trim_start(),
                     None => body,
