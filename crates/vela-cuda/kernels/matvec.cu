@@ -365,6 +365,18 @@ __device__ __forceinline__ void mvs_load(uint4 (&qv)[MVS_U][R], u16 (&dv)[MVS_U]
         }
     }
 }
+// The quant and scale arrays of the warp's R split rows (rows past the end point at the last
+// row; the callers skip them).
+template <int R>
+__device__ __forceinline__ void mvs_rows(const u8* W, int rows, int nb, int r0,
+                                         const uint4* (&wq)[R], const u16* (&wd)[R]) {
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+        const u8* wr = W + (size_t)min(r0 + q, rows - 1) * nb * 18;
+        wq[q] = (const uint4*)wr;
+        wd[q] = (const u16*)(wr + 16 * (size_t)nb);
+    }
+}
 // DB (the single-weight two-row launches `*_r2`: the 8B's o and down products): the next round's
 // loads are issued before the current round is computed, into a second register set, so two
 // rounds are in flight per lane (same arithmetic and order; 116 instead of 72 registers).
@@ -378,15 +390,11 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
     int r0, part, lo, hi;
     mv_part<1>(blk, R, split, nb, r0, part, lo, hi);
     float acc[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) acc[q] = 0.0f;
     const uint4* wq[R];
     const u16* wd[R];
-#pragma unroll
-    for (int q = 0; q < R; q++) {
-        acc[q] = 0.0f;
-        const u8* wr = W + (size_t)min(r0 + q, rows - 1) * nb * 18;
-        wq[q] = (const uint4*)wr;
-        wd[q] = (const u16*)(wr + 16 * (size_t)nb);
-    }
+    mvs_rows<R>(W, rows, nb, r0, wq, wd);
     if (r0 >= rows) hi = lo;
     // The loads of each round are issued at the end of the previous one (the first round's
     // before MV_RESUME).
@@ -450,16 +458,13 @@ __device__ __forceinline__ void mvs_t(const u8* __restrict__ W, const AQ8* __res
     X += (size_t)t0 * nb;
     Y += (size_t)t0 * rows;
     float acc[MVT_NT][R];
-    const uint4* wq[R];
-    const u16* wd[R];
 #pragma unroll
-    for (int q = 0; q < R; q++) {
+    for (int q = 0; q < R; q++)
 #pragma unroll
         for (int t = 0; t < MVT_NT; t++) acc[t][q] = 0.0f;
-        const u8* wr = W + (size_t)min(r0 + q, rows - 1) * nb * 18;
-        wq[q] = (const uint4*)wr;
-        wd[q] = (const u16*)(wr + 16 * (size_t)nb);
-    }
+    const uint4* wq[R];
+    const u16* wd[R];
+    mvs_rows<R>(W, rows, nb, r0, wq, wd);
     if (r0 >= rows) hi = lo;
     uint4 qv[MVS_U][R];
     u16 dv[MVS_U][R];

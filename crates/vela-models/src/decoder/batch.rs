@@ -59,13 +59,15 @@ impl<B: Backend> DecoderModel<B> {
         let aw = c.n_head * c.head_dim_v;
         // Decode-sized items whose every row gives logits: the backend may run a layer's RoPE,
         // store and attention for all of them at once (`Backend::rope_store_attend_batch`).
-        let together = items
+        let mut together = items
             .iter()
             .all(|it| it.tokens.len() <= TOGETHER_ROWS && it.logits_from == 0);
         let rows = self.pass(b, &tokens, &mut |b, il| {
             let last = il + 1 == n_layer;
             let ap = self.attn_params(il);
-            if together && self.attend_together(b, items, il, &ap) {
+            // (A backend without the path says so at the first layer; the others skip asking.)
+            together = together && self.attend_together(b, items, il, &ap);
+            if together {
                 if last {
                     be.precise_products(true);
                 }

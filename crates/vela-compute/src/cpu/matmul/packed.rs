@@ -342,6 +342,9 @@ pub(crate) unsafe fn run_tiles(
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::prefetch_ahead;
+
+#[cfg(target_arch = "x86_64")]
 #[allow(clippy::needless_range_loop)]
 mod x86 {
     use super::*;
@@ -349,6 +352,36 @@ mod x86 {
 
     /// Blocks ahead that single-token calls prefetch.
     const PF: usize = 8;
+
+    /// Decode streams the weights from DRAM: block `b`'s sections (scales, fifth bits, mins,
+    /// `qb` quant bytes) `PF` blocks ahead, into the next tile (which `run_tiles` visits next)
+    /// past the end of this one. `offs` = [`offsets`] of the tile. Shared by the AVX2 kernel.
+    #[inline(always)]
+    pub(crate) unsafe fn prefetch_ahead<B: Q32>(
+        w: *const u8,
+        b: usize,
+        nb: usize,
+        offs: (usize, usize, usize, usize),
+        qb: usize,
+    ) {
+        let (m_off, qh_off, q_off, tile_bytes) = offs;
+        let (t, bb) = if b + PF < nb {
+            (0, b + PF)
+        } else {
+            (tile_bytes, b + PF - nb)
+        };
+        let base = w.add(t);
+        for o in (0..qb).step_by(64) {
+            _mm_prefetch::<_MM_HINT_T0>(base.add(q_off + bb * qb + o) as *const i8);
+        }
+        _mm_prefetch::<_MM_HINT_T0>(base.add(bb * 32) as *const i8);
+        if B::QH_AT != 0 {
+            _mm_prefetch::<_MM_HINT_T0>(base.add(qh_off + bb * 64) as *const i8);
+        }
+        if B::HAS_MIN {
+            _mm_prefetch::<_MM_HINT_T0>(base.add(m_off + bb * 32) as *const i8);
+        }
+    }
 
     /// Packed zero offset: Q8_0 quants are stored `+ 128`.
     const fn off<B: Q32>() -> i32 {
@@ -385,24 +418,7 @@ mod x86 {
         let qb = if nibble { 256 } else { 512 };
         for b in 0..nb {
             if T == 1 {
-                // Decode streams the weights from DRAM: prefetch each section PF blocks ahead
-                // (into the next tile, which `run_tiles` visits next, past the end of this one).
-                let (t, bb) = if b + PF < nb {
-                    (0, b + PF)
-                } else {
-                    (tile_bytes, b + PF - nb)
-                };
-                let base = w.add(t);
-                for o in (0..qb).step_by(64) {
-                    _mm_prefetch::<_MM_HINT_T0>(base.add(q_off + bb * qb + o) as *const i8);
-                }
-                _mm_prefetch::<_MM_HINT_T0>(base.add(bb * 32) as *const i8);
-                if q5 {
-                    _mm_prefetch::<_MM_HINT_T0>(base.add(qh_off + bb * 64) as *const i8);
-                }
-                if B::HAS_MIN {
-                    _mm_prefetch::<_MM_HINT_T0>(base.add(m_off + bb * 32) as *const i8);
-                }
+                prefetch_ahead::<B>(w, b, nb, (m_off, qh_off, q_off, tile_bytes), qb);
             }
             let dw = _mm512_cvtph_ps(_mm256_load_si256(w.add(b * 32) as *const __m256i));
             let mut q = [_mm512_setzero_si512(); 8];

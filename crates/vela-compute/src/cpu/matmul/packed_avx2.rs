@@ -15,13 +15,10 @@ use std::arch::x86_64::*;
 
 use super::act::ActQ8;
 use super::decode::Q32;
-use super::packed::{offsets, type_of, ROWS};
+use super::packed::{offsets, prefetch_ahead, type_of, ROWS};
 
 /// Most tokens per call (registers: 2 quant groups, `T` i32 sums, the activation, constants).
 pub(crate) const TOKENS: usize = 4;
-
-/// Blocks ahead that single-token calls prefetch.
-const PF: usize = 8;
 
 /// Bytes `k` (0..32) = 16 where bit `k` of `m` is set, else 0: a Q5 group's fifth bits.
 #[inline(always)]
@@ -78,23 +75,7 @@ pub(crate) unsafe fn tile<B: Q32, const T: usize>(
     let act = |t: usize, b: usize| &*(x.add(t * xs) as *const ActQ8).add(b);
     for b in 0..nb {
         if T == 1 {
-            // As the AVX-512 kernel: every section PF blocks ahead (into the next tile at the end).
-            let (t, bb) = if b + PF < nb {
-                (0, b + PF)
-            } else {
-                (tile_bytes, b + PF - nb)
-            };
-            let base = w.add(t);
-            for o in (0..qb).step_by(64) {
-                _mm_prefetch::<_MM_HINT_T0>(base.add(q_off + bb * qb + o) as *const i8);
-            }
-            _mm_prefetch::<_MM_HINT_T0>(base.add(bb * 32) as *const i8);
-            if q5 {
-                _mm_prefetch::<_MM_HINT_T0>(base.add(qh_off + bb * 64) as *const i8);
-            }
-            if B::HAS_MIN {
-                _mm_prefetch::<_MM_HINT_T0>(base.add(m_off + bb * 32) as *const i8);
-            }
+            prefetch_ahead::<B>(w, b, nb, (m_off, qh_off, q_off, tile_bytes), qb);
         }
         for h in 0..2 {
             let mut isum = [_mm256_setzero_si256(); T];

@@ -111,14 +111,13 @@ unsafe fn reduce8(v: &[__m256i; 8]) -> __m256i {
 /// [`tile_q32`] into its running sums.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn group32<B: Q32, const R: usize, const T: usize, const VNNI: bool, const FULL: bool>(
+unsafe fn group32<B: Q32, const R: usize, const T: usize, const FULL: bool>(
     w: *const u8,
     ws: usize,
     x: *const u8,
     xs: usize,
     b0: usize,
     n: usize,
-    off: i32,
     sumf: &mut [[f32; T]; R],
     summ: &mut [[f32; T]; R],
 ) {
@@ -137,9 +136,6 @@ unsafe fn group32<B: Q32, const R: usize, const T: usize, const VNNI: bool, cons
                 mw[j] = f16_ptr(p, 2);
             }
             wv[j] = decode_q32::<B>(p);
-            if B::SIGNED && VNNI {
-                wv[j] = _mm256_xor_si256(wv[j], _mm256_set1_epi8(-128));
-            }
         }
         for t in 0..T {
             let a = (x.add(t * xs) as *const ActQ8).add(b0);
@@ -147,17 +143,15 @@ unsafe fn group32<B: Q32, const R: usize, const T: usize, const VNNI: bool, cons
             for j in 0..n {
                 let a = &*a.add(j);
                 let av = _mm256_loadu_si256(a.qs.as_ptr() as *const __m256i);
-                let corr = if off != 0 {
-                    _mm256_zextsi128_si256(_mm_cvtsi32_si128(-off * a.sum))
-                } else {
-                    _mm256_setzero_si256()
-                };
-                v[j] = if B::SIGNED && !VNNI {
+                // Signed Q8_0 weights by the sign trick (|w| · sign(a, w)); the others' zero
+                // point as `-OFF · Σa` in the first lane.
+                v[j] = if B::SIGNED {
                     let ax = _mm256_sign_epi8(wv[j], wv[j]);
                     let sy = _mm256_sign_epi8(av, wv[j]);
-                    dot_u8i8::<false>(corr, ax, sy)
+                    dot_u8i8::<false>(_mm256_setzero_si256(), ax, sy)
                 } else {
-                    dot_u8i8::<VNNI>(corr, wv[j], av)
+                    let corr = _mm256_zextsi128_si256(_mm_cvtsi32_si128(-B::OFF * a.sum));
+                    dot_u8i8::<false>(corr, wv[j], av)
                 };
             }
             let mut isum = [0i32; 8];
@@ -180,7 +174,7 @@ unsafe fn group32<B: Q32, const R: usize, const T: usize, const VNNI: bool, cons
 /// weights used in place (the output head, routed experts in host memory) and packed copies agree.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tile_q32<B: Q32, const R: usize, const T: usize, const VNNI: bool>(
+unsafe fn tile_q32<B: Q32, const R: usize, const T: usize>(
     w: *const u8,
     ws: usize,
     x: *const u8,
@@ -190,24 +184,13 @@ unsafe fn tile_q32<B: Q32, const R: usize, const T: usize, const VNNI: bool>(
     ys: usize,
 ) {
     let (mut sumf, mut summ) = ([[0f32; T]; R], [[0f32; T]; R]);
-    // Signed Q8_0 weights: with VNNI shift them to unsigned (w + 128) and correct with the
-    // activation sum; without VNNI use the sign trick (|w| · sign(a, w)).
-    let off = if B::SIGNED {
-        if VNNI {
-            128
-        } else {
-            0
-        }
-    } else {
-        B::OFF
-    };
     let mut b0 = 0;
     while b0 + 8 <= nb {
-        group32::<B, R, T, VNNI, true>(w, ws, x, xs, b0, 8, off, &mut sumf, &mut summ);
+        group32::<B, R, T, true>(w, ws, x, xs, b0, 8, &mut sumf, &mut summ);
         b0 += 8;
     }
     if b0 < nb {
-        group32::<B, R, T, VNNI, false>(w, ws, x, xs, b0, nb - b0, off, &mut sumf, &mut summ);
+        group32::<B, R, T, false>(w, ws, x, xs, b0, nb - b0, &mut sumf, &mut summ);
     }
     for r in 0..R {
         for t in 0..T {
@@ -490,7 +473,7 @@ macro_rules! entry_points {
 entry_points!(
     "avx2,fma,f16c",
     false,
-    tile_q32::<B, R, T, false>,
+    tile_q32::<B, R, T>,
     false,
     avx2_q32,
     avx2_qk,
