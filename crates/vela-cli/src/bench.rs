@@ -293,11 +293,16 @@ fn bench_parallel(a: &BenchArgs, l: &common::Loaded) -> Result<()> {
             for _ in 0..steps {
                 let mut refs: Vec<&mut vela_engine::Session> = sessions.iter_mut().collect();
                 let inputs: Vec<&[u32]> = next.iter().map(|v| v.as_slice()).collect();
-                let out = vela_engine::Session::eval_batch(&mut refs, &inputs)?;
+                // Greedy: the argmax of each row, as the server asks for it.
+                let sel = vec![vela_models::Select::Argmax; n_seq];
+                let out = vela_engine::Session::eval_batch_select(&mut refs, &inputs, &sel)?;
                 next = out
-                    .iter()
-                    .map(|lg| vec![vela_compute::argmax(lg)])
-                    .collect();
+                    .into_iter()
+                    .map(|o| match o {
+                        vela_models::Selected::Argmax(ids) => Ok(ids),
+                        _ => bail!("an argmax selection returned something else"),
+                    })
+                    .collect::<Result<_>>()?;
             }
             if rep > 0 {
                 samples.push((n_seq * steps) as f64 / t.elapsed().as_secs_f64());

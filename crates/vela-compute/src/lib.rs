@@ -910,6 +910,11 @@ pub trait Backend: Send + Sync {
     }
     /// Run what was recorded since [`Backend::decode_step_begin`].
     fn decode_step_end(&self) {}
+    /// [`Backend::decode_step_begin`] for a batched step: the ops of `tokens` at `positions`
+    /// (several sequences' rows in turn) follow, then [`Backend::decode_step_end`].
+    fn decode_batch_begin(&self, _tokens: &[u32], _positions: &[u32]) -> bool {
+        false
+    }
     /// Start recording the one-token step at `pos` of the sequence `key` (nonzero, unique per
     /// sequence state) before its token is known: the ops get [`DEVICE_TOKEN`] as the token id,
     /// and [`Backend::decode_step_park`] ends the recording without running anything; a later

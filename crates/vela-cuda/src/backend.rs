@@ -48,6 +48,8 @@ pub struct CudaBackend {
     /// `[token, position]` of the decode step being recorded, and its device address.
     pub(crate) io: Mutex<CudaSlice<u32>>,
     pub(crate) io_ptr: u64,
+    /// The tokens, then the positions, of the batched step being recorded (steps.rs).
+    pub(crate) bio: Mutex<CudaSlice<u32>>,
     /// RoPE frequency factors uploaded once per distinct host vector.
     rope_factors: Mutex<Vec<RopeFactors>>,
     /// Device output of `argmax_rows` and its per-chunk candidates (values, then indices); also
@@ -100,6 +102,7 @@ impl CudaBackend {
             rec: Mutex::new(Recorder::default()),
             io: Mutex::new(io),
             io_ptr,
+            bio: Mutex::new(stream.alloc_zeros::<u32>(2)?),
             rope_factors: Mutex::new(Vec::new()),
             argmax_out: Mutex::new((argmax_out, argmax_cand)),
             pipe: Mutex::new(Pipe::default()),
@@ -275,6 +278,7 @@ impl CudaBackend {
         }
         if sc.pos_host != positions {
             if sc.pos.len() < positions.len() {
+                self.flush_recording();
                 sc.pos = self
                     .dev
                     .stream
@@ -297,6 +301,7 @@ impl CudaBackend {
     /// Device address of the activation scratch, grown to at least `bytes`.
     pub(crate) fn act_scratch(&self, sc: &mut Scratch, bytes: usize) -> u64 {
         if sc.act.len() < bytes {
+            self.flush_recording();
             sc.act = self
                 .dev
                 .stream
@@ -317,6 +322,7 @@ impl CudaBackend {
     ) -> u64 {
         let mut buf = m.lock().unwrap_or_else(|e| e.into_inner());
         if buf.len() < len {
+            self.flush_recording();
             *buf = self
                 .dev
                 .stream

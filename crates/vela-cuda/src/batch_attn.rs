@@ -106,6 +106,7 @@ impl CudaBackend {
         let mut sc = self.scratch();
         if sc.kvt_host != tab {
             if sc.kvt.len() < tab.len() {
+                self.flush_recording();
                 sc.kvt = self
                     .dev
                     .stream

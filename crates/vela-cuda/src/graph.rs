@@ -14,6 +14,11 @@
 //! because of graphs. `VELA_CUDA_GRAPH=0` (or `CudaBackend::set_graphs`) turns recording off:
 //! ops launch immediately as without this module.
 //!
+//! A batched step (several sequences' rows, `decode_batch_begin`) is recorded the same way: its
+//! tokens and positions go to the device buffer `bio` at its begin, and the kernels read them
+//! there, so its launch list depends on the batch's composition (row count, K/V table), not on
+//! the positions.
+//!
 //! This module owns the recorder and the capture / replay of a launch list on a [`Device`];
 //! the decode-step protocol around it (begin, prepare, park, launch) is in steps.rs.
 
@@ -24,8 +29,9 @@ use cudarc::driver::sys;
 use cudarc::driver::{CudaGraph, CudaStream};
 use std::sync::Arc;
 
-/// Most captured graphs kept (one per live sequence state, typically).
-const MAX_GRAPHS: usize = 8;
+/// Most captured graphs kept (one per live sequence state, typically, and the batched steps of
+/// the batch compositions in use).
+const MAX_GRAPHS: usize = 16;
 
 /// One recorded kernel launch.
 #[derive(Clone, PartialEq, Debug)]
@@ -47,6 +53,9 @@ pub(crate) struct Recorder {
     /// Token id and position of the step (also in the device `io` buffer).
     pub token: u32,
     pub pos: u32,
+    /// A batched step is being recorded instead (`step_begin_batch`): its tokens and
+    /// positions, uploaded to the device at this address (tokens, then positions).
+    pub batch: Option<(Vec<u32>, Vec<u32>, u64)>,
     pub ops: Vec<Launch>,
     /// Captured steps: the launch list and its graph (`None`: capture failed, run plainly).
     pub cache: Vec<(Vec<Launch>, Option<CudaGraph>)>,
@@ -87,6 +96,7 @@ impl Recorder {
         self.preparing = false;
         self.prepare_aborted = false;
         self.active = true;
+        self.batch = None;
         self.token = token;
         self.pos = pos;
         self.began = Some(began);

@@ -280,6 +280,7 @@ impl CudaBackend {
             let mut grp = self.expert_groups.lock().unwrap_or_else(|e| e.into_inner());
             let need = 4 + n_slots + 3 * max_groups;
             if grp.len() < need {
+                self.flush_recording();
                 *grp = self
                     .dev
                     .stream

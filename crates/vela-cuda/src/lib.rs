@@ -885,6 +885,10 @@ impl Backend for CudaBackend {
         self.flush_recording();
     }
 
+    fn decode_batch_begin(&self, tokens: &[u32], positions: &[u32]) -> bool {
+        self.step_begin_batch(tokens, positions)
+    }
+
     fn argmax_rows(&self, x: &CudaBuf, n_rows: usize, width: usize) -> Vec<u32> {
         self.argmax_rows_device(x, n_rows, width)
     }

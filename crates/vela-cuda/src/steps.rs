@@ -25,8 +25,10 @@ impl CudaBackend {
     /// recording, if any, is flushed and `None` returned).
     pub(crate) fn recorded_token(&self, ids: &[u32]) -> Option<u64> {
         let r = self.recorder();
-        if r.active && ids == [r.token] {
-            return Some(self.io_ptr);
+        match &r.batch {
+            Some((t, _, p)) if r.active && ids == t => return Some(*p),
+            None if r.active && ids == [r.token] => return Some(self.io_ptr),
+            _ => {}
         }
         let active = r.active;
         drop(r);
@@ -39,8 +41,12 @@ impl CudaBackend {
     /// Like [`Self::recorded_token`] for the position slot.
     pub(crate) fn recorded_pos(&self, positions: &[u32]) -> Option<u64> {
         let r = self.recorder();
-        if r.active && positions == [r.pos] {
-            return Some(self.io_ptr + 4);
+        match &r.batch {
+            Some((t, pos, p)) if r.active && positions == pos => {
+                return Some(p + 4 * t.len() as u64)
+            }
+            None if r.active && positions == [r.pos] => return Some(self.io_ptr + 4),
+            _ => {}
         }
         let active = r.active;
         drop(r);
@@ -63,6 +69,39 @@ impl CudaBackend {
         r.chain = None;
         r.start(token, pos, began);
         r.key = key;
+        true
+    }
+
+    /// Start recording a batched step: `tokens` at `positions` (every sequence's rows in turn),
+    /// uploaded into `bio` here; the step's ops that take exactly these tokens or positions
+    /// read them from there. False when graphs are off.
+    pub(crate) fn step_begin_batch(&self, tokens: &[u32], positions: &[u32]) -> bool {
+        if !self.tune.graphs() || tokens.is_empty() || tokens.len() != positions.len() {
+            return false;
+        }
+        let began = std::time::Instant::now();
+        self.flush_recording();
+        let n = tokens.len();
+        let ptr = {
+            let mut bio = self.bio.lock().unwrap_or_else(|e| e.into_inner());
+            if bio.len() < 2 * n {
+                *bio = self
+                    .dev
+                    .stream
+                    .alloc_zeros::<u32>((2 * n).next_power_of_two())
+                    .expect("CUDA alloc of the batch's tokens and positions");
+                self.scratch_moved();
+            }
+            let both: Vec<u32> = tokens.iter().chain(positions).copied().collect();
+            self.dev
+                .stream
+                .memcpy_htod(&both, &mut bio.slice_mut(0..2 * n))
+                .expect("CUDA upload of the batch's tokens and positions");
+            self.ptr(&*bio)
+        };
+        let mut r = self.recorder();
+        r.start(0, 0, began);
+        r.batch = Some((tokens.to_vec(), positions.to_vec(), ptr));
         true
     }
 

@@ -12,6 +12,7 @@ pub mod speculative;
 pub use generate::{generate, generate_constrained, FinishReason, GenerateOptions};
 pub use sampler::{Sampler, SamplerConfig};
 pub use session::{Checkpoint, EvalOutcome, PendingArgmax, Session, SessionOptions, StepInput};
+pub use vela_models::{Select, Selected};
 
 /// Counters of routed experts in host memory and their device cache (`--experts`), for
 /// `/metrics` and `vela bench`.

@@ -5,7 +5,7 @@ use anyhow::{anyhow, bail, Result};
 use std::any::Any;
 use std::sync::Arc;
 use vela_compute::{KvType, TopK};
-use vela_models::{BatchItem, LanguageModel, ModelState};
+use vela_models::{BatchItem, LanguageModel, ModelState, Select, Selected};
 
 /// Options of a new session.
 #[derive(Clone, Debug)]
@@ -241,11 +241,27 @@ impl Session {
     /// session's rows): `inputs[i]` (1..=ubatch tokens) follows the tokens of `sessions[i]`.
     /// Returns each session's last-position logits. Prefill chunks and decode tokens mix freely.
     pub fn eval_batch(sessions: &mut [&mut Session], inputs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
-        if sessions.len() != inputs.len() {
+        let selects = vec![Select::Logits; inputs.len()];
+        Self::eval_batch_select(sessions, inputs, &selects)?
+            .into_iter()
+            .map(Selected::into_logits)
+            .collect()
+    }
+
+    /// [`Self::eval_batch`] returning, per session, what `selects[i]` asks of its
+    /// last-position logits (the row, its argmax, or its top-k: selected on the device by a
+    /// GPU, so that only what the sampler needs is copied back).
+    pub fn eval_batch_select(
+        sessions: &mut [&mut Session],
+        inputs: &[&[u32]],
+        selects: &[Select<'_>],
+    ) -> Result<Vec<Selected>> {
+        if sessions.len() != inputs.len() || selects.len() != inputs.len() {
             bail!(
-                "eval_batch: {} sessions but {} inputs",
+                "eval_batch: {} sessions, {} inputs and {} selections",
                 sessions.len(),
-                inputs.len()
+                inputs.len(),
+                selects.len()
             );
         }
         let Some(first) = sessions.first() else {
@@ -277,11 +293,13 @@ impl Session {
             .iter_mut()
             .zip(inputs)
             .zip(&positions)
-            .map(|((s, t), p)| BatchItem {
+            .zip(selects)
+            .map(|(((s, t), p), &select)| BatchItem {
                 state: &mut *s.state,
                 tokens: t,
                 positions: p,
                 logits_from: t.len() - 1,
+                select,
             })
             .collect();
         let out = model.forward_batch(&mut items)?;

@@ -5,7 +5,7 @@
 use std::path::Path;
 use vela_compute::KvType;
 use vela_engine::loader::{load_gguf, LoadedModel};
-use vela_engine::{Session, SessionOptions};
+use vela_engine::{Select, Selected, Session, SessionOptions};
 use vela_formats::testdata;
 
 fn load(name: &str) -> Option<LoadedModel> {
@@ -115,6 +115,43 @@ fn smollm2_batched_sessions_match_each_alone() {
 #[test]
 fn gemma3_batched_sessions_match_each_alone() {
     batched_matches_alone(testdata::GEMMA3);
+}
+
+/// A batched step's selections (argmax, top-k at different k, the row only where asked) are
+/// exactly what the logits rows of the same step give.
+#[test]
+fn batched_selections_match_the_rows() {
+    let Some(m) = load(testdata::SMOLLM2) else {
+        return;
+    };
+    let prompts = ["The capital of France is", "1, 2, 3,", "Hello", "def f(x):"];
+    let ids: Vec<Vec<u32>> = prompts
+        .iter()
+        .map(|p| m.tokenizer.encode(p, true, false).unwrap())
+        .collect();
+    let inputs: Vec<&[u32]> = ids.iter().map(|v| &v[..]).collect();
+    let mut a: Vec<Session> = (0..4).map(|_| session(&m, 16)).collect();
+    let mut b: Vec<Session> = (0..4).map(|_| session(&m, 16)).collect();
+    let rows = Session::eval_batch(&mut a.iter_mut().collect::<Vec<_>>(), &inputs).unwrap();
+    let never = |_: &vela_compute::TopK| false;
+    let always = |_: &vela_compute::TopK| true;
+    let selects = [
+        Select::Argmax,
+        Select::TopK(5, &never),
+        Select::TopK(3, &always),
+        Select::Logits,
+    ];
+    let mut refs: Vec<&mut Session> = b.iter_mut().collect();
+    let got = Session::eval_batch_select(&mut refs, &inputs, &selects).unwrap();
+    assert_eq!(got[0], Selected::Argmax(vec![argmax(&rows[0])]));
+    let top = |r: &[f32], k| vela_compute::top_k_row(r, k);
+    assert_eq!(got[1], Selected::TopK(vec![(top(&rows[1], 5), None)]));
+    let want = Selected::TopK(vec![(top(&rows[2], 3), Some(rows[2].clone()))]);
+    assert_eq!(got[2], want);
+    assert_eq!(got[3], Selected::Logits(rows[3].clone()));
+    // A selection count that does not match is refused.
+    let e = Session::eval_batch_select(&mut refs, &inputs, &selects[..2]).unwrap_err();
+    assert!(e.to_string().contains("selections"), "{e}");
 }
 
 #[test]

@@ -10,6 +10,7 @@
 //! ```
 
 use crate::config::DecoderConfig;
+use crate::lm::{Select, Selected};
 use crate::state::{alloc_kv, ExtraState, LayerState, StateLayout};
 use crate::stepper::{self, StepCtl, StepState};
 use crate::weights::WeightSource;
@@ -50,21 +51,10 @@ pub(crate) fn select_top_k<B: Backend>(
     k: usize,
     need_row: &dyn Fn(&vela_compute::TopK) -> bool,
 ) -> Vec<(vela_compute::TopK, Option<Vec<f32>>)> {
-    if rows == 0 {
-        return Vec::new();
+    match batch::select_rows(be, logits, nv, &[(rows, Select::TopK(k, need_row))]).pop() {
+        Some(Selected::TopK(v)) => v,
+        _ => unreachable!("a top-k selection gives top-k rows"),
     }
-    let tops = be.top_k_rows(logits, rows, nv, k);
-    let need: Vec<bool> = tops.iter().map(need_row).collect();
-    let mut all = Vec::new();
-    if need.contains(&true) {
-        all = vec![0f32; rows * nv];
-        be.read(logits, &mut all);
-    }
-    tops.into_iter()
-        .zip(need)
-        .enumerate()
-        .map(|(r, (t, n))| (t, n.then(|| all[r * nv..(r + 1) * nv].to_vec())))
-        .collect()
 }
 
 pub(crate) use crate::stepper::check_batch;
@@ -762,7 +752,7 @@ impl<B: Backend + 'static> crate::lm::CausalLm for DecoderModel<B> {
     fn forward_batch(
         &self,
         items: &mut [crate::lm::BatchItem<'_, ForwardState<B>>],
-    ) -> Result<Vec<Vec<f32>>> {
+    ) -> Result<Vec<Selected>> {
         DecoderModel::forward_batch(self, items)
     }
 }

@@ -31,7 +31,7 @@ pub mod weights;
 pub use config::{DecoderConfig, LayerConfig};
 pub use decoder::{DecoderModel, ForwardState};
 pub use gemma4::{load_gguf_gemma4, load_hf_gemma4, Gemma4Model};
-pub use lm::{BatchItem, CausalLm, LanguageModel, ModelState, StateExport};
+pub use lm::{BatchItem, CausalLm, LanguageModel, ModelState, Select, Selected, StateExport};
 pub use mtp::MtpHead;
 pub use placement::LoadSpec;
 pub use registry::{load_gguf_any, load_gguf_spec, load_hf_any, load_hf_spec};

@@ -52,13 +52,23 @@ pub trait LanguageModel: Send + Sync {
         kv: KvType,
     ) -> Result<Box<dyn ModelState>>;
     /// One forward pass over several sequences of this model (each at most once): per item,
-    /// the logits of its rows `logits_from..`, as [`ModelState::forward`] returns them. A
-    /// model that batches runs the products once over every sequence's rows; the default
-    /// evaluates the items one after the other.
-    fn forward_batch(&self, items: &mut [BatchItem<'_, dyn ModelState>]) -> Result<Vec<Vec<f32>>> {
+    /// what its [`BatchItem::select`] asks of its rows `logits_from..` (the rows, as
+    /// [`ModelState::forward`] returns them, their argmax or their top-k). A model that
+    /// batches runs the products once over every sequence's rows and selects on the device;
+    /// the default evaluates the items one after the other.
+    fn forward_batch(&self, items: &mut [BatchItem<'_, dyn ModelState>]) -> Result<Vec<Selected>> {
         items
             .iter_mut()
-            .map(|it| it.state.forward(it.tokens, it.positions, it.logits_from))
+            .map(|it| {
+                let (t, p, lf) = (it.tokens, it.positions, it.logits_from);
+                Ok(match it.select {
+                    Select::Logits => Selected::Logits(it.state.forward(t, p, lf)?),
+                    Select::Argmax => Selected::Argmax(it.state.forward_argmax(t, p, lf)?),
+                    Select::TopK(k, need) => {
+                        Selected::TopK(it.state.forward_top_k(t, p, lf, k, need)?)
+                    }
+                })
+            })
             .collect()
     }
     /// The model's own drafter (an MTP head or assistant) found next to the model at
@@ -202,6 +212,40 @@ pub struct BatchItem<'a, S: ?Sized> {
     pub tokens: &'a [u32],
     pub positions: &'a [u32],
     pub logits_from: usize,
+    /// What comes back of its logits rows.
+    pub select: Select<'a>,
+}
+
+/// What a batched item wants of its logits rows: the rows themselves, or only what the
+/// sampler needs of them, selected on the device by a GPU (the batch's counterparts of
+/// [`ModelState::forward`], [`ModelState::forward_argmax`] and [`ModelState::forward_top_k`]).
+#[derive(Clone, Copy)]
+pub enum Select<'a> {
+    Logits,
+    /// Each row's argmax (lowest id on ties, NaN skipped).
+    Argmax,
+    /// Each row's `k` best tokens and statistics and, where the function asks for it after
+    /// seeing them, the row itself.
+    TopK(usize, &'a dyn Fn(&TopK) -> bool),
+}
+
+/// A batched item's result, by its [`Select`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum Selected {
+    /// Row-major `[rows, n_vocab]`.
+    Logits(Vec<f32>),
+    Argmax(Vec<u32>),
+    TopK(Vec<(TopK, Option<Vec<f32>>)>),
+}
+
+impl Selected {
+    /// The logits rows ([`Select::Logits`]); an error for the other selections.
+    pub fn into_logits(self) -> Result<Vec<f32>> {
+        match self {
+            Selected::Logits(l) => Ok(l),
+            _ => bail!("the batched item asked for a selection, not its logits"),
+        }
+    }
 }
 
 /// What an architecture implements to become a [`LanguageModel`] (through the blanket impl
@@ -338,11 +382,20 @@ pub trait CausalLm: Send + Sync + 'static {
         ))
     }
     /// [`LanguageModel::forward_batch`] over this model's states (default: one after the other).
-    fn forward_batch(&self, items: &mut [BatchItem<'_, Self::State>]) -> Result<Vec<Vec<f32>>> {
-        items
-            .iter_mut()
-            .map(|it| self.forward(it.state, it.tokens, it.positions, it.logits_from))
-            .collect()
+    fn forward_batch(&self, items: &mut [BatchItem<'_, Self::State>]) -> Result<Vec<Selected>> {
+        items.iter_mut().map(|it| self.forward_one(it)).collect()
+    }
+    /// One batch item on its own: [`CausalLm::forward`], `forward_argmax` or `forward_top_k`
+    /// by its selection.
+    fn forward_one(&self, it: &mut BatchItem<'_, Self::State>) -> Result<Selected> {
+        let (t, p, lf) = (it.tokens, it.positions, it.logits_from);
+        Ok(match it.select {
+            Select::Logits => Selected::Logits(self.forward(it.state, t, p, lf)?),
+            Select::Argmax => Selected::Argmax(self.forward_argmax(it.state, t, p, lf)?),
+            Select::TopK(k, need) => {
+                Selected::TopK(self.forward_top_k(it.state, t, p, lf, k, need)?)
+            }
+        })
     }
     /// [`LanguageModel::discover_mtp`].
     fn discover_mtp(&self, model_path: &Path) -> Option<PathBuf> {
@@ -413,7 +466,7 @@ impl<M: CausalLm> LanguageModel for M {
             parked: false,
         }))
     }
-    fn forward_batch(&self, items: &mut [BatchItem<'_, dyn ModelState>]) -> Result<Vec<Vec<f32>>> {
+    fn forward_batch(&self, items: &mut [BatchItem<'_, dyn ModelState>]) -> Result<Vec<Selected>> {
         let mut typed = Vec::with_capacity(items.len());
         for it in items.iter_mut() {
             let seq = it
@@ -428,6 +481,7 @@ impl<M: CausalLm> LanguageModel for M {
                 tokens: it.tokens,
                 positions: it.positions,
                 logits_from: it.logits_from,
+                select: it.select,
             });
         }
         CausalLm::forward_batch(self, &mut typed)

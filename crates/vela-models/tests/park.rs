@@ -14,7 +14,7 @@ use vela_formats::testdata;
 use vela_models::deepseekv4::DeepseekV4Model;
 use vela_models::glm5::Glm5Model;
 use vela_models::qwen4exp::Qwen4ExpModel;
-use vela_models::{BatchItem, LanguageModel, ModelState};
+use vela_models::{BatchItem, LanguageModel, ModelState, Select};
 
 fn be() -> Arc<CpuBackend> {
     Arc::new(CpuBackend::new(2))
@@ -95,15 +95,20 @@ fn parked_sequences_continue_exactly() {
                     tokens: &toks[24..],
                     positions: &pos_a,
                     logits_from: 0,
+                    select: Select::Logits,
                 },
                 BatchItem {
                     state: &mut *other,
                     tokens: &toks[..6],
                     positions: &pos_b,
                     logits_from: 0,
+                    select: Select::Logits,
                 },
             ];
-            m.forward_batch(&mut items).unwrap()
+            let out = m.forward_batch(&mut items).unwrap();
+            out.into_iter()
+                .map(|o| o.into_logits().unwrap())
+                .collect::<Vec<_>>()
         };
         let close = |a: &[f32], b: &[f32]| nmse(a, b) < 1e-10;
         assert!(close(&out[0], &tail), "{name}: parked sequence in a batch");

@@ -12,7 +12,7 @@ mod seq;
 use crate::cache::PrefixCache;
 use crate::metrics::Metrics;
 use crate::parser::{Event, ParserConfig, ToolCall};
-use seq::{Next, Seq, Stage};
+use seq::{Next, Seq, Stage, Want};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -21,7 +21,7 @@ use tokio::sync::mpsc;
 use vela_engine::grammar::Constraint;
 use vela_engine::loader::LoadedModel;
 use vela_engine::speculative::{DepthModel, Drafter};
-use vela_engine::{sampler, SamplerConfig, Session, SessionOptions};
+use vela_engine::{sampler, SamplerConfig, Select, Session, SessionOptions};
 
 /// Set when the client is gone; remembers when.
 pub struct CancelToken {
@@ -487,17 +487,37 @@ fn step(
     let outs: anyhow::Result<Vec<Next>> = match alone {
         Some(r) => r.map(|n| vec![n]),
         _ => {
+            // Prompt chunks need their logits row (a completed prompt keeps it for its
+            // followers); decode rows take what their sampler needs, selected on the device.
             let mut sessions: Vec<&mut Session> = Vec::with_capacity(items.len());
+            let mut wants = Vec::with_capacity(items.len());
+            let mut samplers = Vec::with_capacity(items.len());
             let mut k = 0;
             for (i, s) in active.iter_mut().enumerate() {
-                if items.get(k).is_some_and(|it| it.0 == i) {
-                    sessions.push(&mut s.entry.session);
+                if let Some(it) = items.get(k).filter(|it| it.0 == i) {
+                    let (session, want, sampler) = s.batch_parts();
+                    sessions.push(session);
+                    wants.push(if it.2 { Want::Logits } else { want });
+                    samplers.push(sampler);
                     k += 1;
                 }
             }
+            let suffices: Vec<_> = samplers
+                .iter()
+                .map(|s| move |t: &vela_compute::TopK| !s.top_k_suffices(t))
+                .collect();
+            let selects: Vec<Select> = wants
+                .iter()
+                .zip(&suffices)
+                .map(|(w, f)| match *w {
+                    Want::Logits => Select::Logits,
+                    Want::Argmax => Select::Argmax,
+                    Want::TopK(k) => Select::TopK(k, f),
+                })
+                .collect();
             let inputs: Vec<&[u32]> = items.iter().map(|it| &it.1[..]).collect();
-            Session::eval_batch(&mut sessions, &inputs)
-                .map(|ls| ls.into_iter().map(Next::Logits).collect())
+            Session::eval_batch_select(&mut sessions, &inputs, &selects)
+                .and_then(|out| out.into_iter().map(Next::from_selected).collect())
         }
     };
     let outs = match outs {

@@ -2,6 +2,7 @@
 //! matmul mode), graph vs plain decode, and decode speed per configuration.
 
 use super::*;
+use vela_models::{Select, Selected};
 
 fn model_path() -> Option<std::path::PathBuf> {
     if let Some(p) = std::env::var_os("VELA_GPU_MODEL") {
@@ -589,7 +590,7 @@ pub(crate) fn hybrid_graph_decode_matches_plain(
 /// caches, several steps.
 #[test]
 fn batched_decode_matches_sequences() {
-    let Some((_g, m, prompt)) = decode_setup("batched_decode_matches_sequences") else {
+    let Some((g, m, prompt)) = decode_setup("batched_decode_matches_sequences") else {
         return;
     };
     let lens = [5usize, 40, 17, 1, 33, 26];
@@ -602,11 +603,20 @@ fn batched_decode_matches_sequences() {
             prefill(&m, &mut b[i], &prompt[..n], 64);
         }
         let before = vela_cuda::BATCHED_LAYERS.load(std::sync::atomic::Ordering::Relaxed);
+        let mut replays = 0;
         for step in 0..4 {
             let toks: Vec<[u32; 1]> = (0..lens.len())
                 .map(|i| [600 + 13 * i as u32 + step as u32])
                 .collect();
             let pos: Vec<[u32; 1]> = lens.iter().map(|&n| [(n + step) as u32]).collect();
+            // The items ask for their rows, argmaxes and top-k in turn (selected on the device
+            // over the whole batch).
+            let no_row = |_: &vela_compute::TopK| false;
+            let select = |i: usize| match (i + step) % 3 {
+                0 => Select::Logits,
+                1 => Select::Argmax,
+                _ => Select::TopK(8 + i, &no_row),
+            };
             let got = {
                 let mut items: Vec<_> = a
                     .iter_mut()
@@ -616,18 +626,46 @@ fn batched_decode_matches_sequences() {
                         tokens: &toks[i][..],
                         positions: &pos[i][..],
                         logits_from: 0,
+                        select: select(i),
                     })
                     .collect();
-                m.forward_batch(&mut items).unwrap()
+                let r0 = g.graph_stats().replays;
+                let out = m.forward_batch(&mut items).unwrap();
+                replays += g.graph_stats().replays - r0;
+                out
             };
             for (i, st) in b.iter_mut().enumerate() {
                 let want = m.forward(st, &toks[i], &pos[i], 0).unwrap();
-                let (_, e) = err(&got[i], &want);
-                eprintln!("{kv:?} step {step} sequence {i}: NMSE {e:.2e}");
-                assert!(e < 1e-4, "{kv:?} step {step} sequence {i}: NMSE {e:.2e}");
+                let max = want.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+                let near =
+                    |t: u32, v: f32| (want[t as usize] - v).abs() <= 1e-3 * max.abs().max(1.0);
+                match &got[i] {
+                    Selected::Logits(l) => {
+                        let (_, e) = err(l, &want);
+                        eprintln!("{kv:?} step {step} sequence {i}: NMSE {e:.2e}");
+                        assert!(e < 1e-4, "{kv:?} step {step} sequence {i}: NMSE {e:.2e}");
+                    }
+                    Selected::Argmax(ids) => {
+                        assert_eq!(ids.len(), 1);
+                        assert!(near(ids[0], max), "{kv:?} step {step} sequence {i}: argmax");
+                    }
+                    Selected::TopK(v) => {
+                        let (top, row) = &v[0];
+                        assert!(row.is_none() && top.items.len() == 8 + i);
+                        let kth = vela_compute::top_k_row(&want, 8 + i).items[7 + i].1;
+                        for &(t, val) in &top.items {
+                            assert!(near(t, val), "{kv:?} step {step} sequence {i}: top-k value");
+                            assert!(val >= kth - 1e-3 * max.abs().max(1.0), "top-k member");
+                        }
+                    }
+                }
             }
         }
         let n = vela_cuda::BATCHED_LAYERS.load(std::sync::atomic::Ordering::Relaxed) - before;
         assert!(n > 0, "{kv:?}: no layer ran batched");
+        // Recorded batched steps (`decode_batch_begin`): the later steps of the same
+        // composition replay the first one's graph with new tokens and positions.
+        eprintln!("{kv:?}: {replays} batched steps replayed");
+        assert!(replays >= 2, "{kv:?}: {replays} batched steps replayed");
     }
 }

@@ -5,22 +5,23 @@
 //! store and attention run per sequence on its own cache and scratch.
 
 use super::{check_batch, Attended, Bufs, DecoderModel, ForwardState};
-use crate::lm::BatchItem;
+use crate::lm::{BatchItem, CausalLm, Select, Selected};
 use anyhow::Result;
-use vela_compute::{AttnParams, Backend};
+use vela_compute::{AttnParams, Backend, TopK};
 
 /// Most rows of an item that [`DecoderModel::attend_together`] takes (decode steps and short
 /// speculative checks; longer prompt chunks run the prefill kernels per sequence).
 const TOGETHER_ROWS: usize = 8;
 
-impl<B: Backend> DecoderModel<B> {
-    /// Evaluate every item (each sequence appears once) and return, per item, the logits of
-    /// its rows `logits_from..` (row-major `[rows, n_vocab]`). One item runs exactly as
-    /// [`Self::forward`].
+impl<B: Backend + 'static> DecoderModel<B> {
+    /// Evaluate every item (each sequence appears once) and return, per item, what its
+    /// selection asks of its rows `logits_from..` ([`Select`]: the selections run once over
+    /// the batch's logits, on the device by a GPU). One item runs exactly as [`Self::forward`]
+    /// (or `forward_argmax` / `forward_top_k`).
     pub fn forward_batch(
         &self,
         items: &mut [BatchItem<'_, ForwardState<B>>],
-    ) -> Result<Vec<Vec<f32>>> {
+    ) -> Result<Vec<Selected>> {
         for it in items.iter() {
             let st = &*it.state;
             check_batch(
@@ -32,12 +33,7 @@ impl<B: Backend> DecoderModel<B> {
             )?;
         }
         if let [it] = items {
-            return Ok(vec![self.forward(
-                it.state,
-                it.tokens,
-                it.positions,
-                it.logits_from,
-            )?]);
+            return Ok(vec![self.forward_one(it)?]);
         }
         let be = &*self.backend;
         let c = &self.cfg;
@@ -62,6 +58,12 @@ impl<B: Backend> DecoderModel<B> {
         let mut together = items
             .iter()
             .all(|it| it.tokens.len() <= TOGETHER_ROWS && it.logits_from == 0);
+        // Such a step may be recorded and run as one graph: its launches then depend on the
+        // batch's composition, not on the tokens and positions (`Backend::decode_batch_begin`).
+        let recorded = together && {
+            let positions: Vec<u32> = items.iter().flat_map(|it| it.positions).copied().collect();
+            be.decode_batch_begin(&tokens, &positions)
+        };
         let rows = self.pass(b, &tokens, &mut |b, il| {
             let last = il + 1 == n_layer;
             let ap = self.attn_params(il);
@@ -125,21 +127,88 @@ impl<B: Backend> DecoderModel<B> {
                 swap_qa: false,
                 swap_xh: last,
             })
-        })?;
-        let nv = c.n_vocab;
-        let mut all = vec![0f32; rows * nv];
-        if rows > 0 {
-            be.read(&b.logits, &mut all);
+        });
+        if recorded {
+            be.decode_step_end();
         }
-        let mut out = Vec::with_capacity(items.len());
-        let mut at = 0;
-        for it in items.iter() {
-            let r = it.tokens.len() - it.logits_from;
-            out.push(all[at * nv..(at + r) * nv].to_vec());
-            at += r;
-        }
-        Ok(out)
+        let rows = rows?;
+        let wants: Vec<(usize, Select)> = items
+            .iter()
+            .map(|it| (it.tokens.len() - it.logits_from, it.select))
+            .collect();
+        debug_assert_eq!(rows, wants.iter().map(|w| w.0).sum::<usize>());
+        Ok(select_rows(be, &b.logits, c.n_vocab, &wants))
     }
+}
+
+/// The selections of a batch's logits rows (`logits`: each item's rows in turn, `wants`: each
+/// item's row count and selection): the argmaxes and the top-k (at the largest k asked,
+/// truncated per item) over all rows at once, and the rows read back only when an item asks
+/// for them.
+pub(crate) fn select_rows<B: Backend>(
+    be: &B,
+    logits: &B::Buf,
+    nv: usize,
+    wants: &[(usize, Select)],
+) -> Vec<Selected> {
+    let rows: usize = wants.iter().map(|w| w.0).sum();
+    let asked = |f: &dyn Fn(&Select) -> Option<usize>| {
+        wants
+            .iter()
+            .filter(|w| w.0 > 0)
+            .filter_map(|w| f(&w.1))
+            .max()
+    };
+    let argmax = asked(&|s| matches!(s, Select::Argmax).then_some(0)).is_some();
+    let ids = if argmax {
+        be.argmax_rows(logits, rows, nv)
+    } else {
+        Vec::new()
+    };
+    let k = asked(&|s| match s {
+        Select::TopK(k, _) => Some(*k),
+        _ => None,
+    });
+    let mut tops = k.map_or_else(Vec::new, |k| be.top_k_rows(logits, rows, nv, k));
+    // Each item's top-k at its own k, and which rows are asked for.
+    let (mut need, mut at) = (vec![false; rows], 0);
+    for &(r, sel) in wants {
+        match sel {
+            Select::Logits => need[at..at + r].fill(true),
+            Select::Argmax => {}
+            Select::TopK(k, f) => {
+                for i in at..at + r {
+                    tops[i].items.truncate(k);
+                    need[i] = f(&tops[i]);
+                }
+            }
+        }
+        at += r;
+    }
+    let mut all = Vec::new();
+    if need.contains(&true) {
+        all = vec![0f32; rows * nv];
+        be.read(logits, &mut all);
+    }
+    let mut tops: Vec<Option<TopK>> = tops.into_iter().map(Some).collect();
+    let mut out = Vec::with_capacity(wants.len());
+    let mut at = 0;
+    for &(r, sel) in wants {
+        out.push(match sel {
+            Select::Logits => Selected::Logits(all[at * nv..(at + r) * nv].to_vec()),
+            Select::Argmax => Selected::Argmax(ids[at..at + r].to_vec()),
+            Select::TopK(..) => Selected::TopK(
+                (at..at + r)
+                    .map(|i| {
+                        let t = tops[i].take().expect("a top-k per row");
+                        (t, need[i].then(|| all[i * nv..(i + 1) * nv].to_vec()))
+                    })
+                    .collect(),
+            ),
+        });
+        at += r;
+    }
+    out
 }
 
 impl<B: Backend> DecoderModel<B> {

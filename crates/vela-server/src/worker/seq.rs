@@ -40,6 +40,30 @@ pub(super) enum Next {
     Top(TopK),
 }
 
+/// What a decode step needs of a sequence's logits row ([`Seq::batch_parts`]).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Want {
+    Logits,
+    Argmax,
+    TopK(usize),
+}
+
+impl Next {
+    /// A batched step's result for one sequence (one logits row).
+    pub fn from_selected(sel: vela_engine::Selected) -> anyhow::Result<Next> {
+        use vela_engine::Selected;
+        let next = match sel {
+            Selected::Logits(l) => Some(Next::Logits(l)),
+            Selected::Argmax(ids) => ids.last().map(|&t| Next::Id(t)),
+            Selected::TopK(mut v) => v.pop().map(|(top, row)| match row {
+                Some(row) => Next::Logits(row),
+                None => Next::Top(top),
+            }),
+        };
+        next.ok_or_else(|| anyhow::anyhow!("the batched step returned no row"))
+    }
+}
+
 /// How a request ends: the finish reason and the stop string that matched.
 type Finish = (&'static str, Option<String>);
 
@@ -480,6 +504,18 @@ impl<'m> Seq<'m> {
     /// A decode step of this sequence alone through the backend's argmax or top-k selection
     /// (a GPU copies back an id or `k` pairs instead of the vocabulary); `None` when the request
     /// needs the logits row.
+    /// The session, what a batched decode step asks of its logits row (the argmax or the
+    /// top-k where [`Self::eval_alone`] would take them, else the row) and the sampler that
+    /// decides whether a top-k selection suffices.
+    pub fn batch_parts(&mut self) -> (&mut Session, Want, &Sampler) {
+        let want = match (self.device_argmax, self.device_k) {
+            (true, _) => Want::Argmax,
+            (false, Some(k)) => Want::TopK(k),
+            (false, None) => Want::Logits,
+        };
+        (&mut self.entry.session, want, &self.sampler)
+    }
+
     pub fn eval_alone(&mut self, t: &[u32]) -> Option<anyhow::Result<Next>> {
         let session = &mut self.entry.session;
         if self.device_argmax {
