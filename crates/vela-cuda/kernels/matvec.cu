@@ -519,6 +519,134 @@ extern "C" __global__ void mvt_q4_0s(const u8* W, const AQ8* X, float* Y, int ro
     mvs_t<2>(W, X, Y, rows, nb, n_tok);
 }
 
+// ---- split-row Q4_0 products of a few tokens on the tensor cores ----
+//
+// mma.sync m16n8k32 (s8 x s8 -> s32), one Q4_0 block per k step: A holds 16 rows' nibbles
+// (0..15; the -8 comes back through each activation block's exact quant sum), B the Q8 quants of 8
+// tokens. Per (row, token) each block's integer dot is scaled like mvs's, (isum - 8 sum) *
+// (dw * da), and added in f32. A block of MMQ_WARPS warps takes 16 rows and NT tiles of 8 tokens
+// (grid y: the next 8 * NT tokens); warp w takes the block pairs w, w + MMQ_WARPS, ... (a pair is
+// 32 contiguous quant bytes per row: whole sectors), loading the next pair's weights before
+// computing the current one; the warps' sums are added in warp order through shared memory.
+// Fragments (PTX ISA, mma.m16n8k32 .s8; g = lane / 4, c = lane % 4): A a0/a2 row g, a1/a3 row
+// g + 8, a0/a1 bytes 4c..4c+3, a2/a3 bytes 16 + 4c..; B b0 bytes 4c.., b1 bytes 16 + 4c.. of token
+// g; C c0/c1 row g, c2/c3 row g + 8, tokens 2c and 2c + 1.
+#define MMQ_WARPS 8
+__device__ __forceinline__ void mma_s8(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%0,%1,%2,%3};"
+        : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+__device__ __forceinline__ u32 ldw4(const u32* p) {
+    u32 v;
+    asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+    return v;
+}
+// One block pair's weights of the thread's two rows: quant word c of each block, and scales.
+struct MmqW {
+    u32 q[2][2];  // [block][row g, row g + 8]
+    u16 d[2][2];
+};
+__device__ __forceinline__ void mmq_load(MmqW& w, const u32* const (&wq)[2], const u16* const (&wd)[2],
+                                         int b, int c) {
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            w.q[j][h] = ldw4(wq[h] + 4 * (b + j) + c);
+            w.d[j][h] = ldw2(wd[h] + b + j);
+        }
+}
+template <int NT>
+__device__ __forceinline__ void mmq_q4_0s(const u8* __restrict__ W, const AQ8* __restrict__ X,
+                                          float* __restrict__ Y, int rows, int nb, int n_tok) {
+    int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    int g = lane >> 2, c = lane & 3;
+    int r0 = blockIdx.x * 16;
+    int t0 = blockIdx.y * 8 * NT;
+    const u32* wq[2];
+    const u16* wd[2];
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const u8* wr = W + (size_t)min(r0 + g + 8 * h, rows - 1) * nb * 18;
+        wq[h] = (const u32*)wr;
+        wd[h] = (const u16*)(wr + 16 * (size_t)nb);
+    }
+    float acc[NT][4];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[t][i] = 0.0f;
+    int b = 2 * warp;
+    MmqW w;
+    if (b < nb) mmq_load(w, wq, wd, b, c);
+    if (mv_guard(nb)) MV_RESUME();
+    for (; b < nb; b += 2 * MMQ_WARPS) {
+        MmqW cur = w;
+        if (b + 2 * MMQ_WARPS < nb) mmq_load(w, wq, wd, b + 2 * MMQ_WARPS, c);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            u32 a0 = cur.q[j][0] & 0x0F0F0F0Fu, a1 = cur.q[j][1] & 0x0F0F0F0Fu;
+            u32 a2 = (cur.q[j][0] >> 4) & 0x0F0F0F0Fu, a3 = (cur.q[j][1] >> 4) & 0x0F0F0F0Fu;
+            float dw0 = h2f(cur.d[j][0]), dw1 = h2f(cur.d[j][1]);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                int tb = t0 + 8 * t + g;  // this thread's B token
+                u32 b0 = 0, b1 = 0;
+                if (tb < n_tok) {
+                    const int* xq = (const int*)(X + (size_t)tb * nb + b + j) + 4;
+                    b0 = (u32)lda4(xq + c);
+                    b1 = (u32)lda4(xq + 4 + c);
+                }
+                int acc_i[4] = {0, 0, 0, 0};
+                mma_s8(acc_i, a0, a1, a2, a3, b0, b1);
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int tc = t0 + 8 * t + 2 * c + e;  // this thread's C token
+                    if (tc < n_tok) {
+                        int4 hd = lda16(X + (size_t)tc * nb + b + j);
+                        float da = __int_as_float(hd.x);
+                        acc[t][e] += (float)(acc_i[e] - 8 * hd.z) * (dw0 * da);
+                        acc[t][2 + e] += (float)(acc_i[2 + e] - 8 * hd.z) * (dw1 * da);
+                    }
+                }
+            }
+        }
+    }
+    // The warps' sums in warp order: thread i of the block adds slot i (and i + 256, ...).
+    __shared__ float red[MMQ_WARPS][NT * 128];
+#pragma unroll
+    for (int t = 0; t < NT; t++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[warp][(t * 32 + lane) * 4 + i] = acc[t][i];
+    __syncthreads();
+    for (int s = threadIdx.x; s < NT * 128; s += 32 * MMQ_WARPS) {
+        float v = red[0][s];
+#pragma unroll
+        for (int k = 1; k < MMQ_WARPS; k++) v += red[k][s];
+        int i = s & 3, l = (s >> 2) & 31, t = s >> 7;
+        int row = r0 + (l >> 2) + (i >= 2 ? 8 : 0);
+        int tok = t0 + 8 * t + 2 * (l & 3) + (i & 1);
+        if (row < rows && tok < n_tok) Y[(size_t)tok * rows + row] = v;
+    }
+}
+extern "C" __global__ void mmq_q4_0s_1(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n_tok) {
+    MV_ENTRY();
+    mmq_q4_0s<1>(W, X, Y, rows, nb, n_tok);
+}
+extern "C" __global__ void mmq_q4_0s_2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n_tok) {
+    MV_ENTRY();
+    mmq_q4_0s<2>(W, X, Y, rows, nb, n_tok);
+}
+extern "C" __global__ void mmq_q4_0s_4(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n_tok) {
+    MV_ENTRY();
+    mmq_q4_0s<4>(W, X, Y, rows, nb, n_tok);
+}
+
 // scale_min_k4 on the 12 scale bytes held in three words (selects instead of a local array
 // indexed by the lane's sub-block).
 __device__ __forceinline__ int byte12(u32 a, u32 b, u32 c, int i) {
@@ -825,6 +953,73 @@ __device__ __forceinline__ void mvks(const u8* __restrict__ W, const AQ8K* __res
     mv_store<R, false, BIAS>(acc, acc, Y, r0, rows, part, split, B);
 }
 
+// mvks for the decode rows of several sequences, like mvs_t for Q4_0: grid y takes tokens
+// MVT_NT * blockIdx.y .. + MVT_NT - 1 (those < n_tok), each sub-block decoded once for them (the
+// weights read once per MVT_NT tokens). Per (row, token) the sub-blocks are accumulated like mvks
+// without a K split.
+template <int T, int R>
+__device__ __forceinline__ void mvks_t(const u8* __restrict__ W, const AQ8K* __restrict__ X,
+                                       float* __restrict__ Y, int rows, int nb, int n_tok) {
+    int lane = threadIdx.x & 31;
+    int r0, part, lo, hi;
+    mv_part<1>(blockIdx.x, R, 1, nb * 8, r0, part, lo, hi);
+    int t0 = blockIdx.y * MVT_NT;
+    int nt = min(MVT_NT, n_tok - t0);
+    X += (size_t)t0 * nb;
+    Y += (size_t)t0 * rows;
+    float acc[MVT_NT][R];
+    const u8* wr[R];
+#pragma unroll
+    for (int q = 0; q < R; q++) {
+#pragma unroll
+        for (int t = 0; t < MVT_NT; t++) acc[t][q] = 0.0f;
+        wr[q] = W + (size_t)min(r0 + q, rows - 1) * row_stride<T>(nb);
+    }
+    if (r0 >= rows) hi = lo;
+    uint4 qv[MVKS_U(R)][R], hd[MVKS_U(R)][R];
+    mvks_load<T, R>(qv, hd, wr, nb, lo + lane, hi);
+    if (mv_guard(nb)) MV_RESUME();
+    for (int it0 = lo + lane; it0 < hi; it0 += 32 * MVKS_U(R)) {
+#pragma unroll
+        for (int u = 0; u < MVKS_U(R); u++) {
+            int it = it0 + 32 * u;
+            if (it < hi) {
+                int b = it >> 3, j = it & 7;
+                int w[R][8], sc[R][2], mn[R][2];
+                float d[R], dmin[R];
+#pragma unroll
+                for (int q = 0; q < R; q++) decode_ks<T>(qv[u][q], hd[u][q], j, w[q], sc[q], mn[q], d[q], dmin[q]);
+#pragma unroll
+                for (int t = 0; t < MVT_NT; t++) {
+                    if (t < nt) {
+                        const AQ8K* a = X + (size_t)t * nb + b;
+                        float ad = __int_as_float(lda4(&a->d));
+                        int bs = lda4(a->bsums + 2 * j);
+                        int4 q0 = lda16(a->qs + 8 * j), q1 = lda16(a->qs + 8 * j + 4);
+                        int aq[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+                        int b0s = (int)(short)(bs & 0xffff), b1s = bs >> 16;
+#pragma unroll
+                        for (int q = 0; q < R; q++) {
+                            int i0 = 0, i1 = 0;
+#pragma unroll
+                            for (int k = 0; k < 4; k++) i0 = dp4a(w[q][k], aq[k], i0);
+#pragma unroll
+                            for (int k = 4; k < 8; k++) i1 = dp4a(w[q][k], aq[k], i1);
+                            int isum = sc[q][0] * i0 + sc[q][1] * i1;
+                            int corr = mn[q][0] * b0s + mn[q][1] * b1s;
+                            acc[t][q] += (ad * d[q]) * (float)isum - (ad * dmin[q]) * (float)corr;
+                        }
+                    }
+                }
+            }
+        }
+        mvks_load<T, R>(qv, hd, wr, nb, it0 + 32 * MVKS_U(R), hi);
+    }
+#pragma unroll
+    for (int t = 0; t < MVT_NT; t++)
+        if (t < nt) mv_store<R, false>(acc[t], acc[t], Y + (size_t)t * rows, r0, rows, 0, 1);
+}
+
 // One k-quant product: split rows through mvks (unless MVKS_OFF), else mvk.
 template <int T, int MVU, int R, bool BIAS = false>
 __device__ __forceinline__ void mvk1(const u8* W, const AQ8K* X, float* Y, int rows, int nb,
@@ -889,6 +1084,14 @@ extern "C" __global__ void mv_q8_0_r2n(const u8* W, const AQ8* X, float* Y, int 
 MVK(13, mv_q5_k)
 MVK(112, mv_q4_ks)
 MVK(114, mv_q6_ks)
+extern "C" __global__ void mvt_q4_ks(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int n_tok) {
+    MV_ENTRY();
+    mvks_t<112, 2>(W, X, Y, rows, nb, n_tok);
+}
+extern "C" __global__ void mvt_q6_ks(const u8* W, const AQ8K* X, float* Y, int rows, int nb, int n_tok) {
+    MV_ENTRY();
+    mvks_t<114, 2>(W, X, Y, rows, nb, n_tok);
+}
 
 // ---- two or three one-token products of different weight types in one launch ----
 //

@@ -101,6 +101,11 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mv_q4_0",
             "mv_q4_0s",
             "mvt_q4_0s",
+            "mmq_q4_0s_1",
+            "mmq_q4_0s_2",
+            "mmq_q4_0s_4",
+            "mvt_q4_ks",
+            "mvt_q6_ks",
             "mv_q4_1",
             "mv_q5_0",
             "mv_q5_1",
@@ -490,7 +495,15 @@ mod tests {
         for (entry, fns) in [
             (
                 "MV",
-                &["mv32(", "mv32_narrow(", "mvs(", "mvk(", "mvks("][..],
+                &[
+                    "mv32(",
+                    "mv32_narrow(",
+                    "mvs(",
+                    "mvk(",
+                    "mvks(",
+                    "mvs_t(",
+                    "mmq_q4_0s(",
+                ][..],
             ),
             ("NORM", &["norm_quant(", "norm_quant_regs("]),
             ("ROPE", &["rope_store_heads("]),

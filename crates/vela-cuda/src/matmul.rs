@@ -17,14 +17,44 @@ pub(crate) const MM_WARPS: u32 = 4;
 
 /// Tokens per grid row of the several-token matvec (`MVT_NT` in matvec.cu).
 const MVT_NT: usize = 8;
+/// Warps per block of the tensor-core products (`MMQ_WARPS` in matvec.cu).
+const MMQ_WARPS: u32 = 8;
 
 /// Most tokens whose products take the several-token matvec rather than cuBLAS or the tiled
 /// integer kernels (decode steps of up to this many sequences).
 pub(crate) const MVT_MAX: usize = 16;
 
-/// Whether a product of `n` tokens with weights of kernel suffix `suffix` runs `mvt_*`.
-pub(crate) fn mvt_applies(suffix: &str, n: usize) -> bool {
-    (2..=MVT_MAX).contains(&n) && suffix == "q4_0s"
+/// Most tokens whose split-row Q4_0 products take the tensor-core kernels `mmq_q4_0s_*`.
+pub(crate) const MMQ_MAX: usize = 64;
+
+/// The kernel of a product of a few tokens (2..=MMQ_MAX) with split-row weights.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum FewTokens {
+    /// `mvt_{q4_0s,q4_ks,q6_ks}`: dp4a, MVT_NT tokens per grid row, two rows per warp.
+    Mvt,
+    /// `mmq_q4_0s_{nt}`: mma.sync, 8 * nt tokens per grid row.
+    Mmq(usize),
+}
+
+impl CudaBackend {
+    /// The several-token product of `n` tokens with weights of kernel suffix `suffix`, if one
+    /// applies (else cuBLAS or the tiled integer kernels).
+    pub(crate) fn few_tokens(&self, suffix: &str, n: usize) -> Option<FewTokens> {
+        // Split-row k-quants (`mvt_q4_ks`, `mvt_q6_ks`: the heads of Q4_K_M / Q4_0 models).
+        if matches!(suffix, "q4_ks" | "q6_ks") {
+            return (2..=MVT_MAX).contains(&n).then_some(FewTokens::Mvt);
+        }
+        if suffix != "q4_0s" || n < 2 {
+            return None;
+        }
+        // (A/B switch of the tensor-core kernel; removed with the loser.)
+        static MMQ: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+        let mmq = *MMQ.get_or_init(|| std::env::var("VELA_MMQ").map_or(true, |v| v != "0"));
+        if mmq && self.dev.arch >= 80 && n <= MMQ_MAX {
+            return Some(FewTokens::Mmq(n.div_ceil(8).min(4).next_power_of_two()));
+        }
+        (n <= MVT_MAX).then_some(FewTokens::Mvt)
+    }
 }
 
 /// Row groups per warp of `mv_q8_0_r2n` (`MV32_NARROW_G` in kernels/matvec.cu).
@@ -101,14 +131,25 @@ impl CudaBackend {
                     }
                 },
             };
-            if mvt_applies(suffix, n) {
-                // The decode rows of a batched step (`mvt_q4_0s`): two rows per warp, the
-                // weights read once per MVT_NT tokens.
-                let grid = (
-                    (w.rows as u32).div_ceil(MM_WARPS * 2),
-                    n.div_ceil(MVT_NT) as u32,
-                    1,
-                );
+            if let Some(few) = self.few_tokens(suffix, n) {
+                // The decode rows of a batched step: the weights read once per 8 * nt
+                // (mmq) or MVT_NT (mvt: two rows per warp) tokens.
+                let (name, grid, threads) = match few {
+                    FewTokens::Mmq(nt) => (
+                        format!("mmq_{suffix}_{nt}"),
+                        ((w.rows as u32).div_ceil(16), n.div_ceil(8 * nt) as u32, 1),
+                        32 * MMQ_WARPS,
+                    ),
+                    FewTokens::Mvt => (
+                        format!("mvt_{suffix}"),
+                        (
+                            (w.rows as u32).div_ceil(MM_WARPS * 2),
+                            n.div_ceil(MVT_NT) as u32,
+                            1,
+                        ),
+                        32 * MM_WARPS,
+                    ),
+                };
                 let args = [
                     Arg::P(self.ptr(&w.data)),
                     Arg::P(xp),
@@ -117,7 +158,7 @@ impl CudaBackend {
                     Arg::I(nb as i32),
                     Arg::I(n as i32),
                 ];
-                self.launch(&format!("mvt_{suffix}"), grid, 32 * MM_WARPS, &args);
+                self.launch(&name, grid, threads, &args);
                 continue;
             }
             if n == 1 && kind != ActKind::Float {
@@ -233,6 +274,7 @@ impl CudaBackend {
         };
         let n_blocks = n * cols / bs;
         if sc.act.len() < n_blocks * bb {
+            self.flush_recording();
             sc.act = self
                 .dev
                 .stream
