@@ -546,53 +546,56 @@ __device__ __forceinline__ u32 ldw4(const u32* p) {
     asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
     return v;
 }
-// One block pair's weights of the thread's two rows: quant word c of each block, and scales.
+// One block pair's weights of the thread's 2 * RT rows (g + 8 h, h < 2 RT): quant word c of
+// each block, and the scales.
+template <int RT>
 struct MmqW {
-    u32 q[2][2];  // [block][row g, row g + 8]
-    u16 d[2][2];
+    u32 q[2][2 * RT];  // [block][row]
+    u16 d[2][2 * RT];
 };
-__device__ __forceinline__ void mmq_load(MmqW& w, const u32* const (&wq)[2], const u16* const (&wd)[2],
-                                         int b, int c) {
+template <int RT>
+__device__ __forceinline__ void mmq_load(MmqW<RT>& w, const u32* const (&wq)[2 * RT],
+                                         const u16* const (&wd)[2 * RT], int b, int c) {
 #pragma unroll
     for (int j = 0; j < 2; j++)
 #pragma unroll
-        for (int h = 0; h < 2; h++) {
+        for (int h = 0; h < 2 * RT; h++) {
             w.q[j][h] = ldw4(wq[h] + 4 * (b + j) + c);
             w.d[j][h] = ldw2(wd[h] + b + j);
         }
 }
-template <int NT>
+// RT: 16-row tiles per warp (and block), sharing each activation fragment.
+template <int NT, int RT>
 __device__ __forceinline__ void mmq_q4_0s(const u8* __restrict__ W, const AQ8* __restrict__ X,
                                           float* __restrict__ Y, int rows, int nb, int n_tok) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int g = lane >> 2, c = lane & 3;
-    int r0 = blockIdx.x * 16;
+    int r0 = blockIdx.x * 16 * RT;
     int t0 = blockIdx.y * 8 * NT;
-    const u32* wq[2];
-    const u16* wd[2];
+    const u32* wq[2 * RT];
+    const u16* wd[2 * RT];
 #pragma unroll
-    for (int h = 0; h < 2; h++) {
+    for (int h = 0; h < 2 * RT; h++) {
         const u8* wr = W + (size_t)min(r0 + g + 8 * h, rows - 1) * nb * 18;
         wq[h] = (const u32*)wr;
         wd[h] = (const u16*)(wr + 16 * (size_t)nb);
     }
-    float acc[NT][4];
+    float acc[NT][RT][4];
 #pragma unroll
     for (int t = 0; t < NT; t++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[t][i] = 0.0f;
+        for (int r = 0; r < RT; r++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[t][r][i] = 0.0f;
     int b = 2 * warp;
-    MmqW w;
-    if (b < nb) mmq_load(w, wq, wd, b, c);
+    MmqW<RT> w;
+    if (b < nb) mmq_load<RT>(w, wq, wd, b, c);
     if (mv_guard(nb)) MV_RESUME();
     for (; b < nb; b += 2 * MMQ_WARPS) {
-        MmqW cur = w;
-        if (b + 2 * MMQ_WARPS < nb) mmq_load(w, wq, wd, b + 2 * MMQ_WARPS, c);
+        MmqW<RT> cur = w;
+        if (b + 2 * MMQ_WARPS < nb) mmq_load<RT>(w, wq, wd, b + 2 * MMQ_WARPS, c);
 #pragma unroll
         for (int j = 0; j < 2; j++) {
-            u32 a0 = cur.q[j][0] & 0x0F0F0F0Fu, a1 = cur.q[j][1] & 0x0F0F0F0Fu;
-            u32 a2 = (cur.q[j][0] >> 4) & 0x0F0F0F0Fu, a3 = (cur.q[j][1] >> 4) & 0x0F0F0F0Fu;
-            float dw0 = h2f(cur.d[j][0]), dw1 = h2f(cur.d[j][1]);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 int tb = t0 + 8 * t + g;  // this thread's B token
@@ -602,50 +605,65 @@ __device__ __forceinline__ void mmq_q4_0s(const u8* __restrict__ W, const AQ8* _
                     b0 = (u32)lda4(xq + c);
                     b1 = (u32)lda4(xq + 4 + c);
                 }
-                int acc_i[4] = {0, 0, 0, 0};
-                mma_s8(acc_i, a0, a1, a2, a3, b0, b1);
+                // This thread's C tokens 2c, 2c + 1: scale and the -8 correction.
+                float da[2];
+                int cs[2];
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
-                    int tc = t0 + 8 * t + 2 * c + e;  // this thread's C token
+                    int tc = t0 + 8 * t + 2 * c + e;
+                    da[e] = 0.0f;
+                    cs[e] = 0;
                     if (tc < n_tok) {
                         int4 hd = lda16(X + (size_t)tc * nb + b + j);
-                        float da = __int_as_float(hd.x);
-                        acc[t][e] += (float)(acc_i[e] - 8 * hd.z) * (dw0 * da);
-                        acc[t][2 + e] += (float)(acc_i[2 + e] - 8 * hd.z) * (dw1 * da);
+                        da[e] = __int_as_float(hd.x);
+                        cs[e] = 8 * hd.z;
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < RT; r++) {
+                    u32 q0 = cur.q[j][2 * r], q1 = cur.q[j][2 * r + 1];
+                    int ci[4] = {0, 0, 0, 0};
+                    mma_s8(ci, q0 & 0x0F0F0F0Fu, q1 & 0x0F0F0F0Fu, (q0 >> 4) & 0x0F0F0F0Fu,
+                           (q1 >> 4) & 0x0F0F0F0Fu, b0, b1);
+                    float dw0 = h2f(cur.d[j][2 * r]), dw1 = h2f(cur.d[j][2 * r + 1]);
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        acc[t][r][e] += (float)(ci[e] - cs[e]) * (dw0 * da[e]);
+                        acc[t][r][2 + e] += (float)(ci[2 + e] - cs[e]) * (dw1 * da[e]);
                     }
                 }
             }
         }
     }
     // The warps' sums in warp order: thread i of the block adds slot i (and i + 256, ...).
-    __shared__ float red[MMQ_WARPS][NT * 128];
+    constexpr int SLOTS = NT * RT * 128;
+    __shared__ float red[MMQ_WARPS][SLOTS];
 #pragma unroll
     for (int t = 0; t < NT; t++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) red[warp][(t * 32 + lane) * 4 + i] = acc[t][i];
+        for (int r = 0; r < RT; r++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[warp][((t * RT + r) * 32 + lane) * 4 + i] = acc[t][r][i];
     __syncthreads();
-    for (int s = threadIdx.x; s < NT * 128; s += 32 * MMQ_WARPS) {
+    for (int s = threadIdx.x; s < SLOTS; s += 32 * MMQ_WARPS) {
         float v = red[0][s];
 #pragma unroll
         for (int k = 1; k < MMQ_WARPS; k++) v += red[k][s];
-        int i = s & 3, l = (s >> 2) & 31, t = s >> 7;
-        int row = r0 + (l >> 2) + (i >= 2 ? 8 : 0);
+        int i = s & 3, l = (s >> 2) & 31, tr = s >> 7;
+        int t = tr / RT, r = tr % RT;
+        int row = r0 + 16 * r + (l >> 2) + (i >= 2 ? 8 : 0);
         int tok = t0 + 8 * t + 2 * (l & 3) + (i & 1);
         if (row < rows && tok < n_tok) Y[(size_t)tok * rows + row] = v;
     }
 }
-extern "C" __global__ void mmq_q4_0s_1(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n_tok) {
-    MV_ENTRY();
-    mmq_q4_0s<1>(W, X, Y, rows, nb, n_tok);
-}
-extern "C" __global__ void mmq_q4_0s_2(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n_tok) {
-    MV_ENTRY();
-    mmq_q4_0s<2>(W, X, Y, rows, nb, n_tok);
-}
-extern "C" __global__ void mmq_q4_0s_4(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n_tok) {
-    MV_ENTRY();
-    mmq_q4_0s<4>(W, X, Y, rows, nb, n_tok);
-}
+#define MMQ_KERNEL(NT, RT, NAME) \
+    extern "C" __global__ void NAME(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n_tok) { MV_ENTRY(); mmq_q4_0s<NT, RT>(W, X, Y, rows, nb, n_tok); }
+MMQ_KERNEL(1, 1, mmq_q4_0s_1)
+MMQ_KERNEL(2, 1, mmq_q4_0s_2)
+MMQ_KERNEL(4, 1, mmq_q4_0s_4)
+MMQ_KERNEL(1, 2, mmq_q4_0s_1_r2)
+MMQ_KERNEL(2, 2, mmq_q4_0s_2_r2)
+MMQ_KERNEL(4, 2, mmq_q4_0s_4_r2)
 
 // scale_min_k4 on the 12 scale bytes held in three words (selects instead of a local array
 // indexed by the lane's sub-block).

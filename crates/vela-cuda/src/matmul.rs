@@ -32,8 +32,8 @@ pub(crate) const MMQ_MAX: usize = 64;
 pub(crate) enum FewTokens {
     /// `mvt_{q4_0s,q4_ks,q6_ks}`: dp4a, MVT_NT tokens per grid row, two rows per warp.
     Mvt,
-    /// `mmq_q4_0s_{nt}`: mma.sync, 8 * nt tokens per grid row.
-    Mmq(usize),
+    /// `mmq_q4_0s_{nt}[_r2]`: mma.sync, 8 * nt tokens per grid row, 16 * rt rows per block.
+    Mmq(usize, usize),
 }
 
 impl CudaBackend {
@@ -47,11 +47,14 @@ impl CudaBackend {
         if suffix != "q4_0s" || n < 2 {
             return None;
         }
-        // (A/B switch of the tensor-core kernel; removed with the loser.)
-        static MMQ: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-        let mmq = *MMQ.get_or_init(|| std::env::var("VELA_MMQ").map_or(true, |v| v != "0"));
-        if mmq && self.dev.arch >= 80 && n <= MMQ_MAX {
-            return Some(FewTokens::Mmq(n.div_ceil(8).min(4).next_power_of_two()));
+        // (A/B switch of the tensor-core kernels: 0 off, 1 or 2 row tiles; removed with the
+        // losers.)
+        static MMQ: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let rt =
+            *MMQ.get_or_init(|| std::env::var("VELA_MMQ").map_or(1, |v| v.parse().unwrap_or(1)));
+        if rt > 0 && self.dev.arch >= 80 && n <= MMQ_MAX {
+            let nt = n.div_ceil(8).min(4).next_power_of_two();
+            return Some(FewTokens::Mmq(nt, rt.min(2)));
         }
         (n <= MVT_MAX).then_some(FewTokens::Mvt)
     }
@@ -135,9 +138,13 @@ impl CudaBackend {
                 // The decode rows of a batched step: the weights read once per 8 * nt
                 // (mmq) or MVT_NT (mvt: two rows per warp) tokens.
                 let (name, grid, threads) = match few {
-                    FewTokens::Mmq(nt) => (
-                        format!("mmq_{suffix}_{nt}"),
-                        ((w.rows as u32).div_ceil(16), n.div_ceil(8 * nt) as u32, 1),
+                    FewTokens::Mmq(nt, rt) => (
+                        format!("mmq_{suffix}_{nt}{}", if rt == 2 { "_r2" } else { "" }),
+                        (
+                            (w.rows as u32).div_ceil(16 * rt as u32),
+                            n.div_ceil(8 * nt) as u32,
+                            1,
+                        ),
                         32 * MMQ_WARPS,
                     ),
                     FewTokens::Mvt => (
