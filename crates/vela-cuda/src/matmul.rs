@@ -47,11 +47,11 @@ impl CudaBackend {
         if suffix != "q4_0s" || n < 2 {
             return None;
         }
-        // (A/B switch of the tensor-core kernels: 0 off, 1 or 2 row tiles; removed with the
-        // losers.)
+        // (A/B switch of the tensor-core kernels, not yet measured on a GPU: off unless
+        // VELA_MMQ=1 or 2 (row tiles per warp); removed with the losers.)
         static MMQ: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
         let rt =
-            *MMQ.get_or_init(|| std::env::var("VELA_MMQ").map_or(1, |v| v.parse().unwrap_or(1)));
+            *MMQ.get_or_init(|| std::env::var("VELA_MMQ").map_or(0, |v| v.parse().unwrap_or(0)));
         if rt > 0 && self.dev.arch >= 80 && n <= MMQ_MAX {
             let nt = n.div_ceil(8).min(4).next_power_of_two();
             return Some(FewTokens::Mmq(nt, rt.min(2)));
