@@ -40,18 +40,19 @@ impl CudaBackend {
     /// The several-token product of `n` tokens with weights of kernel suffix `suffix`, if one
     /// applies (else cuBLAS or the tiled integer kernels).
     pub(crate) fn few_tokens(&self, suffix: &str, n: usize) -> Option<FewTokens> {
+        // (A/B switch of the kernels not yet measured on a GPU, the tensor-core Q4_0 products
+        // and the split-row k-quant `mvt_*`: off unless VELA_MMQ=1 or 2 (the mmq kernels' row
+        // tiles per warp); removed with the losers.)
+        static MMQ: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+        let rt =
+            *MMQ.get_or_init(|| std::env::var("VELA_MMQ").map_or(0, |v| v.parse().unwrap_or(0)));
         // Split-row k-quants (`mvt_q4_ks`, `mvt_q6_ks`: the heads of Q4_K_M / Q4_0 models).
         if matches!(suffix, "q4_ks" | "q6_ks") {
-            return (2..=MVT_MAX).contains(&n).then_some(FewTokens::Mvt);
+            return (rt > 0 && (2..=MVT_MAX).contains(&n)).then_some(FewTokens::Mvt);
         }
         if suffix != "q4_0s" || n < 2 {
             return None;
         }
-        // (A/B switch of the tensor-core kernels, not yet measured on a GPU: off unless
-        // VELA_MMQ=1 or 2 (row tiles per warp); removed with the losers.)
-        static MMQ: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let rt =
-            *MMQ.get_or_init(|| std::env::var("VELA_MMQ").map_or(0, |v| v.parse().unwrap_or(0)));
         if rt > 0 && self.dev.arch >= 80 && n <= MMQ_MAX {
             let nt = n.div_ceil(8).min(4).next_power_of_two();
             return Some(FewTokens::Mmq(nt, rt.min(2)));
