@@ -17,48 +17,14 @@ pub(crate) const MM_WARPS: u32 = 4;
 
 /// Tokens per grid row of the several-token matvec (`MVT_NT` in matvec.cu).
 const MVT_NT: usize = 8;
-/// Warps per block of the tensor-core products (`MMQ_WARPS` in matvec.cu).
-const MMQ_WARPS: u32 = 8;
 
 /// Most tokens whose products take the several-token matvec rather than cuBLAS or the tiled
 /// integer kernels (decode steps of up to this many sequences).
 pub(crate) const MVT_MAX: usize = 16;
 
-/// Most tokens whose split-row Q4_0 products take the tensor-core kernels `mmq_q4_0s_*`.
-pub(crate) const MMQ_MAX: usize = 64;
-
-/// The kernel of a product of a few tokens (2..=MMQ_MAX) with split-row weights.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum FewTokens {
-    /// `mvt_{q4_0s,q4_ks,q6_ks}`: dp4a, MVT_NT tokens per grid row, two rows per warp.
-    Mvt,
-    /// `mmq_q4_0s_{nt}[_r2]`: mma.sync, 8 * nt tokens per grid row, 16 * rt rows per block.
-    Mmq(usize, usize),
-}
-
-impl CudaBackend {
-    /// The several-token product of `n` tokens with weights of kernel suffix `suffix`, if one
-    /// applies (else cuBLAS or the tiled integer kernels).
-    pub(crate) fn few_tokens(&self, suffix: &str, n: usize) -> Option<FewTokens> {
-        // (A/B switch of the kernels not yet measured on a GPU, the tensor-core Q4_0 products
-        // and the split-row k-quant `mvt_*`: off unless VELA_MMQ=1 or 2 (the mmq kernels' row
-        // tiles per warp); removed with the losers.)
-        static MMQ: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-        let rt =
-            *MMQ.get_or_init(|| std::env::var("VELA_MMQ").map_or(0, |v| v.parse().unwrap_or(0)));
-        // Split-row k-quants (`mvt_q4_ks`, `mvt_q6_ks`: the heads of Q4_K_M / Q4_0 models).
-        if matches!(suffix, "q4_ks" | "q6_ks") {
-            return (rt > 0 && (2..=MVT_MAX).contains(&n)).then_some(FewTokens::Mvt);
-        }
-        if suffix != "q4_0s" || n < 2 {
-            return None;
-        }
-        if rt > 0 && self.dev.arch >= 80 && n <= MMQ_MAX {
-            let nt = n.div_ceil(8).min(4).next_power_of_two();
-            return Some(FewTokens::Mmq(nt, rt.min(2)));
-        }
-        (n <= MVT_MAX).then_some(FewTokens::Mvt)
-    }
+/// Whether a product of `n` tokens with weights of kernel suffix `suffix` runs `mvt_*`.
+pub(crate) fn mvt_applies(suffix: &str, n: usize) -> bool {
+    (2..=MVT_MAX).contains(&n) && suffix == "q4_0s"
 }
 
 /// Row groups per warp of `mv_q8_0_r2n` (`MV32_NARROW_G` in kernels/matvec.cu).
@@ -135,29 +101,14 @@ impl CudaBackend {
                     }
                 },
             };
-            if let Some(few) = self.few_tokens(suffix, n) {
-                // The decode rows of a batched step: the weights read once per 8 * nt
-                // (mmq) or MVT_NT (mvt: two rows per warp) tokens.
-                let (name, grid, threads) = match few {
-                    FewTokens::Mmq(nt, rt) => (
-                        format!("mmq_{suffix}_{nt}{}", if rt == 2 { "_r2" } else { "" }),
-                        (
-                            (w.rows as u32).div_ceil(16 * rt as u32),
-                            n.div_ceil(8 * nt) as u32,
-                            1,
-                        ),
-                        32 * MMQ_WARPS,
-                    ),
-                    FewTokens::Mvt => (
-                        format!("mvt_{suffix}"),
-                        (
-                            (w.rows as u32).div_ceil(MM_WARPS * 2),
-                            n.div_ceil(MVT_NT) as u32,
-                            1,
-                        ),
-                        32 * MM_WARPS,
-                    ),
-                };
+            if mvt_applies(suffix, n) {
+                // The decode rows of a batched step (`mvt_q4_0s`): two rows per warp, the
+                // weights read once per MVT_NT tokens.
+                let grid = (
+                    (w.rows as u32).div_ceil(MM_WARPS * 2),
+                    n.div_ceil(MVT_NT) as u32,
+                    1,
+                );
                 let args = [
                     Arg::P(self.ptr(&w.data)),
                     Arg::P(xp),
@@ -166,7 +117,7 @@ impl CudaBackend {
                     Arg::I(nb as i32),
                     Arg::I(n as i32),
                 ];
-                self.launch(&name, grid, threads, &args);
+                self.launch(&format!("mvt_{suffix}"), grid, 32 * MM_WARPS, &args);
                 continue;
             }
             if n == 1 && kind != ActKind::Float {

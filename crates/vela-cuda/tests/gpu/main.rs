@@ -266,7 +266,7 @@ fn matmul_and_get_rows_match_cpu() {
         let bs = ty.block_size();
         // Float weights also few rows of many columns (one block per row for one token);
         // block types also rows of 16 blocks (Q4_0 in split rows: the several-token kernels,
-        // `mvt_*` / `mmq_*`, with a partial 16-row tile).
+        // `mvt_q4_0s`, with a partial row group).
         let wide: &[(usize, usize)] = if bs == 1 { &[(24, 4100)] } else { &[(70, 16)] };
         for &(rows, cols_blocks) in [(37usize, 3usize), (130, 9)].iter().chain(wide) {
             let cols = bs * cols_blocks;
