@@ -239,6 +239,10 @@ impl CudaBackend {
         norms: Option<RopeNorms<'_>>,
         kvt: u64,
     ) {
+        if kvt == 0 {
+            // (With a table, the rows belong to several caches, each ensured by its caller.)
+            self.kv_ensure(kv, layer, positions);
+        }
         let l = &kv.layers[layer];
         if p.n_rot == 0 || l.spec.head_dim_k != head_dim {
             assert!(
@@ -261,8 +265,8 @@ impl CudaBackend {
             Arg::P(self.ptr(k)),
             Arg::P(self.ptr(v)),
             Arg::P(pp),
-            Arg::P(self.ptr(&l.k)),
-            Arg::P(self.ptr(&l.v)),
+            Arg::P(l.k.ptr()),
+            Arg::P(l.v.ptr()),
             Arg::I(n_head as i32),
             Arg::I(n_head_kv as i32),
             Arg::I(head_dim as i32),
@@ -381,8 +385,8 @@ impl CudaBackend {
             let pt = self.attn_partials(n_tok * p.n_head * parts * (hd + 2));
             let args = [
                 Arg::P(self.ptr(q)),
-                Arg::P(self.ptr(&l.k)),
-                Arg::P(self.ptr(&l.v)),
+                Arg::P(l.k.ptr()),
+                Arg::P(l.v.ptr()),
                 Arg::P(pp),
                 Arg::P(pt),
                 Arg::I(p.n_head as i32),
@@ -425,8 +429,8 @@ impl CudaBackend {
             let pt = self.attn_partials(n_tok * p.n_head * parts * (p.head_dim_v + 2));
             let args = [
                 Arg::P(self.ptr(q)),
-                Arg::P(self.ptr(&l.k)),
-                Arg::P(self.ptr(&l.v)),
+                Arg::P(l.k.ptr()),
+                Arg::P(l.v.ptr()),
                 Arg::P(pp),
                 Arg::P(pt),
                 Arg::I(p.n_head as i32),
@@ -455,8 +459,8 @@ impl CudaBackend {
             let name = format!("flash_{}_d{}", kv_suffix(kv.ty), p.head_dim_k);
             let args = [
                 Arg::P(self.ptr(q)),
-                Arg::P(self.ptr(&l.k)),
-                Arg::P(self.ptr(&l.v)),
+                Arg::P(l.k.ptr()),
+                Arg::P(l.v.ptr()),
                 Arg::P(pp),
                 Arg::P(self.ptr(out)),
                 Arg::I(n_tok as i32),
@@ -484,8 +488,8 @@ impl CudaBackend {
         }
         let args = [
             Arg::P(self.ptr(q)),
-            Arg::P(self.ptr(&l.k)),
-            Arg::P(self.ptr(&l.v)),
+            Arg::P(l.k.ptr()),
+            Arg::P(l.v.ptr()),
             Arg::P(pp),
             Arg::P(self.ptr(out)),
             Arg::I(p.n_head as i32),

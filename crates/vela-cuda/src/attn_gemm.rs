@@ -84,7 +84,7 @@ impl CudaBackend {
         let blocks = n2.div_ceil(256).min(65_535) as u32;
         let args = [Arg::P(self.ptr(q)), Arg::P(qh), Arg::L(n2 as i64)];
         self.launch("to_f16", (blocks, 1, 1), 256, &args);
-        let (kb, vb, ob) = (self.ptr(&l.k), self.ptr(&l.v), self.ptr(&*out));
+        let (kb, vb, ob) = (l.k.ptr(), l.v.ptr(), self.ptr(&*out));
         let d = Dims {
             n_tok,
             n_head: p.n_head,

@@ -62,6 +62,8 @@ pub struct CudaBackend {
     pub(crate) upload: Upload,
     /// cuBLAS and its scratch (gemm.rs, attn_gemm.rs).
     pub(crate) gemm: Mutex<GemmState>,
+    /// Page size of K/V caches held by use; `None`: each cache is allocated whole (kv_pages.rs).
+    pub(crate) kv_page: Option<usize>,
 }
 
 impl CudaBackend {
@@ -109,6 +111,7 @@ impl CudaBackend {
             scratch_gen: AtomicU64::new(0),
             upload: Upload::default(),
             gemm: Mutex::new(GemmState::default()),
+            kv_page: crate::kv_pages::page_bytes(dev.ctx.cu_device()),
             dev,
         })
     }

@@ -62,13 +62,16 @@ impl CudaBackend {
         if n_rows == 0 {
             return true;
         }
+        for (kv, pos) in kvs.iter_mut().zip(positions) {
+            self.kv_ensure(kv, layer, pos);
+        }
         let mut tab = Vec::with_capacity(2 * n_rows * n_layer);
         for li in 0..n_layer {
             for (kv, pos) in kvs.iter().zip(positions) {
                 let l = &kv.layers[li];
                 for _ in 0..pos.len() {
-                    tab.push(self.ptr(&l.k));
-                    tab.push(self.ptr(&l.v));
+                    tab.push(l.k.ptr());
+                    tab.push(l.v.ptr());
                 }
             }
         }

@@ -3,17 +3,44 @@
 
 use crate::attn::ATT_MAXD_BIG;
 use crate::backend::CudaBackend;
+use crate::kv_pages::{KvStore, ROW_MARGIN};
 use anyhow::{bail, Result};
 use cudarc::driver::CudaSlice;
 use vela_compute::{KvLayerSpec, KvType};
 
 pub(crate) struct KvLayer {
     pub(crate) spec: KvLayerSpec,
-    pub(crate) k: CudaSlice<u8>,
-    pub(crate) v: CudaSlice<u8>,
+    pub(crate) k: KvStore,
+    pub(crate) v: KvStore,
 }
 
-/// Per-layer K/V rings in device memory (f32 or f16 elements).
+impl KvLayer {
+    /// Bytes of a K and a V row (all heads of one position).
+    fn row_bytes(&self, eb: usize) -> (usize, usize) {
+        let h = self.spec.n_head_kv * eb;
+        (h * self.spec.head_dim_k, h * self.spec.head_dim_v)
+    }
+
+    /// Slots the kernels may touch while the sequence holds positions `0..n_past`: its rows,
+    /// a margin for lengths rounded up, at most the ring's capacity.
+    fn slots_in_use(&self, n_past: usize) -> usize {
+        if n_past == 0 {
+            0
+        } else {
+            (n_past + ROW_MARGIN).min(self.spec.capacity)
+        }
+    }
+
+    fn reserve(&mut self, eb: usize, n_past: usize) -> Result<()> {
+        let (wk, wv) = self.row_bytes(eb);
+        let slots = self.slots_in_use(n_past);
+        self.k.reserve(slots * wk)?;
+        self.v.reserve(slots * wv)
+    }
+}
+
+/// Per-layer K/V rings in device memory (f32, f16 or bf16 elements), held by use where the
+/// device has virtual memory management ([`KvStore`]).
 pub struct CudaKv {
     pub(crate) layers: Vec<KvLayer>,
     pub(crate) ty: KvType,
@@ -49,13 +76,59 @@ impl CudaBackend {
             }
             let nk = spec.capacity * spec.n_head_kv * spec.head_dim_k * eb;
             let nv = spec.capacity * spec.n_head_kv * spec.head_dim_v * eb;
+            let (st, dev) = (&self.dev.stream, self.dev.ctx.cu_device());
             out.push(KvLayer {
                 spec: spec.clone(),
-                k: self.dev.stream.alloc_zeros::<u8>(nk.max(1))?,
-                v: self.dev.stream.alloc_zeros::<u8>(nv.max(1))?,
+                k: KvStore::new(st, dev, nk, self.kv_page)?,
+                v: KvStore::new(st, dev, nv, self.kv_page)?,
             });
         }
         Ok(CudaKv { layers: out, ty })
+    }
+
+    /// [`vela_compute::Backend::kv_reserve`]: map the pages positions `0..n_past` use.
+    pub(crate) fn kv_reserve_impl(&self, kv: &mut CudaKv, n_past: usize) -> Result<()> {
+        let eb = kv_elem_bytes(kv.ty);
+        kv.layers.iter_mut().try_for_each(|l| l.reserve(eb, n_past))
+    }
+
+    /// Map the pages a write of `layer` at `positions` needs, where the caller did not reserve
+    /// them first ([`vela_compute::Backend::kv_reserve`] comes before every forward; a test of
+    /// one op may not call it). Running out of memory here is a panic: reserving first is
+    /// where it is an error.
+    pub(crate) fn kv_ensure(&self, kv: &mut CudaKv, layer: usize, positions: &[u32]) {
+        let Some(&last) = positions.iter().max() else {
+            return;
+        };
+        let eb = kv_elem_bytes(kv.ty);
+        if let Err(e) = kv.layers[layer].reserve(eb, last as usize + 1) {
+            panic!("{e:#}");
+        }
+    }
+
+    /// [`vela_compute::Backend::kv_release`]: unmap the pages no position below `n_past` uses.
+    pub(crate) fn kv_release_impl(&self, kv: &mut CudaKv, n_past: usize) {
+        let eb = kv_elem_bytes(kv.ty);
+        let mut flushed = false;
+        for l in &mut kv.layers {
+            // A ring that has wrapped holds live positions in every slot.
+            if !l.k.paged() || n_past >= l.spec.capacity {
+                continue;
+            }
+            if !flushed {
+                self.flush_recording();
+                flushed = true;
+            }
+            let (wk, wv) = l.row_bytes(eb);
+            let slots = l.slots_in_use(n_past);
+            l.k.release(slots * wk);
+            l.v.release(slots * wv);
+        }
+    }
+
+    /// [`vela_compute::Backend::kv_bytes`]: device memory the cache holds.
+    pub(crate) fn kv_bytes_impl(&self, kv: &CudaKv) -> usize {
+        kv.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum()
     }
 
     pub(crate) fn kv_checkpoint_impl(&self, kv: &CudaKv, n_past: usize) -> CudaKvSnapshot {
@@ -83,8 +156,8 @@ impl CudaBackend {
             // Slot by slot: the window may wrap around the ring.
             for (i, p) in (first..n_past).enumerate() {
                 let s = p % l.spec.capacity;
-                self.copy_bytes(&l.k, s * wk, &mut ks, i * wk, wk);
-                self.copy_bytes(&l.v, s * wv, &mut vs, i * wv, wv);
+                self.copy_bytes(l.k.buf(), s * wk, &mut ks, i * wk, wk);
+                self.copy_bytes(l.v.buf(), s * wv, &mut vs, i * wv, wv);
             }
             saved.push((li, first, ks, vs));
         }
@@ -107,7 +180,7 @@ impl CudaBackend {
                         .stream
                         .memcpy_dtod(
                             &ks.slice(i * wk..(i + 1) * wk),
-                            &mut k.slice_mut(s * wk..(s + 1) * wk),
+                            &mut k.buf_mut().slice_mut(s * wk..(s + 1) * wk),
                         )
                         .expect("CUDA copy");
                 }
@@ -116,7 +189,7 @@ impl CudaBackend {
                         .stream
                         .memcpy_dtod(
                             &vs.slice(i * wv..(i + 1) * wv),
-                            &mut v.slice_mut(s * wv..(s + 1) * wv),
+                            &mut v.buf_mut().slice_mut(s * wv..(s + 1) * wv),
                         )
                         .expect("CUDA copy");
                 }
@@ -140,14 +213,14 @@ impl CudaBackend {
                     let st = &self.dev.stream;
                     if wk > 0 {
                         st.memcpy_dtoh(
-                            &l.k.slice(slot * wk..(slot + len) * wk),
+                            &l.k.buf().slice(slot * wk..(slot + len) * wk),
                             &mut k[i * wk..(i + len) * wk],
                         )
                         .expect("CUDA copy of K rows to the host");
                     }
                     if wv > 0 {
                         st.memcpy_dtoh(
-                            &l.v.slice(slot * wv..(slot + len) * wv),
+                            &l.v.buf().slice(slot * wv..(slot + len) * wv),
                             &mut v[i * wv..(i + len) * wv],
                         )
                         .expect("CUDA copy of V rows to the host");
@@ -175,6 +248,7 @@ impl CudaBackend {
         self.flush_recording();
         let specs: Vec<&KvLayerSpec> = kv.layers.iter().map(|l| &l.spec).collect();
         let from = import_plan(e, &specs, kv.ty)?;
+        self.kv_reserve_impl(kv, e.n_past)?;
         for ((l, x), keep) in kv.layers.iter_mut().zip(&e.layers).zip(from) {
             let (wk, wv) = row_bytes(&l.spec, kv.ty);
             let skip = keep - x.first;
@@ -184,13 +258,13 @@ impl CudaBackend {
                 if wk > 0 {
                     st.memcpy_htod(
                         &x.k[r * wk..(r + len) * wk],
-                        &mut l.k.slice_mut(slot * wk..(slot + len) * wk),
+                        &mut l.k.buf_mut().slice_mut(slot * wk..(slot + len) * wk),
                     )?;
                 }
                 if wv > 0 {
                     st.memcpy_htod(
                         &x.v[r * wv..(r + len) * wv],
-                        &mut l.v.slice_mut(slot * wv..(slot + len) * wv),
+                        &mut l.v.buf_mut().slice_mut(slot * wv..(slot + len) * wv),
                     )?;
                 }
             }
@@ -203,30 +277,10 @@ impl CudaBackend {
         let layers = kv
             .layers
             .iter()
-            .map(|l| {
-                let mut k = self
-                    .dev
-                    .stream
-                    .alloc_zeros::<u8>(l.k.len())
-                    .expect("CUDA alloc");
-                let mut v = self
-                    .dev
-                    .stream
-                    .alloc_zeros::<u8>(l.v.len())
-                    .expect("CUDA alloc");
-                self.dev
-                    .stream
-                    .memcpy_dtod(&l.k, &mut k)
-                    .expect("CUDA copy");
-                self.dev
-                    .stream
-                    .memcpy_dtod(&l.v, &mut v)
-                    .expect("CUDA copy");
-                KvLayer {
-                    spec: l.spec.clone(),
-                    k,
-                    v,
-                }
+            .map(|l| KvLayer {
+                spec: l.spec.clone(),
+                k: l.k.try_clone().expect("CUDA copy of a K/V cache"),
+                v: l.v.try_clone().expect("CUDA copy of a K/V cache"),
             })
             .collect();
         CudaKv { layers, ty: kv.ty }

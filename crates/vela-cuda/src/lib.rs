@@ -34,6 +34,7 @@ mod graph;
 pub mod kernels;
 mod kit;
 mod kv;
+mod kv_pages;
 mod l2pf;
 mod matmul;
 pub mod nvrtc;
@@ -176,7 +177,15 @@ impl Backend for CudaBackend {
     }
 
     fn kv_bytes(&self, kv: &CudaKv) -> usize {
-        kv.layers.iter().map(|l| l.k.len() + l.v.len()).sum()
+        self.kv_bytes_impl(kv)
+    }
+
+    fn kv_reserve(&self, kv: &mut CudaKv, n_past: usize) -> Result<()> {
+        self.kv_reserve_impl(kv, n_past)
+    }
+
+    fn kv_release(&self, kv: &mut CudaKv, n_past: usize) {
+        self.kv_release_impl(kv, n_past)
     }
 
     fn kv_export(&self, kv: &CudaKv, n_past: usize) -> vela_compute::KvExport {
@@ -791,6 +800,7 @@ impl Backend for CudaBackend {
         if positions.is_empty() {
             return;
         }
+        self.kv_ensure(kv, layer, positions);
         let name = format!("kv_store_{}", kv::kv_suffix(kv.ty));
         let l = &kv.layers[layer];
         let mut sc = self.scratch();
@@ -799,8 +809,8 @@ impl Backend for CudaBackend {
             Arg::P(self.ptr(k)),
             Arg::P(self.ptr(v)),
             Arg::P(pp),
-            Arg::P(self.ptr(&l.k)),
-            Arg::P(self.ptr(&l.v)),
+            Arg::P(l.k.ptr()),
+            Arg::P(l.v.ptr()),
             Arg::I((l.spec.n_head_kv * l.spec.head_dim_k) as i32),
             Arg::I((l.spec.n_head_kv * l.spec.head_dim_v) as i32),
             Arg::I(l.spec.capacity as i32),

@@ -100,7 +100,7 @@ pub struct ServeArgs {
     /// Sequence-state memory in MiB the running requests may reserve together: each reserves
     /// the state of its prompt + `max_tokens` positions when admitted, and waits in the queue
     /// while that does not fit (one request alone always runs). 0: `--parallel` full contexts.
-    /// The state is allocated as a sequence grows (CPU), so set `max_tokens` to admit more.
+    /// K/V is allocated as a sequence grows, so set `max_tokens` to admit more.
     #[arg(long, default_value_t = 0)]
     pub kv_budget_mb: u64,
     /// Prefix-cache budget in MiB of KV cache (at least one sequence is always kept).

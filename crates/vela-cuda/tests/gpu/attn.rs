@@ -206,3 +206,83 @@ fn split_parts_match_cpu() {
     }
     g.set_flash_decode_min_keys(vela_cuda::tuning::FLASH_DECODE_MIN_KEYS);
 }
+
+/// A cache holds device memory for the positions it has (pages mapped as it grows, unmapped
+/// when it shrinks), and attention over rows that span several pages, a copy of it, an export
+/// and import, and rows written again after the cache shrank all equal the CPU's.
+#[test]
+fn kv_cache_is_held_by_use() {
+    let Some(g) = gpu() else { return };
+    g.set_flash_decode_min_keys(usize::MAX);
+    let cpu = CpuBackend::new(0);
+    // f32 rows of 2 heads × 64: 512 bytes, so a 2 MB page holds 4,096 positions.
+    let (nh, nkv, hd, cap, ty) = (8usize, 2usize, 64usize, 100_000usize, KvType::F32);
+    let row = nkv * hd;
+    let spec = kv_spec(nkv, hd, cap, None);
+    let specs = [spec.clone(), spec];
+    let whole = specs.len() * 2 * cap * row * 4;
+    let mut kg = g.new_kv(&specs, ty).unwrap();
+    let mut kc = cpu.new_kv(&specs, ty).unwrap();
+    assert_eq!(g.kv_bytes(&kg), 0, "a new cache holds no memory");
+    let p = attn_params(nh, nkv, hd, 0.125, None, None);
+    let tol = attn_tol(ty, false);
+    // Store `n` rows at p0.., then attend from the last two positions (all earlier keys).
+    let grow = |kg: &mut <CudaBackend as Backend>::Kv,
+                kc: &mut <CpuBackend as Backend>::Kv,
+                p0: usize,
+                n: usize,
+                rng: &mut Rng|
+     -> (Vec<f32>, Vec<f32>) {
+        g.kv_reserve(kg, p0 + n).unwrap();
+        cpu.kv_reserve(kc, p0 + n).unwrap();
+        let pos: Vec<u32> = (p0..p0 + n).map(|p| p as u32).collect();
+        let (k, v) = (rng.vec(n * row), rng.vec(n * row));
+        for layer in 0..2 {
+            g.kv_store(kg, layer, &up(&g, &k), &up(&g, &v), &pos);
+            cpu.kv_store(kc, layer, &up(&cpu, &k), &up(&cpu, &v), &pos);
+        }
+        let last = &pos[n - 2..];
+        let q = rng.vec(2 * nh * hd);
+        let (mut og, mut oc) = (g.alloc(2 * nh * hd), cpu.alloc(2 * nh * hd));
+        g.attention(&up(&g, &q), kg, 1, last, &p, &mut og);
+        cpu.attention(&up(&cpu, &q), kc, 1, last, &p, &mut oc);
+        (down(&g, &og, 2 * nh * hd), down(&cpu, &oc, 2 * nh * hd))
+    };
+    let mut rng = Rng(41);
+    let mut p0 = 0;
+    for n in [3_000, 5_000, 2, 9_000] {
+        let (a, b) = grow(&mut kg, &mut kc, p0, n, &mut rng);
+        check(&format!("paged attention at {}", p0 + n), &a, &b, tol);
+        p0 += n;
+    }
+    let held = g.kv_bytes(&kg);
+    eprintln!("{p0} positions: {held} bytes held of {whole}");
+    assert!(
+        held >= specs.len() * 2 * p0 * row * 4,
+        "{held} bytes hold {p0} rows"
+    );
+    assert!(held < whole / 2, "{held} bytes held of {whole}");
+    // A copy and an export hold the same rows.
+    let mut fork = g.kv_clone(&kg);
+    let mut fork_c = cpu.kv_clone(&kc);
+    assert_eq!(g.kv_bytes(&fork), held);
+    let mut imported = g.new_kv(&specs, ty).unwrap();
+    g.kv_import(&mut imported, &g.kv_export(&kg, p0)).unwrap();
+    let (a, b) = grow(&mut fork, &mut fork_c, p0, 2, &mut Rng(7));
+    check("paged attention of a copy", &a, &b, tol);
+    let (a2, _) = grow(&mut imported, &mut cpu.kv_clone(&kc), p0, 2, &mut Rng(7));
+    check("paged attention of an import", &a2, &a, 0.0);
+    // Shrink: the pages above the kept positions go; rows written again past them are the
+    // new rows, not the old ones.
+    g.kv_release(&mut kg, 100);
+    cpu.kv_release(&mut kc, 100);
+    let small = g.kv_bytes(&kg);
+    eprintln!("after release to 100 positions: {small} bytes");
+    assert!(
+        small * 4 <= held,
+        "{small} bytes held after release (was {held})"
+    );
+    let (a, b) = grow(&mut kg, &mut kc, 100, 6_000, &mut Rng(8));
+    check("paged attention after release", &a, &b, tol);
+    g.set_flash_decode_min_keys(vela_cuda::tuning::FLASH_DECODE_MIN_KEYS);
+}
