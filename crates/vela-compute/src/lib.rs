@@ -85,8 +85,9 @@ pub trait Backend: Send + Sync {
     fn kv_checkpoint(&self, kv: &Self::Kv, n_past: usize) -> Self::KvSnapshot;
     /// Undo every write made since `snap` was taken (positions ≥ its `n_past` become invalid).
     fn kv_restore(&self, kv: &mut Self::Kv, snap: &Self::KvSnapshot);
-    /// Deep copy of a cache (used by the prefix cache to fork a sequence).
-    fn kv_clone(&self, kv: &Self::Kv) -> Self::Kv;
+    /// Deep copy of a cache (used by the prefix cache to fork a sequence); an error when the
+    /// device runs out of memory.
+    fn kv_clone(&self, kv: &Self::Kv) -> Result<Self::Kv>;
     /// Bytes held by a cache.
     fn kv_bytes(&self, kv: &Self::Kv) -> usize;
     /// Make storage exist for positions `0..n_past` (a paged cache allocates blocks as a

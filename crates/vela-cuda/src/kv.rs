@@ -272,17 +272,19 @@ impl CudaBackend {
         Ok(())
     }
 
-    pub(crate) fn kv_clone_impl(&self, kv: &CudaKv) -> CudaKv {
+    pub(crate) fn kv_clone_impl(&self, kv: &CudaKv) -> Result<CudaKv> {
         self.flush_recording();
         let layers = kv
             .layers
             .iter()
-            .map(|l| KvLayer {
-                spec: l.spec.clone(),
-                k: l.k.try_clone().expect("CUDA copy of a K/V cache"),
-                v: l.v.try_clone().expect("CUDA copy of a K/V cache"),
+            .map(|l| {
+                Ok(KvLayer {
+                    spec: l.spec.clone(),
+                    k: l.k.try_clone()?,
+                    v: l.v.try_clone()?,
+                })
             })
-            .collect();
-        CudaKv { layers, ty: kv.ty }
+            .collect::<Result<_>>()?;
+        Ok(CudaKv { layers, ty: kv.ty })
     }
 }

@@ -172,7 +172,7 @@ impl Backend for CudaBackend {
         self.kv_restore_impl(kv, snap)
     }
 
-    fn kv_clone(&self, kv: &CudaKv) -> CudaKv {
+    fn kv_clone(&self, kv: &CudaKv) -> Result<CudaKv> {
         self.kv_clone_impl(kv)
     }
 

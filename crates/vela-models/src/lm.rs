@@ -655,7 +655,7 @@ impl<M: CausalLm> ModelState for Seq<M> {
     }
     fn fork(&self) -> Result<Box<dyn ModelState>> {
         let be = &**self.model.backend();
-        let kv = be.kv_clone(M::kv(&self.state));
+        let kv = be.kv_clone(M::kv(&self.state))?;
         let extra = match M::extra(&self.state) {
             Some(e) => e.fork(be),
             None => ExtraState::new(be, &StateLayout::default(), self.n_ctx, self.max_batch),

@@ -290,8 +290,8 @@ impl Backend for CpuBackend {
         }
     }
 
-    fn kv_clone(&self, kv: &CpuKv) -> CpuKv {
-        CpuKv {
+    fn kv_clone(&self, kv: &CpuKv) -> Result<CpuKv> {
+        Ok(CpuKv {
             layers: kv
                 .layers
                 .iter()
@@ -301,7 +301,7 @@ impl Backend for CpuBackend {
                     v: l.v.deep_clone(),
                 })
                 .collect(),
-        }
+        })
     }
 
     fn kv_bytes(&self, kv: &CpuKv) -> usize {

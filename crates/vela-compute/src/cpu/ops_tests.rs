@@ -41,7 +41,7 @@ fn kv_memory_follows_the_positions_held() {
     for p in 0..n {
         be.kv_store(&mut kv, 0, &row(p), &row(p), &[p as u32]);
     }
-    let fork = be.kv_clone(&kv);
+    let fork = be.kv_clone(&kv).unwrap();
     assert_eq!(be.kv_bytes(&fork), 2 * block + ring);
     // Back to half a block: the full layer's second block goes; the wrapped ring stays.
     be.kv_release(&mut kv, bs / 2);
@@ -186,7 +186,7 @@ fn checkpoint_restore_undoes_ring_overwrites() {
     } else {
         panic!()
     }
-    let clone = be.kv_clone(&kv);
+    let clone = be.kv_clone(&kv).unwrap();
     assert_eq!(be.kv_bytes(&clone), be.kv_bytes(&kv));
 }
 

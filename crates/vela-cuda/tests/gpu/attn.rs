@@ -263,14 +263,20 @@ fn kv_cache_is_held_by_use() {
     );
     assert!(held < whole / 2, "{held} bytes held of {whole}");
     // A copy and an export hold the same rows.
-    let mut fork = g.kv_clone(&kg);
-    let mut fork_c = cpu.kv_clone(&kc);
+    let mut fork = g.kv_clone(&kg).unwrap();
+    let mut fork_c = cpu.kv_clone(&kc).unwrap();
     assert_eq!(g.kv_bytes(&fork), held);
     let mut imported = g.new_kv(&specs, ty).unwrap();
     g.kv_import(&mut imported, &g.kv_export(&kg, p0)).unwrap();
     let (a, b) = grow(&mut fork, &mut fork_c, p0, 2, &mut Rng(7));
     check("paged attention of a copy", &a, &b, tol);
-    let (a2, _) = grow(&mut imported, &mut cpu.kv_clone(&kc), p0, 2, &mut Rng(7));
+    let (a2, _) = grow(
+        &mut imported,
+        &mut cpu.kv_clone(&kc).unwrap(),
+        p0,
+        2,
+        &mut Rng(7),
+    );
     check("paged attention of an import", &a2, &a, 0.0);
     // Shrink: the pages above the kept positions go; rows written again past them are the
     // new rows, not the old ones.

@@ -490,8 +490,8 @@ fn attention_case<G: Backend, C: Backend>(
     }
     let snap = g.kv_checkpoint(&kg, p0);
     let snap_c = cpu.kv_checkpoint(&kc, p0);
-    let mut fork = g.kv_clone(&kg);
-    let mut fork_c = cpu.kv_clone(&kc);
+    let mut fork = g.kv_clone(&kg).unwrap();
+    let mut fork_c = cpu.kv_clone(&kc).unwrap();
     assert_eq!(g.kv_bytes(&fork), g.kv_bytes(&kg));
     // Overwrite, restore, and continue from the restored state on both backends.
     let mut junk = Rng(1);
