@@ -109,20 +109,27 @@ impl CudaBackend {
     /// [`vela_compute::Backend::kv_release`]: unmap the pages no position below `n_past` uses.
     pub(crate) fn kv_release_impl(&self, kv: &mut CudaKv, n_past: usize) {
         let eb = kv_elem_bytes(kv.ty);
-        let mut flushed = false;
-        for l in &mut kv.layers {
-            // A ring that has wrapped holds live positions in every slot.
-            if !l.k.paged() || n_past >= l.spec.capacity {
-                continue;
-            }
-            if !flushed {
-                self.flush_recording();
-                flushed = true;
-            }
+        // Only the layers whose ring has not wrapped (one that has holds live positions in
+        // every slot), and only when a page would go: rollbacks within a page cost nothing.
+        let keep = |l: &KvLayer| {
             let (wk, wv) = l.row_bytes(eb);
             let slots = l.slots_in_use(n_past);
-            l.k.release(slots * wk);
-            l.v.release(slots * wv);
+            (slots * wk, slots * wv)
+        };
+        let frees = |l: &KvLayer| {
+            let (k, v) = keep(l);
+            n_past < l.spec.capacity && (l.k.would_release(k) || l.v.would_release(v))
+        };
+        if !kv.layers.iter().any(frees) {
+            return;
+        }
+        self.flush_recording();
+        for l in &mut kv.layers {
+            if frees(l) {
+                let (k, v) = keep(l);
+                l.k.release(k);
+                l.v.release(v);
+            }
         }
     }
 

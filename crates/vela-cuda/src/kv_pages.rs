@@ -136,11 +136,6 @@ impl KvStore {
         }
     }
 
-    /// Whether memory is held by use.
-    pub(crate) fn paged(&self) -> bool {
-        self.pages.is_some()
-    }
-
     /// Make bytes `0..bytes` (capped at the length) backed by memory; new pages are zeroed
     /// in stream order. Out of memory is an error that leaves the pages mapped so far.
     pub(crate) fn reserve(&mut self, bytes: usize) -> Result<()> {
@@ -193,14 +188,15 @@ impl KvStore {
     /// rollbacks) keeps it. Waits for the stream first when anything is unmapped; the caller
     /// ends any step being recorded.
     pub(crate) fn release(&mut self, keep: usize) {
+        if !self.would_release(keep) {
+            return;
+        }
         let Some(p) = &mut self.pages else {
             return;
         };
         let keep_pages = keep.div_ceil(p.gran);
-        if p.handles.len() <= keep_pages + 1 {
-            return;
-        }
-        if self.view.stream().synchronize().is_err() {
+        let stream = self.view.stream();
+        if stream.context().bind_to_thread().is_err() || stream.synchronize().is_err() {
             return;
         }
         let base = self.base;
@@ -214,6 +210,13 @@ impl KvStore {
             }
             p.handles.pop();
         }
+    }
+
+    /// Whether [`KvStore::release`] of `keep` would unmap pages.
+    pub(crate) fn would_release(&self, keep: usize) -> bool {
+        self.pages
+            .as_ref()
+            .is_some_and(|p| p.handles.len() > keep.div_ceil(p.gran) + 1)
     }
 
     /// A copy holding the same pages and bytes.
@@ -246,7 +249,9 @@ impl Drop for KvStore {
             return;
         };
         // Queued work may still read the pages: unmapping is not ordered on the stream.
-        let _ = self.view.stream().synchronize();
+        let stream = self.view.stream();
+        let _ = stream.context().bind_to_thread();
+        let _ = stream.synchronize();
         // SAFETY: taken once, here; leaking the view keeps it from freeing a reserved range.
         let base = unsafe { ManuallyDrop::take(&mut self.view) }.leak();
         // SAFETY: the pages are mapped at these addresses, the range was reserved at `base`.
