@@ -6,7 +6,7 @@
 //! weight type's dot-product format (see [`super::matmul`]).
 
 use super::compressed;
-use super::kvdata::{concat, host_memory_available, KvData, KvLayer};
+use super::kvdata::{host_memory_available, KvData};
 pub use super::kvdata::{CpuKv, CpuKvSnapshot};
 use super::matmul::{self, QMatrix};
 use super::pool::ThreadPool;
@@ -237,94 +237,31 @@ impl Backend for CpuBackend {
     }
 
     fn new_kv(&self, layers: &[KvLayerSpec], ty: KvType) -> Result<CpuKv> {
-        let mut out = Vec::with_capacity(layers.len());
-        for spec in layers {
-            let wk = spec.n_head_kv * spec.head_dim_k;
-            let wv = spec.n_head_kv * spec.head_dim_v;
-            out.push(KvLayer {
-                spec: spec.clone(),
-                k: KvData::new(ty, spec.capacity, wk),
-                v: KvData::new(ty, spec.capacity, wv),
-            });
-        }
-        Ok(CpuKv { layers: out })
+        Ok(CpuKv::new(layers, ty))
     }
 
     fn kv_checkpoint(&self, kv: &CpuKv, n_past: usize) -> CpuKvSnapshot {
-        let mut saved = Vec::new();
-        for (li, l) in kv.layers.iter().enumerate() {
-            if l.spec.window.is_none() || n_past == 0 {
-                continue;
-            }
-            let first = crate::window_start(n_past - 1, l.spec.window);
-            let (wk, wv) = (
-                l.spec.n_head_kv * l.spec.head_dim_k,
-                l.spec.n_head_kv * l.spec.head_dim_v,
-            );
-            // Save slot by slot (the window may wrap around the ring).
-            let mut ks = Vec::new();
-            let mut vs = Vec::new();
-            for p in first..n_past {
-                let s = p % l.spec.capacity;
-                ks.push(l.k.clone_range(s * wk, wk));
-                vs.push(l.v.clone_range(s * wv, wv));
-            }
-            saved.push((li, first, concat(ks), concat(vs)));
-        }
-        CpuKvSnapshot { saved }
+        kv.checkpoint(n_past)
     }
 
     fn kv_restore(&self, kv: &mut CpuKv, snap: &CpuKvSnapshot) {
-        for (li, first, ks, vs) in &snap.saved {
-            let l = &mut kv.layers[*li];
-            let (wk, wv) = (
-                l.spec.n_head_kv * l.spec.head_dim_k,
-                l.spec.n_head_kv * l.spec.head_dim_v,
-            );
-            let n = ks.len() / wk;
-            for i in 0..n {
-                let s = (first + i) % l.spec.capacity;
-                l.k.copy_from(s * wk, ks, i * wk, wk);
-                l.v.copy_from(s * wv, vs, i * wv, wv);
-            }
-        }
+        kv.restore(snap)
     }
 
     fn kv_clone(&self, kv: &CpuKv) -> Result<CpuKv> {
-        Ok(CpuKv {
-            layers: kv
-                .layers
-                .iter()
-                .map(|l| KvLayer {
-                    spec: l.spec.clone(),
-                    k: l.k.deep_clone(),
-                    v: l.v.deep_clone(),
-                })
-                .collect(),
-        })
+        Ok(kv.deep_clone())
     }
 
     fn kv_bytes(&self, kv: &CpuKv) -> usize {
-        kv.layers.iter().map(|l| l.k.bytes() + l.v.bytes()).sum()
+        kv.bytes()
     }
 
     fn kv_reserve(&self, kv: &mut CpuKv, n_past: usize) -> Result<()> {
-        for l in &mut kv.layers {
-            let slots = l.slots_for(n_past);
-            l.k.reserve(slots)?;
-            l.v.reserve(slots)?;
-        }
-        Ok(())
+        kv.reserve(n_past)
     }
 
     fn kv_release(&self, kv: &mut CpuKv, n_past: usize) {
-        for l in &mut kv.layers {
-            // A ring that has wrapped holds live positions in every slot.
-            if n_past < l.spec.capacity {
-                l.k.release(n_past);
-                l.v.release(n_past);
-            }
-        }
+        kv.release(n_past)
     }
 
     fn scratch_by_use(&self) -> bool {
@@ -332,53 +269,11 @@ impl Backend for CpuBackend {
     }
 
     fn kv_export(&self, kv: &CpuKv, n_past: usize) -> crate::KvExport {
-        use crate::kv_export::{held_from, slot_runs};
-        let ty = kv.layers.first().map_or(KvType::F32, |l| l.k.ty());
-        let layers = kv
-            .layers
-            .iter()
-            .map(|l| {
-                let first = held_from(&l.spec, n_past);
-                let (wk, wv) = (
-                    l.spec.n_head_kv * l.spec.head_dim_k,
-                    l.spec.n_head_kv * l.spec.head_dim_v,
-                );
-                let (mut k, mut v) = (Vec::new(), Vec::new());
-                for (_, slot, len) in slot_runs(first, n_past, l.spec.capacity) {
-                    l.k.read_bytes(slot * wk, len * wk, &mut k);
-                    l.v.read_bytes(slot * wv, len * wv, &mut v);
-                }
-                crate::KvLayerExport {
-                    first,
-                    k_row: wk * ty.bytes(),
-                    v_row: wv * ty.bytes(),
-                    k,
-                    v,
-                }
-            })
-            .collect();
-        crate::KvExport { ty, n_past, layers }
+        kv.export(n_past)
     }
 
     fn kv_import(&self, kv: &mut CpuKv, e: &crate::KvExport) -> Result<()> {
-        use crate::kv_export::{import_plan, slot_runs};
-        let ty = kv.layers.first().map_or(e.ty, |l| l.k.ty());
-        let specs: Vec<&KvLayerSpec> = kv.layers.iter().map(|l| &l.spec).collect();
-        let from = import_plan(e, &specs, ty)?;
-        self.kv_reserve(kv, e.n_past)?;
-        for ((l, x), keep) in kv.layers.iter_mut().zip(&e.layers).zip(from) {
-            let (wk, wv) = (
-                l.spec.n_head_kv * l.spec.head_dim_k,
-                l.spec.n_head_kv * l.spec.head_dim_v,
-            );
-            let skip = keep - x.first;
-            for (i, slot, len) in slot_runs(keep, e.n_past, l.spec.capacity) {
-                let (r, n) = (skip + i, len);
-                l.k.write_bytes(slot * wk, &x.k[r * x.k_row..(r + n) * x.k_row]);
-                l.v.write_bytes(slot * wv, &x.v[r * x.v_row..(r + n) * x.v_row]);
-            }
-        }
-        Ok(())
+        kv.import(e)
     }
 
     fn get_rows(&self, w: &CpuWeight, ids: &[u32], scale: f32, out: &mut Vec<f32>) -> Result<()> {
