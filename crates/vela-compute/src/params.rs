@@ -3,6 +3,27 @@
 
 use std::sync::Arc;
 
+/// A backend could not allocate memory for sequence state (K/V pages or blocks, a copy of a
+/// cache): a condition of the machine's load, not of the request, so a server answers it as
+/// overloaded. Found in an `anyhow` chain with `downcast_ref` / [`OutOfMemory::in_chain`].
+#[derive(Clone, Debug)]
+pub struct OutOfMemory(pub String);
+
+impl std::fmt::Display for OutOfMemory {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for OutOfMemory {}
+
+impl OutOfMemory {
+    /// Whether `e` or one of its causes is an [`OutOfMemory`].
+    pub fn in_chain(e: &anyhow::Error) -> bool {
+        e.chain().any(|c| c.is::<OutOfMemory>())
+    }
+}
+
 /// Rotary embedding parameters of one layer.
 #[derive(Clone, Debug)]
 pub struct RopeParams {

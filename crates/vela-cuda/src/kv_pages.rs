@@ -84,7 +84,13 @@ impl KvStore {
     ) -> Result<Self> {
         let len = len.max(1);
         let Some(gran) = page else {
-            let view = ManuallyDrop::new(stream.alloc_zeros::<u8>(len)?);
+            let view = stream.alloc_zeros::<u8>(len).map_err(|e| {
+                vela_compute::OutOfMemory(format!(
+                    "could not allocate {:.2} GiB of GPU memory for the KV cache ({e:?})",
+                    len as f64 / (1u64 << 30) as f64
+                ))
+            })?;
+            let view = ManuallyDrop::new(view);
             let base = view.device_ptr(stream).0;
             return Ok(Self {
                 view,
@@ -161,10 +167,15 @@ impl KvStore {
             // SAFETY: out-pointer to a local; `at..at + gran` lies in our reserved range and is
             // not mapped (pages are mapped in order).
             unsafe {
-                check(
-                    sys::cuMemCreate(&mut h, p.gran, &prop, 0),
-                    "allocation for the K/V cache (out of GPU memory?)",
-                )?;
+                if let Err(e) = sys::cuMemCreate(&mut h, p.gran, &prop, 0).result() {
+                    let held = p.handles.len() * p.gran;
+                    return Err(vela_compute::OutOfMemory(format!(
+                        "could not allocate GPU memory for the KV cache ({e:?}; this layer holds \
+                         {:.1} MiB): too many sequences or too long a context for this GPU",
+                        held as f64 / (1 << 20) as f64
+                    ))
+                    .into());
+                }
                 if let Err(e) = check(sys::cuMemMap(at, p.gran, 0, h, 0), "K/V page map") {
                     sys::cuMemRelease(h);
                     return Err(e);

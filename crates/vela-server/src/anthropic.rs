@@ -455,7 +455,7 @@ pub async fn messages(State(st): St, body: Result<Bytes, BytesRejection>) -> Res
                               "cache_read_input_tokens": usage.cached_tokens}})));
                 f.push(event("message_stop", json!({"type": "message_stop"})));
             }
-            Out::Error(e) => f.push(event("error", ApiError::invalid(e).anthropic_json())),
+            Out::Error(e) => f.push(event("error", e.anthropic_json())),
         }
         f
     };

@@ -256,10 +256,7 @@ pub async fn completions(State(st): St, body: Result<Bytes, BytesRejection>) -> 
                 // The rest of a batch is not run once one prompt failed.
                 failed = true;
                 cancels.iter().for_each(|c| c.cancel());
-                vec![
-                    data(&ApiError::invalid(e).openai_json()),
-                    "data: [DONE]\n\n".into(),
-                ]
+                vec![data(&e.openai_json()), "data: [DONE]\n\n".into()]
             }
         }
     };

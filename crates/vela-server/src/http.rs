@@ -366,7 +366,7 @@ pub async fn collect(
             }
             Out::Error(e) => {
                 guard.1 = false;
-                return Err(ApiError::invalid(e));
+                return Err(e);
             }
         }
     }
@@ -443,7 +443,7 @@ pub fn sse_response_many(
                             if let Ok(mut s) = slot.lock() {
                                 match &ev {
                                     Out::Done { usage, .. } => s.add_usage(usage, true),
-                                    Out::Error(e) => s.error = Some(e.clone()),
+                                    Out::Error(e) => s.error = Some(e.message.clone()),
                                     _ => {}
                                 }
                             }

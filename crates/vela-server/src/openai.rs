@@ -304,7 +304,7 @@ pub async fn chat(State(st): St, body: Result<Bytes, BytesRejection>) -> Respons
                 // The other choices stop too.
                 failed = true;
                 cancels.iter().for_each(|c| c.cancel());
-                f.push(data(&ApiError::invalid(e).openai_json()));
+                f.push(data(&e.openai_json()));
                 f.push("data: [DONE]\n\n".into());
             }
         }

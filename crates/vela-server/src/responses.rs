@@ -711,7 +711,7 @@ pub async fn responses(State(st): St, body: Result<Bytes, BytesRejection>) -> Re
             }
             Out::Error(e) => {
                 let mut r = em.response("failed");
-                r["error"] = json!({"code": "server_error", "message": e});
+                r["error"] = json!({"code": e.openai_type(), "message": e.message});
                 em.event(&mut f, "response.failed", json!({ "response": r }));
             }
         }

@@ -149,10 +149,7 @@ fn ms(t: Instant) -> f64 {
 #[derive(Debug)]
 pub enum Out {
     /// A prefill chunk finished (`done` of `total` new prompt tokens).
-    Progress {
-        done: usize,
-        total: usize,
-    },
+    Progress { done: usize, total: usize },
     /// Parsed output.
     Delta {
         content: String,
@@ -166,7 +163,8 @@ pub enum Out {
         stop_word: Option<String>,
         usage: Usage,
     },
-    Error(String),
+    /// The request failed in the engine (a 400, or a 503 when memory ran out).
+    Error(crate::error::ApiError),
 }
 
 /// A generation request for the worker.

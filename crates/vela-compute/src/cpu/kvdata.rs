@@ -5,7 +5,7 @@
 
 use super::simd;
 use crate::{KvLayerSpec, KvType};
-use anyhow::{bail, Result};
+use anyhow::Result;
 use half::{bf16, f16};
 
 /// Slots (positions) per block of storage.
@@ -37,11 +37,12 @@ fn zeroed_vec<T: Elem>(n: usize) -> Result<Vec<T>> {
     // SAFETY: `layout` has a non-zero size (n > 0, T is a 2- or 4-byte float).
     let p = unsafe { std::alloc::alloc_zeroed(layout) } as *mut T;
     if p.is_null() {
-        bail!(
+        return Err(crate::OutOfMemory(format!(
             "could not allocate {:.2} GiB of host memory for the KV cache: use a smaller --ctx \
              (or --kv-type f16)",
             layout.size() as f64 / (1u64 << 30) as f64
-        );
+        ))
+        .into());
     }
     // SAFETY: `p` was allocated by the global allocator with the layout of `[T; n]`, and every
     // element is initialized: all-zero bits are 0.0 for every `Elem` type.

@@ -7,6 +7,7 @@ use super::{
     Usage,
 };
 use crate::cache::{Entry, PrefixCache, Reuse, EARLY_CHECKPOINT, EARLY_KEEP};
+use crate::error::ApiError;
 use crate::parser::OutputParser;
 use crate::stop::StopMatcher;
 use std::sync::atomic::Ordering;
@@ -278,8 +279,19 @@ fn follow_up(entry: &Entry, n: usize) -> bool {
 /// Report a request that cannot start.
 fn fail<T>(job: &Job, e: anyhow::Error) -> Option<T> {
     tracing::error!("request failed: {e:#}");
-    let _ = job.out.send(Out::Error(format!("{e:#}")));
+    let _ = job.out.send(Out::Error(engine_error(&e)));
     None
+}
+
+/// The client's view of an engine error: memory running out is the server's load (503 with
+/// `Retry-After`), anything else is the request's (400).
+pub(crate) fn engine_error(e: &anyhow::Error) -> ApiError {
+    let msg = format!("{e:#}");
+    if vela_compute::OutOfMemory::in_chain(e) {
+        ApiError::new(axum::http::StatusCode::SERVICE_UNAVAILABLE, msg).with_retry_after(1)
+    } else {
+        ApiError::invalid(msg)
+    }
 }
 
 impl<'m> Seq<'m> {
@@ -480,7 +492,7 @@ impl<'m> Seq<'m> {
     /// its state).
     pub fn fail(&mut self, e: &anyhow::Error) {
         tracing::error!("request failed: {e:#}");
-        let _ = self.em.job.out.send(Out::Error(format!("{e:#}")));
+        let _ = self.em.job.out.send(Out::Error(engine_error(e)));
         self.entry.session.reset();
         self.entry.prompt_cp = None;
         self.entry.early.clear();
@@ -753,5 +765,26 @@ impl<'m> Seq<'m> {
             usage,
         });
         self.stage = Stage::Done;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::engine_error;
+    use anyhow::Context;
+
+    #[test]
+    fn memory_running_out_is_overloaded_other_engine_errors_are_the_requests() {
+        let oom = Err::<(), _>(vela_compute::OutOfMemory("no pages left".into()))
+            .context("decode step")
+            .unwrap_err();
+        let e = engine_error(&oom);
+        assert_eq!(e.status.as_u16(), 503);
+        assert_eq!(e.retry_after, Some(1));
+        assert_eq!(e.openai_type(), "server_overloaded");
+        assert_eq!(e.message, "decode step: no pages left");
+        let other = engine_error(&anyhow::anyhow!("token 7 out of range"));
+        assert_eq!(other.status.as_u16(), 400);
+        assert_eq!(other.retry_after, None);
     }
 }
