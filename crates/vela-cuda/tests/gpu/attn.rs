@@ -225,7 +225,9 @@ fn kv_cache_is_held_by_use() {
     let mut kc = cpu.new_kv(&specs, ty).unwrap();
     assert_eq!(g.kv_bytes(&kg), 0, "a new cache holds no memory");
     let p = attn_params(nh, nkv, hd, 0.125, None, None);
-    let tol = attn_tol(ty, false);
+    // (Thousands of keys: summation order moves the f32 results by a little more than the
+    // short-context bound; a wrong or unmapped page would be off by the values' scale.)
+    let tol = 1e-4;
     // Store `n` rows at p0.., then attend from the last two positions (all earlier keys).
     let grow = |kg: &mut <CudaBackend as Backend>::Kv,
                 kc: &mut <CpuBackend as Backend>::Kv,

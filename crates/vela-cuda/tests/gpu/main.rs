@@ -465,6 +465,9 @@ fn attention_case<G: Backend, C: Backend>(
     let step =
         |g_kv: &mut G::Kv, c_kv: &mut C::Kv, p0: usize, n: usize, rng: &mut Rng, what: &str| {
             let pos: Vec<u32> = (p0..p0 + n).map(|p| p as u32).collect();
+            // (Storage for every layer first, as a forward does: a paged cache maps it here.)
+            g.kv_reserve(g_kv, p0 + n).unwrap();
+            cpu.kv_reserve(c_kv, p0 + n).unwrap();
             let (k, v, q) = (
                 rng.vec(n * nkv * hd),
                 rng.vec(n * nkv * hd),
