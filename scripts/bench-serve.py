@@ -3,7 +3,8 @@
 
     python3 scripts/bench-serve.py --model M.gguf [--vela target/release/vela]
         [--llama-server PATH] [--clients 1,4,16,64] [--reps 3] [--requests 2] [--max-tokens 64]
-        [--threads 2] [--ctx 1024] [--device cpu|cuda] [--engines vela,llama] [--out FILE.md]
+        [--threads 2] [--ctx 1024] [--device cpu|cuda] [--engines vela,llama]
+        [--endpoint chat|completions] [--out FILE.md]
 
 For each concurrency C and repetition (the engines' order alternates per repetition), each engine
 is started with C sequences (vela: `--parallel C --ctx CTX`; llama-server: `-np C -c C*CTX`, its
@@ -74,11 +75,18 @@ class Server:
             self.p.kill()
 
 
-def one_request(port: int, text: str, max_tokens: int) -> dict:
-    body = json.dumps({"messages": [{"role": "user", "content": text}],
-                       "max_tokens": max_tokens, "temperature": 0, "stream": True,
-                       "stream_options": {"include_usage": True}}).encode()
-    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions", data=body,
+def one_request(port: int, text: str, max_tokens: int, endpoint: str = "chat") -> dict:
+    """One streamed greedy request: a chat message, or the raw text as a `/v1/completions` prompt
+    (models without a chat template, such as `vela synth` files)."""
+    body = {"max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+        route = "chat/completions"
+    else:
+        body["prompt"] = text
+        route = "completions"
+    req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/{route}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
     times, usage = [], None
@@ -92,21 +100,21 @@ def one_request(port: int, text: str, max_tokens: int) -> dict:
                 usage = ev["usage"]
             for c in ev.get("choices") or []:
                 d = c.get("delta") or {}
-                if d.get("content") or d.get("reasoning_content"):
+                if d.get("content") or d.get("reasoning_content") or c.get("text"):
                     times.append(time.perf_counter())
     n = (usage or {}).get("completion_tokens") or len(times)
     return {"ttft": (times[0] - t0) if times else None,
             "gaps": [b - a for a, b in zip(times, times[1:])], "tokens": n}
 
 
-def run_load(port: int, clients: int, requests: int, max_tokens: int) -> dict:
+def run_load(port: int, clients: int, requests: int, max_tokens: int, endpoint: str) -> dict:
     results, errors = [], []
     lock = threading.Lock()
 
     def client(c: int):
         for i in range(requests):
             try:
-                r = one_request(port, prompt(c, i), max_tokens)
+                r = one_request(port, prompt(c, i), max_tokens, endpoint)
                 with lock:
                     results.append(r)
             except Exception as e:  # noqa: BLE001 - counted and reported
@@ -141,6 +149,8 @@ def main():
     ap.add_argument("--ctx", type=int, default=1024, help="context per sequence")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--engines", default="vela,llama", help="which engines run, in this order")
+    ap.add_argument("--endpoint", default="chat", choices=["chat", "completions"],
+                    help="completions: raw prompts, for models without a chat template (vela synth)")
     ap.add_argument("--out")
     a = ap.parse_args()
     gpu = ["-ngl", "99"] if a.device == "cuda" else []
@@ -161,8 +171,8 @@ def main():
                 port = free_port()
                 srv = Server(engines[name](c, port), port)
                 try:
-                    one_request(port, "Warm up.", 4)
-                    r = run_load(port, c, a.requests, a.max_tokens)
+                    one_request(port, "Warm up.", 4, a.endpoint)
+                    r = run_load(port, c, a.requests, a.max_tokens, a.endpoint)
                 finally:
                     srv.stop()
                 res.setdefault((name, c), []).append(r)

@@ -5,8 +5,9 @@
         [--ctx 32768] [--n 20] [--max-tokens 16]
 
 Each binary is started in turn as `vela serve --ctx CTX --cache-mb 1048576` (a cache budget that
-evicts nothing), then N distinct ~150-token chat requests run one after another. Printed per
-binary: the prefix cache's sessions and bytes (`/metrics`), the bytes per cached session, the
+evicts nothing), then N distinct ~150-token prompts run one after another (`/v1/completions`: a
+synth model has no chat template). Printed per binary: the prefix cache's sessions and bytes
+(`/metrics`), the bytes per cached session, the
 GPU memory in use (nvidia-smi, with --device cuda) before the first request and after the last,
 and the wall time of the requests. A cache allocated whole costs CTX positions per session; one
 held by use costs the positions it has (rounded up to a block or page per layer).
@@ -66,7 +67,7 @@ def main() -> None:
             before = gpu_used_mib()
             t0 = time.time()
             for i in range(a.n):
-                r = bench.one_request(port, bench.prompt(i, i), a.max_tokens)
+                r = bench.one_request(port, bench.prompt(i, i), a.max_tokens, "completions")
                 if not r["tokens"]:
                     raise SystemExit(f"request {i} generated nothing")
             took = time.time() - t0
