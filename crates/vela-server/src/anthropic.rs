@@ -251,6 +251,7 @@ fn params(o: &Obj) -> Result<GenParams, ApiError> {
         stream,
         include_usage: true,
         n: 1,
+        ignore_eos: false,
     })
 }
 

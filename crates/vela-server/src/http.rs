@@ -274,6 +274,7 @@ pub fn submit_many(
         .map_err(at)?;
         let (tx, rx) = mpsc::unbounded_channel();
         let cancel = CancelToken::new();
+        let free = p.constraint.is_none();
         jobs.push(Job {
             prompt: p.prompt,
             sampling: p.params.sampling,
@@ -286,6 +287,8 @@ pub fn submit_many(
             out: tx,
             received,
             requeued: false,
+            // (A grammar decides where its output ends.)
+            ignore_eos: p.params.ignore_eos && free,
         });
         out.push((rx, cancel));
     }

@@ -23,6 +23,9 @@ pub struct GenParams {
     /// Choices to generate from the prompt (`n`): copies of its session once it is in, each
     /// sampled with its own seed (`seed + i`).
     pub n: usize,
+    /// `ignore_eos` (vLLM, llama-server): an end-of-generation token does not end the output,
+    /// only `max_tokens`, a stop string or the context do (benchmarks of fixed lengths).
+    pub ignore_eos: bool,
 }
 
 impl GenParams {
@@ -256,6 +259,7 @@ pub fn parse_common(o: &Obj, n_vocab: usize, max_keys: &[&str]) -> Result<GenPar
         stream,
         include_usage,
         n,
+        ignore_eos: get_bool(o, "ignore_eos")?.unwrap_or(false),
     })
 }
 

@@ -183,6 +183,8 @@ pub struct Job {
     pub received: Instant,
     /// Admitted once already (a follower put back): not counted in the queue again.
     pub requeued: bool,
+    /// End-of-generation tokens do not end the output ([`crate::request::GenParams`]).
+    pub ignore_eos: bool,
 }
 
 impl Job {
@@ -200,6 +202,7 @@ impl Job {
             out: mpsc::unbounded_channel().0,
             received: Instant::now(),
             requeued: true,
+            ignore_eos: false,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! answer): 405/404 bodies, CORS preflights, the JSON access log, the shutdown message. With
 //! SmolLM2 (skipped when missing, required in CI: `vela_formats::testdata`): the context check,
 //! batch completions, model ids and `--alias`, template kwargs, 429 with `Retry-After`, and the
-//! access log's token counts and time to first token.
+//! access log's token counts and time to first token, `ignore_eos`.
 
 mod common;
 use common::*;
@@ -541,4 +541,28 @@ fn count_tokens_matches_the_messages_prompt() {
         json!({"model": "other-model", "messages": user("Hi")}),
     );
     assert_eq!(r.status, 404, "{}", r.body);
+}
+
+/// `ignore_eos`: a prompt SmolLM2 answers with an immediate end-of-generation token gets
+/// `max_tokens` tokens with it; a non-boolean value is a 400 naming the field.
+#[test]
+fn ignore_eos_generates_to_max_tokens() {
+    let Some(a) = smol() else { return };
+    let prompt = "Client 0, request 0. Write a short story about a cat.";
+    let body = |ignore: Value| {
+        let mut b = json!({"prompt": prompt, "max_tokens": 8, "temperature": 0});
+        if !ignore.is_null() {
+            b["ignore_eos"] = ignore;
+        }
+        b
+    };
+    let plain = post(a, "/v1/completions", body(Value::Null)).json();
+    assert_eq!(plain["choices"][0]["finish_reason"], "stop", "{plain}");
+    assert!(plain["usage"]["completion_tokens"].as_u64().unwrap() < 8);
+    let r = post(a, "/v1/completions", body(json!(true))).json();
+    assert_eq!(r["choices"][0]["finish_reason"], "length", "{r}");
+    assert_eq!(r["usage"]["completion_tokens"], 8);
+    let bad = post(a, "/v1/completions", body(json!("yes")));
+    assert_eq!(bad.status, 400);
+    assert_eq!(bad.json()["error"]["param"], "ignore_eos");
 }

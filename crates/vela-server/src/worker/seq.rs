@@ -633,7 +633,7 @@ impl<'m> Seq<'m> {
             }
         };
         self.em.observe_token(metrics);
-        if self.em.tok.is_eog(t) {
+        if self.em.tok.is_eog(t) && !self.em.job.ignore_eos {
             self.finish(("stop", None), metrics);
         } else if let Some(f) = self.em.emit(t, lps) {
             self.finish(f, metrics);
@@ -661,7 +661,8 @@ impl<'m> Seq<'m> {
     ) -> anyhow::Result<()> {
         drafter.sync(&self.entry.session, 0)?;
         let tok = self.em.tok;
-        let is_eog = |t: u32| tok.is_eog(t);
+        let ignore_eos = self.em.job.ignore_eos;
+        let is_eog = |t: u32| !ignore_eos && tok.is_eog(t);
         let session = &mut self.entry.session;
         let opts = SpecOptions {
             depth,
