@@ -4,7 +4,7 @@
     python3 scripts/bench-serve.py --model M.gguf [--vela target/release/vela]
         [--llama-server PATH] [--clients 1,4,16,64] [--reps 3] [--requests 2] [--max-tokens 64]
         [--threads 2] [--ctx 1024] [--device cpu|cuda] [--engines vela,llama]
-        [--endpoint chat|completions] [--out FILE.md]
+        [--endpoint chat|completions] [--ignore-eos] [--out FILE.md]
 
 For each concurrency C and repetition (the engines' order alternates per repetition), each engine
 is started with C sequences (vela: `--parallel C --ctx CTX`; llama-server: `-np C -c C*CTX`, its
@@ -75,11 +75,16 @@ class Server:
             self.p.kill()
 
 
+IGNORE_EOS = False
+
+
 def one_request(port: int, text: str, max_tokens: int, endpoint: str = "chat") -> dict:
     """One streamed greedy request: a chat message, or the raw text as a `/v1/completions` prompt
     (models without a chat template, such as `vela synth` files)."""
     body = {"max_tokens": max_tokens, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True}}
+    if IGNORE_EOS:
+        body["ignore_eos"] = True
     if endpoint == "chat":
         body["messages"] = [{"role": "user", "content": text}]
         route = "chat/completions"
@@ -151,8 +156,12 @@ def main():
     ap.add_argument("--engines", default="vela,llama", help="which engines run, in this order")
     ap.add_argument("--endpoint", default="chat", choices=["chat", "completions"],
                     help="completions: raw prompts, for models without a chat template (vela synth)")
+    ap.add_argument("--ignore-eos", action="store_true",
+                    help="every request generates max_tokens (both engines take `ignore_eos`)")
     ap.add_argument("--out")
     a = ap.parse_args()
+    global IGNORE_EOS
+    IGNORE_EOS = a.ignore_eos
     gpu = ["-ngl", "99"] if a.device == "cuda" else []
     engines = {
         "vela": lambda c, port: [a.vela, "serve", "--model", a.model, "--port", str(port),
