@@ -4,7 +4,7 @@
     python3 scripts/bench-serve.py --model M.gguf [--vela target/release/vela]
         [--llama-server PATH] [--clients 1,4,16,64] [--reps 3] [--requests 2] [--max-tokens 64]
         [--threads 2] [--ctx 1024] [--device cpu|cuda] [--engines vela,llama]
-        [--endpoint chat|completions] [--ignore-eos] [--out FILE.md]
+        [--endpoint chat|completions] [--ignore-eos] [--timings] [--out FILE.md]
 
 For each concurrency C and repetition (the engines' order alternates per repetition), each engine
 is started with C sequences (vela: `--parallel C --ctx CTX`; llama-server: `-np C -c C*CTX`, its
@@ -94,7 +94,7 @@ def one_request(port: int, text: str, max_tokens: int, endpoint: str = "chat") -
     req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/{route}", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
     t0 = time.perf_counter()
-    times, usage = [], None
+    times, usage, timings = [], None, None
     with urllib.request.urlopen(req, timeout=600) as r:
         for raw in r:
             line = raw.decode().strip()
@@ -103,13 +103,15 @@ def one_request(port: int, text: str, max_tokens: int, endpoint: str = "chat") -
             ev = json.loads(line[6:])
             if ev.get("usage"):
                 usage = ev["usage"]
+            if isinstance(ev.get("timings"), dict):
+                timings = ev["timings"]
             for c in ev.get("choices") or []:
                 d = c.get("delta") or {}
                 if d.get("content") or d.get("reasoning_content") or c.get("text"):
                     times.append(time.perf_counter())
     n = (usage or {}).get("completion_tokens") or len(times)
     return {"ttft": (times[0] - t0) if times else None,
-            "gaps": [b - a for a, b in zip(times, times[1:])], "tokens": n}
+            "gaps": [b - a for a, b in zip(times, times[1:])], "tokens": n, "timings": timings or {}}
 
 
 def run_load(port: int, clients: int, requests: int, max_tokens: int, endpoint: str) -> dict:
@@ -136,9 +138,13 @@ def run_load(port: int, clients: int, requests: int, max_tokens: int, endpoint: 
     ttft = sorted(r["ttft"] for r in results if r["ttft"] is not None)
     gaps = sorted(g for r in results for g in r["gaps"])
     pct = lambda xs, q: xs[min(len(xs) - 1, int(q * len(xs)))] if xs else float("nan")
+    # The server's own account of each request (`timings` of the last chunk: vela's queue /
+    # session / restore / prompt / checkpoint / ttft, llama-server's prompt and predicted times).
+    keys = sorted({k for r in results for k, v in r["timings"].items() if isinstance(v, (int, float))})
+    timings = {k: [r["timings"][k] for r in results if k in r["timings"]] for k in keys}
     return {"tps": sum(r["tokens"] for r in results) / wall, "ttft50": pct(ttft, 0.5),
             "ttft99": pct(ttft, 0.99), "itl99": pct(gaps, 0.99), "errors": len(errors),
-            "wall": wall}
+            "wall": wall, "timings": timings}
 
 
 def main():
@@ -158,6 +164,8 @@ def main():
                     help="completions: raw prompts, for models without a chat template (vela synth)")
     ap.add_argument("--ignore-eos", action="store_true",
                     help="every request generates max_tokens (both engines take `ignore_eos`)")
+    ap.add_argument("--timings", action="store_true",
+                    help="print the servers' per-request `timings` (medians) after each run")
     ap.add_argument("--out")
     a = ap.parse_args()
     global IGNORE_EOS
@@ -188,6 +196,12 @@ def main():
                 print(f"C={c} rep {rep} {name}: {r['tps']:.1f} tok/s, TTFT p50 {r['ttft50']*1e3:.0f} ms "
                       f"p99 {r['ttft99']*1e3:.0f} ms, ITL p99 {r['itl99']*1e3:.0f} ms, "
                       f"{r['errors']} errors, {r['wall']:.1f} s", flush=True)
+                if a.timings:
+                    keep = ("queue_ms", "session_ms", "restore_ms", "cache_load_ms", "prompt_n",
+                            "prompt_ms", "checkpoint_ms", "ttft_ms", "predicted_n", "predicted_ms")
+                    print("    server timings, median (max): " + ", ".join(
+                        f"{k} {statistics.median(v):.1f} ({max(v):.1f})"
+                        for k, v in r["timings"].items() if k in keep), flush=True)
     med = lambda xs: statistics.median(xs)
     lines = ["| clients | engine | tok/s (median, min-max) | TTFT p50 ms | TTFT p99 ms | ITL p99 ms | errors |",
              "|---:|---|---:|---:|---:|---:|---:|"]

@@ -88,7 +88,7 @@ bench)
     export LD_LIBRARY_PATH=$lb:$LD_LIBRARY_PATH
   fi
   PYTHONUNBUFFERED=1 python3 scripts/bench-serve.py --vela /tmp/vela --llama-server "${lb:-none}/llama-server" \
-    --model /dev/shm/l8.gguf --device cuda --engines $engines --threads 8 --endpoint completions --ignore-eos \
+    --model /dev/shm/l8.gguf --device cuda --engines $engines --threads 8 --endpoint completions --ignore-eos --timings \
     --clients ${SERVE_CLIENTS:-1,4,16,64} --reps ${SERVE_REPS:-3} --out $OUT/serve.md
   echo "done ($(( $(date +%s) - t0 )) s)"
   ;;

@@ -99,7 +99,9 @@ pub(crate) struct Bufs<B: Backend> {
     o: B::Buf,
     g: B::Buf,
     u: B::Buf,
+    /// `logits_rows` rows of logits ([`crate::stepper::logits_room`]).
     logits: B::Buf,
+    logits_rows: usize,
 }
 
 impl<B: Backend> Bufs<B> {
@@ -115,7 +117,8 @@ impl<B: Backend> Bufs<B> {
             o: be.alloc(nb * c.n_embd),
             g: be.alloc(nb * c.n_ff),
             u: be.alloc(nb * c.n_ff),
-            logits: be.alloc(nb * c.n_vocab),
+            logits: be.alloc(c.n_vocab),
+            logits_rows: 1,
         }
     }
 }
@@ -659,6 +662,7 @@ impl<B: Backend> DecoderModel<B> {
         be.precise_products(false);
         be.rms_norm(&b.x, &self.output_norm, n, d, c.rms_eps, &mut b.h);
         let head = self.output.as_ref().unwrap_or(&self.embd);
+        crate::stepper::logits_room(be, &mut b.logits, &mut b.logits_rows, n, c.n_vocab);
         be.matmul(head, &b.h, n, &mut b.logits);
         if let Some(cap) = c.final_softcap {
             be.softcap(&mut b.logits, n * c.n_vocab, cap);

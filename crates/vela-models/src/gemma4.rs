@@ -99,6 +99,8 @@ pub struct Gemma4State<B: Backend> {
     pub n_ctx: usize,
     pub max_batch: usize,
     bufs: Vec<B::Buf>,
+    /// Rows `bufs[LOGITS]` holds ([`crate::stepper::logits_room`]).
+    logits_rows: usize,
     /// The key of this state's recorded steps ([`crate::stepper`]).
     key: u64,
     /// Record the next position's step while the device runs this one.
@@ -179,7 +181,11 @@ impl<B: Backend> Gemma4Model<B> {
             kv,
             n_ctx,
             max_batch,
-            bufs: sizes.iter().map(|&s| be.alloc(nb * s.max(1))).collect(),
+            // The logits buffer is made for one row and grown by need.
+            bufs: (sizes.iter().enumerate())
+                .map(|(i, &s)| be.alloc(if i == LOGITS { 1 } else { nb } * s.max(1)))
+                .collect(),
+            logits_rows: 1,
             key: StepCtl::new().key,
             prepare_ahead: true,
             moe: c.moe.map(|m| moe::MoeScratch::new(be, &m, c.n_embd, nb)),
@@ -493,6 +499,7 @@ impl<B: Backend> Gemma4Model<B> {
             let [o, h] = pick2(b, O, H);
             be.rms_norm(o, &self.norm, rows, d, c.rms_eps, h);
         }
+        crate::stepper::logits_room(be, &mut b[LOGITS], &mut st.logits_rows, rows, c.n_vocab);
         {
             let [h, lg] = pick2(b, H, LOGITS);
             be.matmul(self.lm_head.as_ref().unwrap_or(&self.embd), h, rows, lg);

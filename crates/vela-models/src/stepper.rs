@@ -36,6 +36,25 @@ impl Default for StepCtl {
     }
 }
 
+/// Room for `rows` logits rows of `n_vocab` in `buf`, which holds `*cap` rows: a state's logits
+/// buffer is made for one row and grown to what a pass keeps (a prompt chunk keeps its last row,
+/// a step its token's; speculative checks a few), not for its batch of rows up front (Gemma 4's
+/// vocabulary at 256 rows: 268 MB per sequence). A larger buffer replaces the old one, so steps
+/// recorded ahead, which point at it, are dropped first.
+pub(crate) fn logits_room<B: Backend>(
+    be: &B,
+    buf: &mut B::Buf,
+    cap: &mut usize,
+    rows: usize,
+    n_vocab: usize,
+) {
+    if rows > *cap {
+        be.decode_step_discard();
+        *buf = be.alloc(rows * n_vocab);
+        *cap = rows;
+    }
+}
+
 /// What the stepper needs of a model's sequence state.
 pub trait StepState<B: Backend> {
     fn ctl(&self) -> StepCtl;

@@ -139,6 +139,12 @@ pub(crate) fn total(us: &[Usage], n: usize) -> Usage {
         t.completion_tokens += u.completion_tokens;
         let (a, b) = (&mut t.timings, &u.timings);
         a.queue_ms += b.queue_ms;
+        a.session_ms += b.session_ms;
+        a.grammar_ms += b.grammar_ms;
+        // The batch's first token.
+        if b.ttft_ms > 0.0 && (a.ttft_ms == 0.0 || b.ttft_ms < a.ttft_ms) {
+            a.ttft_ms = b.ttft_ms;
+        }
         a.restore_ms += b.restore_ms;
         a.restore_bytes += b.restore_bytes;
         a.cache_load_ms += b.cache_load_ms;

@@ -152,10 +152,11 @@ pub(crate) fn timings_json(u: &crate::worker::Usage) -> Value {
         "predicted_per_second": rate(t.predicted_n, t.predicted_ms),
         "draft_n": t.draft_n, "draft_n_accepted": t.draft_n_accepted,
         "grammar_ms": t.grammar_ms,
-        "queue_ms": t.queue_ms,
+        "queue_ms": t.queue_ms, "session_ms": t.session_ms,
         "restore_ms": t.restore_ms, "restore_bytes": t.restore_bytes,
         "cache_load_ms": t.cache_load_ms,
         "checkpoint_ms": t.checkpoint_ms, "checkpoint_bytes": t.checkpoint_bytes,
+        "ttft_ms": t.ttft_ms,
     })
 }
 

@@ -83,6 +83,8 @@ pub struct Usage {
 pub struct Timings {
     /// From the request's arrival at the HTTP side until the worker took it.
     pub queue_ms: f64,
+    /// Making a new sequence state for the request (its buffers), when no cached one was used.
+    pub session_ms: f64,
     /// Returning the picked cached sequence to the shared prefix (truncate or checkpoint
     /// restore), and the bytes a restore copied back.
     pub restore_ms: f64,

@@ -185,7 +185,7 @@ fn pick_session(
             };
             let mut e = match e {
                 Some(e) => e,
-                None => Entry::new(Session::new(model.model.clone(), opts)?),
+                None => new_entry(model, opts, timings)?,
             };
             let mut reuse = Reuse::Reset;
             if let (Some(path), Some(d)) = (&on_disk, &cache.disk) {
@@ -216,7 +216,7 @@ fn pick_session(
                 let recycled = if fits_one { None } else { cache.take_lru() };
                 let replacement = match recycled {
                     Some(e) => e,
-                    None => Entry::new(Session::new(model.model.clone(), opts)?),
+                    None => new_entry(model, opts, timings)?,
                 };
                 cache.put(std::mem::replace(&mut entry, replacement));
                 reuse = Reuse::Reset;
@@ -262,6 +262,18 @@ fn pick_session(
     };
     timings.restore_ms = ms(t_restore);
     Ok((entry, reused))
+}
+
+/// A cache entry around a new session (its state's buffers made now: `timings.session_ms`).
+fn new_entry(
+    model: &Arc<LoadedModel>,
+    opts: &SessionOptions,
+    timings: &mut Timings,
+) -> anyhow::Result<Entry> {
+    let t = Instant::now();
+    let e = Entry::new(Session::new(model.model.clone(), opts)?);
+    timings.session_ms += ms(t);
+    Ok(e)
 }
 
 /// Whether a prompt sharing `n` tokens with `entry` continues that entry's conversation: the
