@@ -228,6 +228,8 @@ pub struct DeepseekV4State<B: Backend> {
     n_ctx: usize,
     max_batch: usize,
     bufs: Vec<B::Buf>,
+    /// Rows `bufs[LOGITS]` holds ([`crate::stepper::logits_room`]).
+    logits_rows: usize,
     experts: crate::blocks::experts::ExpertScratch<B>,
     /// Window rows per query (`[n, win_width]`), entries per query (`[n, ent_width]`).
     sel_w: B::Ids,
@@ -332,7 +334,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             nb * c.n_ff,
             nb * c.n_ff,
             nb * h,
-            nb * c.n_vocab,
+            c.n_vocab, // one row, grown by need (`logits_rows`)
         ];
         debug_assert_eq!(sizes.len(), N_BUFS);
         let ent_width = self.ent_width(n_ctx);
@@ -348,6 +350,7 @@ impl<B: Backend> DeepseekV4Model<B> {
             n_ctx,
             max_batch,
             bufs: sizes.iter().map(|&n| be.alloc(n.max(1))).collect(),
+            logits_rows: 1,
             experts: crate::blocks::experts::ExpertScratch::new(be, c.top_k, c.n_ff, h, nb),
             sel_w: be.alloc_ids(nb * win_width),
             win_width,
@@ -441,6 +444,9 @@ impl<B: Backend> DeepseekV4Model<B> {
         if let Some(mt) = mtp {
             self.mtp_stage(st, mt, p0, n)?;
         }
+        let (be, nv) = (&*self.backend, self.cfg.n_vocab);
+        let rows = n - logits_from.min(n);
+        crate::stepper::logits_room(be, &mut st.bufs[LOGITS], &mut st.logits_rows, rows, nv);
         let rows = self.head(&mut st.bufs, (&self.head_hc, &self.norm), n, logits_from);
         if let Some(mt) = mtp {
             self.mtp_cache(st, mt, tokens, p0)?;

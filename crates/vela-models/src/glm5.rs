@@ -128,6 +128,8 @@ pub struct Glm5State<B: Backend> {
     n_ctx: usize,
     max_batch: usize,
     bufs: Vec<B::Buf>,
+    /// Rows `bufs[LOGITS]` holds ([`crate::stepper::logits_room`]).
+    logits_rows: usize,
     experts: crate::blocks::experts::ExpertScratch<B>,
     /// Row t·S + s of the streams starts as embedding row t.
     stream_rows: B::Ids,
@@ -266,6 +268,8 @@ impl<B: Backend> Glm5Model<B> {
         debug_assert_eq!(widths.len(), N_BUFS);
         let mut bufs: Vec<B::Buf> = widths.iter().map(|&w| be.alloc((nb * w).max(1))).collect();
         bufs[ENT] = be.alloc((nb / c.idx_pool + 1) * c.idx_dim);
+        // One row of logits, grown by need (`logits_rows`).
+        bufs[LOGITS] = be.alloc(c.n_vocab);
         let ids = |v: Vec<u32>| {
             let mut d = be.alloc_ids(v.len().max(1));
             be.write_ids(&mut d, &v);
@@ -277,6 +281,7 @@ impl<B: Backend> Glm5Model<B> {
             n_ctx,
             max_batch,
             bufs,
+            logits_rows: 1,
             experts: crate::blocks::experts::ExpertScratch::new(be, c.top_k, c.n_ff_exp, h, nb),
             stream_rows: ids((0..nb * s).map(|r| (r / s) as u32).collect()),
             heads: ids((0..nb * c.n_head).map(|i| (i % c.n_head) as u32).collect()),
@@ -331,6 +336,9 @@ impl<B: Backend> Glm5Model<B> {
             mhc::post(be, d, n, x, mix, y);
         }
         let mtp = self.active_mtp();
+        let (be, nv) = (&*self.backend, self.cfg.n_vocab);
+        let rows = n - logits_from.min(n);
+        crate::stepper::logits_room(be, &mut st.bufs[LOGITS], &mut st.logits_rows, rows, nv);
         let rows = self.head(&mut st.bufs, n, logits_from, mtp.is_some());
         if let Some(mt) = mtp {
             self.mtp_forward(st, mt, tokens, p0)?;

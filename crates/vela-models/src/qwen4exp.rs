@@ -143,6 +143,8 @@ pub struct Qwen4ExpState<B: Backend> {
     n_ctx: usize,
     max_batch: usize,
     bufs: Vec<B::Buf>,
+    /// Rows `bufs[LOGITS]` holds ([`crate::stepper::logits_room`]).
+    logits_rows: usize,
     experts: crate::blocks::experts::ExpertScratch<B>,
     sel: B::Ids,
     /// `t` for row `t·S + s` (the embedding gathered into every stream), and zeros `[nb, S·H]`.
@@ -308,7 +310,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             nb * wide,
             nb * s.max(c.n_v),
             nb * c.lowrank.max(c.n_v),
-            nb * c.n_vocab,
+            c.n_vocab, // one row, grown by need (`logits_rows`)
         ];
         debug_assert_eq!(sizes.len(), N_BUFS);
         let p = self.idx_params();
@@ -318,6 +320,7 @@ impl<B: Backend> Qwen4ExpModel<B> {
             n_ctx,
             max_batch,
             bufs: sizes.iter().map(|&n| be.alloc(n.max(1))).collect(),
+            logits_rows: 1,
             experts: crate::blocks::experts::ExpertScratch::new(be, c.top_k, c.n_ff_exp, h, nb),
             sel: be.alloc_ids(nb * p.max_selected()),
             stream_rows: {
@@ -419,6 +422,8 @@ impl<B: Backend> Qwen4ExpModel<B> {
         let rows = n - logits_from;
         if rows > 0 {
             self.hc(&mut st.bufs, &self.mixer, n);
+            let nv = self.cfg.n_vocab;
+            crate::stepper::logits_room(be, &mut st.bufs[LOGITS], &mut st.logits_rows, rows, nv);
             let b = &mut st.bufs;
             {
                 let [m, t1] = pick2(b, M, T1);

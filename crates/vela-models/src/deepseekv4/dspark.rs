@@ -359,6 +359,7 @@ impl<B: Backend> DeepseekV4Model<B> {
         if conf {
             be.read(&st.bufs[C], &mut t_rows);
         }
+        crate::stepper::logits_room(be, &mut st.bufs[LOGITS], &mut st.logits_rows, n, v);
         {
             let [xn, lg] = pick2(&mut st.bufs, XN, LOGITS);
             be.matmul(&self.head, xn, n, lg);
