@@ -102,6 +102,7 @@ def main():
             s.stop()
             t = v["timings"]
             load.append(t["cache_load_ms"] + t["prompt_ms"])
+            parts = f"load {t['cache_load_ms']:,.0f} ms + {t['prompt_n']} tokens {t['prompt_ms']:,.0f} ms"
             load_prompt.append(t["prompt_n"])
             n_cached.append(v["usage"]["prompt_tokens_details"]["cached_tokens"])
             s = Server(a)
@@ -109,7 +110,7 @@ def main():
             s.stop()
             cold.append(v["timings"]["prompt_ms"])
             n_prompt.append(v["usage"]["prompt_tokens"])
-            print(f"round {r + 1}: load + {load_prompt[-1]} new tokens {load[-1]:,.0f} ms, "
+            print(f"round {r + 1}: {parts}, "
                   f"re-evaluating {n_prompt[-1]} tokens {cold[-1]:,.0f} ms", flush=True)
         finally:
             shutil.rmtree(d, ignore_errors=True)

@@ -5,6 +5,8 @@
 
 use crate::{KvLayerSpec, KvType};
 use anyhow::{bail, Result};
+use std::ops::{Deref, Range};
+use std::sync::Arc;
 
 /// Every layer's rows of the positions a cache holds for a sequence of `n_past` positions.
 #[derive(Clone, Debug, PartialEq)]
@@ -21,8 +23,44 @@ pub struct KvLayerExport {
     pub first: usize,
     pub k_row: usize,
     pub v_row: usize,
-    pub k: Vec<u8>,
-    pub v: Vec<u8>,
+    pub k: KvBytes,
+    pub v: KvBytes,
+}
+
+/// A layer's rows as bytes: owned (a cache's export) or a range of a shared buffer (a saved
+/// file mapped into memory, imported without a copy).
+#[derive(Clone)]
+pub enum KvBytes {
+    Owned(Vec<u8>),
+    Shared(Arc<dyn AsRef<[u8]> + Send + Sync>, Range<usize>),
+}
+
+impl Deref for KvBytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            KvBytes::Owned(v) => v,
+            KvBytes::Shared(b, r) => &(**b).as_ref()[r.clone()],
+        }
+    }
+}
+
+impl From<Vec<u8>> for KvBytes {
+    fn from(v: Vec<u8>) -> Self {
+        KvBytes::Owned(v)
+    }
+}
+
+impl PartialEq for KvBytes {
+    fn eq(&self, o: &Self) -> bool {
+        **self == **o
+    }
+}
+
+impl std::fmt::Debug for KvBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "KvBytes({} bytes)", self.len())
+    }
 }
 
 impl KvExport {

@@ -12,7 +12,7 @@ mod host_weight;
 pub use host_weight::HostWeight;
 pub mod kv_export;
 mod select;
-pub use kv_export::{KvExport, KvLayerExport};
+pub use kv_export::{KvBytes, KvExport, KvLayerExport};
 pub use select::{argmax, top_k_row, TopK};
 mod params;
 pub use params::*;

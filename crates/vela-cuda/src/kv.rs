@@ -237,8 +237,8 @@ impl CudaBackend {
                     first,
                     k_row: wk,
                     v_row: wv,
-                    k,
-                    v,
+                    k: k.into(),
+                    v: v.into(),
                 }
             })
             .collect();

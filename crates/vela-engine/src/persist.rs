@@ -17,7 +17,8 @@ use anyhow::{anyhow, bail, Context, Result};
 use sha2::{Digest, Sha256};
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use vela_compute::{KvExport, KvLayerExport, KvType};
+use std::sync::Arc;
+use vela_compute::{KvBytes, KvExport, KvLayerExport, KvType};
 use vela_models::state::{ExtraExport, ExtraLayerExport};
 pub use vela_models::StateExport;
 
@@ -206,9 +207,15 @@ fn encode_extra(o: &mut Vec<u8>, e: &ExtraExport) {
 }
 
 /// A reader over a byte slice that fails, never panics, on a short or inconsistent input.
+/// With `shared` (the whole buffer the slice lies in), K/V rows come out as ranges of it
+/// instead of copies.
 struct Cursor<'a> {
     b: &'a [u8],
+    shared: Option<&'a SharedBytes>,
 }
+
+/// A whole file's bytes, shared by the K/V rows decoded from it.
+type SharedBytes = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 impl<'a> Cursor<'a> {
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
@@ -239,9 +246,16 @@ impl<'a> Cursor<'a> {
         }
         Ok(n)
     }
-    fn bytes(&mut self) -> Result<Vec<u8>> {
+    fn bytes(&mut self) -> Result<KvBytes> {
         let n = self.len_of(1)?;
-        Ok(self.take(n)?.to_vec())
+        let b = self.take(n)?;
+        Ok(match self.shared {
+            Some(all) => {
+                let at = b.as_ptr() as usize - (**all).as_ref().as_ptr() as usize;
+                KvBytes::Shared(all.clone(), at..at + n)
+            }
+            None => b.to_vec().into(),
+        })
     }
     fn f32s(&mut self) -> Result<Vec<f32>> {
         let n = self.len_of(4)?;
@@ -256,6 +270,15 @@ impl<'a> Cursor<'a> {
 /// Parse a whole file: its header (with the tokens) and state. Checks the magic, the lengths
 /// and the checksum; the identity is the caller's to compare.
 pub fn decode(bytes: &[u8]) -> Result<(Header, StateExport)> {
+    decode_in(bytes, None)
+}
+
+/// [`decode`] of `shared`'s bytes, the K/V rows left in it (no copy).
+pub fn decode_shared(shared: &SharedBytes) -> Result<(Header, StateExport)> {
+    decode_in((**shared).as_ref(), Some(shared))
+}
+
+fn decode_in(bytes: &[u8], shared: Option<&SharedBytes>) -> Result<(Header, StateExport)> {
     let (header, body) = decode_header(bytes)?;
     if bytes.len() < body + 4 {
         bail!("truncated file");
@@ -270,6 +293,7 @@ pub fn decode(bytes: &[u8]) -> Result<(Header, StateExport)> {
     }
     let mut c = Cursor {
         b: &bytes[body..end],
+        shared,
     };
     let kv = decode_kv(&mut c)?;
     let extra = match c.u8()? {
@@ -302,7 +326,10 @@ fn header_fields(json: &[u8]) -> Result<(String, usize, u64)> {
 
 /// The header and tokens at the start of a file, and where its payload starts.
 fn decode_header(bytes: &[u8]) -> Result<(Header, usize)> {
-    let mut c = Cursor { b: bytes };
+    let mut c = Cursor {
+        b: bytes,
+        shared: None,
+    };
     if c.take(8).ok() != Some(&MAGIC[..]) {
         bail!("not a vela state file");
     }
@@ -416,10 +443,19 @@ pub fn read_header(path: &Path) -> Result<Header> {
     Ok(h)
 }
 
-/// Read and check a whole file; its identity must be `identity`.
+/// Read and check a whole file; its identity must be `identity`. The file is mapped, not read:
+/// its K/V rows go from the page cache to the importing cache with no copy in between (a
+/// multi-GiB sequence at long context). Files are written once and renamed into place, never
+/// changed after; a file deleted while mapped stays readable until unmapped.
 pub fn load(path: &Path, identity: &str) -> Result<(Vec<u32>, StateExport)> {
-    let bytes = std::fs::read(path)?;
-    let (h, s) = decode(&bytes)?;
+    let f = std::fs::File::open(path)?;
+    // SAFETY: see above; a file cut short by another program after the length check below
+    // would fault on access, as a model file would.
+    let map = unsafe { memmap2::Mmap::map(&f) }?;
+    #[cfg(unix)]
+    let _ = map.advise(memmap2::Advice::Sequential);
+    let shared: SharedBytes = Arc::new(map);
+    let (h, s) = decode_shared(&shared)?;
     if h.identity != identity {
         bail!("saved by another model or setting ({})", h.identity);
     }
@@ -459,8 +495,8 @@ mod tests {
                     first: 1,
                     k_row: 4,
                     v_row: 2,
-                    k: (0..8).collect(),
-                    v: (10..14).collect(),
+                    k: (0..8).collect::<Vec<u8>>().into(),
+                    v: (10..14).collect::<Vec<u8>>().into(),
                 }],
             },
             extra: Some(ExtraExport {
@@ -488,6 +524,11 @@ mod tests {
         assert_eq!(h.tokens, vec![5, 6, 7]);
         assert_eq!(h.identity, "id");
         assert_eq!(back, s);
+        // A shared buffer gives the same state, its K/V rows left in the buffer.
+        let shared: SharedBytes = Arc::new(b.clone());
+        let (_, mapped) = decode_shared(&shared).unwrap();
+        assert_eq!(mapped, s);
+        assert!(matches!(mapped.kv.layers[0].k, KvBytes::Shared(..)));
         for n in 0..b.len() {
             assert!(decode(&b[..n]).is_err(), "truncated at {n} accepted");
         }

@@ -519,8 +519,8 @@ impl CpuKv {
                     first,
                     k_row: wk * ty.bytes(),
                     v_row: wv * ty.bytes(),
-                    k,
-                    v,
+                    k: k.into(),
+                    v: v.into(),
                 }
             })
             .collect();
