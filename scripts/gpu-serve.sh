@@ -7,8 +7,10 @@
 #                                        #    `vela synth`, the trimmed llama.cpp source
 #                                        #    (scripts/build-llama-cpp-cuda.sh pack)
 #   there:  scripts/gpu-serve.sh build   # llama-bench + llama-server CUDA built from that source
-#       (target/llama-cuda, kept while the machine stays warm) and bundled into $OUT in 48 MiB
-#       parts (cat them into target/gpu-data/lb/llama-bench-cuda.tar.xz here for later calls);
+#       (target/llama-cuda, kept while the machine stays warm) and bundled into $OUT in 15 MiB
+#       parts (files come back at most 16 MiB each; cat them into
+#       target/gpu-data/lb/llama-bench-cuda.tar.xz here and carry that folder with this one in
+#       later calls: ~60 MB with the repository, of the 64 MiB a call takes);
 #       meanwhile the GPU tests (SERVE_TESTS: test-name filters, default all) on the device
 #   there:  scripts/gpu-serve.sh bench   # synth the 8B, then bench-serve.py --device cuda with
 #       both engines (llama-server from the build above or a carried bundle; vela alone when
@@ -65,7 +67,7 @@ build)
     mkdir -p "$b"
     cp "$LC/build/bin/llama-bench" "$LC/build/bin/llama-server" "$b/"
     find "$LC/build" -name '*.so*' -exec cp -P {} "$b/" \;
-    tar cJf - -C "$OUT" llama-bench-cuda | split -b 48M -d - "$OUT/lb.part"
+    tar cJf - -C "$OUT" llama-bench-cuda | split -b 15M -d - "$OUT/lb.part"
     rm -rf "$b"
     ls -la "$OUT"/lb.part*
   fi
