@@ -134,23 +134,39 @@ pub(crate) fn attention(
             let (g, j0) = (c / chunks, (c % chunks) * CONVERT_KEYS);
             let j1 = (j0 + CONVERT_KEYS).min(ldk);
             let (ktp, vvp) = (&ktp, &vvp);
-            let mut row = vec![0f32; dk];
-            for j in j0..j1 {
-                // SAFETY: chunk (g, j0..j1) writes only keys j0..j1 of head g's slices.
-                unsafe {
-                    let vrow = std::slice::from_raw_parts_mut(vvp.0.add((g * ldk + j) * dv), dv);
+            // Keys are converted `TR` at a time into `rows` (`[TR][dk]`), then written to the
+            // transposed scratch as runs of `TR` consecutive keys per `d` (not one scattered
+            // element per key and `d`).
+            const TR: usize = 16;
+            let mut rows = vec![0f32; TR * dk];
+            for jb in (j0..j1).step_by(TR) {
+                let je = (jb + TR).min(j1);
+                for j in jb..je {
+                    let row = &mut rows[(j - jb) * dk..(j - jb + 1) * dk];
+                    // SAFETY: chunk (g, j0..j1) writes only keys j0..j1 of head g's slices.
+                    let vrow = unsafe {
+                        std::slice::from_raw_parts_mut(vvp.0.add((g * ldk + j) * dv), dv)
+                    };
                     if j < nk {
                         let slot = (kmin + j) % capacity;
-                        row_into(k, slot, g * dk, &mut row);
+                        row_into(k, slot, g * dk, row);
                         row_into(v, slot, g * dv, vrow);
                     } else {
                         // Padding keys: finite, so that `0 · v` stays 0.
                         row.fill(0.0);
                         vrow.fill(0.0);
                     }
-                    let kt = ktp.0.add(g * dk * ldk);
-                    for (d, &x) in row.iter().enumerate() {
-                        *kt.add(d * ldk + j) = x;
+                }
+                for d in 0..dk {
+                    // SAFETY: as above, keys jb..je of head g.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            ktp.0.add(g * dk * ldk + d * ldk + jb),
+                            je - jb,
+                        )
+                    };
+                    for (i, x) in dst.iter_mut().enumerate() {
+                        *x = rows[i * dk + d];
                     }
                 }
             }
