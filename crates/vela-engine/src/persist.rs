@@ -449,8 +449,8 @@ pub fn read_header(path: &Path) -> Result<Header> {
 /// changed after; a file deleted while mapped stays readable until unmapped.
 pub fn load(path: &Path, identity: &str) -> Result<(Vec<u32>, StateExport)> {
     let f = std::fs::File::open(path)?;
-    // SAFETY: see above; a file cut short by another program after the length check below
-    // would fault on access, as a model file would.
+    // SAFETY: see above; decoding checks every length against the mapping's size, but a file
+    // cut short by another program while mapped would fault on access, as a model file would.
     let map = unsafe { memmap2::Mmap::map(&f) }?;
     #[cfg(unix)]
     let _ = map.advise(memmap2::Advice::Sequential);
