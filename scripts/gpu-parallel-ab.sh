@@ -12,7 +12,7 @@
 #          -r 1` (PAR_SEQS default 1,16,64) for each of PAR_VARIANTS (default "old new"; an entry
 #          `new:VAR=VALUE` runs a binary with one environment variable set), in that order each
 #          round; medians and min-max per variant: $OUT/parallel.md,
-#       4. scripts/kv-by-use.py of both builds (bytes per cached conversation).
+#       4. scripts/kv-by-use.py of both builds (bytes per cached conversation; PAR_KV=0 skips it).
 # Never touches GPU settings.
 set -uo pipefail
 stage=${1:?stage: pack|run}
@@ -77,7 +77,7 @@ for n, d in sorted(rows.items()):
     cells = [f"{st.median(d[v]):.1f} ({min(d[v]):.1f}-{max(d[v]):.1f})" if v in d else "-" for v in vs]
     print(f"| {n} | " + " | ".join(cells) + " |")
 PYEOF
-  timeout 150 python3 scripts/kv-by-use.py --vela /tmp/vela-old --vela /tmp/vela-new --model /dev/shm/l8.gguf \
+  [ "${PAR_KV:-1}" = 1 ] && timeout 150 python3 scripts/kv-by-use.py --vela /tmp/vela-old --vela /tmp/vela-new --model /dev/shm/l8.gguf \
     --device cuda --ctx 8192 --n 20 2>&1 | tail -4
   echo "done ($(( $(date +%s) - t0 )) s)"
   ;;
