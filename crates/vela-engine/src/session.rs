@@ -91,6 +91,9 @@ pub enum EvalOutcome {
     Cancelled { n_done: usize },
 }
 
+/// Prompt tokens of [`Session::warm_up`] at most.
+pub const WARM_UP_TOKENS: usize = 80;
+
 impl Session {
     /// Context size used when [`SessionOptions::n_ctx`] is 0: the training context capped at
     /// 8192 (8192 when the model does not say).
@@ -138,6 +141,30 @@ impl Session {
             state,
             tokens: Vec::new(),
         })
+    }
+
+    /// Run once what a first request runs, on a throwaway sequence: a prompt of up to
+    /// [`WARM_UP_TOKENS`] tokens (past the CUDA backend's several-token products, so its large
+    /// batch path and cuBLAS are initialised) and two decode steps. Reads mapped weights in.
+    pub fn warm_up(model: Arc<dyn LanguageModel>, opts: &SessionOptions) -> Result<()> {
+        let n = opts.ubatch.clamp(1, WARM_UP_TOKENS);
+        let n_vocab = model.n_vocab().max(1) as u64;
+        let tokens: Vec<u32> = (0..n as u64)
+            .map(|i| ((1 + 31 * i) % n_vocab) as u32)
+            .collect();
+        let mut s = Session::new(
+            model,
+            &SessionOptions {
+                n_ctx: n + 2,
+                ubatch: opts.ubatch,
+                kv_type: opts.kv_type,
+            },
+        )?;
+        let mut next = s.eval_argmax(&tokens)?;
+        for _ in 0..2 {
+            next = s.eval_argmax(&[next])?;
+        }
+        Ok(())
     }
 
     pub fn n_ctx(&self) -> usize {

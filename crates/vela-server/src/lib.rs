@@ -120,6 +120,11 @@ pub struct ServeArgs {
     /// Plain decoding even if an assistant is found.
     #[arg(long)]
     pub no_mtp: bool,
+    /// Start serving without the warm-up run (a short prompt and two decode steps on a
+    /// throwaway sequence before the model is reported ready, so that the first request does
+    /// not pay for reading the weights in and the backend's lazily initialised paths).
+    #[arg(long)]
+    pub no_warmup: bool,
     /// Prompt-lookup speculative decoding (drafts copied from the context; no draft model).
     #[arg(long, conflicts_with = "mtp")]
     pub lookup: bool,
@@ -388,6 +393,13 @@ fn load_and_work(args: ServeArgs, st: Arc<http::AppState>) -> Result<()> {
         ubatch: args.ubatch.min(n_ctx),
         grammar: OnceLock::new(),
     };
+    if !args.no_warmup {
+        let t = std::time::Instant::now();
+        match vela_engine::Session::warm_up(m.model.clone(), &opts) {
+            Ok(()) => tracing::info!("warmed up in {:.0} ms", t.elapsed().as_secs_f64() * 1e3),
+            Err(e) => tracing::warn!("warm-up run failed: {e:#}"),
+        }
+    }
     if st.ready.set(ready).is_err() {
         bail!("server state initialised twice");
     }
