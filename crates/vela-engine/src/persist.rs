@@ -554,6 +554,10 @@ mod tests {
         std::fs::write(&p, &b[..b.len() - 1]).unwrap();
         assert!(read_header(&p).is_err());
         assert!(load(&p, "model x").is_err());
+        // So is an empty file (a zero-length mapping).
+        std::fs::write(&p, b"").unwrap();
+        assert!(read_header(&p).is_err());
+        assert!(load(&p, "model x").is_err());
         // No temporary files are left.
         let left: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
         assert_eq!(left.len(), 1);
