@@ -442,6 +442,83 @@ __device__ __forceinline__ void mvs(const u8* __restrict__ W, const AQ8* __restr
     mv_store<R, false, BIAS>(acc, acc, Y, r0, rows, part, split, B);
 }
 
+// mvs for the decode rows of several sequences (a batched step): grid y takes tokens
+// MVT_NT * blockIdx.y .. + MVT_NT - 1 (those < n_tok), each weight block's nibbles are unpacked
+// once for them, so the weights are read once per MVT_NT tokens instead of once per token. Per
+// (row, token) the blocks are accumulated like mvs without a K split.
+#define MVT_NT 8
+template <int R>
+__device__ __forceinline__ void mvs_t(const u8* __restrict__ W, const AQ8* __restrict__ X,
+                                      float* __restrict__ Y, int rows, int nb, int n_tok) {
+    int lane = threadIdx.x & 31;
+    int r0, part, lo, hi;
+    mv_part<1>(blockIdx.x, R, 1, nb, r0, part, lo, hi);
+    int t0 = blockIdx.y * MVT_NT;
+    int nt = min(MVT_NT, n_tok - t0);
+    X += (size_t)t0 * nb;
+    Y += (size_t)t0 * rows;
+    float acc[MVT_NT][R];
+#pragma unroll
+    for (int q = 0; q < R; q++)
+#pragma unroll
+        for (int t = 0; t < MVT_NT; t++) acc[t][q] = 0.0f;
+    const uint4* wq[R];
+    const u16* wd[R];
+    mvs_rows<R>(W, rows, nb, r0, wq, wd);
+    if (r0 >= rows) hi = lo;
+    uint4 qv[MVS_U][R];
+    u16 dv[MVS_U][R];
+    mvs_load<R>(qv, dv, wq, wd, lo + lane, hi);
+    if (mv_guard(nb)) MV_RESUME();
+    for (int b0 = lo + lane; b0 < hi; b0 += 32 * MVS_U) {
+#pragma unroll
+        for (int u = 0; u < MVS_U; u++) {
+            int b = b0 + 32 * u;
+            if (b < hi) {
+                int wl[R][4], wh[R][4];
+                float dq[R];
+#pragma unroll
+                for (int q = 0; q < R; q++) {
+                    u32 w4[4] = {qv[u][q].x, qv[u][q].y, qv[u][q].z, qv[u][q].w};
+#pragma unroll
+                    for (int k = 0; k < 4; k++) {
+                        wl[q][k] = (int)(w4[k] & 0x0F0F0F0Fu);
+                        wh[q][k] = (int)((w4[k] >> 4) & 0x0F0F0F0Fu);
+                    }
+                    dq[q] = h2f(dv[u][q]);
+                }
+#pragma unroll
+                for (int t = 0; t < MVT_NT; t++) {
+                    if (t < nt) {
+                        int aq[8], asum;
+                        float ad, as;
+                        load_aq8(X + (size_t)t * nb + b, ad, as, asum, aq);
+#pragma unroll
+                        for (int q = 0; q < R; q++) {
+                            int isum = 0;
+#pragma unroll
+                            for (int k = 0; k < 4; k++) {
+                                isum = dp4a(wl[q][k], aq[k], isum);
+                                isum = dp4a(wh[q][k], aq[4 + k], isum);
+                            }
+                            isum -= 8 * asum;
+                            acc[t][q] += (float)isum * (dq[q] * ad);
+                        }
+                    }
+                }
+            }
+        }
+        mvs_load<R>(qv, dv, wq, wd, b0 + 32 * MVS_U, hi);
+    }
+#pragma unroll
+    for (int t = 0; t < MVT_NT; t++)
+        if (t < nt) mv_store<R, false>(acc[t], acc[t], Y + (size_t)t * rows, r0, rows, 0, 1);
+}
+extern "C" __global__ void mvt_q4_0s(const u8* W, const AQ8* X, float* Y, int rows, int nb, int n_tok) {
+    MV_ENTRY();
+    mvs_t<2>(W, X, Y, rows, nb, n_tok);
+}
+
 // scale_min_k4 on the 12 scale bytes held in three words (selects instead of a local array
 // indexed by the lane's sub-block).
 __device__ __forceinline__ int byte12(u32 a, u32 b, u32 c, int i) {
