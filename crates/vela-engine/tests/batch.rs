@@ -181,3 +181,25 @@ fn batch_errors_are_clear_and_change_nothing() {
     // Nothing to do.
     assert!(Session::eval_batch(&mut [], &[]).unwrap().is_empty());
 }
+
+/// The server's warm-up run (`Session::warm_up`) succeeds and leaves nothing behind: a session
+/// evaluated after it gives the logits one evaluated before it gave, bit for bit.
+#[test]
+fn warm_up_runs_and_changes_nothing() {
+    let Some(m) = load(testdata::SMOLLM2) else {
+        return;
+    };
+    let prompt = m
+        .tokenizer
+        .encode("The capital of France is", true, false)
+        .unwrap();
+    let before = session(&m, 64).eval(&prompt).unwrap();
+    let opts = SessionOptions {
+        n_ctx: 512,
+        ubatch: 256,
+        kv_type: KvType::F16,
+    };
+    Session::warm_up(m.model.clone(), &opts).unwrap();
+    let after = session(&m, 64).eval(&prompt).unwrap();
+    assert_eq!(before, after);
+}
