@@ -31,9 +31,6 @@ pub struct RunArgs {
     /// Report directory (default: eval-<workload>-<unix time>).
     #[arg(long, short = 'o')]
     pub out: Option<PathBuf>,
-    /// No warm-up request before the workload.
-    #[arg(long)]
-    pub no_warmup: bool,
     /// No stall probe (memory is still sampled for the budgets).
     #[arg(long)]
     pub no_probe: bool,
@@ -49,7 +46,8 @@ pub struct RunArgs {
     /// Concurrent clients (overrides the workload's `clients`).
     #[arg(long)]
     pub clients: Option<usize>,
-    /// The in-process server's options (`vela serve`'s; --host/--port are ignored).
+    /// The in-process server's options (`vela serve`'s; --host/--port are ignored). Their
+    /// `--no-warmup` also skips the warm-up request before the workload.
     #[command(flatten)]
     pub serve: vela_server::ServeArgs,
 }
@@ -140,7 +138,7 @@ pub fn run(mut args: RunArgs) -> Result<()> {
     if let Some(ms) = target.load_ms {
         log.emit(&json!({"event": "load", "ms": ms, "server": target.info}));
     }
-    let warmup_ms = if args.no_warmup {
+    let warmup_ms = if args.serve.no_warmup {
         None
     } else {
         let ms = warmup(&target, &w, clock.as_ref(), &abort)?;
