@@ -89,7 +89,7 @@ def main():
     turn1 = s.detokenize(s.tokenize(text)[: a.tokens])
     s.stop()
     turn2 = turn1 + " and then the wind rose"
-    load, load_prompt, cold, size, n_cached, n_prompt = [], [], [], [], [], []
+    load, cold, size, n_cached, n_prompt = [], [], [], [], [], []
     for r in range(a.rounds):
         d = tempfile.mkdtemp(prefix="vela-cache-bench-")
         try:
@@ -103,7 +103,6 @@ def main():
             t = v["timings"]
             load.append(t["cache_load_ms"] + t["prompt_ms"])
             parts = f"load {t['cache_load_ms']:,.0f} ms + {t['prompt_n']} tokens {t['prompt_ms']:,.0f} ms"
-            load_prompt.append(t["prompt_n"])
             n_cached.append(v["usage"]["prompt_tokens_details"]["cached_tokens"])
             s = Server(a)
             v = s.complete(turn2)
