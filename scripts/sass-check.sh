@@ -46,10 +46,10 @@ for path in sorted(glob.glob(f"{out}/*.sass")):
         if not acq:
             continue
         pre = [l for l in lines[: acq[0]] if re.search(r"\bLDG|CCTL|UBLKPF", l)]
-        # The decode matvecs (one-token `mv_*`, several-token `mvt_*`) except the k-quant kernels
+        # The decode matvecs (one-token `mv_*`, several-token `mmq_*`) except the k-quant kernels
         # of GGUF's layout (mvk, Q5_K: weights and activations loaded in the same round, after
         # the wait by design).
-        matvec = re.match(r"mvt?_", name) and not re.match(r"mv_q5_k(_|$)", name)
+        matvec = re.match(r"mv_|mmq_", name) and not re.match(r"mv_q5_k(_|$)", name)
         other = [l for l in pre if ".NA" not in l] if matvec else []
         note = ""
         if other:

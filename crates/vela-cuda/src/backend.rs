@@ -18,6 +18,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 /// Reusable device scratch: quantized activations and the last uploaded positions.
 pub(crate) struct Scratch {
     pub(crate) act: CudaSlice<u8>,
+    /// Activations in the tensor-core products' fragment order (`act_mma`, matmul.rs).
+    pub(crate) mma: CudaSlice<u8>,
     pub(crate) pos: CudaSlice<u32>,
     pub(crate) pos_host: Vec<u32>,
     /// The K/V table of a batched step (`batch_attn.rs`) and its host copy.
@@ -82,6 +84,7 @@ impl CudaBackend {
         let stream = &dev.stream;
         let scratch = Scratch {
             act: stream.alloc_zeros::<u8>(1)?,
+            mma: stream.alloc_zeros::<u8>(1)?,
             pos: stream.alloc_zeros::<u32>(1)?,
             pos_host: Vec::new(),
             kvt: stream.alloc_zeros::<u64>(1)?,

@@ -57,7 +57,10 @@ impl CudaBackend {
         if min == 0 || n < min || self.tune.exact() {
             return false;
         }
-        if ws.iter().all(|w| crate::matmul::mvt_applies(w.info().0, n)) {
+        if ws
+            .iter()
+            .all(|w| crate::matmul::mmq_applies(self.arch(), w.info().0, n))
+        {
             return false;
         }
         if ws

@@ -13,7 +13,7 @@ use std::path::PathBuf;
 pub const COMMON: &str = include_str!("../kernels/common.cu");
 
 /// The kernel groups: (name, source without the prelude). The "quant" group is quant.cu
-/// followed by matvec.cu and experts.cu, the "attention" group attention.cu followed by flash.cu,
+/// followed by matvec.cu, mmq.cu and experts.cu, the "attention" group attention.cu followed by flash.cu,
 /// the "recurrent" group recurrent.cu followed by sparse.cu.
 pub const GROUPS: &[(&str, &str)] = &[
     (
@@ -21,6 +21,7 @@ pub const GROUPS: &[(&str, &str)] = &[
         concat!(
             include_str!("../kernels/quant.cu"),
             include_str!("../kernels/matvec.cu"),
+            include_str!("../kernels/mmq.cu"),
             include_str!("../kernels/experts.cu")
         ),
     ),
@@ -100,7 +101,15 @@ pub const KERNEL_NAMES: &[(&str, &[&str])] = &[
             "mmx_q6_ks",
             "mv_q4_0",
             "mv_q4_0s",
-            "mvt_q4_0s",
+            "act_mma",
+            "mmq_q4_0s_1",
+            "mmq_q4_0s_2",
+            "mmq_q4_0s_4",
+            "mmq_q4_0s_8",
+            "act_mma_k",
+            "mmq_q6_ks_1",
+            "mmq_q6_ks_2",
+            "mmq_q6_ks_4",
             "mv_q4_1",
             "mv_q5_0",
             "mv_q5_1",
@@ -490,7 +499,14 @@ mod tests {
         for (entry, fns) in [
             (
                 "MV",
-                &["mv32(", "mv32_narrow(", "mvs(", "mvk(", "mvks("][..],
+                &[
+                    "mv32(",
+                    "mv32_narrow(",
+                    "mvs(",
+                    "mvk(",
+                    "mvks(",
+                    "mmq_q4_0s(",
+                ][..],
             ),
             ("NORM", &["norm_quant(", "norm_quant_regs("]),
             ("ROPE", &["rope_store_heads("]),

@@ -15,16 +15,18 @@ const AQ8K_BYTES: usize = 304;
 /// Warps (weight rows) per matmul thread block (`WARPS` in quant.cu).
 pub(crate) const MM_WARPS: u32 = 4;
 
-/// Tokens per grid row of the several-token matvec (`MVT_NT` in matvec.cu).
-const MVT_NT: usize = 8;
+/// Warps per block of the several-token tensor-core products (`MMQ_WARPS` in kernels/mmq.cu).
+const MMQ_WARPS: u32 = 4;
 
-/// Most tokens whose products take the several-token matvec rather than cuBLAS or the tiled
-/// integer kernels (decode steps of up to this many sequences).
-pub(crate) const MVT_MAX: usize = 16;
+/// Most tokens whose products take the several-token tensor-core kernels rather than cuBLAS
+/// (decode steps of up to this many sequences).
+pub(crate) const MMQ_MAX: usize = 64;
 
-/// Whether a product of `n` tokens with weights of kernel suffix `suffix` runs `mvt_*`.
-pub(crate) fn mvt_applies(suffix: &str, n: usize) -> bool {
-    (2..=MVT_MAX).contains(&n) && suffix == "q4_0s"
+/// Whether a product of `n` tokens with weights of kernel suffix `suffix` runs `mmq_*` on a
+/// device of compute capability `arch` (`mma.sync` with s8 operands: sm_80+): split-row Q4_0
+/// (the Q4_0 models' layers) and Q6_K (their LM heads).
+pub(crate) fn mmq_applies(arch: u32, suffix: &str, n: usize) -> bool {
+    arch >= 80 && (2..=MMQ_MAX).contains(&n) && matches!(suffix, "q4_0s" | "q6_ks")
 }
 
 /// Row groups per warp of `mv_q8_0_r2n` (`MV32_NARROW_G` in kernels/matvec.cu).
@@ -76,6 +78,8 @@ impl CudaBackend {
         let mut sc = self.scratch();
         // (activation kind, width) of the activations currently in the scratch buffer.
         let mut quantized = pre;
+        // The quantized activations last put in fragment order (`act_mma`).
+        let mut mma_src = None;
         if self.try_mv3(&mut sc, ws, x, n, ys, quantized, &[]) {
             return;
         }
@@ -97,27 +101,41 @@ impl CudaBackend {
                     _ => {
                         let r = self.quantize_act(&mut sc, kind, x, n, w.cols);
                         quantized = Some((kind, w.cols, r.0, r.1));
+                        mma_src = None;
                         r
                     }
                 },
             };
-            if mvt_applies(suffix, n) {
-                // The decode rows of a batched step (`mvt_q4_0s`): two rows per warp, the
-                // weights read once per MVT_NT tokens.
-                let grid = (
-                    (w.rows as u32).div_ceil(MM_WARPS * 2),
-                    n.div_ceil(MVT_NT) as u32,
-                    1,
-                );
+            if mmq_applies(self.arch(), suffix, n) {
+                // The decode rows of a batched step: tensor-core products reading the weights
+                // once per 64 (Q4_0) or 32 (Q6_K) tokens, from activations in fragment order.
+                let q6 = suffix == "q6_ks";
+                let nt = match n.div_ceil(8) {
+                    1 => 1,
+                    2 => 2,
+                    3..=4 => 4,
+                    _ if q6 => 4,
+                    _ => 8,
+                };
+                // Tiles in fragment order: whole grid rows of `nt` (the last ones zeros).
+                let n_tiles = n.div_ceil(8 * nt) * nt;
+                if mma_src != Some((xp, n_tiles)) {
+                    self.act_mma(&mut sc, kind, xp, nb, n, n_tiles);
+                    mma_src = Some((xp, n_tiles));
+                }
+                let base = self.ptr(&sc.mma);
+                let grid = ((w.rows as u32).div_ceil(16), (n_tiles / nt) as u32, 1);
                 let args = [
                     Arg::P(self.ptr(&w.data)),
-                    Arg::P(xp),
+                    Arg::P(base),
+                    Arg::P(base + (nb * n_tiles * 256 * if q6 { 8 } else { 1 }) as u64),
                     Arg::P(self.ptr(&**y)),
                     Arg::I(w.rows as i32),
                     Arg::I(nb as i32),
                     Arg::I(n as i32),
+                    Arg::I(n_tiles as i32),
                 ];
-                self.launch(&format!("mvt_{suffix}"), grid, 32 * MM_WARPS, &args);
+                self.launch(&format!("mmq_{suffix}_{nt}"), grid, 32 * MMQ_WARPS, &args);
                 continue;
             }
             if n == 1 && kind != ActKind::Float {
@@ -214,6 +232,55 @@ impl CudaBackend {
             }
         }
         done
+    }
+
+    /// Put `n` rows of `nb` quantized activation blocks (`kind`: AQ8 or AQ8K) at device address
+    /// `x` in the tensor-core products' fragment order (`act_mma` / `act_mma_k` in
+    /// kernels/mmq.cu) in the `mma` scratch buffer: per block the quants of `n_tiles` tiles of 8
+    /// tokens (256 bytes each per 32 elements), then the scales (and AQ8's sums).
+    fn act_mma(
+        &self,
+        sc: &mut Scratch,
+        kind: ActKind,
+        x: u64,
+        nb: usize,
+        n: usize,
+        n_tiles: usize,
+    ) {
+        let (quants, rest, name, warps) = if kind == ActKind::Q8K {
+            (
+                nb * n_tiles * 2048,
+                nb * n_tiles * 32,
+                "act_mma_k",
+                nb * 16 * n_tiles,
+            )
+        } else {
+            (
+                nb * n_tiles * 256,
+                nb * n_tiles * 64,
+                "act_mma",
+                nb * n_tiles,
+            )
+        };
+        if sc.mma.len() < quants + rest {
+            self.flush_recording();
+            sc.mma = self
+                .dev
+                .stream
+                .alloc_zeros::<u8>((quants + rest).next_power_of_two())
+                .expect("CUDA alloc of activation scratch");
+            self.scratch_moved();
+        }
+        let base = self.ptr(&sc.mma);
+        let args = [
+            Arg::P(x),
+            Arg::P(base),
+            Arg::P(base + quants as u64),
+            Arg::I(nb as i32),
+            Arg::I(n as i32),
+            Arg::I(n_tiles as i32),
+        ];
+        self.launch(name, ((warps as u32).div_ceil(8), 1, 1), 256, &args);
     }
 
     /// Quantize `n` rows of `cols` activations into the scratch buffer as Q8 (32) or Q8_K (256)

@@ -266,7 +266,7 @@ fn matmul_and_get_rows_match_cpu() {
         let bs = ty.block_size();
         // Float weights also few rows of many columns (one block per row for one token);
         // block types also rows of 16 blocks (Q4_0 in split rows: the several-token kernels,
-        // `mvt_q4_0s`, with a partial row group).
+        // `mmq_q4_0s_*`, with a partial row tile).
         let wide: &[(usize, usize)] = if bs == 1 { &[(24, 4100)] } else { &[(70, 16)] };
         for &(rows, cols_blocks) in [(37usize, 3usize), (130, 9)].iter().chain(wide) {
             let cols = bs * cols_blocks;
@@ -276,7 +276,7 @@ fn matmul_and_get_rows_match_cpu() {
                 g.upload_weight(&hw).unwrap(),
                 cpu.upload_weight(&hw).unwrap(),
             );
-            for n in [1usize, 3, 12, 17, 40] {
+            for n in [1usize, 3, 12, 16, 17, 40, 64] {
                 let x = rng.vec(n * cols);
                 let (xg, xc) = (up(&g, &x), up(&cpu, &x));
                 let (mut yg, mut yc) = (g.alloc(n * rows), cpu.alloc(n * rows));
