@@ -119,17 +119,18 @@ MMEF(1, mme_f16)
 
 // Grouped products for batches (many slots per expert): experts_group sorts the slots by expert
 // into `grp` ([0] the group count; from [4] the slot permutation, expert by expert with invalid
-// ids last as expert n_exp; then per group (expert, first, count) of at most MEG slots of one
-// expert), and mmeg32 / mmegk run one warp per (weight row, group): each weight block is decoded
-// once for the group's slots. Each slot's sum runs in the same order as mme32 / mmek (lane-strided
-// blocks, then the warp sum), so the results are the per-slot kernels' bits; only the order in
-// which the slots are listed (atomics) varies, which changes no value.
+// ids last as expert n_exp; then per group (expert, first, count) of at most gs slots of one
+// expert: MEG here, 8 NT for the tensor-core products mmqe_q4_0s_NT of mmq.cu), and mmeg32 /
+// mmegk run one warp per (weight row, group): each weight block is decoded once for the group's
+// slots. Each slot's sum runs in the same order as mme32 / mmek (lane-strided blocks, then the
+// warp sum), so the results are the per-slot kernels' bits; only the order in which the slots
+// are listed (atomics) varies, which changes no value.
 #define MEG 8
 // Experts the grouping holds (Backend::matmul_experts's callers route over at most 1024, kit.cu).
 #define MEG_MAX_EXPERTS 1024
 
 extern "C" __global__ void experts_group(const u32* __restrict__ ids, int n_slots, int n_exp,
-                                         u32* __restrict__ grp) {
+                                         int gs, u32* __restrict__ grp) {
     PDL_ENTRY();
     __shared__ int cnt[MEG_MAX_EXPERTS + 1], start[MEG_MAX_EXPERTS + 1],
         fill[MEG_MAX_EXPERTS + 1], gstart[MEG_MAX_EXPERTS + 1];
@@ -143,7 +144,7 @@ extern "C" __global__ void experts_group(const u32* __restrict__ ids, int n_slot
             start[e] = run;
             gstart[e] = g;
             run += cnt[e];
-            g += (cnt[e] + MEG - 1) / MEG;
+            g += (cnt[e] + gs - 1) / gs;
         }
         grp[0] = g;
     }
@@ -155,11 +156,11 @@ extern "C" __global__ void experts_group(const u32* __restrict__ ids, int n_slot
         perm[start[e] + atomicAdd(&fill[e], 1)] = s;
     }
     for (int e = threadIdx.x; e <= n_exp; e += blockDim.x) {
-        for (int j = 0; j * MEG < cnt[e]; j++) {
+        for (int j = 0; j * gs < cnt[e]; j++) {
             u32* g = groups + 3 * (gstart[e] + j);
             g[0] = e;
-            g[1] = start[e] + j * MEG;
-            g[2] = min(MEG, cnt[e] - j * MEG);
+            g[1] = start[e] + j * gs;
+            g[2] = min(gs, cnt[e] - j * gs);
         }
     }
 }

@@ -25,7 +25,27 @@
 // Activations in fragment order. XQ[(b * n_tiles + tile) * 32 + lane] = {word c, word 4 + c} of
 // token 8 tile + g's block b; XH[(b * n_tiles + tile) * 8 + j] = {d, 8 * sum as int bits} of token
 // 8 tile + j. Tokens past n_tok (up to 8 n_tiles, a multiple of the product's tiles per grid
-// row) are zeros. One warp per (block, tile).
+// row) are zeros. One warp per (block, tile): act_mma_put with the X rows of the lane's token g
+// (row_g) and, for lanes 0-7, of token `lane` (row_h); -1 for none (zeros).
+__device__ __forceinline__ void act_mma_put(const AQ8* __restrict__ X, uint2* __restrict__ XQ,
+                                            float2* __restrict__ XH, int nb, int b, size_t w,
+                                            int lane, int row_g, int row_h) {
+    int c = lane & 3;
+    uint2 q = make_uint2(0u, 0u);
+    if (row_g >= 0) {
+        const AQ8* a = X + (size_t)row_g * nb + b;
+        q = make_uint2((u32)a->qs[c], (u32)a->qs[4 + c]);
+    }
+    XQ[w * 32 + lane] = q;
+    if (lane < 8) {
+        float2 h = make_float2(0.0f, 0.0f);
+        if (row_h >= 0) {
+            const AQ8* a = X + (size_t)row_h * nb + b;
+            h = make_float2(a->d, __int_as_float(8 * a->sum));
+        }
+        XH[w * 8 + lane] = h;
+    }
+}
 extern "C" __global__ void act_mma(const AQ8* __restrict__ X, uint2* __restrict__ XQ,
                                    float2* __restrict__ XH, int nb, int n_tok, int n_tiles) {
     PDL_ENTRY();
@@ -33,22 +53,35 @@ extern "C" __global__ void act_mma(const AQ8* __restrict__ X, uint2* __restrict_
     int lane = threadIdx.x & 31;
     if (w >= nb * n_tiles) return;
     int b = w / n_tiles, tile = w % n_tiles;
-    int tok = 8 * tile + (lane >> 2), c = lane & 3;
-    uint2 q = make_uint2(0u, 0u);
-    if (tok < n_tok) {
-        const AQ8* a = X + (size_t)tok * nb + b;
-        q = make_uint2((u32)a->qs[c], (u32)a->qs[4 + c]);
+    int tg = 8 * tile + (lane >> 2), th = 8 * tile + lane;
+    act_mma_put(X, XQ, XH, nb, b, w, lane, tg < n_tok ? tg : -1, th < n_tok ? th : -1);
+}
+
+// The same for the grouped expert products (experts_group, experts.cu): tile gi * nt + t holds
+// slots 8 t.. of group gi (its activation rows: the slot's own with per_slot, else its token's).
+// Tiles of groups past the group count are left as they are: no product block reads them.
+extern "C" __global__ void act_mma_e(const AQ8* __restrict__ X, uint2* __restrict__ XQ,
+                                     float2* __restrict__ XH, int nb, int n_tiles, int nt,
+                                     const u32* __restrict__ grp, int n_slots, int k,
+                                     int per_slot) {
+    PDL_ENTRY();
+    int w = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
+    int lane = threadIdx.x & 31;
+    if (w >= nb * n_tiles) return;
+    int b = w / n_tiles, tile = w % n_tiles;
+    int gi = tile / nt, t = tile % nt;
+    if (gi >= (int)grp[0]) return;
+    const u32* perm = grp + 4;
+    const u32* gr = perm + n_slots + 3 * gi;
+    int first = (int)gr[1], cnt = (int)gr[2];
+    int jg = 8 * t + (lane >> 2), jh = 8 * t + lane;
+    int sg = jg < cnt ? (int)perm[first + jg] : -1;
+    int sh = lane < 8 && jh < cnt ? (int)perm[first + jh] : -1;
+    if (!per_slot) {
+        sg = sg >= 0 ? sg / k : -1;
+        sh = sh >= 0 ? sh / k : -1;
     }
-    XQ[(size_t)w * 32 + lane] = q;
-    if (lane < 8) {
-        int t = 8 * tile + lane;
-        float2 h = make_float2(0.0f, 0.0f);
-        if (t < n_tok) {
-            const AQ8* a = X + (size_t)t * nb + b;
-            h = make_float2(a->d, __int_as_float(8 * a->sum));
-        }
-        XH[(size_t)w * 8 + lane] = h;
-    }
+    act_mma_put(X, XQ, XH, nb, b, w, lane, sg, sh);
 }
 
 __device__ __forceinline__ void mma_s8(int (&c)[4], u32 a0, u32 a1, u32 a2, u32 a3, u32 b0, u32 b1) {
@@ -103,11 +136,29 @@ __device__ __forceinline__ void mmq_load(MmqChunk& w, const uint4* const (&wq)[2
 
 #define MMQ_WARPS 4
 
+// Where a block's results go: column j (0..8 NT - 1) of its tiles is a token's or slot's row of
+// Y (nullptr: none).
+struct MmqTokens {  // tokens 8 tile0 + j, below n_tok
+    float* Y;
+    int rows, tile0, n_tok;
+    __device__ float* col(int j) const {
+        int tok = 8 * tile0 + j;
+        return tok < n_tok ? Y + (size_t)tok * rows : nullptr;
+    }
+};
+struct MmqSlots {  // a group's slots (shared memory; -1 past its count)
+    float* Y;
+    int rows;
+    const int* slot;
+    __device__ float* col(int j) const {
+        return slot[j] >= 0 ? Y + (size_t)slot[j] * rows : nullptr;
+    }
+};
+
 // The warps' sums of a block's 16 rows x NT tiles, added in warp order through shared memory and
 // stored by warp 0.
-template <int NT>
-__device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* __restrict__ Y, int r0,
-                                          int rows, int tile0, int n_tok) {
+template <int NT, class Out>
+__device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], int r0, int rows, Out out) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int g = lane >> 2, c = lane & 3;
     __shared__ float red[MMQ_WARPS][NT * 4][32];
@@ -125,8 +176,8 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* __re
 #pragma unroll
                 for (int x = 1; x < MMQ_WARPS; x++) v += red[x][t * 4 + i][lane];
                 int row = r0 + g + (i >= 2 ? 8 : 0);
-                int tok = 8 * (tile0 + t) + 2 * c + (i & 1);
-                if (row < rows && tok < n_tok) Y[(size_t)tok * rows + row] = v;
+                float* y = out.col(8 * t + 2 * c + (i & 1));
+                if (row < rows && y) y[row] = v;
             }
         }
     }
@@ -135,15 +186,15 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], float* __re
 // A block of MMQ_WARPS warps takes 16 rows and NT tiles of 8 tokens (grid y: the next 8 * NT
 // tokens; n_tiles, the tiles in fragment order, is a multiple of NT, so every tile exists and
 // the loads of a block's tiles are issued together); warp w takes the chunks w, w + MMQ_WARPS,
-// ..., loading the next chunk's weights before computing the current one.
-template <int NT>
+// ..., loading the next chunk's weights before computing the current one. This warp's sums of
+// rows r0.. (of `rows`, W's first) and tiles tile0..: `acc`. With RESUME (the dense products,
+// MV_ENTRY) the first weights are requested before the wait for the previous kernel.
+template <int NT, bool RESUME>
 __device__ __forceinline__ void mmq_q4_0s(const u8* __restrict__ W, const uint2* __restrict__ XQ,
-                                          const float2* __restrict__ XH, float* __restrict__ Y,
-                                          int rows, int nb, int n_tok, int n_tiles) {
+                                          const float2* __restrict__ XH, int rows, int nb,
+                                          int n_tiles, int r0, int tile0, float (&acc)[NT][4]) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int g = lane >> 2, c = lane & 3;
-    int r0 = blockIdx.x * 16;
-    int tile0 = blockIdx.y * NT;
     const uint4* wq[2];
     const u16* wd[2];
 #pragma unroll
@@ -152,7 +203,6 @@ __device__ __forceinline__ void mmq_q4_0s(const u8* __restrict__ W, const uint2*
         wq[h] = (const uint4*)wr;
         wd[h] = (const u16*)(wr + 16 * (size_t)nb);
     }
-    float acc[NT][4];
 #pragma unroll
     for (int t = 0; t < NT; t++)
 #pragma unroll
@@ -161,7 +211,7 @@ __device__ __forceinline__ void mmq_q4_0s(const u8* __restrict__ W, const uint2*
     int k = warp;
     MmqChunk w;
     if (k < n_chunk) mmq_load(w, wq, wd, k, c);
-    if (mv_guard(nb)) MV_RESUME();
+    if (RESUME && mv_guard(nb)) MV_RESUME();
     for (; k < n_chunk; k += MMQ_WARPS) {
         MmqChunk cur = w;
         if (k + MMQ_WARPS < n_chunk) mmq_load(w, wq, wd, k + MMQ_WARPS, c);
@@ -197,14 +247,62 @@ __device__ __forceinline__ void mmq_q4_0s(const u8* __restrict__ W, const uint2*
             }
         }
     }
-    mmq_store<NT>(acc, Y, r0, rows, tile0, n_tok);
+}
+template <int NT>
+__device__ __forceinline__ void mmq_q4_0s_tok(const u8* __restrict__ W,
+                                              const uint2* __restrict__ XQ,
+                                              const float2* __restrict__ XH, float* __restrict__ Y,
+                                              int rows, int nb, int n_tok, int n_tiles) {
+    int r0 = blockIdx.x * 16, tile0 = blockIdx.y * NT;
+    float acc[NT][4];
+    mmq_q4_0s<NT, true>(W, XQ, XH, rows, nb, n_tiles, r0, tile0, acc);
+    mmq_store<NT>(acc, r0, rows, MmqTokens{Y, rows, tile0, n_tok});
 }
 #define MMQ_KERNEL(NT, NAME) \
-    extern "C" __global__ void NAME(const u8* W, const uint2* XQ, const float2* XH, float* Y, int rows, int nb, int n_tok, int n_tiles) { MV_ENTRY(); mmq_q4_0s<NT>(W, XQ, XH, Y, rows, nb, n_tok, n_tiles); }
+    extern "C" __global__ void NAME(const u8* W, const uint2* XQ, const float2* XH, float* Y, int rows, int nb, int n_tok, int n_tiles) { MV_ENTRY(); mmq_q4_0s_tok<NT>(W, XQ, XH, Y, rows, nb, n_tok, n_tiles); }
 MMQ_KERNEL(1, mmq_q4_0s_1)
 MMQ_KERNEL(2, mmq_q4_0s_2)
 MMQ_KERNEL(4, mmq_q4_0s_4)
 MMQ_KERNEL(8, mmq_q4_0s_8)
+
+// The grouped expert products of split-row Q4_0 weights (experts_group's groups of at most
+// 8 NT slots of one expert, act_mma_e's tiles): block (x, y) takes rows 16 x.. of group y's
+// expert for its slots, as mmq_q4_0s_tok for tokens (so a slot's result does not depend on the
+// group it falls in). Groups of ids past the tensor write zero rows. The group is read first, so
+// the wait for the previous kernel comes first too (PDL_ENTRY).
+template <int NT>
+__device__ __forceinline__ void mmqe_q4_0s(const u8* __restrict__ W, const u32* __restrict__ grp,
+                                           const uint2* __restrict__ XQ,
+                                           const float2* __restrict__ XH, float* __restrict__ Y,
+                                           int rows, int nb, int n_exp, int n_tiles, int n_slots) {
+    int gi = blockIdx.y;
+    if (gi >= (int)grp[0]) return;
+    const u32* perm = grp + 4;
+    const u32* gr = perm + n_slots + 3 * gi;
+    u32 e = gr[0];
+    int first = (int)gr[1], cnt = (int)gr[2];
+    __shared__ int slot[8 * NT];
+    for (int j = threadIdx.x; j < 8 * NT; j += blockDim.x) slot[j] = j < cnt ? (int)perm[first + j] : -1;
+    __syncthreads();
+    int r0 = blockIdx.x * 16;
+    if (e >= (u32)n_exp) {
+        for (int i = threadIdx.x; i < 16 * cnt; i += blockDim.x) {
+            int r = r0 + i % 16;
+            if (r < rows) Y[(size_t)slot[i / 16] * rows + r] = 0.0f;
+        }
+        return;
+    }
+    float acc[NT][4];
+    mmq_q4_0s<NT, false>(W + (size_t)e * rows * nb * 18, XQ, XH, rows, nb, n_tiles, r0, gi * NT,
+                         acc);
+    mmq_store<NT>(acc, r0, rows, MmqSlots{Y, rows, slot});
+}
+#define MMQE_KERNEL(NT, NAME) \
+    extern "C" __global__ void NAME(const u8* W, const u32* grp, const uint2* XQ, const float2* XH, float* Y, int rows, int nb, int n_exp, int n_tiles, int n_slots) { PDL_ENTRY(); mmqe_q4_0s<NT>(W, grp, XQ, XH, Y, rows, nb, n_exp, n_tiles, n_slots); }
+MMQE_KERNEL(1, mmqe_q4_0s_1)
+MMQE_KERNEL(2, mmqe_q4_0s_2)
+MMQE_KERNEL(4, mmqe_q4_0s_4)
+MMQE_KERNEL(8, mmqe_q4_0s_8)
 
 // ---- split-row Q6_K (type 114, the 8B's LM head) on the tensor cores ----
 //
@@ -351,7 +449,7 @@ __device__ __forceinline__ void mmq_q6_ks(const u8* __restrict__ W, const u32* _
             acc[t][3] += (float)iacc[t][3] * (dw1 * da1);
         }
     }
-    mmq_store<NT>(acc, Y, r0, rows, tile0, n_tok);
+    mmq_store<NT>(acc, r0, rows, MmqTokens{Y, rows, tile0, n_tok});
 }
 #define MMQ_KERNEL_K(NT, NAME) \
     extern "C" __global__ void NAME(const u8* W, const u32* XQ, const float* XD, float* Y, int rows, int nb, int n_tok, int n_tiles) { MV_ENTRY(); mmq_q6_ks<NT>(W, XQ, XD, Y, rows, nb, n_tok, n_tiles); }

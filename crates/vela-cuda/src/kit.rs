@@ -3,7 +3,7 @@
 
 use crate::backend::CudaBackend;
 use crate::device::Arg;
-use crate::matmul::MM_WARPS;
+use crate::matmul::{MMQ_BLOCK, MM_WARPS};
 use crate::weight::{ActKind, CudaBuf, CudaWeight};
 use cudarc::driver::CudaSlice;
 use vela_compute::{RouteParams, Score};
@@ -216,7 +216,10 @@ impl CudaBackend {
     /// expert id read on the device. From [`GROUP_MIN`] slots on (prompts, batches), quantized
     /// weights go through `experts_group` and `mmeg_*` instead: a warp per (expert row, group of
     /// up to 8 slots of that expert), each weight block decoded once for the group, the same
-    /// bits. In exact mode `mmex_*`: f32 activations, f64 sums, as the ordinary product's
+    /// bits; split-row Q4_0 on sm_80+ through `mmqe_q4_0s_*` (kernels/mmq.cu): the tensor-core
+    /// product of the dense decode batches on groups of up to 64 slots, whose f32 sums run in
+    /// another order (a slot's result is the same in any batch, not the per-slot kernel's bits).
+    /// In exact mode `mmex_*`: f32 activations, f64 sums, as the ordinary product's
     /// `mmx_*` and the CPU's exact mode.
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn matmul_experts_impl(
@@ -275,8 +278,13 @@ impl CudaBackend {
         };
         let n_exp = w.rows / rpe;
         if n_slots >= GROUP_MIN && kind != ActKind::Float && n_exp <= MAX_EXPERTS {
+            // Split-row Q4_0 on sm_80+: the tensor-core products (mmqe_q4_0s_NT), groups of
+            // 8 NT slots sized to the slots an expert gets on average; otherwise mmeg_*.
+            let mma_nt = (self.arch() >= 80 && suffix == "q4_0s")
+                .then(|| crate::matmul::mmq_tiles(n_slots.div_ceil(n_exp), 8));
+            let gs = mma_nt.map_or(MEG, |nt| 8 * nt);
             // Groups: at most one partial group per expert (and the invalid ids' own).
-            let max_groups = n_slots.div_ceil(MEG) + n_slots.min(n_exp + 1);
+            let max_groups = n_slots.div_ceil(gs) + n_slots.min(n_exp + 1);
             let mut grp = self.expert_groups.lock().unwrap_or_else(|e| e.into_inner());
             let need = 4 + n_slots + 3 * max_groups;
             if grp.len() < need {
@@ -293,9 +301,45 @@ impl CudaBackend {
                 Arg::P(self.ptr(ids)),
                 Arg::I(n_slots as i32),
                 Arg::I(n_exp as i32),
+                Arg::I(gs as i32),
                 Arg::P(gp),
             ];
             self.launch("experts_group", (1, 1, 1), 1024, &args);
+            if let Some(nt) = mma_nt {
+                // The slots' activations in fragment order, tiles by group (act_mma_e).
+                let n_tiles = max_groups * nt;
+                let quants = nb * n_tiles * 256;
+                let base = self.mma_scratch(&mut sc, quants + nb * n_tiles * 64);
+                let args = [
+                    Arg::P(xp),
+                    Arg::P(base),
+                    Arg::P(base + quants as u64),
+                    Arg::I(nb as i32),
+                    Arg::I(n_tiles as i32),
+                    Arg::I(nt as i32),
+                    Arg::P(gp),
+                    Arg::I(n_slots as i32),
+                    Arg::I(k as i32),
+                    Arg::I(x_per_slot as i32),
+                ];
+                let grid = (((nb * n_tiles) as u32).div_ceil(8), 1, 1);
+                self.launch("act_mma_e", grid, 256, &args);
+                let args = [
+                    Arg::P(self.ptr(&w.data)),
+                    Arg::P(gp),
+                    Arg::P(base),
+                    Arg::P(base + quants as u64),
+                    Arg::P(self.ptr(&*y)),
+                    Arg::I(rpe as i32),
+                    Arg::I(nb as i32),
+                    Arg::I(n_exp as i32),
+                    Arg::I(n_tiles as i32),
+                    Arg::I(n_slots as i32),
+                ];
+                let grid = ((rpe as u32).div_ceil(16), max_groups as u32, 1);
+                self.launch(&format!("mmqe_q4_0s_{nt}"), grid, MMQ_BLOCK, &args);
+                return;
+            }
             let args = [
                 Arg::P(self.ptr(&w.data)),
                 Arg::P(gp),

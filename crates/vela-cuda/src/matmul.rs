@@ -22,11 +22,26 @@ const MMQ_WARPS: u32 = 4;
 /// (decode steps of up to this many sequences).
 pub(crate) const MMQ_MAX: usize = 64;
 
+/// Threads per block of the tensor-core products.
+pub(crate) const MMQ_BLOCK: u32 = 32 * MMQ_WARPS;
+
 /// Whether a product of `n` tokens with weights of kernel suffix `suffix` runs `mmq_*` on a
 /// device of compute capability `arch` (`mma.sync` with s8 operands: sm_80+): split-row Q4_0
 /// (the Q4_0 models' layers) and Q6_K (their LM heads).
 pub(crate) fn mmq_applies(arch: u32, suffix: &str, n: usize) -> bool {
     arch >= 80 && (2..=MMQ_MAX).contains(&n) && matches!(suffix, "q4_0s" | "q6_ks")
+}
+
+/// Tiles of 8 tokens per block of the tensor-core products (`NT` of kernels/mmq.cu) for `n`
+/// tokens (or slots per expert): the fewest that hold them, at most `max`.
+pub(crate) fn mmq_tiles(n: usize, max: usize) -> usize {
+    match n.div_ceil(8) {
+        0..=1 => 1,
+        2 => 2,
+        3..=4 => 4,
+        _ => 8,
+    }
+    .min(max)
 }
 
 /// Row groups per warp of `mv_q8_0_r2n` (`MV32_NARROW_G` in kernels/matvec.cu).
@@ -110,13 +125,7 @@ impl CudaBackend {
                 // The decode rows of a batched step: tensor-core products reading the weights
                 // once per 64 (Q4_0) or 32 (Q6_K) tokens, from activations in fragment order.
                 let q6 = suffix == "q6_ks";
-                let nt = match n.div_ceil(8) {
-                    1 => 1,
-                    2 => 2,
-                    3..=4 => 4,
-                    _ if q6 => 4,
-                    _ => 8,
-                };
+                let nt = mmq_tiles(n, if q6 { 4 } else { 8 });
                 // Tiles in fragment order: whole grid rows of `nt` (the last ones zeros).
                 let n_tiles = n.div_ceil(8 * nt) * nt;
                 if mma_src != Some((xp, n_tiles)) {
@@ -135,7 +144,7 @@ impl CudaBackend {
                     Arg::I(n as i32),
                     Arg::I(n_tiles as i32),
                 ];
-                self.launch(&format!("mmq_{suffix}_{nt}"), grid, 32 * MMQ_WARPS, &args);
+                self.launch(&format!("mmq_{suffix}_{nt}"), grid, MMQ_BLOCK, &args);
                 continue;
             }
             if n == 1 && kind != ActKind::Float {
@@ -262,16 +271,7 @@ impl CudaBackend {
                 nb * n_tiles,
             )
         };
-        if sc.mma.len() < quants + rest {
-            self.flush_recording();
-            sc.mma = self
-                .dev
-                .stream
-                .alloc_zeros::<u8>((quants + rest).next_power_of_two())
-                .expect("CUDA alloc of activation scratch");
-            self.scratch_moved();
-        }
-        let base = self.ptr(&sc.mma);
+        let base = self.mma_scratch(sc, quants + rest);
         let args = [
             Arg::P(x),
             Arg::P(base),
@@ -281,6 +281,20 @@ impl CudaBackend {
             Arg::I(n_tiles as i32),
         ];
         self.launch(name, ((warps as u32).div_ceil(8), 1, 1), 256, &args);
+    }
+
+    /// The `mma` scratch buffer, grown to at least `bytes`: its device address.
+    pub(crate) fn mma_scratch(&self, sc: &mut Scratch, bytes: usize) -> u64 {
+        if sc.mma.len() < bytes {
+            self.flush_recording();
+            sc.mma = self
+                .dev
+                .stream
+                .alloc_zeros::<u8>(bytes.next_power_of_two())
+                .expect("CUDA alloc of activation scratch");
+            self.scratch_moved();
+        }
+        self.ptr(&sc.mma)
     }
 
     /// Quantize `n` rows of `cols` activations into the scratch buffer as Q8 (32) or Q8_K (256)

@@ -394,7 +394,10 @@ fn experts_vs_cpu(g: &CudaBackend, exact: bool) {
 
 /// The grouped expert products (32 slots or more) give the per-slot kernels' bits: a batch
 /// against each of its tokens alone (fewer slots), ids past the tensor included (zero rows),
-/// experts with more slots than one group, shared and per-slot activations.
+/// experts with more slots than one group, shared and per-slot activations. Split-row Q4_0 on
+/// sm_80+ takes the tensor-core product instead (`mmqe_q4_0s_*`), whose f32 sums run in another
+/// order: within the products' 1e-4 of the per-slot results, and each slot's result the same
+/// bits in another batch (the tokens in reverse order: other groups, other tiles).
 #[test]
 fn matmul_experts_grouped_equal_per_slot() {
     let Some(g) = gpu() else { return };
@@ -432,6 +435,33 @@ fn matmul_experts_grouped_equal_per_slot() {
                 &mut yg,
             );
             let batch = down(&g, &yg, n_slots * rpe);
+            let tensor_cores = g.arch() >= 80 && ty == G::Q4_0 && cols % 256 == 0;
+            let mut single = Vec::with_capacity(n_slots * rpe);
+            if tensor_cores {
+                // The same slots with the tokens reversed.
+                let rev = |v: &[f32], w: usize| -> Vec<f32> {
+                    v.chunks(w).rev().flatten().copied().collect()
+                };
+                let xw = if per_slot { k * cols } else { cols };
+                let ids_rev: Vec<u32> = ids.chunks(k).rev().flatten().copied().collect();
+                let mut yr = g.alloc(n_slots * rpe);
+                g.matmul_experts(
+                    &wg,
+                    rpe,
+                    &up(&g, &rev(&x, xw)),
+                    per_slot,
+                    &up_ids(&g, &ids_rev),
+                    n_tokens,
+                    k,
+                    &mut yr,
+                );
+                assert_eq!(
+                    rev(&down(&g, &yr, n_slots * rpe), k * rpe),
+                    batch,
+                    "{} cols={cols} k={k}: a slot's result depends on its batch",
+                    ty.name()
+                );
+            }
             for t in 0..n_tokens {
                 let xr = if per_slot {
                     t * k..(t + 1) * k
@@ -442,12 +472,20 @@ fn matmul_experts_grouped_equal_per_slot() {
                 let mut y1 = g.alloc(k * rpe);
                 let it = up_ids(&g, &ids[t * k..(t + 1) * k]);
                 g.matmul_experts(&wg, rpe, &xt, per_slot, &it, 1, k, &mut y1);
+                if tensor_cores {
+                    single.extend(down(&g, &y1, k * rpe));
+                    continue;
+                }
                 assert_eq!(
                     down(&g, &y1, k * rpe),
                     batch[t * k * rpe..(t + 1) * k * rpe],
                     "{} cols={cols} k={k} token {t}: grouped vs per slot",
                     ty.name()
                 );
+            }
+            if tensor_cores {
+                let what = format!("tensor-core experts {} cols={cols} k={k}", ty.name());
+                check(&what, &batch, &single, 1e-4);
             }
         }
     }
