@@ -585,9 +585,12 @@ pub(crate) fn hybrid_graph_decode_matches_plain(
 
 /// A batched step of several sequences, one decode row each, runs each layer's RoPE + store and
 /// attention as one launch per op with a K/V table (`rope_store_attend_batch`) and gives every
-/// sequence its own step's logits up to the split-K partition (the parts follow the row count;
-/// NMSE ≤ 1e-4, the GPU's bound against the CPU): sequences of different lengths, f16 and f32
-/// caches, several steps.
+/// sequence its own step's logits up to rounding: NMSE ≤ 1e-3. Two orders of f32 sums differ:
+/// the attention's split-K partition (the parts follow the row count) and the products (the
+/// tensor-core kernels of several tokens add each row's block products in another order than the
+/// one-token matvecs); the Q8 rounding of the next activations turns those last-bit differences
+/// into flips that the synthetic 8B's 32 random layers amplify. Sequences of different lengths,
+/// f16 and f32 caches, several steps.
 #[test]
 fn batched_decode_matches_sequences() {
     let Some((g, m, prompt)) = decode_setup("batched_decode_matches_sequences") else {
@@ -643,7 +646,7 @@ fn batched_decode_matches_sequences() {
                     Selected::Logits(l) => {
                         let (_, e) = err(l, &want);
                         eprintln!("{kv:?} step {step} sequence {i}: NMSE {e:.2e}");
-                        assert!(e < 1e-4, "{kv:?} step {step} sequence {i}: NMSE {e:.2e}");
+                        assert!(e < 1e-3, "{kv:?} step {step} sequence {i}: NMSE {e:.2e}");
                     }
                     Selected::Argmax(ids) => {
                         assert_eq!(ids.len(), 1);
