@@ -15,7 +15,6 @@ const AQ8K_BYTES: usize = 304;
 /// Warps (weight rows) per matmul thread block (`WARPS` in quant.cu).
 pub(crate) const MM_WARPS: u32 = 4;
 
-
 /// Most tokens whose products take the several-token tensor-core kernels rather than cuBLAS
 /// (decode steps of up to this many sequences).
 pub(crate) const MMQ_MAX: usize = 64;

@@ -20,6 +20,7 @@ use vela_compute::{AttnParams, Backend, KvType};
 use vela_formats::gguf::GgufFile;
 
 mod batch;
+pub(crate) use batch::select_rows;
 
 struct Layer<B: Backend> {
     attn_norm: B::Vector,

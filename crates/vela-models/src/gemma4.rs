@@ -40,6 +40,7 @@ use std::sync::Arc;
 use vela_compute::{Activation, AttnParams, Backend, KvType, TopK};
 use vela_formats::gguf::GgufFile;
 
+mod batch;
 mod config;
 mod load;
 mod moe;
@@ -91,6 +92,9 @@ pub struct Gemma4Model<B: Backend> {
     /// Weight bytes one decoded token reads (the products and the output head; experts at
     /// their active share).
     pub weight_bytes_per_token: u64,
+    /// The scratch of [`Gemma4Model::forward_batch`] (a state of as many rows as the largest
+    /// batch so far).
+    batch: std::sync::Mutex<Option<Gemma4State<B>>>,
 }
 
 /// Per-sequence state: KV cache and scratch buffers for up to `max_batch` tokens.
@@ -358,16 +362,62 @@ impl<B: Backend> Gemma4Model<B> {
     ) -> Result<usize> {
         let n = tokens.len();
         let be = &*self.backend;
+        self.embed_inputs(st, tokens)?;
+        let Gemma4State {
+            kv,
+            bufs,
+            moe,
+            pli,
+            logits_rows,
+            ..
+        } = st;
+        self.trunk(bufs, moe.as_mut(), pli, n, &mut |b, il| {
+            self.rope_store(b, kv, il, n, positions);
+            let (l, ap) = (&self.layers[il], self.attn_params(il));
+            let layer = self.cfg.layers[il].kv_from.unwrap_or(il);
+            let [q, a, o] = pick3(b, Q, A, O);
+            be.attention_matmul(q, kv, layer, positions, &ap, a, &l.wo, o);
+        });
+        let rows = n - logits_from;
+        if rows == 0 {
+            return Ok(0);
+        }
+        {
+            let [x, o] = pick2(bufs, X, O);
+            be.copy_rows(x, logits_from, rows, self.cfg.n_embd, o, 0);
+        }
+        self.head(bufs, logits_rows, rows);
+        Ok(rows)
+    }
+
+    /// The scaled token embeddings of `tokens` in `bufs[X]` and, for PLE models, the per-layer
+    /// inputs.
+    fn embed_inputs(&self, st: &mut Gemma4State<B>, tokens: &[u32]) -> Result<()> {
+        let d = self.cfg.n_embd;
+        let be = &*self.backend;
+        be.get_rows(&self.embd, tokens, (d as f32).sqrt(), &mut st.bufs[X])?;
+        self.per_layer_inputs(st, tokens)
+    }
+
+    /// Every layer over the `n` rows of `b[X]` (embedded by [`Self::embed_inputs`]), leaving the
+    /// residual stream in `b[X]`. `attend(b, il)` takes layer `il`'s projections `b[Q]`, `b[K]`,
+    /// `b[V]` (K and V only in layers with their own cache) and leaves the attention output
+    /// projected by `wo` in `b[O]`: one sequence's cache, or each sequence of a batch in turn.
+    fn trunk(
+        &self,
+        b: &mut [B::Buf],
+        mut moe: Option<&mut moe::MoeScratch<B>>,
+        pli: &[B::Buf],
+        n: usize,
+        attend: &mut dyn FnMut(&mut [B::Buf], usize),
+    ) {
+        let be = &*self.backend;
         let c = &self.cfg;
         let d = c.n_embd;
-        be.get_rows(&self.embd, tokens, (d as f32).sqrt(), &mut st.bufs[X])?;
-        self.per_layer_inputs(st, tokens)?;
-        let b = &mut st.bufs;
         // The layer whose post-FFN norm, residual add and layer scalar the next layer's input
         // norm applies (one call a backend may fuse; the last layer's are applied after it).
         let mut pending: Option<&Layer<B>> = None;
         for (il, (l, lc)) in self.layers.iter().zip(&c.layers).enumerate() {
-            let hd = lc.head_dim;
             // Input norm and projections in one call a backend may fuse (on a GPU the norm
             // also quantizes for the products); K and V only in layers with their own cache.
             {
@@ -398,38 +448,7 @@ impl<B: Backend> Gemma4Model<B> {
                     None => input(&[&l.wq], &mut [q]),
                 }
             }
-            match &l.kv {
-                Some(OwnKv { k_norm, .. }) => {
-                    // The q, k and v norms (v's without weights), the RoPE and the cache store
-                    // in one call a backend may fuse.
-                    let [q, k, v] = pick3(b, Q, K, V);
-                    let norms = (&l.q_norm, k_norm, c.rms_eps);
-                    let (heads, kv_heads) = (c.n_head, lc.n_head_kv);
-                    let kv = &mut st.kv;
-                    let (rope, vn) = (&lc.rope, Some(&l.ones));
-                    be.norm_rope_qk_store(
-                        q, k, v, kv, il, heads, kv_heads, hd, positions, rope, norms, vn,
-                    );
-                }
-                None => {
-                    be.rms_norm_inplace(&mut b[Q], &l.q_norm, n * c.n_head, hd, c.rms_eps);
-                    be.rope(&mut b[Q], c.n_head, hd, positions, &lc.rope);
-                }
-            }
-            let ap = AttnParams {
-                n_head: c.n_head,
-                n_head_kv: lc.n_head_kv,
-                head_dim_k: hd,
-                head_dim_v: hd,
-                scale: 1.0,
-                window: (lc.kind == LayerKind::Sliding).then_some(c.sliding_window),
-                softcap: None,
-            };
-            {
-                let [q, a, o] = pick3(b, Q, A, O);
-                let layer = lc.kv_from.unwrap_or(il);
-                be.attention_matmul(q, &st.kv, layer, positions, &ap, a, &l.wo, o);
-            }
+            attend(b, il);
             // x += post_attn_norm(o), the pre-FFN norm and the gate/up products in one call.
             {
                 let [x, o, h, g, u] = b.get_disjoint_mut([X, O, H, G, U]).expect("buffers");
@@ -456,7 +475,7 @@ impl<B: Backend> Gemma4Model<B> {
             }
             if let (Some(m), Some(mc)) = (&l.moe, &c.moe) {
                 be.rms_norm_inplace(&mut b[O], &m.post_norm_1, n, d, c.rms_eps);
-                let ms = st.moe.as_mut().expect("MoE models have MoE scratch");
+                let ms = moe.as_deref_mut().expect("MoE models have MoE scratch");
                 m.forward(be, b, ms, mc, n, d, c.rms_eps, (X, H, O));
             }
             if l.ple.is_none() && il + 1 < self.layers.len() {
@@ -473,7 +492,7 @@ impl<B: Backend> Gemma4Model<B> {
                 {
                     let [x, g] = pick2(b, X, G);
                     be.matmul(w_gate, x, n, g);
-                    be.act_mul(g, &st.pli[il], n * p, Activation::GeluTanh);
+                    be.act_mul(g, &pli[il], n * p, Activation::GeluTanh);
                 }
                 {
                     let [g, o] = pick2(b, G, O);
@@ -487,19 +506,59 @@ impl<B: Backend> Gemma4Model<B> {
                 be.scale(&mut b[X], n * d, l.scalar);
             }
         }
-        let rows = n - logits_from;
-        if rows == 0 {
-            return Ok(0);
+    }
+
+    /// Layer `il`'s q (and, in a layer with its own cache, k and v) norms and RoPE for the `n`
+    /// rows of `b[Q]`, `b[K]`, `b[V]` at `positions`, K and V stored in `kv`: one call a backend
+    /// may fuse.
+    fn rope_store(&self, b: &mut [B::Buf], kv: &mut B::Kv, il: usize, n: usize, positions: &[u32]) {
+        let be = &*self.backend;
+        let c = &self.cfg;
+        let (l, lc) = (&self.layers[il], &c.layers[il]);
+        let hd = lc.head_dim;
+        match &l.kv {
+            Some(OwnKv { k_norm, .. }) => {
+                // The q, k and v norms (v's without weights), the RoPE and the cache store.
+                let [q, k, v] = pick3(b, Q, K, V);
+                let norms = (&l.q_norm, k_norm, c.rms_eps);
+                let (heads, kv_heads) = (c.n_head, lc.n_head_kv);
+                let (rope, vn) = (&lc.rope, Some(&l.ones));
+                be.norm_rope_qk_store(
+                    q, k, v, kv, il, heads, kv_heads, hd, positions, rope, norms, vn,
+                );
+            }
+            None => {
+                be.rms_norm_inplace(&mut b[Q], &l.q_norm, n * c.n_head, hd, c.rms_eps);
+                be.rope(&mut b[Q], c.n_head, hd, positions, &lc.rope);
+            }
         }
-        {
-            let [x, o] = pick2(b, X, O);
-            be.copy_rows(x, logits_from, rows, d, o, 0);
+    }
+
+    /// Layer `il`'s attention parameters.
+    fn attn_params(&self, il: usize) -> AttnParams {
+        let c = &self.cfg;
+        let lc = &c.layers[il];
+        AttnParams {
+            n_head: c.n_head,
+            n_head_kv: lc.n_head_kv,
+            head_dim_k: lc.head_dim,
+            head_dim_v: lc.head_dim,
+            scale: 1.0,
+            window: (lc.kind == LayerKind::Sliding).then_some(c.sliding_window),
+            softcap: None,
         }
+    }
+
+    /// The final norm of the `rows` rows of `b[O]` and the (softcapped) logits into
+    /// `b[LOGITS]` (grown to hold them; `logits_rows` its row capacity).
+    fn head(&self, b: &mut [B::Buf], logits_rows: &mut usize, rows: usize) {
+        let be = &*self.backend;
+        let c = &self.cfg;
         {
             let [o, h] = pick2(b, O, H);
-            be.rms_norm(o, &self.norm, rows, d, c.rms_eps, h);
+            be.rms_norm(o, &self.norm, rows, c.n_embd, c.rms_eps, h);
         }
-        crate::stepper::logits_room(be, &mut b[LOGITS], &mut st.logits_rows, rows, c.n_vocab);
+        crate::stepper::logits_room(be, &mut b[LOGITS], logits_rows, rows, c.n_vocab);
         {
             let [h, lg] = pick2(b, H, LOGITS);
             be.matmul(self.lm_head.as_ref().unwrap_or(&self.embd), h, rows, lg);
@@ -507,7 +566,6 @@ impl<B: Backend> Gemma4Model<B> {
         if let Some(cap) = c.final_softcap {
             be.softcap(&mut b[LOGITS], rows * c.n_vocab, cap);
         }
-        Ok(rows)
     }
 
     /// The scaled input embeddings `E[tokens] · sqrt(hidden)` (`[n, hidden]` into `out`), as the
@@ -631,6 +689,12 @@ impl<B: Backend + 'static> crate::lm::CausalLm for Gemma4Model<B> {
     }
     fn argmax_finish(&self, ticket: u64) -> Result<u32> {
         self.backend.argmax_finish(ticket)
+    }
+    fn forward_batch(
+        &self,
+        items: &mut [crate::lm::BatchItem<'_, Gemma4State<B>>],
+    ) -> Result<Vec<crate::lm::Selected>> {
+        Gemma4Model::forward_batch(self, items)
     }
     fn discover_mtp(&self, model_path: &Path) -> Option<std::path::PathBuf> {
         crate::gemma4_assistant::discover_assistant(model_path)

@@ -215,3 +215,69 @@ fn gemma4_moe_decode_waits_once_per_token() {
     );
     assert!(per_token <= 1.0, "{per_token} host waits per token");
 }
+
+/// Gemma 4's batched forward on the device (`forward_batch`: the products and experts once
+/// over every sequence's rows, attention per sequence): four sequences past the 64-key window,
+/// one decode token each for 4 steps, against each sequence's own forward. Within NMSE 1e-3,
+/// the bound of the shared decoder's batched step (`batched_decode_matches_sequences`: the
+/// several-token products sum in another order), the batch's argmax a maximum of the
+/// sequence's own logits up to that bound.
+#[test]
+fn gemma4_moe_batched_decode_matches_sequences() {
+    use vela_models::lm::{BatchItem, Select, Selected};
+    let Some(g) = gpu() else { return };
+    let Some(path) = synth("gemma4-tiny-moe") else {
+        return;
+    };
+    let file = Arc::new(GgufFile::open(&path).unwrap());
+    let m = vela_models::load_gguf_any(Arc::new(g), file).unwrap();
+    let p = prompt();
+    let lens = [70usize, 33, 90, 65];
+    let new = || m.clone().new_state(512, 32, KvType::F16).unwrap();
+    let (mut a, mut b): (Vec<_>, Vec<_>) = lens.iter().map(|_| (new(), new())).unzip();
+    for (i, &n) in lens.iter().enumerate() {
+        for st in [&mut a[i], &mut b[i]] {
+            for (ci, chunk) in p[..n].chunks(32).enumerate() {
+                let pos: Vec<u32> = (0..chunk.len()).map(|j| (ci * 32 + j) as u32).collect();
+                st.forward(chunk, &pos, chunk.len()).unwrap();
+            }
+        }
+    }
+    let mut worst = 0f64;
+    for step in 0..4 {
+        let toks: Vec<[u32; 1]> = (0..lens.len())
+            .map(|i| [2000 + 37 * i as u32 + step as u32])
+            .collect();
+        let pos: Vec<[u32; 1]> = lens.iter().map(|&n| [(n + step) as u32]).collect();
+        let mut items: Vec<_> = a
+            .iter_mut()
+            .enumerate()
+            .map(|(i, st)| BatchItem {
+                state: &mut **st,
+                tokens: &toks[i][..],
+                positions: &pos[i][..],
+                logits_from: 0,
+                select: Select::Logits,
+            })
+            .collect();
+        let got = m.forward_batch(&mut items).unwrap();
+        for (i, st) in b.iter_mut().enumerate() {
+            let want = st.forward(&toks[i], &pos[i], 0).unwrap();
+            let Selected::Logits(l) = &got[i] else {
+                panic!("logits asked")
+            };
+            let (_, e) = err(l, &want);
+            worst = worst.max(e);
+            let max = want.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            let top = want[super::model::argmax(l)];
+            assert!(
+                max - top <= 1e-3 * max.abs().max(1.0),
+                "step {step} sequence {i}: argmax"
+            );
+            assert!(e < 1e-3, "step {step} sequence {i}: NMSE {e:.2e}");
+        }
+    }
+    eprintln!(
+        "RESULT | gemma4-tiny-moe batched decode vs sequences | worst NMSE {worst:.2e} | ok |"
+    );
+}

@@ -321,6 +321,7 @@ impl<B: Backend> Gemma4Model<B> {
             ple,
             layers,
             weight_bytes_per_token,
+            batch: std::sync::Mutex::new(None),
         })
     }
 }
