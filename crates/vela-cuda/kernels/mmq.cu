@@ -134,8 +134,7 @@ __device__ __forceinline__ void mmq_load(MmqChunk& w, const uint4* const (&wq)[2
     }
 }
 
-// Warps per block: blockDim.x / 32, at most MMQ_MAX_WARPS.
-#define MMQ_MAX_WARPS 8
+#define MMQ_WARPS 4
 
 // Where a block's results go: column j (0..8 NT - 1) of its tiles is a token's or slot's row of
 // Y (nullptr: none).
@@ -162,8 +161,7 @@ template <int NT, class Out>
 __device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], int r0, int rows, Out out) {
     int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
     int g = lane >> 2, c = lane & 3;
-    int nw = blockDim.x / 32;
-    __shared__ float red[MMQ_MAX_WARPS][NT * 4][32];
+    __shared__ float red[MMQ_WARPS][NT * 4][32];
 #pragma unroll
     for (int t = 0; t < NT; t++)
 #pragma unroll
@@ -176,7 +174,7 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], int r0, int
             for (int i = 0; i < 4; i++) {
                 float v = red[0][t * 4 + i][lane];
 #pragma unroll
-                for (int x = 1; x < nw; x++) v += red[x][t * 4 + i][lane];
+                for (int x = 1; x < MMQ_WARPS; x++) v += red[x][t * 4 + i][lane];
                 int row = r0 + g + (i >= 2 ? 8 : 0);
                 float* y = out.col(8 * t + 2 * c + (i & 1));
                 if (row < rows && y) y[row] = v;
@@ -185,9 +183,9 @@ __device__ __forceinline__ void mmq_store(const float (&acc)[NT][4], int r0, int
     }
 }
 
-// A block of nw warps takes 16 rows and NT tiles of 8 tokens (grid y: the next 8 * NT
+// A block of MMQ_WARPS warps takes 16 rows and NT tiles of 8 tokens (grid y: the next 8 * NT
 // tokens; n_tiles, the tiles in fragment order, is a multiple of NT, so every tile exists and
-// the loads of a block's tiles are issued together); warp w takes the chunks w, w + nw,
+// the loads of a block's tiles are issued together); warp w takes the chunks w, w + MMQ_WARPS,
 // ..., loading the next chunk's weights before computing the current one. This warp's sums of
 // rows r0.. (of `rows`, W's first) and tiles tile0..: `acc`. With RESUME (the dense products,
 // MV_ENTRY) the first weights are requested before the wait for the previous kernel.
@@ -214,10 +212,9 @@ __device__ __forceinline__ void mmq_q4_0s(const u8* __restrict__ W, const uint2*
     MmqChunk w;
     if (k < n_chunk) mmq_load(w, wq, wd, k, c);
     if (RESUME && mv_guard(nb)) MV_RESUME();
-    int nw = blockDim.x / 32;
-    for (; k < n_chunk; k += nw) {
+    for (; k < n_chunk; k += MMQ_WARPS) {
         MmqChunk cur = w;
-        if (k + nw < n_chunk) mmq_load(w, wq, wd, k + nw, c);
+        if (k + MMQ_WARPS < n_chunk) mmq_load(w, wq, wd, k + MMQ_WARPS, c);
         u32 qa[4] = {cur.q[0].x, cur.q[0].y, cur.q[0].z, cur.q[0].w};
         u32 qb[4] = {cur.q[1].x, cur.q[1].y, cur.q[1].z, cur.q[1].w};
         quad_transpose(qa, c);
@@ -395,10 +392,9 @@ __device__ __forceinline__ void mmq_q6_ks(const u8* __restrict__ W, const u32* _
     MmqChunkK w;
     if (k < n_chunk) mmq_load_k(w, wr, nb, k, c);
     if (mv_guard(nb)) MV_RESUME();
-    int nw = blockDim.x / 32;
-    for (; k < n_chunk; k += nw) {
+    for (; k < n_chunk; k += MMQ_WARPS) {
         MmqChunkK cur = w;
-        if (k + nw < n_chunk) mmq_load_k(w, wr, nb, k + nw, c);
+        if (k + MMQ_WARPS < n_chunk) mmq_load_k(w, wr, nb, k + MMQ_WARPS, c);
         u32 la[4] = {cur.l[0].x, cur.l[0].y, cur.l[0].z, cur.l[0].w};
         u32 lb[4] = {cur.l[1].x, cur.l[1].y, cur.l[1].z, cur.l[1].w};
         quad_transpose(la, c);

@@ -3,7 +3,7 @@
 
 use crate::backend::CudaBackend;
 use crate::device::Arg;
-use crate::matmul::{mmq_block, MM_WARPS};
+use crate::matmul::{MMQ_BLOCK, MM_WARPS};
 use crate::weight::{ActKind, CudaBuf, CudaWeight};
 use cudarc::driver::CudaSlice;
 use vela_compute::{RouteParams, Score};
@@ -337,7 +337,7 @@ impl CudaBackend {
                     Arg::I(n_slots as i32),
                 ];
                 let grid = ((rpe as u32).div_ceil(16), max_groups as u32, 1);
-                self.launch(&format!("mmqe_q4_0s_{nt}"), grid, mmq_block(), &args);
+                self.launch(&format!("mmqe_q4_0s_{nt}"), grid, MMQ_BLOCK, &args);
                 return;
             }
             let args = [

@@ -15,19 +15,15 @@ const AQ8K_BYTES: usize = 304;
 /// Warps (weight rows) per matmul thread block (`WARPS` in quant.cu).
 pub(crate) const MM_WARPS: u32 = 4;
 
+/// Warps per block of the several-token tensor-core products (`MMQ_WARPS` in kernels/mmq.cu).
+const MMQ_WARPS: u32 = 4;
+
 /// Most tokens whose products take the several-token tensor-core kernels rather than cuBLAS
 /// (decode steps of up to this many sequences).
 pub(crate) const MMQ_MAX: usize = 64;
 
-/// Threads per block of the tensor-core products (warps: at most `MMQ_MAX_WARPS` of
-/// kernels/mmq.cu). A/B switch: VELA_MMQ_WARPS=8 (default 4).
-pub(crate) fn mmq_block() -> u32 {
-    static W: std::sync::OnceLock<u32> = std::sync::OnceLock::new();
-    32 * *W.get_or_init(|| match std::env::var("VELA_MMQ_WARPS").as_deref() {
-        Ok("8") => 8,
-        _ => 4,
-    })
-}
+/// Threads per block of the tensor-core products.
+pub(crate) const MMQ_BLOCK: u32 = 32 * MMQ_WARPS;
 
 /// Whether a product of `n` tokens with weights of kernel suffix `suffix` runs `mmq_*` on a
 /// device of compute capability `arch` (`mma.sync` with s8 operands: sm_80+): split-row Q4_0
@@ -148,7 +144,7 @@ impl CudaBackend {
                     Arg::I(n as i32),
                     Arg::I(n_tiles as i32),
                 ];
-                self.launch(&format!("mmq_{suffix}_{nt}"), grid, mmq_block(), &args);
+                self.launch(&format!("mmq_{suffix}_{nt}"), grid, MMQ_BLOCK, &args);
                 continue;
             }
             if n == 1 && kind != ActKind::Float {
