@@ -27,6 +27,19 @@ cd "$root"
 P=target/gpu-data/par
 OUT=${OUT:-/tmp/vela-gpu-par}
 
+# The device side of both stages: NVRTC, the builds and test binary in /tmp, the vocabularies.
+setup() {
+  mkdir -p "$OUT"
+  t0=$(date +%s)
+  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
+  export LD_LIBRARY_PATH=$(dirname "$VELA_NVRTC_LIB"):${LD_LIBRARY_PATH:-}
+  export VELA_CACHE=/tmp/vela-cache
+  mkdir -p $VELA_CACHE/vocab
+  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+  for f in vela-old vela-new gt; do xz -dc $P/$f.xz >/tmp/$f && chmod +x /tmp/$f; done
+  for f in $P/vocab-*.gguf.xz; do xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$(basename "$f" .gguf.xz).gguf"; done
+}
+
 case $stage in
 pack)
   old=${2:?pack OLD_VELA}
@@ -42,15 +55,7 @@ pack)
   du -sh $P
   ;;
 run)
-  mkdir -p "$OUT"
-  t0=$(date +%s)
-  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
-  export LD_LIBRARY_PATH=$(dirname "$VELA_NVRTC_LIB"):${LD_LIBRARY_PATH:-}
-  export VELA_CACHE=/tmp/vela-cache
-  mkdir -p $VELA_CACHE/vocab
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  for f in vela-old vela-new gt; do xz -dc $P/$f.xz >/tmp/$f && chmod +x /tmp/$f; done
-  xz -dc $P/vocab-llama-bpe.gguf.xz >$VELA_CACHE/vocab/ggml-vocab-llama-bpe.gguf
+  setup
   # shellcheck disable=SC2086
   timeout 120 /tmp/gt ${PAR_TESTS0:-kv_cache_is_held_by_use attention_and_kv} --test-threads=1 --nocapture \
     >"$OUT/tests0.log" 2>&1
@@ -90,15 +95,7 @@ PYEOF
   echo "done ($(( $(date +%s) - t0 )) s)"
   ;;
 moe)
-  mkdir -p "$OUT"
-  t0=$(date +%s)
-  export VELA_NVRTC_LIB=$(ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | grep -v builtins | head -1)
-  export LD_LIBRARY_PATH=$(dirname "$VELA_NVRTC_LIB"):${LD_LIBRARY_PATH:-}
-  export VELA_CACHE=/tmp/vela-cache
-  mkdir -p $VELA_CACHE/vocab
-  nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
-  for f in vela-old vela-new gt; do [ -x /tmp/$f ] || { xz -dc $P/$f.xz >/tmp/$f && chmod +x /tmp/$f; }; done
-  for f in $P/vocab-*.gguf.xz; do xz -dc "$f" >"$VELA_CACHE/vocab/ggml-$(basename "$f" .gguf.xz).gguf"; done
+  setup
   [ -s /dev/shm/g26.gguf ] || (/tmp/vela-new synth --arch gemma4-26b-a4b --type q4_0 -o /dev/shm/g26.gguf -t 12 \
     >"$OUT/moe-synth.log" 2>&1) &
   # shellcheck disable=SC2086

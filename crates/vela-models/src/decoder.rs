@@ -20,7 +20,7 @@ use vela_compute::{AttnParams, Backend, KvType};
 use vela_formats::gguf::GgufFile;
 
 mod batch;
-pub(crate) use batch::select_rows;
+pub(crate) use batch::{batch_tokens, select_rows, wants};
 
 struct Layer<B: Backend> {
     attn_norm: B::Vector,

@@ -9,13 +9,12 @@
 //! (skipped when absent unless `VELA_REQUIRE_DATA=1`).
 
 mod common;
-use common::{fixture, ids, tokens_json, FIXTURES};
+use common::{fixture, ids, q8_0_model, tokens_json, FIXTURES};
 use std::path::Path;
 use std::sync::Arc;
 use vela_compute::cpu::CpuBackend;
 use vela_compute::{argmax, top_k_row, KvType};
-use vela_formats::gguf::GgufFile;
-use vela_models::gemma4::{load_gguf_gemma4, Gemma4Model};
+use vela_models::gemma4::Gemma4Model;
 use vela_models::lm::{BatchItem, LanguageModel, ModelState, Select, Selected};
 
 /// Sequence i: the fixture's tokens rotated by 5 i, a first chunk of `FIRST[i]` tokens (logits
@@ -147,14 +146,9 @@ fn batched_sequences_match_each_alone() {
 #[test]
 fn batched_sequences_match_each_alone_on_q8_0_gguf() {
     for name in ["dense_keqv", "moe_swa_softcap"] {
-        let Some(dir) = fixture(name) else { continue };
-        let path = dir.join("model-q8_0.gguf");
-        if !path.exists() {
-            eprintln!("{name}: no model-q8_0.gguf, skipped");
+        let Some((dir, m)) = q8_0_model(name) else {
             continue;
-        }
-        let g = Arc::new(GgufFile::open(&path).unwrap());
-        let m = Arc::new(load_gguf_gemma4(Arc::new(CpuBackend::new(2)), g).unwrap());
+        };
         check_model(&format!("{name} q8_0"), m, &prompt_and_greedy(&dir));
     }
 }

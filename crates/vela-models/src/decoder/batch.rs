@@ -6,6 +6,7 @@
 
 use super::{check_batch, Attended, Bufs, DecoderModel, ForwardState};
 use crate::lm::{BatchItem, CausalLm, Select, Selected};
+use crate::stepper::StepState;
 use anyhow::Result;
 use vela_compute::{AttnParams, Backend, TopK};
 
@@ -22,23 +23,13 @@ impl<B: Backend + 'static> DecoderModel<B> {
         &self,
         items: &mut [BatchItem<'_, ForwardState<B>>],
     ) -> Result<Vec<Selected>> {
-        for it in items.iter() {
-            let st = &*it.state;
-            check_batch(
-                it.tokens.len(),
-                it.positions,
-                st.max_batch,
-                st.n_ctx,
-                it.logits_from,
-            )?;
-        }
+        let tokens = batch_tokens(items)?;
         if let [it] = items {
             return Ok(vec![self.forward_one(it)?]);
         }
         let be = &*self.backend;
         let c = &self.cfg;
-        let total: usize = items.iter().map(|it| it.tokens.len()).sum();
-        let tokens: Vec<u32> = items.iter().flat_map(|it| it.tokens).copied().collect();
+        let total = tokens.len();
         // A batch leaves no device token to chain on and may not reuse a recorded step.
         be.decode_step_discard();
         let mut guard = self.batch.lock().unwrap_or_else(|e| e.into_inner());
@@ -132,13 +123,31 @@ impl<B: Backend + 'static> DecoderModel<B> {
             be.decode_step_end();
         }
         let rows = rows?;
-        let wants: Vec<(usize, Select)> = items
-            .iter()
-            .map(|it| (it.tokens.len() - it.logits_from, it.select))
-            .collect();
+        let wants = wants(items);
         debug_assert_eq!(rows, wants.iter().map(|w| w.0).sum::<usize>());
         Ok(select_rows(be, &b.logits, c.n_vocab, &wants))
     }
+}
+
+/// Check every item of a batch against its own state ([`check_batch`]) and return the
+/// batch's tokens, item after item.
+pub(crate) fn batch_tokens<B: Backend, S: StepState<B>>(
+    items: &[BatchItem<'_, S>],
+) -> Result<Vec<u32>> {
+    for it in items {
+        let st = &*it.state;
+        let n = it.tokens.len();
+        check_batch(n, it.positions, st.max_batch(), st.n_ctx(), it.logits_from)?;
+    }
+    Ok(items.iter().flat_map(|it| it.tokens).copied().collect())
+}
+
+/// Each item's number of logits rows and its selection, as [`select_rows`] takes them.
+pub(crate) fn wants<'a, S>(items: &[BatchItem<'a, S>]) -> Vec<(usize, Select<'a>)> {
+    items
+        .iter()
+        .map(|it| (it.tokens.len() - it.logits_from, it.select))
+        .collect()
 }
 
 /// The selections of a batch's logits rows (`logits`: each item's rows in turn, `wants`: each

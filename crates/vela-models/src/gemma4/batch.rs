@@ -6,10 +6,9 @@
 //! run per sequence on its own cache and scratch, then `wo` once over all rows.
 
 use super::{pick2, Gemma4Model, Gemma4State, A, K, LOGITS, O, Q, V, X};
-use crate::decoder::select_rows;
+use crate::decoder::{batch_tokens, select_rows, wants};
 use crate::lm::{BatchItem, CausalLm, Selected};
 use crate::state::alloc_kv;
-use crate::stepper::check_batch;
 use anyhow::Result;
 use vela_compute::{Backend, KvType};
 
@@ -23,23 +22,13 @@ impl<B: Backend + 'static> Gemma4Model<B> {
         &self,
         items: &mut [BatchItem<'_, Gemma4State<B>>],
     ) -> Result<Vec<Selected>> {
-        for it in items.iter() {
-            let st = &*it.state;
-            check_batch(
-                it.tokens.len(),
-                it.positions,
-                st.max_batch,
-                st.n_ctx,
-                it.logits_from,
-            )?;
-        }
+        let tokens = batch_tokens(items)?;
         if let [it] = items {
             return Ok(vec![self.forward_one(it)?]);
         }
         let be = &*self.backend;
         let c = &self.cfg;
-        let total: usize = items.iter().map(|it| it.tokens.len()).sum();
-        let tokens: Vec<u32> = items.iter().flat_map(|it| it.tokens).copied().collect();
+        let total = tokens.len();
         // A batch leaves no device token to chain on and may not reuse a recorded step.
         be.decode_step_discard();
         let mut guard = self.batch.lock().unwrap_or_else(|e| e.into_inner());
@@ -95,10 +84,6 @@ impl<B: Backend + 'static> Gemma4Model<B> {
         if kept > 0 {
             self.head(bufs, logits_rows, kept);
         }
-        let wants: Vec<_> = items
-            .iter()
-            .map(|it| (it.tokens.len() - it.logits_from, it.select))
-            .collect();
-        Ok(select_rows(be, &bufs[LOGITS], c.n_vocab, &wants))
+        Ok(select_rows(be, &bufs[LOGITS], c.n_vocab, &wants(items)))
     }
 }

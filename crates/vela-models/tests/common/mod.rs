@@ -34,6 +34,22 @@ pub fn golden_fixture(set: &str, name: &str, file: &str) -> Option<PathBuf> {
     .map(|p| p.parent().unwrap().to_path_buf())
 }
 
+/// The fixture `name`'s Q8_0 GGUF (`model-q8_0.gguf`) loaded on the CPU with its directory;
+/// None when the fixture or the file is absent (said on stderr).
+pub fn q8_0_model(name: &str) -> Option<(PathBuf, std::sync::Arc<Gemma4Model<CpuBackend>>)> {
+    use std::sync::Arc;
+    let dir = fixture(name)?;
+    let path = dir.join("model-q8_0.gguf");
+    if !path.exists() {
+        eprintln!("{name}: no model-q8_0.gguf, skipped");
+        return None;
+    }
+    let g = Arc::new(vela_formats::gguf::GgufFile::open(&path).unwrap());
+    let be = Arc::new(CpuBackend::new(2));
+    let m = vela_models::gemma4::load_gguf_gemma4(be, g).unwrap();
+    Some((dir, Arc::new(m)))
+}
+
 /// The fixture's `tokens.json`.
 pub fn tokens_json(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("tokens.json")).unwrap()).unwrap()
